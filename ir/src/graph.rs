@@ -1,0 +1,199 @@
+//! The graph: an arena of single-result nodes in topological order.
+
+use std::fmt;
+
+use crate::{IrError, Op, TensorType};
+
+/// A value, which is also the id of the node that defines it (every node has one result).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId(pub u32);
+
+impl ValueId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for ValueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "%{}", self.0)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub op: Op,
+    pub args: Vec<ValueId>,
+    pub ty: TensorType,
+}
+
+/// Invariant (checked by [`crate::verify`]): every node's args name earlier nodes, so the
+/// arena order is a topological order.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Graph {
+    pub name: String,
+    nodes: Vec<Node>,
+    outputs: Vec<(String, ValueId)>,
+}
+
+impl Graph {
+    pub fn new(name: impl Into<String>) -> Self {
+        Graph {
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    /// Appends `op(args)`, inferring its type. Fails if an arg is unknown or the operand
+    /// types break the op's rule.
+    pub fn add(&mut self, op: Op, args: &[ValueId]) -> Result<ValueId, IrError> {
+        let id = ValueId(self.nodes.len() as u32);
+        let mut tys = Vec::with_capacity(args.len());
+        for &a in args {
+            let n = self
+                .nodes
+                .get(a.index())
+                .ok_or(IrError::UnknownValue { node: id, arg: a })?;
+            tys.push(&n.ty);
+        }
+        let ty = op.infer(&tys).map_err(|msg| IrError::Type {
+            node: id,
+            op: op.info().name,
+            msg,
+        })?;
+        self.nodes.push(Node {
+            op,
+            args: args.to_vec(),
+            ty,
+        });
+        Ok(id)
+    }
+
+    /// Appends a node with a given type without inference (used by the parser and by
+    /// passes that rebuild graphs; the verifier re-checks the type).
+    pub fn push_unchecked(&mut self, node: Node) -> ValueId {
+        self.nodes.push(node);
+        ValueId(self.nodes.len() as u32 - 1)
+    }
+
+    pub fn input(&mut self, name: &str, ty: TensorType) -> Result<ValueId, IrError> {
+        self.add(
+            Op::Input {
+                name: name.into(),
+                ty,
+            },
+            &[],
+        )
+    }
+
+    pub fn weight(&mut self, name: &str, ty: TensorType) -> Result<ValueId, IrError> {
+        self.add(
+            Op::Weight {
+                name: name.into(),
+                ty,
+            },
+            &[],
+        )
+    }
+
+    pub fn state(&mut self, name: &str, ty: TensorType) -> Result<ValueId, IrError> {
+        self.add(
+            Op::State {
+                name: name.into(),
+                ty,
+            },
+            &[],
+        )
+    }
+
+    /// Marks `v` as a graph result called `name`.
+    pub fn set_output(&mut self, name: &str, v: ValueId) {
+        self.outputs.push((name.into(), v));
+    }
+
+    pub fn node(&self, v: ValueId) -> &Node {
+        &self.nodes[v.index()]
+    }
+
+    pub fn ty(&self, v: ValueId) -> &TensorType {
+        &self.nodes[v.index()].ty
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Nodes with their ids, in topological order.
+    pub fn nodes(&self) -> impl Iterator<Item = (ValueId, &Node)> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (ValueId(i as u32), n))
+    }
+
+    pub fn outputs(&self) -> &[(String, ValueId)] {
+        &self.outputs
+    }
+
+    pub fn output(&self, name: &str) -> Option<ValueId> {
+        self.outputs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| *v)
+    }
+
+    /// The leaf node with this kind of name (`input`, `weight`, `state`).
+    pub fn find_leaf(&self, name: &str) -> Option<ValueId> {
+        self.nodes()
+            .find(|(_, n)| n.op.leaf_name() == Some(name))
+            .map(|(v, _)| v)
+    }
+
+    /// Ids of every `Weight` node with its tensor name.
+    pub fn weights(&self) -> impl Iterator<Item = (ValueId, &str, &TensorType)> {
+        self.nodes().filter_map(|(v, n)| match &n.op {
+            Op::Weight { name, ty } => Some((v, name.as_str(), ty)),
+            _ => None,
+        })
+    }
+
+    /// Ids of every `State` node with its name.
+    pub fn states(&self) -> impl Iterator<Item = (ValueId, &str, &TensorType)> {
+        self.nodes().filter_map(|(v, n)| match &n.op {
+            Op::State { name, ty } => Some((v, name.as_str(), ty)),
+            _ => None,
+        })
+    }
+
+    /// Ids of every `Input` node with its name.
+    pub fn inputs(&self) -> impl Iterator<Item = (ValueId, &str, &TensorType)> {
+        self.nodes().filter_map(|(v, n)| match &n.op {
+            Op::Input { name, ty } => Some((v, name.as_str(), ty)),
+            _ => None,
+        })
+    }
+
+    /// Number of uses of each value (args and outputs).
+    pub fn use_counts(&self) -> Vec<u32> {
+        let mut uses = vec![0u32; self.nodes.len()];
+        for n in &self.nodes {
+            for a in &n.args {
+                uses[a.index()] += 1;
+            }
+        }
+        for (_, v) in &self.outputs {
+            uses[v.index()] += 1;
+        }
+        uses
+    }
+
+    /// Replaces the node list and outputs (for passes); the caller re-verifies.
+    pub fn rebuild(&mut self, nodes: Vec<Node>, outputs: Vec<(String, ValueId)>) {
+        self.nodes = nodes;
+        self.outputs = outputs;
+    }
+}

@@ -1,0 +1,19 @@
+//! specc's operator IR: an arena graph of typed values, its verifier, its text form and the
+//! CPU interpreter that defines every op.
+
+mod dtype;
+mod error;
+mod graph;
+mod infer;
+pub mod op;
+mod shape;
+mod verify;
+
+pub use dtype::DType;
+pub use error::IrError;
+pub use graph::{Graph, Node, ValueId};
+pub use op::{
+    Arity, AttnMask, BinaryOp, MoeScoring, Op, OpInfo, ReduceOp, RopeScaling, RopeStyle, UnaryOp,
+};
+pub use shape::{Bindings, BucketDim, Dim, Shape, TensorType};
+pub use verify::verify;
