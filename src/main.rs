@@ -1,1 +1,27 @@
-fn main() {}
+//! `specc`: the command-line front end. It wires the stages together and does nothing else.
+
+mod cli;
+mod cmd;
+mod embedded;
+mod text;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    match cmd::dispatch(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the chain of causes joined, outermost first.
+            let mut msg = e.to_string();
+            for cause in e.chain().skip(1) {
+                msg.push_str(": ");
+                msg.push_str(&cause.to_string());
+            }
+            eprintln!("error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

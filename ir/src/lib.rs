@@ -17,3 +17,6 @@ pub use op::{
 };
 pub use shape::{Bindings, BucketDim, Dim, Shape, TensorType};
 pub use verify::verify;
+
+pub mod interp;
+pub mod text;

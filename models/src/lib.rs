@@ -1,1 +1,21 @@
+//! specc model front-ends: Hugging Face configs resolved into a validated [`ModelSpec`],
+//! safetensors checkpoints, and the lowering of dense decoder-only models to IR.
+//!
+//! [`Model`] ties them together: open a model directory, and every problem with its files
+//! (config fields, missing tensors, shapes, dtypes, truncated files) surfaces as a one-line
+//! [`ModelError`] before anything runs.
 
+#[macro_use]
+mod raw;
+
+pub mod checkpoint;
+pub mod config;
+pub mod error;
+pub mod lower;
+mod model;
+
+pub use checkpoint::{Checkpoint, TensorEntry};
+pub use config::{Arch, ModelSpec, RawConfig};
+pub use error::ModelError;
+pub use lower::{decoder_layer, lower_dense, LayerNames};
+pub use model::Model;

@@ -1,0 +1,80 @@
+//! Bytes moved and FLOPs per group, and the roofline time they imply.
+
+use specc_ir::{Bindings, Graph, Op};
+
+use crate::group::Group;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Cost {
+    /// Bytes read from weights.
+    pub weight_bytes: u64,
+    /// Bytes of activations and state read or written (inputs + outputs of the group).
+    pub act_bytes: u64,
+    pub flops: u64,
+}
+
+impl Cost {
+    pub fn bytes(&self) -> u64 {
+        self.weight_bytes + self.act_bytes
+    }
+
+    /// Roofline time in microseconds on a GPU with `bw` bytes/s and `flops_s` FLOP/s.
+    pub fn roofline_us(&self, bw: f64, flops_s: f64) -> f64 {
+        (self.bytes() as f64 / bw).max(self.flops as f64 / flops_s) * 1e6
+    }
+}
+
+/// A named GPU's ceilings for the roofline column of the report.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuCeilings {
+    pub name: &'static str,
+    /// Measured device-to-device copy bandwidth (read + write), bytes/s.
+    pub bytes_per_s: f64,
+    pub bf16_flops_per_s: f64,
+}
+
+/// Measured on the device's H200 (shared/BENCH.md): 4.26 TB/s copy, ≈790 TFLOP/s bf16.
+pub const H200: GpuCeilings = GpuCeilings {
+    name: "H200",
+    bytes_per_s: 4.26e12,
+    bf16_flops_per_s: 790e12,
+};
+
+fn numel(g: &Graph, v: specc_ir::ValueId, bind: &Bindings) -> u64 {
+    g.ty(v)
+        .shape
+        .resolve(bind)
+        .map(|d| d.iter().map(|&x| x as u64).product())
+        .unwrap_or(0)
+}
+
+pub fn group_cost(g: &Graph, gr: &Group, bind: &Bindings) -> Cost {
+    let mut c = Cost::default();
+    for &v in &gr.inputs {
+        let b = g.ty(v).bytes(bind).unwrap_or(0);
+        match g.node(v).op {
+            Op::Weight { .. } => c.weight_bytes += b,
+            // A cache is read only up to the live context; count it whole (the bound).
+            _ => c.act_bytes += b,
+        }
+    }
+    for &v in &gr.outputs {
+        c.act_bytes += g.ty(v).bytes(bind).unwrap_or(0);
+    }
+    for &n in &gr.nodes {
+        let node = g.node(n);
+        c.flops += match &node.op {
+            Op::MatMul => {
+                let k = g.ty(node.args[0]).shape.last().and_then(|d| d.resolve(bind));
+                2 * numel(g, n, bind) * k.unwrap_or(0)
+            }
+            Op::Attention { .. } => {
+                let q = numel(g, node.args[0], bind);
+                let ctx = g.ty(node.args[1]).shape.dims()[1].resolve(bind).unwrap_or(0);
+                4 * q * ctx
+            }
+            _ => numel(g, n, bind),
+        };
+    }
+    c
+}

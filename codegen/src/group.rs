@@ -1,0 +1,106 @@
+//! Fused groups: the unit the kernel generator turns into launches.
+
+use specc_ir::ValueId;
+
+/// Index of a group in schedule order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroupId(pub u32);
+
+/// RMSNorm computed in a matmul's prologue: `x * rsqrt(mean(x²) + eps) * weight`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NormPrologue {
+    pub weight: ValueId,
+    pub eps: f64,
+    /// The IR rmsnorm node folded in.
+    pub node: ValueId,
+}
+
+/// Per-head RMSNorm (Qwen3 q_norm / k_norm) applied before RoPE.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HeadNorm {
+    pub weight: ValueId,
+    pub eps: f64,
+}
+
+/// What happens to the matmul results before they are stored.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Epilogue {
+    /// Each `mats[i].out` is stored as computed.
+    Store,
+    /// `out = residual + mats[0]` (one matmul).
+    ResidualAdd { residual: ValueId, out: ValueId },
+    /// `out = silu(mats[0]) * mats[1]` (gate and up; the products are never stored).
+    SiluMul { out: ValueId },
+    /// `mats = [q, k, v]` viewed as heads of `head_dim`: optional per-head norms, RoPE on q
+    /// and k at `positions`, q stored to `q_out`, k and v written into the caches in place
+    /// (`k_cache_out` / `v_cache_out` are the IR kv_write results aliasing the states).
+    RopeKvWrite {
+        positions: ValueId,
+        head_dim: u64,
+        q_heads: u64,
+        kv_heads: u64,
+        q_norm: Option<HeadNorm>,
+        k_norm: Option<HeadNorm>,
+        rope: specc_ir::Op,
+        q_out: ValueId,
+        k_cache_in: ValueId,
+        v_cache_in: ValueId,
+        k_cache_out: ValueId,
+        v_cache_out: ValueId,
+    },
+    /// `logits = f32(mats[0])` stored, and `argmax` of each row stored as i32 (`argmax`
+    /// may be absent when the graph does not use it).
+    LogitsArgmax {
+        logits: ValueId,
+        argmax: Option<ValueId>,
+    },
+}
+
+/// One matmul of a group: `x · weightᵀ` (+ optional dequant scale).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MatOut {
+    pub node: ValueId,
+    pub weight: ValueId,
+    pub scale: Option<ValueId>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum GroupKind {
+    /// One IR node computed by its own kernel.
+    Single(ValueId),
+    /// Matmuls sharing the input `x` (read once), with an optional norm prologue and an
+    /// epilogue.
+    MatMul {
+        x: ValueId,
+        norm: Option<NormPrologue>,
+        mats: Vec<MatOut>,
+        epilogue: Epilogue,
+    },
+}
+
+/// A fused group. Invariants: `nodes` are the IR nodes it computes, in topological order;
+/// `inputs` are the values it reads that other groups (or leaves) define; `outputs` are the
+/// values it defines that are read outside it (or are graph outputs) and so need storage.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Group {
+    pub kind: GroupKind,
+    pub nodes: Vec<ValueId>,
+    pub inputs: Vec<ValueId>,
+    pub outputs: Vec<ValueId>,
+}
+
+impl Group {
+    /// Kernel family name, the prefix of generated kernel names.
+    pub fn family(&self, g: &specc_ir::Graph) -> &'static str {
+        match &self.kind {
+            GroupKind::Single(v) => g.node(*v).op.info().name,
+            GroupKind::MatMul { epilogue, .. } => match epilogue {
+                Epilogue::Store => "gemv",
+                Epilogue::ResidualAdd { .. } => "gemv_residual",
+                Epilogue::SiluMul { .. } => "gemv_silu_mul",
+                Epilogue::RopeKvWrite { .. } => "gemv_qkv_rope",
+                Epilogue::LogitsArgmax { .. } => "gemv_lm_head",
+            },
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! Safetensors checkpoints: one `model.safetensors`, or shards listed by
+//! `model.safetensors.index.json`.
+//!
+//! Opening reads every header and builds an index name → (file, dtype, shape, byte range).
+//! Rules checked at open, so that nothing later can read out of bounds:
+//! 1. the 8-byte header length and the header itself lie inside the file;
+//! 2. each tensor's byte range is exactly `numel × dtype size` bytes;
+//! 3. every byte range lies inside the file's data section (else: "truncated");
+//! 4. every shard the index names exists and holds the tensors mapped to it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::tensor::Metadata;
+use safetensors::Dtype;
+use specc_ir::interp::Tensor;
+use specc_ir::{DType, Graph, TensorType};
+
+use crate::error::ModelError;
+
+pub const SINGLE_FILE: &str = "model.safetensors";
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// Where one tensor's bytes are.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorEntry {
+    /// Index into [`Checkpoint::files`].
+    pub file: usize,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    /// Absolute byte range in the file.
+    pub range: Range<usize>,
+}
+
+struct SafetensorsFile {
+    path: PathBuf,
+    mmap: Mmap,
+}
+
+/// An opened checkpoint: memory-mapped files and the tensor index.
+pub struct Checkpoint {
+    /// `model.safetensors` or `model.safetensors.index.json`: the file errors about the
+    /// checkpoint as a whole (missing tensors) name.
+    root: PathBuf,
+    files: Vec<SafetensorsFile>,
+    tensors: BTreeMap<String, TensorEntry>,
+}
+
+raw_struct! {
+    /// `model.safetensors.index.json` as written (its `metadata` is ignored).
+    pub struct RawIndex {
+        weight_map: Option<BTreeMap<String, String>>,
+    }
+}
+
+impl Checkpoint {
+    /// Opens the checkpoint in `dir`, preferring a single `model.safetensors`.
+    pub fn open(dir: &Path) -> Result<Checkpoint, ModelError> {
+        let single = dir.join(SINGLE_FILE);
+        let index = dir.join(INDEX_FILE);
+        if single.is_file() {
+            let f = read_file(&single)?;
+            let mut tensors = BTreeMap::new();
+            for (name, mut e) in f.1 {
+                e.file = 0;
+                tensors.insert(name, e);
+            }
+            Ok(Checkpoint {
+                root: single,
+                files: vec![f.0],
+                tensors,
+            })
+        } else if index.is_file() {
+            Self::open_sharded(dir, &index)
+        } else {
+            Err(ModelError::NoCheckpoint {
+                dir: dir.to_path_buf(),
+            })
+        }
+    }
+
+    fn open_sharded(dir: &Path, index: &Path) -> Result<Checkpoint, ModelError> {
+        let text = std::fs::read_to_string(index).map_err(|e| ModelError::io(index, e))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| ModelError::json(index, &e))?;
+        let raw: RawIndex = crate::raw::from_value(index, v)?;
+        let weight_map = raw.weight_map.ok_or_else(|| {
+            ModelError::missing(
+                index,
+                "weight_map",
+                "an object mapping tensor names to shard files",
+            )
+        })?;
+        let shards: BTreeSet<&str> = weight_map.values().map(String::as_str).collect();
+        let mut files = Vec::new();
+        let mut by_shard = BTreeMap::new();
+        for shard in shards {
+            let path = dir.join(shard);
+            if !path.is_file() {
+                let tensor = weight_map
+                    .iter()
+                    .find(|(_, s)| s.as_str() == shard)
+                    .map(|(t, _)| t.clone())
+                    .unwrap_or_default();
+                return Err(ModelError::MissingShard {
+                    file: index.to_path_buf(),
+                    tensor,
+                    shard: shard.to_string(),
+                });
+            }
+            let (f, entries) = read_file(&path)?;
+            by_shard.insert(shard, (files.len(), entries));
+            files.push(f);
+        }
+        let mut tensors = BTreeMap::new();
+        for (name, shard) in &weight_map {
+            let (fi, entries) = &by_shard[shard.as_str()];
+            let mut e = entries.get(name).cloned().ok_or_else(|| ModelError::Tensor {
+                file: files[*fi].path.clone(),
+                tensor: name.clone(),
+                expected: format!("to be in this shard (as {INDEX_FILE} says)"),
+                found: "no such tensor".into(),
+            })?;
+            e.file = *fi;
+            tensors.insert(name.clone(), e);
+        }
+        Ok(Checkpoint {
+            root: index.to_path_buf(),
+            files,
+            tensors,
+        })
+    }
+
+    /// `model.safetensors` or the index file.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&TensorEntry> {
+        self.tensors.get(name)
+    }
+
+    /// All tensors, by name.
+    pub fn tensors(&self) -> impl Iterator<Item = (&str, &TensorEntry)> {
+        self.tensors.iter().map(|(n, e)| (n.as_str(), e))
+    }
+
+    /// The file holding `entry`.
+    pub fn file_of(&self, entry: &TensorEntry) -> &Path {
+        &self.files[entry.file].path
+    }
+
+    /// The stored bytes of a tensor (little-endian, as in the file).
+    pub fn bytes(&self, name: &str) -> Option<&[u8]> {
+        let e = self.tensors.get(name)?;
+        Some(&self.files[e.file].mmap[e.range.clone()])
+    }
+
+    /// Checks that every `weight` of `g` exists with the graph's shape and dtype.
+    pub fn validate(&self, g: &Graph) -> Result<(), ModelError> {
+        for (_, name, ty) in g.weights() {
+            self.check(name, ty)?;
+        }
+        Ok(())
+    }
+
+    fn check(&self, name: &str, ty: &TensorType) -> Result<(), ModelError> {
+        let want_dims: Option<Vec<usize>> = ty
+            .shape
+            .dims()
+            .iter()
+            .map(|d| d.as_static().map(|n| n as usize))
+            .collect();
+        let expected = format!("shape {} {}", fmt_shape_ir(ty), ty.dtype);
+        let Some(e) = self.tensors.get(name) else {
+            return Err(ModelError::Tensor {
+                file: self.root.clone(),
+                tensor: name.into(),
+                expected,
+                found: "no such tensor".into(),
+            });
+        };
+        let dtype_ok = ir_dtype(e.dtype) == Some(ty.dtype) && is_float_weight(e.dtype);
+        if want_dims.as_ref() != Some(&e.shape) || !dtype_ok {
+            return Err(ModelError::Tensor {
+                file: self.file_of(e).to_path_buf(),
+                tensor: name.into(),
+                expected,
+                found: format!("{:?} {}", e.shape, dtype_name(e.dtype)),
+            });
+        }
+        Ok(())
+    }
+
+    /// Loads a bf16/f16/f32 tensor as f32 values; the tensor's dtype records the stored
+    /// dtype (the interpreter rounds to it where the GPU would).
+    pub fn load_f32(&self, name: &str) -> Result<Tensor, ModelError> {
+        let e = self.tensors.get(name).ok_or_else(|| ModelError::Tensor {
+            file: self.root.clone(),
+            tensor: name.into(),
+            expected: "a tensor".into(),
+            found: "no such tensor".into(),
+        })?;
+        let bytes = &self.files[e.file].mmap[e.range.clone()];
+        let (dtype, data): (DType, Vec<f32>) = match e.dtype {
+            Dtype::F32 => (
+                DType::F32,
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            ),
+            Dtype::BF16 => (
+                DType::BF16,
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                    .collect(),
+            ),
+            Dtype::F16 => (
+                DType::F16,
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                    .collect(),
+            ),
+            other => {
+                return Err(ModelError::Tensor {
+                    file: self.file_of(e).to_path_buf(),
+                    tensor: name.into(),
+                    expected: "bf16, f16 or f32 data".into(),
+                    found: format!("{:?} {}", e.shape, dtype_name(other)),
+                })
+            }
+        };
+        Ok(Tensor::from_f32(dtype, e.shape.clone(), data))
+    }
+}
+
+/// Maps and indexes one safetensors file (entries' `file` is left 0 for the caller).
+fn read_file(
+    path: &Path,
+) -> Result<(SafetensorsFile, BTreeMap<String, TensorEntry>), ModelError> {
+    let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
+    // SAFETY: the map is read-only and private to this process. Another process truncating
+    // or rewriting the file while it is mapped would be undefined behaviour; every
+    // safetensors loader accepts that risk, and checkpoints are not written while served.
+    let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
+    let header_err = |msg: String| ModelError::Header {
+        file: path.to_path_buf(),
+        msg,
+    };
+    let len = mmap.len() as u64;
+    if len < 8 {
+        return Err(header_err(format!(
+            "expected at least the 8-byte header length, found a {len}-byte file"
+        )));
+    }
+    let n = u64::from_le_bytes(mmap[..8].try_into().expect("8 bytes"));
+    if n > len - 8 {
+        return Err(header_err(format!(
+            "header length says {n} bytes, file has {} after the length",
+            len - 8
+        )));
+    }
+    let header_end = 8 + n as usize;
+    let meta: Metadata =
+        serde_json::from_slice(&mmap[8..header_end]).map_err(|e| header_err(e.to_string()))?;
+    let available = len - header_end as u64;
+    let mut entries = BTreeMap::new();
+    let mut data_end = 0u64;
+    for (name, info) in meta.tensors() {
+        let (s, e) = (info.data_offsets.0 as u64, info.data_offsets.1 as u64);
+        let numel = info
+            .shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d as u64));
+        let need = numel.and_then(|n| n.checked_mul(info.dtype.size() as u64));
+        if e < s || need != Some(e - s) {
+            return Err(ModelError::Tensor {
+                file: path.to_path_buf(),
+                tensor: name,
+                expected: format!(
+                    "data_offsets spanning {} bytes for {:?} {}",
+                    need.map_or("too many".to_string(), |n| n.to_string()),
+                    info.shape,
+                    dtype_name(info.dtype)
+                ),
+                found: format!("[{s}, {e}]"),
+            });
+        }
+        data_end = data_end.max(e);
+        entries.insert(
+            name,
+            TensorEntry {
+                file: 0,
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+                range: header_end + s as usize..header_end + e as usize,
+            },
+        );
+    }
+    if data_end > available {
+        return Err(ModelError::Truncated {
+            file: path.to_path_buf(),
+            header_bytes: data_end,
+            file_bytes: available,
+        });
+    }
+    Ok((
+        SafetensorsFile {
+            path: path.to_path_buf(),
+            mmap,
+        },
+        entries,
+    ))
+}
+
+/// The IR dtype of a stored dtype, where the IR has one.
+pub fn ir_dtype(d: Dtype) -> Option<DType> {
+    Some(match d {
+        Dtype::BF16 => DType::BF16,
+        Dtype::F16 => DType::F16,
+        Dtype::F32 => DType::F32,
+        Dtype::F8_E4M3 => DType::Fp8E4M3,
+        Dtype::I32 => DType::I32,
+        Dtype::I64 => DType::I64,
+        Dtype::BOOL => DType::Bool,
+        _ => return None,
+    })
+}
+
+fn is_float_weight(d: Dtype) -> bool {
+    matches!(d, Dtype::BF16 | Dtype::F16 | Dtype::F32)
+}
+
+/// A stored dtype in the IR's spelling (`bf16`), or the safetensors one lower-cased.
+pub fn dtype_name(d: Dtype) -> String {
+    match ir_dtype(d) {
+        Some(t) => t.to_string(),
+        None => format!("{d:?}").to_lowercase(),
+    }
+}
+
+/// `[64, 64]`, with bucket dims by name.
+fn fmt_shape_ir(ty: &TensorType) -> String {
+    let dims: Vec<String> = ty.shape.dims().iter().map(|d| d.to_string()).collect();
+    format!("[{}]", dims.join(", "))
+}

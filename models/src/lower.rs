@@ -1,0 +1,296 @@
+//! Lowering a dense decoder-only [`ModelSpec`] (Llama, Qwen3) to one IR graph that serves
+//! prefill and decode alike: the bucket dims are `B` sequences, `T` tokens this step and
+//! `Ctx` KV-cache slots per sequence.
+//!
+//! Graph interface:
+//! - inputs `tokens` i32[B,T] and `positions` i32[B,T] (absolute; negative = padding lane,
+//!   which writes no KV and whose outputs are meaningless);
+//! - states `kv.{l}.k`, `kv.{l}.v`: dtype[B,Ctx,kv_heads,head_dim], updated in place;
+//! - weights by their HF tensor names, in the checkpoint dtype;
+//! - outputs `logits` f32[B,T,vocab] and `next_token` i32[B,T] (argmax of logits).
+//!
+//! The pieces (`embed`, [`decoder_layer`], `lm_head`) are public so drafts that reuse the
+//! target's layers (EAGLE-3 taps, DFlash) can build on them.
+
+use specc_ir::op::{dims, B, T};
+use specc_ir::{
+    AttnMask, BinaryOp, DType, Dim, Graph, IrError, Op, RopeStyle, Shape, TensorType, ValueId,
+};
+
+use crate::config::ModelSpec;
+use crate::error::ModelError;
+
+pub const TOKENS: &str = "tokens";
+pub const POSITIONS: &str = "positions";
+pub const LOGITS: &str = "logits";
+pub const NEXT_TOKEN: &str = "next_token";
+
+/// Names of layer `layer`'s key and value cache states.
+pub fn kv_state_names(layer: usize) -> (String, String) {
+    (format!("kv.{layer}.k"), format!("kv.{layer}.v"))
+}
+
+/// The whole dense model as one graph (see the module docs for its interface).
+pub fn lower_dense(spec: &ModelSpec) -> Result<Graph, ModelError> {
+    let wrap = |source| ModelError::Lower {
+        model: spec.arch.hf_name().into(),
+        source,
+    };
+    let mut g = Graph::new(spec.arch.hf_name());
+    build_dense(&mut g, spec).map_err(wrap)?;
+    specc_ir::verify(&g).map_err(wrap)?;
+    Ok(g)
+}
+
+fn build_dense(g: &mut Graph, spec: &ModelSpec) -> Result<(), IrError> {
+    let ids_ty = TensorType::new(DType::I32, [B, T]);
+    let tokens = g.input(TOKENS, ids_ty.clone())?;
+    let positions = g.input(POSITIONS, ids_ty)?;
+    let (mut x, embed_w) = embed(g, spec, tokens)?;
+    for layer in 0..spec.layers {
+        let names = LayerNames::target(layer);
+        x = decoder_layer(g, spec, &names, x, positions)?;
+    }
+    let logits = lm_head(g, spec, x, embed_w)?;
+    let next = g.add(Op::Argmax, &[logits])?;
+    g.set_output(LOGITS, logits);
+    g.set_output(NEXT_TOKEN, next);
+    Ok(())
+}
+
+/// A static weight of the spec's dtype.
+fn weight(
+    g: &mut Graph,
+    spec: &ModelSpec,
+    name: &str,
+    shape: &[usize],
+) -> Result<ValueId, IrError> {
+    let ty = TensorType::new(spec.dtype, shape.iter().map(|&n| Dim::from(n)));
+    g.weight(name, ty)
+}
+
+/// `x · wᵀ` with `w = name: [out, in]`.
+fn linear(
+    g: &mut Graph,
+    spec: &ModelSpec,
+    x: ValueId,
+    name: &str,
+    out: usize,
+    inp: usize,
+) -> Result<ValueId, IrError> {
+    let w = weight(g, spec, name, &[out, inp])?;
+    g.add(Op::MatMul, &[x, w])
+}
+
+fn rmsnorm(
+    g: &mut Graph,
+    spec: &ModelSpec,
+    x: ValueId,
+    name: &str,
+    width: usize,
+) -> Result<ValueId, IrError> {
+    let w = weight(g, spec, name, &[width])?;
+    g.add(Op::RmsNorm { eps: spec.rms_eps }, &[x, w])
+}
+
+/// `x` converted to `to` unless it already is.
+fn cast_to(g: &mut Graph, x: ValueId, to: DType) -> Result<ValueId, IrError> {
+    if g.ty(x).dtype == to {
+        Ok(x)
+    } else {
+        g.add(Op::Cast { to }, &[x])
+    }
+}
+
+/// Token embedding `[B,T,hidden]` in the activation dtype, and the table's id (shared with
+/// the LM head when embeddings are tied).
+pub fn embed(
+    g: &mut Graph,
+    spec: &ModelSpec,
+    tokens: ValueId,
+) -> Result<(ValueId, ValueId), IrError> {
+    let table = weight(
+        g,
+        spec,
+        "model.embed_tokens.weight",
+        &[spec.vocab, spec.hidden],
+    )?;
+    let x = g.add(Op::Embedding, &[table, tokens])?;
+    Ok((cast_to(g, x, spec.dtype)?, table))
+}
+
+/// Final norm, LM head (`lm_head.weight`, or the embedding table when tied), cast to f32:
+/// `logits` f32[B,T,vocab].
+pub fn lm_head(
+    g: &mut Graph,
+    spec: &ModelSpec,
+    x: ValueId,
+    embed_table: ValueId,
+) -> Result<ValueId, IrError> {
+    let h = rmsnorm(g, spec, x, "model.norm.weight", spec.hidden)?;
+    let logits = if spec.tie_embeddings {
+        g.add(Op::MatMul, &[h, embed_table])?
+    } else {
+        linear(g, spec, h, "lm_head.weight", spec.vocab, spec.hidden)?
+    };
+    cast_to(g, logits, DType::F32)
+}
+
+/// Where one decoder layer's weights and caches live.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerNames {
+    /// Weight-name prefix without the trailing dot, e.g. `model.layers.3`.
+    pub weights: String,
+    /// Cache state names.
+    pub k_cache: String,
+    pub v_cache: String,
+}
+
+impl LayerNames {
+    /// Layer `layer` of a target model.
+    pub fn target(layer: usize) -> LayerNames {
+        let (k_cache, v_cache) = kv_state_names(layer);
+        LayerNames {
+            weights: format!("model.layers.{layer}"),
+            k_cache,
+            v_cache,
+        }
+    }
+}
+
+/// One pre-norm decoder layer on `x` [B,T,hidden] at `positions` [B,T]:
+/// `x + attn(rmsnorm(x))`, then `+ mlp(rmsnorm(·))`. Writes this step's K/V into the layer's
+/// caches at `positions` and attends causally over them.
+pub fn decoder_layer(
+    g: &mut Graph,
+    spec: &ModelSpec,
+    names: &LayerNames,
+    x: ValueId,
+    positions: ValueId,
+) -> Result<ValueId, IrError> {
+    let p = &names.weights;
+    let h = rmsnorm(
+        g,
+        spec,
+        x,
+        &format!("{p}.input_layernorm.weight"),
+        spec.hidden,
+    )?;
+    let a = attention(g, spec, names, h, positions)?;
+    let x = g.add(Op::Binary(BinaryOp::Add), &[x, a])?;
+    let h = rmsnorm(
+        g,
+        spec,
+        x,
+        &format!("{p}.post_attention_layernorm.weight"),
+        spec.hidden,
+    )?;
+    let m = mlp(g, spec, p, h)?;
+    g.add(Op::Binary(BinaryOp::Add), &[x, m])
+}
+
+/// Self-attention block (without the residual): q/k/v projections, per-head q/k norm
+/// (Qwen3), RoPE, KV write, causal GQA attention, output projection.
+fn attention(
+    g: &mut Graph,
+    spec: &ModelSpec,
+    names: &LayerNames,
+    h: ValueId,
+    positions: ValueId,
+) -> Result<ValueId, IrError> {
+    let p = &names.weights;
+    let (hd, nq, nkv) = (spec.head_dim, spec.heads, spec.kv_heads);
+    let heads_shape = |n: usize| dims(&[B, T, Dim::from(n), Dim::from(hd)]);
+    let q = linear(
+        g,
+        spec,
+        h,
+        &format!("{p}.self_attn.q_proj.weight"),
+        spec.q_dim(),
+        spec.hidden,
+    )?;
+    let k = linear(
+        g,
+        spec,
+        h,
+        &format!("{p}.self_attn.k_proj.weight"),
+        spec.kv_dim(),
+        spec.hidden,
+    )?;
+    let v = linear(
+        g,
+        spec,
+        h,
+        &format!("{p}.self_attn.v_proj.weight"),
+        spec.kv_dim(),
+        spec.hidden,
+    )?;
+    let mut q = g.add(
+        Op::Reshape {
+            shape: heads_shape(nq),
+        },
+        &[q],
+    )?;
+    let mut k = g.add(
+        Op::Reshape {
+            shape: heads_shape(nkv),
+        },
+        &[k],
+    )?;
+    let v = g.add(
+        Op::Reshape {
+            shape: heads_shape(nkv),
+        },
+        &[v],
+    )?;
+    if spec.qk_norm {
+        q = rmsnorm(g, spec, q, &format!("{p}.self_attn.q_norm.weight"), hd)?;
+        k = rmsnorm(g, spec, k, &format!("{p}.self_attn.k_norm.weight"), hd)?;
+    }
+    let rope = Op::Rope {
+        theta: spec.rope_theta,
+        scaling: spec.rope_scaling.clone(),
+        style: RopeStyle::Half,
+        rotary_dim: hd as u64,
+    };
+    let q = g.add(rope.clone(), &[q, positions])?;
+    let k = g.add(rope, &[k, positions])?;
+    let cache_ty = TensorType::new(
+        spec.dtype,
+        [B, specc_ir::op::CTX, Dim::from(nkv), Dim::from(hd)],
+    );
+    let k_cache = g.state(&names.k_cache, cache_ty.clone())?;
+    let v_cache = g.state(&names.v_cache, cache_ty)?;
+    let k_cache = g.add(Op::KvWrite, &[k_cache, k, positions])?;
+    let v_cache = g.add(Op::KvWrite, &[v_cache, v, positions])?;
+    let o = g.add(
+        Op::Attention {
+            scale: 1.0 / (hd as f64).sqrt(),
+            mask: AttnMask::Causal,
+        },
+        &[q, k_cache, v_cache, positions],
+    )?;
+    let o = g.add(
+        Op::Reshape {
+            shape: Shape::new([B, T, Dim::from(spec.q_dim())]),
+        },
+        &[o],
+    )?;
+    linear(
+        g,
+        spec,
+        o,
+        &format!("{p}.self_attn.o_proj.weight"),
+        spec.hidden,
+        spec.q_dim(),
+    )
+}
+
+/// SwiGLU MLP: `down(silu(gate(h)) · up(h))`.
+fn mlp(g: &mut Graph, spec: &ModelSpec, p: &str, h: ValueId) -> Result<ValueId, IrError> {
+    let (hid, ffn) = (spec.hidden, spec.intermediate);
+    let gate = linear(g, spec, h, &format!("{p}.mlp.gate_proj.weight"), ffn, hid)?;
+    let up = linear(g, spec, h, &format!("{p}.mlp.up_proj.weight"), ffn, hid)?;
+    let act = g.add(Op::SiluMul, &[gate, up])?;
+    linear(g, spec, act, &format!("{p}.mlp.down_proj.weight"), hid, ffn)
+}

@@ -1,0 +1,231 @@
+//! The [`Model`] façade: config + lowered graph + validated checkpoint, and CPU execution of
+//! that graph through the IR interpreter.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use specc_ir::interp::{self, Data, Env, Tensor, WeightSource};
+use specc_ir::{Bindings, DType, Graph};
+
+use crate::checkpoint::Checkpoint;
+use crate::config::ModelSpec;
+use crate::error::ModelError;
+use crate::lower::{self, LOGITS, NEXT_TOKEN, POSITIONS, TOKENS};
+
+pub const CONFIG_FILE: &str = "config.json";
+
+/// An opened dense model.
+///
+/// Invariant: every `weight` of `graph` exists in `checkpoint` with the graph's shape and
+/// a bf16/f16/f32 dtype (checked by [`Model::open`]).
+pub struct Model {
+    dir: PathBuf,
+    spec: ModelSpec,
+    graph: Graph,
+    checkpoint: Checkpoint,
+}
+
+impl Model {
+    /// Reads and resolves `dir/config.json`, lowers the model, opens the checkpoint and
+    /// validates the graph's weights against the safetensors headers.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Model, ModelError> {
+        let dir = dir.as_ref().to_path_buf();
+        let spec = ModelSpec::from_file(&dir.join(CONFIG_FILE))?;
+        let graph = lower::lower_dense(&spec)?;
+        let checkpoint = Checkpoint::open(&dir)?;
+        checkpoint.validate(&graph)?;
+        Ok(Model {
+            dir,
+            spec,
+            graph,
+            checkpoint,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    pub fn checkpoint(&self) -> &Checkpoint {
+        &self.checkpoint
+    }
+
+    /// Every weight the graph reads, as f32 values tagged with the stored dtype.
+    pub fn load_weights_f32(&self) -> HashMap<String, Tensor> {
+        self.graph
+            .weights()
+            .map(|(_, name, _)| {
+                let t = self
+                    .checkpoint
+                    .load_f32(name)
+                    .expect("Model::open validated every graph weight");
+                (name.to_string(), t)
+            })
+            .collect()
+    }
+
+    /// Greedy decoding of one sequence on the CPU interpreter: one prefill step over the
+    /// whole prompt, then `max_new - 1` decode steps of one token, with a KV cache of `ctx`
+    /// slots. Returns exactly `max_new` new tokens (it does not stop at EOS; callers cut at
+    /// `spec().eos_token_ids`).
+    pub fn greedy_generate(
+        &self,
+        weights: &dyn WeightSource,
+        prompt_ids: &[u32],
+        max_new: usize,
+        ctx: usize,
+    ) -> Result<Vec<u32>, ModelError> {
+        self.check_ids(prompt_ids)?;
+        self.check_length(prompt_ids.len(), max_new, Some(ctx))?;
+        let mut states = self.empty_states(ctx);
+        let mut out = Vec::with_capacity(max_new);
+        let mut step_ids = prompt_ids.to_vec();
+        let mut start = 0;
+        while out.len() < max_new {
+            let res = self.step(weights, &mut states, &step_ids, start, ctx)?;
+            let next = int_values(&res[NEXT_TOKEN]);
+            let tok = *next.last().expect("next_token has T >= 1 entries");
+            let tok = u32::try_from(tok).map_err(|_| {
+                ModelError::request("next_token", "a token id", format!("{tok}"))
+            })?;
+            out.push(tok);
+            start += step_ids.len();
+            step_ids = vec![tok];
+        }
+        Ok(out)
+    }
+
+    /// Logits at every position of `ids` from one forward pass: `([n, vocab], values)`.
+    pub fn logits(
+        &self,
+        weights: &dyn WeightSource,
+        ids: &[u32],
+    ) -> Result<(Vec<usize>, Vec<f32>), ModelError> {
+        self.check_ids(ids)?;
+        self.check_length(ids.len(), 0, None)?;
+        let ctx = ids.len();
+        let mut states = self.empty_states(ctx);
+        let mut res = self.step(weights, &mut states, ids, 0, ctx)?;
+        let logits = res.remove(LOGITS).expect("the graph outputs logits");
+        let values = match logits.data {
+            Data::F32(v) => v,
+            Data::I64(_) => unreachable!("logits are f32 by construction"),
+        };
+        Ok((vec![ids.len(), self.spec.vocab], values))
+    }
+
+    /// Runs the graph once for batch 1: `ids` at positions `start..start + ids.len()`.
+    fn step(
+        &self,
+        weights: &dyn WeightSource,
+        states: &mut HashMap<String, Tensor>,
+        ids: &[u32],
+        start: usize,
+        ctx: usize,
+    ) -> Result<HashMap<String, Tensor>, ModelError> {
+        let t = ids.len();
+        let ids_tensor = |v: Vec<i64>| Tensor::from_i64(DType::I32, vec![1, t], v);
+        let inputs = HashMap::from([
+            (
+                TOKENS.to_string(),
+                ids_tensor(ids.iter().map(|&i| i as i64).collect()),
+            ),
+            (
+                POSITIONS.to_string(),
+                ids_tensor((start..start + t).map(|p| p as i64).collect()),
+            ),
+        ]);
+        let mut env = Env {
+            bind: Bindings::new(1, t as u64, ctx as u64),
+            inputs,
+            weights,
+            states,
+        };
+        interp::run(&self.graph, &mut env).map_err(|source| ModelError::Run {
+            graph: self.graph.name.clone(),
+            source,
+        })
+    }
+
+    /// Zeroed KV caches for batch 1 and `ctx` slots.
+    fn empty_states(&self, ctx: usize) -> HashMap<String, Tensor> {
+        let s = &self.spec;
+        (0..s.layers)
+            .flat_map(|l| {
+                let (k, v) = lower::kv_state_names(l);
+                [k, v]
+            })
+            .map(|name| {
+                let shape = vec![1, ctx, s.kv_heads, s.head_dim];
+                (name, Tensor::zeros(s.dtype, shape))
+            })
+            .collect()
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<(), ModelError> {
+        if ids.is_empty() {
+            return Err(ModelError::request(
+                "prompt",
+                "at least one token id",
+                "0 tokens",
+            ));
+        }
+        let vocab = self.spec.vocab;
+        if let Some((i, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
+            return Err(ModelError::request(
+                format!("prompt token {i}"),
+                format!("an id below vocab_size ({vocab})"),
+                id,
+            ));
+        }
+        Ok(())
+    }
+
+    /// `prompt + max_new` tokens must fit `max_position_embeddings` and the cache.
+    fn check_length(
+        &self,
+        prompt: usize,
+        max_new: usize,
+        ctx: Option<usize>,
+    ) -> Result<(), ModelError> {
+        let total = prompt + max_new;
+        let found = format!("{prompt} prompt + {max_new} new = {total} tokens");
+        let max_pos = self.spec.max_position;
+        if total > max_pos {
+            return Err(ModelError::request(
+                "prompt",
+                format!(
+                    "at most {max_pos} tokens in all (max_position_embeddings of {})",
+                    self.dir.join(CONFIG_FILE).display()
+                ),
+                found,
+            ));
+        }
+        if let Some(ctx) = ctx {
+            if total > ctx {
+                return Err(ModelError::request(
+                    "prompt",
+                    format!("at most {ctx} tokens in all (the KV cache's ctx)"),
+                    found,
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Integer values of an i32/i64 tensor (the interpreter holds them as i64).
+fn int_values(t: &Tensor) -> Vec<i64> {
+    match &t.data {
+        Data::I64(v) => v.clone(),
+        Data::F32(v) => v.iter().map(|&x| x as i64).collect(),
+    }
+}

@@ -1,0 +1,15 @@
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum RuntimeError {
+    #[error("sequence of {needed} tokens exceeds the maximum context of {max_context} (raise --max-context up to the model's max_position_embeddings)")]
+    ContextOverflow { needed: usize, max_context: u64 },
+    #[error("empty step: at least one token is required")]
+    EmptyStep,
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    BadToken { id: u32, vocab: usize },
+    #[error("graph has no `{0}` output")]
+    MissingOutput(&'static str),
+    #[error(transparent)]
+    Ir(#[from] specc_ir::IrError),
+}

@@ -1,0 +1,33 @@
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use super::engine::{resolve, EngineManifest, FORMAT_VERSION};
+use super::inspect::summary;
+
+pub fn compile(model: Option<PathBuf>, out: &Path, max_context: Option<u64>) -> Result<()> {
+    let r = resolve(model, max_context)?;
+    fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let model_dir = r
+        .model_dir
+        .canonicalize()
+        .with_context(|| format!("{}", r.model_dir.display()))?;
+    let manifest = EngineManifest {
+        format_version: FORMAT_VERSION,
+        model_dir,
+        max_context: r.max_context,
+        architecture: r.model.spec().arch.hf_name().to_string(),
+    };
+    let write = |name: &str, text: String| -> Result<()> {
+        let p = out.join(name);
+        fs::write(&p, text).with_context(|| format!("writing {}", p.display()))
+    };
+    write("engine.json", serde_json::to_string_pretty(&manifest)?)?;
+    write("graph.ir", specc_ir::text::print(r.model.graph()))?;
+    let plan = summary(r.model.graph(), r.max_context);
+    write("plan.txt", plan.clone())?;
+    print!("{plan}");
+    println!("wrote {}", out.display());
+    Ok(())
+}

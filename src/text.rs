@@ -1,0 +1,71 @@
+//! Tokenizer loading and streaming detokenisation.
+
+use std::path::Path;
+
+use anyhow::{anyhow, Result};
+use tokenizers::Tokenizer;
+
+pub struct TextCodec {
+    tok: Tokenizer,
+}
+
+impl TextCodec {
+    pub fn open(model_dir: &Path) -> Result<Self> {
+        let path = model_dir.join("tokenizer.json");
+        if !path.is_file() {
+            return Err(anyhow!(
+                "{}: tokenizer.json not found (a Hugging Face tokenizer file is required to run text)",
+                model_dir.display()
+            ));
+        }
+        let tok = Tokenizer::from_file(&path)
+            .map_err(|e| anyhow!("{}: cannot load tokenizer: {e}", path.display()))?;
+        Ok(TextCodec { tok })
+    }
+
+    /// Token ids of `text`, without special tokens (the caller adds BOS).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .tok
+            .encode(text, false)
+            .map_err(|e| anyhow!("tokenizer.json: cannot encode prompt: {e}"))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.tok
+            .decode(ids, true)
+            .map_err(|e| anyhow!("tokenizer.json: cannot decode ids: {e}"))
+    }
+}
+
+/// Turns a growing id sequence into text deltas. Decoding the whole tail each time keeps
+/// multi-token characters intact; a delta is held back while it ends in U+FFFD (an
+/// incomplete UTF-8 sequence).
+pub struct Streamer<'a> {
+    codec: &'a TextCodec,
+    ids: Vec<u32>,
+    printed: usize,
+}
+
+impl<'a> Streamer<'a> {
+    pub fn new(codec: &'a TextCodec) -> Self {
+        Streamer {
+            codec,
+            ids: Vec::new(),
+            printed: 0,
+        }
+    }
+
+    /// Adds a token and returns the newly completed text, if any.
+    pub fn push(&mut self, id: u32) -> Result<String> {
+        self.ids.push(id);
+        let text = self.codec.decode(&self.ids)?;
+        if text.ends_with('\u{FFFD}') || text.len() < self.printed {
+            return Ok(String::new());
+        }
+        let delta = text[self.printed..].to_string();
+        self.printed = text.len();
+        Ok(delta)
+    }
+}
