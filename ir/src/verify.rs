@@ -99,3 +99,194 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    //! One test per rule in the module doc, each on a graph broken through
+    //! `push_unchecked` / `rebuild`, which skip the checks `Graph::add` makes.
+
+    use super::verify;
+    use crate::op::{B, CTX, T};
+    use crate::{DType, Dim, Graph, IrError, Node, Op, TensorType, ValueId};
+
+    fn f32s(n: u64) -> TensorType {
+        TensorType::new(DType::F32, [Dim::Static(n)])
+    }
+
+    fn node(op: Op, args: &[u32], ty: TensorType) -> Node {
+        Node {
+            op,
+            args: args.iter().map(|&a| ValueId(a)).collect(),
+            ty,
+        }
+    }
+
+    fn input(name: &str, ty: TensorType) -> Node {
+        let op = Op::Input {
+            name: name.into(),
+            ty: ty.clone(),
+        };
+        node(op, &[], ty)
+    }
+
+    fn graph(nodes: Vec<Node>, outputs: &[(&str, u32)]) -> Graph {
+        let mut g = Graph::new("t");
+        let outs = outputs
+            .iter()
+            .map(|&(n, v)| (n.to_string(), ValueId(v)))
+            .collect();
+        g.rebuild(nodes, outs);
+        g
+    }
+
+    /// `%0` a state cache, `%1` a value, `%2` positions, `%3` the first kv_write.
+    fn cache_graph() -> Vec<Node> {
+        let cache = TensorType::new(DType::BF16, [B, CTX, Dim::Static(2), Dim::Static(8)]);
+        let state = Op::State {
+            name: "k".into(),
+            ty: cache.clone(),
+        };
+        vec![
+            node(state, &[], cache.clone()),
+            input(
+                "x",
+                TensorType::new(DType::BF16, [B, T, 2u64.into(), 8u64.into()]),
+            ),
+            input("pos", TensorType::new(DType::I32, [B, T])),
+            node(Op::KvWrite, &[0, 1, 2], cache),
+        ]
+    }
+
+    fn verify_msg(g: &Graph) -> (ValueId, String) {
+        match verify(g) {
+            Err(IrError::Verify { node, msg }) => (node, msg),
+            other => panic!("want IrError::Verify, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn rule1_args_name_earlier_nodes() {
+        let copy_of = |a| node(Op::Copy, &[a], f32s(4));
+        for bad in [1, 2] {
+            let g = graph(vec![input("a", f32s(4)), copy_of(bad)], &[]);
+            assert_eq!(
+                verify(&g),
+                Err(IrError::UnknownValue {
+                    node: ValueId(1),
+                    arg: ValueId(bad)
+                })
+            );
+        }
+        let g = graph(vec![input("a", f32s(4)), copy_of(0)], &[("o", 1)]);
+        assert_eq!(verify(&g), Ok(()));
+    }
+
+    #[test]
+    fn rule2_operand_count_fits_arity() {
+        let g = graph(
+            vec![input("a", f32s(4)), node(Op::Copy, &[0, 0], f32s(4))],
+            &[],
+        );
+        let (n, msg) = verify_msg(&g);
+        assert_eq!(n, ValueId(1));
+        assert_eq!(msg, "copy takes Exact(1) operands, has 2");
+    }
+
+    #[test]
+    fn rule3_stored_type_matches_the_shape_rule() {
+        let bf16 = TensorType::new(DType::BF16, [Dim::Static(4)]);
+        let g = graph(
+            vec![input("a", f32s(4)), node(Op::Copy, &[0], bf16.clone())],
+            &[],
+        );
+        let (n, msg) = verify_msg(&g);
+        assert_eq!(n, ValueId(1));
+        assert_eq!(msg, "type bf16[4] but copy gives f32[4]");
+
+        // Operand types the rule rejects are a type error naming the op.
+        let g = graph(
+            vec![
+                input("a", f32s(4)),
+                input("b", bf16),
+                node(Op::Binary(crate::BinaryOp::Add), &[0, 1], f32s(4)),
+            ],
+            &[],
+        );
+        match verify(&g) {
+            Err(IrError::Type { node, op, msg }) => {
+                assert_eq!((node, op), (ValueId(2), "add"));
+                assert!(msg.contains("differ in dtype"), "{msg}");
+            }
+            other => panic!("want IrError::Type, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn rule4_leaf_names_unique_per_kind() {
+        let weight = Op::Weight {
+            name: "w".into(),
+            ty: f32s(4),
+        };
+        // The same name in two kinds is fine.
+        let ok = vec![input("w", f32s(4)), node(weight.clone(), &[], f32s(4))];
+        assert_eq!(verify(&graph(ok.clone(), &[])), Ok(()));
+        let mut bad = ok;
+        bad.push(node(weight, &[], f32s(4)));
+        let (n, msg) = verify_msg(&graph(bad, &[]));
+        assert_eq!(n, ValueId(2));
+        assert_eq!(msg, "duplicate weight name `w`");
+    }
+
+    #[test]
+    fn rule5_kv_write_cache_is_a_state_chain() {
+        // A chain state -> kv_write -> kv_write, read at its end, is fine.
+        let mut ok = cache_graph();
+        let cache_ty = ok[0].ty.clone();
+        ok.push(node(Op::KvWrite, &[3, 1, 2], cache_ty.clone()));
+        ok.push(node(Op::Copy, &[4], cache_ty.clone()));
+        assert_eq!(verify(&graph(ok, &[("k", 4)])), Ok(()));
+
+        // The cache must be a state or a kv_write result.
+        let mut nodes = cache_graph();
+        nodes[0] = input("k", cache_ty.clone());
+        let (n, msg) = verify_msg(&graph(nodes, &[]));
+        assert_eq!(n, ValueId(3));
+        assert_eq!(msg, "kv_write cache %0 is not a state or kv_write");
+
+        // A version may not be read after the kv_write that replaced it.
+        let mut nodes = cache_graph();
+        nodes.push(node(Op::Copy, &[0], cache_ty.clone()));
+        let (n, msg) = verify_msg(&graph(nodes, &[]));
+        assert_eq!(n, ValueId(4));
+        assert_eq!(msg, "reads %0 after %3 overwrote it in place");
+
+        // Nor consumed by a second kv_write (the read check fires first).
+        let mut nodes = cache_graph();
+        nodes.push(node(Op::KvWrite, &[0, 1, 2], cache_ty));
+        let (n, msg) = verify_msg(&graph(nodes, &[]));
+        assert_eq!(n, ValueId(4));
+        assert_eq!(msg, "reads %0 after %3 overwrote it in place");
+    }
+
+    #[test]
+    fn rule6_outputs_exist_and_are_unique() {
+        let g = graph(vec![input("a", f32s(4))], &[("o", 1)]);
+        assert_eq!(
+            verify(&g),
+            Err(IrError::Output {
+                name: "o".into(),
+                msg: "%1 does not exist".into()
+            })
+        );
+        let g = graph(vec![input("a", f32s(4))], &[("o", 0), ("o", 0)]);
+        assert_eq!(
+            verify(&g),
+            Err(IrError::Output {
+                name: "o".into(),
+                msg: "duplicate output name".into()
+            })
+        );
+        let g = graph(vec![input("a", f32s(4))], &[("o", 0), ("p", 0)]);
+        assert_eq!(verify(&g), Ok(()));
+    }
+}
