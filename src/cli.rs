@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
-#[command(name = "specc", version, about = "Ahead-of-time compiler and runtime for speculative decoding")]
+#[command(
+    name = "specc",
+    version,
+    about = "Ahead-of-time compiler and runtime for speculative decoding"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

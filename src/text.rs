@@ -61,11 +61,12 @@ impl<'a> Streamer<'a> {
     pub fn push(&mut self, id: u32) -> Result<String> {
         self.ids.push(id);
         let text = self.codec.decode(&self.ids)?;
-        if text.ends_with('\u{FFFD}') || text.len() < self.printed {
+        if text.ends_with('\u{FFFD}') {
             return Ok(String::new());
         }
-        let delta = text[self.printed..].to_string();
-        self.printed = text.len();
+        // Decoding more tokens can rewrite earlier text (rare); print only a clean suffix.
+        let delta = text.get(self.printed..).unwrap_or("").to_string();
+        self.printed = self.printed.max(text.len());
         Ok(delta)
     }
 }

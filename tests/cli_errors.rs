@@ -28,14 +28,24 @@ fn scratch(name: &str) -> PathBuf {
 fn fails(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_specc"))
         .args(args)
-        .env("SPECC_CACHE_DIR", std::env::temp_dir().join("specc-cli-cache"))
+        .env(
+            "SPECC_CACHE_DIR",
+            std::env::temp_dir().join("specc-cli-cache"),
+        )
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "expected failure for {args:?}, stderr: {err}");
+    assert!(
+        !out.status.success(),
+        "expected failure for {args:?}, stderr: {err}"
+    );
     assert!(!err.contains("panicked"), "panic for {args:?}: {err}");
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "expected one error line for {args:?}, got: {err}");
+    assert_eq!(
+        lines.len(),
+        1,
+        "expected one error line for {args:?}, got: {err}"
+    );
     assert!(lines[0].starts_with("error: "), "{err}");
     err
 }
@@ -99,13 +109,18 @@ fn unsupported_architecture() {
     let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
     v["architectures"] = serde_json::json!(["MambaForCausalLM"]);
     fs::write(d.join("config.json"), v.to_string()).unwrap();
-    assert_mentions(&run_on(&d), &["config.json", "architectures", "MambaForCausalLM"]);
+    assert_mentions(
+        &run_on(&d),
+        &["config.json", "architectures", "MambaForCausalLM"],
+    );
 }
 
 #[test]
 fn missing_tensor() {
     let d = scratch("missing");
-    rewrite_weights(&d, |t| t.retain(|x| x.0 != "model.layers.1.mlp.up_proj.weight"));
+    rewrite_weights(&d, |t| {
+        t.retain(|x| x.0 != "model.layers.1.mlp.up_proj.weight")
+    });
     assert_mentions(
         &run_on(&d),
         &["model.safetensors", "model.layers.1.mlp.up_proj.weight"],
@@ -126,7 +141,11 @@ fn wrong_shape() {
     });
     assert_mentions(
         &run_on(&d),
-        &["model.safetensors", "model.layers.0.self_attn.o_proj.weight", "shape"],
+        &[
+            "model.safetensors",
+            "model.layers.0.self_attn.o_proj.weight",
+            "shape",
+        ],
     );
 }
 
@@ -185,6 +204,12 @@ fn missing_model_directory() {
 
 #[test]
 fn logits_id_out_of_vocab() {
-    let err = fails(&["logits", "--ids", "1,999999", "--out", "/tmp/specc-never.safetensors"]);
+    let err = fails(&[
+        "logits",
+        "--ids",
+        "1,999999",
+        "--out",
+        "/tmp/specc-never.safetensors",
+    ]);
     assert_mentions(&err, &["--ids", "999999"]);
 }

@@ -43,7 +43,9 @@ pub fn run(g: &Graph) -> Vec<Group> {
             .users(x)
             .iter()
             .copied()
-            .filter(|&u| !claimed[u.index()] && matches!(g.node(u).op, Op::MatMul) && g.node(u).args[0] == x)
+            .filter(|&u| {
+                !claimed[u.index()] && matches!(g.node(u).op, Op::MatMul) && g.node(u).args[0] == x
+            })
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
@@ -254,10 +256,7 @@ fn rope_kv_write(g: &Graph, uses: &Uses, mats: [ValueId; 3]) -> Option<QkvMatch>
         } else {
             let r = uses.sole_user(m)?;
             let w = uses.sole_user(r)?;
-            if !is_view(&g.node(r).op)
-                || g.node(w).op != Op::KvWrite
-                || g.node(w).args[1] != r
-            {
+            if !is_view(&g.node(r).op) || g.node(w).op != Op::KvWrite || g.node(w).args[1] != r {
                 return None;
             }
             v = Some((m, r, w));
@@ -268,9 +267,8 @@ fn rope_kv_write(g: &Graph, uses: &Uses, mats: [ValueId; 3]) -> Option<QkvMatch>
     let (vm, vr, vw) = v?;
     let pos = g.node(qrope).args[1];
     // rope(x, pos) and kv_write(cache, x, pos) must all use q's positions.
-    let same_pos = g.node(krope).args[1] == pos
-        && g.node(kw).args[2] == pos
-        && g.node(vw).args[2] == pos;
+    let same_pos =
+        g.node(krope).args[1] == pos && g.node(kw).args[2] == pos && g.node(vw).args[2] == pos;
     if !same_pos || g.node(qrope).op != g.node(krope).op {
         return None;
     }

@@ -89,7 +89,10 @@ pub fn compile(mut graph: Graph, buckets: &[Bindings]) -> Result<Compiled, Codeg
     let groups = schedule::run(&graph, groups)?;
     timed("schedule", t);
     if dump_requested("fuse") || dump_requested("schedule") {
-        eprintln!("--- groups after schedule ---\n{}", describe_groups(&graph, &groups));
+        eprintln!(
+            "--- groups after schedule ---\n{}",
+            describe_groups(&graph, &groups)
+        );
     }
 
     // 5. memory: per bucket, live ranges → arena offsets; checked for overlap.

@@ -86,7 +86,13 @@ impl Graph {
         )
     }
 
+    /// The weight called `name`: created on first use, shared afterwards (an unrolled
+    /// draft reads the same parameters every step). A second use with another type is an
+    /// error.
     pub fn weight(&mut self, name: &str, ty: TensorType) -> Result<ValueId, IrError> {
+        if let Some(v) = self.find_named(name, |op| matches!(op, Op::Weight { .. })) {
+            return self.same_type(v, &ty);
+        }
         self.add(
             Op::Weight {
                 name: name.into(),
@@ -96,7 +102,14 @@ impl Graph {
         )
     }
 
+    /// The current version of the state called `name`: created on first use; afterwards
+    /// the result of the last in-place op (`kv_write`, `assign`) applied to it, so code
+    /// that updates a state several times in one graph always chains the versions.
     pub fn state(&mut self, name: &str, ty: TensorType) -> Result<ValueId, IrError> {
+        if let Some(root) = self.find_named(name, |op| matches!(op, Op::State { .. })) {
+            self.same_type(root, &ty)?;
+            return Ok(self.latest_version(root));
+        }
         self.add(
             Op::State {
                 name: name.into(),
@@ -104,6 +117,41 @@ impl Graph {
             },
             &[],
         )
+    }
+
+    /// Follows the chain of in-place updates from `v` to its newest version.
+    pub fn latest_version(&self, mut v: ValueId) -> ValueId {
+        'outer: loop {
+            for (id, n) in self.nodes().skip(v.index() + 1) {
+                if n.op.is_in_place() && n.args[0] == v {
+                    v = id;
+                    continue 'outer;
+                }
+            }
+            return v;
+        }
+    }
+
+    fn find_named(&self, name: &str, kind: impl Fn(&Op) -> bool) -> Option<ValueId> {
+        self.nodes()
+            .find(|(_, n)| kind(&n.op) && n.op.leaf_name() == Some(name))
+            .map(|(v, _)| v)
+    }
+
+    fn same_type(&self, v: ValueId, ty: &TensorType) -> Result<ValueId, IrError> {
+        let node = self.node(v);
+        if &node.ty != ty {
+            return Err(IrError::Type {
+                node: v,
+                op: node.op.info().name,
+                msg: format!(
+                    "`{}` reused with type {ty}, first declared {}",
+                    node.op.leaf_name().unwrap_or(""),
+                    node.ty
+                ),
+            });
+        }
+        Ok(v)
     }
 
     /// Marks `v` as a graph result called `name`.

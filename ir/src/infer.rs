@@ -277,6 +277,12 @@ pub(crate) fn infer(op: &Op, a: &[&TensorType]) -> R {
             same_dim(x.shape.0[1], pos.shape.0[1], "kv_write positions tokens")?;
             Ok(cache.clone())
         }
+        Op::Assign => {
+            if a[0] != a[1] {
+                return Err(format!("assign: value {} must match state {}", a[1], a[0]));
+            }
+            Ok(a[0].clone())
+        }
         Op::Attention { mask, .. } => {
             let (q, k, v, pos) = (a[0], a[1], a[2], a[3]);
             rank(q, 4, "attention q")?;

@@ -55,6 +55,9 @@ pub enum BinaryOp {
     Div,
     Max,
     Min,
+    /// Remainder: `rem_euclid` for ints (never negative), `fmod` for floats; an integer
+    /// remainder by zero is 0.
+    Rem,
     /// Result is `bool`.
     Eq,
     /// Result is `bool`.
@@ -184,8 +187,13 @@ pub enum Op {
     /// `(cache[B, Ctx, H, D], x[B, T, H, D], pos int[B, T]) -> cache`: writes `x[b, t]` into
     /// slot `clamp(pos[b, t], 0, Ctx-1)` in place. The result is the updated cache and
     /// aliases the operand, which must not be read afterwards (the verifier checks this).
-    /// Negative `pos` means "padding lane": nothing is written.
+    /// Negative `pos` means "padding lane": nothing is written. Any rank-4 state works as a
+    /// row store (token ring buffers, tapped hidden states), not only KV caches.
     KvWrite,
+    /// `(state, x) -> state`: overwrites the whole state with `x` (same type) in place; like
+    /// `kv_write`, the result aliases the operand, which must not be read afterwards. This
+    /// is how a step commits sequence lengths and pending tokens on device.
+    Assign,
     /// `(q[B, T, Hq, D], k[B, Ctx, Hkv, D], v[B, Ctx, Hkv, Dv], pos int[B, T],
     ///   [prefix_len int[B], ancestors i64[B, T]]) -> q-dtype[B, T, Hq, Dv]`:
     /// softmax(scale · q·kᵀ over the slots `mask` allows) · v, with query head `h` reading
@@ -252,6 +260,7 @@ impl Op {
             Op::MatMul => ("matmul", Range(2, 3), true, false),
             Op::Rope { .. } => ("rope", Exact(2), true, false),
             Op::KvWrite => ("kv_write", Exact(3), false, false),
+            Op::Assign => ("assign", Exact(2), false, false),
             Op::Attention { mask, .. } => (
                 "attention",
                 match mask {
@@ -275,6 +284,11 @@ impl Op {
             pure,
             elementwise,
         }
+    }
+
+    /// Ops whose result aliases their first operand, a state updated in place.
+    pub fn is_in_place(&self) -> bool {
+        matches!(self, Op::KvWrite | Op::Assign)
     }
 
     /// The type a leaf op declares, if this is a leaf.
@@ -314,13 +328,14 @@ impl Op {
 }
 
 impl BinaryOp {
-    pub const ALL: [BinaryOp; 8] = [
+    pub const ALL: [BinaryOp; 9] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
         BinaryOp::Div,
         BinaryOp::Max,
         BinaryOp::Min,
+        BinaryOp::Rem,
         BinaryOp::Eq,
         BinaryOp::Lt,
     ];
@@ -333,6 +348,7 @@ impl BinaryOp {
             BinaryOp::Div => "div",
             BinaryOp::Max => "max",
             BinaryOp::Min => "min",
+            BinaryOp::Rem => "rem",
             BinaryOp::Eq => "eq",
             BinaryOp::Lt => "lt",
         }

@@ -3,9 +3,9 @@
 //! 2. the operand count fits the op's arity;
 //! 3. the stored type equals the op's shape/dtype rule applied to the operand types;
 //! 4. input, weight and state names are unique within their kind;
-//! 5. a `kv_write` cache operand is a `state` or another `kv_write` result (one in-place
-//!    chain per state), and each version in such a chain is consumed by at most one
-//!    `kv_write` and read by no node after the `kv_write` that replaced it;
+//! 5. the first operand of an in-place op (`kv_write`, `assign`) is a `state` or another
+//!    in-place result (one chain per state), and each version in such a chain is consumed
+//!    by at most one in-place op and read by no node after the op that replaced it;
 //! 6. every graph output names a node, and output names are unique.
 
 use std::collections::HashSet;
@@ -62,16 +62,17 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
                 });
             }
         }
-        if let Op::KvWrite = node.op {
+        if node.op.is_in_place() {
             let cache = node.args[0];
-            match g.node(cache).op {
-                Op::State { .. } | Op::KvWrite => {}
-                _ => {
-                    return Err(IrError::Verify {
-                        node: id,
-                        msg: format!("kv_write cache {cache} is not a state or kv_write"),
-                    })
-                }
+            let src = &g.node(cache).op;
+            if !(matches!(src, Op::State { .. }) || src.is_in_place()) {
+                return Err(IrError::Verify {
+                    node: id,
+                    msg: format!(
+                        "{} target {cache} is not a state or an in-place result",
+                        info.name
+                    ),
+                });
             }
             if let Some(prev) = replaced_by[cache.index()] {
                 return Err(IrError::Verify {
@@ -251,7 +252,10 @@ mod tests {
         nodes[0] = input("k", cache_ty.clone());
         let (n, msg) = verify_msg(&graph(nodes, &[]));
         assert_eq!(n, ValueId(3));
-        assert_eq!(msg, "kv_write cache %0 is not a state or kv_write");
+        assert_eq!(
+            msg,
+            "kv_write target %0 is not a state or an in-place result"
+        );
 
         // A version may not be read after the kv_write that replaced it.
         let mut nodes = cache_graph();

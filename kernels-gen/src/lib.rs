@@ -1,1 +1,30 @@
-//! stub
+//! specc-kernels-gen: CUDA C++ kernel generators for the fused groups of a launch plan, the
+//! one kernel ABI they share ([`abi`]), and NVRTC compilation to cubins ([`nvrtc`]).
+//!
+//! Each family is a function from explicit parameters (dtypes, sizes, arena offsets or
+//! weight-table slots, fusion flags) to a [`KernelSource`]: a self-contained module (the
+//! hand-written prelude in `cuda/*.cuh` + the generated kernel), its name
+//! `{family}_{dtype}_{hash8}` and its launch geometry as formulas of the bucket.
+//! Generators validate first and return typed errors; text is printed only from valid
+//! parameters, through the structured [`writer`].
+//!
+//! Families: [`gemv::gemv`], [`norm::rmsnorm`], [`elementwise::binary`] (add, mul,
+//! silu_mul), [`elementwise::embedding`], [`rope::rope_kv`], [`attention::attention`]
+//! (split + combine), [`argmax::argmax`].
+
+pub mod abi;
+pub mod argmax;
+pub mod attention;
+pub mod elementwise;
+mod error;
+pub mod gemv;
+pub mod norm;
+pub mod nvrtc;
+pub mod rope;
+pub mod writer;
+
+pub use abi::{
+    Bucket, Dtype, KernelSource, LaunchGeometry, LaunchSpec, Loc, Rows, StepConsts, View,
+};
+pub use error::{number_lines, Error};
+pub use nvrtc::{Arch, Compiled, Nvrtc, PtxasStats};

@@ -118,12 +118,15 @@ impl Checkpoint {
         let mut tensors = BTreeMap::new();
         for (name, shard) in &weight_map {
             let (fi, entries) = &by_shard[shard.as_str()];
-            let mut e = entries.get(name).cloned().ok_or_else(|| ModelError::Tensor {
-                file: files[*fi].path.clone(),
-                tensor: name.clone(),
-                expected: format!("to be in this shard (as {INDEX_FILE} says)"),
-                found: "no such tensor".into(),
-            })?;
+            let mut e = entries
+                .get(name)
+                .cloned()
+                .ok_or_else(|| ModelError::Tensor {
+                    file: files[*fi].path.clone(),
+                    tensor: name.clone(),
+                    expected: format!("to be in this shard (as {INDEX_FILE} says)"),
+                    found: "no such tensor".into(),
+                })?;
             e.file = *fi;
             tensors.insert(name.clone(), e);
         }
@@ -241,9 +244,7 @@ impl Checkpoint {
 }
 
 /// Maps and indexes one safetensors file (entries' `file` is left 0 for the caller).
-fn read_file(
-    path: &Path,
-) -> Result<(SafetensorsFile, BTreeMap<String, TensorEntry>), ModelError> {
+fn read_file(path: &Path) -> Result<(SafetensorsFile, BTreeMap<String, TensorEntry>), ModelError> {
     let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
     // SAFETY: the map is read-only and private to this process. Another process truncating
     // or rewriting the file while it is mapped would be undefined behaviour; every

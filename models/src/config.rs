@@ -13,7 +13,7 @@ use serde_json::Value;
 use specc_ir::{DType, RopeScaling};
 
 use crate::error::ModelError;
-use crate::raw::{Mismatch, RawField};
+use crate::raw::RawField;
 
 /// Architectures this crate lowers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -452,4 +452,3 @@ fn positive(file: &Path, field: &str, v: Option<f64>) -> Result<f64, ModelError>
         Some(x) => Err(ModelError::field(file, field, "a positive number", x)),
     }
 }
-

@@ -27,6 +27,14 @@ pub enum ModelError {
         column: usize,
         msg: String,
     },
+    /// The TOML file (spec.toml) cannot be parsed or has an unknown key.
+    #[error("{}: line {line} column {column}: {msg}", file.display())]
+    Toml {
+        file: PathBuf,
+        line: usize,
+        column: usize,
+        msg: String,
+    },
     /// A JSON field is missing, has the wrong type, or holds a value we cannot use.
     /// `field` is a dotted path (`rope_scaling.factor`).
     #[error("{}: field \"{field}\": expected {expected}, found {found}", file.display())]

@@ -13,9 +13,12 @@ pub mod config;
 pub mod error;
 pub mod lower;
 mod model;
+pub mod spec_config;
+pub mod spec_step;
 
 pub use checkpoint::{Checkpoint, TensorEntry};
 pub use config::{Arch, ModelSpec, RawConfig};
 pub use error::ModelError;
-pub use lower::{decoder_layer, lower_dense, LayerNames};
+pub use lower::{decoder_layer, lower_dense, lower_dense_prefixed, LayerNames};
 pub use model::Model;
+pub use spec_config::{Acceptance, Method, SpecConfig};

@@ -13,6 +13,7 @@
 //! target's layers (EAGLE-3 taps, DFlash) can build on them.
 
 use specc_ir::op::{dims, B, T};
+
 use specc_ir::{
     AttnMask, BinaryOp, DType, Dim, Graph, IrError, Op, RopeStyle, Shape, TensorType, ValueId,
 };
@@ -32,26 +33,32 @@ pub fn kv_state_names(layer: usize) -> (String, String) {
 
 /// The whole dense model as one graph (see the module docs for its interface).
 pub fn lower_dense(spec: &ModelSpec) -> Result<Graph, ModelError> {
+    lower_dense_prefixed(spec, "")
+}
+
+/// [`lower_dense`] with every weight and state name prefixed by `prefix` (a draft model
+/// next to its target: `draft/model.layers.0...`, `draft/kv.0.k`).
+pub fn lower_dense_prefixed(spec: &ModelSpec, prefix: &str) -> Result<Graph, ModelError> {
     let wrap = |source| ModelError::Lower {
         model: spec.arch.hf_name().into(),
         source,
     };
     let mut g = Graph::new(spec.arch.hf_name());
-    build_dense(&mut g, spec).map_err(wrap)?;
+    build_dense(&mut g, spec, prefix).map_err(wrap)?;
     specc_ir::verify(&g).map_err(wrap)?;
     Ok(g)
 }
 
-fn build_dense(g: &mut Graph, spec: &ModelSpec) -> Result<(), IrError> {
+fn build_dense(g: &mut Graph, spec: &ModelSpec, prefix: &str) -> Result<(), IrError> {
     let ids_ty = TensorType::new(DType::I32, [B, T]);
     let tokens = g.input(TOKENS, ids_ty.clone())?;
     let positions = g.input(POSITIONS, ids_ty)?;
-    let (mut x, embed_w) = embed(g, spec, tokens)?;
+    let (mut x, embed_w) = embed(g, spec, prefix, tokens)?;
     for layer in 0..spec.layers {
-        let names = LayerNames::target(layer);
+        let names = LayerNames::with_prefix(prefix, layer);
         x = decoder_layer(g, spec, &names, x, positions)?;
     }
-    let logits = lm_head(g, spec, x, embed_w)?;
+    let logits = lm_head(g, spec, prefix, x, embed_w)?;
     let next = g.add(Op::Argmax, &[logits])?;
     g.set_output(LOGITS, logits);
     g.set_output(NEXT_TOKEN, next);
@@ -107,12 +114,13 @@ fn cast_to(g: &mut Graph, x: ValueId, to: DType) -> Result<ValueId, IrError> {
 pub fn embed(
     g: &mut Graph,
     spec: &ModelSpec,
+    prefix: &str,
     tokens: ValueId,
 ) -> Result<(ValueId, ValueId), IrError> {
     let table = weight(
         g,
         spec,
-        "model.embed_tokens.weight",
+        &format!("{prefix}model.embed_tokens.weight"),
         &[spec.vocab, spec.hidden],
     )?;
     let x = g.add(Op::Embedding, &[table, tokens])?;
@@ -124,14 +132,28 @@ pub fn embed(
 pub fn lm_head(
     g: &mut Graph,
     spec: &ModelSpec,
+    prefix: &str,
     x: ValueId,
     embed_table: ValueId,
 ) -> Result<ValueId, IrError> {
-    let h = rmsnorm(g, spec, x, "model.norm.weight", spec.hidden)?;
+    let h = rmsnorm(
+        g,
+        spec,
+        x,
+        &format!("{prefix}model.norm.weight"),
+        spec.hidden,
+    )?;
     let logits = if spec.tie_embeddings {
         g.add(Op::MatMul, &[h, embed_table])?
     } else {
-        linear(g, spec, h, "lm_head.weight", spec.vocab, spec.hidden)?
+        linear(
+            g,
+            spec,
+            h,
+            &format!("{prefix}lm_head.weight"),
+            spec.vocab,
+            spec.hidden,
+        )?
     };
     cast_to(g, logits, DType::F32)
 }
@@ -148,6 +170,16 @@ pub struct LayerNames {
 
 impl LayerNames {
     /// Layer `layer` of a target model.
+    /// Layer `layer` of a model whose names carry `prefix` (empty for the target).
+    pub fn with_prefix(prefix: &str, layer: usize) -> LayerNames {
+        let (k_cache, v_cache) = kv_state_names(layer);
+        LayerNames {
+            weights: format!("{prefix}model.layers.{layer}"),
+            k_cache: format!("{prefix}{k_cache}"),
+            v_cache: format!("{prefix}{v_cache}"),
+        }
+    }
+
     pub fn target(layer: usize) -> LayerNames {
         let (k_cache, v_cache) = kv_state_names(layer);
         LayerNames {
@@ -200,7 +232,9 @@ fn attention(
 ) -> Result<ValueId, IrError> {
     let p = &names.weights;
     let (hd, nq, nkv) = (spec.head_dim, spec.heads, spec.kv_heads);
-    let heads_shape = |n: usize| dims(&[B, T, Dim::from(n), Dim::from(hd)]);
+    // Token dims come from the input: a bucket `T`, or a static count inside a step graph.
+    let (bd, td) = (g.ty(h).shape.dims()[0], g.ty(h).shape.dims()[1]);
+    let heads_shape = |n: usize| dims(&[bd, td, Dim::from(n), Dim::from(hd)]);
     let q = linear(
         g,
         spec,
@@ -272,7 +306,7 @@ fn attention(
     )?;
     let o = g.add(
         Op::Reshape {
-            shape: Shape::new([B, T, Dim::from(spec.q_dim())]),
+            shape: Shape::new([bd, td, Dim::from(spec.q_dim())]),
         },
         &[o],
     )?;

@@ -93,9 +93,8 @@ impl Model {
             let res = self.step(weights, &mut states, &step_ids, start, ctx)?;
             let next = int_values(&res[NEXT_TOKEN]);
             let tok = *next.last().expect("next_token has T >= 1 entries");
-            let tok = u32::try_from(tok).map_err(|_| {
-                ModelError::request("next_token", "a token id", format!("{tok}"))
-            })?;
+            let tok = u32::try_from(tok)
+                .map_err(|_| ModelError::request("next_token", "a token id", format!("{tok}")))?;
             out.push(tok);
             start += step_ids.len();
             step_ids = vec![tok];

@@ -10,6 +10,11 @@ pub enum RuntimeError {
     BadToken { id: u32, vocab: usize },
     #[error("graph has no `{0}` output")]
     MissingOutput(&'static str),
+    #[error("lane {lane}: more than {capacity} tokens emitted since the last drain (the ring overran; drain more often)")]
+    RingOverrun { lane: usize, capacity: usize },
     #[error(transparent)]
     Ir(#[from] specc_ir::IrError),
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::CudaError),
 }

@@ -1,8 +1,13 @@
 //! specc's runtime: sessions that advance sequences one step at a time over a compiled
-//! graph. The CPU backend executes the graph with the IR interpreter.
+//! graph. The CPU backend executes the graph with the IR interpreter; the CUDA backend
+//! (feature `cuda`) replays one captured graph per step.
 
 mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod error;
 
 pub use cpu::{CpuSession, StepOutput};
+#[cfg(feature = "cuda")]
+pub use cuda::{CudaDevice, CudaError};
 pub use error::RuntimeError;

@@ -45,7 +45,10 @@ pub fn inspect(engine: &Path) -> Result<()> {
     println!("model: {}", m.model_dir.display());
     println!("max context: {}", m.max_context);
     print!("{}", summary(&g, m.max_context));
-    println!("per-op shapes and bytes at B=1, T=1, Ctx={}:", m.max_context);
+    println!(
+        "per-op shapes and bytes at B=1, T=1, Ctx={}:",
+        m.max_context
+    );
     let bind = Bindings::new(1, 1, m.max_context);
     for (id, n) in g.nodes() {
         let what = match &n.op {
@@ -55,7 +58,10 @@ pub fn inspect(engine: &Path) -> Result<()> {
             op => op.info().name.to_string(),
         };
         let bytes = n.ty.bytes(&bind).unwrap_or(0);
-        println!("  {id:<6} {what:<58} {:<24} {bytes:>12} B", n.ty.to_string());
+        println!(
+            "  {id:<6} {what:<58} {:<24} {bytes:>12} B",
+            n.ty.to_string()
+        );
     }
     println!("IR:");
     print!("{ir}");

@@ -35,7 +35,7 @@ pub fn run(
         );
     }
     let weights = match backend {
-        Backend::Cpu => r.model.load_weights_f32()?,
+        Backend::Cpu => r.model.load_weights_f32(),
     };
     let mut session = CpuSession::new(r.model.graph(), &weights, r.max_context);
     let mut streamer = Streamer::new(&codec);

@@ -52,6 +52,7 @@ pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, out: &Out) -> OpResul
                     BinaryOp::Div => p / q,
                     BinaryOp::Max => p.max(q),
                     BinaryOp::Min => p.min(q),
+                    BinaryOp::Rem => p % q,
                     BinaryOp::Eq | BinaryOp::Lt => unreachable!("handled above"),
                 };
                 round_to(out.dtype, r)
@@ -67,6 +68,7 @@ pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, out: &Out) -> OpResul
                     BinaryOp::Div => p.checked_div(q).unwrap_or(0),
                     BinaryOp::Max => p.max(q),
                     BinaryOp::Min => p.min(q),
+                    BinaryOp::Rem => p.checked_rem_euclid(q).unwrap_or(0),
                     BinaryOp::Eq => (p == q) as i64,
                     BinaryOp::Lt => (p < q) as i64,
                 };
@@ -74,7 +76,10 @@ pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, out: &Out) -> OpResul
             };
             Ok(out.i64(bcast(x, y, m, f)))
         }
-        _ => Err(format!("{} operands stored differently: {a}, {b}", op.name())),
+        _ => Err(format!(
+            "{} operands stored differently: {a}, {b}",
+            op.name()
+        )),
     }
 }
 
@@ -210,6 +215,16 @@ mod tests {
         assert_eq!(r.as_i64().unwrap(), &[i32::MAX as i64, 3, -3, 0]);
         let r = run_op(Op::Binary(BinaryOp::Eq), vec![a.clone(), a]);
         assert_eq!(r.as_i64().unwrap(), &[1, 1, 1, 1]);
+        // rem: Euclidean for ints (non-negative for a positive divisor), by zero is 0.
+        let a = ti(DType::I64, &[4], &[7, -7, 9, 5]);
+        let b = ti(DType::I64, &[4], &[3, 3, 5, 0]);
+        let r = run_op(Op::Binary(BinaryOp::Rem), vec![a, b]);
+        assert_eq!(r.as_i64().unwrap(), &[1, 2, 4, 0]);
+        // fmod for floats: the sign of the dividend.
+        let a = tf(DType::F32, &[2], &[7.5, -7.5]);
+        let b = tf(DType::F32, &[2], &[2.0, 2.0]);
+        let r = run_op(Op::Binary(BinaryOp::Rem), vec![a, b]);
+        assert_eq!(r.as_f32().unwrap(), &[1.5, -1.5]);
     }
 
     #[test]
@@ -245,21 +260,15 @@ mod tests {
 
     #[test]
     fn silu_mul_rounds_activation_first() {
-        // silu(1) = 0.7310586 -> bf16 0.73046875; × 3 = 2.19140625 -> bf16 2.1875.
-        // Rounding once (0.7310586 × 3 = 2.1931758 -> 2.1875) agrees here; take a case where
-        // it does not: silu(2) = 1.7615942 -> bf16 1.7578125, × 1.5 = 2.63671875 -> 2.640625;
-        // unrounded 2.6423912 -> 2.640625 too, so check 5: 8.7890625 -> 8.8125 vs 8.8079710 -> 8.8125.
-        let g = tf(DType::BF16, &[2], &[1.0, 2.0]);
-        let u = tf(DType::BF16, &[2], &[3.0, 1.5]);
+        // silu(0.75) = 0.5078854 -> bf16 0.5078125; × 3 = 1.5234375 (HF order). Rounding
+        // once would give 0.5078854 × 3 = 1.5236562 -> 1.53125.
+        // silu(1.5) = 1.2263618 -> bf16 1.2265625; × 3 = 3.6796875 -> bf16 3.6875
+        // (a tie, to even); once: 3.6790853 -> 3.671875.
+        let g = tf(DType::BF16, &[2], &[0.75, 1.5]);
+        let u = tf(DType::BF16, &[2], &[3.0, 3.0]);
         let r = run_op(Op::SiluMul, vec![g, u]);
-        assert_eq!(r.as_f32().unwrap(), &[2.1875, 2.640625]);
-        // A case where the order matters: silu(-0.1) = -0.047502081 -> bf16 -0.047607422;
-        // × 3 = -0.142822266 -> bf16 -0.14257812; unrounded -0.14250624 -> -0.14257812.
-        // f16 separates them: silu(0.1) = 0.052497919 -> f16 0.052490234; × 7 = 0.36743164 ->
-        // f16 0.36743164; unrounded 0.36748543 -> f16 0.36743164 … both equal; use 1000:
-        // 0.052490234 × 1000 = 52.490234 -> f16 52.5; 52.497919 -> f16 52.5. Differ with
-        // silu(3) = 2.8577223 -> f16 2.8574219; × 301 = 860.08398 -> f16 860.0;
-        // 2.8577223 × 301 = 860.17441 -> f16 860.0. The f32 path is exact-order checked:
+        assert_eq!(r.as_f32().unwrap(), &[1.5234375, 3.6875]);
+        // f32: silu(3) · 2 = 2.8577223 · 2.
         let g = tf(DType::F32, &[1], &[3.0]);
         let u = tf(DType::F32, &[1], &[2.0]);
         let r = run_op(Op::SiluMul, vec![g, u]);
@@ -296,7 +305,7 @@ mod tests {
             },
             vec![],
         );
-        assert_eq!(r.as_f32().unwrap(), &[0.10009765625; 2]);
+        assert_eq!(r.as_f32().unwrap(), &[0.100_097_656; 2]);
         let r = run_op(
             Op::Iota {
                 axis: 1,

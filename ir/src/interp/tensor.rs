@@ -134,17 +134,23 @@ impl Tensor {
     }
 
     pub fn as_f32_mut(&mut self) -> Result<&mut [f32], IrError> {
-        if let Data::F32(v) = &mut self.data {
-            return Ok(v);
+        if !matches!(self.data, Data::F32(_)) {
+            return Err(self.wrong_storage("f32"));
         }
-        Err(self.wrong_storage("f32"))
+        match &mut self.data {
+            Data::F32(v) => Ok(v),
+            Data::I64(_) => unreachable!("checked above"),
+        }
     }
 
     pub fn as_i64_mut(&mut self) -> Result<&mut [i64], IrError> {
-        if let Data::I64(v) = &mut self.data {
-            return Ok(v);
+        if !matches!(self.data, Data::I64(_)) {
+            return Err(self.wrong_storage("i64"));
         }
-        Err(self.wrong_storage("i64"))
+        match &mut self.data {
+            Data::I64(v) => Ok(v),
+            Data::F32(_) => unreachable!("checked above"),
+        }
     }
 
     /// Every element as f32 (integers converted), for tests and printing.

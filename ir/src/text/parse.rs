@@ -464,6 +464,7 @@ fn build_op(
             rotary_dim: a.u64("rotary_dim")?,
         },
         "kv_write" => Op::KvWrite,
+        "assign" => Op::Assign,
         "attention" => Op::Attention {
             scale: a.f64("scale")?,
             mask: a.one_of("mask", &ATTN_MASKS, attn_mask_name)?,

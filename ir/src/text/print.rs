@@ -64,6 +64,7 @@ fn op_text(op: &Op) -> String {
         | Op::Embedding
         | Op::MatMul
         | Op::KvWrite
+        | Op::Assign
         | Op::Sample
         | Op::AcceptChain
         | Op::MoeExperts

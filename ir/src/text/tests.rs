@@ -49,9 +49,10 @@ fn variant(op: &Op) -> usize {
         Op::MoeExperts => 28,
         Op::AllReduce => 29,
         Op::Copy => 30,
+        Op::Assign => 31,
     }
 }
-const VARIANTS: usize = 31;
+const VARIANTS: usize = 32;
 
 /// A type-correct graph using every op, every op kind and every attribute enum value.
 fn every_op_graph() -> Result<Graph, IrError> {
@@ -193,7 +194,9 @@ fn every_op_graph() -> Result<Graph, IrError> {
     let k_new = g.input("k_new", ty(DType::BF16, &[B, T, s(2), s(64)]))?;
     let k1 = g.add(Op::KvWrite, &[k_cache, k_new, pos])?;
     let k2 = g.add(Op::KvWrite, &[k1, k_new, pos])?;
-    let v1 = g.add(Op::KvWrite, &[v_cache, k_new, pos])?;
+    let v0 = g.add(Op::KvWrite, &[v_cache, k_new, pos])?;
+    let v_same = g.add(Op::Copy, &[v0])?;
+    let v1 = g.add(Op::Assign, &[v0, v_same])?;
     let scale = 0.125;
     let causal = g.add(
         Op::Attention {
@@ -564,6 +567,6 @@ fn verifier_errors_name_the_line() {
             "  %4 = kv_write %1, %2, %3 : f32[B,Ctx,1,4]\n",
         )),
         6,
-        "not a state or kv_write",
+        "not a state or an in-place result",
     );
 }

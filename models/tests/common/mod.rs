@@ -43,7 +43,9 @@ pub struct Stored {
 
 /// Deterministic pseudo-random values in [-scale, scale).
 pub fn values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
             s = s
@@ -66,7 +68,10 @@ pub fn encode(dtype: Dtype, vals: &[f32]) -> Vec<u8> {
             .iter()
             .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
             .collect(),
-        Dtype::I32 => vals.iter().flat_map(|v| (*v as i32).to_le_bytes()).collect(),
+        Dtype::I32 => vals
+            .iter()
+            .flat_map(|v| (*v as i32).to_le_bytes())
+            .collect(),
         other => panic!("encode: {other:?}"),
     }
 }

@@ -1,0 +1,125 @@
+//! The pass pipeline on the lowered embedded model and on a Llama-3.1-8B-shaped config.
+
+use std::path::Path;
+
+use specc_codegen::{compile, describe_groups, Compiled, Epilogue, GroupKind, Home, H200};
+use specc_ir::{Bindings, Graph};
+use specc_models::{lower_dense, ModelSpec};
+
+fn root() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+fn default_graph() -> Graph {
+    let spec = ModelSpec::from_file(&root().join("models/default/config.json")).unwrap();
+    lower_dense(&spec).unwrap()
+}
+
+fn llama8b_graph() -> Graph {
+    let json = r#"{
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+        "vocab_size": 128256, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+        "max_position_embeddings": 131072, "tie_word_embeddings": false,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001
+    }"#;
+    let spec = ModelSpec::from_json(Path::new("llama8b/config.json"), json).unwrap();
+    lower_dense(&spec).unwrap()
+}
+
+fn buckets() -> Vec<Bindings> {
+    vec![
+        Bindings::new(1, 1, 512),
+        Bindings::new(1, 8, 512),
+        Bindings::new(4, 1, 512),
+    ]
+}
+
+fn family_counts(c: &Compiled) -> std::collections::BTreeMap<&'static str, usize> {
+    let mut m = std::collections::BTreeMap::new();
+    for gr in &c.groups {
+        *m.entry(gr.family(&c.graph)).or_default() += 1;
+    }
+    m
+}
+
+#[test]
+fn dense_layers_fuse_into_five_kernels_each() {
+    let c = compile(default_graph(), &buckets()).unwrap();
+    let layers = 4;
+    let counts = family_counts(&c);
+    assert_eq!(counts.get("gemv_qkv_rope"), Some(&layers), "{counts:?}");
+    assert_eq!(counts.get("attention"), Some(&layers), "{counts:?}");
+    assert_eq!(
+        counts.get("gemv_residual"),
+        Some(&(2 * layers)),
+        "{counts:?}"
+    );
+    assert_eq!(counts.get("gemv_silu_mul"), Some(&layers), "{counts:?}");
+    assert_eq!(counts.get("gemv_lm_head"), Some(&1), "{counts:?}");
+    assert_eq!(counts.get("embedding"), Some(&1), "{counts:?}");
+    assert_eq!(
+        c.groups.len(),
+        5 * layers + 2,
+        "{}",
+        describe_groups(&c.graph, &c.groups)
+    );
+    // Every matmul group folded its rmsnorm, except the o/down projections which have none.
+    for gr in &c.groups {
+        if let GroupKind::MatMul { norm, epilogue, .. } = &gr.kind {
+            let expect_norm = !matches!(epilogue, Epilogue::ResidualAdd { .. });
+            assert_eq!(norm.is_some(), expect_norm, "{:?}", gr.kind);
+        }
+    }
+    insta::assert_snapshot!("default_model_groups", describe_groups(&c.graph, &c.groups));
+}
+
+#[test]
+fn memory_plan_reuses_the_arena_and_keeps_caches_in_state() {
+    let c = compile(default_graph(), &buckets()).unwrap();
+    for plan in &c.plans {
+        assert!(plan.memory.arena_bytes > 0);
+        assert!(
+            plan.memory.arena_bytes <= plan.memory.unshared_bytes / 2,
+            "arena {} vs unshared {}",
+            plan.memory.arena_bytes,
+            plan.memory.unshared_bytes
+        );
+        specc_codegen::check_memory(&plan.memory).unwrap();
+        // KV caches are states: the kv_write results share their state's home.
+        for (id, n) in c.graph.nodes() {
+            if n.op == specc_ir::Op::KvWrite {
+                assert!(matches!(plan.memory.homes[&id], Home::State(_)));
+            }
+        }
+    }
+}
+
+#[test]
+fn llama8b_plan_streams_the_weights_once() {
+    let c = compile(llama8b_graph(), &[Bindings::new(1, 1, 1024)]).unwrap();
+    let plan = &c.plans[0];
+    let total = plan.total_cost();
+    // All weights but the embedding table: 32 layers × 218 103 808 + lm_head 525 336 576
+    // + norms, in bf16.
+    let per_layer: u64 = 2 * (4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096);
+    // + the one embedding row gathered.
+    let expect: u64 = 32 * per_layer + 2 * 128256 * 4096 + 2 * 4096 + 2 * 4096;
+    assert_eq!(total.weight_bytes, expect);
+    let us = total.roofline_us(H200.bytes_per_s, H200.bf16_flops_per_s);
+    assert!((3400.0..3700.0).contains(&us), "roofline {us} us");
+    let report = c.report(&H200);
+    assert!(report.contains("gemv_qkv_rope"));
+}
+
+#[test]
+fn every_pass_is_timed() {
+    let c = compile(default_graph(), &buckets()).unwrap();
+    let names: Vec<&str> = c.timings.iter().map(|t| t.pass).collect();
+    assert_eq!(
+        names,
+        ["verify", "dce", "fuse", "schedule", "memory", "launch"]
+    );
+}

@@ -1,0 +1,329 @@
+//! KV-cache writes and masked attention.
+
+use super::tensor::{round_to, Data, Tensor};
+use super::util::{dot, f32s, i64s, OpResult, Out};
+use crate::op::AttnMask;
+
+/// Writes `x[b, t]` into `cache[b, min(pos[b, t], Ctx - 1)]` in place, in order of `t`
+/// (a later token wins a shared slot); lanes with negative `pos` write nothing. Any storage
+/// (float caches, int token rings). Checks everything before the first write, so on error
+/// `cache` is unchanged.
+pub(crate) fn kv_write(cache: &mut Tensor, x: &Tensor, pos: &Tensor) -> Result<(), String> {
+    let pv = i64s(pos, "kv_write positions")?;
+    if cache.shape.len() != 4 || x.shape.len() != 4 {
+        return Err(format!(
+            "kv_write needs rank-4 cache and value: {cache}, {x}"
+        ));
+    }
+    let (b, ctx) = (cache.shape[0], cache.shape[1]);
+    let row = cache.shape[2] * cache.shape[3];
+    let t = x.shape[1];
+    if x.shape[0] != b || x.shape[2] * x.shape[3] != row || pv.len() != b * t {
+        return Err(format!(
+            "kv_write shapes: cache {cache}, value {x}, pos {pos}"
+        ));
+    }
+    let slots = |bi: usize, ti: usize| {
+        let p = pv[bi * t + ti];
+        (p >= 0 && ctx > 0).then(|| {
+            let slot = (p as usize).min(ctx - 1);
+            ((bi * ctx + slot) * row, (bi * t + ti) * row)
+        })
+    };
+    fn write<T: Copy>(
+        dst: &mut [T],
+        src: &[T],
+        row: usize,
+        at: impl Iterator<Item = (usize, usize)>,
+    ) {
+        for (d, s) in at {
+            dst[d..d + row].copy_from_slice(&src[s..s + row]);
+        }
+    }
+    let at = (0..b).flat_map(|bi| (0..t).filter_map(move |ti| slots(bi, ti)));
+    match (&mut cache.data, &x.data) {
+        (Data::F32(c), Data::F32(v)) => write(c, v, row, at),
+        (Data::I64(c), Data::I64(v)) => write(c, v, row, at),
+        _ => {
+            return Err(format!(
+                "kv_write cache {cache} and value {x} stored differently"
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// Overwrites `state` with `x` (same type), in place.
+pub(crate) fn assign(state: &mut Tensor, x: &Tensor) -> Result<(), String> {
+    if state.dtype != x.dtype || state.shape != x.shape {
+        return Err(format!("assign {x} to state {state}"));
+    }
+    x.check_storage()?;
+    state.data.clone_from(&x.data);
+    Ok(())
+}
+
+/// The allowed cache slots of one query, as a predicate over `0..ctx`.
+#[derive(Clone, Copy)]
+enum Allowed {
+    /// Slots `0..end`.
+    Prefix { end: usize },
+    /// Slots `0..prefix` and `prefix + u` for bits `u` of `bits`.
+    Tree { prefix: i64, bits: u64 },
+}
+
+impl Allowed {
+    fn contains(self, s: usize) -> bool {
+        match self {
+            Allowed::Prefix { end } => s < end,
+            Allowed::Tree { prefix, bits } => {
+                let s = s as i64;
+                s < prefix || (s - prefix < 64 && bits >> (s - prefix) & 1 == 1)
+            }
+        }
+    }
+}
+
+/// `softmax(scale · q·kᵀ) · v` over the allowed slots, per query row and head, with query
+/// head `h` reading kv head `h / (Hq / Hkv)`. Scores, the softmax (max-subtracted `exp`)
+/// and `Σ p·v` are f32; the sum is divided by `Σ p` at the end and rounded once to the q
+/// dtype. A query with no allowed slot outputs zeros. `pos` is read only by `Causal`.
+pub(crate) fn attention(args: &[&Tensor], scale: f64, mask: AttnMask, out: &Out) -> OpResult {
+    let (q, k, v, pos) = (args[0], args[1], args[2], args[3]);
+    let qv = f32s(q, "attention q")?;
+    let kv = f32s(k, "attention k")?;
+    let vv = f32s(v, "attention v")?;
+    let pv = i64s(pos, "attention positions")?;
+    let (b, t, hq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+    let (ctx, hkv, dv) = (k.shape[1], k.shape[2], v.shape[3]);
+    if hkv == 0 || hq % hkv != 0 {
+        return Err(format!("{hq} q heads not a multiple of {hkv} kv heads"));
+    }
+    let group = hq / hkv;
+    let tree = match mask {
+        AttnMask::Causal => None,
+        AttnMask::Tree => Some((
+            i64s(args[4], "attention prefix_len")?,
+            i64s(args[5], "attention ancestors")?,
+        )),
+    };
+    let scale = scale as f32;
+    // Tree bits at or beyond T (or 64) select no node.
+    let node_bits = if t >= 64 { u64::MAX } else { (1u64 << t) - 1 };
+    let mut res = vec![0.0f32; b * t * hq * dv];
+    let mut scores = vec![0.0f32; ctx];
+    let mut acc = vec![0.0f32; dv];
+    for bi in 0..b {
+        for ti in 0..t {
+            let allowed = match tree {
+                None => Allowed::Prefix {
+                    end: pv[bi * t + ti].saturating_add(1).clamp(0, ctx as i64) as usize,
+                },
+                Some((pl, anc)) => Allowed::Tree {
+                    prefix: pl[bi],
+                    bits: anc[bi * t + ti] as u64 & node_bits,
+                },
+            };
+            for h in 0..hq {
+                let kh = h / group;
+                let qrow = &qv[((bi * t + ti) * hq + h) * d..][..d];
+                let mut m = f32::NEG_INFINITY;
+                let mut any = false;
+                for (s, score) in scores.iter_mut().enumerate() {
+                    if !allowed.contains(s) {
+                        continue;
+                    }
+                    let krow = &kv[((bi * ctx + s) * hkv + kh) * d..][..d];
+                    *score = dot(qrow, krow) * scale;
+                    m = m.max(*score);
+                    any = true;
+                }
+                if !any {
+                    continue;
+                }
+                acc.fill(0.0);
+                let mut l = 0.0f32;
+                for (s, &score) in scores.iter().enumerate() {
+                    if !allowed.contains(s) {
+                        continue;
+                    }
+                    let p = if m == f32::NEG_INFINITY {
+                        0.0
+                    } else {
+                        (score - m).exp()
+                    };
+                    l += p;
+                    let vrow = &vv[((bi * ctx + s) * hkv + kh) * dv..][..dv];
+                    for (a, &x) in acc.iter_mut().zip(vrow) {
+                        *a += p * x;
+                    }
+                }
+                let o = &mut res[((bi * t + ti) * hq + h) * dv..][..dv];
+                if l > 0.0 {
+                    for (o, &a) in o.iter_mut().zip(&acc) {
+                        *o = round_to(out.dtype, a / l);
+                    }
+                }
+            }
+        }
+    }
+    Ok(out.f32(res))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::super::testutil::*;
+    use super::super::{run, Env};
+    use crate::op::{AttnMask, Op};
+    use crate::{Bindings, BucketDim, DType, Dim, Graph, TensorType};
+
+    fn attn(mask: AttnMask) -> Op {
+        Op::Attention { scale: 1.0, mask }
+    }
+
+    /// k = [[1, 0], [0, 1], [1, 1]] (Ctx 3, one kv head), v = [[1], [2], [4]].
+    fn kv3() -> (super::Tensor, super::Tensor) {
+        let k = tf(DType::F32, &[1, 3, 1, 2], &[1.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
+        let v = tf(DType::F32, &[1, 3, 1, 1], &[1.0, 2.0, 4.0]);
+        (k, v)
+    }
+
+    #[test]
+    fn causal_mask_and_empty_query() {
+        // q = [ln2, 0]: scores vs k = [ln2, 0, ln2] -> weights e^s = [2, 1, 2].
+        // pos 0: slot 0 only -> 1. pos 1: (2·1 + 1·2)/3 = 4/3. pos 2: (2 + 2 + 8)/5 = 12/5.
+        // pos -1: no slot -> 0. pos 9: clamped to the 3 slots -> 12/5.
+        let l2 = 2f32.ln();
+        let q = tf(
+            DType::F32,
+            &[1, 5, 1, 2],
+            &[l2, 0.0, l2, 0.0, l2, 0.0, l2, 0.0, l2, 0.0],
+        );
+        let pos = ti(DType::I32, &[1, 5], &[0, 1, 2, -1, 9]);
+        let (k, v) = kv3();
+        let r = run_op(attn(AttnMask::Causal), vec![q, k, v, pos]);
+        assert_close(r.as_f32().unwrap(), &[1.0, 4.0 / 3.0, 2.4, 0.0, 2.4], 1e-6);
+    }
+
+    #[test]
+    fn tree_mask_prefix_and_ancestors() {
+        // Ctx 3, prefix_len 1: slot 0 is the prefix, slots 1, 2 are tree nodes 0, 1.
+        // Weights as above [2, 1, 2]. Query 0 bits 0b01 -> slots {0, 1}: (2 + 2)/3 = 4/3.
+        // Query 1 bits 0b10 -> slots {0, 2}: (2 + 8)/4 = 2.5. Bit 5 (beyond T = 2) ignored.
+        let l2 = 2f32.ln();
+        let q = tf(DType::F32, &[1, 2, 1, 2], &[l2, 0.0, l2, 0.0]);
+        let pos = ti(DType::I32, &[1, 2], &[-1, -1]);
+        let pl = ti(DType::I32, &[1], &[1]);
+        let anc = ti(DType::I64, &[1, 2], &[0b1, 0b10 | 1 << 5]);
+        let (k, v) = kv3();
+        let r = run_op(attn(AttnMask::Tree), vec![q, k, v, pos, pl, anc]);
+        assert_close(r.as_f32().unwrap(), &[4.0 / 3.0, 2.5], 1e-6);
+        // Prefix 0 and no bits: nothing allowed -> zeros.
+        let q = tf(DType::F32, &[1, 1, 1, 2], &[l2, 0.0]);
+        let (k, v) = kv3();
+        let r = run_op(
+            attn(AttnMask::Tree),
+            vec![
+                q,
+                k,
+                v,
+                ti(DType::I32, &[1, 1], &[2]),
+                ti(DType::I32, &[1], &[0]),
+                ti(DType::I64, &[1, 1], &[0]),
+            ],
+        );
+        assert_eq!(r.as_f32().unwrap(), &[0.0]);
+    }
+
+    #[test]
+    fn gqa_head_mapping_and_scale() {
+        // Hq = 4, Hkv = 2: q heads 0, 1 read kv head 0; heads 2, 3 read kv head 1.
+        // Ctx 2. kv head 0: k = [[1], [0]], v = [[10], [20]]; kv head 1: k = [[0], [1]],
+        // v = [[30], [40]]. q = 1 for every head, scale ln3: head 0 weights (3, 1) -> 12.5;
+        // head 2 weights (1, 3) -> 37.5.
+        let q = tf(DType::F32, &[1, 1, 4, 1], &[1.0; 4]);
+        let k = tf(DType::F32, &[1, 2, 2, 1], &[1.0, 0.0, 0.0, 1.0]);
+        let v = tf(DType::F32, &[1, 2, 2, 1], &[10.0, 30.0, 20.0, 40.0]);
+        let pos = ti(DType::I32, &[1, 1], &[1]);
+        let op = Op::Attention {
+            scale: 3f64.ln(),
+            mask: AttnMask::Causal,
+        };
+        let r = run_op(op, vec![q, k, v, pos]);
+        assert_close(r.as_f32().unwrap(), &[12.5, 12.5, 37.5, 37.5], 1e-6);
+    }
+
+    #[test]
+    fn bf16_output_rounded_once() {
+        // Two equal scores: mean of v = (1 + 1.0078125)/2 = 1.00390625 -> bf16 1.0 (tie).
+        let q = tf(DType::BF16, &[1, 1, 1, 1], &[0.0]);
+        let k = tf(DType::BF16, &[1, 2, 1, 1], &[1.0, 1.0]);
+        let v = tf(DType::BF16, &[1, 2, 1, 2], &[1.0, 3.0, 1.0078125, 3.0]);
+        let pos = ti(DType::I32, &[1, 1], &[1]);
+        let r = run_op(attn(AttnMask::Causal), vec![q, k, v, pos]);
+        assert_eq!(r.dtype, DType::BF16);
+        assert_eq!(r.shape, vec![1, 1, 1, 2]);
+        assert_eq!(r.as_f32().unwrap(), &[1.0, 3.0]);
+    }
+
+    #[test]
+    fn kv_write_in_place_with_padding_lanes() {
+        // cache state [B=2, Ctx, 1, 2], written through `run`: bucket dims bound by `bind`.
+        let ctx = Dim::Bucket(BucketDim::Ctx);
+        let tdim = Dim::Bucket(BucketDim::T);
+        let bdim = Dim::Bucket(BucketDim::B);
+        let mut g = Graph::new("kv");
+        let c = g
+            .state(
+                "k0",
+                TensorType::new(DType::BF16, [bdim, ctx, Dim::Static(1), Dim::Static(2)]),
+            )
+            .unwrap();
+        let x = g
+            .input(
+                "x",
+                TensorType::new(DType::BF16, [bdim, tdim, Dim::Static(1), Dim::Static(2)]),
+            )
+            .unwrap();
+        let p = g
+            .input("pos", TensorType::new(DType::I32, [bdim, tdim]))
+            .unwrap();
+        let w = g.add(Op::KvWrite, &[c, x, p]).unwrap();
+        g.set_output("cache", w);
+        let x = tf(
+            DType::BF16,
+            &[2, 2, 1, 2],
+            &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
+        );
+        let weights: HashMap<String, super::Tensor> = HashMap::new();
+        let mut states = HashMap::new();
+        let step = |states: &mut HashMap<String, super::Tensor>, pos: &[i64]| {
+            let mut inputs = HashMap::new();
+            inputs.insert("x".to_string(), x.clone());
+            inputs.insert("pos".to_string(), ti(DType::I32, &[2, 2], pos));
+            let mut env = Env {
+                bind: Bindings::new(2, 2, 4),
+                inputs,
+                weights: &weights,
+                states,
+            };
+            run(&g, &mut env).unwrap()
+        };
+        // Sequence 0 writes slots 1 and 7 (clamped to 3); sequence 1 has a padding lane,
+        // then slot 0.
+        let out = step(&mut states, &[1, 7, -1, 0]);
+        let want = [
+            0.0, 0.0, 1.0, 2.0, 0.0, 0.0, 3.0, 4.0, // sequence 0, slots 0..4
+            7.0, 8.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, // sequence 1
+        ];
+        assert_eq!(out["cache"].as_f32().unwrap(), want);
+        assert_eq!(states["k0"].as_f32().unwrap(), want);
+        assert_eq!(states["k0"].shape, vec![2, 4, 1, 2]);
+        // A second run starts from the stored cache.
+        let out = step(&mut states, &[0, -5, -1, -1]);
+        assert_eq!(&out["cache"].as_f32().unwrap()[..4], &[1.0, 2.0, 1.0, 2.0]);
+        assert_eq!(&states["k0"].as_f32().unwrap()[8..10], &[7.0, 8.0]);
+    }
+}

@@ -1,0 +1,138 @@
+//! Speculative-decoding ops: sample, random_uniform, accept_chain.
+
+use super::tensor::Tensor;
+use super::util::{f32s, i64s, last_dim, OpResult, Out};
+
+/// Inverse CDF per row: the smallest `i` with `cumsum[i] > u · total`, where `cumsum` is the
+/// sequential f32 running sum and `total` its last value; `V - 1` when there is none (u >= 1,
+/// or all-zero / NaN probabilities). For `u` in `[0, 1)` the result always has non-zero
+/// probability: zeros never raise the running sum past the threshold.
+pub(crate) fn sample(probs: &Tensor, u: &Tensor, out: &Out) -> OpResult {
+    let p = f32s(probs, "sample probs")?;
+    let uv = f32s(u, "sample uniforms")?;
+    let v = last_dim(probs);
+    if v == 0 {
+        return Err("sample over an empty vocabulary".into());
+    }
+    let res = p
+        .chunks(v)
+        .zip(uv)
+        .map(|(row, &u)| {
+            let total = row.iter().fold(0.0f32, |a, &b| a + b);
+            let thr = u * total;
+            let mut c = 0.0f32;
+            for (i, &x) in row.iter().enumerate() {
+                c += x;
+                if c > thr {
+                    return i as i64;
+                }
+            }
+            v as i64 - 1
+        })
+        .collect();
+    Ok(out.i64(res))
+}
+
+/// SplitMix64 (Steele, Lea, Flood 2014; Vigna's `splitmix64.c`): one step from state `x`,
+/// i.e. the output mix of `x + 0x9E3779B97F4A7C15`.
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// `(splitmix64(seed ^ counter) >> 40) / 2^24`: exact in f32, in `[0, 1 - 2^-24]`.
+pub(crate) fn random_uniform(counter: &Tensor, seed: u64, out: &Out) -> OpResult {
+    let c = i64s(counter, "random_uniform counter")?;
+    Ok(out.f32(
+        c.iter()
+            .map(|&x| (splitmix64(seed ^ x as u64) >> 40) as f32 / (1u32 << 24) as f32)
+            .collect(),
+    ))
+}
+
+/// Per row `b`: the number of leading `i < K` with `draft[b, i] == target[b, i]`.
+pub(crate) fn accept_chain(draft: &Tensor, target: &Tensor, out: &Out) -> OpResult {
+    let d = i64s(draft, "accept_chain draft")?;
+    let t = i64s(target, "accept_chain target")?;
+    let (b, k) = (draft.shape[0], draft.shape[1]);
+    let res = (0..b)
+        .map(|bi| {
+            let dr = &d[bi * k..(bi + 1) * k];
+            let tr = &t[bi * (k + 1)..bi * (k + 1) + k];
+            dr.iter().zip(tr).take_while(|(x, y)| x == y).count() as i64
+        })
+        .collect();
+    Ok(out.i64(res))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::*;
+    use super::*;
+    use crate::op::Op;
+    use crate::DType;
+
+    fn sample_one(probs: &[f32], u: f32) -> i64 {
+        let p = tf(DType::F32, &[1, probs.len()], probs);
+        let u = tf(DType::F32, &[1], &[u]);
+        let r = run_op(Op::Sample, vec![p, u]);
+        assert_eq!(r.dtype, DType::I32);
+        r.as_i64().unwrap()[0]
+    }
+
+    #[test]
+    fn sample_inverse_cdf_edges() {
+        let p = [0.0, 0.25, 0.0, 0.75, 0.0];
+        // cumsum = [0, .25, .25, 1, 1].
+        assert_eq!(sample_one(&p, 0.0), 1, "u = 0 skips leading zeros");
+        assert_eq!(sample_one(&p, 0.25), 3, "strictly greater than u·sum");
+        assert_eq!(sample_one(&p, 0.2), 1);
+        assert_eq!(
+            sample_one(&p, 1.0 - 1.0 / 16_777_216.0),
+            3,
+            "u -> 1 skips trailing zeros"
+        );
+        assert_eq!(sample_one(&p, 1.0), 4, "u = 1 clamps to V - 1");
+        assert_eq!(sample_one(&[0.0; 3], 0.5), 2, "all zero clamps to V - 1");
+        // Unnormalised: cumsum [2, 8], u·sum = 1.6 -> 0, 2.4 -> 1.
+        assert_eq!(sample_one(&[2.0, 6.0], 0.2), 0);
+        assert_eq!(sample_one(&[2.0, 6.0], 0.3), 1);
+    }
+
+    #[test]
+    fn sample_rows() {
+        let p = tf(DType::F32, &[2, 2], &[1.0, 0.0, 0.0, 1.0]);
+        let u = tf(DType::F32, &[2], &[0.9, 0.1]);
+        let r = run_op(Op::Sample, vec![p, u]);
+        assert_eq!(r.as_i64().unwrap(), &[0, 1]);
+    }
+
+    #[test]
+    fn random_uniform_splitmix64() {
+        // Vigna's splitmix64 from state 0 first returns 0xE220A8397B1DCDAF; from 1234567,
+        // 6457827717110365317.
+        assert_eq!(splitmix64(0), 0xE220_A839_7B1D_CDAF);
+        assert_eq!(splitmix64(1_234_567), 6_457_827_717_110_365_317);
+        let c = ti(DType::I64, &[3], &[0, 5, 1_234_567 ^ 5]);
+        let r = run_op(Op::RandomUniform { seed: 5 }, vec![c]);
+        // seed ^ counter = 5, 0, 1234567.
+        let want_0 = (0xE220A8 as f32) / 16_777_216.0;
+        let want_1234567 = ((6_457_827_717_110_365_317u64 >> 40) as f32) / 16_777_216.0;
+        let r = r.as_f32().unwrap();
+        assert_eq!(r[1], want_0);
+        assert_eq!(r[2], want_1234567);
+        assert!((0.0..1.0).contains(&r[0]));
+    }
+
+    #[test]
+    fn accept_chain_counts_prefix() {
+        let d = ti(DType::I32, &[3, 3], &[5, 6, 7, 1, 2, 3, 9, 9, 9]);
+        let t = ti(DType::I32, &[3, 4], &[5, 6, 7, 8, 0, 2, 3, 4, 9, 9, 8, 9]);
+        let r = run_op(Op::AcceptChain, vec![d, t]);
+        assert_eq!(r.dtype, DType::I32);
+        // All K accepted; 0 accepted (later matches do not count); 2 accepted.
+        assert_eq!(r.as_i64().unwrap(), &[3, 0, 2]);
+    }
+}

@@ -1,0 +1,460 @@
+//! The one kernel ABI shared by every generated kernel.
+//!
+//! # Signature
+//!
+//! ```c
+//! extern "C" __global__ void __launch_bounds__(NT)
+//! {family}_{dtype}_{hash8}(char* __restrict__ arena,
+//!                          void* const* __restrict__ bufs,
+//!                          const StepConsts c);
+//! ```
+//!
+//! - `arena`: base of the device arena that holds every activation and scratch buffer of a
+//!   step. Tensor addresses are `arena + offset`, with the byte offsets of the static memory
+//!   plan baked into the source as constants ([`Loc::Arena`]). The base must be 256-byte
+//!   aligned (any `cuMemAlloc` result is).
+//! - `bufs`: a device array of device pointers, one per *slot*: weights and persistent
+//!   buffers that live outside the arena (KV pools). Tensor addresses are
+//!   `(char*)bufs[slot] + offset` ([`Loc::Table`]); slot numbers are baked in. Every pointer
+//!   in the table must be 16-byte aligned. Weights are only read.
+//! - `c`: the bucket constants of the launch ([`StepConsts`]: B, T, Ctx, M = B·T), passed by
+//!   value. Kernels generated once serve every bucket whose sizes fit their static bounds
+//!   (e.g. the GEMV row tile); the grid comes from [`LaunchSpec::resolve`] for the bucket.
+//!
+//! Parameter order is fixed: arena, table, constants. No kernel takes other parameters, so
+//! one launch helper and one argument layout serve all of them.
+//!
+//! # Names and sources
+//!
+//! A kernel is named `{family}_{dtype}_{hash8}`: the family (`gemv`, `rmsnorm`, ...), the
+//! dtype that characterises it (each family documents which: the weight dtype of a GEMV,
+//! the activation dtype elsewhere) and the first 8 hex digits of the SHA-256 of its
+//! generated text without the name (module items, launch bound and body). The entry symbol
+//! equals the name (`extern "C"`, no mangling). Each [`KernelSource`] is one
+//! self-contained module: the hand-written prelude (`cuda/*.cuh`) followed by the kernel.
+//!
+//! # Layout conventions
+//!
+//! Tensors are row-major. A [`View`] addresses a 2-D `[rows, cols]` window: element `(r, i)`
+//! is at `base + (r · row_stride + i) · sizeof(dtype)`; heads are column ranges
+//! (`h · head_dim + d`), so Q/K/V slices of one fused QKV output are views of the same
+//! buffer. KV caches are `[B, Ctx, H_kv, D]` with `Ctx` from `c.ctx`.
+
+use crate::writer::Writer;
+use sha2::{Digest, Sha256};
+
+/// Element types a kernel reads or writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dtype {
+    BF16,
+    F16,
+    F32,
+    I32,
+    I64,
+}
+
+impl Dtype {
+    pub fn size(self) -> u64 {
+        match self {
+            Dtype::BF16 | Dtype::F16 => 2,
+            Dtype::F32 | Dtype::I32 => 4,
+            Dtype::I64 => 8,
+        }
+    }
+
+    /// The C++ type in the prelude.
+    pub fn c_type(self) -> &'static str {
+        match self {
+            Dtype::BF16 => "bf16",
+            Dtype::F16 => "f16",
+            Dtype::F32 => "float",
+            Dtype::I32 => "int",
+            Dtype::I64 => "long long",
+        }
+    }
+
+    /// The name used in kernel names and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::BF16 => "bf16",
+            Dtype::F16 => "f16",
+            Dtype::F32 => "f32",
+            Dtype::I32 => "i32",
+            Dtype::I64 => "i64",
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, Dtype::BF16 | Dtype::F16 | Dtype::F32)
+    }
+
+    pub fn is_int(self) -> bool {
+        matches!(self, Dtype::I32 | Dtype::I64)
+    }
+}
+
+/// Where a tensor starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Loc {
+    /// `arena + offset` (bytes).
+    Arena { offset: u64 },
+    /// `(char*)bufs[slot] + offset` (bytes).
+    Table { slot: u32, offset: u64 },
+}
+
+impl Loc {
+    pub fn arena(offset: u64) -> Loc {
+        Loc::Arena { offset }
+    }
+
+    pub fn table(slot: u32) -> Loc {
+        Loc::Table { slot, offset: 0 }
+    }
+
+    /// The same location moved by `bytes`.
+    pub fn offset_by(self, bytes: u64) -> Loc {
+        match self {
+            Loc::Arena { offset } => Loc::Arena {
+                offset: offset + bytes,
+            },
+            Loc::Table { slot, offset } => Loc::Table {
+                slot,
+                offset: offset + bytes,
+            },
+        }
+    }
+
+    /// Byte offset from a base that is itself at least 16-byte aligned.
+    pub fn byte_offset(self) -> u64 {
+        match self {
+            Loc::Arena { offset } | Loc::Table { offset, .. } => offset,
+        }
+    }
+
+    /// A C++ expression of type `const T*` / `T*` for this location.
+    pub fn ptr(self, dtype: Dtype, mutable: bool) -> String {
+        self.ptr_as(dtype.c_type(), mutable)
+    }
+
+    /// The same with any C++ element type (e.g. `ArgmaxPair`).
+    pub fn ptr_as(self, c_type: &str, mutable: bool) -> String {
+        let cv = if mutable { "" } else { "const " };
+        match self {
+            Loc::Arena { offset } => {
+                format!("reinterpret_cast<{cv}{c_type}*>(arena + {offset}ull)")
+            }
+            Loc::Table { slot, offset } => format!(
+                "reinterpret_cast<{cv}{c_type}*>(static_cast<char*>(bufs[{slot}]) + {offset}ull)"
+            ),
+        }
+    }
+}
+
+/// A 2-D row-major window `[rows, cols]` of a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct View {
+    pub loc: Loc,
+    pub dtype: Dtype,
+    /// Elements between the starts of consecutive rows (0 broadcasts one row to all).
+    pub row_stride: u64,
+}
+
+impl View {
+    pub fn new(loc: Loc, dtype: Dtype, row_stride: u64) -> View {
+        View {
+            loc,
+            dtype,
+            row_stride,
+        }
+    }
+
+    /// The view of columns `start..` of this one.
+    pub fn cols_from(self, start: u64) -> View {
+        View {
+            loc: self.loc.offset_by(start * self.dtype.size()),
+            ..self
+        }
+    }
+
+    /// Whether element `(r, i)` is aligned to `bytes` for every `r` and every `i` that is a
+    /// multiple of `bytes / sizeof(dtype)`.
+    pub fn aligned(self, bytes: u64) -> bool {
+        self.loc.byte_offset() % bytes == 0 && (self.row_stride * self.dtype.size()) % bytes == 0
+    }
+}
+
+/// The widest vector (8, 4, 2 or 1 elements) such that `cols` is a multiple of it and every
+/// view's rows and every extra location are aligned for it (at most 16 bytes are required:
+/// wider vectors split into 16-byte accesses).
+pub(crate) fn pick_vec(cols: u64, views: &[View], extra: &[(Loc, Dtype)]) -> u32 {
+    [8u64, 4, 2, 1]
+        .into_iter()
+        .find(|&vw| {
+            cols % vw == 0
+                && views
+                    .iter()
+                    .all(|v| v.aligned((vw * v.dtype.size()).min(16)))
+                && extra
+                    .iter()
+                    .all(|(l, d)| l.byte_offset() % (vw * d.size()).min(16) == 0)
+        })
+        .unwrap_or(1) as u32
+}
+
+/// How many rows a row-wise kernel processes, as a function of the bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Rows {
+    /// One row per token: `M = B·T` (`c.m`).
+    Tokens,
+    /// One row per sequence: `B` (`c.b`).
+    Seqs,
+    /// A fixed count.
+    Fixed(u32),
+}
+
+impl Rows {
+    /// The C++ expression of the count inside a kernel.
+    pub fn expr(self) -> String {
+        match self {
+            Rows::Tokens => "c.m".into(),
+            Rows::Seqs => "c.b".into(),
+            Rows::Fixed(n) => n.to_string(),
+        }
+    }
+
+    pub fn eval(self, bucket: &Bucket) -> u32 {
+        match self {
+            Rows::Tokens => bucket.b * bucket.t,
+            Rows::Seqs => bucket.b,
+            Rows::Fixed(n) => n,
+        }
+    }
+
+    /// `ceil(rows · mul / div)` as a grid extent.
+    pub fn extent(self, mul: u32, div: u32) -> Extent {
+        let unit = match self {
+            Rows::Tokens => Unit::BT,
+            Rows::Seqs => Unit::B,
+            Rows::Fixed(n) => return Extent::Fixed((n * mul).div_ceil(div)),
+        };
+        Extent::Scaled { unit, mul, div }
+    }
+}
+
+/// The bucket sizes of one captured graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Bucket {
+    pub b: u32,
+    pub t: u32,
+    pub ctx: u32,
+}
+
+impl Bucket {
+    /// The kernel parameter for this bucket.
+    pub fn consts(&self) -> StepConsts {
+        StepConsts {
+            b: self.b as i32,
+            t: self.t as i32,
+            ctx: self.ctx as i32,
+            m: (self.b * self.t) as i32,
+        }
+    }
+}
+
+/// The last kernel parameter; mirrors `struct StepConsts` in `cuda/common.cuh`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepConsts {
+    pub b: i32,
+    pub t: i32,
+    pub ctx: i32,
+    pub m: i32,
+}
+
+// SAFETY: `StepConsts` is `repr(C)`, `Copy`, has no padding and no pointers: its bytes are
+// exactly the C struct the kernels take by value.
+unsafe impl cudarc::driver::DeviceRepr for StepConsts {}
+
+/// A bucket quantity a grid extent scales with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Unit {
+    B,
+    T,
+    BT,
+}
+
+/// One grid dimension as a formula of the bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Extent {
+    Fixed(u32),
+    /// `ceil(unit · mul / div)`.
+    Scaled {
+        unit: Unit,
+        mul: u32,
+        div: u32,
+    },
+}
+
+impl Extent {
+    pub fn eval(self, bucket: &Bucket) -> u32 {
+        match self {
+            Extent::Fixed(n) => n,
+            Extent::Scaled { unit, mul, div } => {
+                let u = match unit {
+                    Unit::B => bucket.b,
+                    Unit::T => bucket.t,
+                    Unit::BT => bucket.b * bucket.t,
+                } as u64;
+                (u * mul as u64).div_ceil(div as u64) as u32
+            }
+        }
+    }
+}
+
+/// Launch geometry as formulas of the bucket: the grid may scale with B, T or B·T; the
+/// block and shared memory are fixed at generation time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LaunchSpec {
+    pub grid: [Extent; 3],
+    pub block: [u32; 3],
+    /// Dynamic shared memory; generated kernels use static `__shared__` arrays (< 48 KiB),
+    /// so this is 0 unless a family says otherwise.
+    pub smem_bytes: u32,
+}
+
+/// Concrete launch geometry for one bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LaunchGeometry {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub smem_bytes: u32,
+}
+
+impl LaunchSpec {
+    pub fn resolve(&self, bucket: &Bucket) -> LaunchGeometry {
+        LaunchGeometry {
+            grid: self.grid.map(|e| e.eval(bucket)),
+            block: self.block,
+            smem_bytes: self.smem_bytes,
+        }
+    }
+
+    /// Threads per block.
+    pub fn threads(&self) -> u32 {
+        self.block.iter().product()
+    }
+}
+
+/// One generated kernel: a self-contained CUDA C++ module with one entry point.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelSource {
+    /// `{family}_{dtype}_{hash8}`.
+    pub name: String,
+    /// The `extern "C"` symbol to load; equal to `name`.
+    pub entry: String,
+    /// The whole module: prelude + generated kernel.
+    pub source: String,
+    /// The generated part only (what snapshots record).
+    pub kernel: String,
+    pub launch: LaunchSpec,
+}
+
+/// The hand-written device helpers prepended to every module.
+pub const PRELUDE: &str = concat!(
+    include_str!("../cuda/common.cuh"),
+    "\n",
+    include_str!("../cuda/vec.cuh"),
+    "\n",
+    include_str!("../cuda/reduce.cuh"),
+);
+
+/// Assembles a kernel from its generated parts and names it.
+pub(crate) struct KernelBuilder {
+    pub family: &'static str,
+    pub dtype: Dtype,
+    /// Module-scope declarations before the kernel (tables, constants).
+    pub items: Writer,
+    /// The function body, written at depth 1.
+    pub body: Writer,
+}
+
+impl KernelBuilder {
+    pub fn new(family: &'static str, dtype: Dtype) -> Self {
+        KernelBuilder {
+            family,
+            dtype,
+            items: Writer::new(),
+            body: Writer::at_depth(1),
+        }
+    }
+
+    pub fn finish(self, launch: LaunchSpec) -> KernelSource {
+        let items = self.items.finish();
+        let body = self.body.finish();
+        let bound = launch.threads();
+        let mut h = Sha256::new();
+        h.update(items.as_bytes());
+        h.update(bound.to_le_bytes());
+        h.update(body.as_bytes());
+        let digest = h.finalize();
+        let hash8: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+        let name = format!("{}_{}_{hash8}", self.family, self.dtype.name());
+        let mut kernel = items;
+        if !kernel.is_empty() {
+            kernel.push('\n');
+        }
+        kernel.push_str(&format!(
+            "extern \"C\" __global__ void __launch_bounds__({bound})\n\
+             {name}(char* __restrict__ arena, void* const* __restrict__ bufs, const StepConsts c) {{\n"
+        ));
+        kernel.push_str(&body);
+        kernel.push_str("}\n");
+        let source = format!("{PRELUDE}\n// ---- generated ----\n{kernel}");
+        KernelSource {
+            entry: name.clone(),
+            name,
+            source,
+            kernel,
+            launch,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extents_follow_the_bucket() {
+        let bk = Bucket {
+            b: 3,
+            t: 5,
+            ctx: 64,
+        };
+        assert_eq!(Rows::Tokens.extent(1, 4).eval(&bk), 4);
+        assert_eq!(Rows::Seqs.extent(2, 1).eval(&bk), 6);
+        assert_eq!(Rows::Fixed(10).extent(1, 3).eval(&bk), 4);
+        assert_eq!(bk.consts().m, 15);
+    }
+
+    #[test]
+    fn names_hash_the_body() {
+        let mk = |stmt: &str| {
+            let mut k = KernelBuilder::new("fam", Dtype::BF16);
+            k.body.line(stmt);
+            k.finish(LaunchSpec {
+                grid: [Extent::Fixed(1); 3],
+                block: [32, 1, 1],
+                smem_bytes: 0,
+            })
+        };
+        let (a, b, a2) = (mk("int x = 1;"), mk("int x = 2;"), mk("int x = 1;"));
+        assert!(a.name.starts_with("fam_bf16_") && a.name.len() == "fam_bf16_".len() + 8);
+        assert_ne!(a.name, b.name);
+        assert_eq!(a, a2);
+        assert!(a.source.starts_with(PRELUDE));
+        assert!(a
+            .kernel
+            .contains(&format!("{}(char* __restrict__ arena", a.name)));
+    }
+}

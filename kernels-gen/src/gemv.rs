@@ -1,0 +1,402 @@
+//! `gemv`: small-M matmul `y[M, N] = x[M, K] · W[N, K]ᵀ` with f32 accumulation, for
+//! M = B·T up to 64, streaming the weights once with 16-byte loads.
+//!
+//! Fusions: an RMSNorm prologue on `x` (the norm's weight and eps; the kernel computes each
+//! row's RMS itself), a SwiGLU epilogue over two weight matrices (or two halves of one),
+//! a residual add, a cast of the stored result, and argmax partials (one `ArgmaxPair` per
+//! row and block, reduced by [`crate::argmax`] in `Partials` mode).
+//!
+//! Numerics follow the IR: the matmul result is rounded to x's dtype; SwiGLU rounds gate
+//! and up, then `silu(g)·u` once; the residual add rounds once; the store converts to the
+//! output dtype; argmax sees the stored value. The fused RMSNorm is the IR op:
+//! `round(round(x · r) · w)` with `r = 1/sqrt(mean(x²) + eps)`.
+//!
+//! Work split: a block of `warps` warps owns `warps · cols_per_warp` output columns and a
+//! tile of up to `row_tile` rows. Each lane reads 16 bytes of a weight row per step and
+//! multiplies it with the matching 16 bytes of every staged x row (x lives in shared memory,
+//! in K chunks of at most 32 KiB), so every weight byte is read once per row tile. Partial
+//! dot products are reduced across the warp with shuffles; lane `(m·cw + j) % 32` owns the
+//! epilogue of `(row m, column j)`.
+//!
+//! Kernel name dtype: the weight dtype.
+
+use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc, Rows, View};
+use crate::writer::{emit, f32_lit};
+use crate::Error;
+
+const FAMILY: &str = "gemv";
+/// Largest row tile: accumulators live in registers.
+pub const MAX_ROW_TILE: u32 = 64;
+/// Shared memory budget for the staged x chunk.
+const X_SMEM_BYTES: u64 = 32 * 1024;
+/// Below this many blocks the tiling trades columns per block for more blocks.
+const MIN_BLOCKS: u64 = 256;
+
+/// The weight operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemvWeights {
+    /// `W[N, K]`.
+    Single(Loc),
+    /// SwiGLU: `y = silu(x·Gᵀ) · (x·Uᵀ)` with `G, U` both `[N, K]`.
+    GateUp { gate: Loc, up: Loc },
+}
+
+impl GemvWeights {
+    /// Gate and up as the two halves of one `[2N, K]` matrix (gate first).
+    pub fn gate_up_concat(w: Loc, n: u32, k: u32, dtype: Dtype) -> GemvWeights {
+        GemvWeights::GateUp {
+            gate: w,
+            up: w.offset_by(n as u64 * k as u64 * dtype.size()),
+        }
+    }
+}
+
+/// RMSNorm applied to each x row before the product.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RmsNormPrologue {
+    /// `[K]` norm weight.
+    pub weight: Loc,
+    pub dtype: Dtype,
+    pub eps: f32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct GemvParams {
+    /// Rows at run time.
+    pub rows: Rows,
+    /// Static rows per block (1..=64): set it to the bucket's M for one pass over W.
+    pub row_tile: u32,
+    pub k: u32,
+    pub n: u32,
+    /// `[M, K]`.
+    pub x: View,
+    pub weights: GemvWeights,
+    pub w_dtype: Dtype,
+    pub norm: Option<RmsNormPrologue>,
+    /// `[M, N]` added to the result (may be the same buffer as `out`).
+    pub residual: Option<View>,
+    /// `[M, N]` result; its dtype may differ from x's (a fused cast).
+    pub out: Option<View>,
+    /// `ArgmaxPair[M, partials_per_row]` in the arena.
+    pub argmax_partials: Option<Loc>,
+}
+
+/// The work split the generator chose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemvTiling {
+    pub warps: u32,
+    pub cols_per_warp: u32,
+    /// Elements per 16-byte weight load.
+    pub vec: u32,
+    /// K elements of x staged in shared memory at a time.
+    pub k_chunk: u32,
+}
+
+impl GemvParams {
+    fn gate_up(&self) -> bool {
+        matches!(self.weights, GemvWeights::GateUp { .. })
+    }
+
+    pub fn tiling(&self) -> GemvTiling {
+        let g = if self.gate_up() { 2 } else { 1 };
+        let mt = self.row_tile.clamp(1, MAX_ROW_TILE);
+        let mut cw = [4u32, 2, 1]
+            .into_iter()
+            .find(|c| mt * c * g <= 32)
+            .unwrap_or(1);
+        let blocks = |nw: u32, cw: u32| (self.n as u64).div_ceil((nw * cw) as u64);
+        let mut nw = 8;
+        while nw > 2 && blocks(nw, cw) < MIN_BLOCKS {
+            nw /= 2;
+        }
+        while cw > 1 && blocks(nw, cw) < MIN_BLOCKS {
+            cw /= 2;
+        }
+        let vec = (16 / self.w_dtype.size()) as u32;
+        let xs = self.x.dtype.size();
+        let budget = X_SMEM_BYTES / (mt as u64 * xs);
+        let k_chunk = if self.k as u64 <= budget {
+            self.k
+        } else if budget >= 32 * vec as u64 {
+            (budget - budget % (32 * vec as u64)) as u32
+        } else {
+            (budget - budget % vec as u64).max(vec as u64) as u32
+        };
+        GemvTiling {
+            warps: nw,
+            cols_per_warp: cw,
+            vec,
+            k_chunk,
+        }
+    }
+
+    /// Argmax partials each row gets (the grid's x extent).
+    pub fn partials_per_row(&self) -> u32 {
+        let t = self.tiling();
+        self.n.div_ceil(t.warps * t.cols_per_warp)
+    }
+
+    fn validate(&self) -> Result<(), Error> {
+        let err = |field, reason: &str| Err(Error::param(FAMILY, field, reason));
+        if !(1..=MAX_ROW_TILE).contains(&self.row_tile) {
+            return err("row_tile", "must be in 1..=64");
+        }
+        if self.k == 0 || self.n == 0 {
+            return err("k/n", "must be positive");
+        }
+        for (field, dt) in [("x.dtype", self.x.dtype), ("w_dtype", self.w_dtype)] {
+            if !dt.is_float() {
+                return Err(Error::param(
+                    FAMILY,
+                    field,
+                    format!("must be a float type, got {}", dt.name()),
+                ));
+            }
+        }
+        let vec = 16 / self.w_dtype.size();
+        if self.k as u64 % vec != 0 {
+            return err(
+                "k",
+                &format!("must be a multiple of {vec} (16-byte weight loads)"),
+            );
+        }
+        let w_locs = match self.weights {
+            GemvWeights::Single(w) => vec![w],
+            GemvWeights::GateUp { gate, up } => vec![gate, up],
+        };
+        if w_locs.iter().any(|l| l.byte_offset() % 16 != 0) {
+            return err("weights", "must start 16-byte aligned");
+        }
+        let x_align = (vec * self.x.dtype.size()).min(16);
+        if !self.x.aligned(x_align) {
+            return err("x", &format!("rows must be {x_align}-byte aligned"));
+        }
+        if let Some(nm) = &self.norm {
+            if !nm.dtype.is_float() || !nm.eps.is_finite() || nm.eps < 0.0 {
+                return err("norm", "needs a float weight and a finite eps >= 0");
+            }
+            if nm.weight.byte_offset() % (vec * nm.dtype.size()).min(16) != 0 {
+                return err("norm.weight", "misaligned for vector loads");
+            }
+        }
+        for (field, v) in [("residual", self.residual), ("out", self.out)] {
+            if v.is_some_and(|v| !v.dtype.is_float()) {
+                return err(field, "must be a float type");
+            }
+        }
+        if self.out.is_none() && self.argmax_partials.is_none() {
+            return err("out", "a gemv must store its result or argmax partials");
+        }
+        if self
+            .argmax_partials
+            .is_some_and(|l| l.byte_offset() % 8 != 0)
+        {
+            return err("argmax_partials", "must be 8-byte aligned");
+        }
+        Ok(())
+    }
+}
+
+/// Generates the kernel.
+pub fn gemv(p: &GemvParams) -> Result<KernelSource, Error> {
+    p.validate()?;
+    let t = p.tiling();
+    let (mt, cw, nw, vw, kc) = (p.row_tile, t.cols_per_warp, t.warps, t.vec, t.k_chunk);
+    let g = if p.gate_up() { 2 } else { 1 };
+    let (xt, wt) = (p.x.dtype.c_type(), p.w_dtype.c_type());
+    let mut kb = KernelBuilder::new(FAMILY, p.w_dtype);
+    let w = &mut kb.body;
+
+    emit!(w, "constexpr int K = {};", p.k);
+    emit!(w, "constexpr int N = {};", p.n);
+    emit!(w, "constexpr int MT = {mt};  // row tile");
+    emit!(w, "constexpr int CW = {cw};  // output columns per warp");
+    emit!(w, "constexpr int NW = {nw};  // warps per block");
+    emit!(
+        w,
+        "constexpr int VW = {vw};  // elements per 16-byte weight load"
+    );
+    emit!(
+        w,
+        "constexpr int KC = {kc};  // K chunk staged in shared memory"
+    );
+    emit!(
+        w,
+        "constexpr int NA = {};  // accumulators per row: CW, or gate and up",
+        g * cw
+    );
+    emit!(w, "__shared__ __align__(16) {xt} xs[MT * KC];");
+    if p.norm.is_some() {
+        w.line("__shared__ float inv_rms[MT];");
+    }
+    if p.argmax_partials.is_some() {
+        w.line("__shared__ ArgmaxPair cand[NW * MT * CW];");
+    }
+    w.line("const int lane = threadIdx.x & 31;");
+    w.line("const int warp = threadIdx.x >> 5;");
+    w.line("const int m0 = blockIdx.y * MT;");
+    emit!(w, "const int mr = min(MT, {} - m0);", p.rows.expr());
+    w.line("const int n0 = (blockIdx.x * NW + warp) * CW;");
+    emit!(w, "const {xt}* x = {};", p.x.loc.ptr(p.x.dtype, false));
+    let (w0, w1) = match p.weights {
+        GemvWeights::Single(l) => (l, None),
+        GemvWeights::GateUp { gate, up } => (gate, Some(up)),
+    };
+    emit!(w, "const {wt}* w0 = {};", w0.ptr(p.w_dtype, false));
+    if let Some(up) = w1 {
+        emit!(w, "const {wt}* w1 = {};", up.ptr(p.w_dtype, false));
+    }
+    let xs_row = p.x.row_stride;
+
+    if let Some(nm) = &p.norm {
+        emit!(
+            w,
+            "const {}* nw = {};",
+            nm.dtype.c_type(),
+            nm.weight.ptr(nm.dtype, false)
+        );
+        w.comment("RMS of each row of the tile, one warp per row");
+        w.for_block("int m = warp", "m < mr", "m += NW", |w| {
+            emit!(w, "const {xt}* xr = x + (long long)(m0 + m) * {xs_row};");
+            w.line("float ss = 0.0f;");
+            w.for_block("int k = lane * VW", "k < K", "k += 32 * VW", |w| {
+                w.line("float v[VW];");
+                w.line("ld_vec<VW>(xr + k, v);");
+                w.for_unrolled("e", 0, "VW", |w| w.line("ss = fmaf(v[e], v[e], ss);"));
+            });
+            w.line("ss = warp_sum(ss);");
+            emit!(
+                w,
+                "if (lane == 0) inv_rms[m] = 1.0f / sqrtf(ss / float(K) + {});",
+                f32_lit(nm.eps)
+            );
+        });
+    }
+
+    w.line("float acc[MT][NA];");
+    w.for_unrolled("m", 0, "MT", |w| {
+        w.for_unrolled("j", 0, "NA", |w| w.line("acc[m][j] = 0.0f;"));
+    });
+    w.for_block("int k0 = 0", "k0 < K", "k0 += KC", |w| {
+        w.comment("stage x[m0 .. m0 + MT, k0 .. k0 + KC] (normalised when fused)");
+        w.line("__syncthreads();");
+        w.for_block("int i = threadIdx.x", "i < MT * (KC / VW)", "i += NW * 32", |w| {
+            w.line("const int m = i / (KC / VW);");
+            w.line("const int kk = (i % (KC / VW)) * VW;");
+            w.line("float v[VW];");
+            w.if_else(
+                "m < mr && k0 + kk < K",
+                |w| {
+                    emit!(w, "ld_vec<VW>(x + (long long)(m0 + m) * {xs_row} + k0 + kk, v);");
+                    if p.norm.is_some() {
+                        w.line("float g[VW];");
+                        w.line("ld_vec<VW>(nw + k0 + kk, g);");
+                        w.for_unrolled("e", 0, "VW", |w| {
+                            emit!(w, "v[e] = round_to<{xt}>(round_to<{xt}>(v[e] * inv_rms[m]) * g[e]);");
+                        });
+                    }
+                },
+                |w| w.for_unrolled("e", 0, "VW", |w| w.line("v[e] = 0.0f;")),
+            );
+            w.line("st_vec<VW>(xs + m * KC + kk, v);");
+        });
+        w.line("__syncthreads();");
+        w.line("const int kn = min(KC, K - k0);");
+        w.line("#pragma unroll 4");
+        w.for_block("int kk = lane * VW", "kk < kn", "kk += 32 * VW", |w| {
+            w.line("float wv[NA][VW];");
+            w.for_unrolled("j", 0, "CW", |w| {
+                w.line("const long long row = (long long)min(n0 + j, N - 1) * K + k0 + kk;");
+                w.line("ld_stream_vec<VW>(w0 + row, wv[j]);");
+                if w1.is_some() {
+                    w.line("ld_stream_vec<VW>(w1 + row, wv[CW + j]);");
+                }
+            });
+            w.for_unrolled("m", 0, "MT", |w| {
+                w.if_block("m < mr", |w| {
+                    w.line("float xv[VW];");
+                    w.line("ld_vec<VW>(xs + m * KC + kk, xv);");
+                    w.for_unrolled("j", 0, "NA", |w| {
+                        w.for_unrolled("e", 0, "VW", |w| {
+                            w.line("acc[m][j] = fmaf(wv[j][e], xv[e], acc[m][j]);");
+                        });
+                    });
+                });
+            });
+        });
+    });
+
+    w.comment("reduce across the warp: every lane ends with every sum");
+    w.for_unrolled("m", 0, "MT", |w| {
+        w.if_block("m < mr", |w| {
+            w.for_unrolled("j", 0, "NA", |w| w.line("acc[m][j] = warp_sum(acc[m][j]);"));
+        });
+    });
+
+    w.comment("epilogue: lane (m * CW + j) % 32 owns (row m0 + m, column n0 + j)");
+    let res_ptr = p.residual.map(|r| (r, r.loc.ptr(r.dtype, false)));
+    let out_ptr = p.out.map(|o| (o, o.loc.ptr(o.dtype, true)));
+    w.for_unrolled("m", 0, "MT", |w| {
+        w.for_unrolled("j", 0, "CW", |w| {
+            w.if_block("lane == (m * CW + j) % 32", |w| {
+                w.line("const int n = n0 + j;");
+                w.line("const bool live = m < mr && n < N;");
+                if p.gate_up() {
+                    emit!(
+                        w,
+                        "float v = round_to<{xt}>(silu_f32(round_to<{xt}>(acc[m][j])) * round_to<{xt}>(acc[m][CW + j]));"
+                    );
+                } else {
+                    emit!(w, "float v = round_to<{xt}>(acc[m][j]);");
+                }
+                if res_ptr.is_some() || out_ptr.is_some() {
+                    w.if_block("live", |w| {
+                    if let Some((r, ptr)) = &res_ptr {
+                        emit!(
+                            w,
+                            "v = round_to<{xt}>(v + to_f32(({ptr})[(long long)(m0 + m) * {} + n]));",
+                            r.row_stride
+                        );
+                    }
+                    if let Some((o, ptr)) = &out_ptr {
+                        let ot = o.dtype.c_type();
+                        emit!(w, "v = round_to<{ot}>(v);");
+                        emit!(w, "({ptr})[(long long)(m0 + m) * {} + n] = from_f32<{ot}>(v);", o.row_stride);
+                    }
+                });
+                }
+                if p.argmax_partials.is_some() {
+                    w.line("const ArgmaxPair a = {live ? v : neg_inf(), live ? n : 0x7fffffff};");
+                    w.line("cand[(warp * MT + m) * CW + j] = a;");
+                }
+            });
+        });
+    });
+    if let Some(part) = p.argmax_partials {
+        w.comment("argmax partial of this block for each row: columns ascend with (warp, j)");
+        w.line("__syncthreads();");
+        w.if_block("threadIdx.x < mr", |w| {
+            w.line("ArgmaxPair best = {neg_inf(), 0x7fffffff};");
+            w.for_block("int i = 0", "i < NW * CW", "++i", |w| {
+                w.line("const ArgmaxPair a = cand[((i / CW) * MT + threadIdx.x) * CW + i % CW];");
+                w.line("if (argmax_better(a.v, a.i, best.v, best.i)) best = a;");
+            });
+            emit!(
+                w,
+                "({})[(long long)(m0 + threadIdx.x) * gridDim.x + blockIdx.x] = best;",
+                part.ptr_as("ArgmaxPair", true)
+            );
+        });
+    }
+
+    let launch = LaunchSpec {
+        grid: [
+            Extent::Fixed(p.n.div_ceil(nw * cw)),
+            p.rows.extent(1, mt),
+            Extent::Fixed(1),
+        ],
+        block: [nw * 32, 1, 1],
+        smem_bytes: 0,
+    };
+    Ok(kb.finish(launch))
+}

@@ -1,0 +1,422 @@
+//! NVRTC: CUDA C++ source → cubin for one architecture, with an on-disk cache.
+//!
+//! The only module that talks to NVRTC. It loads `libnvrtc` dynamically through cudarc
+//! (checked first: cudarc panics when the library is missing), compiles with
+//! `--gpu-architecture=<arch> -std=c++17 --include-path=<cuda include> -Xptxas=-v`, returns
+//! the cubin with the register/spill figures parsed from the ptxas log, and caches results
+//! under `$SPECC_CACHE_DIR` (default `~/.cache/specc/kernels`) keyed by
+//! sha256(source, arch, NVRTC version, options).
+//!
+//! Headers: NVRTC has no built-in `cuda_bf16.h`; the include directory is
+//! `$SPECC_CUDA_INCLUDE`, else `$CUDA_HOME/include`, else `/usr/local/cuda/include`
+//! (`scripts/nvrtc-env.sh` sets the first for the pip-installed toolkit).
+
+use crate::abi::KernelSource;
+use crate::error::{number_lines, Error};
+use cudarc::nvrtc::sys;
+use sha2::{Digest, Sha256};
+use std::ffi::{c_char, CString};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// A GPU architecture kernels are compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Arch {
+    /// Hopper (H100/H200) with the arch-specific features (wgmma, setmaxnreg).
+    Sm90a,
+    /// Blackwell datacenter (B200).
+    Sm100a,
+    /// Blackwell workstation (RTX PRO 6000).
+    Sm120,
+}
+
+impl Arch {
+    pub const ALL: [Arch; 3] = [Arch::Sm90a, Arch::Sm100a, Arch::Sm120];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Sm90a => "sm_90a",
+            Arch::Sm100a => "sm_100a",
+            Arch::Sm120 => "sm_120",
+        }
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Arch {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Arch, Error> {
+        Arch::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| Error::UnknownArch(s.to_string()))
+    }
+}
+
+/// Resource figures from the `-Xptxas=-v` log (summed / maxed over the module's entries).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PtxasStats {
+    pub registers: u32,
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+    pub stack_bytes: u32,
+    pub smem_bytes: u32,
+}
+
+impl PtxasStats {
+    /// Parses lines such as `Used 40 registers, used 1 barriers, 8192 bytes smem` and
+    /// `0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads`.
+    pub fn parse(log: &str) -> PtxasStats {
+        let mut s = PtxasStats::default();
+        for line in log.lines() {
+            let words: Vec<&str> = line
+                .split(|c: char| c.is_whitespace() || c == ',' || c == ':')
+                .filter(|w| !w.is_empty())
+                .collect();
+            for (i, w) in words.iter().enumerate() {
+                let num = |j: usize| {
+                    words
+                        .get(j)
+                        .and_then(|x| x.parse::<u32>().ok())
+                        .unwrap_or(0)
+                };
+                let next = |k: usize| words.get(i + k).copied().unwrap_or("");
+                match *w {
+                    "registers" if i >= 1 => s.registers = s.registers.max(num(i - 1)),
+                    "bytes" if i >= 1 => match (next(1), next(2)) {
+                        ("stack", "frame") => s.stack_bytes = s.stack_bytes.max(num(i - 1)),
+                        ("spill", "stores") => s.spill_stores += num(i - 1),
+                        ("spill", "loads") => s.spill_loads += num(i - 1),
+                        ("smem", _) => s.smem_bytes = s.smem_bytes.max(num(i - 1)),
+                        _ => {}
+                    },
+                    _ => {}
+                }
+            }
+        }
+        s
+    }
+}
+
+/// A compiled module.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    pub cubin: Vec<u8>,
+    pub arch: Arch,
+    /// The NVRTC program log (ptxas output included).
+    pub log: String,
+    pub stats: PtxasStats,
+    /// Whether it came from the on-disk cache.
+    pub cached: bool,
+    /// Time spent, compile or cache read.
+    pub elapsed: Duration,
+}
+
+/// A handle on the loaded NVRTC library and its configuration.
+#[derive(Clone, Debug)]
+pub struct Nvrtc {
+    include_dir: PathBuf,
+    version: (i32, i32),
+    cache_dir: Option<PathBuf>,
+}
+
+/// Destroys an NVRTC program on every exit path.
+struct Program(sys::nvrtcProgram);
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: `self.0` came from a successful `nvrtcCreateProgram` and is destroyed once.
+        unsafe {
+            sys::nvrtcDestroyProgram(&mut self.0);
+        }
+    }
+}
+
+fn check(status: sys::nvrtcResult, call: &'static str) -> Result<(), Error> {
+    if status == sys::nvrtcResult::NVRTC_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Nvrtc {
+            call,
+            status: format!("{status:?}"),
+        })
+    }
+}
+
+fn include_candidates() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(d) = std::env::var_os("SPECC_CUDA_INCLUDE") {
+        dirs.push(PathBuf::from(d));
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(d) = std::env::var_os(var) {
+            dirs.push(PathBuf::from(d).join("include"));
+        }
+    }
+    dirs.push(PathBuf::from("/usr/local/cuda/include"));
+    dirs
+}
+
+fn default_cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("SPECC_CACHE_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/specc/kernels"))
+}
+
+impl Nvrtc {
+    /// Loads NVRTC and finds the CUDA headers; the cache directory defaults as documented.
+    pub fn new() -> Result<Nvrtc, Error> {
+        // SAFETY: loading a shared library runs its initialisers; libnvrtc's are benign.
+        // This only probes the candidate names and drops the handles.
+        let present = unsafe { sys::is_culib_present() };
+        if !present {
+            return Err(Error::NvrtcUnavailable {
+                reason:
+                    "libnvrtc could not be loaded (set LD_LIBRARY_PATH, see scripts/nvrtc-env.sh)"
+                        .into(),
+            });
+        }
+        let searched = include_candidates();
+        let include_dir = searched
+            .iter()
+            .find(|d| d.join("cuda_bf16.h").is_file())
+            .cloned()
+            .ok_or(Error::HeadersNotFound { searched })?;
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: the library is present (checked above); both out-pointers are valid.
+        check(
+            unsafe { sys::nvrtcVersion(&mut major, &mut minor) },
+            "nvrtcVersion",
+        )?;
+        Ok(Nvrtc {
+            include_dir,
+            version: (major, minor),
+            cache_dir: default_cache_dir(),
+        })
+    }
+
+    /// Uses `dir` for the cache, or no cache with `None`.
+    pub fn with_cache_dir(mut self, dir: Option<PathBuf>) -> Nvrtc {
+        self.cache_dir = dir;
+        self
+    }
+
+    pub fn version(&self) -> (i32, i32) {
+        self.version
+    }
+
+    pub fn include_dir(&self) -> &Path {
+        &self.include_dir
+    }
+
+    /// The exact option list passed to `nvrtcCompileProgram`.
+    pub fn options(&self, arch: Arch) -> Vec<String> {
+        vec![
+            format!("--gpu-architecture={}", arch.name()),
+            "-std=c++17".into(),
+            format!("--include-path={}", self.include_dir.display()),
+            "-Xptxas=-v".into(),
+        ]
+    }
+
+    /// The cache key of `source` compiled for `arch` by this NVRTC with these options.
+    pub fn cache_key(&self, source: &str, arch: Arch) -> String {
+        let mut h = Sha256::new();
+        for part in [
+            source.to_string(),
+            arch.name().to_string(),
+            format!("nvrtc {}.{}", self.version.0, self.version.1),
+        ]
+        .into_iter()
+        .chain(self.options(arch))
+        {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
+        }
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Compiles a generated kernel module.
+    pub fn compile(&self, kernel: &KernelSource, arch: Arch) -> Result<Compiled, Error> {
+        self.compile_source(&kernel.name, &kernel.source, arch)
+    }
+
+    /// Compiles any CUDA C++ module; `name` names the program in logs.
+    pub fn compile_source(&self, name: &str, source: &str, arch: Arch) -> Result<Compiled, Error> {
+        let start = Instant::now();
+        let key = self.cache_key(source, arch);
+        if let Some(dir) = &self.cache_dir {
+            let cubin_path = dir.join(format!("{key}.cubin"));
+            if let Ok(cubin) = std::fs::read(&cubin_path) {
+                let log =
+                    std::fs::read_to_string(dir.join(format!("{key}.log"))).unwrap_or_default();
+                return Ok(Compiled {
+                    cubin,
+                    arch,
+                    stats: PtxasStats::parse(&log),
+                    log,
+                    cached: true,
+                    elapsed: start.elapsed(),
+                });
+            }
+        }
+        let (cubin, log) = self.compile_uncached(name, source, arch)?;
+        if let Some(dir) = &self.cache_dir {
+            write_atomic(dir, &format!("{key}.log"), log.as_bytes())?;
+            write_atomic(dir, &format!("{key}.cubin"), &cubin)?;
+        }
+        Ok(Compiled {
+            cubin,
+            arch,
+            stats: PtxasStats::parse(&log),
+            log,
+            cached: false,
+            elapsed: start.elapsed(),
+        })
+    }
+
+    fn compile_uncached(
+        &self,
+        name: &str,
+        source: &str,
+        arch: Arch,
+    ) -> Result<(Vec<u8>, String), Error> {
+        let compile_err = |status: String, log: String| Error::Compile {
+            name: name.to_string(),
+            arch: arch.name().to_string(),
+            status,
+            log,
+            numbered_source: number_lines(source),
+        };
+        let src = CString::new(source)
+            .map_err(|_| compile_err("source contains NUL".into(), String::new()))?;
+        let prog_name = CString::new(format!("{name}.cu"))
+            .map_err(|_| compile_err("name contains NUL".into(), String::new()))?;
+        let mut raw: sys::nvrtcProgram = std::ptr::null_mut();
+        // SAFETY: `src` and `prog_name` are NUL-terminated and outlive the call; no headers
+        // are passed (count 0, null arrays); `raw` is a valid out-pointer.
+        check(
+            unsafe {
+                sys::nvrtcCreateProgram(
+                    &mut raw,
+                    src.as_ptr(),
+                    prog_name.as_ptr(),
+                    0,
+                    std::ptr::null(),
+                    std::ptr::null(),
+                )
+            },
+            "nvrtcCreateProgram",
+        )?;
+        let prog = Program(raw);
+        let opts: Vec<CString> = self
+            .options(arch)
+            .into_iter()
+            .map(|o| {
+                CString::new(o)
+                    .map_err(|_| compile_err("option contains NUL".into(), String::new()))
+            })
+            .collect::<Result<_, _>>()?;
+        let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+        // SAFETY: `prog` is a live program; `opt_ptrs` holds `opts.len()` pointers to
+        // NUL-terminated strings that outlive the call.
+        let status =
+            unsafe { sys::nvrtcCompileProgram(prog.0, opt_ptrs.len() as i32, opt_ptrs.as_ptr()) };
+        let log = program_log(&prog)?;
+        if status != sys::nvrtcResult::NVRTC_SUCCESS {
+            return Err(compile_err(format!("{status:?}"), log));
+        }
+        let mut size = 0usize;
+        // SAFETY: `prog` compiled successfully; `size` is a valid out-pointer.
+        check(
+            unsafe { sys::nvrtcGetCUBINSize(prog.0, &mut size) },
+            "nvrtcGetCUBINSize",
+        )?;
+        let mut cubin = vec![0u8; size];
+        // SAFETY: `cubin` has exactly the `size` bytes NVRTC reported.
+        check(
+            unsafe { sys::nvrtcGetCUBIN(prog.0, cubin.as_mut_ptr().cast::<c_char>()) },
+            "nvrtcGetCUBIN",
+        )?;
+        Ok((cubin, log))
+    }
+}
+
+fn program_log(prog: &Program) -> Result<String, Error> {
+    let mut size = 0usize;
+    // SAFETY: `prog` is a live program; `size` is a valid out-pointer.
+    check(
+        unsafe { sys::nvrtcGetProgramLogSize(prog.0, &mut size) },
+        "nvrtcGetProgramLogSize",
+    )?;
+    let mut buf = vec![0u8; size.max(1)];
+    // SAFETY: `buf` holds the `size` bytes (NUL included) NVRTC reported.
+    check(
+        unsafe { sys::nvrtcGetProgramLog(prog.0, buf.as_mut_ptr().cast::<c_char>()) },
+        "nvrtcGetProgramLog",
+    )?;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
+/// Writes `dir/name` through a unique temporary file and a rename, so concurrent
+/// compilers never see a partial file.
+fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), Error> {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Cache { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let tmp = dir.join(format!(
+        ".{name}.{}.{}.tmp",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
+    let dst = dir.join(name);
+    std::fs::rename(&tmp, &dst).map_err(io(&dst))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arch_names_round_trip() {
+        for a in Arch::ALL {
+            assert_eq!(a.name().parse::<Arch>().unwrap(), a);
+        }
+        assert!(matches!(
+            "sm_80".parse::<Arch>(),
+            Err(Error::UnknownArch(_))
+        ));
+    }
+
+    #[test]
+    fn parses_ptxas_log() {
+        let log = "ptxas info    : Compiling entry function 'k' for 'sm_90a'\n\
+                   ptxas info    : Function properties for k\n    \
+                   8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n\
+                   ptxas info    : Used 72 registers, used 1 barriers, 9216 bytes smem, 400 bytes cmem[0]\n";
+        let s = PtxasStats::parse(log);
+        assert_eq!(
+            s,
+            PtxasStats {
+                registers: 72,
+                spill_stores: 4,
+                spill_loads: 12,
+                stack_bytes: 8,
+                smem_bytes: 9216
+            }
+        );
+    }
+}

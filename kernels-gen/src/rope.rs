@@ -1,0 +1,292 @@
+//! `rope_kv`: rotary embedding of q and k (with an optional per-head RMSNorm before it,
+//! Qwen3's q_norm/k_norm), then k and v written into the KV cache; the fused
+//! `rmsnorm → rope → kv_write` of one attention layer.
+//!
+//! One warp per `(token, head)` unit: q heads, then k heads, then v heads. A unit is read
+//! once into shared memory (normalised when fused) so rotation pairs can cross lanes.
+//!
+//! - Rotation: angle `θ_i = float(pos) · inv_freq[i]` in f32 (HF computes it the same way),
+//!   `sincosf`, both multiplied by `cos_sin_scale` (YaRN's attention factor; 1 otherwise).
+//!   `Half` pairs `(i, i + rd/2)`, `Interleaved` pairs `(2i, 2i + 1)`; features past
+//!   `rotary_dim` pass through. The result is rounded once to x's dtype.
+//! - KV write: token `m = b·T + t` goes to slot `min(pos, Ctx − 1)` of sequence `b`;
+//!   `pos < 0` (a padding lane) writes nothing. Rotated q is always written.
+//!
+//! `inv_freq` comes from the caller (codegen resolves default / llama3 / yarn scaling once
+//! for the interpreter and the kernels alike). Kernel name dtype: q's dtype.
+
+use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc, Rows, View};
+use crate::writer::{emit, f32_lit};
+use crate::Error;
+
+const FAMILY: &str = "rope_kv";
+const WARPS: u32 = 4;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// GPT-NeoX / HF Llama rotate-half.
+    Half,
+    /// GPT-J / DeepSeek MLA.
+    Interleaved,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeTable {
+    pub style: RopeStyle,
+    /// Rotated features per head (even, ≤ head_dim).
+    pub rotary_dim: u32,
+    /// `rotary_dim / 2` inverse frequencies.
+    pub inv_freq: Vec<f32>,
+    /// Multiplies cos and sin.
+    pub cos_sin_scale: f32,
+}
+
+/// Per-head RMSNorm of q and k before rotation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QkNorm {
+    pub q_weight: Loc,
+    pub k_weight: Loc,
+    pub dtype: Dtype,
+    pub eps: f32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeKvParams {
+    pub q_heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    pub head_dim_v: u32,
+    /// `[M, q_heads · head_dim]` (a view into the fused QKV output); k has q's dtype.
+    pub q: View,
+    pub k: View,
+    pub v: View,
+    /// Rotated q, `[M, q_heads · head_dim]`; may be the same buffer as `q`.
+    pub q_out: View,
+    /// `[B, Ctx, kv_heads, head_dim]` and `[B, Ctx, kv_heads, head_dim_v]`.
+    pub k_cache: Loc,
+    pub v_cache: Loc,
+    pub cache_dtype: Dtype,
+    /// `[M]` positions (i32 or i64).
+    pub pos: Loc,
+    pub pos_dtype: Dtype,
+    pub rope: RopeTable,
+    pub qk_norm: Option<QkNorm>,
+}
+
+impl RopeKvParams {
+    fn validate(&self) -> Result<(), Error> {
+        let err = |field, reason: &str| Err(Error::param(FAMILY, field, reason));
+        if self.q_heads == 0 || self.kv_heads == 0 || self.head_dim == 0 || self.head_dim_v == 0 {
+            return err("heads/head_dim", "must be positive");
+        }
+        if self.k.dtype != self.q.dtype || !self.q.dtype.is_float() {
+            return err("k", "must have q's float dtype");
+        }
+        if ![self.v.dtype, self.q_out.dtype, self.cache_dtype]
+            .iter()
+            .all(|d| d.is_float())
+        {
+            return err("dtype", "v, q_out and the cache must be float types");
+        }
+        if !self.pos_dtype.is_int() {
+            return err("pos_dtype", "must be i32 or i64");
+        }
+        let r = &self.rope;
+        if r.rotary_dim % 2 != 0 || r.rotary_dim > self.head_dim {
+            return err("rope.rotary_dim", "must be even and at most head_dim");
+        }
+        if r.inv_freq.len() != r.rotary_dim as usize / 2 {
+            return err("rope.inv_freq", "must hold rotary_dim / 2 values");
+        }
+        if !r
+            .inv_freq
+            .iter()
+            .chain([&r.cos_sin_scale])
+            .all(|x| x.is_finite())
+        {
+            return err("rope", "inv_freq and cos_sin_scale must be finite");
+        }
+        if let Some(n) = &self.qk_norm {
+            if !n.dtype.is_float() || !n.eps.is_finite() || n.eps < 0.0 {
+                return err("qk_norm", "needs a float weight and a finite eps >= 0");
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn rope_kv(p: &RopeKvParams) -> Result<KernelSource, Error> {
+    p.validate()?;
+    let (d, dv, hq, hkv) = (p.head_dim, p.head_dim_v, p.q_heads, p.kv_heads);
+    let half = p.rope.rotary_dim / 2;
+    let xt = p.q.dtype.c_type();
+    let ct = p.cache_dtype.c_type();
+    let mut kb = KernelBuilder::new(FAMILY, p.q.dtype);
+
+    if half > 0 {
+        let items = &mut kb.items;
+        items.comment("inverse frequencies of the rotary pairs");
+        let vals: Vec<String> = p.rope.inv_freq.iter().map(|&x| f32_lit(x)).collect();
+        items.block_semi(
+            format_args!("static __device__ const float INV_FREQ[{half}] ="),
+            |w| {
+                for chunk in vals.chunks(4) {
+                    emit!(w, "{},", chunk.join(", "));
+                }
+            },
+        );
+    }
+
+    let w = &mut kb.body;
+    emit!(w, "constexpr int D = {d};");
+    emit!(w, "constexpr int DV = {dv};");
+    emit!(w, "constexpr int HQ = {hq};");
+    emit!(w, "constexpr int HKV = {hkv};");
+    emit!(
+        w,
+        "constexpr int RD = {};  // rotary dims",
+        p.rope.rotary_dim
+    );
+    emit!(w, "__shared__ float hb[{WARPS}][{}];", d.max(dv));
+    w.line("const int lane = threadIdx.x & 31;");
+    w.line("const int warp = threadIdx.x >> 5;");
+    emit!(w, "const int u = blockIdx.x * {WARPS} + warp;");
+    w.line("if (u >= HQ + 2 * HKV) return;");
+    w.line("const int m = blockIdx.y;");
+    w.line("const int b = m / c.t;");
+    emit!(
+        w,
+        "const long long pl = (long long)({})[m];",
+        p.pos.ptr(p.pos_dtype, false)
+    );
+    w.comment("cache slot, clamped to 0..Ctx-1 (only used when pl >= 0)");
+    w.line("const int slot = (int)(pl < 0 ? 0 : (pl < (long long)(c.ctx - 1) ? pl : (long long)(c.ctx - 1)));");
+    let slot_base = "((long long)(b * c.ctx + slot) * HKV + h)";
+
+    w.comment("v heads: copy into the cache");
+    w.if_block("u >= HQ + HKV", |w| {
+        w.line("const int h = u - HQ - HKV;");
+        w.line("if (pl < 0) return;");
+        emit!(
+            w,
+            "const {}* src = {} + (long long)m * {} + h * DV;",
+            p.v.dtype.c_type(),
+            p.v.loc.ptr(p.v.dtype, false),
+            p.v.row_stride
+        );
+        emit!(
+            w,
+            "{ct}* dst = {} + {slot_base} * DV;",
+            p.v_cache.ptr(p.cache_dtype, true)
+        );
+        w.for_block("int i = lane", "i < DV", "i += 32", |w| {
+            emit!(w, "dst[i] = from_f32<{ct}>(to_f32(src[i]));");
+        });
+        w.line("return;");
+    });
+
+    w.line("const bool is_q = u < HQ;");
+    w.line("const int h = is_q ? u : u - HQ;");
+    emit!(
+        w,
+        "const {xt}* src = is_q ? {} + (long long)m * {} + h * D : {} + (long long)m * {} + h * D;",
+        p.q.loc.ptr(p.q.dtype, false),
+        p.q.row_stride,
+        p.k.loc.ptr(p.k.dtype, false),
+        p.k.row_stride
+    );
+    w.line("float* hv = hb[warp];");
+    match &p.qk_norm {
+        Some(n) => {
+            w.comment("per-head RMSNorm");
+            w.line("float ss = 0.0f;");
+            w.for_block("int i = lane", "i < D", "i += 32", |w| {
+                w.line("const float x = to_f32(src[i]);");
+                w.line("hv[i] = x;");
+                w.line("ss = fmaf(x, x, ss);");
+            });
+            w.line("ss = warp_sum(ss);");
+            emit!(
+                w,
+                "const float inv = 1.0f / sqrtf(ss / float(D) + {});",
+                f32_lit(n.eps)
+            );
+            let nt = n.dtype.c_type();
+            emit!(
+                w,
+                "const {nt}* nw = is_q ? {} : {};",
+                n.q_weight.ptr(n.dtype, false),
+                n.k_weight.ptr(n.dtype, false)
+            );
+            w.for_block("int i = lane", "i < D", "i += 32", |w| {
+                emit!(
+                    w,
+                    "hv[i] = round_to<{xt}>(round_to<{xt}>(hv[i] * inv) * to_f32(nw[i]));"
+                );
+            });
+        }
+        None => {
+            w.for_block("int i = lane", "i < D", "i += 32", |w| {
+                w.line("hv[i] = to_f32(src[i]);")
+            });
+        }
+    }
+    w.line("__syncwarp();");
+    w.line("const float fp = (float)pl;");
+    emit!(
+        w,
+        "{}* qo = {} + (long long)m * {} + h * D;",
+        p.q_out.dtype.c_type(),
+        p.q_out.loc.ptr(p.q_out.dtype, true),
+        p.q_out.row_stride
+    );
+    emit!(
+        w,
+        "{ct}* ko = {} + {slot_base} * D;",
+        p.k_cache.ptr(p.cache_dtype, true)
+    );
+    w.for_block("int i = lane", "i < D", "i += 32", |w| {
+        w.line("float o = hv[i];");
+        if half > 0 {
+            w.if_block("i < RD", |w| {
+                match p.rope.style {
+                    RopeStyle::Half => {
+                        w.line("const int f = i < RD / 2 ? i : i - RD / 2;");
+                        w.line(
+                            "const float partner = i < RD / 2 ? -hv[i + RD / 2] : hv[i - RD / 2];",
+                        );
+                    }
+                    RopeStyle::Interleaved => {
+                        w.line("const int f = i >> 1;");
+                        w.line("const float partner = (i & 1) ? hv[i - 1] : -hv[i + 1];");
+                    }
+                }
+                w.line("float sn, cs;");
+                w.line("sincosf(fp * INV_FREQ[f], &sn, &cs);");
+                if p.rope.cos_sin_scale != 1.0 {
+                    let s = f32_lit(p.rope.cos_sin_scale);
+                    emit!(w, "sn *= {s};");
+                    emit!(w, "cs *= {s};");
+                }
+                w.line("o = hv[i] * cs + partner * sn;");
+            });
+        }
+        emit!(w, "o = round_to<{xt}>(o);");
+        w.if_else(
+            "is_q",
+            |w| emit!(w, "qo[i] = from_f32<{}>(o);", p.q_out.dtype.c_type()),
+            |w| w.if_block("pl >= 0", |w| emit!(w, "ko[i] = from_f32<{ct}>(o);")),
+        );
+    });
+
+    let launch = LaunchSpec {
+        grid: [
+            Extent::Fixed((hq + 2 * hkv).div_ceil(WARPS)),
+            Rows::Tokens.extent(1, 1),
+            Extent::Fixed(1),
+        ],
+        block: [WARPS * 32, 1, 1],
+        smem_bytes: 0,
+    };
+    Ok(kb.finish(launch))
+}

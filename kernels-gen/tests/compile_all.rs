@@ -1,0 +1,144 @@
+//! Compiles every kernel family at the shapes of a tiny Llama and of Llama-3.1-8B for every
+//! supported architecture, printing compile time, registers and spills per kernel.
+//!
+//! Skips with a printed reason when NVRTC is absent, unless `SPECC_REQUIRE_NVRTC=1`
+//! (CI), in which case absence fails.
+
+mod common;
+
+use specc_kernels_gen::{Arch, Error, KernelSource, Nvrtc};
+use std::time::Instant;
+
+fn nvrtc_or_skip() -> Option<Nvrtc> {
+    match Nvrtc::new() {
+        Ok(n) => Some(n.with_cache_dir(None)),
+        Err(e @ (Error::NvrtcUnavailable { .. } | Error::HeadersNotFound { .. })) => {
+            if std::env::var("SPECC_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
+                panic!("SPECC_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}");
+            }
+            eprintln!("SKIPPED: {e} (source scripts/nvrtc-env.sh to enable)");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+struct Row {
+    label: String,
+    name: String,
+    arch: Arch,
+    ms: f64,
+    regs: u32,
+    spills: u32,
+    smem: u32,
+}
+
+#[test]
+fn every_family_compiles_for_every_arch() {
+    let Some(nvrtc) = nvrtc_or_skip() else { return };
+    let mut jobs: Vec<(String, KernelSource, Arch)> = Vec::new();
+    for shape in [common::TINY, common::LLAMA_8B] {
+        for (label, k) in common::all_kernels(&shape) {
+            for arch in Arch::ALL {
+                jobs.push((format!("{} / {label}", shape.name), k.clone(), arch));
+            }
+        }
+    }
+    let start = Instant::now();
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .min(4);
+    let chunks: Vec<_> = jobs.chunks(jobs.len().div_ceil(threads)).collect();
+    let results: Vec<Result<Row, String>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = chunks
+            .iter()
+            .map(|chunk| {
+                let nvrtc = &nvrtc;
+                sc.spawn(move || {
+                    chunk
+                        .iter()
+                        .map(|(label, k, arch)| match nvrtc.compile(k, *arch) {
+                            Ok(c) => Ok(Row {
+                                label: label.clone(),
+                                name: k.name.clone(),
+                                arch: *arch,
+                                ms: c.elapsed.as_secs_f64() * 1e3,
+                                regs: c.stats.registers,
+                                spills: c.stats.spill_stores + c.stats.spill_loads,
+                                smem: c.stats.smem_bytes,
+                            }),
+                            Err(e) => Err(format!("{label} [{arch}]: {e}")),
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    let (v, (major, minor)) = (nvrtc.include_dir().display(), nvrtc.version());
+    println!("NVRTC {major}.{minor}, headers {v}");
+    println!(
+        "{:<50} {:<8} {:>9} {:>5} {:>7} {:>6}  kernel",
+        "fixture", "arch", "ms", "regs", "spill B", "smem"
+    );
+    let mut failures = Vec::new();
+    for r in results {
+        match r {
+            Ok(r) => println!(
+                "{:<50} {:<8} {:>9.1} {:>5} {:>7} {:>6}  {}",
+                r.label, r.arch, r.ms, r.regs, r.spills, r.smem, r.name
+            ),
+            Err(e) => failures.push(e),
+        }
+    }
+    println!(
+        "{} compiles in {:.1} s on {threads} threads",
+        jobs.len(),
+        start.elapsed().as_secs_f64()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+}
+
+#[test]
+fn compile_errors_carry_log_and_numbered_source() {
+    let Some(nvrtc) = nvrtc_or_skip() else { return };
+    let src = "extern \"C\" __global__ void broken() {\n  int x = undefined_name;\n}\n";
+    let err = nvrtc
+        .compile_source("broken", src, Arch::Sm90a)
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, Error::Compile { .. }), "{text}");
+    assert!(text.contains("undefined_name"), "log missing: {text}");
+    assert!(
+        text.contains("2 |   int x = undefined_name;"),
+        "numbered source missing: {text}"
+    );
+}
+
+#[test]
+fn cache_returns_the_same_cubin() {
+    let Some(nvrtc) = nvrtc_or_skip() else { return };
+    let dir = std::env::temp_dir().join(format!("specc-kcache-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let nvrtc = nvrtc.with_cache_dir(Some(dir.clone()));
+    let (_, k) = common::all_kernels(&common::TINY).remove(0);
+    let first = nvrtc.compile(&k, Arch::Sm90a).unwrap();
+    let second = nvrtc.compile(&k, Arch::Sm90a).unwrap();
+    let other_arch = nvrtc.compile(&k, Arch::Sm120).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!first.cached && second.cached && !other_arch.cached);
+    assert_eq!(first.cubin, second.cubin);
+    assert_eq!(first.stats, second.stats);
+    assert!(
+        first.cubin.starts_with(b"\x7fELF"),
+        "a cubin is an ELF file"
+    );
+}

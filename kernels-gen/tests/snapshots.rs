@@ -1,0 +1,95 @@
+//! Golden files of generated kernels (the generated part; the prelude is hand-written).
+//! Re-bless with `INSTA_UPDATE=always cargo test -p specc-kernels-gen --test snapshots`
+//! (or `cargo insta review`) and read the diff.
+
+mod common;
+
+use specc_kernels_gen::abi::KernelSource;
+
+fn tiny(label: &str) -> KernelSource {
+    common::all_kernels(&common::TINY)
+        .into_iter()
+        .find(|(l, _)| l == label)
+        .unwrap_or_else(|| panic!("no fixture `{label}`"))
+        .1
+}
+
+fn snap(label: &str, file: &str) {
+    let k = tiny(label);
+    let launch = format!("{:?}", k.launch);
+    insta::with_settings!({ description => format!("{label}; launch {launch}"), omit_expression => true }, {
+        insta::assert_snapshot!(file, k.kernel);
+    });
+}
+
+#[test]
+fn gemv_gate_up_rmsnorm_silu() {
+    snap(
+        "gemv gate_up +rmsnorm +silu_mul",
+        "gemv_gate_up_rmsnorm_silu",
+    );
+}
+
+#[test]
+fn gemv_lm_head_argmax() {
+    snap("gemv lm_head +rmsnorm +argmax", "gemv_lm_head_argmax");
+}
+
+#[test]
+fn gemv_residual() {
+    snap("gemv o_proj +residual", "gemv_o_proj_residual");
+}
+
+#[test]
+fn rope_kv_qk_norm() {
+    snap(
+        "rope_kv +qk_norm (interleaved)",
+        "rope_kv_qk_norm_interleaved",
+    );
+}
+
+#[test]
+fn attention_causal_split() {
+    snap("attention causal: split", "attention_causal_split");
+}
+
+#[test]
+fn attention_combine() {
+    snap("attention causal: combine", "attention_combine");
+}
+
+#[test]
+fn rmsnorm_per_head() {
+    snap("rmsnorm per head", "rmsnorm_per_head");
+}
+
+#[test]
+fn embedding() {
+    snap("embedding", "embedding");
+}
+
+#[test]
+fn argmax_partials() {
+    snap("argmax partials", "argmax_partials");
+}
+
+#[test]
+fn silu_mul() {
+    snap("silu_mul", "silu_mul");
+}
+
+/// Generation is deterministic: the same parameters give the same names and text.
+#[test]
+fn generation_is_deterministic() {
+    let a = common::all_kernels(&common::LLAMA_8B);
+    let b = common::all_kernels(&common::LLAMA_8B);
+    assert_eq!(a, b);
+    let mut names: Vec<_> = a.iter().map(|(_, k)| k.name.clone()).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(
+        names.len(),
+        a.len(),
+        "distinct fixtures must get distinct names"
+    );
+}

@@ -1,0 +1,252 @@
+//! `spec.toml`: how to speculate. Parsed raw with serde (unknown keys are errors), then
+//! resolved against the target's and the draft's [`ModelSpec`]s into a [`SpecPlan`].
+//!
+//! ```toml
+//! method = "draft_model"    # none | draft_model | eagle3
+//! draft = "../tiny-draft"   # draft checkpoint dir, relative to this file
+//! num_steps = 7             # k: draft tokens per step; verify reads k + 1
+//! batch_buckets = [1, 4]    # one captured step graph per bucket
+//! max_context = 512         # KV slots per sequence
+//!
+//! [acceptance]
+//! mode = "greedy"           # greedy | sample
+//! temperature = 1.0         # sample only
+//! top_p = 1.0               # sample only
+//! seed = 0                  # sample only: counter-based device RNG seed
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::config::ModelSpec;
+use crate::error::ModelError;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Method {
+    None,
+    DraftModel,
+    Eagle3,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AcceptMode {
+    #[default]
+    Greedy,
+    Sample,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAcceptance {
+    #[serde(default)]
+    mode: AcceptMode,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    seed: Option<u64>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSpec {
+    method: Method,
+    draft: Option<PathBuf>,
+    num_steps: Option<u32>,
+    batch_buckets: Option<Vec<u32>>,
+    max_context: Option<u64>,
+    acceptance: Option<RawAcceptance>,
+}
+
+/// Acceptance rule with its knobs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Acceptance {
+    Greedy,
+    Sample {
+        temperature: f64,
+        top_p: f64,
+        seed: u64,
+    },
+}
+
+/// A validated spec file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpecConfig {
+    pub file: PathBuf,
+    pub method: Method,
+    /// Absolute or relative-to-cwd path of the draft checkpoint (resolved against the
+    /// spec file's folder).
+    pub draft: Option<PathBuf>,
+    pub num_steps: u32,
+    pub batch_buckets: Vec<u32>,
+    pub max_context: Option<u64>,
+    pub acceptance: Acceptance,
+}
+
+/// Largest k: tree masks hold 64 nodes, and k + 1 verify tokens must fit.
+pub const MAX_STEPS: u32 = 63;
+pub const MAX_BUCKET: u32 = 256;
+
+fn field(file: &Path, field: &str, expected: &str, found: impl ToString) -> ModelError {
+    ModelError::Field {
+        file: file.to_path_buf(),
+        field: field.into(),
+        expected: expected.into(),
+        found: found.to_string(),
+    }
+}
+
+impl SpecConfig {
+    pub fn from_file(file: &Path) -> Result<SpecConfig, ModelError> {
+        let text = std::fs::read_to_string(file).map_err(|source| ModelError::Io {
+            file: file.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml(file, &text)
+    }
+
+    pub fn from_toml(file: &Path, text: &str) -> Result<SpecConfig, ModelError> {
+        let raw: RawSpec = toml::from_str(text).map_err(|e| {
+            let msg = e.message().replace('\n', " ");
+            let (line, column) = e.span().map(|s| line_col(text, s.start)).unwrap_or((0, 0));
+            ModelError::Toml {
+                file: file.to_path_buf(),
+                line,
+                column,
+                msg,
+            }
+        })?;
+        let num_steps = raw.num_steps.unwrap_or(match raw.method {
+            Method::None => 0,
+            _ => 4,
+        });
+        if raw.method != Method::None && !(1..=MAX_STEPS).contains(&num_steps) {
+            return Err(field(
+                file,
+                "num_steps",
+                &format!("1..={MAX_STEPS}"),
+                num_steps,
+            ));
+        }
+        if raw.method == Method::None && num_steps != 0 {
+            return Err(field(
+                file,
+                "num_steps",
+                "0 or absent when method = \"none\"",
+                num_steps,
+            ));
+        }
+        let draft = match (raw.method, raw.draft) {
+            (Method::None, Some(d)) => {
+                return Err(field(
+                    file,
+                    "draft",
+                    "absent when method = \"none\"",
+                    d.display(),
+                ))
+            }
+            (Method::None, None) => None,
+            (_, None) => {
+                return Err(field(
+                    file,
+                    "draft",
+                    "the draft checkpoint directory",
+                    "nothing",
+                ))
+            }
+            (_, Some(d)) => Some(file.parent().unwrap_or(Path::new(".")).join(d)),
+        };
+        let mut buckets = raw.batch_buckets.unwrap_or_else(|| vec![1]);
+        if buckets.is_empty() || buckets.iter().any(|&b| b == 0 || b > MAX_BUCKET) {
+            return Err(field(
+                file,
+                "batch_buckets",
+                &format!("a non-empty list of sizes in 1..={MAX_BUCKET}"),
+                format!("{buckets:?}"),
+            ));
+        }
+        buckets.sort_unstable();
+        buckets.dedup();
+        if let Some(c) = raw.max_context {
+            if c < 2 * (num_steps as u64 + 2) {
+                return Err(field(
+                    file,
+                    "max_context",
+                    &format!(
+                        "at least {} for num_steps = {num_steps}",
+                        2 * (num_steps + 2)
+                    ),
+                    c,
+                ));
+            }
+        }
+        let acceptance = match raw.acceptance {
+            None => Acceptance::Greedy,
+            Some(a) => match a.mode {
+                AcceptMode::Greedy => {
+                    for (k, v) in [("temperature", a.temperature), ("top_p", a.top_p)] {
+                        if let Some(v) = v {
+                            return Err(field(
+                                file,
+                                &format!("acceptance.{k}"),
+                                "absent when acceptance.mode = \"greedy\"",
+                                v,
+                            ));
+                        }
+                    }
+                    Acceptance::Greedy
+                }
+                AcceptMode::Sample => {
+                    let temperature = a.temperature.unwrap_or(1.0);
+                    if !(temperature > 0.0 && temperature.is_finite()) {
+                        return Err(field(
+                            file,
+                            "acceptance.temperature",
+                            "a number > 0",
+                            temperature,
+                        ));
+                    }
+                    let top_p = a.top_p.unwrap_or(1.0);
+                    if !(top_p > 0.0 && top_p <= 1.0) {
+                        return Err(field(file, "acceptance.top_p", "a number in (0, 1]", top_p));
+                    }
+                    Acceptance::Sample {
+                        temperature,
+                        top_p,
+                        seed: a.seed.unwrap_or(0),
+                    }
+                }
+            },
+        };
+        Ok(SpecConfig {
+            file: file.to_path_buf(),
+            method: raw.method,
+            draft,
+            num_steps,
+            batch_buckets: buckets,
+            max_context: raw.max_context,
+            acceptance,
+        })
+    }
+
+    /// Checks the draft against the target for this method; errors name the spec key.
+    pub fn check_draft(&self, target: &ModelSpec, draft: &ModelSpec) -> Result<(), ModelError> {
+        if self.method == Method::DraftModel && draft.vocab != target.vocab {
+            return Err(field(
+                &self.file,
+                "draft",
+                &format!("a draft with the target's vocabulary of {}", target.vocab),
+                format!("vocab_size {}", draft.vocab),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+    (line, column)
+}

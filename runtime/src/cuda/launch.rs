@@ -1,0 +1,360 @@
+//! The generic launcher: checked kernel launches issued in order on the device's stream.
+//!
+//! A [`PreparedLaunch`] is checked once when it is made (geometry against the device and
+//! the kernel's limits, shared memory against what the kernel opted in to, and, where the
+//! driver reports it, the parameter list against the kernel's signature), so issuing a list
+//! of them, eagerly or under capture, does no work beyond `cuLaunchKernel`.
+//!
+//! Kernel parameters are copied by value into the launch (and into the graph node under
+//! capture), so the host-side values need to live only for the call.
+
+use std::ffi::c_void;
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::sys::{CUfunction_attribute as FnAttr, CUresult};
+use cudarc::driver::{result, sys, CudaFunction};
+
+use super::buffer::DeviceBuffer;
+use super::device::CudaDevice;
+use super::error::{CudaError, DriverResultExt};
+use crate::RuntimeError;
+
+/// One kernel parameter, passed by value.
+#[derive(Clone, Debug)]
+pub enum KernelParam {
+    /// The address `buf.ptr() + offset`. The launch holds the buffer, so whatever holds the
+    /// launch (a [`StepGraph`](super::StepGraph)) keeps the memory alive.
+    Buf {
+        buf: Arc<DeviceBuffer>,
+        offset: u64,
+    },
+    /// A raw device address whose memory the caller keeps alive for as long as the launch
+    /// (or a graph capturing it) may run.
+    Ptr(u64),
+    I32(i32),
+    U32(u32),
+    I64(i64),
+    U64(u64),
+    F32(f32),
+    /// A struct passed by value, as its bytes (e.g. the ABI's 16-byte `StepConsts`: see
+    /// [`KernelParam::i32s`]).
+    Bytes(Vec<u8>),
+}
+
+impl KernelParam {
+    /// `Buf` at `offset`, checked to lie inside the buffer (an offset equal to the size is
+    /// allowed: a zero-length view).
+    pub fn buf(buf: &Arc<DeviceBuffer>, offset: u64) -> Result<KernelParam, RuntimeError> {
+        buf.addr(offset, 0)?;
+        Ok(KernelParam::Buf {
+            buf: buf.clone(),
+            offset,
+        })
+    }
+
+    /// A by-value struct of `i32` fields, e.g. `StepConsts { b, t, ctx, m }`.
+    pub fn i32s(fields: &[i32]) -> KernelParam {
+        KernelParam::Bytes(fields.iter().flat_map(|f| f.to_ne_bytes()).collect())
+    }
+
+    /// Size in bytes of the C parameter this is passed as.
+    pub fn size(&self) -> usize {
+        match self {
+            KernelParam::Bytes(b) => b.len(),
+            KernelParam::Buf { .. }
+            | KernelParam::Ptr(_)
+            | KernelParam::I64(_)
+            | KernelParam::U64(_) => 8,
+            KernelParam::I32(_) | KernelParam::U32(_) | KernelParam::F32(_) => 4,
+        }
+    }
+
+    /// The parameter's bytes in the host's (= device's, little-endian) order, at the start of
+    /// an 8-byte aligned slot of at least 8 bytes, zero-padded.
+    fn slot(&self) -> ParamSlot {
+        let bytes: Vec<u8> = match self {
+            KernelParam::Buf { buf, offset } => (buf.ptr() + offset).to_ne_bytes().to_vec(),
+            KernelParam::Ptr(p) | KernelParam::U64(p) => p.to_ne_bytes().to_vec(),
+            KernelParam::I64(v) => v.to_ne_bytes().to_vec(),
+            KernelParam::I32(v) => v.to_ne_bytes().to_vec(),
+            KernelParam::U32(v) => v.to_ne_bytes().to_vec(),
+            KernelParam::F32(v) => v.to_ne_bytes().to_vec(),
+            KernelParam::Bytes(b) => b.clone(),
+        };
+        let words = bytes.len().div_ceil(8).max(1);
+        let mut slot = vec![0u64; words];
+        for (w, chunk) in slot.iter_mut().zip(bytes.chunks(8)) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            *w = u64::from_ne_bytes(b);
+        }
+        ParamSlot(slot)
+    }
+}
+
+/// Storage for one parameter value, 8-byte aligned; `cuLaunchKernel` reads the parameter's
+/// size from its address.
+#[derive(Clone, Debug)]
+struct ParamSlot(Vec<u64>);
+
+impl ParamSlot {
+    #[cfg(test)]
+    fn bytes(&self) -> Vec<u8> {
+        self.0.iter().flat_map(|w| w.to_ne_bytes()).collect()
+    }
+}
+
+/// A kernel launch ready to issue: function, geometry, dynamic shared memory, parameters.
+#[derive(Clone, Debug)]
+pub struct PreparedLaunch {
+    name: String,
+    func: CudaFunction,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    smem: u32,
+    params: Vec<KernelParam>,
+    slots: Vec<ParamSlot>,
+}
+
+impl PreparedLaunch {
+    /// Checks and prepares a launch. `name` is the kernel's name, for errors. `smem` is the
+    /// dynamic shared memory; the function must come from
+    /// [`KernelModule::function`](super::KernelModule::function) with at least that much.
+    pub fn new(
+        name: &str,
+        func: CudaFunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        params: Vec<KernelParam>,
+    ) -> Result<PreparedLaunch, RuntimeError> {
+        let bad = |reason: String| CudaError::BadLaunch {
+            kernel: name.to_string(),
+            reason,
+        };
+        check_geometry(grid, block).map_err(bad)?;
+        let max_threads = func
+            .max_threads_per_block()
+            .during(format!("querying the block limit of `{name}`"))?
+            .max(0) as u64;
+        let threads = u64::from(block.0) * u64::from(block.1) * u64::from(block.2);
+        if threads > max_threads {
+            return Err(bad(format!(
+                "block {block:?} has {threads} threads; the kernel allows {max_threads} (launch bounds / registers)"
+            ))
+            .into());
+        }
+        let max_dyn = func
+            .get_attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+            .during(format!(
+                "querying the dynamic shared memory limit of `{name}`"
+            ))?
+            .max(0) as u32;
+        if smem > max_dyn {
+            return Err(bad(format!(
+                "{smem} bytes of dynamic shared memory requested, the function is set up for {max_dyn} \
+                 (get it with KernelModule::function(name, {smem}))"
+            ))
+            .into());
+        }
+        if let Some(sizes) = param_sizes(&func) {
+            check_params(&sizes, &params).map_err(bad)?;
+        }
+        let slots = params.iter().map(KernelParam::slot).collect();
+        Ok(PreparedLaunch {
+            name: name.to_string(),
+            func,
+            grid,
+            block,
+            smem,
+            params,
+            slots,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn grid(&self) -> (u32, u32, u32) {
+        self.grid
+    }
+
+    pub fn block(&self) -> (u32, u32, u32) {
+        self.block
+    }
+
+    pub fn smem(&self) -> u32 {
+        self.smem
+    }
+
+    pub fn params(&self) -> &[KernelParam] {
+        &self.params
+    }
+
+    /// Buffers this launch's parameters name.
+    pub fn buffers(&self) -> impl Iterator<Item = &Arc<DeviceBuffer>> {
+        self.params.iter().filter_map(|p| match p {
+            KernelParam::Buf { buf, .. } => Some(buf),
+            _ => None,
+        })
+    }
+
+    fn issue(&self, stream: sys::CUstream) -> Result<(), CudaError> {
+        let mut ptrs: Vec<*mut c_void> = self
+            .slots
+            .iter()
+            .map(|s| s.0.as_ptr() as *mut c_void)
+            .collect();
+        // SAFETY: the function, geometry and shared memory were checked in `new`; every
+        // parameter points at a slot owned by `self`, alive for this call and at least as
+        // large as the parameter (sizes checked against the signature where the driver
+        // reports it), which the driver copies by value into the launch; the driver only reads through
+        // these pointers. Addresses in `Buf` parameters are kept alive by the `Arc`s in
+        // `self.params`.
+        unsafe {
+            result::launch_kernel(
+                self.func.cu_function(),
+                self.grid,
+                self.block,
+                self.smem,
+                stream,
+                &mut ptrs,
+            )
+        }
+        .during(format!(
+            "launching `{}` grid {:?} block {:?} smem {}",
+            self.name, self.grid, self.block, self.smem
+        ))
+    }
+}
+
+/// Issues `launches` in order on the device's stream (eagerly, or into a graph when called
+/// inside [`StepGraph::capture`](super::StepGraph::capture)).
+pub fn launch_all(dev: &CudaDevice, launches: &[PreparedLaunch]) -> Result<(), RuntimeError> {
+    dev.context()
+        .bind_to_thread()
+        .during("binding the context to launch")?;
+    let stream = dev.stream().cu_stream();
+    for l in launches {
+        l.issue(stream)?;
+        dev.counters().add_kernel_launches(1);
+    }
+    Ok(())
+}
+
+fn check_geometry(grid: (u32, u32, u32), block: (u32, u32, u32)) -> Result<(), String> {
+    let (g, b) = ([grid.0, grid.1, grid.2], [block.0, block.1, block.2]);
+    if g.contains(&0) || b.contains(&0) {
+        return Err(format!("empty grid {grid:?} or block {block:?}"));
+    }
+    if grid.0 > i32::MAX as u32 || grid.1 > 65535 || grid.2 > 65535 {
+        return Err(format!("grid {grid:?} exceeds (2^31-1, 65535, 65535)"));
+    }
+    if block.0 > 1024 || block.1 > 1024 || block.2 > 64 || block.0 * block.1 * block.2 > 1024 {
+        return Err(format!(
+            "block {block:?} exceeds 1024 threads or (1024, 1024, 64)"
+        ));
+    }
+    Ok(())
+}
+
+fn check_params(sizes: &[usize], params: &[KernelParam]) -> Result<(), String> {
+    if sizes.len() != params.len() {
+        return Err(format!(
+            "kernel takes {} parameters, {} given",
+            sizes.len(),
+            params.len()
+        ));
+    }
+    for (i, (&want, p)) in sizes.iter().zip(params).enumerate() {
+        if p.size() != want {
+            return Err(format!(
+                "parameter {i} is {want} bytes in the kernel, but {p:?} is passed as {} bytes",
+                p.size()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Sizes of the kernel's parameters from `cuFuncGetParamInfo` (driver 12.4+), or `None` when
+/// the driver cannot tell.
+fn param_sizes(func: &CudaFunction) -> Option<Vec<usize>> {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    // cudarc panics on a call to a symbol the loaded driver lacks, so look it up first.
+    // SAFETY: `culib()` returns the already loaded driver library (a device is open); looking
+    // up a symbol by name does not call it.
+    let available = *AVAILABLE.get_or_init(|| unsafe {
+        sys::culib()
+            .get::<unsafe extern "C" fn()>(b"cuFuncGetParamInfo\0")
+            .is_ok()
+    });
+    if !available {
+        return None;
+    }
+    let mut sizes = Vec::new();
+    // A kernel has at most 32764 bytes of parameters, so at most that many of them.
+    for i in 0..32_764usize {
+        let (mut offset, mut size) = (0usize, 0usize);
+        // SAFETY: `func` is a live function handle (it holds its module); the driver writes
+        // two `usize`s through valid pointers.
+        let r = unsafe { sys::cuFuncGetParamInfo(func.cu_function(), i, &mut offset, &mut size) };
+        match r {
+            CUresult::CUDA_SUCCESS => sizes.push(size),
+            // Past the last parameter. An answer of "no parameters" is not trusted: a handle
+            // the query does not support reads the same, and the check would then reject
+            // every correct launch.
+            CUresult::CUDA_ERROR_INVALID_VALUE => return (!sizes.is_empty()).then_some(sizes),
+            _ => return None,
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_hold_values_in_low_bytes() {
+        assert_eq!(
+            KernelParam::I32(-2).slot().bytes()[..4],
+            (-2i32).to_ne_bytes()
+        );
+        assert_eq!(
+            KernelParam::F32(1.5).slot().bytes()[..4],
+            1.5f32.to_ne_bytes()
+        );
+        assert_eq!(KernelParam::U64(7).slot().bytes(), 7u64.to_ne_bytes());
+        let consts = KernelParam::i32s(&[1, 2, 3, 6]);
+        assert_eq!(consts.size(), 16);
+        let b = consts.slot().bytes();
+        assert_eq!(b.len(), 16);
+        assert_eq!(b[12..16], 6i32.to_ne_bytes());
+        assert_eq!(
+            KernelParam::Bytes(vec![9; 3]).slot().bytes(),
+            vec![9, 9, 9, 0, 0, 0, 0, 0]
+        );
+    }
+
+    #[test]
+    fn geometry_limits() {
+        assert!(check_geometry((1, 1, 1), (256, 1, 1)).is_ok());
+        assert!(check_geometry((0, 1, 1), (256, 1, 1)).is_err());
+        assert!(check_geometry((1, 70000, 1), (32, 1, 1)).is_err());
+        assert!(check_geometry((1, 1, 1), (64, 32, 1)).is_err());
+        assert!(check_geometry((1, 1, 1), (1, 1, 65)).is_err());
+    }
+
+    #[test]
+    fn params_must_match_signature() {
+        let p = [KernelParam::Ptr(0), KernelParam::I32(3)];
+        assert!(check_params(&[8, 4], &p).is_ok());
+        let e = check_params(&[8, 8], &p).unwrap_err();
+        assert!(e.contains("parameter 1 is 8 bytes"), "{e}");
+        assert!(check_params(&[8], &p)
+            .unwrap_err()
+            .contains("takes 1 parameters, 2 given"));
+    }
+}

@@ -1,0 +1,58 @@
+//! The CUDA backend: one device, one stream, one graph replay per step.
+//!
+//! - [`CudaDevice`]: context + the one stream everything runs on (event tracking off, so
+//!   capture works); device name, arch, memory.
+//! - [`DeviceWeights`]: all weights in one slab, uploaded through pinned staging.
+//! - [`pointer_table`]: the kernel ABI's `bufs` table (weights and states, in slot order).
+//! - [`DeviceArena`], [`StateBuffers`]: the bucket's activation arena at the memory plan's
+//!   offsets, and the persistent states (KV caches) by name.
+//! - [`KernelModule`]: cubin / PTX loading, functions with their shared-memory opt-in.
+//! - [`PreparedLaunch`], [`launch_all`]: checked launches issued in order.
+//! - [`StepGraph`]: capture (with a guard that always ends it) and replay; keeps every
+//!   buffer and module it touches alive.
+//! - [`TokenRing`]: emitted words copied to pinned host mirrors after each replay, read
+//!   without blocking.
+//!
+//! Ordering rule: every copy, launch and replay goes on [`CudaDevice::stream`], so the
+//! stream orders them; nothing relies on cudarc's per-buffer events.
+//!
+//! Wiring an engine (kernel ABI of `specc_kernels_gen::abi`: `(char* arena, void* const*
+//! bufs, StepConsts c)`):
+//! 1. `CudaDevice::open(0)`; choose the engine's cubins with
+//!    `pick_arch(&dev.info().arch, &archs)`.
+//! 2. `DeviceWeights::upload(&dev, tensors, true)`; `StateBuffers::for_graph(&dev, &graph,
+//!    &bind)`; `TokenRing::new(&dev, capacity, DEFAULT_RING_DEPTH)`.
+//! 3. `pointer_table(&dev, "bufs", &slots)` with one [`BufRef`] per ABI slot
+//!    (`weights.buf_ref(name)`, `states.buf_ref(name)`, `BufRef { buf: ring.buffer().clone(),
+//!    offset: 0 }`), in the slot order the kernels were generated with.
+//! 4. Per bucket: `DeviceArena::new(&dev, plan.memory.arena_bytes)`; per kernel
+//!    `KernelModule::load(&dev, &k.name, KernelImage::Binary(compiled.cubin))` and
+//!    `module.function(&k.entry, geom.smem_bytes)`; then `PreparedLaunch::new(&k.name, f,
+//!    grid, block, smem, vec![KernelParam::buf(arena.buffer(), 0)?, KernelParam::buf(&table,
+//!    0)?, KernelParam::i32s(&[b, t, ctx, b * t])])` in plan order.
+//! 5. `StepGraph::from_launches(&dev, launches, vec![])` (the launches hold the arena and the
+//!    table, the table holds the slab, states and ring).
+//! 6. Per step: `arena.write_input(..)` if the host has new inputs, `graph.replay()`,
+//!    `ring.after_replay()`, and `ring.poll()` whenever convenient.
+
+mod arena;
+mod buffer;
+mod device;
+mod error;
+mod graph;
+mod launch;
+mod module;
+mod ring;
+mod table;
+mod weights;
+
+pub use arena::{state_sizes, DeviceArena, StateBuffers};
+pub use buffer::{DeviceBuffer, ALLOC_GRANULE};
+pub use device::{arch_for, driver_present, pick_arch, CudaDevice, DeviceInfo, LaunchCounters};
+pub use error::CudaError;
+pub use graph::{Retained, StepGraph};
+pub use launch::{launch_all, KernelParam, PreparedLaunch};
+pub use module::{KernelImage, KernelModule, DEFAULT_DYNAMIC_SMEM};
+pub use ring::{TokenRing, DEFAULT_RING_DEPTH, RING_HEADER_WORDS};
+pub use table::{pointer_table, BufRef, TABLE_ENTRY_ALIGN};
+pub use weights::{slab_layout, DeviceWeights, HostTensor, WeightEntry, WEIGHT_ALIGN};

@@ -1,0 +1,462 @@
+//! GPU smoke tests of the CUDA backend. Each prints "skipped: no CUDA driver" and passes on a
+//! machine without one; with a driver they run for real (NVRTC compiles the kernels).
+//!
+//! On the device: `cargo test -p specc-runtime --features cuda --release --no-run` here,
+//! copy the `cuda_smoke-*` executable over, run it with `--nocapture`.
+#![cfg(feature = "cuda")]
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUstreamCaptureStatus;
+use specc_ir::DType;
+use specc_runtime::cuda::{
+    driver_present, pointer_table, CudaDevice, CudaError, DeviceArena, DeviceWeights, HostTensor,
+    KernelImage, KernelModule, KernelParam, PreparedLaunch, Retained, StateBuffers, StepGraph,
+    TokenRing, RING_HEADER_WORDS,
+};
+use specc_runtime::RuntimeError;
+
+const SRC: &str = r#"
+extern "C" __global__ void add_one(float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += 1.0f;
+}
+
+// Appends n words (step * 100 + i) to the ring, then advances the cursor and the step.
+extern "C" __global__ void emit(int* ring, int* step, int n) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    unsigned c = (unsigned)ring[0];
+    unsigned cap = (unsigned)ring[1];
+    int s = step[0];
+    for (int i = 0; i < n; i++) ring[4 + ((c + (unsigned)i) & (cap - 1u))] = s * 100 + i;
+    ring[0] = (int)(c + (unsigned)n);
+    step[0] = s + 1;
+}
+
+// The generated kernels' ABI: arena base, pointer table, bucket constants by value.
+struct StepConsts { int b; int t; int ctx; int m; };
+extern "C" __global__ void abi_probe(char* __restrict__ arena, void* const* __restrict__ bufs,
+                                     const StepConsts c) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    int* out = reinterpret_cast<int*>(arena + 256);
+    out[0] = c.b; out[1] = c.t; out[2] = c.ctx; out[3] = c.m;
+    out[4] = reinterpret_cast<const int*>(bufs[0])[0];
+    out[5] = reinterpret_cast<const int*>(bufs[1])[1];
+}
+"#;
+
+fn device() -> Option<CudaDevice> {
+    if !driver_present() {
+        println!("skipped: no CUDA driver");
+        return None;
+    }
+    match CudaDevice::open(0) {
+        Ok(d) => {
+            println!("{}", d.info());
+            Some(d)
+        }
+        Err(RuntimeError::Cuda(e @ CudaError::NoDevice { .. })) => {
+            println!("skipped: {e}");
+            None
+        }
+        Err(e) => panic!("opening device 0: {e}"),
+    }
+}
+
+fn module(dev: &CudaDevice) -> Option<KernelModule> {
+    // SAFETY: only tries to dlopen the NVRTC library by its known names.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        println!("skipped: no NVRTC library (add its folder to LD_LIBRARY_PATH)");
+        return None;
+    }
+    let (major, minor) = dev.info().compute_capability;
+    let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some(arch),
+        ..Default::default()
+    };
+    let ptx =
+        cudarc::nvrtc::compile_ptx_with_opts(SRC, opts).expect("NVRTC compiles the smoke kernels");
+    Some(KernelModule::load(dev, "smoke", KernelImage::Ptx(ptx.to_src())).expect("module loads"))
+}
+
+fn capture_status(dev: &CudaDevice) -> CUstreamCaptureStatus {
+    dev.stream().capture_status().expect("capture status")
+}
+
+#[test]
+fn graph_of_100_launches_replays() {
+    let Some(dev) = device() else { return };
+    let Some(m) = module(&dev) else { return };
+    let add_one = m.function("add_one", 0).unwrap();
+    let n = 4096i32;
+    let x = dev.alloc_zeroed("x", n as u64 * 4).unwrap();
+    let launch = || {
+        PreparedLaunch::new(
+            "add_one",
+            add_one.clone(),
+            ((n as u32).div_ceil(256), 1, 1),
+            (256, 1, 1),
+            0,
+            vec![KernelParam::buf(&x, 0).unwrap(), KernelParam::I32(n)],
+        )
+        .unwrap()
+    };
+    let launches: Vec<_> = (0..100).map(|_| launch()).collect();
+    let kernels_before = dev.counters().kernel_launches();
+    let graphs_before = dev.counters().graph_launches();
+    let g = StepGraph::from_launches(&dev, launches, vec![]).unwrap();
+    assert_eq!(g.node_count(), 100);
+    assert_eq!(
+        capture_status(&dev),
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+    );
+    // The graph keeps `x` alive through its launches: drop ours and read through the graph.
+    let weak = Arc::downgrade(&x);
+    drop(x);
+    for _ in 0..3 {
+        g.replay().unwrap();
+    }
+    let x = weak.upgrade().expect("the graph retains the buffer");
+    let got = x.read(0, n as u64 * 4).unwrap();
+    for (i, c) in got.chunks_exact(4).enumerate() {
+        let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        assert_eq!(
+            v, 300.0,
+            "x[{i}] = {v}, want 300 after 3 replays of 100 launches"
+        );
+    }
+    assert_eq!(g.replays(), 3);
+    assert_eq!(dev.counters().graph_launches() - graphs_before, 3);
+    // Kernels were enqueued only while capturing: replays add graph launches only.
+    assert_eq!(dev.counters().kernel_launches() - kernels_before, 100);
+    drop(x);
+    drop(g);
+    assert!(
+        weak.upgrade().is_none(),
+        "dropping the graph frees the buffer"
+    );
+}
+
+#[test]
+fn launch_checks_reject_bad_params() {
+    let Some(dev) = device() else { return };
+    let Some(m) = module(&dev) else { return };
+    let add_one = m.function("add_one", 0).unwrap();
+    let x = dev.alloc_zeroed("x", 1024).unwrap();
+    let bad_block = PreparedLaunch::new(
+        "add_one",
+        add_one.clone(),
+        (1, 1, 1),
+        (2048, 1, 1),
+        0,
+        vec![KernelParam::buf(&x, 0).unwrap(), KernelParam::I32(1)],
+    );
+    assert!(bad_block.is_err());
+    let too_much_smem = PreparedLaunch::new(
+        "add_one",
+        add_one.clone(),
+        (1, 1, 1),
+        (32, 1, 1),
+        64 * 1024,
+        vec![KernelParam::buf(&x, 0).unwrap(), KernelParam::I32(1)],
+    );
+    assert!(too_much_smem.is_err());
+    assert!(KernelParam::buf(&x, 2048).is_err());
+    let wrong_params = PreparedLaunch::new(
+        "add_one",
+        add_one,
+        (1, 1, 1),
+        (32, 1, 1),
+        0,
+        vec![KernelParam::buf(&x, 0).unwrap(), KernelParam::I64(1)],
+    );
+    if dev.info().driver_version >= 12040 {
+        let e = wrong_params
+            .expect_err("cuFuncGetParamInfo sees the 8-byte int")
+            .to_string();
+        assert!(e.contains("parameter 1 is 4 bytes"), "{e}");
+    }
+    let smem = m.function("add_one", 100 * 1024);
+    println!("add_one with 100 KiB dynamic smem: {:?}", smem.map(|_| ()));
+}
+
+#[test]
+fn capture_guard_ends_capture_on_error_and_panic() {
+    let Some(dev) = device() else { return };
+    let Some(m) = module(&dev) else { return };
+    let add_one = m.function("add_one", 0).unwrap();
+    let x = dev.alloc_zeroed("x", 1024).unwrap();
+    let l = PreparedLaunch::new(
+        "add_one",
+        add_one,
+        (1, 1, 1),
+        (256, 1, 1),
+        0,
+        vec![KernelParam::buf(&x, 0).unwrap(), KernelParam::I32(256)],
+    )
+    .unwrap();
+    let retained = Retained {
+        launches: vec![l],
+        ..Default::default()
+    };
+    // An error from the closure.
+    let r = StepGraph::capture(&dev, retained.clone(), |_, _| {
+        Err(CudaError::Capture("test error".into()).into())
+    });
+    assert!(r.is_err());
+    assert_eq!(
+        capture_status(&dev),
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+    );
+    // A call that cannot be captured (a stream sync) invalidates the capture.
+    let r = StepGraph::capture(&dev, retained.clone(), |dev, r| {
+        specc_runtime::cuda::launch_all(dev, &r.launches)?;
+        dev.synchronize()
+    });
+    assert!(r.is_err(), "a sync inside capture must fail the capture");
+    assert_eq!(
+        capture_status(&dev),
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+    );
+    // A panic.
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        let _ = StepGraph::capture(&dev, retained.clone(), |_, _| panic!("boom"));
+    }));
+    assert!(r.is_err());
+    assert_eq!(
+        capture_status(&dev),
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+    );
+    // The stream still captures and runs normally afterwards.
+    let g = StepGraph::capture(&dev, retained, |dev, r| {
+        specc_runtime::cuda::launch_all(dev, &r.launches)
+    })
+    .unwrap();
+    g.replay().unwrap();
+    let v = x.read(0, 4).unwrap();
+    assert_eq!(f32::from_le_bytes([v[0], v[1], v[2], v[3]]), 1.0);
+}
+
+#[test]
+fn token_ring_round_trip() {
+    let Some(dev) = device() else { return };
+    let Some(m) = module(&dev) else { return };
+    let emit = m.function("emit", 0).unwrap();
+    let mut ring = TokenRing::new(&dev, 16, 2).unwrap();
+    let step = dev.alloc_zeroed("step", 4).unwrap();
+    let per_step = 5;
+    let l = PreparedLaunch::new(
+        "emit",
+        emit,
+        (1, 1, 1),
+        (32, 1, 1),
+        0,
+        vec![
+            KernelParam::buf(ring.buffer(), 0).unwrap(),
+            KernelParam::buf(&step, 0).unwrap(),
+            KernelParam::I32(per_step),
+        ],
+    )
+    .unwrap();
+    let g = StepGraph::from_launches(&dev, vec![l], vec![ring.buffer().clone()]).unwrap();
+    let mut got = Vec::new();
+    // 7 steps of 5 words through a 16-word ring with 2 mirrors: the host reads at least every
+    // other step (after_replay harvests when both mirrors are pending), so nothing is lost.
+    for _ in 0..7 {
+        g.replay().unwrap();
+        ring.after_replay().unwrap();
+        got.extend(ring.poll().unwrap());
+    }
+    got.extend(ring.wait().unwrap());
+    let want: Vec<i32> = (0..7)
+        .flat_map(|s| (0..per_step).map(move |i| s * 100 + i))
+        .collect();
+    assert_eq!(got, want);
+    assert!(ring.poll().unwrap().is_empty());
+    assert_eq!(
+        ring.slots_ptr() - ring.cursor_ptr(),
+        (RING_HEADER_WORDS * 4) as u64
+    );
+
+    // 4 steps without a copy: 20 words overflow the 16-word ring, and the host is told.
+    for _ in 0..4 {
+        g.replay().unwrap();
+    }
+    ring.after_replay().unwrap();
+    match ring.wait() {
+        Err(RuntimeError::Cuda(CudaError::RingOverflow {
+            unread: 20,
+            capacity: 16,
+        })) => {}
+        other => panic!("want overflow, got {other:?}"),
+    }
+    ring.reset().unwrap();
+    g.replay().unwrap();
+    ring.after_replay().unwrap();
+    assert_eq!(
+        ring.wait().unwrap(),
+        (0..per_step).map(|i| 1100 + i).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn weights_upload_and_table() {
+    let Some(dev) = device() else { return };
+    let pattern = |n: usize, seed: usize| -> Vec<u8> {
+        (0..n).map(|i| ((i * 7 + seed) % 251) as u8).collect()
+    };
+    let a = pattern(30, 1);
+    let b = pattern(28, 2);
+    // Larger than two 64 MiB staging buffers, so both alternate.
+    let big_shape = [130usize << 20];
+    let c = pattern(big_shape[0], 3);
+    let tensors = [
+        HostTensor {
+            name: "a",
+            dtype: DType::BF16,
+            shape: &[3, 5],
+            data: &a,
+        },
+        HostTensor {
+            name: "b",
+            dtype: DType::F32,
+            shape: &[7],
+            data: &b,
+        },
+        HostTensor {
+            name: "c",
+            dtype: DType::Fp8E4M3,
+            shape: &big_shape,
+            data: &c,
+        },
+    ];
+    let w = DeviceWeights::upload(&dev, tensors, true).unwrap();
+    for (name, data) in [("a", &a), ("b", &b), ("c", &c)] {
+        let e = w.entry(name).unwrap();
+        assert_eq!(e.offset % 256, 0);
+        let got = w.slab().read(e.offset, e.bytes).unwrap();
+        assert!(got == *data, "weight `{name}` differs after upload");
+    }
+    // Padding between tensors is zero.
+    let pad = w.slab().read(30, 256 - 30).unwrap();
+    assert!(pad.iter().all(|&x| x == 0));
+    let table = w.table(&dev, &["c", "a"]).unwrap();
+    let t = table.read(0, 16).unwrap();
+    assert_eq!(
+        u64::from_le_bytes(t[..8].try_into().unwrap()),
+        w.ptr("c").unwrap()
+    );
+    assert_eq!(
+        u64::from_le_bytes(t[8..].try_into().unwrap()),
+        w.ptr("a").unwrap()
+    );
+    assert!(w.table(&dev, &["nope"]).is_err());
+    let wrong = [HostTensor {
+        name: "x",
+        dtype: DType::BF16,
+        shape: &[4],
+        data: &a,
+    }];
+    assert!(matches!(
+        DeviceWeights::upload(&dev, wrong, false),
+        Err(RuntimeError::Cuda(CudaError::WeightSize {
+            got: 30,
+            want: 8,
+            ..
+        }))
+    ));
+}
+
+#[test]
+fn arena_and_states() {
+    let Some(dev) = device() else { return };
+    let arena = DeviceArena::new(&dev, 4096).unwrap();
+    assert!(arena.read(0, 4096).unwrap().iter().all(|&b| b == 0));
+    arena.write_input(256, &[1, 2, 3, 4]).unwrap();
+    assert_eq!(arena.read(254, 8).unwrap(), vec![0, 0, 1, 2, 3, 4, 0, 0]);
+    assert!(matches!(
+        arena.write_input(4094, &[1, 2, 3]),
+        Err(RuntimeError::Cuda(CudaError::OutOfBounds { .. }))
+    ));
+    let states = StateBuffers::new(&dev, [("k", 1000), ("v", 2000)]).unwrap();
+    assert_ne!(states.ptr("k").unwrap(), states.ptr("v").unwrap());
+    assert!(states
+        .get("v")
+        .unwrap()
+        .read(0, 2000)
+        .unwrap()
+        .iter()
+        .all(|&b| b == 0));
+    assert!(states.ptr("q").is_err());
+    assert_eq!(states.total_bytes(), 3000);
+    let (free, total) = dev.mem_info().unwrap();
+    assert!(free <= total);
+    match dev.alloc("too big", total * 2) {
+        Err(RuntimeError::Cuda(CudaError::OutOfMemory { requested, .. })) => {
+            assert!(requested >= total * 2)
+        }
+        other => panic!("want out of memory, got {:?}", other.map(|b| b.bytes())),
+    }
+}
+
+#[test]
+fn abi_kernel_reads_table_and_consts() {
+    let Some(dev) = device() else { return };
+    let Some(m) = module(&dev) else { return };
+    let probe = m.function("abi_probe", 0).unwrap();
+    let w_data: Vec<u8> = [42i32, 0, 0, 0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let w = DeviceWeights::upload(
+        &dev,
+        [HostTensor {
+            name: "w",
+            dtype: DType::I32,
+            shape: &[4],
+            data: &w_data,
+        }],
+        false,
+    )
+    .unwrap();
+    let states = StateBuffers::new(&dev, [("kv", 64)]).unwrap();
+    states
+        .get("kv")
+        .unwrap()
+        .write(4, &7i32.to_le_bytes())
+        .unwrap();
+    let table = pointer_table(
+        &dev,
+        "bufs",
+        &[w.buf_ref("w").unwrap(), states.buf_ref("kv").unwrap()],
+    )
+    .unwrap();
+    let arena = DeviceArena::new(&dev, 1024).unwrap();
+    let params = vec![
+        KernelParam::buf(arena.buffer(), 0).unwrap(),
+        KernelParam::buf(&table, 0).unwrap(),
+        KernelParam::i32s(&[2, 3, 64, 6]),
+    ];
+    if dev.info().driver_version >= 12040 {
+        let mut short = params.clone();
+        short[2] = KernelParam::I32(2);
+        assert!(
+            PreparedLaunch::new("abi_probe", probe.clone(), (1, 1, 1), (32, 1, 1), 0, short)
+                .is_err()
+        );
+    }
+    let l = PreparedLaunch::new("abi_probe", probe, (1, 1, 1), (32, 1, 1), 0, params).unwrap();
+    // The table holds the weight slab and the state: retaining the table is enough.
+    let g = StepGraph::from_launches(&dev, vec![l], vec![]).unwrap();
+    drop((w, states, table));
+    g.replay().unwrap();
+    let got: Vec<i32> = arena
+        .read(256, 24)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(got, vec![2, 3, 64, 6, 42, 7]);
+}
