@@ -37,6 +37,11 @@ template <typename T> __device__ __forceinline__ float round_to(float x) {
   return to_f32(from_f32<T>(x));
 }
 
+// KV cache slot of position `p`: min(p, ctx - 1), or -1 when p < 0 (a padding lane).
+__device__ __forceinline__ int cache_slot(long long p, int ctx) {
+  return p < 0 ? -1 : (int)(p < (long long)(ctx - 1) ? p : (long long)(ctx - 1));
+}
+
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
 // SiLU in f32 with an accurate exponential: x / (1 + e^-x).

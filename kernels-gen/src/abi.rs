@@ -359,6 +359,10 @@ pub struct KernelSource {
     pub launch: LaunchSpec,
 }
 
+/// The kernel parameter list of the ABI.
+pub const PARAMS: &str =
+    "char* __restrict__ arena, void* const* __restrict__ bufs, const StepConsts c";
+
 /// The hand-written device helpers prepended to every module.
 pub const PRELUDE: &str = concat!(
     include_str!("../cuda/common.cuh"),
@@ -404,8 +408,7 @@ impl KernelBuilder {
             kernel.push('\n');
         }
         kernel.push_str(&format!(
-            "extern \"C\" __global__ void __launch_bounds__({bound})\n\
-             {name}(char* __restrict__ arena, void* const* __restrict__ bufs, const StepConsts c) {{\n"
+            "extern \"C\" __global__ void __launch_bounds__({bound})\n{name}({PARAMS}) {{\n"
         ));
         kernel.push_str(&body);
         kernel.push_str("}\n");

@@ -28,6 +28,9 @@ const THREADS: u32 = 128;
 const SMEM_LIMIT: u64 = 48 * 1024;
 /// Upper bound on query rows per block.
 const MAX_ROWS: u32 = 32;
+/// Index of the partial of block row `gr` (= t · G + g) for this split.
+const PARTIAL_ROW: &str =
+    "const long long pr = ((long long)(b * c.t + gr / G) * HQ + kvh * G + gr % G) * S + split;";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttnMask {
@@ -277,8 +280,7 @@ fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
                 w.line("rp = 0;");
                 w.line("row_anc[tid] = anc[m];");
             } else {
-                w.line("const long long pm = (long long)pos[m];");
-                w.line("rp = pm < 0 ? -1 : (int)(pm < (long long)(c.ctx - 1) ? pm : (long long)(c.ctx - 1));");
+                w.line("rp = cache_slot((long long)pos[m], c.ctx);");
             }
         });
         w.line("row_pos[tid] = rp;");
@@ -295,9 +297,10 @@ fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
                 w.line("const int gr = r0 + r;");
                 emit!(
                     w,
-                    "copy16(&qs[r][d], q + (long long)(b * c.t + gr / G) * {} + (kvh * G + gr % G) * D + d);",
+                    "const long long row = (long long)(b * c.t + gr / G) * {};",
                     p.q.row_stride
                 );
+                w.line("copy16(&qs[r][d], q + row + (kvh * G + gr % G) * D + d);");
             },
             |w| w.line("zero16(&qs[r][d]);"),
         );
@@ -329,20 +332,28 @@ fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
         w.line("__syncthreads();");
         emit!(w, "constexpr int CV = {cv};");
         for (buf, src, dim) in [("ks", "kc", "D"), ("vs", "vc", "DV")] {
-            w.for_block("int i = tid", format_args!("i < TS * ({dim} / CV)"), "i += NT", |w| {
-                emit!(w, "const int s = i / ({dim} / CV), d = (i % ({dim} / CV)) * CV;");
-                w.line("const int slot = s0 + s;");
-                w.if_else(
-                    "slot < s_end",
-                    |w| {
-                        emit!(
-                            w,
-                            "copy16(&{buf}[s][d], {src} + ((long long)(b * c.ctx + slot) * HKV + kvh) * {dim} + d);"
-                        );
-                    },
-                    |w| emit!(w, "zero16(&{buf}[s][d]);"),
-                );
-            });
+            w.for_block(
+                "int i = tid",
+                format_args!("i < TS * ({dim} / CV)"),
+                "i += NT",
+                |w| {
+                    emit!(
+                        w,
+                        "const int s = i / ({dim} / CV), d = (i % ({dim} / CV)) * CV;"
+                    );
+                    w.line("const int slot = s0 + s;");
+                    w.if_else(
+                        "slot < s_end",
+                        |w| {
+                            w.line(
+                                "const long long at = (long long)(b * c.ctx + slot) * HKV + kvh;",
+                            );
+                            emit!(w, "copy16(&{buf}[s][d], {src} + at * {dim} + d);");
+                        },
+                        |w| emit!(w, "zero16(&{buf}[s][d]);"),
+                    );
+                },
+            );
         }
         w.line("__syncthreads();");
         w.comment("scores (log2 domain): thread owns slot tid % TS for rows tid / TS + RGS * j");
@@ -357,7 +368,9 @@ fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
                 w.for_unrolled("j", 0, "RB / RGS", |w| {
                     w.line("float qv[8];");
                     w.line("ld_vec<8>(&qs[rg + RGS * j][d], qv);");
-                    w.for_unrolled("e", 0, 8, |w| w.line("acc[j] = fmaf(qv[e], kv[e], acc[j]);"));
+                    w.for_unrolled("e", 0, 8, |w| {
+                        w.line("acc[j] = fmaf(qv[e], kv[e], acc[j]);")
+                    });
                 });
             });
             w.line("const int slot = s0 + s;");
@@ -407,10 +420,14 @@ fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
         w.line("#pragma unroll 4");
         w.for_block("int s = 0", "s < TS", "++s", |w| {
             w.line("float vv[PVC];");
-            w.for_unrolled("cc", 0, "PVC", |w| w.line("vv[cc] = to_f32(vs[s][pc + cc * NT]);"));
+            w.for_unrolled("cc", 0, "PVC", |w| {
+                w.line("vv[cc] = to_f32(vs[s][pc + cc * NT]);")
+            });
             w.for_unrolled("j", 0, "PR", |w| {
                 w.line("const float pj = ps[prg + PVG * j][s];");
-                w.for_unrolled("cc", 0, "PVC", |w| w.line("o[j][cc] = fmaf(pj, vv[cc], o[j][cc]);"));
+                w.for_unrolled("cc", 0, "PVC", |w| {
+                    w.line("o[j][cc] = fmaf(pj, vv[cc], o[j][cc]);");
+                });
             });
         });
     });
@@ -421,13 +438,15 @@ fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
         w.line("const int r = prg + PVG * j;");
         w.if_block("r < nrows", |w| {
             w.line("const int gr = r0 + r;");
-            w.line("const long long pr = ((long long)(b * c.t + gr / G) * HQ + kvh * G + gr % G) * S + split;");
-            w.for_unrolled("cc", 0, "PVC", |w| w.line("po[pr * DV + pc + cc * NT] = o[j][cc];"));
+            w.line(PARTIAL_ROW);
+            w.for_unrolled("cc", 0, "PVC", |w| {
+                w.line("po[pr * DV + pc + cc * NT] = o[j][cc];")
+            });
         });
     });
     w.if_block("tid < nrows", |w| {
         w.line("const int gr = r0 + tid;");
-        w.line("const long long pr = ((long long)(b * c.t + gr / G) * HQ + kvh * G + gr % G) * S + split;");
+        w.line(PARTIAL_ROW);
         w.line("ml[pr * 2] = row_m[tid];");
         w.line("ml[pr * 2 + 1] = row_l[tid];");
     });

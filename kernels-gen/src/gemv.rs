@@ -21,7 +21,7 @@
 //! Kernel name dtype: the weight dtype.
 
 use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc, Rows, View};
-use crate::writer::{emit, f32_lit};
+use crate::writer::{emit, f32_lit, Writer};
 use crate::Error;
 
 const FAMILY: &str = "gemv";
@@ -280,26 +280,35 @@ pub fn gemv(p: &GemvParams) -> Result<KernelSource, Error> {
     w.for_block("int k0 = 0", "k0 < K", "k0 += KC", |w| {
         w.comment("stage x[m0 .. m0 + MT, k0 .. k0 + KC] (normalised when fused)");
         w.line("__syncthreads();");
-        w.for_block("int i = threadIdx.x", "i < MT * (KC / VW)", "i += NW * 32", |w| {
-            w.line("const int m = i / (KC / VW);");
-            w.line("const int kk = (i % (KC / VW)) * VW;");
-            w.line("float v[VW];");
-            w.if_else(
-                "m < mr && k0 + kk < K",
-                |w| {
-                    emit!(w, "ld_vec<VW>(x + (long long)(m0 + m) * {xs_row} + k0 + kk, v);");
-                    if p.norm.is_some() {
-                        w.line("float g[VW];");
-                        w.line("ld_vec<VW>(nw + k0 + kk, g);");
-                        w.for_unrolled("e", 0, "VW", |w| {
-                            emit!(w, "v[e] = round_to<{xt}>(round_to<{xt}>(v[e] * inv_rms[m]) * g[e]);");
-                        });
-                    }
-                },
-                |w| w.for_unrolled("e", 0, "VW", |w| w.line("v[e] = 0.0f;")),
-            );
-            w.line("st_vec<VW>(xs + m * KC + kk, v);");
-        });
+        w.for_block(
+            "int i = threadIdx.x",
+            "i < MT * (KC / VW)",
+            "i += NW * 32",
+            |w| {
+                w.line("const int m = i / (KC / VW);");
+                w.line("const int kk = (i % (KC / VW)) * VW;");
+                w.line("float v[VW];");
+                w.if_else(
+                    "m < mr && k0 + kk < K",
+                    |w| {
+                        emit!(
+                            w,
+                            "ld_vec<VW>(x + (long long)(m0 + m) * {xs_row} + k0 + kk, v);"
+                        );
+                        if p.norm.is_some() {
+                            w.line("float g[VW];");
+                            w.line("ld_vec<VW>(nw + k0 + kk, g);");
+                            w.for_unrolled("e", 0, "VW", |w| {
+                                emit!(w, "const float nv = round_to<{xt}>(v[e] * inv_rms[m]);");
+                                emit!(w, "v[e] = round_to<{xt}>(nv * g[e]);");
+                            });
+                        }
+                    },
+                    |w| w.for_unrolled("e", 0, "VW", |w| w.line("v[e] = 0.0f;")),
+                );
+                w.line("st_vec<VW>(xs + m * KC + kk, v);");
+            },
+        );
         w.line("__syncthreads();");
         w.line("const int kn = min(KC, K - k0);");
         w.line("#pragma unroll 4");
@@ -334,42 +343,9 @@ pub fn gemv(p: &GemvParams) -> Result<KernelSource, Error> {
     });
 
     w.comment("epilogue: lane (m * CW + j) % 32 owns (row m0 + m, column n0 + j)");
-    let res_ptr = p.residual.map(|r| (r, r.loc.ptr(r.dtype, false)));
-    let out_ptr = p.out.map(|o| (o, o.loc.ptr(o.dtype, true)));
     w.for_unrolled("m", 0, "MT", |w| {
         w.for_unrolled("j", 0, "CW", |w| {
-            w.if_block("lane == (m * CW + j) % 32", |w| {
-                w.line("const int n = n0 + j;");
-                w.line("const bool live = m < mr && n < N;");
-                if p.gate_up() {
-                    emit!(
-                        w,
-                        "float v = round_to<{xt}>(silu_f32(round_to<{xt}>(acc[m][j])) * round_to<{xt}>(acc[m][CW + j]));"
-                    );
-                } else {
-                    emit!(w, "float v = round_to<{xt}>(acc[m][j]);");
-                }
-                if res_ptr.is_some() || out_ptr.is_some() {
-                    w.if_block("live", |w| {
-                    if let Some((r, ptr)) = &res_ptr {
-                        emit!(
-                            w,
-                            "v = round_to<{xt}>(v + to_f32(({ptr})[(long long)(m0 + m) * {} + n]));",
-                            r.row_stride
-                        );
-                    }
-                    if let Some((o, ptr)) = &out_ptr {
-                        let ot = o.dtype.c_type();
-                        emit!(w, "v = round_to<{ot}>(v);");
-                        emit!(w, "({ptr})[(long long)(m0 + m) * {} + n] = from_f32<{ot}>(v);", o.row_stride);
-                    }
-                });
-                }
-                if p.argmax_partials.is_some() {
-                    w.line("const ArgmaxPair a = {live ? v : neg_inf(), live ? n : 0x7fffffff};");
-                    w.line("cand[(warp * MT + m) * CW + j] = a;");
-                }
-            });
+            w.if_block("lane == (m * CW + j) % 32", |w| epilogue(w, p));
         });
     });
     if let Some(part) = p.argmax_partials {
@@ -399,4 +375,45 @@ pub fn gemv(p: &GemvParams) -> Result<KernelSource, Error> {
         smem_bytes: 0,
     };
     Ok(kb.finish(launch))
+}
+
+/// The epilogue of one `(row m0 + m, column n0 + j)`, run by its owning lane.
+fn epilogue(w: &mut Writer, p: &GemvParams) {
+    let xt = p.x.dtype.c_type();
+    w.line("const int n = n0 + j;");
+    w.line("const long long row = m0 + m;");
+    w.line("const bool live = m < mr && n < N;");
+    if p.gate_up() {
+        emit!(w, "const float gate = round_to<{xt}>(acc[m][j]);");
+        emit!(w, "const float up = round_to<{xt}>(acc[m][CW + j]);");
+        emit!(w, "float v = round_to<{xt}>(silu_f32(gate) * up);");
+    } else {
+        emit!(w, "float v = round_to<{xt}>(acc[m][j]);");
+    }
+    if p.residual.is_some() || p.out.is_some() {
+        w.if_block("live", |w| {
+            if let Some(r) = p.residual {
+                let ptr = r.loc.ptr(r.dtype, false);
+                emit!(
+                    w,
+                    "const float res = to_f32(({ptr})[row * {} + n]);",
+                    r.row_stride
+                );
+                emit!(w, "v = round_to<{xt}>(v + res);");
+            }
+            if let Some(o) = p.out {
+                let (ot, ptr) = (o.dtype.c_type(), o.loc.ptr(o.dtype, true));
+                emit!(w, "v = round_to<{ot}>(v);");
+                emit!(
+                    w,
+                    "({ptr})[row * {} + n] = from_f32<{ot}>(v);",
+                    o.row_stride
+                );
+            }
+        });
+    }
+    if p.argmax_partials.is_some() {
+        w.line("const ArgmaxPair a = {live ? v : neg_inf(), live ? n : 0x7fffffff};");
+        w.line("cand[(warp * MT + m) * CW + j] = a;");
+    }
 }

@@ -159,14 +159,13 @@ pub fn rope_kv(p: &RopeKvParams) -> Result<KernelSource, Error> {
         "const long long pl = (long long)({})[m];",
         p.pos.ptr(p.pos_dtype, false)
     );
-    w.comment("cache slot, clamped to 0..Ctx-1 (only used when pl >= 0)");
-    w.line("const int slot = (int)(pl < 0 ? 0 : (pl < (long long)(c.ctx - 1) ? pl : (long long)(c.ctx - 1)));");
-    let slot_base = "((long long)(b * c.ctx + slot) * HKV + h)";
+    w.line("const int slot = cache_slot(pl, c.ctx);  // -1: padding lane, nothing written");
+    let slot_base = "((long long)(b * c.ctx + max(slot, 0)) * HKV + h)";
 
     w.comment("v heads: copy into the cache");
     w.if_block("u >= HQ + HKV", |w| {
         w.line("const int h = u - HQ - HKV;");
-        w.line("if (pl < 0) return;");
+        w.line("if (slot < 0) return;");
         emit!(
             w,
             "const {}* src = {} + (long long)m * {} + h * DV;",
@@ -275,7 +274,7 @@ pub fn rope_kv(p: &RopeKvParams) -> Result<KernelSource, Error> {
         w.if_else(
             "is_q",
             |w| emit!(w, "qo[i] = from_f32<{}>(o);", p.q_out.dtype.c_type()),
-            |w| w.if_block("pl >= 0", |w| emit!(w, "ko[i] = from_f32<{ct}>(o);")),
+            |w| w.if_block("slot >= 0", |w| emit!(w, "ko[i] = from_f32<{ct}>(o);")),
         );
     });
 

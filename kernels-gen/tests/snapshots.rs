@@ -16,8 +16,8 @@ fn tiny(label: &str) -> KernelSource {
 
 fn snap(label: &str, file: &str) {
     let k = tiny(label);
-    let launch = format!("{:?}", k.launch);
-    insta::with_settings!({ description => format!("{label}; launch {launch}"), omit_expression => true }, {
+    let description = format!("{label}; launch {:?}", k.launch);
+    insta::with_settings!({ description => description, omit_expression => true }, {
         insta::assert_snapshot!(file, k.kernel);
     });
 }

@@ -6,8 +6,10 @@ mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
+mod spec_cpu;
 
 pub use cpu::{CpuSession, StepOutput};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaDevice, CudaError};
 pub use error::RuntimeError;
+pub use spec_cpu::{SpecCpuSession, SpecGraphs, SpecStats};

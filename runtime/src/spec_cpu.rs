@@ -33,7 +33,12 @@ impl SpecStats {
     /// Mean tokens emitted per lane-step (accepted + 1).
     pub fn mean_accept_len(&self) -> f64 {
         let n: usize = self.histogram.iter().sum();
-        let tot: usize = self.histogram.iter().enumerate().map(|(a, c)| (a + 1) * c).sum();
+        let tot: usize = self
+            .histogram
+            .iter()
+            .enumerate()
+            .map(|(a, c)| (a + 1) * c)
+            .sum();
         tot as f64 / n.max(1) as f64
     }
 }
@@ -84,7 +89,12 @@ impl<'a> SpecCpuSession<'a> {
         }
     }
 
-    fn run(&mut self, g: &Graph, t: u64, inputs: HashMap<String, Tensor>) -> Result<HashMap<String, Tensor>, RuntimeError> {
+    fn run(
+        &mut self,
+        g: &Graph,
+        t: u64,
+        inputs: HashMap<String, Tensor>,
+    ) -> Result<HashMap<String, Tensor>, RuntimeError> {
         let mut env = Env {
             bind: Bindings::new(self.lanes as u64, t, self.max_context),
             inputs,
@@ -96,7 +106,11 @@ impl<'a> SpecCpuSession<'a> {
 
     /// Prefills every lane with its prompt (lengths may differ: shorter prompts are padded
     /// with masked lanes) and arms the step states. Returns each lane's first token.
-    pub fn admit(&mut self, prompts: &[Vec<u32>], max_new: usize) -> Result<Vec<u32>, RuntimeError> {
+    pub fn admit(
+        &mut self,
+        prompts: &[Vec<u32>],
+        max_new: usize,
+    ) -> Result<Vec<u32>, RuntimeError> {
         assert_eq!(prompts.len(), self.lanes, "one prompt per lane");
         let k = self.graphs.num_steps;
         let t = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
@@ -116,7 +130,11 @@ impl<'a> SpecCpuSession<'a> {
             .collect();
         let positions: Vec<Vec<i64>> = prompts
             .iter()
-            .map(|p| (0..t).map(|i| if i < p.len() { i as i64 } else { -1 }).collect())
+            .map(|p| {
+                (0..t)
+                    .map(|i| if i < p.len() { i as i64 } else { -1 })
+                    .collect()
+            })
             .collect();
         let inputs = || {
             HashMap::from([
@@ -126,7 +144,9 @@ impl<'a> SpecCpuSession<'a> {
         };
         let out = self.run(self.graphs.target_prefill, t as u64, inputs())?;
         self.run(self.graphs.draft_prefill, t as u64, inputs())?;
-        let next = out.get("next_token").ok_or(RuntimeError::MissingOutput("next_token"))?;
+        let next = out
+            .get("next_token")
+            .ok_or(RuntimeError::MissingOutput("next_token"))?;
         let next = ints(next)?;
         let first: Vec<u32> = prompts
             .iter()
@@ -134,16 +154,24 @@ impl<'a> SpecCpuSession<'a> {
             .map(|(b, p)| next[b * t + p.len() - 1] as u32)
             .collect();
         let lanes = self.lanes;
-        let vec = |f: &dyn Fn(usize) -> i64| Tensor::from_i64(DType::I32, vec![lanes], (0..lanes).map(f).collect());
+        let vec = |f: &dyn Fn(usize) -> i64| {
+            Tensor::from_i64(DType::I32, vec![lanes], (0..lanes).map(f).collect())
+        };
         let ctx = self.max_context as i64;
-        self.states.insert(LEN.into(), vec(&|b| prompts[b].len() as i64));
+        self.states
+            .insert(LEN.into(), vec(&|b| prompts[b].len() as i64));
         self.states.insert(
             PENDING.into(),
             Tensor::from_i64(
                 DType::I32,
                 vec![lanes, 2],
                 (0..lanes)
-                    .flat_map(|b| [*prompts[b].last().expect("non-empty prompt") as i64, first[b] as i64])
+                    .flat_map(|b| {
+                        [
+                            *prompts[b].last().expect("non-empty prompt") as i64,
+                            first[b] as i64,
+                        ]
+                    })
                     .collect(),
             ),
         );
@@ -180,7 +208,10 @@ impl<'a> SpecCpuSession<'a> {
     pub fn step(&mut self) -> Result<(), RuntimeError> {
         let live = self.live();
         let out = self.run(self.graphs.step, 1, HashMap::new())?;
-        let acc = ints(out.get("accepted").ok_or(RuntimeError::MissingOutput("accepted"))?)?;
+        let acc = ints(
+            out.get("accepted")
+                .ok_or(RuntimeError::MissingOutput("accepted"))?,
+        )?;
         for (b, &a) in acc.iter().enumerate() {
             if live[b] {
                 self.stats.histogram[(a as usize).min(self.graphs.num_steps)] += 1;
@@ -193,16 +224,32 @@ impl<'a> SpecCpuSession<'a> {
     /// Tokens emitted since the last drain, per lane (read from the ring, as the CUDA
     /// backend's host does from its pinned mirror).
     pub fn drain(&mut self) -> Result<Vec<Vec<u32>>, RuntimeError> {
-        let emitted = ints(self.states.get(EMITTED).ok_or(RuntimeError::MissingOutput(EMITTED))?)?.to_vec();
-        let ring = ints(self.states.get(RING).ok_or(RuntimeError::MissingOutput(RING))?)?;
+        let emitted = ints(
+            self.states
+                .get(EMITTED)
+                .ok_or(RuntimeError::MissingOutput(EMITTED))?,
+        )?
+        .to_vec();
+        let ring = ints(
+            self.states
+                .get(RING)
+                .ok_or(RuntimeError::MissingOutput(RING))?,
+        )?;
         let r = self.graphs.ring;
         let mut out = Vec::with_capacity(self.lanes);
         for b in 0..self.lanes {
             let upto = emitted[b] as usize;
             if upto - self.drained[b] > r {
-                return Err(RuntimeError::RingOverrun { lane: b, capacity: r });
+                return Err(RuntimeError::RingOverrun {
+                    lane: b,
+                    capacity: r,
+                });
             }
-            out.push((self.drained[b]..upto).map(|e| ring[b * r + e % r] as u32).collect());
+            out.push(
+                (self.drained[b]..upto)
+                    .map(|e| ring[b * r + e % r] as u32)
+                    .collect(),
+            );
             self.drained[b] = upto;
         }
         Ok(out)

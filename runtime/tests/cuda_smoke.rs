@@ -78,7 +78,37 @@ fn module(dev: &CudaDevice) -> Option<KernelModule> {
     };
     let ptx =
         cudarc::nvrtc::compile_ptx_with_opts(SRC, opts).expect("NVRTC compiles the smoke kernels");
-    Some(KernelModule::load(dev, "smoke", KernelImage::Ptx(ptx.to_src())).expect("module loads"))
+    match KernelModule::load(dev, "smoke", KernelImage::Ptx(ptx.to_src())) {
+        Ok(m) => Some(m),
+        // An NVRTC newer than the driver writes PTX the driver cannot JIT: use a cubin.
+        Err(e) => {
+            println!("PTX did not load ({e}); loading a cubin for sm_{major}{minor} instead");
+            let cubin = compile_cubin(SRC, &format!("sm_{major}{minor}"));
+            Some(KernelModule::load(dev, "smoke", KernelImage::Binary(cubin)).expect("cubin loads"))
+        }
+    }
+}
+
+fn compile_cubin(src: &str, arch: &str) -> Vec<u8> {
+    use cudarc::nvrtc::{result, sys};
+    let src = std::ffi::CString::new(src).unwrap();
+    let prog = result::create_program(&src, None).expect("nvrtcCreateProgram");
+    let opts = [format!("--gpu-architecture={arch}")];
+    // SAFETY: `prog` is a live program (destroyed once at the end); the size query and the
+    // copy write into buffers of the reported size.
+    unsafe {
+        result::compile_program(prog, &opts).expect("NVRTC compiles the smoke kernels to a cubin");
+        let mut n = 0usize;
+        sys::nvrtcGetCUBINSize(prog, &mut n)
+            .result()
+            .expect("cubin size");
+        let mut cubin = vec![0u8; n];
+        sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast())
+            .result()
+            .expect("cubin");
+        result::destroy_program(prog).expect("nvrtcDestroyProgram");
+        cubin
+    }
 }
 
 fn capture_status(dev: &CudaDevice) -> CUstreamCaptureStatus {

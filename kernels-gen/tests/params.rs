@@ -1,0 +1,203 @@
+//! Generators reject invalid parameters with typed errors naming the family and field,
+//! before printing anything.
+
+mod common;
+
+use specc_kernels_gen::abi::{Dtype, Loc, Rows, View};
+use specc_kernels_gen::attention::{attention, AttentionParams, AttnMask};
+use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights};
+use specc_kernels_gen::rope::{rope_kv, RopeKvParams, RopeStyle, RopeTable};
+use specc_kernels_gen::Error;
+
+fn gemv_params() -> GemvParams {
+    GemvParams {
+        rows: Rows::Tokens,
+        row_tile: 4,
+        k: 128,
+        n: 256,
+        x: View::new(Loc::arena(0), Dtype::BF16, 128),
+        weights: GemvWeights::Single(Loc::table(0)),
+        w_dtype: Dtype::BF16,
+        norm: None,
+        residual: None,
+        out: Some(View::new(Loc::arena(4096), Dtype::BF16, 256)),
+        argmax_partials: None,
+    }
+}
+
+fn field_of(e: Error) -> (&'static str, &'static str) {
+    match e {
+        Error::Param { family, field, .. } => (family, field),
+        other => panic!("expected a parameter error, got {other}"),
+    }
+}
+
+#[test]
+fn gemv_rejects_bad_parameters() {
+    assert!(gemv(&gemv_params()).is_ok());
+    let bad = |p: GemvParams| field_of(gemv(&p).unwrap_err());
+    assert_eq!(
+        bad(GemvParams {
+            k: 100,
+            ..gemv_params()
+        }),
+        ("gemv", "k")
+    );
+    assert_eq!(
+        bad(GemvParams {
+            row_tile: 65,
+            ..gemv_params()
+        }),
+        ("gemv", "row_tile")
+    );
+    assert_eq!(
+        bad(GemvParams {
+            out: None,
+            ..gemv_params()
+        }),
+        ("gemv", "out")
+    );
+    let misaligned = View::new(Loc::arena(2), Dtype::BF16, 128);
+    assert_eq!(
+        bad(GemvParams {
+            x: misaligned,
+            ..gemv_params()
+        }),
+        ("gemv", "x")
+    );
+    let w_i32 = GemvParams {
+        w_dtype: Dtype::I32,
+        ..gemv_params()
+    };
+    assert_eq!(bad(w_i32), ("gemv", "w_dtype"));
+}
+
+#[test]
+fn gemv_tiling_fills_the_gpu_and_bounds_registers() {
+    for (row_tile, n, gate_up) in [
+        (1, 4096, false),
+        (8, 6144, false),
+        (64, 4096, false),
+        (8, 14336, true),
+    ] {
+        let weights = if gate_up {
+            GemvWeights::gate_up_concat(Loc::table(0), n, 4096, Dtype::BF16)
+        } else {
+            GemvWeights::Single(Loc::table(0))
+        };
+        let p = GemvParams {
+            row_tile,
+            n,
+            k: 4096,
+            weights,
+            ..gemv_params()
+        };
+        let t = p.tiling();
+        let accumulators = row_tile * t.cols_per_warp * if gate_up { 2 } else { 1 };
+        assert!(accumulators <= 32 || t.cols_per_warp == 1, "{p:?} -> {t:?}");
+        assert!(p.partials_per_row() >= 256, "{p:?} -> {t:?}");
+        assert!(row_tile as u64 * t.k_chunk as u64 * 2 <= 32 * 1024, "{t:?}");
+    }
+}
+
+#[test]
+fn attention_rejects_bad_parameters() {
+    let q = View::new(Loc::arena(0), Dtype::BF16, 4 * 32);
+    let good = AttentionParams {
+        q_heads: 4,
+        kv_heads: 2,
+        head_dim: 32,
+        head_dim_v: 32,
+        q,
+        k_cache: Loc::table(0),
+        v_cache: Loc::table(1),
+        cache_dtype: Dtype::BF16,
+        pos: Loc::arena(4096),
+        pos_dtype: Dtype::I32,
+        mask: AttnMask::Causal,
+        out: q,
+        scale: 0.17,
+        max_t: 4,
+        splits: 4,
+        scratch: Loc::arena(8192),
+    };
+    assert!(attention(&good).is_ok());
+    let bad = |p: AttentionParams| field_of(attention(&p).unwrap_err());
+    assert_eq!(
+        bad(AttentionParams {
+            kv_heads: 3,
+            ..good.clone()
+        }),
+        ("attn_split", "q_heads")
+    );
+    assert_eq!(
+        bad(AttentionParams {
+            head_dim: 20,
+            ..good.clone()
+        }),
+        ("attn_split", "head_dim")
+    );
+    assert_eq!(
+        bad(AttentionParams {
+            head_dim_v: 48,
+            ..good.clone()
+        }),
+        ("attn_split", "head_dim_v")
+    );
+    assert_eq!(
+        bad(AttentionParams {
+            pos_dtype: Dtype::F32,
+            ..good.clone()
+        }),
+        ("attn_split", "pos_dtype")
+    );
+    let t = good.tiling().unwrap();
+    assert!(
+        t.rows_per_block >= 4 * 2,
+        "all T·G rows of a sequence share one block: {t:?}"
+    );
+}
+
+#[test]
+fn rope_rejects_bad_tables() {
+    let q = View::new(Loc::arena(0), Dtype::BF16, 256);
+    let p = RopeKvParams {
+        q_heads: 4,
+        kv_heads: 2,
+        head_dim: 32,
+        head_dim_v: 32,
+        q,
+        k: q.cols_from(128),
+        v: q.cols_from(192),
+        q_out: q,
+        k_cache: Loc::table(0),
+        v_cache: Loc::table(1),
+        cache_dtype: Dtype::BF16,
+        pos: Loc::arena(8192),
+        pos_dtype: Dtype::I32,
+        rope: RopeTable {
+            style: RopeStyle::Half,
+            rotary_dim: 32,
+            inv_freq: common::inv_freq(10000.0, 32),
+            cos_sin_scale: 1.0,
+        },
+        qk_norm: None,
+    };
+    assert!(rope_kv(&p).is_ok());
+    let mut short = p.clone();
+    short.rope.inv_freq.pop();
+    assert_eq!(
+        field_of(rope_kv(&short).unwrap_err()),
+        ("rope_kv", "rope.inv_freq")
+    );
+    let mut nan = p.clone();
+    nan.rope.inv_freq[3] = f32::NAN;
+    assert_eq!(field_of(rope_kv(&nan).unwrap_err()), ("rope_kv", "rope"));
+    let mut partial = p.clone();
+    partial.rope.rotary_dim = 16;
+    partial.rope.inv_freq.truncate(8);
+    assert!(
+        rope_kv(&partial).is_ok(),
+        "partial rotary dims pass the rest through"
+    );
+}
