@@ -5,9 +5,12 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use specc_ir::interp::{Data, Tensor};
+use specc_models::eagle3::{Eagle3Spec, EAGLE_PREFIX};
 use specc_models::spec_step::{lower_draft_model_step, StepShape, DRAFT_PREFIX};
+use specc_models::spec_step::{lower_eagle3_prefill, lower_eagle3_step, lower_target_prefill};
+use specc_models::Checkpoint;
 use specc_models::{lower_dense, lower_dense_prefixed, Acceptance, Model};
-use specc_runtime::{SpecCpuSession, SpecGraphs};
+use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -58,13 +61,24 @@ fn speculate(
     let mut weights = target.load_weights_f32();
     weights.extend(draft_weights(draft, noise));
     let graphs = SpecGraphs {
+        kind: DraftKind::Model,
         target_prefill: &target_prefill,
         draft_prefill: &draft_prefill,
         step: &step,
         num_steps: k as usize,
         ring: 64,
     };
-    let mut s = SpecCpuSession::new(graphs, &weights, prompts.len(), ctx);
+    run_session(graphs, &weights, prompts, max_new, ctx)
+}
+
+fn run_session(
+    graphs: SpecGraphs,
+    weights: &HashMap<String, Tensor>,
+    prompts: &[Vec<u32>],
+    max_new: usize,
+    ctx: u64,
+) -> Outcome {
+    let mut s = SpecCpuSession::new(graphs, weights, prompts.len(), ctx);
     let first = s.admit(prompts, max_new).unwrap();
     let mut tokens: Vec<Vec<u32>> = first.iter().map(|&t| vec![t]).collect();
     while s.live().iter().any(|&l| l) {
@@ -151,4 +165,65 @@ fn perturbed_draft_accepts_partially() {
 fn perturbed_draft_batch4() {
     let mean = check("llama3_scaled_untied", "llama3_scaled_untied", 0.05, 4, 5);
     assert!(mean > 1.2 && mean < 5.9, "mean accept {mean}");
+}
+
+fn eagle_weights(dir: &Path, step: &specc_ir::Graph) -> HashMap<String, Tensor> {
+    let ck = Checkpoint::open(dir).unwrap();
+    ck.validate_prefixed(step, EAGLE_PREFIX).unwrap();
+    step.weights()
+        .filter_map(|(_, name, _)| name.strip_prefix(EAGLE_PREFIX).map(|n| (name, n)))
+        .map(|(full, n)| (full.to_string(), ck.load_f32(n).unwrap()))
+        .collect()
+}
+
+fn check_eagle(lanes: usize, k: u64) -> f64 {
+    let target = Model::open(fixture("llama3_scaled_untied")).unwrap();
+    let eagle = Eagle3Spec::from_dir(&fixture("eagle3_random"), target.spec()).unwrap();
+    let shape = StepShape {
+        num_steps: k,
+        ring: 64,
+        acceptance: Acceptance::Greedy,
+    };
+    let step = lower_eagle3_step(target.spec(), &eagle, &shape).unwrap();
+    let prefill = lower_target_prefill(target.spec(), &eagle.taps).unwrap();
+    let head_prefill = lower_eagle3_prefill(target.spec(), &eagle).unwrap();
+    let mut weights = target.load_weights_f32();
+    weights.extend(eagle_weights(&fixture("eagle3_random"), &step));
+    let graphs = SpecGraphs {
+        kind: DraftKind::Eagle3 {
+            taps_width: 3 * eagle.hidden(),
+        },
+        target_prefill: &prefill,
+        draft_prefill: &head_prefill,
+        step: &step,
+        num_steps: k as usize,
+        ring: 64,
+    };
+    let ps = prompts(lanes);
+    let n = 20;
+    let out = run_session(graphs, &weights, &ps, n, 128);
+    for (b, p) in ps.iter().enumerate() {
+        assert_eq!(out.tokens[b], greedy(&target, p, n), "eagle lane {b}");
+    }
+    out.mean_accept
+}
+
+#[test]
+fn eagle3_random_head_is_exact_batch1() {
+    let mean = check_eagle(1, 4);
+    assert!(mean < 1.6, "mean accept {mean}");
+}
+
+#[test]
+fn eagle3_random_head_is_exact_batch4() {
+    check_eagle(4, 3);
+}
+
+#[test]
+fn eagle3_taps_follow_the_config_order() {
+    let target = Model::open(fixture("llama3_scaled_untied")).unwrap();
+    let eagle = Eagle3Spec::from_dir(&fixture("eagle3_random"), target.spec()).unwrap();
+    // eagle_aux_hidden_state_layer_ids = [1, 0, 1]: outputs of layers 1, 0, 1 in that order.
+    assert_eq!(eagle.taps, vec![1, 0, 1]);
+    assert_eq!(eagle.draft_vocab, 256);
 }

@@ -179,7 +179,8 @@ impl View {
     /// Whether element `(r, i)` is aligned to `bytes` for every `r` and every `i` that is a
     /// multiple of `bytes / sizeof(dtype)`.
     pub fn aligned(self, bytes: u64) -> bool {
-        self.loc.byte_offset() % bytes == 0 && (self.row_stride * self.dtype.size()) % bytes == 0
+        self.loc.byte_offset().is_multiple_of(bytes)
+            && (self.row_stride * self.dtype.size()).is_multiple_of(bytes)
     }
 }
 
@@ -190,7 +191,7 @@ pub(crate) fn pick_vec(cols: u64, views: &[View], extra: &[(Loc, Dtype)]) -> u32
     [8u64, 4, 2, 1]
         .into_iter()
         .find(|&vw| {
-            cols % vw == 0
+            cols.is_multiple_of(vw)
                 && views
                     .iter()
                     .all(|v| v.aligned((vw * v.dtype.size()).min(16)))

@@ -129,7 +129,7 @@ impl AttentionParams {
     fn validate(&self) -> Result<AttnTiling, Error> {
         let err = |field, reason: String| Err(Error::param(FAMILY, field, reason));
         let (d, dv) = (self.head_dim, self.head_dim_v);
-        if self.kv_heads == 0 || self.q_heads == 0 || self.q_heads % self.kv_heads != 0 {
+        if self.kv_heads == 0 || self.q_heads == 0 || !self.q_heads.is_multiple_of(self.kv_heads) {
             return err("q_heads", "must be a positive multiple of kv_heads".into());
         }
         if d == 0 || d % 8 != 0 {
@@ -138,7 +138,7 @@ impl AttentionParams {
         let pv_ok = if dv >= THREADS {
             dv % THREADS == 0
         } else {
-            dv > 0 && THREADS % dv == 0
+            dv > 0 && THREADS.is_multiple_of(dv)
         };
         if !pv_ok || dv % 8 != 0 {
             return err(
@@ -153,12 +153,12 @@ impl AttentionParams {
             return err("pos_dtype", "must be i32 or i64".into());
         }
         if !self.q.aligned(16)
-            || self.k_cache.byte_offset() % 16 != 0
-            || self.v_cache.byte_offset() % 16 != 0
+            || !self.k_cache.byte_offset().is_multiple_of(16)
+            || !self.v_cache.byte_offset().is_multiple_of(16)
         {
             return err("q/k_cache/v_cache", "must be 16-byte aligned".into());
         }
-        if self.scratch.byte_offset() % 16 != 0 {
+        if !self.scratch.byte_offset().is_multiple_of(16) {
             return err("scratch", "must be 16-byte aligned".into());
         }
         if !self.scale.is_finite() || self.max_t == 0 || self.splits == 0 {

@@ -3,7 +3,8 @@
 //! where alignment allows); the grid is `(column blocks, rows)`.
 //!
 //! Numerics: inputs converted to f32, one op, rounded once to the output dtype (the op's
-//! result dtype). Kernel name dtype: the output dtype.
+//! result dtype); SwiGLU is `R(R(silu(a)) · b)` like the interpreter (HF's
+//! `act_fn(gate) * up`). Kernel name dtype: the output dtype.
 
 use crate::abi::{
     pick_vec, Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc, Rows, View,
@@ -31,11 +32,12 @@ impl BinaryFn {
         }
     }
 
-    fn expr(self, a: &str, b: &str) -> String {
+    /// The f32 expression before the final rounding to `out` (the result type).
+    fn expr(self, a: &str, b: &str, out: &str) -> String {
         match self {
             BinaryFn::Add => format!("{a} + {b}"),
             BinaryFn::Mul => format!("{a} * {b}"),
-            BinaryFn::SiluMul => format!("silu_f32({a}) * {b}"),
+            BinaryFn::SiluMul => format!("round_to<{out}>(silu_f32({a})) * {b}"),
         }
     }
 }
@@ -90,9 +92,8 @@ pub fn binary(p: &BinaryParams) -> Result<KernelSource, Error> {
     w.line("float va[VW], vb[VW], vy[VW];");
     w.line("ld_vec<VW>(a, va);");
     w.line("ld_vec<VW>(b, vb);");
-    w.for_unrolled("e", 0, "VW", |w| {
-        emit!(w, "vy[e] = {};", p.op.expr("va[e]", "vb[e]"))
-    });
+    let expr = p.op.expr("va[e]", "vb[e]", p.out.dtype.c_type());
+    w.for_unrolled("e", 0, "VW", |w| emit!(w, "vy[e] = {expr};"));
     w.line("st_vec<VW>(y, vy);");
     let launch = LaunchSpec {
         grid: [

@@ -6,8 +6,8 @@
 //! a residual add, a cast of the stored result, and argmax partials (one `ArgmaxPair` per
 //! row and block, reduced by [`crate::argmax`] in `Partials` mode).
 //!
-//! Numerics follow the IR: the matmul result is rounded to x's dtype; SwiGLU rounds gate
-//! and up, then `silu(g)·u` once; the residual add rounds once; the store converts to the
+//! Numerics follow the interpreter: the matmul result is rounded to x's dtype; SwiGLU
+//! rounds gate and up, then `R(R(silu(g))·u)`; the residual add rounds once; the store converts to the
 //! output dtype; argmax sees the stored value. The fused RMSNorm is the IR op:
 //! `round(round(x · r) · w)` with `r = 1/sqrt(mean(x²) + eps)`.
 //!
@@ -154,7 +154,7 @@ impl GemvParams {
             }
         }
         let vec = 16 / self.w_dtype.size();
-        if self.k as u64 % vec != 0 {
+        if !(self.k as u64).is_multiple_of(vec) {
             return err(
                 "k",
                 &format!("must be a multiple of {vec} (16-byte weight loads)"),
@@ -386,7 +386,10 @@ fn epilogue(w: &mut Writer, p: &GemvParams) {
     if p.gate_up() {
         emit!(w, "const float gate = round_to<{xt}>(acc[m][j]);");
         emit!(w, "const float up = round_to<{xt}>(acc[m][CW + j]);");
-        emit!(w, "float v = round_to<{xt}>(silu_f32(gate) * up);");
+        emit!(
+            w,
+            "float v = round_to<{xt}>(round_to<{xt}>(silu_f32(gate)) * up);"
+        );
     } else {
         emit!(w, "float v = round_to<{xt}>(acc[m][j]);");
     }

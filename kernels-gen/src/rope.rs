@@ -5,10 +5,12 @@
 //! One warp per `(token, head)` unit: q heads, then k heads, then v heads. A unit is read
 //! once into shared memory (normalised when fused) so rotation pairs can cross lanes.
 //!
-//! - Rotation: angle `θ_i = float(pos) · inv_freq[i]` in f32 (HF computes it the same way),
-//!   `sincosf`, both multiplied by `cos_sin_scale` (YaRN's attention factor; 1 otherwise).
-//!   `Half` pairs `(i, i + rd/2)`, `Interleaved` pairs `(2i, 2i + 1)`; features past
-//!   `rotary_dim` pass through. The result is rounded once to x's dtype.
+//! - Rotation, step for step as the interpreter (and HF in the activation dtype `R`):
+//!   `angle = f32(pos) · inv_freq[i]` in f32; cos and sin in f64, to f32, times
+//!   `cos_sin_scale` (YaRN's mscale; 1 otherwise), then `c = R(cos)`, `s = R(sin)`; a pair
+//!   `(a, b)` becomes `(R(R(a·c) + R(−b·s)), R(R(b·c) + R(a·s)))`, with `_rn` intrinsics so
+//!   no product is contracted into an FMA. `Half` pairs `(i, i + rd/2)`, `Interleaved`
+//!   pairs `(2i, 2i + 1)`, both at frequency `i`; features past `rotary_dim` pass through.
 //! - KV write: token `m = b·T + t` goes to slot `min(pos, Ctx − 1)` of sequence `b`;
 //!   `pos < 0` (a padding lane) writes nothing. Rotated q is always written.
 //!
@@ -92,7 +94,7 @@ impl RopeKvParams {
             return err("pos_dtype", "must be i32 or i64");
         }
         let r = &self.rope;
-        if r.rotary_dim % 2 != 0 || r.rotary_dim > self.head_dim {
+        if !r.rotary_dim.is_multiple_of(2) || r.rotary_dim > self.head_dim {
             return err("rope.rotary_dim", "must be even and at most head_dim");
         }
         if r.inv_freq.len() != r.rotary_dim as usize / 2 {
@@ -260,14 +262,23 @@ pub fn rope_kv(p: &RopeKvParams) -> Result<KernelSource, Error> {
                         w.line("const float partner = (i & 1) ? hv[i - 1] : -hv[i + 1];");
                     }
                 }
-                w.line("float sn, cs;");
-                w.line("sincosf(fp * INV_FREQ[f], &sn, &cs);");
-                if p.rope.cos_sin_scale != 1.0 {
-                    let s = f32_lit(p.rope.cos_sin_scale);
-                    emit!(w, "sn *= {s};");
-                    emit!(w, "cs *= {s};");
-                }
-                w.line("o = hv[i] * cs + partner * sn;");
+                w.line("double sd, cd;");
+                w.line("sincos((double)(fp * INV_FREQ[f]), &sd, &cd);");
+                let ms = f32_lit(p.rope.cos_sin_scale);
+                emit!(
+                    w,
+                    "const float cs = round_to<{xt}>(__fmul_rn((float)cd, {ms}));"
+                );
+                emit!(
+                    w,
+                    "const float sn = round_to<{xt}>(__fmul_rn((float)sd, {ms}));"
+                );
+                emit!(w, "const float xc = round_to<{xt}>(__fmul_rn(hv[i], cs));");
+                emit!(
+                    w,
+                    "const float ps = round_to<{xt}>(__fmul_rn(partner, sn));"
+                );
+                w.line("o = __fadd_rn(xc, ps);");
             });
         }
         emit!(w, "o = round_to<{xt}>(o);");

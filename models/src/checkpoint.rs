@@ -162,6 +162,17 @@ impl Checkpoint {
         Some(&self.files[e.file].mmap[e.range.clone()])
     }
 
+    /// Checks the weights of `g` named `prefix` + a tensor of this checkpoint (a draft's
+    /// weights inside a step graph), with the prefix stripped.
+    pub fn validate_prefixed(&self, g: &Graph, prefix: &str) -> Result<(), ModelError> {
+        for (_, name, ty) in g.weights() {
+            if let Some(stripped) = name.strip_prefix(prefix) {
+                self.check(stripped, ty)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Checks that every `weight` of `g` exists with the graph's shape and dtype.
     pub fn validate(&self, g: &Graph) -> Result<(), ModelError> {
         for (_, name, ty) in g.weights() {
@@ -186,7 +197,9 @@ impl Checkpoint {
                 found: "no such tensor".into(),
             });
         };
-        let dtype_ok = ir_dtype(e.dtype) == Some(ty.dtype) && is_float_weight(e.dtype);
+        // Float weights must be bf16/f16/f32; integer tables (EAGLE-3 `d2t`) match exactly.
+        let dtype_ok =
+            ir_dtype(e.dtype) == Some(ty.dtype) && (is_float_weight(e.dtype) || ty.dtype.is_int());
         if want_dims.as_ref() != Some(&e.shape) || !dtype_ok {
             return Err(ModelError::Tensor {
                 file: self.file_of(e).to_path_buf(),
@@ -230,11 +243,27 @@ impl Checkpoint {
                     .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
                     .collect(),
             ),
+            Dtype::I64 | Dtype::I32 => {
+                let wide = e.dtype == Dtype::I64;
+                let vals: Vec<i64> = if wide {
+                    bytes
+                        .chunks_exact(8)
+                        .map(|c| i64::from_le_bytes(c.try_into().expect("8-byte chunk")))
+                        .collect()
+                } else {
+                    bytes
+                        .chunks_exact(4)
+                        .map(|c| i32::from_le_bytes(c.try_into().expect("4-byte chunk")) as i64)
+                        .collect()
+                };
+                let dt = if wide { DType::I64 } else { DType::I32 };
+                return Ok(Tensor::from_i64(dt, e.shape.clone(), vals));
+            }
             other => {
                 return Err(ModelError::Tensor {
                     file: self.file_of(e).to_path_buf(),
                     tensor: name.into(),
-                    expected: "bf16, f16 or f32 data".into(),
+                    expected: "bf16, f16, f32, i32 or i64 data".into(),
                     found: format!("{:?} {}", e.shape, dtype_name(other)),
                 })
             }

@@ -29,6 +29,7 @@ use specc_ir::op::B;
 use specc_ir::{BinaryOp, DType, Dim, Graph, IrError, Op, Shape, TensorType, ValueId};
 
 use crate::config::ModelSpec;
+use crate::eagle3::{self, Eagle3Spec};
 use crate::lower::{decoder_layer, embed, lm_head, LayerNames};
 use crate::spec_config::Acceptance;
 
@@ -144,15 +145,18 @@ impl Builder<'_> {
 }
 
 /// A whole model forward over `tokens[B, t]` at `positions[B, t]`, under a name prefix
-/// (`""` for the target, [`DRAFT_PREFIX`] for the draft). Returns f32 logits `[B, t, V]`.
-pub fn forward(
+/// (`""` for the target, [`DRAFT_PREFIX`] for the draft). Returns f32 logits `[B, t, V]`
+/// and the outputs of the decoder layers listed in `taps`, concatenated on the last axis.
+pub fn forward_with_taps(
     g: &mut Graph,
     spec: &ModelSpec,
     prefix: &str,
     tokens: ValueId,
     positions: ValueId,
-) -> Result<ValueId, IrError> {
+    taps: &[usize],
+) -> Result<(ValueId, Option<ValueId>), IrError> {
     let (mut x, table) = embed(g, spec, prefix, tokens)?;
+    let mut tapped = vec![None; taps.len()];
     for layer in 0..spec.layers {
         x = decoder_layer(
             g,
@@ -161,8 +165,215 @@ pub fn forward(
             x,
             positions,
         )?;
+        for (i, &t) in taps.iter().enumerate() {
+            if t == layer {
+                tapped[i] = Some(x);
+            }
+        }
     }
-    lm_head(g, spec, prefix, x, table)
+    let taps_v = if taps.is_empty() {
+        None
+    } else {
+        let vals: Vec<ValueId> = tapped
+            .into_iter()
+            .map(|t| t.expect("tap layers are < layers"))
+            .collect();
+        Some(g.add(Op::Concat { axis: 2 }, &vals)?)
+    };
+    Ok((lm_head(g, spec, prefix, x, table)?, taps_v))
+}
+
+/// [`forward_with_taps`] without taps.
+pub fn forward(
+    g: &mut Graph,
+    spec: &ModelSpec,
+    prefix: &str,
+    tokens: ValueId,
+    positions: ValueId,
+) -> Result<ValueId, IrError> {
+    Ok(forward_with_taps(g, spec, prefix, tokens, positions, &[])?.0)
+}
+
+/// The per-sequence step states every method shares, read at the step's start.
+struct Common {
+    len: ValueId,
+    pending: ValueId,
+    budget: ValueId,
+    emitted: ValueId,
+    step: ValueId,
+    live: ValueId,
+    zero_b: ValueId,
+    one_b: ValueId,
+    /// Uniforms `[B, 2k+1]` under sampled acceptance: columns 0..k accept/reject, k the
+    /// bonus, k+1.. the draft's own draws.
+    uniforms: Option<ValueId>,
+}
+
+fn begin(b: &mut Builder, shape: &StepShape) -> Result<Common, IrError> {
+    let k = shape.num_steps;
+    let vec_b = i32_ty(&[B]);
+    let len = b.g.state(LEN, vec_b.clone())?;
+    let pending = b.g.state(PENDING, i32_ty(&[B, s(2)]))?;
+    let budget = b.g.state(BUDGET, vec_b.clone())?;
+    let emitted = b.g.state(EMITTED, vec_b.clone())?;
+    let step = b.g.state(STEP, vec_b)?;
+    let zero_b = b.fill_i32(0, &[B])?;
+    let one_b = b.fill_i32(1, &[B])?;
+    let live = b.bin(BinaryOp::Lt, zero_b, budget)?;
+    let uniforms = match &shape.acceptance {
+        Acceptance::Greedy => None,
+        Acceptance::Sample { seed, .. } => {
+            let counters = rng_counters(b, step, 2 * k + 1)?;
+            Some(b.g.add(Op::RandomUniform { seed: *seed }, &[counters])?)
+        }
+    };
+    Ok(Common {
+        len,
+        pending,
+        budget,
+        emitted,
+        step,
+        live,
+        zero_b,
+        one_b,
+        uniforms,
+    })
+}
+
+/// What the drafting phase hands to verification.
+struct Drafted {
+    /// k tokens `[B, 1]` each, in target ids.
+    tokens: Vec<ValueId>,
+    /// The distribution each token was drawn from, `[B, 1, V]` each (sampled acceptance).
+    dists: Vec<ValueId>,
+}
+
+/// What verification leaves for method-specific commits.
+struct Verified {
+    accepted: ValueId,
+    emit_tokens: ValueId,
+    taps: Option<ValueId>,
+    /// (state, new value) pairs, applied by [`commit_all`].
+    commits: Vec<(ValueId, ValueId)>,
+}
+
+/// Verify, accept, commit and emit: the method-independent second half of a step.
+fn verify_and_commit(
+    b: &mut Builder,
+    c: &Common,
+    target: &ModelSpec,
+    shape: &StepShape,
+    drafted: Drafted,
+    taps: &[usize],
+) -> Result<Verified, IrError> {
+    let k = shape.num_steps;
+    // verify: x(n), d1..dk at n..n+k in one target forward.
+    let bonus_in = b.slice_cols(c.pending, 1, 1)?;
+    let mut vt = vec![bonus_in];
+    vt.extend(drafted.tokens.iter().copied());
+    let verify_tokens = b.g.add(Op::Concat { axis: 1 }, &vt)?;
+    let draft_tokens = b.g.add(Op::Concat { axis: 1 }, &drafted.tokens)?;
+    let vpos = b.positions(c.len, k + 1, c.live)?;
+    let (target_logits, taps_v) = forward_with_taps(b.g, target, "", verify_tokens, vpos, taps)?;
+
+    // accept: a in 0..=k, and the token after the accepted prefix.
+    let (accepted, bonus) = match (&shape.acceptance, c.uniforms) {
+        (Acceptance::Sample { temperature, .. }, Some(u)) => {
+            let q = b.g.add(Op::Concat { axis: 1 }, &drafted.dists)?;
+            let p = probs(b, target_logits, *temperature)?;
+            sample_accept(b, p, q, draft_tokens, u, k)?
+        }
+        _ => {
+            let target_next = b.g.add(Op::Argmax, &[target_logits])?;
+            let a = b.g.add(Op::AcceptChain, &[draft_tokens, target_next])?;
+            let bonus = b.pick(target_next, a)?;
+            (a, bonus)
+        }
+    };
+    let a = b.g.add(Op::Select, &[c.live, accepted, c.zero_b])?;
+
+    // commit: len += a + 1, pending = [token at n + a, bonus], budget -= a + 1.
+    let a1 = b.bin(BinaryOp::Add, a, c.one_b)?;
+    let a1_live = b.g.add(Op::Select, &[c.live, a1, c.zero_b])?;
+    let new_len = b.bin(BinaryOp::Add, c.len, a1_live)?;
+    let last = b.pick(verify_tokens, a)?;
+    let new_pending = b.g.add(Op::Concat { axis: 1 }, &[last, bonus])?;
+    let live2 = b.bcast_cols_bool(c.live, 2)?;
+    let new_pending = b.g.add(Op::Select, &[live2, new_pending, c.pending])?;
+    let new_budget = b.bin(BinaryOp::Sub, c.budget, a1_live)?;
+    let new_step = b.bin(BinaryOp::Add, c.step, c.one_b)?;
+
+    // emit d1..da and the bonus into the ring at (emitted + t) mod R, t ≤ a.
+    let tail = b.slice_cols(verify_tokens, 1, k)?;
+    let shifted = b.g.add(Op::Concat { axis: 1 }, &[tail, bonus])?;
+    let io = b.iota(k + 1)?;
+    let a_cols = b.bcast_cols(a, k + 1)?;
+    let is_bonus = b.bin(BinaryOp::Eq, io, a_cols)?;
+    let bonus_flat = b.reshape(bonus, &[B])?;
+    let bonus_cols = b.bcast_cols(bonus_flat, k + 1)?;
+    let emit_tokens = b.g.add(Op::Select, &[is_bonus, bonus_cols, shifted])?;
+    let base = b.bcast_cols(c.emitted, k + 1)?;
+    let e = b.bin(BinaryOp::Add, base, io)?;
+    let r = b.fill_i32(shape.ring as i64, &[B, s(k + 1)])?;
+    let slot = b.bin(BinaryOp::Rem, e, r)?;
+    let n_emit = b.bcast_cols(a1_live, k + 1)?;
+    let keep = b.bin(BinaryOp::Lt, io, n_emit)?;
+    let neg = b.fill_i32(-1, &[B, s(k + 1)])?;
+    let ring_pos = b.g.add(Op::Select, &[keep, slot, neg])?;
+    let ring = b.g.state(RING, i32_ty(&[B, s(shape.ring), s(1), s(1)]))?;
+    let rows = b.reshape(emit_tokens, &[B, s(k + 1), s(1), s(1)])?;
+    b.g.add(Op::KvWrite, &[ring, rows, ring_pos])?;
+    let new_emitted = b.bin(BinaryOp::Add, c.emitted, a1_live)?;
+
+    let commits = vec![
+        (c.len, new_len),
+        (c.pending, new_pending),
+        (c.budget, new_budget),
+        (c.emitted, new_emitted),
+        (c.step, new_step),
+    ];
+    b.g.set_output(ACCEPTED, a);
+    b.g.set_output(VERIFY_TOKENS, verify_tokens);
+    Ok(Verified {
+        accepted: a,
+        emit_tokens,
+        taps: taps_v,
+        commits,
+    })
+}
+
+/// Overwrites each state with its new value. Every assign comes after every read of the
+/// old values (the verifier's in-place rule), so all commits of a step go through here
+/// once, last.
+fn commit_all(b: &mut Builder, commits: &[(ValueId, ValueId)]) -> Result<(), IrError> {
+    for &(state, value) in commits {
+        b.g.add(Op::Assign, &[state, value])?;
+    }
+    Ok(())
+}
+
+/// One draft token from a logits row `[B, 1, V]`: the argmax (greedy) or a draw from
+/// softmax(row / temperature) with uniform column `col` (sampled acceptance).
+fn choose(
+    b: &mut Builder,
+    shape: &StepShape,
+    c: &Common,
+    row: ValueId,
+    col: u64,
+    dists: &mut Vec<ValueId>,
+) -> Result<ValueId, IrError> {
+    match (&shape.acceptance, c.uniforms) {
+        (Acceptance::Sample { temperature, .. }, Some(u)) => {
+            let q = probs(b, row, *temperature)?;
+            dists.push(q);
+            let q2 = b.reshape(q, &[B, b_vocab(b.g, q)])?;
+            let uj = b.slice_cols(u, col, 1)?;
+            let uj = b.reshape(uj, &[B])?;
+            let t = b.g.add(Op::Sample, &[q2, uj])?;
+            b.reshape(t, &[B, s(1)])
+        }
+        _ => b.g.add(Op::Argmax, &[row]),
+    }
 }
 
 /// Lowers one speculative step with a standalone draft model (`draft_model`).
@@ -174,30 +385,11 @@ pub fn lower_draft_model_step(
     let k = shape.num_steps;
     let mut g = Graph::new("spec_step_draft_model");
     let mut b = Builder { g: &mut g };
-    let vec_b = i32_ty(&[B]);
-    let len = b.g.state(LEN, vec_b.clone())?;
-    let pending = b.g.state(PENDING, i32_ty(&[B, s(2)]))?;
-    let budget = b.g.state(BUDGET, vec_b.clone())?;
-    let emitted = b.g.state(EMITTED, vec_b.clone())?;
-    let step = b.g.state(STEP, vec_b)?;
-    let zero_b = b.fill_i32(0, &[B])?;
-    let one_b = b.fill_i32(1, &[B])?;
-    let live = b.bin(BinaryOp::Lt, zero_b, budget)?;
-    // Uniforms for sampled acceptance: columns 0..k accept/reject, k the bonus, k+1.. the
-    // draft's own draws. Unused (and removed as dead code) under greedy acceptance.
-    let uniforms = match &shape.acceptance {
-        Acceptance::Greedy => None,
-        Acceptance::Sample { seed, .. } => {
-            let counters = rng_counters(&mut b, step, 2 * k + 1)?;
-            Some(b.g.add(Op::RandomUniform { seed: *seed }, &[counters])?)
-        }
-    };
-
-    // 1. draft: catch up on [x(n-1), x(n)], then k - 1 single-token steps. Each draft
-    //    token is the argmax (greedy) or a draw from q = softmax(logits / temperature).
-    let len_m1 = b.bin(BinaryOp::Sub, len, one_b)?;
-    let pos0 = b.positions(len_m1, 2, live)?;
-    let logits0 = forward(b.g, draft, DRAFT_PREFIX, pending, pos0)?;
+    let c = begin(&mut b, shape)?;
+    // draft: catch up on [x(n-1), x(n)], then k - 1 single-token steps.
+    let len_m1 = b.bin(BinaryOp::Sub, c.len, c.one_b)?;
+    let pos0 = b.positions(len_m1, 2, c.live)?;
+    let logits0 = forward(b.g, draft, DRAFT_PREFIX, c.pending, pos0)?;
     let mut row = b.g.add(
         Op::Slice {
             axis: 1,
@@ -206,100 +398,139 @@ pub fn lower_draft_model_step(
         },
         &[logits0],
     )?;
-    let mut draft_rows = Vec::new();
-    let mut drafted: Vec<ValueId> = Vec::new();
+    let mut d = Drafted {
+        tokens: Vec::new(),
+        dists: Vec::new(),
+    };
     for j in 0..k {
-        let tok = match (&shape.acceptance, uniforms) {
-            (Acceptance::Sample { temperature, .. }, Some(u)) => {
-                let q = probs(&mut b, row, *temperature)?;
-                draft_rows.push(q);
-                let q2 = b.reshape(q, &[B, b_vocab(b.g, q)])?;
-                let uj = b.slice_cols(u, k + 1 + j, 1)?;
-                let uj = b.reshape(uj, &[B])?;
-                let t = b.g.add(Op::Sample, &[q2, uj])?;
-                b.reshape(t, &[B, s(1)])?
-            }
-            _ => b.g.add(Op::Argmax, &[row])?,
-        };
-        drafted.push(tok);
+        let tok = choose(&mut b, shape, &c, row, k + 1 + j, &mut d.dists)?;
+        d.tokens.push(tok);
         if j + 1 < k {
             let offset = b.fill_i32(j as i64 + 1, &[B])?;
-            let start = b.bin(BinaryOp::Add, len, offset)?;
-            let pos = b.positions(start, 1, live)?;
+            let start = b.bin(BinaryOp::Add, c.len, offset)?;
+            let pos = b.positions(start, 1, c.live)?;
             row = forward(b.g, draft, DRAFT_PREFIX, tok, pos)?;
         }
     }
-    let draft_tokens = b.g.add(Op::Concat { axis: 1 }, &drafted)?;
-
-    // 2. verify: x(n), d1..dk at n..n+k in one target forward.
-    let bonus_in = b.slice_cols(pending, 1, 1)?;
-    let mut vt = vec![bonus_in];
-    vt.extend(drafted.iter().copied());
-    let verify_tokens = b.g.add(Op::Concat { axis: 1 }, &vt)?;
-    let vpos = b.positions(len, k + 1, live)?;
-    let target_logits = forward(b.g, target, "", verify_tokens, vpos)?;
-
-    // 3. accept: a in 0..=k, and the token after the accepted prefix.
-    let (accepted, bonus) = match (&shape.acceptance, uniforms) {
-        (Acceptance::Sample { temperature, .. }, Some(u)) => {
-            let q = b.g.add(Op::Concat { axis: 1 }, &draft_rows)?;
-            let p = probs(&mut b, target_logits, *temperature)?;
-            sample_accept(&mut b, p, q, draft_tokens, u, k)?
-        }
-        _ => {
-            let target_next = b.g.add(Op::Argmax, &[target_logits])?;
-            let a = b.g.add(Op::AcceptChain, &[draft_tokens, target_next])?;
-            let bonus = b.pick(target_next, a)?;
-            (a, bonus)
-        }
-    };
-    let a = b.g.add(Op::Select, &[live, accepted, zero_b])?;
-
-    // 4. commit: len += a + 1, pending = [token at n + a, bonus], budget -= a + 1.
-    let a1 = b.bin(BinaryOp::Add, a, one_b)?;
-    let a1_live = b.g.add(Op::Select, &[live, a1, zero_b])?;
-    let new_len = b.bin(BinaryOp::Add, len, a1_live)?;
-    let last = b.pick(verify_tokens, a)?;
-    let new_pending = b.g.add(Op::Concat { axis: 1 }, &[last, bonus])?;
-    let live2 = b.bcast_cols_bool(live, 2)?;
-    let new_pending = b.g.add(Op::Select, &[live2, new_pending, pending])?;
-    let new_budget = b.bin(BinaryOp::Sub, budget, a1_live)?;
-    let new_step = b.bin(BinaryOp::Add, step, one_b)?;
-
-    // 5. emit d1..da and the bonus into the ring at (emitted + t) mod R, t ≤ a.
-    let tail = b.slice_cols(verify_tokens, 1, k)?;
-    let shifted = b.g.add(Op::Concat { axis: 1 }, &[tail, bonus])?;
-    let io = b.iota(k + 1)?;
-    let a_cols = b.bcast_cols(a, k + 1)?;
-    let is_bonus = b.bin(BinaryOp::Eq, io, a_cols)?;
-    let bonus_flat = b.reshape(bonus, &[B])?;
-    let bonus_cols = b.bcast_cols(bonus_flat, k + 1)?;
-    let emit_tokens = b.g.add(Op::Select, &[is_bonus, bonus_cols, shifted])?;
-    let base = b.bcast_cols(emitted, k + 1)?;
-    let e = b.bin(BinaryOp::Add, base, io)?;
-    let r = b.fill_i32(shape.ring as i64, &[B, s(k + 1)])?;
-    let slot = b.bin(BinaryOp::Rem, e, r)?;
-    let n_emit = b.bcast_cols(a1_live, k + 1)?;
-    let keep = b.bin(BinaryOp::Lt, io, n_emit)?;
-    let neg = b.fill_i32(-1, &[B, s(k + 1)])?;
-    let ring_pos = b.g.add(Op::Select, &[keep, slot, neg])?;
-    let ring = b.g.state(RING, i32_ty(&[B, s(shape.ring), s(1), s(1)]))?;
-    let rows = b.reshape(emit_tokens, &[B, s(k + 1), s(1), s(1)])?;
-    b.g.add(Op::KvWrite, &[ring, rows, ring_pos])?;
-    let new_emitted = b.bin(BinaryOp::Add, emitted, a1_live)?;
-
-    for (state, value) in [
-        (len, new_len),
-        (pending, new_pending),
-        (budget, new_budget),
-        (emitted, new_emitted),
-        (step, new_step),
-    ] {
-        b.g.add(Op::Assign, &[state, value])?;
-    }
-    g.set_output(ACCEPTED, a);
-    g.set_output(VERIFY_TOKENS, verify_tokens);
+    let v = verify_and_commit(&mut b, &c, target, shape, d, &[])?;
+    commit_all(&mut b, &v.commits)?;
     Ok(g)
+}
+
+/// EAGLE-3 step states (besides the common ones): the taps and tokens of the pairs the
+/// head has not seen yet, from the previous verify (or the prefill's last position).
+pub const EAGLE_HIDDEN: &str = "eagle.hidden";
+pub const EAGLE_TOKENS: &str = "eagle.tokens";
+pub const EAGLE_COUNT: &str = "eagle.count";
+pub const EAGLE_BASE: &str = "eagle.base";
+
+/// Lowers one speculative step with an EAGLE-3 head (chain, topk = 1).
+///
+/// Catch-up: the pairs `(taps[t], tokens[t])` at positions `base + t`, `t < count`, go
+/// through `fc` and the head (slots past `count` are masked); the head's output at slot
+/// `count − 1` predicts d1. Chained steps feed the head's own output back (no `fc`) at the
+/// following positions. After verify, the k + 1 verify positions' taps and the emitted
+/// tokens become the next step's pairs (`count = a + 1`, `base = n`).
+pub fn lower_eagle3_step(
+    target: &ModelSpec,
+    eagle: &Eagle3Spec,
+    shape: &StepShape,
+) -> Result<Graph, IrError> {
+    let k = shape.num_steps;
+    let h3 = 3 * eagle.hidden() as u64;
+    let mut g = Graph::new("spec_step_eagle3");
+    let mut b = Builder { g: &mut g };
+    let c = begin(&mut b, shape)?;
+    let hid_ty = TensorType::new(target.dtype, [B, s(k + 1), s(h3)]);
+    let hidden = b.g.state(EAGLE_HIDDEN, hid_ty)?;
+    let tokens = b.g.state(EAGLE_TOKENS, i32_ty(&[B, s(k + 1)]))?;
+    let count = b.g.state(EAGLE_COUNT, i32_ty(&[B]))?;
+    let base = b.g.state(EAGLE_BASE, i32_ty(&[B]))?;
+
+    // Catch-up over k + 1 slots, masked past `count`.
+    let io = b.iota(k + 1)?;
+    let cnt = b.bcast_cols(count, k + 1)?;
+    let valid = b.bin(BinaryOp::Lt, io, cnt)?;
+    let valid_i = b.g.add(Op::Cast { to: DType::I32 }, &[valid])?;
+    let live_cols = b.bcast_cols_bool(c.live, k + 1)?;
+    let live_i = b.g.add(Op::Cast { to: DType::I32 }, &[live_cols])?;
+    let both = b.bin(BinaryOp::Mul, valid_i, live_i)?;
+    let zero_c = b.fill_i32(0, &[B, s(k + 1)])?;
+    let keep = b.bin(BinaryOp::Lt, zero_c, both)?;
+    let base_c = b.bcast_cols(base, k + 1)?;
+    let pos = b.bin(BinaryOp::Add, base_c, io)?;
+    let neg = b.fill_i32(-1, &[B, s(k + 1)])?;
+    let pos = b.g.add(Op::Select, &[keep, pos, neg])?;
+    let (emb, _) = embed(b.g, target, "", tokens)?;
+    let g0 = eagle3::fc(b.g, eagle, hidden)?;
+    let out = eagle3::midlayer(b.g, eagle, emb, g0, pos)?;
+    let last = b.bin(BinaryOp::Sub, count, c.one_b)?;
+    let last3 = b.reshape(last, &[B, s(1), s(1)])?;
+    let hdim = s(eagle.hidden() as u64);
+    let zeros_h = b.g.add(
+        Op::Fill {
+            value: 0.0,
+            ty: i32_ty(&[B, s(1), hdim]),
+        },
+        &[],
+    )?;
+    let idx = b.g.add(Op::Gather { axis: 2 }, &[last3, zeros_h])?;
+    let mut out_row = b.g.add(Op::Gather { axis: 1 }, &[out, idx])?;
+
+    let mut d = Drafted {
+        tokens: Vec::new(),
+        dists: Vec::new(),
+    };
+    for j in 0..k {
+        let tok = eagle3::next_token(b.g, eagle, out_row)?;
+        if c.uniforms.is_some() {
+            // The head drafts greedily: q is the point mass on its token.
+            d.dists.push(one_hot(&mut b, tok, target.vocab as u64)?);
+        }
+        d.tokens.push(tok);
+        if j + 1 < k {
+            // Pair (out_row, tok) at position n - 1 + j + 1 = len + j.
+            let offset = b.fill_i32(j as i64, &[B])?;
+            let start = b.bin(BinaryOp::Add, c.len, offset)?;
+            let p = b.positions(start, 1, c.live)?;
+            let (e1, _) = embed(b.g, target, "", tok)?;
+            out_row = eagle3::midlayer(b.g, eagle, e1, out_row, p)?;
+        }
+    }
+    let v = verify_and_commit(&mut b, &c, target, shape, d, &eagle.taps)?;
+    let taps = v.taps.expect("eagle verify taps three layers");
+    let a1 = b.bin(BinaryOp::Add, v.accepted, c.one_b)?;
+    let mut commits = vec![
+        (hidden, taps),
+        (tokens, v.emit_tokens),
+        (count, a1),
+        (base, c.len),
+    ];
+    commits.extend(v.commits);
+    commit_all(&mut b, &commits)?;
+    Ok(g)
+}
+
+/// `[B, 1, V]` f32 one-hot of `tok[B, 1]`.
+fn one_hot(b: &mut Builder, tok: ValueId, vocab: u64) -> Result<ValueId, IrError> {
+    let io = b.g.add(
+        Op::Iota {
+            axis: 2,
+            ty: i32_ty(&[B, s(1), s(vocab)]),
+        },
+        &[],
+    )?;
+    let t3 = b.reshape(tok, &[B, s(1), s(1)])?;
+    let zeros = b.g.add(
+        Op::Fill {
+            value: 0.0,
+            ty: i32_ty(&[B, s(1), s(vocab)]),
+        },
+        &[],
+    )?;
+    let tb = b.g.add(Op::Gather { axis: 2 }, &[t3, zeros])?;
+    let eq = b.bin(BinaryOp::Eq, io, tb)?;
+    b.g.add(Op::Cast { to: DType::F32 }, &[eq])
 }
 
 fn b_vocab(g: &Graph, x: ValueId) -> Dim {
@@ -430,4 +661,43 @@ fn rng_counters(b: &mut Builder, step: ValueId, cols: u64) -> Result<ValueId, Ir
     let x = b.bin(BinaryOp::Add, x, lane)?;
     let x = b.bin(BinaryOp::Mul, x, c64)?;
     b.bin(BinaryOp::Add, x, col)
+}
+
+/// Inputs of the EAGLE-3 prefill graph.
+pub const HIDDEN: &str = "hidden";
+
+/// The target's prefill (bucket `T`): `logits`, `next_token` and, when `taps` is not
+/// empty, `taps` `[B, T, 3H]` (the tapped layers' outputs, for an EAGLE-3 head).
+pub fn lower_target_prefill(target: &ModelSpec, taps: &[usize]) -> Result<Graph, IrError> {
+    let mut g = Graph::new("target_prefill");
+    let ids = TensorType::new(DType::I32, [B, specc_ir::op::T]);
+    let tokens = g.input("tokens", ids.clone())?;
+    let positions = g.input("positions", ids)?;
+    let (logits, taps_v) = forward_with_taps(&mut g, target, "", tokens, positions, taps)?;
+    let next = g.add(Op::Argmax, &[logits])?;
+    g.set_output("logits", logits);
+    g.set_output("next_token", next);
+    if let Some(t) = taps_v {
+        g.set_output("taps", t);
+    }
+    Ok(g)
+}
+
+/// The EAGLE-3 head's prefill: pairs `(fc(hidden[t]), tokens[t])` at `positions[t]` fill
+/// the head's KV cache (inputs `hidden` `[B, T, 3H]`, `tokens`, `positions` `[B, T]`).
+pub fn lower_eagle3_prefill(target: &ModelSpec, eagle: &Eagle3Spec) -> Result<Graph, IrError> {
+    let mut g = Graph::new("eagle3_prefill");
+    let t = specc_ir::op::T;
+    let ids = TensorType::new(DType::I32, [B, t]);
+    let hidden = g.input(
+        HIDDEN,
+        TensorType::new(target.dtype, [B, t, s(3 * eagle.hidden() as u64)]),
+    )?;
+    let tokens = g.input("tokens", ids.clone())?;
+    let positions = g.input("positions", ids)?;
+    let (emb, _) = embed(&mut g, target, "", tokens)?;
+    let g0 = eagle3::fc(&mut g, eagle, hidden)?;
+    let out = eagle3::midlayer(&mut g, eagle, emb, g0, positions)?;
+    g.set_output("out", out);
+    Ok(g)
 }

@@ -12,4 +12,4 @@ pub use cpu::{CpuSession, StepOutput};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaDevice, CudaError};
 pub use error::RuntimeError;
-pub use spec_cpu::{SpecCpuSession, SpecGraphs, SpecStats};
+pub use spec_cpu::{DraftKind, SpecCpuSession, SpecGraphs, SpecStats};

@@ -6,12 +6,27 @@ use std::collections::HashMap;
 
 use specc_ir::interp::{self, Data, Env, Tensor, WeightSource};
 use specc_ir::{Bindings, DType, Graph};
-use specc_models::spec_step::{BUDGET, EMITTED, LEN, PENDING, RING, STEP};
+use specc_models::spec_step::{
+    BUDGET, EAGLE_BASE, EAGLE_COUNT, EAGLE_HIDDEN, EAGLE_TOKENS, EMITTED, HIDDEN, LEN, PENDING,
+    RING, STEP,
+};
 
 use crate::RuntimeError;
 
+/// How the draft is primed at admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DraftKind {
+    /// A standalone model: its prefill reads the prompt like the target's.
+    Model,
+    /// An EAGLE-3 head: its prefill reads (target taps, next token) pairs; `taps_width`
+    /// is 3 × hidden.
+    Eagle3 { taps_width: usize },
+}
+
 /// The graphs of one method: prefill of target and draft, and the step.
 pub struct SpecGraphs<'a> {
+    pub kind: DraftKind,
+    /// Outputs `next_token` (and `taps` for EAGLE-3).
     pub target_prefill: &'a Graph,
     pub draft_prefill: &'a Graph,
     pub step: &'a Graph,
@@ -143,7 +158,6 @@ impl<'a> SpecCpuSession<'a> {
             ])
         };
         let out = self.run(self.graphs.target_prefill, t as u64, inputs())?;
-        self.run(self.graphs.draft_prefill, t as u64, inputs())?;
         let next = out
             .get("next_token")
             .ok_or(RuntimeError::MissingOutput("next_token"))?;
@@ -153,6 +167,15 @@ impl<'a> SpecCpuSession<'a> {
             .enumerate()
             .map(|(b, p)| next[b * t + p.len() - 1] as u32)
             .collect();
+        match self.graphs.kind {
+            DraftKind::Model => {
+                self.run(self.graphs.draft_prefill, t as u64, inputs())?;
+            }
+            DraftKind::Eagle3 { taps_width } => {
+                let taps = out.get("taps").ok_or(RuntimeError::MissingOutput("taps"))?;
+                self.prime_eagle(prompts, &first, taps, t, taps_width)?;
+            }
+        }
         let lanes = self.lanes;
         let vec = |f: &dyn Fn(usize) -> i64| {
             Tensor::from_i64(DType::I32, vec![lanes], (0..lanes).map(f).collect())
@@ -187,6 +210,73 @@ impl<'a> SpecCpuSession<'a> {
         );
         self.drained = vec![0; lanes];
         Ok(first)
+    }
+
+    /// EAGLE-3 admission: the head reads pairs (taps at t, x(t+1)) for t < P − 1; the pair
+    /// at P − 1 (with the first generated token) is left for the first step's catch-up.
+    fn prime_eagle(
+        &mut self,
+        prompts: &[Vec<u32>],
+        first: &[u32],
+        taps: &Tensor,
+        t: usize,
+        width: usize,
+    ) -> Result<(), RuntimeError> {
+        let lanes = self.lanes;
+        let k = self.graphs.num_steps;
+        let taps = taps.as_f32()?;
+        let tp = (t - 1).max(1);
+        let mut hidden = vec![0f32; lanes * tp * width];
+        let mut tokens = vec![vec![0i64; tp]; lanes];
+        let mut positions = vec![vec![-1i64; tp]; lanes];
+        for (b, p) in prompts.iter().enumerate() {
+            for i in 0..p.len() - 1 {
+                let src = (b * t + i) * width;
+                hidden[(b * tp + i) * width..][..width].copy_from_slice(&taps[src..src + width]);
+                tokens[b][i] = p[i + 1] as i64;
+                positions[b][i] = i as i64;
+            }
+        }
+        let dtype = self
+            .graphs
+            .draft_prefill
+            .inputs()
+            .find(|(_, n, _)| *n == HIDDEN)
+            .map(|(_, _, ty)| ty.dtype)
+            .unwrap_or(DType::F32);
+        let inputs = HashMap::from([
+            (
+                HIDDEN.to_string(),
+                Tensor::from_f32(dtype, vec![lanes, tp, width], hidden),
+            ),
+            ("tokens".to_string(), ids_tensor(&tokens, tp)),
+            ("positions".to_string(), ids_tensor(&positions, tp)),
+        ]);
+        self.run(self.graphs.draft_prefill, tp as u64, inputs)?;
+        let mut slot_hidden = vec![0f32; lanes * (k + 1) * width];
+        let mut slot_tokens = vec![0i64; lanes * (k + 1)];
+        for (b, p) in prompts.iter().enumerate() {
+            let src = (b * t + p.len() - 1) * width;
+            slot_hidden[b * (k + 1) * width..][..width].copy_from_slice(&taps[src..src + width]);
+            slot_tokens[b * (k + 1)] = first[b] as i64;
+        }
+        let lane_vec = |f: &dyn Fn(usize) -> i64| {
+            Tensor::from_i64(DType::I32, vec![lanes], (0..lanes).map(f).collect())
+        };
+        self.states.insert(
+            EAGLE_HIDDEN.into(),
+            Tensor::from_f32(dtype, vec![lanes, k + 1, width], slot_hidden),
+        );
+        self.states.insert(
+            EAGLE_TOKENS.into(),
+            Tensor::from_i64(DType::I32, vec![lanes, k + 1], slot_tokens),
+        );
+        self.states.insert(EAGLE_COUNT.into(), lane_vec(&|_| 1));
+        self.states.insert(
+            EAGLE_BASE.into(),
+            lane_vec(&|b| prompts[b].len() as i64 - 1),
+        );
+        Ok(())
     }
 
     /// Marks lane `b` finished: the device masks it from the next step on.

@@ -13,7 +13,7 @@ use specc_ir::DType;
 use specc_runtime::cuda::{
     driver_present, pointer_table, CudaDevice, CudaError, DeviceArena, DeviceWeights, HostTensor,
     KernelImage, KernelModule, KernelParam, PreparedLaunch, Retained, StateBuffers, StepGraph,
-    TokenRing, RING_HEADER_WORDS,
+    TokenRing,
 };
 use specc_runtime::RuntimeError;
 
@@ -23,15 +23,18 @@ extern "C" __global__ void add_one(float* x, int n) {
     if (i < n) x[i] += 1.0f;
 }
 
-// Appends n words (step * 100 + i) to the ring, then advances the cursor and the step.
-extern "C" __global__ void emit(int* ring, int* step, int n) {
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    unsigned c = (unsigned)ring[0];
-    unsigned cap = (unsigned)ring[1];
+// Lane b appends n + b tokens (step * 100 + b * 10 + i) to its ring row, then advances its
+// emitted count; thread 0 advances the step.
+extern "C" __global__ void emit(int* ring, int* emitted, int* step, int lanes, int cap, int n) {
+    int b = threadIdx.x;
     int s = step[0];
-    for (int i = 0; i < n; i++) ring[4 + ((c + (unsigned)i) & (cap - 1u))] = s * 100 + i;
-    ring[0] = (int)(c + (unsigned)n);
-    step[0] = s + 1;
+    __syncthreads();
+    if (b < lanes) {
+        int e = emitted[b];
+        for (int i = 0; i < n + b; i++) ring[b * cap + (e + i) % cap] = s * 100 + b * 10 + i;
+        emitted[b] = e + n + b;
+    }
+    if (b == 0) step[0] = s + 1;
 }
 
 // The generated kernels' ABI: arena base, pointer table, bucket constants by value.
@@ -274,9 +277,9 @@ fn token_ring_round_trip() {
     let Some(dev) = device() else { return };
     let Some(m) = module(&dev) else { return };
     let emit = m.function("emit", 0).unwrap();
-    let mut ring = TokenRing::new(&dev, 16, 2).unwrap();
+    let (lanes, cap, n) = (2usize, 13usize, 5i32);
+    let mut ring = TokenRing::new(&dev, lanes, cap, 2).unwrap();
     let step = dev.alloc_zeroed("step", 4).unwrap();
-    let per_step = 5;
     let l = PreparedLaunch::new(
         "emit",
         emit,
@@ -284,51 +287,57 @@ fn token_ring_round_trip() {
         (32, 1, 1),
         0,
         vec![
-            KernelParam::buf(ring.buffer(), 0).unwrap(),
+            KernelParam::buf(ring.ring_buffer(), 0).unwrap(),
+            KernelParam::buf(ring.emitted_buffer(), 0).unwrap(),
             KernelParam::buf(&step, 0).unwrap(),
-            KernelParam::I32(per_step),
+            KernelParam::I32(lanes as i32),
+            KernelParam::I32(cap as i32),
+            KernelParam::I32(n),
         ],
     )
     .unwrap();
-    let g = StepGraph::from_launches(&dev, vec![l], vec![ring.buffer().clone()]).unwrap();
-    let mut got = Vec::new();
-    // 7 steps of 5 words through a 16-word ring with 2 mirrors: the host reads at least every
-    // other step (after_replay harvests when both mirrors are pending), so nothing is lost.
+    let g = StepGraph::from_launches(&dev, vec![l], vec![]).unwrap();
+    let want = |steps: std::ops::Range<i32>, b: i32| -> Vec<i32> {
+        steps
+            .flat_map(|s| (0..n + b).map(move |i| s * 100 + b * 10 + i))
+            .collect()
+    };
+    let mut got = vec![Vec::new(); lanes];
+    // 7 steps of 5 and 6 tokens through 13-slot rings with 2 mirrors: the host reads at least
+    // every other step (after_replay harvests when both mirrors are pending), so nothing is
+    // lost, and the slots wrap several times.
     for _ in 0..7 {
         g.replay().unwrap();
         ring.after_replay().unwrap();
-        got.extend(ring.poll().unwrap());
+        for (b, t) in ring.poll().unwrap().into_iter().enumerate() {
+            got[b].extend(t);
+        }
     }
-    got.extend(ring.wait().unwrap());
-    let want: Vec<i32> = (0..7)
-        .flat_map(|s| (0..per_step).map(move |i| s * 100 + i))
-        .collect();
-    assert_eq!(got, want);
-    assert!(ring.poll().unwrap().is_empty());
-    assert_eq!(
-        ring.slots_ptr() - ring.cursor_ptr(),
-        (RING_HEADER_WORDS * 4) as u64
-    );
+    for (b, t) in ring.wait().unwrap().into_iter().enumerate() {
+        got[b].extend(t);
+    }
+    assert_eq!(got[0], want(0..7, 0));
+    assert_eq!(got[1], want(0..7, 1));
+    assert!(ring.poll().unwrap().iter().all(|t| t.is_empty()));
 
-    // 4 steps without a copy: 20 words overflow the 16-word ring, and the host is told.
+    // 4 steps without a copy: 20 tokens overflow lane 0's 13 slots, and the host is told.
     for _ in 0..4 {
         g.replay().unwrap();
     }
     ring.after_replay().unwrap();
     match ring.wait() {
         Err(RuntimeError::Cuda(CudaError::RingOverflow {
+            lane: 0,
             unread: 20,
-            capacity: 16,
+            capacity: 13,
         })) => {}
         other => panic!("want overflow, got {other:?}"),
     }
-    ring.reset().unwrap();
+    ring.reset_lane(0).unwrap();
+    ring.reset_lane(1).unwrap();
     g.replay().unwrap();
     ring.after_replay().unwrap();
-    assert_eq!(
-        ring.wait().unwrap(),
-        (0..per_step).map(|i| 1100 + i).collect::<Vec<_>>()
-    );
+    assert_eq!(ring.wait().unwrap(), vec![want(11..12, 0), want(11..12, 1)]);
 }
 
 #[test]
@@ -489,4 +498,19 @@ fn abi_kernel_reads_table_and_consts() {
         .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
     assert_eq!(got, vec![2, 3, 64, 6, 42, 7]);
+}
+
+/// Needs only NVRTC (no driver): the smoke kernels build for Hopper.
+#[test]
+fn smoke_kernels_compile_to_cubin() {
+    // SAFETY: only tries to dlopen the NVRTC library by its known names.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        println!("skipped: no NVRTC library");
+        return;
+    }
+    let cubin = compile_cubin(SRC, "sm_90a");
+    assert!(matches!(
+        KernelImage::from_bytes(cubin),
+        Ok(KernelImage::Binary(_))
+    ));
 }

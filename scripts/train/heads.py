@@ -98,7 +98,10 @@ def merge_heads(x):
 
 def repeat_kv(x, n_rep):
     """[B, nkv, N, hd] -> [B, nkv*n_rep, N, hd]; q head h uses kv head h // n_rep (HF repeat_kv)."""
-    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+    if n_rep == 1:
+        return x
+    b, n, t, hd = x.shape
+    return x[:, :, None].expand(b, n, n_rep, t, hd).reshape(b, n * n_rep, t, hd)
 
 
 def causal_attention(q, k, v, scale):

@@ -88,10 +88,18 @@ pub enum CudaError {
     },
     #[error("stream capture failed: {0}")]
     Capture(String),
-    #[error("token ring overflow: {unread} words were emitted since the last read but the ring holds {capacity}; read it more often or enlarge it")]
-    RingOverflow { unread: u64, capacity: u64 },
-    #[error("token ring capacity must be a power of two of at least 1 word, got {0}")]
-    RingCapacity(u64),
+    #[error("token ring overflow in lane {lane}: {unread} tokens were emitted since the last read but the ring holds {capacity}; read it more often or enlarge it")]
+    RingOverflow {
+        lane: usize,
+        unread: u64,
+        capacity: u64,
+    },
+    #[error("token ring of {lanes} lanes × {capacity} slots: {reason}")]
+    RingShape {
+        lanes: usize,
+        capacity: usize,
+        reason: String,
+    },
 }
 
 fn gib(b: u64) -> String {

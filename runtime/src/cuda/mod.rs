@@ -10,8 +10,8 @@
 //! - [`PreparedLaunch`], [`launch_all`]: checked launches issued in order.
 //! - [`StepGraph`]: capture (with a guard that always ends it) and replay; keeps every
 //!   buffer and module it touches alive.
-//! - [`TokenRing`]: emitted words copied to pinned host mirrors after each replay, read
-//!   without blocking.
+//! - [`TokenRing`]: the step's per-lane token rings and emitted counts copied to pinned host
+//!   mirrors after each replay, read without blocking.
 //!
 //! Ordering rule: every copy, launch and replay goes on [`CudaDevice::stream`], so the
 //! stream orders them; nothing relies on cudarc's per-buffer events.
@@ -21,10 +21,12 @@
 //! 1. `CudaDevice::open(0)`; choose the engine's cubins with
 //!    `pick_arch(&dev.info().arch, &archs)`.
 //! 2. `DeviceWeights::upload(&dev, tensors, true)`; `StateBuffers::for_graph(&dev, &graph,
-//!    &bind)`; `TokenRing::new(&dev, capacity, DEFAULT_RING_DEPTH)`.
+//!    &bind)`; `TokenRing::from_states(&dev, states.get(RING)?.clone(),
+//!    states.get(EMITTED)?.clone(), b, ring_capacity, DEFAULT_RING_DEPTH)` over the step
+//!    graph's `spec.ring` / `spec.emitted` states.
 //! 3. `pointer_table(&dev, "bufs", &slots)` with one [`BufRef`] per ABI slot
-//!    (`weights.buf_ref(name)`, `states.buf_ref(name)`, `BufRef { buf: ring.buffer().clone(),
-//!    offset: 0 }`), in the slot order the kernels were generated with.
+//!    (`weights.buf_ref(name)`, `states.buf_ref(name)`), in the slot order the kernels were
+//!    generated with.
 //! 4. Per bucket: `DeviceArena::new(&dev, plan.memory.arena_bytes)`; per kernel
 //!    `KernelModule::load(&dev, &k.name, KernelImage::Binary(compiled.cubin))` and
 //!    `module.function(&k.entry, geom.smem_bytes)`; then `PreparedLaunch::new(&k.name, f,
@@ -53,6 +55,6 @@ pub use error::CudaError;
 pub use graph::{Retained, StepGraph};
 pub use launch::{launch_all, KernelParam, PreparedLaunch};
 pub use module::{KernelImage, KernelModule, DEFAULT_DYNAMIC_SMEM};
-pub use ring::{TokenRing, DEFAULT_RING_DEPTH, RING_HEADER_WORDS};
+pub use ring::{TokenRing, DEFAULT_RING_DEPTH};
 pub use table::{pointer_table, BufRef, TABLE_ENTRY_ALIGN};
 pub use weights::{slab_layout, DeviceWeights, HostTensor, WeightEntry, WEIGHT_ALIGN};

@@ -1,16 +1,13 @@
-//! The token ring: the step graph's emit kernel appends `i32` words on the device; after
-//! each replay the host queues an asynchronous copy into a pinned mirror and records an
-//! event, and reads mirrors whose events completed — so the host never waits inside a step
-//! and may queue several steps before reading.
+//! The token ring: the step graph's emit writes tokens on the device; after each replay the
+//! host queues an asynchronous copy into a pinned mirror and records an event, and reads
+//! mirrors whose events completed — so the host never waits inside a step and may queue
+//! several steps before reading.
 //!
-//! Device layout (one buffer, `i32` words):
-//! - word 0: the write cursor, the total number of words ever emitted, as `u32` modulo 2^32;
-//! - word 1: the capacity (a power of two); words 2..4: zero;
-//! - words `RING_HEADER_WORDS..`: the slots; word number `n` of the stream lives in slot
-//!   `n & (capacity - 1)`.
-//!
-//! An emitter writes its words into their slots and then advances the cursor, within the
-//! step. What the words mean (sequence ids, counts, tokens) is the emit kernel's format.
+//! Device layout (the step graph's `spec.ring` and `spec.emitted` states, all `i32`):
+//! - `ring[B, R]`: lane `b`'s token number `e` (counting from 0 since the lane was reset)
+//!   lives at `ring[b * R + e % R]`;
+//! - `emitted[B]`: how many tokens lane `b` has emitted; the step writes the tokens first
+//!   and advances the count in the same step.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -22,46 +19,81 @@ use super::device::CudaDevice;
 use super::error::{CudaError, DriverResultExt};
 use crate::RuntimeError;
 
-/// Words before the first slot (keeps slots 16-byte aligned).
-pub const RING_HEADER_WORDS: usize = 4;
-
 /// Mirrors (steps whose copies may be in flight at once) unless told otherwise.
 pub const DEFAULT_RING_DEPTH: usize = 4;
 
-/// Device ring of emitted words with pinned host mirrors.
+/// Per-lane device rings of emitted tokens with pinned host mirrors.
 ///
-/// Invariants: `pending` lists, oldest first, the mirrors with a copy queued and not yet
-/// read; a mirror is read only after its event completed and is refilled only after it was
-/// read; `read` counts the words handed out (mod 2^32).
+/// Invariants: `pending` lists, oldest first, the mirrors with copies queued and not yet
+/// read; a mirror is read only after its event completed and refilled only after it was
+/// read; `read[b]` counts lane `b`'s tokens handed out (or drained into `ready`).
 pub struct TokenRing {
-    buf: Arc<DeviceBuffer>,
-    capacity: u32,
+    ring: Arc<DeviceBuffer>,
+    emitted: Arc<DeviceBuffer>,
+    lanes: usize,
+    capacity: usize,
     stream: Arc<CudaStream>,
     mirrors: Vec<PinnedBuffer>,
     events: Vec<CudaEvent>,
     pending: VecDeque<usize>,
     next: usize,
-    read: u32,
-    ready: Vec<i32>,
+    read: Vec<u32>,
+    ready: Vec<Vec<i32>>,
 }
 
 impl TokenRing {
-    /// A zeroed ring of `capacity` words (a power of two) with `depth` host mirrors.
-    pub fn new(dev: &CudaDevice, capacity: u32, depth: usize) -> Result<TokenRing, RuntimeError> {
-        if capacity == 0 || !capacity.is_power_of_two() {
-            return Err(CudaError::RingCapacity(u64::from(capacity)).into());
+    /// A ring over its own zeroed buffers: `lanes × capacity` token slots and `lanes` counts.
+    pub fn new(
+        dev: &CudaDevice,
+        lanes: usize,
+        capacity: usize,
+        depth: usize,
+    ) -> Result<TokenRing, RuntimeError> {
+        let ring = dev.alloc_zeroed("token ring", (lanes * capacity * 4) as u64)?;
+        let emitted = dev.alloc_zeroed("emitted counts", (lanes * 4) as u64)?;
+        Self::from_states(dev, ring, emitted, lanes, capacity, depth)
+    }
+
+    /// A ring over the step graph's state buffers `ring` (`i32[lanes, capacity]`) and
+    /// `emitted` (`i32[lanes]`).
+    pub fn from_states(
+        dev: &CudaDevice,
+        ring: Arc<DeviceBuffer>,
+        emitted: Arc<DeviceBuffer>,
+        lanes: usize,
+        capacity: usize,
+        depth: usize,
+    ) -> Result<TokenRing, RuntimeError> {
+        if capacity == 0 || lanes == 0 {
+            return Err(CudaError::RingShape {
+                lanes,
+                capacity,
+                reason: "needs at least one lane and one slot".into(),
+            }
+            .into());
         }
-        let words = RING_HEADER_WORDS + capacity as usize;
-        let buf = dev.alloc_zeroed("token ring", (words * 4) as u64)?;
-        buf.write(0, &header(0, capacity))?;
+        let (ring_bytes, count_bytes) = ((lanes * capacity * 4) as u64, (lanes * 4) as u64);
+        if ring.bytes() < ring_bytes || emitted.bytes() < count_bytes {
+            return Err(CudaError::RingShape {
+                lanes,
+                capacity,
+                reason: format!(
+                    "buffers of {} and {} bytes are smaller than the {ring_bytes} and {count_bytes} the shape needs",
+                    ring.bytes(),
+                    emitted.bytes()
+                ),
+            }
+            .into());
+        }
         let depth = depth.max(1);
         let mut mirrors = Vec::with_capacity(depth);
         let mut events = Vec::with_capacity(depth);
         for _ in 0..depth {
+            let bytes = (ring_bytes + count_bytes) as usize;
             mirrors.push(PinnedBuffer::new(
                 dev.stream(),
                 "token ring mirror",
-                words * 4,
+                bytes,
                 false,
             )?);
             events.push(
@@ -71,40 +103,41 @@ impl TokenRing {
             );
         }
         Ok(TokenRing {
-            buf,
+            ring,
+            emitted,
+            lanes,
             capacity,
             stream: dev.stream().clone(),
             mirrors,
             events,
             pending: VecDeque::new(),
             next: 0,
-            read: 0,
-            ready: Vec::new(),
+            read: vec![0; lanes],
+            ready: vec![Vec::new(); lanes],
         })
     }
 
-    /// The device buffer (retain it in the step graph).
-    pub fn buffer(&self) -> &Arc<DeviceBuffer> {
-        &self.buf
+    /// The token slots (retain in the step graph, or put in its pointer table).
+    pub fn ring_buffer(&self) -> &Arc<DeviceBuffer> {
+        &self.ring
     }
 
-    /// Device address of the cursor word (word 0); the slots follow at
-    /// [`slots_ptr`](Self::slots_ptr).
-    pub fn cursor_ptr(&self) -> u64 {
-        self.buf.ptr()
+    /// The per-lane counts.
+    pub fn emitted_buffer(&self) -> &Arc<DeviceBuffer> {
+        &self.emitted
     }
 
-    pub fn slots_ptr(&self) -> u64 {
-        self.buf.ptr() + (RING_HEADER_WORDS * 4) as u64
+    pub fn lanes(&self) -> usize {
+        self.lanes
     }
 
-    pub fn capacity(&self) -> u32 {
+    pub fn capacity(&self) -> usize {
         self.capacity
     }
 
     /// Queues, after everything queued so far (the replay just issued), a copy of the ring
-    /// into a free mirror and an event. If every mirror is pending, the oldest is read first
-    /// (blocking until its copy is done).
+    /// and counts into a free mirror, and an event. If every mirror is pending, the oldest is
+    /// read first (blocking until its copy is done).
     pub fn after_replay(&mut self) -> Result<(), RuntimeError> {
         if self.pending.len() == self.mirrors.len() {
             self.harvest_front(true)?;
@@ -113,12 +146,19 @@ impl TokenRing {
         self.next = (self.next + 1) % self.mirrors.len();
         let ctx = self.stream.context();
         ctx.bind_to_thread().during("binding the context")?;
-        let mirror = self.mirrors[m].as_mut_slice();
-        // SAFETY: the mirror is pinned, as large as the device buffer (both hold the header
-        // and `capacity` slots) and not pending, so nothing else reads or copies into it until
-        // `events[m]`, recorded next, completes.
-        unsafe { result::memcpy_dtoh_async(mirror, self.buf.ptr(), self.stream.cu_stream()) }
-            .during("copying the token ring to the host")?;
+        let split = self.lanes * self.capacity * 4;
+        let (slots, counts) = self.mirrors[m].as_mut_slice().split_at_mut(split);
+        let counts = &mut counts[..self.lanes * 4];
+        let s = self.stream.cu_stream();
+        // SAFETY: the mirror is pinned and not pending, so nothing reads it or copies into it
+        // until `events[m]`, recorded next, completes; the two destination ranges are exactly
+        // the sizes of the device ranges read, which `from_states` checked fit the buffers.
+        unsafe {
+            result::memcpy_dtoh_async(slots, self.ring.ptr(), s)
+                .during("copying the token ring to the host")?;
+            result::memcpy_dtoh_async(counts, self.emitted.ptr(), s)
+                .during("copying the emitted counts to the host")?;
+        }
         self.events[m]
             .record(&self.stream)
             .during("recording the ring event")?;
@@ -126,28 +166,45 @@ impl TokenRing {
         Ok(())
     }
 
-    /// Words emitted by steps whose copies have completed, without blocking.
-    pub fn poll(&mut self) -> Result<Vec<i32>, RuntimeError> {
+    /// Per lane, the tokens of steps whose copies have completed, without blocking.
+    pub fn poll(&mut self) -> Result<Vec<Vec<i32>>, RuntimeError> {
         while !self.pending.is_empty() && self.harvest_front(false)? {}
-        Ok(std::mem::take(&mut self.ready))
+        Ok(self.take_ready())
     }
 
-    /// Words emitted by every step queued so far; blocks until their copies completed.
-    pub fn wait(&mut self) -> Result<Vec<i32>, RuntimeError> {
+    /// Per lane, the tokens of every step queued so far; blocks until their copies complete.
+    pub fn wait(&mut self) -> Result<Vec<Vec<i32>>, RuntimeError> {
+        self.drain()?;
+        Ok(self.take_ready())
+    }
+
+    /// Restarts lane `lane` (a new sequence): waits for queued copies (their tokens stay
+    /// ready for the next `poll`/`wait`), then queues `emitted[lane] = 0` on the stream,
+    /// ordered before the next replay.
+    pub fn reset_lane(&mut self, lane: usize) -> Result<(), RuntimeError> {
+        if lane >= self.lanes {
+            return Err(CudaError::RingShape {
+                lanes: self.lanes,
+                capacity: self.capacity,
+                reason: format!("no lane {lane}"),
+            }
+            .into());
+        }
+        self.drain()?;
+        self.emitted.write((lane * 4) as u64, &0i32.to_le_bytes())?;
+        self.read[lane] = 0;
+        Ok(())
+    }
+
+    fn drain(&mut self) -> Result<(), RuntimeError> {
         while !self.pending.is_empty() {
             self.harvest_front(true)?;
         }
-        Ok(std::mem::take(&mut self.ready))
+        Ok(())
     }
 
-    /// Empties the ring on device and host (waits for queued copies first; words not yet
-    /// read are dropped). Ordered on the stream before the next replay.
-    pub fn reset(&mut self) -> Result<(), RuntimeError> {
-        self.wait()?;
-        self.buf.write(0, &header(0, self.capacity))?;
-        self.read = 0;
-        self.ready.clear();
-        Ok(())
+    fn take_ready(&mut self) -> Vec<Vec<i32>> {
+        std::mem::replace(&mut self.ready, vec![Vec::new(); self.lanes])
     }
 
     /// Reads the oldest pending mirror if its copy is done (or, with `block`, once it is).
@@ -168,20 +225,16 @@ impl TokenRing {
         }
         self.pending.pop_front();
         let words = decode_words(self.mirrors[m].as_slice());
-        let cursor = words[0] as u32;
-        let new = take_new(self.read, cursor, &words[RING_HEADER_WORDS..])?;
-        self.read = cursor;
-        self.ready.extend_from_slice(&new);
+        let (slots, counts) = words.split_at(self.lanes * self.capacity);
+        for lane in 0..self.lanes {
+            let lane_slots = &slots[lane * self.capacity..(lane + 1) * self.capacity];
+            let cursor = counts[lane] as u32;
+            let new = take_new(lane, self.read[lane], cursor, lane_slots)?;
+            self.read[lane] = cursor;
+            self.ready[lane].extend_from_slice(&new);
+        }
         Ok(true)
     }
-}
-
-fn header(cursor: u32, capacity: u32) -> Vec<u8> {
-    let mut h = Vec::with_capacity(RING_HEADER_WORDS * 4);
-    h.extend_from_slice(&cursor.to_le_bytes());
-    h.extend_from_slice(&capacity.to_le_bytes());
-    h.resize(RING_HEADER_WORDS * 4, 0);
-    h
 }
 
 fn decode_words(bytes: &[u8]) -> Vec<i32> {
@@ -191,19 +244,19 @@ fn decode_words(bytes: &[u8]) -> Vec<i32> {
         .collect()
 }
 
-/// Words `read..cursor` (mod 2^32) of a snapshot of the slots.
-fn take_new(read: u32, cursor: u32, slots: &[i32]) -> Result<Vec<i32>, CudaError> {
+/// Tokens `read..cursor` of one lane from a snapshot of its slots.
+fn take_new(lane: usize, read: u32, cursor: u32, slots: &[i32]) -> Result<Vec<i32>, CudaError> {
     let cap = slots.len() as u64;
     let unread = u64::from(cursor.wrapping_sub(read));
     if unread > cap {
         return Err(CudaError::RingOverflow {
+            lane,
             unread,
             capacity: cap,
         });
     }
-    let mask = (cap - 1) as u32;
-    Ok((0..unread as u32)
-        .map(|i| slots[(read.wrapping_add(i) & mask) as usize])
+    Ok((0..unread)
+        .map(|i| slots[((u64::from(read) + i) % cap) as usize])
         .collect())
 }
 
@@ -212,14 +265,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn takes_words_since_last_read_with_wraparound() {
-        // Capacity 4; words 0..6 emitted, so slots hold words 4,5,2,3 (slot = n & 3).
+    fn takes_tokens_since_last_read_with_wraparound() {
+        // Capacity 4; tokens 0..6 emitted, so slots hold tokens 4,5,2,3 (slot = e % 4).
         let slots = [4, 5, 2, 3];
-        assert_eq!(take_new(2, 6, &slots).unwrap(), vec![2, 3, 4, 5]);
-        assert_eq!(take_new(6, 6, &slots).unwrap(), Vec::<i32>::new());
+        assert_eq!(take_new(0, 2, 6, &slots).unwrap(), vec![2, 3, 4, 5]);
+        assert_eq!(take_new(0, 6, 6, &slots).unwrap(), Vec::<i32>::new());
         assert!(matches!(
-            take_new(1, 6, &slots),
+            take_new(3, 1, 6, &slots),
             Err(CudaError::RingOverflow {
+                lane: 3,
                 unread: 5,
                 capacity: 4
             })
@@ -227,16 +281,14 @@ mod tests {
     }
 
     #[test]
-    fn cursor_wraps_modulo_2_32() {
-        let slots = [10, 11, 12, 13];
-        // Words u32::MAX-1, u32::MAX, 0, 1 live in slots 2, 3, 0, 1.
-        let got = take_new(u32::MAX - 1, 2, &slots).unwrap();
-        assert_eq!(got, vec![12, 13, 10, 11]);
+    fn capacity_need_not_be_a_power_of_two() {
+        // Capacity 3; tokens 0..5: slots hold 3,4,2.
+        assert_eq!(take_new(0, 2, 5, &[3, 4, 2]).unwrap(), vec![2, 3, 4]);
     }
 
     #[test]
-    fn header_layout() {
-        let h = header(7, 64);
-        assert_eq!(decode_words(&h), vec![7, 64, 0, 0]);
+    fn decodes_little_endian_words() {
+        let b: Vec<u8> = [7i32, -1].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(decode_words(&b), vec![7, -1]);
     }
 }

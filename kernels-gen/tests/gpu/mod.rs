@@ -1,0 +1,298 @@
+//! GPU parity harness: host images of the arena and the buffer table, launches through the
+//! kernel ABI, and one-op (or few-op) reference graphs run by the IR interpreter.
+
+#![allow(dead_code)]
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+use specc_ir::interp::{run, Env, Tensor};
+use specc_ir::{Bindings, DType, Dim, Graph, Op, TensorType, ValueId};
+use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc};
+use specc_kernels_gen::{Arch, Error, Nvrtc};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    nvrtc: Nvrtc,
+    arch: Arch,
+}
+
+impl Gpu {
+    /// The device, or `None` (with a printed reason) when no driver or NVRTC is present.
+    pub fn new() -> Option<Gpu> {
+        // SAFETY: probing the driver library; see GPU.md (CudaContext::new panics without it).
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            eprintln!("SKIPPED: no CUDA driver library");
+            return None;
+        }
+        let nvrtc = match Nvrtc::new() {
+            Ok(n) => n.with_cache_dir(None),
+            Err(e @ (Error::NvrtcUnavailable { .. } | Error::HeadersNotFound { .. })) => {
+                eprintln!("SKIPPED: {e}");
+                return None;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let ctx = CudaContext::new(0).expect("CUDA context");
+        let (major, _) = ctx.compute_capability().expect("compute capability");
+        let arch = match major {
+            9 => Arch::Sm90a,
+            10 => Arch::Sm100a,
+            12 => Arch::Sm120,
+            other => panic!("no supported arch for compute capability {other}.x"),
+        };
+        let stream = ctx.default_stream();
+        Some(Gpu {
+            ctx,
+            stream,
+            nvrtc,
+            arch,
+        })
+    }
+
+    /// Uploads `mem`, runs `kernels` in order for `bucket`, downloads `mem` again.
+    pub fn run(&self, mem: &mut Mem, kernels: &[&KernelSource], bucket: Bucket) {
+        let s = &self.stream;
+        let arena: CudaSlice<u8> = s.clone_htod(&mem.arena).unwrap();
+        let bufs: Vec<CudaSlice<u8>> = mem.bufs.iter().map(|b| s.clone_htod(b).unwrap()).collect();
+        let ptrs: Vec<u64> = bufs.iter().map(|b| b.device_ptr(s).0).collect();
+        let table: CudaSlice<u64> = s.clone_htod(&ptrs).unwrap();
+        let consts = bucket.consts();
+        for k in kernels {
+            let compiled = self
+                .nvrtc
+                .compile(k, self.arch)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let module = self
+                .ctx
+                .load_module(Ptx::from_binary(compiled.cubin))
+                .unwrap();
+            let f = module.load_function(&k.entry).unwrap();
+            let g = k.launch.resolve(&bucket);
+            let cfg = LaunchConfig {
+                grid_dim: (g.grid[0], g.grid[1], g.grid[2]),
+                block_dim: (g.block[0], g.block[1], g.block[2]),
+                shared_mem_bytes: g.smem_bytes,
+            };
+            let mut b = s.launch_builder(&f);
+            b.arg(&arena).arg(&table).arg(&consts);
+            // SAFETY: every kernel takes exactly (char*, void* const*, StepConsts); the arena
+            // and table buffers are sized by the test's plan for this bucket.
+            unsafe { b.launch(cfg) }.unwrap_or_else(|e| panic!("launch {}: {e}", k.name));
+        }
+        s.synchronize().unwrap();
+        mem.arena = s.clone_dtoh(&arena).unwrap();
+        for (host, dev) in mem.bufs.iter_mut().zip(&bufs) {
+            *host = s.clone_dtoh(dev).unwrap();
+        }
+    }
+}
+
+/// Host images of the arena and of the table's buffers.
+pub struct Mem {
+    pub arena: Vec<u8>,
+    pub bufs: Vec<Vec<u8>>,
+}
+
+impl Mem {
+    pub fn new(arena_bytes: u64, buf_bytes: &[u64]) -> Mem {
+        Mem {
+            arena: vec![0; arena_bytes as usize],
+            bufs: buf_bytes.iter().map(|&n| vec![0; n as usize]).collect(),
+        }
+    }
+
+    fn bytes_mut(&mut self, loc: Loc) -> &mut [u8] {
+        match loc {
+            Loc::Arena { offset } => &mut self.arena[offset as usize..],
+            Loc::Table { slot, offset } => &mut self.bufs[slot as usize][offset as usize..],
+        }
+    }
+
+    fn bytes(&self, loc: Loc) -> &[u8] {
+        match loc {
+            Loc::Arena { offset } => &self.arena[offset as usize..],
+            Loc::Table { slot, offset } => &self.bufs[slot as usize][offset as usize..],
+        }
+    }
+
+    /// Writes floats (rounded to `dtype`) or integers (`as` the int type) at `loc`.
+    pub fn put(&mut self, loc: Loc, dtype: Dtype, vals: &[f64]) {
+        let size = dtype.size() as usize;
+        let out = self.bytes_mut(loc);
+        for (i, &v) in vals.iter().enumerate() {
+            let dst = &mut out[i * size..(i + 1) * size];
+            match dtype {
+                Dtype::BF16 => dst.copy_from_slice(&half::bf16::from_f64(v).to_le_bytes()),
+                Dtype::F16 => dst.copy_from_slice(&half::f16::from_f64(v).to_le_bytes()),
+                Dtype::F32 => dst.copy_from_slice(&(v as f32).to_le_bytes()),
+                Dtype::I32 => dst.copy_from_slice(&(v as i32).to_le_bytes()),
+                Dtype::I64 => dst.copy_from_slice(&(v as i64).to_le_bytes()),
+            }
+        }
+    }
+
+    /// Reads `n` values at `loc` as f64.
+    pub fn get(&self, loc: Loc, dtype: Dtype, n: usize) -> Vec<f64> {
+        let size = dtype.size() as usize;
+        let src = self.bytes(loc);
+        (0..n)
+            .map(|i| {
+                let b = &src[i * size..(i + 1) * size];
+                match dtype {
+                    Dtype::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
+                    Dtype::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
+                    Dtype::F32 => f32::from_le_bytes(b.try_into().unwrap()) as f64,
+                    Dtype::I32 => i32::from_le_bytes(b.try_into().unwrap()) as f64,
+                    Dtype::I64 => i64::from_le_bytes(b.try_into().unwrap()) as f64,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Deterministic pseudo-random values (xorshift64*).
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    /// Uniform in `[-scale, scale)`.
+    pub fn next(&mut self, scale: f64) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let u = (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64;
+        (2.0 * u - 1.0) * scale
+    }
+
+    pub fn vec(&mut self, n: usize, scale: f64) -> Vec<f64> {
+        (0..n).map(|_| self.next(scale)).collect()
+    }
+}
+
+pub fn ir_dtype(d: Dtype) -> DType {
+    match d {
+        Dtype::BF16 => DType::BF16,
+        Dtype::F16 => DType::F16,
+        Dtype::F32 => DType::F32,
+        Dtype::I32 => DType::I32,
+        Dtype::I64 => DType::I64,
+    }
+}
+
+/// A tensor of the IR dtype matching `dtype`, from f64 values.
+pub fn tensor(dtype: Dtype, shape: &[usize], vals: &[f64]) -> Tensor {
+    let d = ir_dtype(dtype);
+    if dtype.is_int() {
+        Tensor::from_i64(d, shape.to_vec(), vals.iter().map(|&v| v as i64).collect())
+    } else {
+        Tensor::from_f32(d, shape.to_vec(), vals.iter().map(|&v| v as f32).collect())
+    }
+}
+
+/// A small reference graph run by the interpreter.
+pub struct Reference {
+    g: Graph,
+    inputs: HashMap<String, Tensor>,
+    states: HashMap<String, Tensor>,
+}
+
+impl Reference {
+    pub fn new() -> Reference {
+        Reference {
+            g: Graph::new("reference"),
+            inputs: HashMap::new(),
+            states: HashMap::new(),
+        }
+    }
+
+    fn ty(t: &Tensor) -> TensorType {
+        TensorType::new(t.dtype, t.shape.iter().map(|&d| Dim::from(d)))
+    }
+
+    pub fn input(&mut self, name: &str, t: Tensor) -> ValueId {
+        let v = self.g.input(name, Self::ty(&t)).unwrap();
+        self.inputs.insert(name.to_string(), t);
+        v
+    }
+
+    pub fn state(&mut self, name: &str, t: Tensor) -> ValueId {
+        let v = self.g.state(name, Self::ty(&t)).unwrap();
+        self.states.insert(name.to_string(), t);
+        v
+    }
+
+    pub fn op(&mut self, op: Op, args: &[ValueId]) -> ValueId {
+        self.g.add(op, args).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Runs the graph; returns the named outputs and the final states, as f64.
+    pub fn run(mut self, outputs: &[(&str, ValueId)]) -> HashMap<String, Vec<f64>> {
+        for (name, v) in outputs {
+            self.g.set_output(name, *v);
+        }
+        let weights: HashMap<String, Tensor> = HashMap::new();
+        let mut env = Env {
+            bind: Bindings::default(),
+            inputs: std::mem::take(&mut self.inputs),
+            weights: &weights,
+            states: &mut self.states,
+        };
+        let outs = run(&self.g, &mut env).unwrap_or_else(|e| panic!("interpreter: {e}"));
+        let as_f64 = |t: &Tensor| -> Vec<f64> {
+            match t.as_f32() {
+                Ok(v) => v.iter().map(|&x| x as f64).collect(),
+                Err(_) => t.as_i64().unwrap().iter().map(|&x| x as f64).collect(),
+            }
+        };
+        let mut res: HashMap<String, Vec<f64>> =
+            outs.iter().map(|(k, t)| (k.clone(), as_f64(t))).collect();
+        for (k, t) in &self.states {
+            res.insert(format!("state:{k}"), as_f64(t));
+        }
+        res
+    }
+}
+
+/// Asserts `|got − want| ≤ rtol·|want| + atol` everywhere; prints the first failures with
+/// index, got, want and tolerance, and how many values were bit-exact.
+#[track_caller]
+pub fn assert_close(label: &str, got: &[f64], want: &[f64], rtol: f64, atol: f64) {
+    assert_eq!(got.len(), want.len(), "{label}: length");
+    let mut bad = Vec::new();
+    let mut exact = 0;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        if g == w || (g.is_nan() && w.is_nan()) {
+            exact += 1;
+        } else if (g - w).abs() > rtol * w.abs() + atol || g.is_nan() || w.is_nan() {
+            bad.push(format!(
+                "  [{i}] got {g}, want {w}, tol {}",
+                rtol * w.abs() + atol
+            ));
+        }
+    }
+    println!(
+        "{label}: {} values, {exact} exact, {} outside tolerance",
+        got.len(),
+        bad.len()
+    );
+    assert!(
+        bad.is_empty(),
+        "{label}: {} of {} values outside tolerance (rtol {rtol}, atol {atol}):\n{}",
+        bad.len(),
+        got.len(),
+        bad.iter().take(12).cloned().collect::<Vec<_>>().join("\n")
+    );
+}
+
+/// Tolerance for a bf16 result whose f32 inputs were summed in another order: two bf16
+/// ulps relative, plus a floor scaled to the largest magnitude.
+pub fn bf16_tol(want: &[f64]) -> (f64, f64) {
+    let peak = want.iter().fold(0.0f64, |m, &w| m.max(w.abs()));
+    (1.0 / 128.0, peak / 1024.0)
+}
