@@ -49,9 +49,13 @@ pub enum Command {
         max_tokens: usize,
         #[arg(long, value_enum, default_value_t = Backend::Cpu)]
         backend: Backend,
-        /// KV-cache capacity per sequence (default: the model's max_position_embeddings).
+        /// KV-cache capacity per sequence (default: the spec's max_context, else the model's
+        /// max_position_embeddings).
         #[arg(long)]
         max_context: Option<u64>,
+        /// Speculative decoding as described by this spec.toml (method, draft, k, acceptance).
+        #[arg(long)]
+        spec: Option<PathBuf>,
     },
     /// Write f32 logits for every position of a token sequence (for parity checks).
     Logits {

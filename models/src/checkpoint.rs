@@ -173,6 +173,17 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// Checks the weights of `g` that carry none of `foreign` prefixes (the target's
+    /// weights inside a step graph that also holds a draft's).
+    pub fn validate_unprefixed(&self, g: &Graph, foreign: &[&str]) -> Result<(), ModelError> {
+        for (_, name, ty) in g.weights() {
+            if !foreign.iter().any(|p| name.starts_with(p)) {
+                self.check(name, ty)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Checks that every `weight` of `g` exists with the graph's shape and dtype.
     pub fn validate(&self, g: &Graph) -> Result<(), ModelError> {
         for (_, name, ty) in g.weights() {

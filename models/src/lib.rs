@@ -14,6 +14,7 @@ pub mod eagle3;
 pub mod error;
 pub mod lower;
 mod model;
+pub mod spec_bundle;
 pub mod spec_config;
 pub mod spec_step;
 
@@ -22,4 +23,5 @@ pub use config::{Arch, ModelSpec, RawConfig};
 pub use error::ModelError;
 pub use lower::{decoder_layer, lower_dense, lower_dense_prefixed, LayerNames};
 pub use model::Model;
+pub use spec_bundle::{DraftSide, SpecBundle};
 pub use spec_config::{Acceptance, Method, SpecConfig};

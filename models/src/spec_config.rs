@@ -211,6 +211,14 @@ impl SpecConfig {
                     if !(top_p > 0.0 && top_p <= 1.0) {
                         return Err(field(file, "acceptance.top_p", "a number in (0, 1]", top_p));
                     }
+                    if top_p < 1.0 {
+                        return Err(field(
+                            file,
+                            "acceptance.top_p",
+                            "1.0 (nucleus truncation inside the step graph is not implemented)",
+                            top_p,
+                        ));
+                    }
                     Acceptance::Sample {
                         temperature,
                         top_p,

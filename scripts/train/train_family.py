@@ -147,10 +147,13 @@ class Taps:
             h.remove()
 
 
+CPU_BF16 = False  # --cpu-bf16: exercise the bf16-autocast code path on the CPU (testing only)
+
+
 def autocast(dev):
     if dev.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
-    return torch.autocast("cpu", enabled=False)
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=CPU_BF16)
 
 
 def soft_ce(logits, p):
@@ -373,27 +376,30 @@ def evaluate(args, target, draft, eagle, dflash, held, dev, res):
     bases = torch.arange(p1, p1 + N, device=dev)  # index n of the bonus token of a round
     s_ar = torch.arange(1, k + 1, device=dev)
     want = G[:, bases[:, None] + s_ar]  # [M, N, k]: G[n + s]
-    out = {"target_cached_vs_full_argmax_agreement": agree}
-
-    # standalone draft: proposal s at base n = argmax draft(G[0 .. n+s-1]) at position n+s-1
-    dl = draft(input_ids=G, use_cache=False).logits.argmax(-1)
-    out["draft"] = simulate(dl[:, bases[:, None] + s_ar - 1] == want, N)
-    # EAGLE-3: round with bonus G[n] = chain at base t = n-1; step s at base t predicts G[t+s+1]
-    lgs, _ = eagle.forward_ttt(embed_w, e_taps, G, k)
-    am = torch.stack([eagle.to_target_ids(x.argmax(-1)) for x in lgs], -1)  # [M, T-1, k]
-    out["eagle3"] = simulate(am[:, bases - 1] == want, N)
-    # DFlash: block at anchor n: [G[n], MASK...], position i predicts G[n+i]
-    anchors = bases[None].expand(M, N).contiguous()
-    bl = dflash.forward_blocks(embed_w, lm_w, d_taps, G, anchors).argmax(-1)  # [M, N, bs-1]
-    out["dflash"] = simulate(bl == want[..., : dflash.block_size - 1], N)
-    for name in ("draft", "eagle3", "dflash"):
+    out = {}
+    tables = {}  # method -> match table [M, N, k'] (bool)
+    if draft is not None:
+        # standalone draft: proposal s at base n = argmax draft(G[0 .. n+s-1]) at position n+s-1
+        dl = draft(input_ids=G, use_cache=False).logits.argmax(-1)
+        tables["draft"] = dl[:, bases[:, None] + s_ar - 1] == want
+    if eagle is not None:
+        # EAGLE-3: round with bonus G[n] = chain at base t = n-1; step s at base t predicts G[t+s+1]
+        lgs, _ = eagle.forward_ttt(embed_w, e_taps, G, k)
+        am = torch.stack([eagle.to_target_ids(x.argmax(-1)) for x in lgs], -1)  # [M, T-1, k]
+        tables["eagle3"] = am[:, bases - 1] == want
+    if dflash is not None:
+        # DFlash: block at anchor n: [G[n], MASK...], position i predicts G[n+i]
+        anchors = bases[None].expand(M, N).contiguous()
+        bl = dflash.forward_blocks(embed_w, lm_w, d_taps, G, anchors).argmax(-1)  # [M, N, bs-1]
+        tables["dflash"] = bl == want[..., : dflash.block_size - 1]
+    for name, tab in tables.items():
+        out[name] = simulate(tab, N)
         tau, rounds, hist = out[name]
         log(f"eval {name}: acceptance length {tau:.3f} ({rounds} rounds; rounds emitting 1..8 tokens: {hist})")
     log(f"eval: target cached-vs-uncached greedy agreement {agree:.4f}")
-    res["acceptance"] = {n: {"tau": out[n][0], "rounds": out[n][1], "hist": out[n][2]}
-                         for n in ("draft", "eagle3", "dflash")}
+    res["acceptance"] = {n: {"tau": v[0], "rounds": v[1], "hist": v[2]} for n, v in out.items()}
     res["acceptance_setup"] = {"prompts": M, "prompt_tokens": P, "new_tokens": N, "k": k,
-                               "dflash_block": dflash.block_size,
+                               "dflash_block": args.dflash_block,
                                "target_cached_vs_full_argmax_agreement": agree}
 
     # cross-check with the sequential runtime-style loops on a few prompts
@@ -422,15 +428,13 @@ def evaluate(args, target, draft, eagle, dflash, held, dev, res):
             return dflash.block_greedy(embed_w, lm_w, target_taps(seq, args.dflash_taps), bonus)[0]
 
         ok_all = True
-        for name, prop in (("draft", prop_draft), ("eagle3", prop_eagle), ("dflash", prop_dflash)):
+        props = {"draft": prop_draft, "eagle3": prop_eagle, "dflash": prop_dflash}
+        for name, tab in tables.items():
             for b in range(min(args.check_seq, M)):
-                emitted, lens = seq_spec_decode(target, prop, prompts[b], N, k)
+                emitted, lens = seq_spec_decode(target, props[name], prompts[b], N, tab.shape[-1])
                 exact = emitted[:N] == G[b, p1: p1 + N].tolist()
                 # replay the parallel match table for this prompt
-                one = {"draft": dl[b: b + 1, bases[:, None] + s_ar - 1] == want[b: b + 1],
-                       "eagle3": am[b: b + 1, bases - 1] == want[b: b + 1],
-                       "dflash": bl[b: b + 1] == want[b: b + 1, :, : dflash.block_size - 1]}[name]
-                mm = one.int().cumprod(-1).sum(-1)[0].cpu()
+                mm = tab[b].int().cumprod(-1).sum(-1).cpu()
                 plens, n = [], 0
                 while n < N:
                     plens.append(int(mm[n]) + 1)
@@ -465,6 +469,8 @@ def write_refs(out, target_cfg, eagle_cfg, dflash_cfg, tok, res, args):
     tgt = LlamaForCausalLM.from_pretrained(out, attn_implementation="eager", dtype=torch.float32).eval()
     for sub, model in (("", tgt), ("draft", None)):
         d = os.path.join(out, sub)
+        if not os.path.exists(os.path.join(d, "model.safetensors")):
+            continue
         if model is None:
             model = LlamaForCausalLM.from_pretrained(d, attn_implementation="eager", dtype=torch.float32).eval()
         greedy, logits = HR.greedy_and_logits(model, prompt_ids)
@@ -479,6 +485,8 @@ def write_refs(out, target_cfg, eagle_cfg, dflash_cfg, tok, res, args):
     emb = tgt.model.embed_tokens.weight
     for sub, cls, cfg in (("eagle3", Hd.Eagle3Head, eagle_cfg), ("dflash", Hd.DFlashDrafter, dflash_cfg)):
         d = os.path.join(out, sub)
+        if not os.path.exists(os.path.join(d, "model.safetensors")):
+            continue
         head = Hd.load_module(cls(cfg), os.path.join(d, "model.safetensors")).eval()
         if sub == "eagle3":
             taps = tp.cat(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])[0]
@@ -548,6 +556,9 @@ def verify(out, in_memory=None):
     cfgs = {}
     for sub in ("", "draft", "eagle3", "dflash"):
         d = os.path.join(out, sub)
+        if not os.path.exists(os.path.join(d, "model.safetensors")):
+            problems.append(f"{sub or 'target'}: no model.safetensors")
+            continue
         cfg = Hd.read_config(os.path.join(d, "config.json"))
         cfgs[sub] = cfg
         exp = {"": expect_llama, "draft": expect_llama, "eagle3": Hd.eagle3_expected_shapes,
@@ -560,22 +571,25 @@ def verify(out, in_memory=None):
             problems.append(f"{sub or 'target'}: tensors differ from the expected list: {diff}")
         else:
             log(f"verify {sub or 'target'}: {len(got)} tensors, names/shapes/dtypes as expected")
-    c = cfgs["eagle3"]
-    assert c["architectures"] == ["LlamaForCausalLMEagle3"] and c["num_hidden_layers"] == 1
-    c = cfgs["dflash"]
-    assert c["architectures"] == ["DFlashDraftModel"]
-    assert c["target_layer_ids"] == c["dflash_config"]["target_layer_ids"]
-    assert c["mask_token_id"] == c["dflash_config"]["mask_token_id"]
+    if "eagle3" in cfgs:
+        c = cfgs["eagle3"]
+        assert c["architectures"] == ["LlamaForCausalLMEagle3"] and c["num_hidden_layers"] == 1
+        assert c["draft_vocab_size"] == c["vocab_size"]
+        e = load_file(os.path.join(out, "eagle3", "model.safetensors"))
+        assert e["d2t"].dtype == torch.int64 and int(e["d2t"].abs().sum()) == 0
+        assert e["t2d"].dtype == torch.bool and bool(e["t2d"].all())
+    if "dflash" in cfgs:
+        c = cfgs["dflash"]
+        assert c["architectures"] == ["DFlashDraftModel"]
+        assert c["target_layer_ids"] == c["dflash_config"]["target_layer_ids"]
+        assert c["mask_token_id"] == c["dflash_config"]["mask_token_id"]
     assert cfgs[""].get("tie_word_embeddings") is True and cfgs[""]["torch_dtype"] == "bfloat16"
-    e = load_file(os.path.join(out, "eagle3", "model.safetensors"))
-    assert e["d2t"].dtype == torch.int64 and int(e["d2t"].abs().sum()) == 0
-    assert e["t2d"].dtype == torch.bool and bool(e["t2d"].all())
 
     # reload and recompute the references
     tgt = LlamaForCausalLM.from_pretrained(out, attn_implementation="eager", dtype=torch.float32).eval()
     emb, lm_w = tgt.model.embed_tokens.weight, tgt.lm_head.weight
     worst = 0.0
-    for sub in ("", "draft"):
+    for sub in [x for x in ("", "draft") if x in cfgs]:
         d = os.path.join(out, sub)
         m = tgt if sub == "" else LlamaForCausalLM.from_pretrained(
             d, attn_implementation="eager", dtype=torch.float32).eval()
@@ -585,13 +599,15 @@ def verify(out, in_memory=None):
         diff = float((lg - ref["logits"]).abs().max())
         worst = max(worst, diff)
         log(f"verify {sub or 'target'}: reloaded logits vs reference.safetensors max |diff| {diff:.3g}")
-        if in_memory is not None and sub in in_memory:
+        if in_memory is not None and in_memory.get(sub) is not None:
             lm = in_memory[sub].to("cpu")(input_ids=full[None], use_cache=False).logits[0]
             d0 = float((lm - lg).abs().max())
             log(f"verify {sub or 'target'}: reloaded vs in-memory (bf16-rounded) max |diff| {d0}")
             if d0 != 0.0:
                 problems.append(f"{sub or 'target'}: reload differs from the in-memory model by {d0}")
     for sub, cls in (("eagle3", Hd.Eagle3Head), ("dflash", Hd.DFlashDrafter)):
+        if sub not in cfgs:
+            continue
         d = os.path.join(out, sub)
         head = Hd.load_module(cls(cfgs[sub]), os.path.join(d, "model.safetensors")).eval()
         ref = load_file(os.path.join(d, "reference.safetensors"))
@@ -631,7 +647,7 @@ def verify(out, in_memory=None):
             f"{d_taps:.3g}; parallel vs sequential formulation {d_form:.3g}")
         if d_form > 1e-3:
             problems.append(f"{sub}: parallel and sequential formulations differ by {d_form}")
-        if in_memory is not None and sub in in_memory:
+        if in_memory is not None and in_memory.get(sub) is not None:
             m = in_memory[sub].to("cpu")
             if sub == "eagle3":
                 lm = m.forward_ttt(emb, ref["target_taps"][None], ref["input_ids"][None], 1)[0][0][0]
@@ -678,6 +694,9 @@ def write_readme(out, res, args):
              "KL to the target at block positions 1..7 (weights exp(-(i-1)/4))")]
     for key, d, fmt, note in rows:
         s = st.get(key, {})
+        if "params" not in s:
+            lines.append(f"| `{d}` | {fmt} | FAILED | | | | | see the log |")
+            continue
         lines.append(f"| `{d}` | {fmt} | {s.get('params', '?'):,} | {s.get('steps', '?')} | "
                      f"{s.get('batch', '?')} x {args.seq_len} | {s.get('seconds', 0):.0f} | "
                      f"{s.get('final_loss', float('nan')):.4f} | {note} |")
@@ -693,10 +712,14 @@ def write_readme(out, res, args):
             "(accepted draft tokens + 1 bonus), computed in PyTorch f32 from the saved bf16 weights.",
             "",
             "| method | draft per round | acceptance length | rounds | rounds emitting 1..8 tokens |",
-            "| --- | --- | --- | --- | --- |",
-            f"| standalone draft | chain k=7 | {a['draft']['tau']:.3f} | {a['draft']['rounds']} | {a['draft']['hist']} |",
-            f"| EAGLE-3 | chain k=7 | {a['eagle3']['tau']:.3f} | {a['eagle3']['rounds']} | {a['eagle3']['hist']} |",
-            f"| DFlash | block 8 (7 drafted) | {a['dflash']['tau']:.3f} | {a['dflash']['rounds']} | {a['dflash']['hist']} |",
+            "| --- | --- | --- | --- | --- |"]
+        for key, label, per in (("draft", "standalone draft", "chain k=7"), ("eagle3", "EAGLE-3", "chain k=7"),
+                                ("dflash", "DFlash", f"block {s['dflash_block']} ({s['dflash_block'] - 1} drafted)")):
+            if key in a:
+                lines.append(f"| {label} | {per} | {a[key]['tau']:.3f} | {a[key]['rounds']} | {a[key]['hist']} |")
+            else:
+                lines.append(f"| {label} | {per} | not measured | | |")
+        lines += [
             "",
             f"Sequential (runtime-style) loops agree with the parallel computation: {res.get('sequential_check')}.",
             ""]
@@ -769,6 +792,7 @@ def parse_args():
     ap.add_argument("--check-seq", type=int, default=None,
                     help="prompts replayed with the sequential spec-decoding loops (default 2; tiny 1)")
     ap.add_argument("--log-every", type=int, default=None, help="default 50; tiny 3")
+    ap.add_argument("--cpu-bf16", action="store_true", help="testing: bf16 autocast on the CPU too")
     args = ap.parse_args()
     t = args.tiny
     dflt = {"corpus_bytes": 300_000 if t else 16_000_000, "heldout_bytes": 64_000 if t else 256_000,
@@ -796,6 +820,8 @@ def main():
         ok = verify(args.verify)
         sys.exit(0 if ok else 1)
     dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    global CPU_BF16
+    CPU_BF16 = args.cpu_bf16
     if dev.type == "cuda" and args.time_budget_s is None and all(
             getattr(args, f"{s}_steps") is None for s in STAGE_WEIGHTS):
         args.time_budget_s = 420.0
@@ -891,113 +917,144 @@ def main():
             lg = target(input_ids=x, use_cache=False).logits
         return {i: taps.out[i] for i in need}, lg.float()
 
+    def guarded(name, fn):
+        """A failed drafter stage is logged and skipped: the other models are still finished."""
+        try:
+            return fn()
+        except Exception:
+            traceback.print_exc()
+            log(f"WARNING: stage {name} failed; continuing without it")
+            res["stages"][name] = {"failed": traceback.format_exc()}
+            if planner is not None and name in planner.left:
+                planner.left.remove(name)
+            return None
+
+    def finish_stage(name, module, hist, done, secs, extra=None):
+        Hd.round_to_bf16_(module)
+        res["stages"][name] = dict({"params": n_params(module), "steps": done, "batch": B, "seconds": secs,
+                                    "final_loss": hist[-1]["loss"], "history": hist}, **(extra or {}))
+
     # ---- 2. standalone draft (distillation)
-    def make_draft():
-        return build_llama(dcfg, args.seed + 2).to(dev)
+    def run_draft():
+        def make_draft():
+            return build_llama(dcfg, args.seed + 2).to(dev)
 
-    def draft_loss(m, x):
-        _, tl = teacher(x)
-        p = torch.softmax(tl, -1)
-        with autocast(dev):
-            dl = m(input_ids=x, use_cache=False).logits
-        ce = soft_ce(dl, p).mean()
-        return ce, {"kl": ce.detach() - entropy(p).mean(),
-                    "top1": (dl.argmax(-1) == tl.argmax(-1)).float().mean()}
+        def draft_loss(m, x):
+            _, tl = teacher(x)
+            p = torch.softmax(tl, -1)
+            with autocast(dev):
+                dl = m(input_ids=x, use_cache=False).logits
+            ce = soft_ce(dl, p).mean()
+            return ce, {"kl": ce.detach() - entropy(p).mean(),
+                        "top1": (dl.argmax(-1) == tl.argmax(-1)).float().mean()}
 
-    steps, deadline = plan_steps("draft", args, args.draft_steps, make_draft, draft_loss,
-                                 Batches(train_t, T, B, args.seed + 98, dev), dev, args.draft_lr, planner, 1000)
-    draft = make_draft()
-    log(f"draft: {n_params(draft):,} params, {steps} steps")
-    hist, done, secs = train("draft", draft, draft_loss, Batches(train_t, T, B, args.seed + 3, dev), steps,
-                             args.draft_lr, 0.1, dev, args.log_every, deadline, warmup=min(100, max(1, steps // 10)))
-    Hd.round_to_bf16_(draft)
-    res["stages"]["draft"] = {"params": n_params(draft), "steps": done, "batch": B, "seconds": secs,
-                              "final_loss": hist[-1]["loss"], "final_kl": hist[-1].get("kl"),
-                              "final_top1": hist[-1].get("top1"), "history": hist}
-    save_llama(draft, os.path.join(out, "draft"))
-    log("saved draft")
+        steps, deadline = plan_steps("draft", args, args.draft_steps, make_draft, draft_loss,
+                                     Batches(train_t, T, B, args.seed + 98, dev), dev, args.draft_lr, planner,
+                                     1000)
+        draft = make_draft()
+        log(f"draft: {n_params(draft):,} params, {steps} steps")
+        hist, done, secs = train("draft", draft, draft_loss, Batches(train_t, T, B, args.seed + 3, dev), steps,
+                                 args.draft_lr, 0.1, dev, args.log_every, deadline,
+                                 warmup=min(100, max(1, steps // 10)))
+        finish_stage("draft", draft, hist, done, secs,
+                     {"final_kl": hist[-1].get("kl"), "final_top1": hist[-1].get("top1")})
+        save_llama(draft, os.path.join(out, "draft"))
+        log("saved draft")
+        return draft
+
+    draft = guarded("draft", run_draft)
 
     # ---- 3. EAGLE-3 head
     ecfg = Hd.eagle3_config(tcfg, args.eagle_taps)
-    S = args.eagle_ttt
-    sw = [0.8 ** s for s in range(S)]
 
-    def make_eagle():
-        h = Hd.Eagle3Head(ecfg)
-        h.init_weights(args.seed + 4, lm_head_from=embed_w.detach().cpu())
-        return h.to(dev)
+    def run_eagle():
+        S = args.eagle_ttt
+        sw = [0.8 ** s for s in range(S)]
 
-    def eagle_loss(m, x):
-        tp, tl = teacher(x)
-        p = torch.softmax(tl, -1)
-        feats = torch.cat([tp[i] for i in args.eagle_taps], -1)
-        with autocast(dev):
-            lgs, _ = m.forward_ttt(embed_w, feats, x, S)
-        tot, met = 0.0, {}
-        for s in range(1, S + 1):
-            # base t valid while t + s <= T-1; label = target distribution at position t+s
-            lg_s = lgs[s - 1][:, : T - s]
-            l_s = soft_ce(lg_s, p[:, s:T]).mean()
-            tot = tot + sw[s - 1] * l_s
-            if s in (1, S):
-                met[f"top1_s{s}"] = (lg_s.argmax(-1) == tl[:, s:T].argmax(-1)).float().mean()
-        return tot / sum(sw), met
+        def make_eagle():
+            h = Hd.Eagle3Head(ecfg)
+            h.init_weights(args.seed + 4, lm_head_from=embed_w.detach().cpu())
+            return h.to(dev)
 
-    steps, deadline = plan_steps("eagle3", args, args.eagle3_steps, make_eagle, eagle_loss,
-                                 Batches(train_t, T, B, args.seed + 97, dev), dev, args.eagle3_lr, planner, 1000)
-    eagle = make_eagle()
-    log(f"eagle3: {n_params(eagle):,} params, {steps} steps, {S} unrolled steps")
-    hist, done, secs = train("eagle3", eagle, eagle_loss, Batches(train_t, T, B, args.seed + 5, dev), steps,
-                             args.eagle3_lr, 0.0, dev, args.log_every, deadline, warmup=min(100, max(1, steps // 10)))
-    Hd.round_to_bf16_(eagle)
-    res["stages"]["eagle3"] = {"params": n_params(eagle), "steps": done, "batch": B, "seconds": secs,
-                               "final_loss": hist[-1]["loss"], "history": hist}
-    Hd.write_json(os.path.join(out, "eagle3", "config.json"), ecfg)
-    Hd.save_module(eagle, os.path.join(out, "eagle3", "model.safetensors"))
-    log("saved eagle3")
+        def eagle_loss(m, x):
+            tp, tl = teacher(x)
+            p = torch.softmax(tl, -1)
+            feats = torch.cat([tp[i] for i in args.eagle_taps], -1)
+            with autocast(dev):
+                lgs, _ = m.forward_ttt(embed_w, feats, x, S)
+            tot, met = 0.0, {}
+            for s in range(1, S + 1):
+                # base t valid while t + s <= T-1; label = target distribution at position t+s
+                lg_s = lgs[s - 1][:, : T - s]
+                l_s = soft_ce(lg_s, p[:, s:T]).mean()
+                tot = tot + sw[s - 1] * l_s
+                if s in (1, S):
+                    met[f"top1_s{s}"] = (lg_s.argmax(-1) == tl[:, s:T].argmax(-1)).float().mean()
+            return tot / sum(sw), met
+
+        steps, deadline = plan_steps("eagle3", args, args.eagle3_steps, make_eagle, eagle_loss,
+                                     Batches(train_t, T, B, args.seed + 97, dev), dev, args.eagle3_lr, planner,
+                                     1000)
+        eagle = make_eagle()
+        log(f"eagle3: {n_params(eagle):,} params, {steps} steps, {S} unrolled steps")
+        hist, done, secs = train("eagle3", eagle, eagle_loss, Batches(train_t, T, B, args.seed + 5, dev), steps,
+                                 args.eagle3_lr, 0.0, dev, args.log_every, deadline,
+                                 warmup=min(100, max(1, steps // 10)))
+        finish_stage("eagle3", eagle, hist, done, secs)
+        Hd.write_json(os.path.join(out, "eagle3", "config.json"), ecfg)
+        Hd.save_module(eagle, os.path.join(out, "eagle3", "model.safetensors"))
+        log("saved eagle3")
+        return eagle
+
+    eagle = guarded("eagle3", run_eagle)
 
     # ---- 4. DFlash drafter
     bs = args.dflash_block
     fcfg = Hd.dflash_config(tcfg, args.dflash_taps, bs, mask_id, args.dflash_layers)
-    nb = T // bs - 1
-    pw = torch.tensor([math.exp(-(i - 1) / 4.0) for i in range(1, bs)], device=dev)
-    anchor_gen = torch.Generator().manual_seed(args.seed + 6)
 
-    def make_dflash():
-        h = Hd.DFlashDrafter(fcfg)
-        h.init_weights(args.seed + 7)
-        return h.to(dev)
+    def run_dflash():
+        nb = T // bs - 1
+        pw = torch.tensor([math.exp(-(i - 1) / 4.0) for i in range(1, bs)], device=dev)
+        anchor_gen = torch.Generator().manual_seed(args.seed + 6)
 
-    def dflash_loss(m, x):
-        tp, tl = teacher(x)
-        b = x.shape[0]
-        # blocks at a = off + bs*j, off in [1, bs]: a + bs - 1 <= T - 1
-        off = torch.randint(1, bs + 1, (b, 1), generator=anchor_gen).to(dev)
-        anchors = off + bs * torch.arange(nb, device=dev)
-        feats = torch.cat([tp[i] for i in args.dflash_taps], -1)
-        with autocast(dev):
-            lg = m.forward_blocks(embed_w, lm_w, feats, x, anchors)  # [b, nb, bs-1, V]
-        # label of block position i = target distribution at position a+i-1 (predicts token a+i)
-        pos = (anchors[..., None] + torch.arange(bs - 1, device=dev)).view(b, -1)
-        tsel = tl.gather(1, pos[..., None].expand(-1, -1, VOCAB)).view(b, nb, bs - 1, VOCAB)
-        ce = soft_ce(lg, torch.softmax(tsel, -1))  # [b, nb, bs-1]
-        loss = (ce * pw).sum(-1).mean() / pw.sum()
-        hit = (lg.argmax(-1) == tsel.argmax(-1)).float()
-        return loss, {"top1_p1": hit[..., 0].mean(), "top1_p7": hit[..., -1].mean()}
+        def make_dflash():
+            h = Hd.DFlashDrafter(fcfg)
+            h.init_weights(args.seed + 7)
+            return h.to(dev)
 
-    steps, deadline = plan_steps("dflash", args, args.dflash_steps, make_dflash, dflash_loss,
-                                 Batches(train_t, T, B, args.seed + 96, dev), dev, args.dflash_lr, planner, 1000)
-    anchor_gen.manual_seed(args.seed + 6)  # calibration drew from it
-    dflash = make_dflash()
-    log(f"dflash: {n_params(dflash):,} params, {steps} steps, block {bs}, mask id {mask_id}")
-    hist, done, secs = train("dflash", dflash, dflash_loss, Batches(train_t, T, B, args.seed + 8, dev), steps,
-                             args.dflash_lr, 0.0, dev, args.log_every, deadline, warmup=min(100, max(1, steps // 10)))
-    Hd.round_to_bf16_(dflash)
-    res["stages"]["dflash"] = {"params": n_params(dflash), "steps": done, "batch": B, "seconds": secs,
-                               "final_loss": hist[-1]["loss"], "history": hist}
-    Hd.write_json(os.path.join(out, "dflash", "config.json"), fcfg)
-    Hd.save_module(dflash, os.path.join(out, "dflash", "model.safetensors"))
-    log("saved dflash")
+        def dflash_loss(m, x):
+            tp, tl = teacher(x)
+            b = x.shape[0]
+            # blocks at a = off + bs*j, off in [1, bs]: a + bs - 1 <= T - 1
+            off = torch.randint(1, bs + 1, (b, 1), generator=anchor_gen).to(dev)
+            anchors = off + bs * torch.arange(nb, device=dev)
+            feats = torch.cat([tp[i] for i in args.dflash_taps], -1)
+            with autocast(dev):
+                lg = m.forward_blocks(embed_w, lm_w, feats, x, anchors)  # [b, nb, bs-1, V]
+            # label of block position i = target distribution at position a+i-1 (predicts token a+i)
+            pos = (anchors[..., None] + torch.arange(bs - 1, device=dev)).view(b, -1)
+            tsel = tl.gather(1, pos[..., None].expand(-1, -1, VOCAB)).view(b, nb, bs - 1, VOCAB)
+            ce = soft_ce(lg, torch.softmax(tsel, -1))  # [b, nb, bs-1]
+            loss = (ce * pw).sum(-1).mean() / pw.sum()
+            hit = (lg.argmax(-1) == tsel.argmax(-1)).float()
+            return loss, {"top1_p1": hit[..., 0].mean(), "top1_p7": hit[..., -1].mean()}
+
+        steps, deadline = plan_steps("dflash", args, args.dflash_steps, make_dflash, dflash_loss,
+                                     Batches(train_t, T, B, args.seed + 96, dev), dev, args.dflash_lr, planner,
+                                     1000)
+        anchor_gen.manual_seed(args.seed + 6)  # calibration drew from it
+        dflash = make_dflash()
+        log(f"dflash: {n_params(dflash):,} params, {steps} steps, block {bs}, mask id {mask_id}")
+        hist, done, secs = train("dflash", dflash, dflash_loss, Batches(train_t, T, B, args.seed + 8, dev), steps,
+                                 args.dflash_lr, 0.0, dev, args.log_every, deadline,
+                                 warmup=min(100, max(1, steps // 10)))
+        finish_stage("dflash", dflash, hist, done, secs)
+        Hd.write_json(os.path.join(out, "dflash", "config.json"), fcfg)
+        Hd.save_module(dflash, os.path.join(out, "dflash", "model.safetensors"))
+        log("saved dflash")
+        return dflash
+
+    dflash = guarded("dflash", run_dflash)
     taps.remove()
     train_t = None
     res["repro"] = " ".join(
@@ -1005,22 +1062,26 @@ def main():
         + (["--tiny"] if args.tiny else [])
         + [f"--corpus-bytes {args.corpus_bytes}", f"--heldout-bytes {args.heldout_bytes}",
            f"--batch {args.batch}"]
-        + [f"--{s}-steps {res['stages'][s]['steps']}" for s in STAGE_WEIGHTS])
+        + [f"--{s}-steps {res['stages'][s].get('steps', 0)}" for s in STAGE_WEIGHTS])
 
     # ---- evaluation (f32, eager attention, bf16-rounded weights); failures do not lose the models
     torch.set_grad_enabled(False)
     tgt32 = build_llama(tcfg, 0, attn="eager").to(dev)
     tgt32.load_state_dict(target.state_dict())
     tgt32.eval()
-    dr32 = build_llama(dcfg, 0, attn="eager").to(dev)
-    dr32.load_state_dict(draft.state_dict())
-    dr32.eval()
-    eagle.float().eval()
-    dflash.float().eval()
+    dr32 = None
+    if draft is not None:
+        dr32 = build_llama(dcfg, 0, attn="eager").to(dev)
+        dr32.load_state_dict(draft.state_dict())
+        dr32.eval()
+    for m in (eagle, dflash):
+        if m is not None:
+            m.float().eval()
     try:
         res["target_heldout_ce"] = heldout_loss(tgt32, held_t, T, dev, 64)
-        res["draft_heldout_ce"] = heldout_loss(dr32, held_t, T, dev, 64)
-        log(f"held-out CE: target {res['target_heldout_ce']:.4f}, draft {res['draft_heldout_ce']:.4f}")
+        if dr32 is not None:
+            res["draft_heldout_ce"] = heldout_loss(dr32, held_t, T, dev, 64)
+        log(f"held-out CE: target {res['target_heldout_ce']:.4f}, draft {res.get('draft_heldout_ce', float('nan')):.4f}")
         sp = torch.tensor([[BOS_ID] + tok.encode(SAMPLE_PROMPT).ids], device=dev)
         g = greedy_generate(tgt32, sp, 96)[0].tolist()
         res["sample"] = tok.decode(g[1:])
@@ -1058,7 +1119,10 @@ def main():
     # ---- summary
     print("\n==================== SUMMARY ====================")
     for s in STAGE_WEIGHTS:
-        st = res["stages"][s]
+        st = res["stages"].get(s, {})
+        if "failed" in st:
+            print(f"{s:7s} FAILED")
+            continue
         print(f"{s:7s} params {st['params']:>9,}  steps {st['steps']:>6}  {st['seconds']:6.1f} s  "
               f"final loss {st['final_loss']:.4f}")
     print(f"target held-out CE {res.get('target_heldout_ce', float('nan')):.4f}, draft "

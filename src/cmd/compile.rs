@@ -2,6 +2,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use specc_codegen::{describe_groups, H200};
+use specc_ir::Bindings;
 
 use super::engine::{resolve, EngineManifest, FORMAT_VERSION};
 use super::inspect::summary;
@@ -25,9 +27,22 @@ pub fn compile(model: Option<PathBuf>, out: &Path, max_context: Option<u64>) -> 
     };
     write("engine.json", serde_json::to_string_pretty(&manifest)?)?;
     write("graph.ir", specc_ir::text::print(r.model.graph()))?;
-    let plan = summary(r.model.graph(), r.max_context);
+    // The pass pipeline for the decode bucket and a prefill-chunk bucket.
+    let buckets = [
+        Bindings::new(1, 1, r.max_context),
+        Bindings::new(1, 8.min(r.max_context), r.max_context),
+    ];
+    let compiled = specc_codegen::compile(r.model.graph().clone(), &buckets)?;
+    let mut plan = summary(r.model.graph(), r.max_context);
+    plan.push_str(&compiled.report(&H200));
+    plan.push_str("groups:\n");
+    plan.push_str(&describe_groups(&compiled.graph, &compiled.groups));
     write("plan.txt", plan.clone())?;
-    print!("{plan}");
+    print!("{}", summary(r.model.graph(), r.max_context));
+    println!(
+        "{} kernels per step after fusion (plan.txt has the per-kernel table)",
+        compiled.groups.len()
+    );
     println!("wrote {}", out.display());
     Ok(())
 }

@@ -5,6 +5,7 @@ mod engine;
 mod inspect;
 mod logits;
 mod run;
+mod spec_run;
 
 use anyhow::Result;
 
@@ -24,7 +25,11 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             max_tokens,
             backend,
             max_context,
-        } => run::run(model, &prompt, max_tokens, backend, max_context),
+            spec,
+        } => match spec {
+            Some(spec) => spec_run::run(model, &spec, &prompt, max_tokens, backend, max_context),
+            None => run::run(model, &prompt, max_tokens, backend, max_context),
+        },
         Command::Logits {
             model,
             ids,

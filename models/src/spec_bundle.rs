@@ -1,0 +1,156 @@
+//! Everything one speculative method needs, opened and validated together: the target,
+//! the draft checkpoint, and the three graphs (target prefill, draft prefill, step).
+
+use std::collections::HashMap;
+
+use specc_ir::interp::Tensor;
+use specc_ir::Graph;
+
+use crate::checkpoint::Checkpoint;
+use crate::eagle3::{Eagle3Spec, EAGLE_PREFIX};
+use crate::error::ModelError;
+use crate::spec_config::{Method, SpecConfig};
+use crate::spec_step::{
+    lower_draft_model_step, lower_eagle3_prefill, lower_eagle3_step, lower_target_prefill,
+    StepShape, DRAFT_PREFIX,
+};
+use crate::{lower_dense_prefixed, Model};
+
+/// The draft side of a bundle.
+pub enum DraftSide {
+    Model(Box<Model>),
+    Eagle3(Box<Eagle3Spec>),
+}
+
+pub struct SpecBundle {
+    pub method: Method,
+    pub draft: DraftSide,
+    pub draft_checkpoint: Checkpoint,
+    /// Name prefix of the draft's weights and states inside the graphs.
+    pub prefix: &'static str,
+    pub target_prefill: Graph,
+    pub draft_prefill: Graph,
+    pub step: Graph,
+    pub shape: StepShape,
+}
+
+/// Default token-ring capacity per lane.
+pub const RING: u64 = 256;
+
+fn lower_err(what: &str, source: specc_ir::IrError) -> ModelError {
+    ModelError::Lower {
+        model: what.into(),
+        source,
+    }
+}
+
+impl SpecBundle {
+    /// Opens the draft named by `cfg` and lowers the step for `target`. Fails before
+    /// anything runs if the draft does not fit the target or its checkpoint lacks a tensor.
+    pub fn open(target: &Model, cfg: &SpecConfig) -> Result<SpecBundle, ModelError> {
+        let shape = StepShape {
+            num_steps: cfg.num_steps as u64,
+            ring: RING.max(2 * (cfg.num_steps as u64 + 1)),
+            acceptance: cfg.acceptance.clone(),
+        };
+        let dir = cfg.draft.clone().ok_or_else(|| {
+            ModelError::field(
+                &cfg.file,
+                "draft",
+                "a draft checkpoint directory",
+                "nothing",
+            )
+        })?;
+        let bundle = match cfg.method {
+            Method::None => {
+                return Err(ModelError::field(
+                    &cfg.file,
+                    "method",
+                    "draft_model or eagle3 for speculative decoding",
+                    "\"none\"",
+                ))
+            }
+            Method::DraftModel => {
+                let draft = Model::open(&dir)?;
+                cfg.check_draft(target.spec(), draft.spec())?;
+                let step = lower_draft_model_step(target.spec(), draft.spec(), &shape)
+                    .map_err(|e| lower_err("draft_model step", e))?;
+                let draft_prefill = lower_dense_prefixed(draft.spec(), DRAFT_PREFIX)?;
+                let target_prefill = lower_target_prefill(target.spec(), &[])
+                    .map_err(|e| lower_err("target prefill", e))?;
+                let ck = Checkpoint::open(&dir)?;
+                SpecBundle {
+                    method: cfg.method,
+                    draft: DraftSide::Model(Box::new(draft)),
+                    draft_checkpoint: ck,
+                    prefix: DRAFT_PREFIX,
+                    target_prefill,
+                    draft_prefill,
+                    step,
+                    shape,
+                }
+            }
+            Method::Eagle3 => {
+                let eagle = Eagle3Spec::from_dir(&dir, target.spec())?;
+                let step = lower_eagle3_step(target.spec(), &eagle, &shape)
+                    .map_err(|e| lower_err("eagle3 step", e))?;
+                let draft_prefill = lower_eagle3_prefill(target.spec(), &eagle)
+                    .map_err(|e| lower_err("eagle3 prefill", e))?;
+                let target_prefill = lower_target_prefill(target.spec(), &eagle.taps)
+                    .map_err(|e| lower_err("target prefill", e))?;
+                let ck = Checkpoint::open(&dir)?;
+                SpecBundle {
+                    method: cfg.method,
+                    draft: DraftSide::Eagle3(Box::new(eagle)),
+                    draft_checkpoint: ck,
+                    prefix: EAGLE_PREFIX,
+                    target_prefill,
+                    draft_prefill,
+                    step,
+                    shape,
+                }
+            }
+        };
+        bundle
+            .draft_checkpoint
+            .validate_prefixed(&bundle.step, bundle.prefix)?;
+        bundle
+            .draft_checkpoint
+            .validate_prefixed(&bundle.draft_prefill, bundle.prefix)?;
+        target
+            .checkpoint()
+            .validate_unprefixed(&bundle.step, &["draft/", "eagle/"])?;
+        Ok(bundle)
+    }
+
+    /// Every weight of the three graphs as interpreter tensors: the target's under their
+    /// own names, the draft's under the bundle prefix.
+    pub fn load_weights_f32(&self, target: &Model) -> Result<HashMap<String, Tensor>, ModelError> {
+        let mut out = HashMap::new();
+        for g in [&self.target_prefill, &self.draft_prefill, &self.step] {
+            for (_, name, _) in g.weights() {
+                if out.contains_key(name) {
+                    continue;
+                }
+                let t = match name.strip_prefix(self.prefix) {
+                    Some(n) => self.draft_checkpoint.load_f32(n)?,
+                    None => target.checkpoint().load_f32(name)?,
+                };
+                out.insert(name.to_string(), t);
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn num_steps(&self) -> usize {
+        self.shape.num_steps as usize
+    }
+
+    /// Width of the EAGLE-3 taps (3 × hidden), if this is an EAGLE-3 bundle.
+    pub fn taps_width(&self) -> Option<usize> {
+        match &self.draft {
+            DraftSide::Eagle3(e) => Some(3 * e.hidden()),
+            DraftSide::Model(_) => None,
+        }
+    }
+}
