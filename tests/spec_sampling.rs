@@ -9,7 +9,7 @@ use specc_ir::interp::{self, Data, Env, Tensor};
 use specc_ir::{Bindings, DType, Graph};
 use specc_models::spec_step::{lower_draft_model_step, StepShape, DRAFT_PREFIX};
 use specc_models::{lower_dense, lower_dense_prefixed, Acceptance, ModelSpec};
-use specc_runtime::{SpecCpuSession, SpecGraphs};
+use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
 const VOCAB: usize = 8;
 const TEMPERATURE: f64 = 1.3;
@@ -127,6 +127,7 @@ fn first_step_tokens(draft_seed: u64, seeds: &[u64]) -> (Vec<usize>, Vec<f64>) {
         };
         let step = lower_draft_model_step(&spec, &spec, &shape).unwrap();
         let graphs = SpecGraphs {
+            kind: DraftKind::Model,
             target_prefill: &target,
             draft_prefill: &draft,
             step: &step,

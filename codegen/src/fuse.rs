@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 
 use specc_ir::{BinaryOp, DType, Graph, Op, ValueId};
 
-use crate::group::{Epilogue, Group, GroupKind, HeadNorm, MatOut, NormPrologue};
+use crate::group::{Epilogue, Group, GroupKind, HeadNorm, MatOut, NormPrologue, RopeKvWrite};
 use crate::uses::Uses;
 
 /// Whether a node is a view of its first operand (no kernel, no storage of its own).
@@ -279,7 +279,7 @@ fn rope_kv_write(g: &Graph, uses: &Uses, mats: [ValueId; 3]) -> Option<QkvMatch>
     extra.extend(kchain);
     extra.extend([vr, kw, vw]);
     Some((
-        Epilogue::RopeKvWrite {
+        Epilogue::RopeKvWrite(Box::new(RopeKvWrite {
             positions: pos,
             head_dim,
             q_heads: qt.dims()[2].as_static()?,
@@ -292,7 +292,7 @@ fn rope_kv_write(g: &Graph, uses: &Uses, mats: [ValueId; 3]) -> Option<QkvMatch>
             v_cache_in: g.node(vw).args[0],
             k_cache_out: kw,
             v_cache_out: vw,
-        },
+        })),
         extra,
         [qm, km, vm],
     ))

@@ -34,26 +34,30 @@ pub enum Epilogue {
     /// `mats = [q, k, v]` viewed as heads of `head_dim`: optional per-head norms, RoPE on q
     /// and k at `positions`, q stored to `q_out`, k and v written into the caches in place
     /// (`k_cache_out` / `v_cache_out` are the IR kv_write results aliasing the states).
-    RopeKvWrite {
-        positions: ValueId,
-        head_dim: u64,
-        q_heads: u64,
-        kv_heads: u64,
-        q_norm: Option<HeadNorm>,
-        k_norm: Option<HeadNorm>,
-        rope: specc_ir::Op,
-        q_out: ValueId,
-        k_cache_in: ValueId,
-        v_cache_in: ValueId,
-        k_cache_out: ValueId,
-        v_cache_out: ValueId,
-    },
+    RopeKvWrite(Box<RopeKvWrite>),
     /// `logits = f32(mats[0])` stored, and `argmax` of each row stored as i32 (`argmax`
     /// may be absent when the graph does not use it).
     LogitsArgmax {
         logits: ValueId,
         argmax: Option<ValueId>,
     },
+}
+
+/// The RoPE + KV-write epilogue of a q/k/v group (see [`Epilogue::RopeKvWrite`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeKvWrite {
+    pub positions: ValueId,
+    pub head_dim: u64,
+    pub q_heads: u64,
+    pub kv_heads: u64,
+    pub q_norm: Option<HeadNorm>,
+    pub k_norm: Option<HeadNorm>,
+    pub rope: specc_ir::Op,
+    pub q_out: ValueId,
+    pub k_cache_in: ValueId,
+    pub v_cache_in: ValueId,
+    pub k_cache_out: ValueId,
+    pub v_cache_out: ValueId,
 }
 
 /// One matmul of a group: `x · weightᵀ` (+ optional dequant scale).

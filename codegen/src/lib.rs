@@ -19,7 +19,7 @@ use specc_ir::{Bindings, Graph};
 pub use cost::{group_cost, Cost, GpuCeilings, H200};
 pub use error::CodegenError;
 pub use fuse::is_view;
-pub use group::{Epilogue, Group, GroupId, GroupKind, HeadNorm, MatOut, NormPrologue};
+pub use group::{Epilogue, Group, GroupId, GroupKind, HeadNorm, MatOut, NormPrologue, RopeKvWrite};
 pub use launch::{ArgSlot, Launch, LaunchPlan};
 pub use memory::{check as check_memory, root, Home, MemoryPlan, ALIGN};
 
