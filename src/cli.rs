@@ -33,6 +33,10 @@ pub enum Command {
         /// KV-cache capacity per sequence (default: the model's max_position_embeddings).
         #[arg(long)]
         max_context: Option<u64>,
+        /// Use deterministic random weights: only config.json is read (MODEL may be the
+        /// config file itself).
+        #[arg(long)]
+        random_weights: bool,
     },
     /// Print an engine's IR, per-op shapes and byte counts.
     Inspect {
@@ -56,6 +60,10 @@ pub enum Command {
         /// Speculative decoding as described by this spec.toml (method, draft, k, acceptance).
         #[arg(long)]
         spec: Option<PathBuf>,
+        /// Use deterministic random weights: only config.json is read (MODEL may be the
+        /// config file itself).
+        #[arg(long)]
+        random_weights: bool,
     },
     /// Write f32 logits for every position of a token sequence (for parity checks).
     Logits {
@@ -69,5 +77,9 @@ pub enum Command {
         /// Output safetensors file: tensor `logits`, f32 [n, vocab].
         #[arg(long)]
         out: PathBuf,
+        /// Use deterministic random weights: only config.json is read (MODEL may be the
+        /// config file itself).
+        #[arg(long)]
+        random_weights: bool,
     },
 }

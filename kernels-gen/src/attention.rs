@@ -404,10 +404,12 @@ fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
                 w.line("sum += e;");
             });
             w.line("sum = warp_sum(sum);");
+            w.line("const float l_old = row_l[r];");
+            w.line("__syncwarp();  // every lane has read the row state before lane 0 updates it");
             w.if_block("lane == 0", |w| {
                 w.line("const float a = none ? 1.0f : exp2f(m_old - m_new);");
                 w.line("row_a[r] = a;");
-                w.line("row_l[r] = row_l[r] * a + sum;");
+                w.line("row_l[r] = l_old * a + sum;");
                 w.line("row_m[r] = m_new;");
             });
         });

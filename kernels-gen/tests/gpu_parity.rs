@@ -741,6 +741,9 @@ fn attention_matches_interpreter() {
     check_attention(&gpu, tiny);
     check_attention(&gpu, AttnCase { splits: 1, ..tiny });
     check_attention(&gpu, AttnCase { tree: true, ..tiny });
+    if std::env::var_os("SPECC_GPU_QUICK").is_some() {
+        return;
+    }
     let llama = AttnCase {
         b: 1,
         t: 8,

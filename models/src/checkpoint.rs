@@ -37,7 +37,23 @@ pub struct TensorEntry {
 
 struct SafetensorsFile {
     path: PathBuf,
-    mmap: Mmap,
+    mmap: Backing,
+}
+
+/// The bytes of a file: mapped from disk, or synthesised in memory (`--random-weights`).
+enum Backing {
+    Mapped(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Backing {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Backing::Mapped(m) => m,
+            Backing::Owned(v) => v,
+        }
+    }
 }
 
 /// An opened checkpoint: memory-mapped files and the tensor index.
@@ -135,6 +151,82 @@ impl Checkpoint {
             files,
             tensors,
         })
+    }
+
+    /// A checkpoint with deterministic random values for every weight of `graph` (for
+    /// benchmarking full-size shapes without downloads). Linear weights are uniform with
+    /// the variance of N(0, 1/in); norm weights are 1 ± 0.1; integer tables are zero.
+    /// Values depend only on (`seed`, tensor name, index).
+    pub fn random(dir: &Path, graph: &Graph, seed: u64) -> Checkpoint {
+        let mut tensors = BTreeMap::new();
+        let mut data: Vec<u8> = Vec::new();
+        let mut jobs = Vec::new();
+        for (_, name, ty) in graph.weights() {
+            let shape: Vec<usize> = ty
+                .shape
+                .dims()
+                .iter()
+                .map(|d| d.as_static().unwrap_or(1) as usize)
+                .collect();
+            let numel: usize = shape.iter().product();
+            let (dtype, size) = match ty.dtype {
+                DType::F32 => (Dtype::F32, 4),
+                DType::F16 => (Dtype::F16, 2),
+                DType::I64 => (Dtype::I64, 8),
+                DType::I32 => (Dtype::I32, 4),
+                _ => (Dtype::BF16, 2),
+            };
+            let start = data.len().next_multiple_of(16);
+            let end = start + numel * size;
+            jobs.push((name.to_string(), ty.dtype, start, end, shape.clone()));
+            tensors.insert(
+                name.to_string(),
+                TensorEntry {
+                    file: 0,
+                    dtype,
+                    shape,
+                    range: start..end,
+                },
+            );
+            data.resize(end, 0);
+        }
+        // Fill tensors in parallel: each job owns a disjoint byte range.
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(32);
+        let mut rest: &mut [u8] = &mut data;
+        let mut slices = Vec::new();
+        let mut at = 0;
+        for (name, dt, start, end, shape) in &jobs {
+            let (_, tail) = rest.split_at_mut(start - at);
+            let (mine, tail) = tail.split_at_mut(end - start);
+            slices.push((name.as_str(), *dt, shape.clone(), mine));
+            rest = tail;
+            at = *end;
+        }
+        let per = slices.len().div_ceil(threads).max(1);
+        std::thread::scope(|sc| {
+            let mut chunks = Vec::new();
+            while !slices.is_empty() {
+                let n = per.min(slices.len());
+                chunks.push(slices.drain(..n).collect::<Vec<_>>());
+            }
+            for chunk in chunks {
+                sc.spawn(move || {
+                    for (name, dt, shape, bytes) in chunk {
+                        fill_random(name, dt, &shape, bytes, seed);
+                    }
+                });
+            }
+        });
+        Checkpoint {
+            root: dir.join("(random weights)"),
+            files: vec![SafetensorsFile {
+                path: dir.join("(random weights)"),
+                mmap: Backing::Owned(data),
+            }],
+            tensors,
+        }
     }
 
     /// `model.safetensors` or the index file.
@@ -354,7 +446,7 @@ fn read_file(path: &Path) -> Result<(SafetensorsFile, BTreeMap<String, TensorEnt
     Ok((
         SafetensorsFile {
             path: path.to_path_buf(),
-            mmap,
+            mmap: Backing::Mapped(mmap),
         },
         entries,
     ))
@@ -372,6 +464,50 @@ pub fn ir_dtype(d: Dtype) -> Option<DType> {
         Dtype::BOOL => DType::Bool,
         _ => return None,
     })
+}
+
+fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn fill_random(name: &str, dt: DType, shape: &[usize], out: &mut [u8], seed: u64) {
+    let mut h = seed ^ 0x5bd1_e995;
+    for b in name.bytes() {
+        h = splitmix64(h ^ b as u64);
+    }
+    let fan_in = *shape.last().unwrap_or(&1) as f32;
+    let is_norm = shape.len() == 1 && name.contains("norm");
+    // Uniform on [-a, a] has variance a²/3: a = sqrt(3 / fan_in) matches N(0, 1/fan_in).
+    let amp = (3.0 / fan_in).sqrt();
+    let value = |i: usize| -> f32 {
+        let u = (splitmix64(h ^ i as u64) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+        if is_norm {
+            1.0 + 0.1 * u
+        } else {
+            amp * u
+        }
+    };
+    match dt {
+        DType::F32 => {
+            for (i, c) in out.chunks_exact_mut(4).enumerate() {
+                c.copy_from_slice(&value(i).to_le_bytes());
+            }
+        }
+        DType::F16 => {
+            for (i, c) in out.chunks_exact_mut(2).enumerate() {
+                c.copy_from_slice(&half::f16::from_f32(value(i)).to_le_bytes());
+            }
+        }
+        DType::I64 | DType::I32 => out.fill(0),
+        _ => {
+            for (i, c) in out.chunks_exact_mut(2).enumerate() {
+                c.copy_from_slice(&half::bf16::from_f32(value(i)).to_le_bytes());
+            }
+        }
+    }
 }
 
 fn is_float_weight(d: Dtype) -> bool {

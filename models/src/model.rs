@@ -42,6 +42,27 @@ impl Model {
         })
     }
 
+    /// A model from its config alone (`path` is a model directory or a `config.json`), with
+    /// deterministic random weights: full-size shapes without a download.
+    pub fn open_random(path: impl AsRef<Path>, seed: u64) -> Result<Model, ModelError> {
+        let path = path.as_ref();
+        let (dir, config) = if path.is_dir() {
+            (path.to_path_buf(), path.join(CONFIG_FILE))
+        } else {
+            let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+            (dir, path.to_path_buf())
+        };
+        let spec = ModelSpec::from_file(&config)?;
+        let graph = lower::lower_dense(&spec)?;
+        let checkpoint = Checkpoint::random(&dir, &graph, seed);
+        Ok(Model {
+            dir,
+            spec,
+            graph,
+            checkpoint,
+        })
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -11,7 +11,7 @@ Two formulations of each forward are implemented and cross-checked by train_fami
     speculative step with a plain KV cache, the way a runtime does it.
 """
 import json
-import math
+import os
 
 import torch
 import torch.nn as nn
@@ -130,6 +130,7 @@ def save_module(module, path, float_dtype=torch.bfloat16):
         v = sd[k].detach().cpu()
         tensors[k] = (v.to(float_dtype) if v.is_floating_point() else v).contiguous()
     save_file(tensors, path, metadata={"format": "pt"})
+    os.chmod(path, 0o644)  # save_file creates the file 0600
 
 
 def load_module(module, path):

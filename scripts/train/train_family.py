@@ -276,9 +276,11 @@ def plan_steps(name, args, explicit, make_module, loss_fn, batches_calib, dev, l
     if planner is None:
         return default, None
     sec = planner.alloc(name)
+    t0 = time.time()
     dt = calibrate(make_module, loss_fn, batches_calib, dev, lr)
+    sec = max(1.0, sec - (time.time() - t0))  # the calibration came out of the stage's share
     steps = max(20, int(sec / dt))
-    log(f"{name}: {dt * 1e3:.1f} ms/step measured, {sec:.0f} s allotted -> {steps} steps")
+    log(f"{name}: {dt * 1e3:.1f} ms/step measured, {sec:.0f} s left of its share -> {steps} steps")
     return steps, time.time() + 1.25 * sec + 5
 
 
@@ -449,11 +451,38 @@ def evaluate(args, target, draft, eagle, dflash, held, dev, res):
 
 
 # ------------------------------------------------------------------------------------ saving
-def save_llama(model, outdir):
-    import hf_reference as HR
+def hub_config(saved):
+    """The config save_pretrained wrote -> the Hub layout of models/default/config.json (top-level
+    rope_theta / rope_scaling, torch_dtype). Accepts the transformers-5 layout (rope_parameters,
+    dtype) and the older one."""
+    d = dict(saved)
+    rp = d.pop("rope_parameters", None)
+    if rp is not None:
+        rp = dict(rp)
+        d["rope_theta"] = rp.pop("rope_theta")
+        d["rope_scaling"] = None if rp.get("rope_type", "default") == "default" else rp
+    d.setdefault("rope_scaling", None)
+    d.pop("dtype", None)
+    d["torch_dtype"] = "bfloat16"
+    assert d["rope_theta"] == 10000.0 and d["rope_scaling"] is None, d
+    return dict(sorted(d.items()))
 
-    m = copy.deepcopy(model).to("cpu")
-    HR.save_checkpoint(m, outdir, torch.bfloat16)
+
+def save_llama(model, outdir):
+    """model.safetensors exactly as save_pretrained(safe_serialization=True) writes it, in bf16
+    (tied: no lm_head.weight), and config.json in the Hub layout."""
+    import tempfile
+
+    m = copy.deepcopy(model).to("cpu").to(torch.bfloat16)
+    os.makedirs(outdir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        m.save_pretrained(tmp, safe_serialization=True)
+        assert "model.safetensors" in os.listdir(tmp), os.listdir(tmp)
+        shutil.copyfile(os.path.join(tmp, "model.safetensors"), os.path.join(outdir, "model.safetensors"))
+        with open(os.path.join(tmp, "config.json")) as f:
+            saved = json.load(f)
+    with open(os.path.join(outdir, "config.json"), "w") as f:
+        f.write(json.dumps(hub_config(saved), indent=2) + "\n")
 
 
 def write_refs(out, target_cfg, eagle_cfg, dflash_cfg, tok, res, args):
@@ -782,7 +811,7 @@ def parse_args():
     ap.add_argument("--eagle3-lr", type=float, default=2e-3)
     ap.add_argument("--dflash-lr", type=float, default=2e-3)
     ap.add_argument("--eagle-taps", default="1,2,3")
-    ap.add_argument("--eagle-ttt", type=int, default=3, help="unrolled steps in EAGLE-3 training")
+    ap.add_argument("--eagle-ttt", type=int, default=7, help="unrolled steps in EAGLE-3 training")
     ap.add_argument("--dflash-taps", default="1,3,5")
     ap.add_argument("--dflash-block", type=int, default=8)
     ap.add_argument("--dflash-layers", type=int, default=2)

@@ -5,11 +5,16 @@ use anyhow::{Context, Result};
 use specc_codegen::{describe_groups, H200};
 use specc_ir::Bindings;
 
-use super::engine::{resolve, EngineManifest, FORMAT_VERSION};
+use super::engine::{resolve, EngineManifest, Source, FORMAT_VERSION};
 use super::inspect::summary;
 
-pub fn compile(model: Option<PathBuf>, out: &Path, max_context: Option<u64>) -> Result<()> {
-    let r = resolve(model, max_context)?;
+pub fn compile(
+    model: Option<PathBuf>,
+    out: &Path,
+    max_context: Option<u64>,
+    random_weights: bool,
+) -> Result<()> {
+    let r = resolve(Source::new(model, random_weights), max_context)?;
     fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let model_dir = r
         .model_dir
@@ -20,6 +25,8 @@ pub fn compile(model: Option<PathBuf>, out: &Path, max_context: Option<u64>) -> 
         model_dir,
         max_context: r.max_context,
         architecture: r.model.spec().arch.hf_name().to_string(),
+        random_weights,
+        config: r.source_path.as_ref().and_then(|p| p.canonicalize().ok()),
     };
     let write = |name: &str, text: String| -> Result<()> {
         let p = out.join(name);

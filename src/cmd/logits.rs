@@ -1,14 +1,14 @@
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use safetensors::tensor::{Dtype, TensorView};
 use specc_runtime::CpuSession;
 
-use super::engine::resolve;
+use super::engine::{resolve, Source};
 use crate::cli::Backend;
 
-pub fn logits(model: Option<PathBuf>, ids: &[u32], backend: Backend, out: &Path) -> Result<()> {
+pub fn logits(model: Source, ids: &[u32], backend: Backend, out: &Path) -> Result<()> {
     let r = resolve(model, None)?;
     let vocab = r.model.spec().vocab;
     if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {

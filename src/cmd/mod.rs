@@ -17,7 +17,8 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             model,
             out,
             max_context,
-        } => compile::compile(model, &out, max_context),
+            random_weights,
+        } => compile::compile(model, &out, max_context, random_weights),
         Command::Inspect { engine } => inspect::inspect(&engine),
         Command::Run {
             model,
@@ -26,15 +27,25 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             backend,
             max_context,
             spec,
-        } => match spec {
-            Some(spec) => spec_run::run(model, &spec, &prompt, max_tokens, backend, max_context),
-            None => run::run(model, &prompt, max_tokens, backend, max_context),
-        },
+            random_weights,
+        } => {
+            let src = engine::Source::new(model, random_weights);
+            match spec {
+                Some(spec) => spec_run::run(src, &spec, &prompt, max_tokens, backend, max_context),
+                None => run::run(src, &prompt, max_tokens, backend, max_context),
+            }
+        }
         Command::Logits {
             model,
             ids,
             backend,
             out,
-        } => logits::logits(model, &ids, backend, &out),
+            random_weights,
+        } => logits::logits(
+            engine::Source::new(model, random_weights),
+            &ids,
+            backend,
+            &out,
+        ),
     }
 }

@@ -1,16 +1,15 @@
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
 use specc_runtime::CpuSession;
 
-use super::engine::resolve;
+use super::engine::{resolve, Source};
 use crate::cli::Backend;
 use crate::text::{Streamer, TextCodec};
 
 pub fn run(
-    model: Option<PathBuf>,
+    model: Source,
     prompt: &str,
     max_tokens: usize,
     backend: Backend,

@@ -1,20 +1,20 @@
 //! `specc run --spec spec.toml`: speculative decoding of one prompt.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
 use specc_models::{Method, SpecBundle, SpecConfig};
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
-use super::engine::resolve;
+use super::engine::{resolve, Source};
 use super::run;
 use crate::cli::Backend;
 use crate::text::{Streamer, TextCodec};
 
 pub fn run(
-    model: Option<PathBuf>,
+    model: Source,
     spec_file: &Path,
     prompt: &str,
     max_tokens: usize,
