@@ -227,3 +227,31 @@ fn eagle3_taps_follow_the_config_order() {
     assert_eq!(eagle.taps, vec![1, 0, 1]);
     assert_eq!(eagle.draft_vocab, 256);
 }
+
+#[test]
+fn decode_step_graph_equals_target_greedy() {
+    use specc_models::spec_step::lower_decode_step;
+    let target = Model::open(fixture("qwen3_headdim")).unwrap();
+    let shape = StepShape {
+        num_steps: 0,
+        ring: 8,
+        acceptance: Acceptance::Greedy,
+    };
+    let step = lower_decode_step(target.spec(), &shape).unwrap();
+    let prefill = lower_target_prefill(target.spec(), &[]).unwrap();
+    let weights = target.load_weights_f32();
+    let graphs = SpecGraphs {
+        kind: DraftKind::None,
+        target_prefill: &prefill,
+        draft_prefill: &prefill,
+        step: &step,
+        num_steps: 0,
+        ring: 8,
+    };
+    let ps = prompts(3);
+    let out = run_session(graphs, &weights, &ps, 12, 128);
+    for (b, p) in ps.iter().enumerate() {
+        assert_eq!(out.tokens[b], greedy(&target, p, 12), "lane {b}");
+    }
+    assert!((out.mean_accept - 1.0).abs() < 1e-9);
+}

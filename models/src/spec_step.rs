@@ -272,18 +272,34 @@ fn verify_and_commit(
     let mut vt = vec![bonus_in];
     vt.extend(drafted.tokens.iter().copied());
     let verify_tokens = b.g.add(Op::Concat { axis: 1 }, &vt)?;
-    let draft_tokens = b.g.add(Op::Concat { axis: 1 }, &drafted.tokens)?;
     let vpos = b.positions(c.len, k + 1, c.live)?;
     let (target_logits, taps_v) = forward_with_taps(b.g, target, "", verify_tokens, vpos, taps)?;
 
     // accept: a in 0..=k, and the token after the accepted prefix.
     let (accepted, bonus) = match (&shape.acceptance, c.uniforms) {
+        // k = 0: plain decoding; the "bonus" is the next token itself.
+        _ if k == 0 => {
+            let bonus = match (&shape.acceptance, c.uniforms) {
+                (Acceptance::Sample { temperature, .. }, Some(u)) => {
+                    let p = probs(b, target_logits, *temperature)?;
+                    let p = b.reshape(p, &[B, b_vocab(b.g, p)])?;
+                    let u0 = b.slice_cols(u, 0, 1)?;
+                    let u0 = b.reshape(u0, &[B])?;
+                    let t = b.g.add(Op::Sample, &[p, u0])?;
+                    b.reshape(t, &[B, s(1)])?
+                }
+                _ => b.g.add(Op::Argmax, &[target_logits])?,
+            };
+            (c.zero_b, bonus)
+        }
         (Acceptance::Sample { temperature, .. }, Some(u)) => {
+            let draft_tokens = b.g.add(Op::Concat { axis: 1 }, &drafted.tokens)?;
             let q = b.g.add(Op::Concat { axis: 1 }, &drafted.dists)?;
             let p = probs(b, target_logits, *temperature)?;
             sample_accept(b, p, q, draft_tokens, u, k)?
         }
         _ => {
+            let draft_tokens = b.g.add(Op::Concat { axis: 1 }, &drafted.tokens)?;
             let target_next = b.g.add(Op::Argmax, &[target_logits])?;
             let a = b.g.add(Op::AcceptChain, &[draft_tokens, target_next])?;
             let bonus = b.pick(target_next, a)?;
@@ -304,14 +320,18 @@ fn verify_and_commit(
     let new_step = b.bin(BinaryOp::Add, c.step, c.one_b)?;
 
     // emit d1..da and the bonus into the ring at (emitted + t) mod R, t ≤ a.
-    let tail = b.slice_cols(verify_tokens, 1, k)?;
-    let shifted = b.g.add(Op::Concat { axis: 1 }, &[tail, bonus])?;
     let io = b.iota(k + 1)?;
-    let a_cols = b.bcast_cols(a, k + 1)?;
-    let is_bonus = b.bin(BinaryOp::Eq, io, a_cols)?;
-    let bonus_flat = b.reshape(bonus, &[B])?;
-    let bonus_cols = b.bcast_cols(bonus_flat, k + 1)?;
-    let emit_tokens = b.g.add(Op::Select, &[is_bonus, bonus_cols, shifted])?;
+    let emit_tokens = if k == 0 {
+        bonus
+    } else {
+        let tail = b.slice_cols(verify_tokens, 1, k)?;
+        let shifted = b.g.add(Op::Concat { axis: 1 }, &[tail, bonus])?;
+        let a_cols = b.bcast_cols(a, k + 1)?;
+        let is_bonus = b.bin(BinaryOp::Eq, io, a_cols)?;
+        let bonus_flat = b.reshape(bonus, &[B])?;
+        let bonus_cols = b.bcast_cols(bonus_flat, k + 1)?;
+        b.g.add(Op::Select, &[is_bonus, bonus_cols, shifted])?
+    };
     let base = b.bcast_cols(c.emitted, k + 1)?;
     let e = b.bin(BinaryOp::Add, base, io)?;
     let r = b.fill_i32(shape.ring as i64, &[B, s(k + 1)])?;
@@ -413,6 +433,24 @@ pub fn lower_draft_model_step(
         }
     }
     let v = verify_and_commit(&mut b, &c, target, shape, d, &[])?;
+    commit_all(&mut b, &v.commits)?;
+    Ok(g)
+}
+
+/// Plain decoding as a self-feeding step graph (k = 0): one target token per step, chosen
+/// on device and emitted into the ring, with the same states and host contract as the
+/// speculative steps. This is the graph the CUDA backend captures for `--spec none`.
+pub fn lower_decode_step(target: &ModelSpec, shape: &StepShape) -> Result<Graph, IrError> {
+    let mut shape = shape.clone();
+    shape.num_steps = 0;
+    let mut g = Graph::new("decode_step");
+    let mut b = Builder { g: &mut g };
+    let c = begin(&mut b, &shape)?;
+    let d = Drafted {
+        tokens: Vec::new(),
+        dists: Vec::new(),
+    };
+    let v = verify_and_commit(&mut b, &c, target, &shape, d, &[])?;
     commit_all(&mut b, &v.commits)?;
     Ok(g)
 }

@@ -16,6 +16,8 @@ use crate::RuntimeError;
 /// How the draft is primed at admission.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DraftKind {
+    /// No draft (k = 0): the step graph is plain decoding; `draft_prefill` is not run.
+    None,
     /// A standalone model: its prefill reads the prompt like the target's.
     Model,
     /// An EAGLE-3 head: its prefill reads (target taps, next token) pairs; `taps_width`
@@ -168,6 +170,7 @@ impl<'a> SpecCpuSession<'a> {
             .map(|(b, p)| next[b * t + p.len() - 1] as u32)
             .collect();
         match self.graphs.kind {
+            DraftKind::None => {}
             DraftKind::Model => {
                 self.run(self.graphs.draft_prefill, t as u64, inputs())?;
             }

@@ -120,6 +120,12 @@ def full_attention(q, k, v, scale):
     return p @ v
 
 
+def rope_theta(cfg):
+    """θ of an HF config: transformers 5 keeps it in rope_parameters, older ones top-level."""
+    rp = getattr(cfg, "rope_parameters", None) or {}
+    return float(rp.get("rope_theta", getattr(cfg, "rope_theta", None)))
+
+
 def save_module(module, path, float_dtype=torch.bfloat16):
     """state_dict -> safetensors (floating tensors in float_dtype, others as they are)."""
     from safetensors.torch import save_file
@@ -174,7 +180,7 @@ def eagle3_config(target_cfg, tap_ids):
         "num_key_value_heads": target_cfg.num_key_value_heads,
         "rms_norm_eps": target_cfg.rms_norm_eps,
         "rope_scaling": None,
-        "rope_theta": float(target_cfg.rope_parameters["rope_theta"]),
+        "rope_theta": rope_theta(target_cfg),
         "target_hidden_size": h,
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
@@ -363,7 +369,7 @@ def dflash_config(target_cfg, tap_ids, block_size, mask_token_id, n_layers):
         "num_target_layers": target_cfg.num_hidden_layers,
         "rms_norm_eps": target_cfg.rms_norm_eps,
         "rope_scaling": None,
-        "rope_theta": float(target_cfg.rope_parameters["rope_theta"]),
+        "rope_theta": rope_theta(target_cfg),
         "sliding_window": None,
         "target_layer_ids": list(tap_ids),
         "tie_word_embeddings": False,

@@ -88,7 +88,7 @@ def build_llama(cfg, seed, attn="sdpa"):
     from transformers import AutoModelForCausalLM
 
     m = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=attn, dtype=torch.float32)
-    assert m.config.rope_parameters["rope_theta"] == 10000.0, m.config.rope_parameters
+    assert Hd.rope_theta(m.config) == 10000.0, m.config
     return m
 
 

@@ -3,7 +3,9 @@
 
 #![allow(dead_code)]
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::Ptx;
 use specc_ir::interp::{run, Env, Tensor};
 use specc_ir::{Bindings, DType, Dim, Graph, Op, TensorType, ValueId};
@@ -43,6 +45,9 @@ impl Gpu {
             12 => Arch::Sm120,
             other => panic!("no supported arch for compute capability {other}.x"),
         };
+        // SAFETY: everything runs on the one default stream, which orders all work; no
+        // per-buffer events are needed (and timing loops should not carry them).
+        unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
         Some(Gpu {
             ctx,
@@ -50,6 +55,80 @@ impl Gpu {
             nvrtc,
             arch,
         })
+    }
+
+    pub fn arch(&self) -> Arch {
+        self.arch
+    }
+
+    fn load(&self, k: &KernelSource) -> CudaFunction {
+        let compiled = self
+            .nvrtc
+            .compile(k, self.arch)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let module = self
+            .ctx
+            .load_module(Ptx::from_binary(compiled.cubin))
+            .unwrap();
+        module.load_function(&k.entry).unwrap()
+    }
+
+    fn config(k: &KernelSource, bucket: Bucket) -> LaunchConfig {
+        let g = k.launch.resolve(&bucket);
+        LaunchConfig {
+            grid_dim: (g.grid[0], g.grid[1], g.grid[2]),
+            block_dim: (g.block[0], g.block[1], g.block[2]),
+            shared_mem_bytes: g.smem_bytes,
+        }
+    }
+
+    /// Microseconds per run of `kernels` (mean of `iters` back-to-back runs after a
+    /// warm-up), cycling through `copies` copies of the table buffers, each with its own
+    /// `bufs` table, so that weights stream from HBM rather than L2.
+    pub fn time(
+        &self,
+        mem: &Mem,
+        kernels: &[&KernelSource],
+        bucket: Bucket,
+        copies: usize,
+        iters: usize,
+    ) -> f64 {
+        let s = &self.stream;
+        let arena: CudaSlice<u8> = s.clone_htod(&mem.arena).unwrap();
+        let sets: Vec<Vec<CudaSlice<u8>>> = (0..copies)
+            .map(|_| mem.bufs.iter().map(|b| s.clone_htod(b).unwrap()).collect())
+            .collect();
+        let tables: Vec<CudaSlice<u64>> = sets
+            .iter()
+            .map(|set| {
+                let ptrs: Vec<u64> = set.iter().map(|b| b.device_ptr(s).0).collect();
+                s.clone_htod(&ptrs).unwrap()
+            })
+            .collect();
+        let fns: Vec<_> = kernels
+            .iter()
+            .map(|k| (self.load(k), Self::config(k, bucket)))
+            .collect();
+        let consts = bucket.consts();
+        let launch_all = |i: usize| {
+            for (f, cfg) in &fns {
+                let mut b = s.launch_builder(f);
+                b.arg(&arena).arg(&tables[i % copies]).arg(&consts);
+                // SAFETY: as in `run`.
+                unsafe { b.launch(*cfg) }.unwrap();
+            }
+        };
+        for i in 0..copies.max(3) {
+            launch_all(i);
+        }
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = s.record_event(flags).unwrap();
+        for i in 0..iters {
+            launch_all(i);
+        }
+        let end = s.record_event(flags).unwrap();
+        end.synchronize().unwrap();
+        start.elapsed_ms(&end).unwrap() as f64 * 1e3 / iters as f64
     }
 
     /// Uploads `mem`, runs `kernels` in order for `bucket`, downloads `mem` again.
@@ -61,21 +140,8 @@ impl Gpu {
         let table: CudaSlice<u64> = s.clone_htod(&ptrs).unwrap();
         let consts = bucket.consts();
         for k in kernels {
-            let compiled = self
-                .nvrtc
-                .compile(k, self.arch)
-                .unwrap_or_else(|e| panic!("{e}"));
-            let module = self
-                .ctx
-                .load_module(Ptx::from_binary(compiled.cubin))
-                .unwrap();
-            let f = module.load_function(&k.entry).unwrap();
-            let g = k.launch.resolve(&bucket);
-            let cfg = LaunchConfig {
-                grid_dim: (g.grid[0], g.grid[1], g.grid[2]),
-                block_dim: (g.block[0], g.block[1], g.block[2]),
-                shared_mem_bytes: g.smem_bytes,
-            };
+            let f = self.load(k);
+            let cfg = Self::config(k, bucket);
             let mut b = s.launch_builder(&f);
             b.arg(&arena).arg(&table).arg(&consts);
             // SAFETY: every kernel takes exactly (char*, void* const*, StepConsts); the arena

@@ -1,0 +1,495 @@
+//! From codegen's launch plan to generated kernels: each fused group of one bucket becomes
+//! one or more [`PlannedLaunch`]es with their sources, grids and bucket constants, plus the
+//! table of buffers (`bufs` in the ABI) the kernels index.
+//!
+//! Invariants:
+//! - arena offsets come from the memory plan; group-local scratch (GEMV argmax partials,
+//!   attention split partials, the fused q/k/v product) lives in one region after the
+//!   planned arena, reused by every group (groups run one after another);
+//! - table slot `i` is `slots[i]`: a checkpoint weight, a persistent state, or rows of
+//!   several weights concatenated at upload (the fused q/k/v projection);
+//! - each launch carries its own [`Bucket`]: inside a step graph an op's token count is its
+//!   own (a draft forward over 2 tokens in a bucket whose T is 1), so `t` is read from the
+//!   op's shape, not from the graph's bucket.
+
+use specc_codegen::{Epilogue, Group, GroupKind, Home, LaunchPlan, MatOut};
+use specc_ir::{AttnMask as IrMask, BucketDim, DType, Graph, Op, RopeScaling, RopeStyle as IrStyle, ValueId};
+
+use crate::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
+use crate::argmax::{argmax, ArgmaxInput, ArgmaxParams};
+use crate::attention::{attention, AttentionParams, AttnMask};
+use crate::elementwise::{embedding, EmbeddingParams};
+use crate::gemv::{gemv, GemvParams, GemvWeights, RmsNormPrologue};
+use crate::generic::{single, TensorArg};
+use crate::norm::{rmsnorm, RmsNormParams};
+use crate::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
+use crate::Error;
+
+/// A buffer outside the arena that kernels reach through the table.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Slot {
+    Weight(String),
+    State(String),
+    /// `[Σ rows, K]`: the named `[rows_i, K]` weights stacked in order.
+    ConcatRows(Vec<String>),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannedLaunch {
+    pub kernel: KernelSource,
+    /// Bucket constants passed to this launch (and its grid).
+    pub bucket: Bucket,
+    /// Index of the group it computes, in schedule order.
+    pub group: usize,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelPlan {
+    pub bucket: Bucket,
+    pub launches: Vec<PlannedLaunch>,
+    pub slots: Vec<Slot>,
+    /// Planned arena + scratch: the bytes the arena allocation needs.
+    pub arena_bytes: u64,
+    /// Offsets of the graph's inputs and outputs in the arena (for host copies).
+    pub io: Vec<(String, u64, u64)>,
+}
+
+struct Ctx<'a> {
+    g: &'a Graph,
+    plan: &'a LaunchPlan,
+    slots: Vec<Slot>,
+    scratch_base: u64,
+    scratch_top: u64,
+    scratch_max: u64,
+    bucket: Bucket,
+}
+
+fn dtype(d: DType) -> Result<Dtype, Error> {
+    Ok(match d {
+        DType::BF16 => Dtype::BF16,
+        DType::F16 => Dtype::F16,
+        DType::F32 => Dtype::F32,
+        DType::I32 => Dtype::I32,
+        DType::I64 => Dtype::I64,
+        DType::Bool => Dtype::Bool,
+        other => return Err(Error::unsupported("plan", format!("dtype {other}"))),
+    })
+}
+
+impl Ctx<'_> {
+    fn slot(&mut self, s: Slot) -> u32 {
+        if let Some(i) = self.slots.iter().position(|x| *x == s) {
+            return i as u32;
+        }
+        self.slots.push(s);
+        self.slots.len() as u32 - 1
+    }
+
+    fn loc(&mut self, v: ValueId) -> Result<Loc, Error> {
+        let home = self
+            .plan
+            .memory
+            .homes
+            .get(&v)
+            .cloned()
+            .ok_or_else(|| Error::unsupported("plan", format!("{v} has no home in the memory plan")))?;
+        Ok(match home {
+            Home::Arena { offset, .. } => Loc::arena(offset),
+            Home::Weight(name) => Loc::table(self.slot(Slot::Weight(name))),
+            Home::State(name) => Loc::table(self.slot(Slot::State(name))),
+        })
+    }
+
+    fn dims(&self, v: ValueId) -> Result<Vec<u64>, Error> {
+        self.g
+            .ty(v)
+            .shape
+            .resolve(&self.plan.bind)
+            .map(|d| d.into_iter().map(|x| x as u64).collect())
+            .ok_or_else(|| Error::unsupported("plan", format!("{v} has unbound dims")))
+    }
+
+    /// `v` as a 2-D `[numel / last, last]` view.
+    fn view(&mut self, v: ValueId) -> Result<(View, u64, u64), Error> {
+        let dims = self.dims(v)?;
+        let last = *dims.last().unwrap_or(&1);
+        let rows = dims.iter().product::<u64>() / last.max(1);
+        let dt = dtype(self.g.ty(v).dtype)?;
+        Ok((View::new(self.loc(v)?, dt, last), rows, last))
+    }
+
+    fn arg(&mut self, v: ValueId) -> Result<TensorArg, Error> {
+        Ok(TensorArg {
+            loc: self.loc(v)?,
+            dtype: dtype(self.g.ty(v).dtype)?,
+            dims: self.dims(v)?,
+        })
+    }
+
+    /// Group-local scratch, 256-byte aligned.
+    fn scratch(&mut self, bytes: u64) -> Loc {
+        let at = self.scratch_top.next_multiple_of(256);
+        self.scratch_top = at + bytes;
+        self.scratch_max = self.scratch_max.max(self.scratch_top);
+        Loc::arena(at)
+    }
+
+    /// Bucket constants for an op whose tensors are `[B, t, ...]`.
+    fn bucket_for(&self, v: ValueId) -> Result<Bucket, Error> {
+        let d = self.dims(v)?;
+        Ok(Bucket {
+            b: self.bucket.b,
+            t: d.get(1).copied().unwrap_or(1) as u32,
+            ctx: self.bucket.ctx,
+        })
+    }
+}
+
+/// Generates every launch of one bucket's plan.
+pub fn plan_kernels(g: &Graph, groups: &[Group], plan: &LaunchPlan) -> Result<KernelPlan, Error> {
+    let get = |d| plan.bind.get(d).unwrap_or(1) as u32;
+    let bucket = Bucket {
+        b: get(BucketDim::B),
+        t: get(BucketDim::T),
+        ctx: get(BucketDim::Ctx),
+    };
+    let mut cx = Ctx {
+        g,
+        plan,
+        slots: Vec::new(),
+        scratch_base: plan.memory.arena_bytes,
+        scratch_top: plan.memory.arena_bytes,
+        scratch_max: plan.memory.arena_bytes,
+        bucket,
+    };
+    let mut launches = Vec::new();
+    for (i, gr) in groups.iter().enumerate() {
+        cx.scratch_top = cx.scratch_base;
+        for (kernel, b) in group_kernels(&mut cx, gr)? {
+            launches.push(PlannedLaunch {
+                kernel,
+                bucket: b,
+                group: i,
+            });
+        }
+    }
+    let mut io = Vec::new();
+    for (id, n) in g.nodes() {
+        if let Op::Input { name, .. } = &n.op {
+            if let Some(Home::Arena { offset, bytes }) = plan.memory.homes.get(&id) {
+                io.push((name.clone(), *offset, *bytes));
+            }
+        }
+    }
+    for (name, v) in g.outputs() {
+        if let Some(Home::Arena { offset, bytes }) = plan.memory.homes.get(v) {
+            io.push((name.clone(), *offset, *bytes));
+        }
+    }
+    Ok(KernelPlan {
+        bucket,
+        launches,
+        slots: cx.slots,
+        arena_bytes: cx.scratch_max.next_multiple_of(256),
+        io,
+    })
+}
+
+type Launches = Vec<(KernelSource, Bucket)>;
+
+fn group_kernels(cx: &mut Ctx, gr: &Group) -> Result<Launches, Error> {
+    match &gr.kind {
+        GroupKind::Single(v) => single_kernels(cx, *v),
+        GroupKind::MatMul {
+            x,
+            norm,
+            mats,
+            epilogue,
+        } => matmul_kernels(cx, *x, norm.as_ref(), mats, epilogue),
+    }
+}
+
+fn single_kernels(cx: &mut Ctx, v: ValueId) -> Result<Launches, Error> {
+    let node = cx.g.node(v).clone();
+    let b = cx.bucket_for(v).unwrap_or(cx.bucket);
+    match &node.op {
+        Op::Embedding if cx.g.ty(node.args[0]).dtype.is_float() => {
+            let (out, rows, hidden) = cx.view(v)?;
+            let table_dims = cx.dims(node.args[0])?;
+            let p = EmbeddingParams {
+                rows: Rows::Fixed(rows as u32),
+                ids: cx.loc(node.args[1])?,
+                ids_dtype: dtype(cx.g.ty(node.args[1]).dtype)?,
+                table: cx.loc(node.args[0])?,
+                table_dtype: dtype(cx.g.ty(node.args[0]).dtype)?,
+                vocab: table_dims[0] as u32,
+                hidden: hidden as u32,
+                out,
+            };
+            Ok(vec![(embedding(&p)?, b)])
+        }
+        Op::RmsNorm { eps } => {
+            let dims = cx.dims(v)?;
+            let dim = *dims.last().unwrap_or(&1);
+            let rows = dims.iter().product::<u64>() / dim;
+            let dt = dtype(cx.g.ty(v).dtype)?;
+            let p = RmsNormParams {
+                rows: Rows::Fixed(rows as u32),
+                heads: 1,
+                dim: dim as u32,
+                x: View::new(cx.loc(node.args[0])?, dt, dim),
+                out: View::new(cx.loc(v)?, dt, dim),
+                weight: cx.loc(node.args[1])?,
+                w_dtype: dtype(cx.g.ty(node.args[1]).dtype)?,
+                eps: *eps as f32,
+            };
+            Ok(vec![(rmsnorm(&p)?, b)])
+        }
+        Op::Attention { scale, mask } => attention_kernels(cx, v, &node.args, *scale, *mask),
+        op => {
+            let inputs = node
+                .args
+                .iter()
+                .map(|&a| cx.arg(a))
+                .collect::<Result<Vec<_>, _>>()?;
+            let out = cx.arg(v)?;
+            Ok(single(op, &inputs, &out)?
+                .into_iter()
+                .map(|k| (k, b))
+                .collect())
+        }
+    }
+}
+
+/// Context splits: enough blocks to fill the GPU at batch 1, each split ≥ 64 slots.
+fn attention_splits(ctx: u32, b: u32, kv_heads: u32) -> u32 {
+    let want = (264 / (b * kv_heads).max(1)).max(1);
+    want.min(ctx.div_ceil(64)).clamp(1, 64)
+}
+
+fn attention_kernels(
+    cx: &mut Ctx,
+    v: ValueId,
+    args: &[ValueId],
+    scale: f64,
+    mask: IrMask,
+) -> Result<Launches, Error> {
+    let q = cx.dims(args[0])?;
+    let kd = cx.dims(args[1])?;
+    let vd = cx.dims(args[2])?;
+    let (t, hq, d) = (q[1] as u32, q[2] as u32, q[3] as u32);
+    let (hkv, dv) = (kd[2] as u32, vd[3] as u32);
+    let qdt = dtype(cx.g.ty(args[0]).dtype)?;
+    let mask = match mask {
+        IrMask::Causal => AttnMask::Causal,
+        IrMask::Tree => AttnMask::Tree {
+            prefix_len: cx.loc(args[4])?,
+            ancestors: cx.loc(args[5])?,
+        },
+    };
+    let mut p = AttentionParams {
+        q_heads: hq,
+        kv_heads: hkv,
+        head_dim: d,
+        head_dim_v: dv,
+        q: View::new(cx.loc(args[0])?, qdt, (hq * d) as u64),
+        k_cache: cx.loc(args[1])?,
+        v_cache: cx.loc(args[2])?,
+        cache_dtype: dtype(cx.g.ty(args[1]).dtype)?,
+        pos: cx.loc(args[3])?,
+        pos_dtype: dtype(cx.g.ty(args[3]).dtype)?,
+        mask,
+        out: View::new(cx.loc(v)?, dtype(cx.g.ty(v).dtype)?, (hq * dv) as u64),
+        scale: scale as f32,
+        max_t: t,
+        splits: attention_splits(cx.bucket.ctx, cx.bucket.b, hkv),
+        scratch: Loc::arena(0),
+    };
+    let m = cx.bucket.b * t;
+    p.scratch = cx.scratch(p.scratch_bytes(m));
+    let k = attention(&p)?;
+    let b = Bucket {
+        b: cx.bucket.b,
+        t,
+        ctx: cx.bucket.ctx,
+    };
+    Ok(vec![(k.split, b), (k.combine, b)])
+}
+
+fn inv_freq(op: &Op, rotary: u32) -> (Vec<f32>, f32, RopeStyle) {
+    let Op::Rope {
+        theta,
+        scaling,
+        style,
+        ..
+    } = op
+    else {
+        return (Vec::new(), 1.0, RopeStyle::Half);
+    };
+    let f = specc_ir::interp::rope_inv_freq(*theta, scaling, rotary as usize);
+    let scale = match scaling {
+        RopeScaling::Yarn { mscale, .. } => *mscale as f32,
+        _ => 1.0,
+    };
+    let style = match style {
+        IrStyle::Half => RopeStyle::Half,
+        IrStyle::Interleaved => RopeStyle::Interleaved,
+    };
+    (f, scale, style)
+}
+
+fn matmul_kernels(
+    cx: &mut Ctx,
+    x: ValueId,
+    norm: Option<&specc_codegen::NormPrologue>,
+    mats: &[MatOut],
+    epilogue: &Epilogue,
+) -> Result<Launches, Error> {
+    let (xv, rows, k) = cx.view(x)?;
+    let b = cx.bucket_for(x).unwrap_or(cx.bucket);
+    let row_tile = (rows as u32).clamp(1, crate::gemv::MAX_ROW_TILE);
+    let prologue = match norm {
+        Some(n) => Some(RmsNormPrologue {
+            weight: cx.loc(n.weight)?,
+            dtype: dtype(cx.g.ty(n.weight).dtype)?,
+            eps: n.eps as f32,
+        }),
+        None => None,
+    };
+    let w_dtype = |cx: &Ctx, m: &MatOut| dtype(cx.g.ty(m.weight).dtype);
+    let n_of = |cx: &Ctx, m: &MatOut| -> Result<u64, Error> { Ok(cx.dims(m.weight)?[0]) };
+    let base = |cx: &mut Ctx, m: &MatOut, weights: GemvWeights, n: u64| -> Result<GemvParams, Error> {
+        Ok(GemvParams {
+            rows: Rows::Fixed(rows as u32),
+            row_tile,
+            k: k as u32,
+            n: n as u32,
+            x: xv,
+            weights,
+            w_dtype: w_dtype(cx, m)?,
+            norm: prologue,
+            residual: None,
+            out: None,
+            argmax_partials: None,
+        })
+    };
+    if mats.iter().any(|m| m.scale.is_some()) {
+        return Err(Error::unsupported("plan", "quantised matmul weights".to_string()));
+    }
+    let mut out = Vec::new();
+    match epilogue {
+        Epilogue::Store => {
+            for m in mats {
+                let n = n_of(cx, m)?;
+                let w = cx.loc(m.weight)?;
+                let mut p = base(cx, m, GemvWeights::Single(w), n)?;
+                p.out = Some(cx.view(m.node)?.0);
+                out.push((gemv(&p)?, b));
+            }
+        }
+        Epilogue::ResidualAdd { residual, out: o } => {
+            let m = &mats[0];
+            let n = n_of(cx, m)?;
+            let w = cx.loc(m.weight)?;
+            let mut p = base(cx, m, GemvWeights::Single(w), n)?;
+            p.residual = Some(cx.view(*residual)?.0);
+            p.out = Some(cx.view(*o)?.0);
+            out.push((gemv(&p)?, b));
+        }
+        Epilogue::SiluMul { out: o } => {
+            let (gate, up) = (cx.loc(mats[0].weight)?, cx.loc(mats[1].weight)?);
+            let n = n_of(cx, &mats[0])?;
+            let mut p = base(cx, &mats[0], GemvWeights::GateUp { gate, up }, n)?;
+            p.out = Some(cx.view(*o)?.0);
+            out.push((gemv(&p)?, b));
+        }
+        Epilogue::LogitsArgmax { logits, argmax: am } => {
+            let m = &mats[0];
+            let n = n_of(cx, m)?;
+            let w = cx.loc(m.weight)?;
+            let mut p = base(cx, m, GemvWeights::Single(w), n)?;
+            p.out = Some(cx.view(*logits)?.0);
+            let parts = if am.is_some() {
+                let per_row = p.partials_per_row() as u64;
+                let loc = cx.scratch(rows * per_row * 8);
+                p.argmax_partials = Some(loc);
+                Some((loc, per_row))
+            } else {
+                None
+            };
+            out.push((gemv(&p)?, b));
+            if let (Some(a), Some((loc, count))) = (am, parts) {
+                let ap = ArgmaxParams {
+                    rows: Rows::Fixed(rows as u32),
+                    input: ArgmaxInput::Partials {
+                        loc,
+                        count: count as u32,
+                    },
+                    out: View::new(cx.loc(*a)?, Dtype::I32, 1),
+                };
+                out.push((argmax(&ap)?, b));
+            }
+        }
+        Epilogue::RopeKvWrite(r) => {
+            // One GEMV over the stacked [q; k; v] weight into scratch, then RoPE + KV write.
+            let names: Vec<String> = mats
+                .iter()
+                .map(|m| match cx.g.node(m.weight).op.leaf_name() {
+                    Some(n) => Ok(n.to_string()),
+                    None => Err(Error::unsupported("plan", "q/k/v weights must be checkpoint weights".to_string())),
+                })
+                .collect::<Result<_, _>>()?;
+            let ns: Vec<u64> = mats.iter().map(|m| n_of(cx, m)).collect::<Result<_, _>>()?;
+            let n_total: u64 = ns.iter().sum();
+            let slot = cx.slot(Slot::ConcatRows(names));
+            let act = xv.dtype;
+            let qkv = cx.scratch(rows * n_total * act.size());
+            let mut p = base(cx, &mats[0], GemvWeights::Single(Loc::table(slot)), n_total)?;
+            p.out = Some(View::new(qkv, act, n_total));
+            out.push((gemv(&p)?, b));
+            let (hd, hq, hkv) = (r.head_dim as u32, r.q_heads as u32, r.kv_heads as u32);
+            let full = View::new(qkv, act, n_total);
+            let (f, scale, style) = inv_freq(&r.rope, rotary_dim(&r.rope, hd));
+            let qk_norm = match (&r.q_norm, &r.k_norm) {
+                (Some(qn), Some(kn)) => Some(QkNorm {
+                    q_weight: cx.loc(qn.weight)?,
+                    k_weight: cx.loc(kn.weight)?,
+                    dtype: dtype(cx.g.ty(qn.weight).dtype)?,
+                    eps: qn.eps as f32,
+                }),
+                _ => None,
+            };
+            let rp = RopeKvParams {
+                q_heads: hq,
+                kv_heads: hkv,
+                head_dim: hd,
+                head_dim_v: hd,
+                q: full,
+                k: full.cols_from(ns[0]),
+                v: full.cols_from(ns[0] + ns[1]),
+                q_out: View::new(cx.loc(r.q_out)?, act, (hq * hd) as u64),
+                k_cache: cx.loc(r.k_cache_out)?,
+                v_cache: cx.loc(r.v_cache_out)?,
+                cache_dtype: dtype(cx.g.ty(r.k_cache_out).dtype)?,
+                pos: cx.loc(r.positions)?,
+                pos_dtype: dtype(cx.g.ty(r.positions).dtype)?,
+                rope: RopeTable {
+                    style,
+                    rotary_dim: rotary_dim(&r.rope, hd),
+                    inv_freq: f,
+                    cos_sin_scale: scale,
+                },
+                qk_norm,
+            };
+            out.push((rope_kv(&rp)?, b));
+        }
+    }
+    Ok(out)
+}
+
+fn rotary_dim(op: &Op, head_dim: u32) -> u32 {
+    match op {
+        Op::Rope { rotary_dim, .. } => *rotary_dim as u32,
+        _ => head_dim,
+    }
+}
