@@ -19,6 +19,9 @@ pub struct Cli {
 pub enum Backend {
     /// The IR interpreter: exact, slow, needs no GPU.
     Cpu,
+    /// Generated kernels on GPU 0, one captured CUDA graph per step (needs a build with
+    /// `--features cuda` and an NVIDIA driver).
+    Cuda,
 }
 
 #[derive(Subcommand, Debug)]

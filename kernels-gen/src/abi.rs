@@ -22,7 +22,14 @@
 //!   (e.g. the GEMV row tile); the grid comes from [`LaunchSpec::resolve`] for the bucket.
 //!
 //! Parameter order is fixed: arena, table, constants. No kernel takes other parameters, so
-//! one launch helper and one argument layout serve all of them.
+//! one launch helper and one argument layout serve all of them. Because the table is a
+//! parameter, one kernel can run against several copies of its weights or caches.
+//!
+//! Aliasing: an output may be the same buffer as an input when every element is read
+//! before it is written by the same thread (in-place residual adds, rotated q over q); tensor
+//! pointers are therefore not `__restrict__`. Scratch a family needs (GEMV argmax partials,
+//! attention split partials) is an arena range its parameters name, sized by the family
+//! (`partials_per_row`, `scratch_bytes`).
 //!
 //! # Names and sources
 //!

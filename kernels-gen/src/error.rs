@@ -15,6 +15,14 @@ pub enum Error {
         field: &'static str,
         reason: String,
     },
+    /// An op, or an operand type, that no generator handles (e.g. `moe_experts` in the
+    /// generic family, which only covers ops the fused families leave over).
+    #[error("{family}: `{op}` is not supported: {reason}")]
+    Unsupported {
+        family: &'static str,
+        op: &'static str,
+        reason: String,
+    },
     /// An architecture name outside the supported set.
     #[error("unknown GPU architecture `{0}` (expected sm_90a, sm_100a or sm_120)")]
     UnknownArch(String),

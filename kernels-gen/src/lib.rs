@@ -18,8 +18,10 @@ pub mod attention;
 pub mod elementwise;
 mod error;
 pub mod gemv;
+pub mod generic;
 pub mod norm;
 pub mod nvrtc;
+pub mod plan;
 pub mod rope;
 pub mod writer;
 

@@ -13,7 +13,9 @@
 //!   op's shape, not from the graph's bucket.
 
 use specc_codegen::{Epilogue, Group, GroupKind, Home, LaunchPlan, MatOut};
-use specc_ir::{AttnMask as IrMask, BucketDim, DType, Graph, Op, RopeScaling, RopeStyle as IrStyle, ValueId};
+use specc_ir::{
+    AttnMask as IrMask, BucketDim, DType, Graph, Op, RopeScaling, RopeStyle as IrStyle, ValueId,
+};
 
 use crate::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
 use crate::argmax::{argmax, ArgmaxInput, ArgmaxParams};
@@ -64,6 +66,14 @@ struct Ctx<'a> {
     bucket: Bucket,
 }
 
+fn unsupported(op: &'static str, reason: String) -> Error {
+    Error::Unsupported {
+        family: "plan",
+        op,
+        reason,
+    }
+}
+
 fn dtype(d: DType) -> Result<Dtype, Error> {
     Ok(match d {
         DType::BF16 => Dtype::BF16,
@@ -71,8 +81,7 @@ fn dtype(d: DType) -> Result<Dtype, Error> {
         DType::F32 => Dtype::F32,
         DType::I32 => Dtype::I32,
         DType::I64 => Dtype::I64,
-        DType::Bool => Dtype::Bool,
-        other => return Err(Error::unsupported("plan", format!("dtype {other}"))),
+        other => return Err(unsupported("dtype", format!("{other} in a fused kernel"))),
     })
 }
 
@@ -86,13 +95,10 @@ impl Ctx<'_> {
     }
 
     fn loc(&mut self, v: ValueId) -> Result<Loc, Error> {
-        let home = self
-            .plan
-            .memory
-            .homes
-            .get(&v)
-            .cloned()
-            .ok_or_else(|| Error::unsupported("plan", format!("{v} has no home in the memory plan")))?;
+        let home =
+            self.plan.memory.homes.get(&v).cloned().ok_or_else(|| {
+                unsupported("plan", format!("{v} has no home in the memory plan"))
+            })?;
         Ok(match home {
             Home::Arena { offset, .. } => Loc::arena(offset),
             Home::Weight(name) => Loc::table(self.slot(Slot::Weight(name))),
@@ -106,7 +112,7 @@ impl Ctx<'_> {
             .shape
             .resolve(&self.plan.bind)
             .map(|d| d.into_iter().map(|x| x as u64).collect())
-            .ok_or_else(|| Error::unsupported("plan", format!("{v} has unbound dims")))
+            .ok_or_else(|| unsupported("plan", format!("{v} has unbound dims")))
     }
 
     /// `v` as a 2-D `[numel / last, last]` view.
@@ -121,7 +127,7 @@ impl Ctx<'_> {
     fn arg(&mut self, v: ValueId) -> Result<TensorArg, Error> {
         Ok(TensorArg {
             loc: self.loc(v)?,
-            dtype: dtype(self.g.ty(v).dtype)?,
+            dtype: self.g.ty(v).dtype,
             dims: self.dims(v)?,
         })
     }
@@ -358,23 +364,24 @@ fn matmul_kernels(
     };
     let w_dtype = |cx: &Ctx, m: &MatOut| dtype(cx.g.ty(m.weight).dtype);
     let n_of = |cx: &Ctx, m: &MatOut| -> Result<u64, Error> { Ok(cx.dims(m.weight)?[0]) };
-    let base = |cx: &mut Ctx, m: &MatOut, weights: GemvWeights, n: u64| -> Result<GemvParams, Error> {
-        Ok(GemvParams {
-            rows: Rows::Fixed(rows as u32),
-            row_tile,
-            k: k as u32,
-            n: n as u32,
-            x: xv,
-            weights,
-            w_dtype: w_dtype(cx, m)?,
-            norm: prologue,
-            residual: None,
-            out: None,
-            argmax_partials: None,
-        })
-    };
+    let base =
+        |cx: &mut Ctx, m: &MatOut, weights: GemvWeights, n: u64| -> Result<GemvParams, Error> {
+            Ok(GemvParams {
+                rows: Rows::Fixed(rows as u32),
+                row_tile,
+                k: k as u32,
+                n: n as u32,
+                x: xv,
+                weights,
+                w_dtype: w_dtype(cx, m)?,
+                norm: prologue,
+                residual: None,
+                out: None,
+                argmax_partials: None,
+            })
+        };
     if mats.iter().any(|m| m.scale.is_some()) {
-        return Err(Error::unsupported("plan", "quantised matmul weights".to_string()));
+        return Err(unsupported("plan", "quantised matmul weights".to_string()));
     }
     let mut out = Vec::new();
     match epilogue {
@@ -436,7 +443,10 @@ fn matmul_kernels(
                 .iter()
                 .map(|m| match cx.g.node(m.weight).op.leaf_name() {
                     Some(n) => Ok(n.to_string()),
-                    None => Err(Error::unsupported("plan", "q/k/v weights must be checkpoint weights".to_string())),
+                    None => Err(unsupported(
+                        "plan",
+                        "q/k/v weights must be checkpoint weights".to_string(),
+                    )),
                 })
                 .collect::<Result<_, _>>()?;
             let ns: Vec<u64> = mats.iter().map(|m| n_of(cx, m)).collect::<Result<_, _>>()?;

@@ -12,6 +12,9 @@ pub enum RuntimeError {
     MissingOutput(&'static str),
     #[error("lane {lane}: more than {capacity} tokens emitted since the last drain (the ring overran; drain more often)")]
     RingOverrun { lane: usize, capacity: usize },
+    /// Code generation, kernel generation or NVRTC failed for a graph.
+    #[error("kernel generation: {0}")]
+    Kernel(String),
     #[error(transparent)]
     Ir(#[from] specc_ir::IrError),
     #[cfg(feature = "cuda")]

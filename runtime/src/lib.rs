@@ -2,14 +2,17 @@
 //! graph. The CPU backend executes the graph with the IR interpreter; the CUDA backend
 //! (feature `cuda`) replays one captured graph per step.
 
+pub mod admission;
 mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
+mod session;
 mod spec_cpu;
 
 pub use cpu::{CpuSession, StepOutput};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaDevice, CudaError};
 pub use error::RuntimeError;
+pub use session::Speculator;
 pub use spec_cpu::{DraftKind, SpecCpuSession, SpecGraphs, SpecStats};

@@ -6,10 +6,9 @@ use std::collections::HashMap;
 
 use specc_ir::interp::{self, Data, Env, Tensor, WeightSource};
 use specc_ir::{Bindings, DType, Graph};
-use specc_models::spec_step::{
-    BUDGET, EAGLE_BASE, EAGLE_COUNT, EAGLE_HIDDEN, EAGLE_TOKENS, EMITTED, HIDDEN, LEN, PENDING,
-    RING, STEP,
-};
+use specc_models::spec_step::{BUDGET, EAGLE_HIDDEN, EMITTED, HIDDEN, RING};
+
+use crate::admission;
 
 use crate::RuntimeError;
 
@@ -72,11 +71,6 @@ pub struct SpecCpuSession<'a> {
     pub stats: SpecStats,
 }
 
-fn ids_tensor(rows: &[Vec<i64>], t: usize) -> Tensor {
-    let data = rows.iter().flat_map(|r| r.iter().copied()).collect();
-    Tensor::from_i64(DType::I32, vec![rows.len(), t], data)
-}
-
 fn ints(t: &Tensor) -> Result<&[i64], RuntimeError> {
     match &t.data {
         Data::I64(v) => Ok(v),
@@ -130,156 +124,79 @@ impl<'a> SpecCpuSession<'a> {
     ) -> Result<Vec<u32>, RuntimeError> {
         assert_eq!(prompts.len(), self.lanes, "one prompt per lane");
         let k = self.graphs.num_steps;
-        let t = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
-        if t == 0 {
-            return Err(RuntimeError::EmptyStep);
-        }
-        let needed = t + k + 3;
-        if needed as u64 > self.max_context {
-            return Err(RuntimeError::ContextOverflow {
-                needed,
-                max_context: self.max_context,
-            });
-        }
-        let tokens: Vec<Vec<i64>> = prompts
-            .iter()
-            .map(|p| (0..t).map(|i| p.get(i).map_or(0, |&x| x as i64)).collect())
-            .collect();
-        let positions: Vec<Vec<i64>> = prompts
-            .iter()
-            .map(|p| {
-                (0..t)
-                    .map(|i| if i < p.len() { i as i64 } else { -1 })
-                    .collect()
-            })
-            .collect();
-        let inputs = || {
-            HashMap::from([
-                ("tokens".to_string(), ids_tensor(&tokens, t)),
-                ("positions".to_string(), ids_tensor(&positions, t)),
-            ])
-        };
-        let out = self.run(self.graphs.target_prefill, t as u64, inputs())?;
-        let next = out
-            .get("next_token")
-            .ok_or(RuntimeError::MissingOutput("next_token"))?;
-        let next = ints(next)?;
-        let first: Vec<u32> = prompts
-            .iter()
-            .enumerate()
-            .map(|(b, p)| next[b * t + p.len() - 1] as u32)
-            .collect();
+        let pre = admission::prefill_inputs(prompts, k, self.max_context)?;
+        let t = pre.t;
+        let lanes = self.lanes;
+        let ids = |v: &[i64], t: usize| Tensor::from_i64(DType::I32, vec![lanes, t], v.to_vec());
+        let inputs = HashMap::from([
+            ("tokens".to_string(), ids(&pre.tokens, t)),
+            ("positions".to_string(), ids(&pre.positions, t)),
+        ]);
+        let out = self.run(self.graphs.target_prefill, t as u64, inputs.clone())?;
+        let next = ints(
+            out.get("next_token")
+                .ok_or(RuntimeError::MissingOutput("next_token"))?,
+        )?;
+        let first = admission::first_tokens(next, prompts, t);
         match self.graphs.kind {
             DraftKind::None => {}
             DraftKind::Model => {
-                self.run(self.graphs.draft_prefill, t as u64, inputs())?;
+                self.run(self.graphs.draft_prefill, t as u64, inputs)?;
             }
             DraftKind::Eagle3 { taps_width } => {
                 let taps = out.get("taps").ok_or(RuntimeError::MissingOutput("taps"))?;
-                self.prime_eagle(prompts, &first, taps, t, taps_width)?;
+                let taps = taps.as_f32()?.to_vec();
+                let prime = admission::eagle_prime(prompts, &first, t, k);
+                let tp = prime.inputs.t;
+                let w = taps_width;
+                let mut hidden = vec![0f32; lanes * tp * w];
+                for &(dst, src) in &prime.hidden_rows {
+                    hidden[dst * w..][..w].copy_from_slice(&taps[src * w..][..w]);
+                }
+                let dtype = self
+                    .graphs
+                    .draft_prefill
+                    .inputs()
+                    .find(|(_, n, _)| *n == HIDDEN)
+                    .map(|(_, _, ty)| ty.dtype)
+                    .unwrap_or(DType::F32);
+                let head_inputs = HashMap::from([
+                    (
+                        HIDDEN.to_string(),
+                        Tensor::from_f32(dtype, vec![lanes, tp, w], hidden),
+                    ),
+                    ("tokens".to_string(), ids(&prime.inputs.tokens, tp)),
+                    ("positions".to_string(), ids(&prime.inputs.positions, tp)),
+                ]);
+                self.run(self.graphs.draft_prefill, tp as u64, head_inputs)?;
+                let mut slots = vec![0f32; lanes * (k + 1) * w];
+                for &(dst, src) in &prime.slot_rows {
+                    slots[dst * w..][..w].copy_from_slice(&taps[src * w..][..w]);
+                }
+                self.states.insert(
+                    EAGLE_HIDDEN.into(),
+                    Tensor::from_f32(dtype, vec![lanes, k + 1, w], slots),
+                );
+                for s in prime.states {
+                    self.states.insert(
+                        s.name.into(),
+                        Tensor::from_i64(DType::I32, s.dims, s.values),
+                    );
+                }
             }
         }
-        let lanes = self.lanes;
-        let vec = |f: &dyn Fn(usize) -> i64| {
-            Tensor::from_i64(DType::I32, vec![lanes], (0..lanes).map(f).collect())
-        };
-        let ctx = self.max_context as i64;
-        self.states
-            .insert(LEN.into(), vec(&|b| prompts[b].len() as i64));
-        self.states.insert(
-            PENDING.into(),
-            Tensor::from_i64(
-                DType::I32,
-                vec![lanes, 2],
-                (0..lanes)
-                    .flat_map(|b| {
-                        [
-                            *prompts[b].last().expect("non-empty prompt") as i64,
-                            first[b] as i64,
-                        ]
-                    })
-                    .collect(),
-            ),
-        );
-        self.states.insert(
-            BUDGET.into(),
-            vec(&|b| (max_new as i64).min(ctx - prompts[b].len() as i64 - k as i64 - 2)),
-        );
-        self.states.insert(EMITTED.into(), vec(&|_| 0));
-        self.states.insert(STEP.into(), vec(&|_| 0));
+        for s in admission::step_states(prompts, &first, max_new, self.max_context, k) {
+            self.states.insert(
+                s.name.into(),
+                Tensor::from_i64(DType::I32, s.dims, s.values),
+            );
+        }
         self.states.insert(
             RING.into(),
             Tensor::zeros(DType::I32, vec![lanes, self.graphs.ring, 1, 1]),
         );
         self.drained = vec![0; lanes];
         Ok(first)
-    }
-
-    /// EAGLE-3 admission: the head reads pairs (taps at t, x(t+1)) for t < P − 1; the pair
-    /// at P − 1 (with the first generated token) is left for the first step's catch-up.
-    fn prime_eagle(
-        &mut self,
-        prompts: &[Vec<u32>],
-        first: &[u32],
-        taps: &Tensor,
-        t: usize,
-        width: usize,
-    ) -> Result<(), RuntimeError> {
-        let lanes = self.lanes;
-        let k = self.graphs.num_steps;
-        let taps = taps.as_f32()?;
-        let tp = (t - 1).max(1);
-        let mut hidden = vec![0f32; lanes * tp * width];
-        let mut tokens = vec![vec![0i64; tp]; lanes];
-        let mut positions = vec![vec![-1i64; tp]; lanes];
-        for (b, p) in prompts.iter().enumerate() {
-            for i in 0..p.len() - 1 {
-                let src = (b * t + i) * width;
-                hidden[(b * tp + i) * width..][..width].copy_from_slice(&taps[src..src + width]);
-                tokens[b][i] = p[i + 1] as i64;
-                positions[b][i] = i as i64;
-            }
-        }
-        let dtype = self
-            .graphs
-            .draft_prefill
-            .inputs()
-            .find(|(_, n, _)| *n == HIDDEN)
-            .map(|(_, _, ty)| ty.dtype)
-            .unwrap_or(DType::F32);
-        let inputs = HashMap::from([
-            (
-                HIDDEN.to_string(),
-                Tensor::from_f32(dtype, vec![lanes, tp, width], hidden),
-            ),
-            ("tokens".to_string(), ids_tensor(&tokens, tp)),
-            ("positions".to_string(), ids_tensor(&positions, tp)),
-        ]);
-        self.run(self.graphs.draft_prefill, tp as u64, inputs)?;
-        let mut slot_hidden = vec![0f32; lanes * (k + 1) * width];
-        let mut slot_tokens = vec![0i64; lanes * (k + 1)];
-        for (b, p) in prompts.iter().enumerate() {
-            let src = (b * t + p.len() - 1) * width;
-            slot_hidden[b * (k + 1) * width..][..width].copy_from_slice(&taps[src..src + width]);
-            slot_tokens[b * (k + 1)] = first[b] as i64;
-        }
-        let lane_vec = |f: &dyn Fn(usize) -> i64| {
-            Tensor::from_i64(DType::I32, vec![lanes], (0..lanes).map(f).collect())
-        };
-        self.states.insert(
-            EAGLE_HIDDEN.into(),
-            Tensor::from_f32(dtype, vec![lanes, k + 1, width], slot_hidden),
-        );
-        self.states.insert(
-            EAGLE_TOKENS.into(),
-            Tensor::from_i64(DType::I32, vec![lanes, k + 1], slot_tokens),
-        );
-        self.states.insert(EAGLE_COUNT.into(), lane_vec(&|_| 1));
-        self.states.insert(
-            EAGLE_BASE.into(),
-            lane_vec(&|b| prompts[b].len() as i64 - 1),
-        );
-        Ok(())
     }
 
     /// Marks lane `b` finished: the device masks it from the next step on.

@@ -21,13 +21,16 @@ pub fn logits(model: Source, ids: &[u32], backend: Backend, out: &Path) -> Resul
             r.max_context
         );
     }
-    let weights = match backend {
-        Backend::Cpu => r.model.load_weights_f32(),
+    let logits = match backend {
+        Backend::Cpu => {
+            let weights = r.model.load_weights_f32();
+            let mut session = CpuSession::new(r.model.graph(), &weights, r.max_context);
+            session.step(ids)?.logits
+        }
+        Backend::Cuda => cuda_logits(&r, ids)?,
     };
-    let mut session = CpuSession::new(r.model.graph(), &weights, r.max_context);
-    let step = session.step(ids)?;
-    let bytes: Vec<u8> = step.logits.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let view = TensorView::new(Dtype::F32, vec![ids.len(), step.vocab], &bytes)?;
+    let bytes: Vec<u8> = logits.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let view = TensorView::new(Dtype::F32, vec![ids.len(), vocab], &bytes)?;
     let tensors: HashMap<String, TensorView> = [("logits".to_string(), view)].into();
     safetensors::serialize_to_file(&tensors, &None, out)
         .with_context(|| format!("writing {}", out.display()))?;
@@ -35,7 +38,27 @@ pub fn logits(model: Source, ids: &[u32], backend: Backend, out: &Path) -> Resul
         "wrote {} (logits f32 [{}, {}])",
         out.display(),
         ids.len(),
-        step.vocab
+        vocab
     );
     Ok(())
+}
+
+/// One prefill over `ids` on the GPU (the same prefill graph `run --backend cuda` uses).
+#[cfg(feature = "cuda")]
+fn cuda_logits(r: &super::engine::Resolved, ids: &[u32]) -> Result<Vec<f32>> {
+    use specc_models::spec_step::{lower_decode_step, lower_target_prefill, StepShape};
+    let shape = StepShape {
+        num_steps: 0,
+        ring: 8,
+        acceptance: specc_models::Acceptance::Greedy,
+    };
+    let prefill = lower_target_prefill(r.model.spec(), &[])?;
+    let step = lower_decode_step(r.model.spec(), &shape)?;
+    let mut s = super::gpu::decode_session(&r.model, &prefill, &step, 1, r.max_context, 8)?;
+    Ok(s.prefill_logits(ids)?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_logits(_: &super::engine::Resolved, _: &[u32]) -> Result<Vec<f32>> {
+    Err(super::gpu::unavailable())
 }

@@ -2,10 +2,10 @@
 
 mod compile;
 mod engine;
+mod gpu;
 mod inspect;
 mod logits;
 mod run;
-mod spec_run;
 
 use anyhow::Result;
 
@@ -30,10 +30,14 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             random_weights,
         } => {
             let src = engine::Source::new(model, random_weights);
-            match spec {
-                Some(spec) => spec_run::run(src, &spec, &prompt, max_tokens, backend, max_context),
-                None => run::run(src, &prompt, max_tokens, backend, max_context),
-            }
+            run::run(
+                src,
+                spec.as_deref(),
+                &prompt,
+                max_tokens,
+                backend,
+                max_context,
+            )
         }
         Command::Logits {
             model,

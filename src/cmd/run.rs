@@ -1,21 +1,37 @@
+//! `specc run`: generate text from a prompt, plain or speculative, on either backend. Both
+//! backends run the same graphs: a prefill, then one step graph per step (k draft tokens
+//! + verify + accept + commit + emit; k = 0 without `--spec`).
+
 use std::io::Write;
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use specc_runtime::CpuSession;
+use specc_models::spec_step::{lower_decode_step, lower_target_prefill, StepShape};
+use specc_models::{Acceptance, Method, SpecBundle, SpecConfig};
+use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs, Speculator};
 
-use super::engine::{resolve, Source};
+use super::engine::{resolve, Resolved, Source};
 use crate::cli::Backend;
 use crate::text::{Streamer, TextCodec};
 
+/// Token ring capacity per lane for plain decoding.
+const DECODE_RING: u64 = 64;
+
 pub fn run(
     model: Source,
+    spec_file: Option<&Path>,
     prompt: &str,
     max_tokens: usize,
     backend: Backend,
     max_context: Option<u64>,
 ) -> Result<()> {
-    let r = resolve(model, max_context)?;
+    let cfg = spec_file.map(SpecConfig::from_file).transpose()?;
+    let cfg = cfg.filter(|c| c.method != Method::None);
+    let r = resolve(
+        model,
+        max_context.or(cfg.as_ref().and_then(|c| c.max_context)),
+    )?;
     let codec = TextCodec::open(&r.model_dir)?;
     let spec = r.model.spec();
     let mut ids = Vec::new();
@@ -23,54 +39,159 @@ pub fn run(
         ids.push(bos);
     }
     ids.extend(codec.encode(prompt)?);
-    if ids.is_empty() {
-        bail!("--prompt: expected text that tokenizes to at least one token");
-    }
-    if ids.len() as u64 > r.max_context {
+    let k = cfg.as_ref().map_or(0, |c| c.num_steps as usize);
+    if ids.len() + k + 3 > r.max_context as usize {
         bail!(
-            "--prompt: {} tokens exceed the maximum context of {} tokens",
+            "--prompt: {} tokens (+{} for drafting) exceed the maximum context of {} tokens",
             ids.len(),
+            k + 3,
             r.max_context
         );
     }
-    let weights = match backend {
-        Backend::Cpu => r.model.load_weights_f32(),
+    let label = match &cfg {
+        Some(c) => format!("{backend:?}, {:?} k={k}", c.method),
+        None => format!("{backend:?}"),
     };
-    let mut session = CpuSession::new(r.model.graph(), &weights, r.max_context);
-    let mut streamer = Streamer::new(&codec);
+    let bundle = cfg
+        .as_ref()
+        .map(|c| SpecBundle::open(&r.model, c))
+        .transpose()?;
+    let shape = StepShape {
+        num_steps: 0,
+        ring: DECODE_RING,
+        acceptance: Acceptance::Greedy,
+    };
+    let plain = match &bundle {
+        None => Some((
+            lower_target_prefill(spec, &[])?,
+            lower_decode_step(spec, &shape)?,
+        )),
+        Some(_) => None,
+    };
+    match backend {
+        Backend::Cpu => {
+            let weights = match &bundle {
+                Some(b) => b.load_weights_f32(&r.model)?,
+                None => r.model.load_weights_f32(),
+            };
+            let graphs = match (&bundle, &plain) {
+                (Some(b), _) => SpecGraphs {
+                    kind: match b.taps_width() {
+                        Some(taps_width) => DraftKind::Eagle3 { taps_width },
+                        None => DraftKind::Model,
+                    },
+                    target_prefill: &b.target_prefill,
+                    draft_prefill: &b.draft_prefill,
+                    step: &b.step,
+                    num_steps: k,
+                    ring: b.shape.ring as usize,
+                },
+                (None, Some((pre, step))) => SpecGraphs {
+                    kind: DraftKind::None,
+                    target_prefill: pre,
+                    draft_prefill: pre,
+                    step,
+                    num_steps: 0,
+                    ring: DECODE_RING as usize,
+                },
+                (None, None) => unreachable!("plain graphs exist without a bundle"),
+            };
+            let mut s = SpecCpuSession::new(graphs, &weights, 1, r.max_context);
+            generate(&mut s, &r, &codec, &ids, prompt, max_tokens, &label)
+        }
+        Backend::Cuda => {
+            #[cfg(feature = "cuda")]
+            {
+                use super::gpu;
+                let mut s = match (&bundle, &plain) {
+                    (Some(b), _) => gpu::spec_session(&r.model, b, 1, r.max_context)?,
+                    (None, Some((prefill, step))) => gpu::decode_session(
+                        &r.model,
+                        prefill,
+                        step,
+                        1,
+                        r.max_context,
+                        DECODE_RING as usize,
+                    )?,
+                    (None, None) => unreachable!("plain graphs exist without a bundle"),
+                };
+                eprintln!(
+                    "[cuda] step graph: {} kernels in one captured graph (codegen {:.2} s, nvrtc/cache {:.2} s)",
+                    s.step_plan().launches.len(),
+                    s.step_compile_s.0,
+                    s.step_compile_s.1
+                );
+                let res = generate(&mut s, &r, &codec, &ids, prompt, max_tokens, &label);
+                eprintln!(
+                    "[cuda] graph launches: {} for {} steps",
+                    s.engine.dev.counters().graph_launches(),
+                    s.stats.steps
+                );
+                res
+            }
+            #[cfg(not(feature = "cuda"))]
+            {
+                Err(super::gpu::unavailable())
+            }
+        }
+    }
+}
+
+/// The host loop: admit, then step / drain / print until EOS, the budget or the context ends.
+fn generate(
+    s: &mut dyn Speculator,
+    r: &Resolved,
+    codec: &TextCodec,
+    ids: &[u32],
+    prompt: &str,
+    max_tokens: usize,
+    label: &str,
+) -> Result<()> {
+    let eos = &r.model.spec().eos_token_ids;
+    let mut streamer = Streamer::new(codec);
     let mut out = std::io::stdout().lock();
     write!(out, "{prompt}")?;
     out.flush()?;
-
     let t0 = Instant::now();
-    let first = session.step(&ids)?;
+    let first = s.admit(std::slice::from_ref(&ids.to_vec()), max_tokens)?;
     let prefill_s = t0.elapsed().as_secs_f64();
-    let mut next = *first.next.last().expect("step returns one token per input");
     let t1 = Instant::now();
     let mut generated = 0usize;
-    while generated < max_tokens {
-        if spec.eos_token_ids.contains(&next) {
-            break;
+    let mut pending = first;
+    'outer: loop {
+        for tok in pending.drain(..) {
+            if eos.contains(&tok) || generated == max_tokens {
+                s.finish(0)?;
+                break 'outer;
+            }
+            generated += 1;
+            write!(out, "{}", streamer.push(tok)?)?;
         }
-        generated += 1;
-        write!(out, "{}", streamer.push(next)?)?;
         out.flush()?;
-        if generated == max_tokens || session.len() as u64 >= r.max_context {
+        if !s.live()?[0] {
             break;
         }
-        next = session.step(&[next])?.next[0];
+        s.step()?;
+        pending = s.drain()?.remove(0);
     }
     let decode_s = t1.elapsed().as_secs_f64();
     writeln!(out)?;
+    let stats = s.stats();
     eprintln!(
-        "[{:?}] prompt {} tokens in {:.3} s ({:.1} tok/s); generated {} tokens in {:.3} s ({:.1} tok/s)",
-        backend,
+        "[{label}] prompt {} tokens in {:.3} s; generated {generated} tokens in {:.3} s ({:.1} tok/s) over {} steps",
         ids.len(),
         prefill_s,
-        ids.len() as f64 / prefill_s.max(1e-9),
-        generated,
         decode_s,
         generated as f64 / decode_s.max(1e-9),
+        stats.steps,
     );
+    if stats.histogram.len() > 1 {
+        eprintln!(
+            "mean acceptance length {:.2} tokens/step; histogram of accepted draft tokens (0..={}): {:?}",
+            stats.mean_accept_len(),
+            stats.histogram.len() - 1,
+            stats.histogram
+        );
+    }
     Ok(())
 }

@@ -40,21 +40,25 @@
 mod arena;
 mod buffer;
 mod device;
+mod engine;
 mod error;
 mod graph;
 mod launch;
 mod module;
 mod ring;
+mod session;
 mod table;
 mod weights;
 
 pub use arena::{state_sizes, DeviceArena, StateBuffers};
 pub use buffer::{DeviceBuffer, ALLOC_GRANULE};
 pub use device::{arch_for, driver_present, pick_arch, CudaDevice, DeviceInfo, LaunchCounters};
+pub use engine::{CudaEngine, LoadedGraph, WeightSources};
 pub use error::CudaError;
 pub use graph::{Retained, StepGraph};
 pub use launch::{launch_all, KernelParam, PreparedLaunch};
 pub use module::{KernelImage, KernelModule, DEFAULT_DYNAMIC_SMEM};
 pub use ring::{TokenRing, DEFAULT_RING_DEPTH};
+pub use session::{prefill_bucket, CudaSpecGraphs, CudaSpecSession, MIN_PREFILL_T};
 pub use table::{pointer_table, BufRef, TABLE_ENTRY_ALIGN};
 pub use weights::{slab_layout, DeviceWeights, HostTensor, WeightEntry, WEIGHT_ALIGN};

@@ -1,0 +1,234 @@
+// specc device prelude, generic family (src/generic/): element access, integer arithmetic,
+// casts, ranking and reductions with exactly the interpreter's rules (ir/src/interp/).
+// Prepended after common.cuh, vec.cuh and reduce.cuh to every single-op kernel.
+
+// A `bool` element: one byte holding 0 or 1 (DType::Bool is 1 byte in the memory plan).
+typedef unsigned char b8;
+
+#define SPECC_I64_MIN (-9223372036854775807ll - 1)
+
+// ---- integer and bool elements as the interpreter holds them: i64 values ----
+
+__device__ __forceinline__ long long to_i64(int x) { return x; }
+__device__ __forceinline__ long long to_i64(long long x) { return x; }
+__device__ __forceinline__ long long to_i64(b8 x) { return x != 0; }
+
+// Storing an i64 value: i32 wraps (two's complement truncation), bool is `v != 0`.
+template <typename T> __device__ __forceinline__ T from_i64(long long x);
+template <> __device__ __forceinline__ int from_i64<int>(long long x) {
+  return (int)(unsigned int)(unsigned long long)x;
+}
+template <> __device__ __forceinline__ long long from_i64<long long>(long long x) { return x; }
+template <> __device__ __forceinline__ b8 from_i64<b8>(long long x) { return x != 0; }
+
+// ---- i64 arithmetic: wrapping, division and remainder by zero give 0 ----
+
+__device__ __forceinline__ long long wadd(long long a, long long b) {
+  return (long long)((unsigned long long)a + (unsigned long long)b);
+}
+__device__ __forceinline__ long long wsub(long long a, long long b) {
+  return (long long)((unsigned long long)a - (unsigned long long)b);
+}
+__device__ __forceinline__ long long wmul(long long a, long long b) {
+  return (long long)((unsigned long long)a * (unsigned long long)b);
+}
+__device__ __forceinline__ long long wneg(long long a) {
+  return (long long)(0ull - (unsigned long long)a);
+}
+// Rust `checked_div(b).unwrap_or(0)`: 0 for b == 0 and for the overflowing MIN / -1.
+__device__ __forceinline__ long long idiv(long long a, long long b) {
+  return (b == 0 || (a == SPECC_I64_MIN && b == -1)) ? 0 : a / b;
+}
+// Rust `checked_rem_euclid(b).unwrap_or(0)`: never negative; 0 where checked_div is 0.
+__device__ __forceinline__ long long irem_euclid(long long a, long long b) {
+  if (b == 0 || (a == SPECC_I64_MIN && b == -1)) return 0;
+  const long long r = a % b;
+  if (r >= 0) return r;
+  const unsigned long long abs_b = b < 0 ? 0ull - (unsigned long long)b : (unsigned long long)b;
+  return (long long)((unsigned long long)r + abs_b);
+}
+__device__ __forceinline__ long long imax(long long a, long long b) { return a > b ? a : b; }
+__device__ __forceinline__ long long imin(long long a, long long b) { return a < b ? a : b; }
+
+// ---- casts: float -> int truncates toward zero, saturating, NaN -> 0 (Rust `as`) ----
+
+__device__ __forceinline__ long long f2i32(float x) {
+  if (x != x) return 0;
+  if (x >= 2147483648.0f) return 2147483647ll;
+  if (x <= -2147483648.0f) return -2147483648ll;
+  return (long long)(int)x;
+}
+__device__ __forceinline__ long long f2i64(float x) {
+  if (x != x) return 0;
+  if (x >= 9223372036854775808.0f) return 9223372036854775807ll;
+  if (x <= -9223372036854775808.0f) return SPECC_I64_MIN;
+  return (long long)x;
+}
+
+// ---- random_uniform: (splitmix64(seed ^ counter) >> 40) / 2^24, exact in f32 ----
+
+__device__ __forceinline__ unsigned long long splitmix64(unsigned long long x) {
+  unsigned long long z = x + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+__device__ __forceinline__ float uniform_f32(unsigned long long seed, long long counter) {
+  return (float)(splitmix64(seed ^ (unsigned long long)counter) >> 40) / 16777216.0f;
+}
+
+// ---- ranking (argmax, topk): NaN ranks as -inf, -0 == +0, ties to the lower index ----
+
+__device__ __forceinline__ float rank_key(float x) { return x != x ? neg_inf() : x; }
+__device__ __forceinline__ long long rank_key(long long x) { return x; }
+__device__ __forceinline__ float lowest_key(float) { return neg_inf(); }
+__device__ __forceinline__ long long lowest_key(long long) { return SPECC_I64_MIN; }
+
+template <typename K> struct Best {
+  K v;
+  int i;
+};
+
+// `(av, ai)` ranks before `(bv, bi)`: larger key, or equal key and lower index.
+template <typename K>
+__device__ __forceinline__ bool ranks_before(K av, int ai, K bv, int bi) {
+  return av > bv || (av == bv && ai < bi);
+}
+
+// A candidate no real element loses to (lowest key, largest index).
+template <typename K> __device__ __forceinline__ Best<K> no_best() {
+  return Best<K>{lowest_key(K()), 0x7fffffff};
+}
+
+template <typename K> __device__ __forceinline__ Best<K> warp_best(Best<K> p) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const K v = __shfl_xor_sync(0xffffffffu, p.v, o);
+    const int i = __shfl_xor_sync(0xffffffffu, p.i, o);
+    if (ranks_before(v, i, p.v, p.i)) {
+      p.v = v;
+      p.i = i;
+    }
+  }
+  return p;
+}
+
+// Best over the block; `scratch` holds blockDim.x / 32 entries. Every thread must call it
+// (it synchronises) and every thread receives the result.
+template <typename K> __device__ Best<K> block_best(Best<K> p, Best<K>* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  p = warp_best(p);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = p;
+  __syncthreads();
+  Best<K> b = scratch[0];
+  for (int w = 1; w < nw; ++w)
+    if (ranks_before(scratch[w].v, scratch[w].i, b.v, b.i)) b = scratch[w];
+  return b;
+}
+
+// ---- reductions of one value type with one operator ----
+
+struct SumF32 {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+// Ignores NaN like Rust's f32::max.
+struct MaxF32 {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SumI64 {
+  __device__ __forceinline__ long long operator()(long long a, long long b) const {
+    return wadd(a, b);
+  }
+};
+struct MaxI64 {
+  __device__ __forceinline__ long long operator()(long long a, long long b) const {
+    return imax(a, b);
+  }
+};
+
+template <typename T, typename Op> __device__ __forceinline__ T warp_reduce(T x, Op op) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+// Reduction over the block in a fixed order (deterministic); same calling rules as
+// block_best.
+template <typename T, typename Op> __device__ T block_reduce(T x, Op op, T* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  x = warp_reduce(x, op);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = x;
+  __syncthreads();
+  T t = scratch[0];
+  for (int w = 1; w < nw; ++w) t = op(t, scratch[w]);
+  return t;
+}
+
+// ---- sample: inverse CDF with the interpreter's sequential f32 running sum ----
+
+// One warp samples one row of `v` probabilities: the smallest `i` with `c[i] > u * c[v-1]`,
+// where `c[i] = (((0 + p[0]) + p[1]) + ...) + p[i]` in f32, else `v - 1`. The running sum is
+// computed once, in order, by lane 0 while the other lanes stage the next chunk of `CH`
+// values; for each chunk the sum before it and the largest running sum inside it (NaN
+// ignored) are kept, so the search reruns only the first chunk whose largest sum exceeds
+// the threshold, from that chunk's starting sum: the same additions in the same order.
+// `buf` holds CH floats, `starts` and `maxs` ceil(v / CH) each (shared memory). Returns the
+// index in lane 0; the other lanes return v - 1.
+template <int CH>
+__device__ int sample_row(const float* p, int v, float u, float* buf, float* starts,
+                          float* maxs) {
+  constexpr int PER = CH / 32;
+  const int lane = threadIdx.x & 31;
+  const int chunks = (v + CH - 1) / CH;
+  float next[PER];
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    const int i = j * 32 + lane;
+    next[j] = i < v ? p[i] : 0.0f;
+  }
+  float c = 0.0f;
+  for (int ch = 0; ch < chunks; ++ch) {
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < PER; ++j) buf[j * 32 + lane] = next[j];
+    __syncwarp();
+    if (ch + 1 < chunks) {
+#pragma unroll
+      for (int j = 0; j < PER; ++j) {
+        const int i = (ch + 1) * CH + j * 32 + lane;
+        next[j] = i < v ? p[i] : 0.0f;
+      }
+    }
+    if (lane == 0) {
+      const int len = min(CH, v - ch * CH);
+      float mx = neg_inf();
+      starts[ch] = c;
+      for (int j = 0; j < len; ++j) {
+        c = __fadd_rn(c, buf[j]);
+        mx = fmaxf(mx, c);
+      }
+      maxs[ch] = mx;
+    }
+  }
+  int res = v - 1;
+  if (lane == 0) {
+    const float thr = __fmul_rn(u, c);
+    for (int ch = 0; ch < chunks; ++ch) {
+      if (maxs[ch] > thr) {
+        float s = starts[ch];
+        const int end = min(v, (ch + 1) * CH);
+        for (int i = ch * CH; i < end; ++i) {
+          s = __fadd_rn(s, p[i]);
+          if (s > thr) {
+            res = i;
+            break;
+          }
+        }
+        break;
+      }
+    }
+  }
+  return res;
+}

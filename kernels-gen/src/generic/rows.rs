@@ -1,0 +1,310 @@
+//! Row ops over the last axis: `reduce_sum` / `reduce_max`, `argmax`, `topk`, `softmax`
+//! (one block per row), `sample` (one warp per row), `accept_chain` (one thread per row),
+//! and the standalone dense layers `matmul` (one warp per output column) and `rmsnorm`
+//! (the [`crate::norm`] family).
+
+use super::{
+    c_type, flat_launch, is_float, load, row_launch, row_threads, store, value_type, Kernel,
+    TensorArg,
+};
+use crate::abi::{Dtype, Extent, KernelSource, LaunchSpec, Rows, View};
+use crate::norm::{rmsnorm as norm_rmsnorm, RmsNormParams};
+use crate::writer::emit;
+use crate::Error;
+use specc_ir::{DType, ReduceOp};
+
+/// Starts a one-block-per-row kernel: `xr` / `yr` point at row `blockIdx.x` of `x` (rows of
+/// `n`) and `out` (rows of `out_row`).
+fn row_kernel(
+    family: &'static str,
+    x: &TensorArg,
+    out: &TensorArg,
+    out_row: u64,
+) -> (Kernel, u64, u32) {
+    let n = x.last();
+    let nt = row_threads(n);
+    let mut k = Kernel::new(family, x.dtype);
+    k.ptr("x", x, false);
+    k.ptr("y", out, true);
+    emit!(k.body, "constexpr int N = {n};");
+    emit!(k.body, "constexpr int NT = {nt};");
+    k.body.line("const long long row = blockIdx.x;");
+    emit!(
+        k.body,
+        "const {}* __restrict__ xr = x + row * N;",
+        c_type(x.dtype)
+    );
+    emit!(
+        k.body,
+        "{}* __restrict__ yr = y + row * {out_row}ll;",
+        c_type(out.dtype)
+    );
+    (k, x.numel() / n, nt)
+}
+
+/// Sum (f32 for floats, wrapping i64 for ints) or maximum (NaN ignored) of each row.
+pub(super) fn reduce(op: ReduceOp, x: &TensorArg, out: &TensorArg) -> KernelSource {
+    let d = x.dtype;
+    let (mut k, rows, nt) = row_kernel(op.name(), x, out, 1);
+    let vt = value_type(d);
+    let (init, combine, functor) = match (op, is_float(d)) {
+        (ReduceOp::Sum, true) => ("0.0f", "acc + v", "SumF32"),
+        (ReduceOp::Max, true) => ("neg_inf()", "fmaxf(acc, v)", "MaxF32"),
+        (ReduceOp::Sum, false) => ("0ll", "wadd(acc, v)", "SumI64"),
+        (ReduceOp::Max, false) => ("SPECC_I64_MIN", "imax(acc, v)", "MaxI64"),
+    };
+    let w = &mut k.body;
+    emit!(w, "__shared__ {vt} red[NT / 32];");
+    emit!(w, "{vt} acc = {init};");
+    w.for_block("int i = threadIdx.x", "i < N", "i += NT", |w| {
+        emit!(w, "const {vt} v = {};", load(d, "xr[i]"));
+        emit!(w, "acc = {combine};");
+    });
+    emit!(w, "acc = block_reduce(acc, {functor}(), red);");
+    w.if_block("threadIdx.x == 0", |w| {
+        emit!(w, "yr[0] = {};", store(out.dtype, "acc"));
+    });
+    k.finish(row_launch(rows, nt))
+}
+
+/// The ranking key type and expression of element `xr[i]` (NaN ranks as -inf).
+fn rank(d: DType) -> (&'static str, String) {
+    (value_type(d), format!("rank_key({})", load(d, "xr[i]")))
+}
+
+/// Index of the largest element of each row; ties (and -0 vs +0) to the lower index.
+pub(super) fn argmax(x: &TensorArg, out: &TensorArg) -> KernelSource {
+    let (mut k, rows, nt) = row_kernel("argmax", x, out, 1);
+    let (kt, key) = rank(x.dtype);
+    let w = &mut k.body;
+    emit!(w, "__shared__ Best<{kt}> red[NT / 32];");
+    emit!(w, "Best<{kt}> best = no_best<{kt}>();");
+    w.for_block("int i = threadIdx.x", "i < N", "i += NT", |w| {
+        emit!(w, "const {kt} v = {key};");
+        w.if_block("ranks_before(v, i, best.v, best.i)", |w| {
+            w.line("best.v = v;");
+            w.line("best.i = i;");
+        });
+    });
+    w.line("best = block_best(best, red);");
+    w.if_block("threadIdx.x == 0", |w| w.line("yr[0] = best.i;"));
+    k.finish(row_launch(rows, nt))
+}
+
+/// The `k` best indices of each row, best first: round `j` takes the best element ranked
+/// after round `j - 1`'s pick, in the total order (key descending, index ascending).
+pub(super) fn topk(kk: u64, x: &TensorArg, out: &TensorArg) -> KernelSource {
+    let (mut k, rows, nt) = row_kernel("topk", x, out, kk);
+    let (kt, key) = rank(x.dtype);
+    let w = &mut k.body;
+    emit!(w, "__shared__ Best<{kt}> red[NT / 32];");
+    emit!(w, "Best<{kt}> prev = no_best<{kt}>();");
+    w.for_block("int j = 0", format_args!("j < {kk}"), "++j", |w| {
+        emit!(w, "Best<{kt}> best = no_best<{kt}>();");
+        w.for_block("int i = threadIdx.x", "i < N", "i += NT", |w| {
+            emit!(w, "const {kt} v = {key};");
+            w.if_block(
+                "(j == 0 || ranks_before(prev.v, prev.i, v, i)) && ranks_before(v, i, best.v, best.i)",
+                |w| {
+                    w.line("best.v = v;");
+                    w.line("best.i = i;");
+                },
+            );
+        });
+        w.line("best = block_best(best, red);");
+        w.if_block("threadIdx.x == 0", |w| w.line("yr[j] = best.i;"));
+        w.line("prev = best;");
+    });
+    k.finish(row_launch(rows, nt))
+}
+
+/// `exp(x - max) / Σ` per row in f32; a row whose maximum is -inf (or all NaN) gives zeros.
+pub(super) fn softmax(x: &TensorArg, out: &TensorArg) -> KernelSource {
+    let d = x.dtype;
+    let (mut k, rows, nt) = row_kernel("softmax", x, out, x.last());
+    let w = &mut k.body;
+    w.line("__shared__ float red[NT / 32];");
+    w.line("float m = neg_inf();");
+    w.for_block("int i = threadIdx.x", "i < N", "i += NT", |w| {
+        emit!(w, "m = fmaxf(m, {});", load(d, "xr[i]"));
+    });
+    w.line("m = block_reduce(m, MaxF32(), red);");
+    w.comment("Uniform across the block: every thread holds the same maximum.");
+    w.if_block("m == neg_inf()", |w| {
+        w.for_block("int i = threadIdx.x", "i < N", "i += NT", |w| {
+            w.line("yr[i] = 0.0f;")
+        });
+        w.line("return;");
+    });
+    w.line("float z = 0.0f;");
+    w.for_block("int i = threadIdx.x", "i < N", "i += NT", |w| {
+        emit!(w, "const float v = expf({} - m);", load(d, "xr[i]"));
+        w.line("yr[i] = v;");
+        w.line("z += v;");
+    });
+    w.line("z = block_reduce(z, SumF32(), red);");
+    w.comment("Each thread divides the values it wrote itself.");
+    w.for_block("int i = threadIdx.x", "i < N", "i += NT", |w| {
+        w.line("yr[i] = yr[i] / z;")
+    });
+    k.finish(row_launch(rows, nt))
+}
+
+/// Largest row length `sample` handles: 4096 chunk records (32 KiB of shared memory) of
+/// up to 2048 values.
+const SAMPLE_MAX_V: u64 = 4096 * 2048;
+
+/// Inverse-CDF sampling per row, bit-exact with the interpreter (`sample_row` in
+/// `cuda/generic.cuh`).
+pub(super) fn sample(
+    probs: &TensorArg,
+    u: &TensorArg,
+    out: &TensorArg,
+) -> Result<KernelSource, Error> {
+    let v = probs.last();
+    if v > SAMPLE_MAX_V {
+        return Err(Error::param(
+            "sample",
+            "dims",
+            format!("rows of {v} probabilities exceed {SAMPLE_MAX_V}"),
+        ));
+    }
+    // Chunks of at least 256 values, as few as keep the chunk records within 4096.
+    let ch = v.div_ceil(4096).next_multiple_of(32).max(256);
+    let chunks = v.div_ceil(ch);
+    let rows = u.numel();
+    let mut k = Kernel::new("sample", probs.dtype);
+    k.ptr("p", probs, false);
+    k.ptr("u", u, false);
+    k.ptr("y", out, true);
+    let w = &mut k.body;
+    emit!(w, "constexpr int V = {v};");
+    emit!(w, "constexpr int CH = {ch};");
+    emit!(
+        w,
+        "__shared__ float buf[CH], starts[{chunks}], maxs[{chunks}];"
+    );
+    w.line("const long long row = blockIdx.x;");
+    w.line("const int i = sample_row<CH>(p + row * V, V, u[row], buf, starts, maxs);");
+    w.if_block("threadIdx.x == 0", |w| w.line("y[row] = i;"));
+    Ok(k.finish(row_launch(rows, 32)))
+}
+
+/// Per row `b`: the number of leading `i < K` with `draft[b, i] == target[b, i]`.
+pub(super) fn accept_chain(draft: &TensorArg, target: &TensorArg, out: &TensorArg) -> KernelSource {
+    let (b, kk) = (draft.dims[0], draft.dims[1]);
+    let mut k = Kernel::new("accept_chain", draft.dtype);
+    k.ptr("d", draft, false);
+    k.ptr("t", target, false);
+    k.ptr("y", out, true);
+    k.grid_stride(b, |w| {
+        w.line("int n = 0;");
+        w.for_block("int i = 0", format_args!("i < {kk}"), "++i", |w| {
+            emit!(
+                w,
+                "if ({} != {}) break;",
+                load(draft.dtype, &format!("d[e * {kk}ll + i]")),
+                load(target.dtype, &format!("t[e * {}ll + i]", kk + 1))
+            );
+            w.line("++n;");
+        });
+        w.line("y[e] = n;");
+    });
+    k.finish(flat_launch(b))
+}
+
+/// Rows of `matmul` one warp accumulates at a time.
+const MATMUL_ROWS: u64 = 8;
+/// Warps (output columns) per `matmul` block.
+const MATMUL_WARPS: u64 = 4;
+
+/// `y[m, n] = R(Σ_k x[m, k] · w[n, k])` with f32 accumulation (plain float weights).
+pub(super) fn matmul(x: &TensorArg, wt: &TensorArg, out: &TensorArg) -> KernelSource {
+    let (n, kd) = (wt.dims[0], wt.dims[1]);
+    let m = x.numel() / kd;
+    let mut k = Kernel::new("matmul", wt.dtype);
+    k.ptr("x", x, false);
+    k.ptr("w", wt, false);
+    k.ptr("y", out, true);
+    let w = &mut k.body;
+    emit!(
+        w,
+        "constexpr int M = {m}, N = {n}, K = {kd}, MT = {MATMUL_ROWS};"
+    );
+    w.line("const int lane = threadIdx.x & 31;");
+    emit!(
+        w,
+        "const long long col = (long long)blockIdx.x * {MATMUL_WARPS} + (threadIdx.x >> 5);"
+    );
+    w.comment("Whole warps leave together; nothing below synchronises the block.");
+    w.if_block("col >= N", |w| w.line("return;"));
+    w.line("const long long m0 = (long long)blockIdx.y * MT;");
+    w.line("float acc[MT];");
+    w.for_unrolled("r", 0, "MT", |w| w.line("acc[r] = 0.0f;"));
+    w.for_block("int k = lane", "k < K", "k += 32", |w| {
+        emit!(w, "const float wv = {};", load(wt.dtype, "w[col * K + k]"));
+        w.for_unrolled("r", 0, "MT", |w| {
+            w.if_block("m0 + r < M", |w| {
+                emit!(
+                    w,
+                    "acc[r] = fmaf({}, wv, acc[r]);",
+                    load(x.dtype, "x[(m0 + r) * K + k]")
+                );
+            });
+        });
+    });
+    w.for_unrolled("r", 0, "MT", |w| {
+        w.line("const float s = warp_sum(acc[r]);");
+        w.if_block("lane == 0 && m0 + r < M", |w| {
+            emit!(w, "y[(m0 + r) * N + col] = {};", store(out.dtype, "s"));
+        });
+    });
+    let launch = LaunchSpec {
+        grid: [
+            Extent::Fixed(n.div_ceil(MATMUL_WARPS) as u32),
+            Extent::Fixed(m.div_ceil(MATMUL_ROWS) as u32),
+            Extent::Fixed(1),
+        ],
+        block: [32 * MATMUL_WARPS as u32, 1, 1],
+        smem_bytes: 0,
+    };
+    k.finish(launch)
+}
+
+/// The kernels-gen dtype of a float IR dtype.
+fn float_dtype(d: DType) -> Option<Dtype> {
+    match d {
+        DType::BF16 => Some(Dtype::BF16),
+        DType::F16 => Some(Dtype::F16),
+        DType::F32 => Some(Dtype::F32),
+        _ => None,
+    }
+}
+
+/// `rmsnorm` over the last axis: the [`crate::norm`] family with one unit per row, which
+/// rounds in the interpreter's (HF's) order `R(R(x · inv) · w)`.
+pub(super) fn rmsnorm(
+    eps: f64,
+    x: &TensorArg,
+    weight: &TensorArg,
+    out: &TensorArg,
+) -> Result<KernelSource, Error> {
+    let (Some(xd), Some(wd)) = (float_dtype(x.dtype), float_dtype(weight.dtype)) else {
+        return Err(Error::param(
+            "rmsnorm",
+            "dtype",
+            "input and weight must be float types",
+        ));
+    };
+    let dim = x.last();
+    norm_rmsnorm(&RmsNormParams {
+        rows: Rows::Fixed((x.numel() / dim) as u32),
+        heads: 1,
+        dim: dim as u32,
+        x: View::new(x.loc, xd, dim),
+        out: View::new(out.loc, xd, dim),
+        weight: weight.loc,
+        w_dtype: wd,
+        eps: eps as f32,
+    })
+}

@@ -1,0 +1,82 @@
+//! Compiles the generic family's kernel for every fixture (every supported op at
+//! representative shapes, `generic_cases`) for every supported architecture, printing
+//! registers and spills per kernel.
+//!
+//! Skips with a printed reason when NVRTC is absent, unless `SPECC_REQUIRE_NVRTC=1`.
+
+mod generic_cases;
+
+use generic_cases::{cases, lay_out, nvrtc_or_skip};
+use specc_kernels_gen::generic::single;
+use specc_kernels_gen::{Arch, KernelSource};
+use std::time::Instant;
+
+#[test]
+fn every_generic_op_compiles_for_every_arch() {
+    let Some(nvrtc) = nvrtc_or_skip() else { return };
+    let mut jobs: Vec<(String, KernelSource, Arch)> = Vec::new();
+    for c in cases() {
+        let laid = lay_out(&c);
+        let ks = single(&c.op, &laid.inputs, &laid.output)
+            .unwrap_or_else(|e| panic!("{}: {e}", c.label));
+        for k in ks {
+            for arch in Arch::ALL {
+                jobs.push((c.label.clone(), k.clone(), arch));
+            }
+        }
+    }
+    let start = Instant::now();
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .min(4);
+    let chunks: Vec<_> = jobs.chunks(jobs.len().div_ceil(threads)).collect();
+    let results: Vec<Result<String, String>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = chunks
+            .iter()
+            .map(|chunk| {
+                let nvrtc = &nvrtc;
+                sc.spawn(move || {
+                    chunk
+                        .iter()
+                        .map(|(label, k, arch)| match nvrtc.compile(k, *arch) {
+                            Ok(c) => Ok(format!(
+                                "{label:<52} {arch:<8} {:>5} {:>7} {:>6}  {}",
+                                c.stats.registers,
+                                c.stats.spill_stores + c.stats.spill_loads,
+                                c.stats.smem_bytes,
+                                k.name
+                            )),
+                            Err(e) => Err(format!("{label} [{arch}]: {e}")),
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    println!(
+        "{:<52} {:<8} {:>5} {:>7} {:>6}  kernel",
+        "fixture", "arch", "regs", "spill B", "smem"
+    );
+    let mut failures = Vec::new();
+    for r in results {
+        match r {
+            Ok(line) => println!("{line}"),
+            Err(e) => failures.push(e),
+        }
+    }
+    println!(
+        "{} compiles in {:.1} s on {threads} threads",
+        jobs.len(),
+        start.elapsed().as_secs_f64()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+}

@@ -1,0 +1,346 @@
+//! Rope + KV write and attention kernels run on the GPU and compared with the IR
+//! interpreter (the oracle), at tiny-Llama and Llama-3.1-8B-like shapes.
+//! Needs `--features cuda` and a device; skips with a message without a driver or NVRTC.
+
+#![cfg(feature = "cuda")]
+
+mod common;
+mod gpu;
+
+use common::Plan;
+use gpu::{assert_close, bf16_tol, tensor, Gpu, Mem, Reference, Rng};
+use specc_ir::op::{AttnMask as IrMask, RopeScaling, RopeStyle as IrStyle};
+use specc_ir::Op;
+use specc_kernels_gen::abi::{Bucket, Dtype, Loc};
+use specc_kernels_gen::attention::{attention, AttentionParams, AttnMask};
+use specc_kernels_gen::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
+
+const BF: Dtype = Dtype::BF16;
+
+fn check_rope(gpu: &Gpu, style: RopeStyle, qk_norm: bool) {
+    let (b, t, ctx, hq, hkv, d) = (2usize, 4usize, 16usize, 4usize, 2usize, 32usize);
+    let m = b * t;
+    let width = (hq + 2 * hkv) * d;
+    let theta = 10000.0;
+    let mut rng = Rng::new(11);
+    let mut plan = Plan::new();
+    let qkv = plan.view(m as u32, width as u32, BF);
+    let pos = plan.alloc(m as u64 * 4);
+    let q = qkv;
+    let kview = q.cols_from((hq * d) as u64);
+    let vview = kview.cols_from((hkv * d) as u64);
+    let inv_freq = specc_ir::interp::rope_inv_freq(theta, &RopeScaling::None, d);
+    let kern = rope_kv(&RopeKvParams {
+        q_heads: hq as u32,
+        kv_heads: hkv as u32,
+        head_dim: d as u32,
+        head_dim_v: d as u32,
+        q,
+        k: kview,
+        v: vview,
+        q_out: q,
+        k_cache: Loc::table(0),
+        v_cache: Loc::table(1),
+        cache_dtype: BF,
+        pos,
+        pos_dtype: Dtype::I32,
+        rope: RopeTable {
+            style,
+            rotary_dim: d as u32,
+            inv_freq,
+            cos_sin_scale: 1.0,
+        },
+        qk_norm: qk_norm.then_some(QkNorm {
+            q_weight: Loc::table(2),
+            k_weight: Loc::table(3),
+            dtype: BF,
+            eps: 1e-6,
+        }),
+    })
+    .unwrap();
+    let xv = rng.vec(m * width, 2.0);
+    // Sequence 1 has a padding lane (-1) and a position past the cache (clamped).
+    let pv = [5.0, 6.0, 7.0, 8.0, 13.0, 14.0, 40.0, -1.0];
+    let cache_n = b * ctx * hkv * d;
+    let (kc, vc) = (rng.vec(cache_n, 1.0), rng.vec(cache_n, 1.0));
+    let (qn, kn) = (rng.vec(d, 2.0), rng.vec(d, 2.0));
+    let cb = cache_n as u64 * 2;
+    let mut mem = Mem::new(
+        plan.alloc(0).byte_offset(),
+        &[cb, cb, d as u64 * 2, d as u64 * 2],
+    );
+    mem.put(qkv.loc, BF, &xv);
+    mem.put(pos, Dtype::I32, &pv);
+    mem.put(Loc::table(0), BF, &kc);
+    mem.put(Loc::table(1), BF, &vc);
+    mem.put(Loc::table(2), BF, &qn);
+    mem.put(Loc::table(3), BF, &kn);
+    gpu.run(
+        &mut mem,
+        &[&kern],
+        Bucket {
+            b: b as u32,
+            t: t as u32,
+            ctx: ctx as u32,
+        },
+    );
+
+    let split = |h0: usize, nh: usize| -> Vec<f64> {
+        (0..m)
+            .flat_map(|row| xv[row * width + h0 * d..row * width + (h0 + nh) * d].to_vec())
+            .collect()
+    };
+    let mut r = Reference::new();
+    let mut qi = r.input("q", tensor(BF, &[b, t, hq, d], &split(0, hq)));
+    let mut ki = r.input("k", tensor(BF, &[b, t, hkv, d], &split(hq, hkv)));
+    let vi = r.input("v", tensor(BF, &[b, t, hkv, d], &split(hq + hkv, hkv)));
+    let pi = r.input("pos", tensor(Dtype::I32, &[b, t], &pv));
+    if qk_norm {
+        let qw = r.input("qn", tensor(BF, &[d], &qn));
+        let kw = r.input("kn", tensor(BF, &[d], &kn));
+        qi = r.op(
+            Op::RmsNorm {
+                eps: 1e-6f32 as f64,
+            },
+            &[qi, qw],
+        );
+        ki = r.op(
+            Op::RmsNorm {
+                eps: 1e-6f32 as f64,
+            },
+            &[ki, kw],
+        );
+    }
+    let ir_style = match style {
+        RopeStyle::Half => IrStyle::Half,
+        RopeStyle::Interleaved => IrStyle::Interleaved,
+    };
+    let rope = Op::Rope {
+        theta,
+        scaling: RopeScaling::None,
+        style: ir_style,
+        rotary_dim: d as u64,
+    };
+    let qr = r.op(rope.clone(), &[qi, pi]);
+    let kr = r.op(rope, &[ki, pi]);
+    let kcs = r.state("kc", tensor(BF, &[b, ctx, hkv, d], &kc));
+    let vcs = r.state("vc", tensor(BF, &[b, ctx, hkv, d], &vc));
+    let k2 = r.op(Op::KvWrite, &[kcs, kr, pi]);
+    let v2 = r.op(Op::KvWrite, &[vcs, vi, pi]);
+    let want = r.run(&[("q", qr), ("k2", k2), ("v2", v2)]);
+    let got_q: Vec<f64> = {
+        let all = mem.get(qkv.loc, BF, m * width);
+        (0..m)
+            .flat_map(|row| all[row * width..row * width + hq * d].to_vec())
+            .collect()
+    };
+    let label = format!("rope_kv {style:?} qk_norm={qk_norm}");
+    // cos/sin and every product are rounded like the interpreter: only libm-vs-CUDA ulps
+    // before rounding can differ.
+    let (rtol, atol) = bf16_tol(&want["q"]);
+    assert_close(&format!("{label}: q"), &got_q, &want["q"], rtol, atol);
+    assert_close(
+        &format!("{label}: k cache"),
+        &mem.get(Loc::table(0), BF, cache_n),
+        &want["k2"],
+        rtol,
+        atol,
+    );
+    assert_close(
+        &format!("{label}: v cache"),
+        &mem.get(Loc::table(1), BF, cache_n),
+        &want["v2"],
+        0.0,
+        0.0,
+    );
+}
+
+#[test]
+fn rope_kv_matches_interpreter() {
+    let Some(gpu) = Gpu::new() else { return };
+    check_rope(&gpu, RopeStyle::Half, false);
+    check_rope(&gpu, RopeStyle::Half, true);
+    check_rope(&gpu, RopeStyle::Interleaved, false);
+}
+
+#[derive(Clone, Copy, Debug)]
+struct AttnCase {
+    b: usize,
+    t: usize,
+    ctx: usize,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    splits: u32,
+    tree: bool,
+}
+
+fn check_attention(gpu: &Gpu, c: AttnCase) {
+    let AttnCase {
+        b,
+        t,
+        ctx,
+        hq,
+        hkv,
+        d,
+        splits,
+        tree,
+    } = c;
+    let m = b * t;
+    let mut rng = Rng::new((b * 1000 + t * 10 + d) as u64);
+    let mut plan = Plan::new();
+    let q = plan.view(m as u32, (hq * d) as u32, BF);
+    let out = plan.view(m as u32, (hq * d) as u32, BF);
+    let pos = plan.alloc(m as u64 * 4);
+    let prefix = plan.alloc(b as u64 * 4);
+    let anc = plan.alloc(m as u64 * 8);
+    let scale = 1.0 / (d as f32).sqrt();
+    let params = AttentionParams {
+        q_heads: hq as u32,
+        kv_heads: hkv as u32,
+        head_dim: d as u32,
+        head_dim_v: d as u32,
+        q,
+        k_cache: Loc::table(0),
+        v_cache: Loc::table(1),
+        cache_dtype: BF,
+        pos,
+        pos_dtype: Dtype::I32,
+        mask: if tree {
+            AttnMask::Tree {
+                prefix_len: prefix,
+                ancestors: anc,
+            }
+        } else {
+            AttnMask::Causal
+        },
+        out,
+        scale,
+        max_t: t as u32,
+        splits,
+        scratch: Loc::arena(0),
+    };
+    let scratch = plan.alloc(params.scratch_bytes(m as u32));
+    let ks = attention(&AttentionParams { scratch, ..params }).unwrap();
+    // Sequence b's prefix is 300 + 137·b slots (clamped to the cache), its last lane padding.
+    let prefixes: Vec<usize> = (0..b).map(|s| (300 + 137 * s).min(ctx - t)).collect();
+    let mut pv = Vec::new();
+    let mut av = Vec::new();
+    for (s, &p0) in prefixes.iter().enumerate() {
+        for i in 0..t {
+            let padding = !tree && s == b - 1 && i == t - 1 && b > 1;
+            pv.push(if padding { -1.0 } else { (p0 + i) as f64 });
+            // Tree: node i's ancestors are the even nodes below it and itself.
+            let bits: u64 = (0..=i)
+                .filter(|&u| u == i || u % 2 == 0)
+                .map(|u| 1u64 << u)
+                .sum();
+            av.push(bits as i64 as f64);
+        }
+    }
+    let plv: Vec<f64> = prefixes.iter().map(|&p| p as f64).collect();
+    let qv = rng.vec(m * hq * d, 2.0);
+    let cache_n = b * ctx * hkv * d;
+    let (kc, vc) = (rng.vec(cache_n, 2.0), rng.vec(cache_n, 1.0));
+    let cb = cache_n as u64 * 2;
+    let mut mem = Mem::new(plan.alloc(0).byte_offset(), &[cb, cb]);
+    mem.put(q.loc, BF, &qv);
+    mem.put(pos, Dtype::I32, &pv);
+    mem.put(prefix, Dtype::I32, &plv);
+    mem.put(anc, Dtype::I64, &av);
+    mem.put(Loc::table(0), BF, &kc);
+    mem.put(Loc::table(1), BF, &vc);
+    gpu.run(
+        &mut mem,
+        &[&ks.split, &ks.combine],
+        Bucket {
+            b: b as u32,
+            t: t as u32,
+            ctx: ctx as u32,
+        },
+    );
+
+    let mut r = Reference::new();
+    let qi = r.input("q", tensor(BF, &[b, t, hq, d], &qv));
+    let ki = r.input("k", tensor(BF, &[b, ctx, hkv, d], &kc));
+    let vi = r.input("v", tensor(BF, &[b, ctx, hkv, d], &vc));
+    let pi = r.input("pos", tensor(Dtype::I32, &[b, t], &pv));
+    let o = if tree {
+        let pl = r.input("pl", tensor(Dtype::I32, &[b], &plv));
+        let an = r.input("anc", tensor(Dtype::I64, &[b, t], &av));
+        r.op(
+            Op::Attention {
+                scale: scale as f64,
+                mask: IrMask::Tree,
+            },
+            &[qi, ki, vi, pi, pl, an],
+        )
+    } else {
+        r.op(
+            Op::Attention {
+                scale: scale as f64,
+                mask: IrMask::Causal,
+            },
+            &[qi, ki, vi, pi],
+        )
+    };
+    let want = r.run(&[("o", o)]);
+    let (rtol, atol) = bf16_tol(&want["o"]);
+    assert_close(
+        &format!("attention {c:?}"),
+        &mem.get(out.loc, BF, m * hq * d),
+        &want["o"],
+        rtol,
+        atol,
+    );
+}
+
+#[test]
+fn attention_matches_interpreter() {
+    let Some(gpu) = Gpu::new() else { return };
+    let tiny = AttnCase {
+        b: 2,
+        t: 4,
+        ctx: 512,
+        hq: 4,
+        hkv: 2,
+        d: 32,
+        splits: 4,
+        tree: false,
+    };
+    check_attention(&gpu, tiny);
+    check_attention(&gpu, AttnCase { splits: 1, ..tiny });
+    check_attention(&gpu, AttnCase { tree: true, ..tiny });
+    if std::env::var_os("SPECC_GPU_QUICK").is_some() {
+        return;
+    }
+    let llama = AttnCase {
+        b: 1,
+        t: 8,
+        ctx: 1024,
+        hq: 32,
+        hkv: 8,
+        d: 128,
+        splits: 16,
+        tree: false,
+    };
+    check_attention(&gpu, llama);
+    check_attention(&gpu, AttnCase { t: 1, ..llama });
+    check_attention(
+        &gpu,
+        AttnCase {
+            b: 3,
+            t: 16,
+            tree: true,
+            ..llama
+        },
+    );
+    check_attention(
+        &gpu,
+        AttnCase {
+            b: 2,
+            t: 3,
+            ..llama
+        },
+    );
+}

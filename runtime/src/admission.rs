@@ -1,0 +1,188 @@
+//! Host-side admission math shared by both backends: prefill inputs for a batch of prompts
+//! (shorter prompts padded with masked lanes), the step states that arm the device loop,
+//! and the EAGLE-3 pair layout. Backends only move the resulting values into their memory.
+
+use specc_models::spec_step::{
+    BUDGET, EAGLE_BASE, EAGLE_COUNT, EAGLE_TOKENS, EMITTED, LEN, PENDING, STEP,
+};
+
+use crate::RuntimeError;
+
+/// Prefill inputs: `[lanes, t]` token ids and positions (−1 marks padding).
+pub struct PrefillInputs {
+    pub t: usize,
+    pub tokens: Vec<i64>,
+    pub positions: Vec<i64>,
+}
+
+/// Checks the batch and lays out its prefill inputs.
+pub fn prefill_inputs(
+    prompts: &[Vec<u32>],
+    k: usize,
+    max_context: u64,
+) -> Result<PrefillInputs, RuntimeError> {
+    let t = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
+    if t == 0 || prompts.iter().any(|p| p.is_empty()) {
+        return Err(RuntimeError::EmptyStep);
+    }
+    let needed = t + k + 3;
+    if needed as u64 > max_context {
+        return Err(RuntimeError::ContextOverflow {
+            needed,
+            max_context,
+        });
+    }
+    Ok(padded(prompts, t, |p, i| p.get(i).map(|&x| x as i64)))
+}
+
+/// `[lanes, t]` tokens and positions where `at(prompt, i)` gives lane tokens (None = pad).
+fn padded(
+    prompts: &[Vec<u32>],
+    t: usize,
+    at: impl Fn(&Vec<u32>, usize) -> Option<i64>,
+) -> PrefillInputs {
+    let mut tokens = Vec::with_capacity(prompts.len() * t);
+    let mut positions = Vec::with_capacity(prompts.len() * t);
+    for p in prompts {
+        for i in 0..t {
+            match at(p, i) {
+                Some(x) => {
+                    tokens.push(x);
+                    positions.push(i as i64);
+                }
+                None => {
+                    tokens.push(0);
+                    positions.push(-1);
+                }
+            }
+        }
+    }
+    PrefillInputs {
+        t,
+        tokens,
+        positions,
+    }
+}
+
+/// Each lane's first generated token: the target's greedy token after its last prompt
+/// token (`next` is the prefill's `next_token`, `[lanes, t]`).
+pub fn first_tokens(next: &[i64], prompts: &[Vec<u32>], t: usize) -> Vec<u32> {
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(b, p)| next[b * t + p.len() - 1] as u32)
+        .collect()
+}
+
+/// An i32 state value to set at admission.
+pub struct StateInit {
+    pub name: &'static str,
+    pub dims: Vec<usize>,
+    pub values: Vec<i64>,
+}
+
+impl StateInit {
+    /// Little-endian i32 bytes (what the device holds).
+    pub fn i32_bytes(&self) -> Vec<u8> {
+        self.values
+            .iter()
+            .flat_map(|&v| (v as i32).to_le_bytes())
+            .collect()
+    }
+}
+
+/// The common step states: `len = P`, `pending = [x(P-1), x(P)]`, the budget (so that
+/// `len + k + 1 < Ctx` while it is positive), and zeroed counters.
+pub fn step_states(
+    prompts: &[Vec<u32>],
+    first: &[u32],
+    max_new: usize,
+    max_context: u64,
+    k: usize,
+) -> Vec<StateInit> {
+    let lanes = prompts.len();
+    let per_lane = |f: &dyn Fn(usize) -> i64| StateInit {
+        name: "",
+        dims: vec![lanes],
+        values: (0..lanes).map(f).collect(),
+    };
+    let ctx = max_context as i64;
+    let mut len = per_lane(&|b| prompts[b].len() as i64);
+    len.name = LEN;
+    let mut budget =
+        per_lane(&|b| (max_new as i64).min(ctx - prompts[b].len() as i64 - k as i64 - 2));
+    budget.name = BUDGET;
+    let mut emitted = per_lane(&|_| 0);
+    emitted.name = EMITTED;
+    let mut step = per_lane(&|_| 0);
+    step.name = STEP;
+    let pending = StateInit {
+        name: PENDING,
+        dims: vec![lanes, 2],
+        values: (0..lanes)
+            .flat_map(|b| {
+                [
+                    *prompts[b].last().expect("non-empty prompt") as i64,
+                    first[b] as i64,
+                ]
+            })
+            .collect(),
+    };
+    vec![len, pending, budget, emitted, step]
+}
+
+/// EAGLE-3 admission layout: the head's prefill reads pairs (taps at t, x(t+1)) for
+/// t < P − 1 (`[lanes, tp]` with padding); the pair at P − 1 (with the first generated
+/// token) is left in the step states for the first step's catch-up.
+pub struct EaglePrime {
+    pub inputs: PrefillInputs,
+    /// Copies of tap rows: (destination row in the head prefill's `hidden`, source row in
+    /// the target prefill's `taps`). Rows not listed are zero.
+    pub hidden_rows: Vec<(usize, usize)>,
+    /// Copies of tap rows into the `eagle.hidden` state `[lanes, k+1, 3H]`.
+    pub slot_rows: Vec<(usize, usize)>,
+    pub states: Vec<StateInit>,
+}
+
+pub fn eagle_prime(prompts: &[Vec<u32>], first: &[u32], t: usize, k: usize) -> EaglePrime {
+    let lanes = prompts.len();
+    let tp = (t - 1).max(1);
+    let inputs = padded(prompts, tp, |p, i| {
+        (i + 1 < p.len()).then(|| p[i + 1] as i64)
+    });
+    let mut hidden_rows = Vec::new();
+    let mut slot_rows = Vec::new();
+    for (b, p) in prompts.iter().enumerate() {
+        for i in 0..p.len() - 1 {
+            hidden_rows.push((b * tp + i, b * t + i));
+        }
+        slot_rows.push((b * (k + 1), b * t + p.len() - 1));
+    }
+    let mut tokens = vec![0i64; lanes * (k + 1)];
+    for b in 0..lanes {
+        tokens[b * (k + 1)] = first[b] as i64;
+    }
+    let states = vec![
+        StateInit {
+            name: EAGLE_TOKENS,
+            dims: vec![lanes, k + 1],
+            values: tokens,
+        },
+        StateInit {
+            name: EAGLE_COUNT,
+            dims: vec![lanes],
+            values: vec![1; lanes],
+        },
+        StateInit {
+            name: EAGLE_BASE,
+            dims: vec![lanes],
+            values: prompts.iter().map(|p| p.len() as i64 - 1).collect(),
+        },
+    ];
+    EaglePrime {
+        inputs,
+        hidden_rows,
+        slot_rows,
+        states,
+    }
+}

@@ -1,0 +1,302 @@
+//! Graphs of a method compiled to kernels and run on one GPU: the target prefill and the
+//! draft prefill launched directly (once per admission), the step captured as ONE CUDA graph
+//! per bucket and replayed with no host value inside it.
+//!
+//! Pipeline per graph and bucket: `specc_codegen::compile` (fuse, schedule, memory plan) →
+//! `specc_kernels_gen::plan_kernels` (sources, grids, the buffer table) → NVRTC cubins (on-disk
+//! cache) → modules → launches whose parameters are the arena, the buffer table and the
+//! launch's bucket constants.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use specc_ir::{Bindings, DType, Graph};
+use specc_kernels_gen::plan::{plan_kernels, KernelPlan, Slot};
+use specc_kernels_gen::{Arch, Nvrtc};
+use specc_models::Checkpoint;
+
+use super::{
+    pointer_table, BufRef, CudaDevice, DeviceArena, DeviceBuffer, DeviceWeights, HostTensor,
+    KernelImage, KernelModule, KernelParam, PreparedLaunch, StateBuffers, StepGraph,
+};
+use crate::RuntimeError;
+
+/// Where the weights named by the graphs come from: checkpoints, each under a name prefix
+/// (`""` for the target, `draft/` or `eagle/` for a draft).
+pub struct WeightSources<'a> {
+    pub sources: Vec<(&'a str, &'a Checkpoint)>,
+}
+
+impl WeightSources<'_> {
+    /// Stored dtype, shape and bytes of graph weight `name`.
+    pub fn get(&self, name: &str) -> Option<(DType, Vec<usize>, &[u8])> {
+        // Longest prefix first so `draft/x` never resolves in the target.
+        let mut best: Option<(&str, &Checkpoint)> = None;
+        for (p, ck) in &self.sources {
+            if name.starts_with(p) && best.is_none_or(|(bp, _)| p.len() > bp.len()) {
+                best = Some((p, ck));
+            }
+        }
+        let (p, ck) = best?;
+        let inner = &name[p.len()..];
+        let e = ck.tensor(inner)?;
+        let dt = specc_models::checkpoint::ir_dtype(e.dtype)?;
+        Some((dt, e.shape.clone(), ck.bytes(inner)?))
+    }
+}
+
+fn slot_key(s: &Slot) -> String {
+    match s {
+        Slot::Weight(n) | Slot::State(n) => n.clone(),
+        Slot::ConcatRows(names) => format!("concat[{}]", names.join("+")),
+    }
+}
+
+fn kerr(e: specc_kernels_gen::Error) -> RuntimeError {
+    RuntimeError::Kernel(e.to_string())
+}
+
+/// One graph compiled for one bucket and loaded: launches ready to issue or capture.
+pub struct LoadedGraph {
+    pub plan: KernelPlan,
+    pub arena: DeviceArena,
+    pub launches: Vec<PreparedLaunch>,
+    pub table: Arc<DeviceBuffer>,
+    /// Seconds spent in codegen + kernel generation, and in NVRTC (or its cache).
+    pub compile_s: (f64, f64),
+}
+
+impl LoadedGraph {
+    /// Arena offset and bytes of graph input or output `name`.
+    pub fn io(&self, name: &str) -> Result<(u64, u64), RuntimeError> {
+        self.plan
+            .io
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, o, b)| (*o, *b))
+            .ok_or_else(|| RuntimeError::MissingOutput(leak(name)))
+    }
+
+    pub fn write(&self, name: &str, bytes: &[u8]) -> Result<(), RuntimeError> {
+        let (off, len) = self.io(name)?;
+        if bytes.len() as u64 != len {
+            return Err(RuntimeError::Kernel(format!(
+                "input `{name}`: {} bytes given, the plan holds {len}",
+                bytes.len()
+            )));
+        }
+        self.arena.write_input(off, bytes)
+    }
+
+    pub fn read(&self, name: &str) -> Result<Vec<u8>, RuntimeError> {
+        let (off, len) = self.io(name)?;
+        self.arena.read(off, len)
+    }
+}
+
+fn leak(s: &str) -> &'static str {
+    Box::leak(s.to_string().into_boxed_str())
+}
+
+/// The device side of an engine: weights and states shared by every graph.
+pub struct CudaEngine {
+    pub dev: CudaDevice,
+    pub arch: Arch,
+    nvrtc: Nvrtc,
+    weights: Option<DeviceWeights>,
+    pub states: StateBuffers,
+    /// Concatenated weights built at upload, by slot key.
+    derived: HashMap<String, BufRef>,
+}
+
+impl CudaEngine {
+    /// Opens GPU 0 and NVRTC, and allocates every state the graphs use at their bindings
+    /// (weights come with [`CudaEngine::upload`]).
+    pub fn new(graphs: &[(&Graph, Bindings)]) -> Result<CudaEngine, RuntimeError> {
+        let dev = CudaDevice::open(0)?;
+        let arch: Arch = dev
+            .info()
+            .arch
+            .parse()
+            .map_err(|e: specc_kernels_gen::Error| RuntimeError::Kernel(e.to_string()))?;
+        let nvrtc = Nvrtc::new().map_err(kerr)?;
+        let mut sizes: Vec<(String, u64)> = Vec::new();
+        for (g, bind) in graphs {
+            for s in super::state_sizes(g, bind)? {
+                if !sizes.iter().any(|(n, _)| *n == s.0) {
+                    sizes.push(s);
+                }
+            }
+        }
+        let states = StateBuffers::new(&dev, sizes.iter().map(|(n, b)| (n.as_str(), *b)))?;
+        Ok(CudaEngine {
+            dev,
+            arch,
+            nvrtc,
+            weights: None,
+            states,
+            derived: HashMap::new(),
+        })
+    }
+
+    /// Uploads the weights every plan's slots name (each once, concatenations built on the
+    /// host), in one slab.
+    pub fn upload(
+        &mut self,
+        plans: &[&KernelPlan],
+        sources: &WeightSources,
+    ) -> Result<(), RuntimeError> {
+        let mut owned: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::new();
+        let mut borrowed: Vec<(String, DType, Vec<usize>, &[u8])> = Vec::new();
+        for plan in plans {
+            for s in &plan.slots {
+                let key = slot_key(s);
+                if owned.iter().any(|o| o.0 == key) || borrowed.iter().any(|b| b.0 == key) {
+                    continue;
+                }
+                match s {
+                    Slot::State(_) => {}
+                    Slot::Weight(n) => {
+                        let (dt, shape, bytes) = sources.get(n).ok_or_else(|| {
+                            RuntimeError::Kernel(format!("weight `{n}` not in any checkpoint"))
+                        })?;
+                        borrowed.push((key, dt, shape, bytes));
+                    }
+                    Slot::ConcatRows(names) => {
+                        let mut data = Vec::new();
+                        let mut rows = 0;
+                        let mut cols = 0;
+                        let mut dtype = DType::BF16;
+                        for n in names {
+                            let (dt, shape, bytes) = sources.get(n).ok_or_else(|| {
+                                RuntimeError::Kernel(format!("weight `{n}` not in any checkpoint"))
+                            })?;
+                            rows += shape[0];
+                            cols = shape[1];
+                            dtype = dt;
+                            data.extend_from_slice(bytes);
+                        }
+                        owned.push((key, dtype, vec![rows, cols], data));
+                    }
+                }
+            }
+        }
+        let tensors: Vec<HostTensor> = borrowed
+            .iter()
+            .map(|(n, d, s, b)| HostTensor {
+                name: n,
+                dtype: *d,
+                shape: s,
+                data: b,
+            })
+            .chain(owned.iter().map(|(n, d, s, b)| HostTensor {
+                name: n,
+                dtype: *d,
+                shape: s,
+                data: b,
+            }))
+            .collect();
+        let w = DeviceWeights::upload(&self.dev, tensors, true)?;
+        for (n, ..) in &owned {
+            self.derived.insert(n.clone(), w.buf_ref(n)?);
+        }
+        self.weights = Some(w);
+        Ok(())
+    }
+
+    /// Codegen + kernel generation for `graph` at `bind` (no device work).
+    pub fn plan(graph: &Graph, bind: Bindings) -> Result<(KernelPlan, f64), RuntimeError> {
+        let t = Instant::now();
+        let c = specc_codegen::compile(graph.clone(), &[bind])
+            .map_err(|e| RuntimeError::Kernel(e.to_string()))?;
+        let plan = plan_kernels(&c.graph, &c.groups, &c.plans[0]).map_err(kerr)?;
+        Ok((plan, t.elapsed().as_secs_f64()))
+    }
+
+    /// Compiles the plan's kernels, loads them and prepares the launches (weights must be
+    /// uploaded already).
+    pub fn load(&self, plan: KernelPlan, plan_s: f64) -> Result<LoadedGraph, RuntimeError> {
+        let weights = self
+            .weights
+            .as_ref()
+            .ok_or_else(|| RuntimeError::Kernel("weights are not uploaded".into()))?;
+        let mut entries = Vec::with_capacity(plan.slots.len());
+        for s in &plan.slots {
+            entries.push(match s {
+                Slot::State(n) => self.states.buf_ref(n)?,
+                Slot::Weight(n) => weights.buf_ref(n)?,
+                Slot::ConcatRows(_) => self.derived[&slot_key(s)].clone(),
+            });
+        }
+        if entries.is_empty() {
+            // The table pointer must be valid even when no kernel reads it.
+            entries.push(BufRef {
+                buf: weights.slab().clone(),
+                offset: 0,
+            });
+        }
+        let table = pointer_table(&self.dev, "bufs", &entries)?;
+        let arena = DeviceArena::new(&self.dev, plan.arena_bytes.max(256))?;
+        let t = Instant::now();
+        let mut modules: HashMap<String, KernelModule> = HashMap::new();
+        let mut launches = Vec::with_capacity(plan.launches.len());
+        for l in &plan.launches {
+            let k = &l.kernel;
+            if !modules.contains_key(&k.name) {
+                let c = self.nvrtc.compile(k, self.arch).map_err(kerr)?;
+                let m = KernelModule::load(&self.dev, &k.name, KernelImage::Binary(c.cubin))?;
+                modules.insert(k.name.clone(), m);
+            }
+            let geo = k.launch.resolve(&l.bucket);
+            let f = modules[&k.name].function(&k.entry, geo.smem_bytes)?;
+            let c = l.bucket.consts();
+            launches.push(PreparedLaunch::new(
+                &k.name,
+                f,
+                (geo.grid[0], geo.grid[1], geo.grid[2]),
+                (geo.block[0], geo.block[1], geo.block[2]),
+                geo.smem_bytes,
+                vec![
+                    KernelParam::buf(arena.buffer(), 0)?,
+                    KernelParam::buf(&table, 0)?,
+                    KernelParam::i32s(&[c.b, c.t, c.ctx, c.m]),
+                ],
+            )?);
+        }
+        Ok(LoadedGraph {
+            plan,
+            arena,
+            launches,
+            table,
+            compile_s: (plan_s, t.elapsed().as_secs_f64()),
+        })
+    }
+
+    /// Issues a loaded graph's launches directly (not captured).
+    pub fn launch(&self, g: &LoadedGraph) -> Result<(), RuntimeError> {
+        super::launch_all(&self.dev, &g.launches)
+    }
+
+    /// Captures a loaded graph as one CUDA graph.
+    pub fn capture(&self, g: &LoadedGraph) -> Result<StepGraph, RuntimeError> {
+        StepGraph::from_launches(&self.dev, g.launches.clone(), vec![])
+    }
+
+    pub fn state(&self, name: &str) -> Result<&Arc<DeviceBuffer>, RuntimeError> {
+        self.states.get(name)
+    }
+
+    pub fn write_state(&self, name: &str, bytes: &[u8]) -> Result<(), RuntimeError> {
+        self.states.get(name)?.write(0, bytes)
+    }
+
+    pub fn read_state(&self, name: &str) -> Result<Vec<u8>, RuntimeError> {
+        let b = self.states.get(name)?;
+        b.read(0, b.bytes())
+    }
+
+    pub fn synchronize(&self) -> Result<(), RuntimeError> {
+        self.dev.synchronize()
+    }
+}

@@ -1,0 +1,299 @@
+//! Speculative decoding (or plain decoding, k = 0) on the GPU: the CUDA counterpart of
+//! [`crate::SpecCpuSession`], over the same graphs and the same admission math. The step is
+//! one captured graph; the host only admits lanes, replays, and reads the token ring.
+
+use std::collections::HashMap;
+
+use specc_ir::{Bindings, DType, Graph};
+use specc_models::spec_step::{BUDGET, EAGLE_HIDDEN, EMITTED, HIDDEN, RING};
+
+use super::{CudaEngine, LoadedGraph, StepGraph, TokenRing, WeightSources, DEFAULT_RING_DEPTH};
+use crate::admission::{self, PrefillInputs};
+use crate::{DraftKind, RuntimeError, SpecStats};
+
+/// The graphs of a method (see [`crate::SpecGraphs`]), owned by the caller.
+pub struct CudaSpecGraphs<'a> {
+    pub kind: DraftKind,
+    pub target_prefill: &'a Graph,
+    pub draft_prefill: &'a Graph,
+    pub step: &'a Graph,
+    pub num_steps: usize,
+    pub ring: usize,
+}
+
+/// Smallest prefill bucket; prompts are padded to a power of two at least this long so a
+/// handful of prefill plans serve every prompt.
+pub const MIN_PREFILL_T: usize = 16;
+
+pub fn prefill_bucket(t: usize) -> usize {
+    t.next_power_of_two().max(MIN_PREFILL_T)
+}
+
+pub struct CudaSpecSession<'a> {
+    graphs: CudaSpecGraphs<'a>,
+    pub engine: CudaEngine,
+    step: LoadedGraph,
+    pub step_graph: StepGraph,
+    ring: TokenRing,
+    prefills: HashMap<(bool, usize), LoadedGraph>,
+    lanes: usize,
+    max_context: u64,
+    pub stats: SpecStats,
+    /// Seconds spent compiling (codegen + kernel generation, NVRTC) the step graph.
+    pub step_compile_s: (f64, f64),
+}
+
+fn i32_bytes(v: &[i64]) -> Vec<u8> {
+    v.iter().flat_map(|&x| (x as i32).to_le_bytes()).collect()
+}
+
+fn read_i32(bytes: &[u8]) -> Vec<i64> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
+        .collect()
+}
+
+/// Re-pads `[lanes, t]` prefill inputs to `[lanes, tb]` (extra slots are masked lanes).
+fn repad(p: &PrefillInputs, lanes: usize, tb: usize) -> (Vec<i64>, Vec<i64>) {
+    let mut tokens = vec![0i64; lanes * tb];
+    let mut pos = vec![-1i64; lanes * tb];
+    for b in 0..lanes {
+        tokens[b * tb..b * tb + p.t].copy_from_slice(&p.tokens[b * p.t..(b + 1) * p.t]);
+        pos[b * tb..b * tb + p.t].copy_from_slice(&p.positions[b * p.t..(b + 1) * p.t]);
+    }
+    (tokens, pos)
+}
+
+impl<'a> CudaSpecSession<'a> {
+    /// Compiles, uploads and captures. `lanes` is the batch bucket B.
+    pub fn new(
+        graphs: CudaSpecGraphs<'a>,
+        sources: &WeightSources,
+        lanes: usize,
+        max_context: u64,
+    ) -> Result<Self, RuntimeError> {
+        let b = lanes as u64;
+        let step_bind = Bindings::new(b, 1, max_context);
+        let pre_bind = Bindings::new(b, MIN_PREFILL_T as u64, max_context);
+        let mut engine = CudaEngine::new(&[
+            (graphs.step, step_bind.clone()),
+            (graphs.target_prefill, pre_bind.clone()),
+            (graphs.draft_prefill, pre_bind.clone()),
+        ])?;
+        let (step_plan, step_s) = CudaEngine::plan(graphs.step, step_bind)?;
+        // Prefill plans name the same weights at every T: the smallest bucket's slots are
+        // enough to know what to upload.
+        let (tp, tp_s) = CudaEngine::plan(graphs.target_prefill, pre_bind.clone())?;
+        let mut plans = vec![&step_plan, &tp];
+        let dp = match graphs.kind {
+            DraftKind::None => None,
+            _ => Some(CudaEngine::plan(graphs.draft_prefill, pre_bind)?),
+        };
+        if let Some((p, _)) = &dp {
+            plans.push(p);
+        }
+        engine.upload(&plans, sources)?;
+        let mut prefills = HashMap::new();
+        prefills.insert((true, MIN_PREFILL_T), engine.load(tp, tp_s)?);
+        if let Some((p, s)) = dp {
+            prefills.insert((false, MIN_PREFILL_T), engine.load(p, s)?);
+        }
+        let step = engine.load(step_plan, step_s)?;
+        let step_compile_s = step.compile_s;
+        let step_graph = engine.capture(&step)?;
+        let ring = TokenRing::from_states(
+            &engine.dev,
+            engine.state(RING)?.clone(),
+            engine.state(EMITTED)?.clone(),
+            lanes,
+            graphs.ring,
+            DEFAULT_RING_DEPTH,
+        )?;
+        let k = graphs.num_steps;
+        Ok(CudaSpecSession {
+            graphs,
+            engine,
+            step,
+            step_graph,
+            ring,
+            prefills,
+            lanes,
+            max_context,
+            stats: SpecStats {
+                steps: 0,
+                histogram: vec![0; k + 1],
+            },
+            step_compile_s,
+        })
+    }
+
+    /// The loaded step graph (its plan lists every launch the captured graph holds).
+    pub fn step_plan(&self) -> &LoadedGraph {
+        &self.step
+    }
+
+    fn prefill(&mut self, target: bool, t: usize) -> Result<&LoadedGraph, RuntimeError> {
+        if !self.prefills.contains_key(&(target, t)) {
+            let g = if target {
+                self.graphs.target_prefill
+            } else {
+                self.graphs.draft_prefill
+            };
+            let bind = Bindings::new(self.lanes as u64, t as u64, self.max_context);
+            let (plan, s) = CudaEngine::plan(g, bind)?;
+            let loaded = self.engine.load(plan, s)?;
+            self.prefills.insert((target, t), loaded);
+        }
+        Ok(&self.prefills[&(target, t)])
+    }
+
+    /// Runs a prefill graph over `[lanes, tb]` tokens/positions (+ extra inputs) and returns
+    /// the bytes of the requested outputs.
+    fn run_prefill(
+        &mut self,
+        target: bool,
+        tb: usize,
+        tokens: &[i64],
+        positions: &[i64],
+        extra: &[(&str, Vec<u8>)],
+        outputs: &[&str],
+    ) -> Result<Vec<Vec<u8>>, RuntimeError> {
+        self.prefill(target, tb)?;
+        let g = &self.prefills[&(target, tb)];
+        g.write("tokens", &i32_bytes(tokens))?;
+        g.write("positions", &i32_bytes(positions))?;
+        for (n, bytes) in extra {
+            g.write(n, bytes)?;
+        }
+        self.engine.launch(g)?;
+        self.engine.synchronize()?;
+        outputs.iter().map(|o| g.read(o)).collect()
+    }
+
+    /// Logits `[lanes, t, V]` (f32) of one target prefill over `ids` (one lane).
+    pub fn prefill_logits(&mut self, ids: &[u32]) -> Result<Vec<f32>, RuntimeError> {
+        let prompts = vec![ids.to_vec(); self.lanes];
+        let pre = admission::prefill_inputs(&prompts, 0, self.max_context)?;
+        let tb = prefill_bucket(pre.t);
+        let (tokens, pos) = repad(&pre, self.lanes, tb);
+        let out = self.run_prefill(true, tb, &tokens, &pos, &[], &["logits"])?;
+        let all: Vec<f32> = out[0]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let v = all.len() / (self.lanes * tb);
+        Ok(all[..ids.len() * v].to_vec())
+    }
+
+    /// Prefills every lane and arms the step states; returns each lane's first token.
+    pub fn admit(
+        &mut self,
+        prompts: &[Vec<u32>],
+        max_new: usize,
+    ) -> Result<Vec<u32>, RuntimeError> {
+        assert_eq!(prompts.len(), self.lanes, "one prompt per lane");
+        let k = self.graphs.num_steps;
+        let lanes = self.lanes;
+        let pre = admission::prefill_inputs(prompts, k, self.max_context)?;
+        let tb = prefill_bucket(pre.t);
+        if tb as u64 > self.max_context {
+            return Err(RuntimeError::ContextOverflow {
+                needed: tb,
+                max_context: self.max_context,
+            });
+        }
+        let (tokens, pos) = repad(&pre, lanes, tb);
+        let want_taps = matches!(self.graphs.kind, DraftKind::Eagle3 { .. });
+        let outs: &[&str] = if want_taps {
+            &["next_token", "taps"]
+        } else {
+            &["next_token"]
+        };
+        let out = self.run_prefill(true, tb, &tokens, &pos, &[], outs)?;
+        let first = admission::first_tokens(&read_i32(&out[0]), prompts, tb);
+        match self.graphs.kind {
+            DraftKind::None => {}
+            DraftKind::Model => {
+                self.run_prefill(false, tb, &tokens, &pos, &[], &[])?;
+            }
+            DraftKind::Eagle3 { taps_width } => {
+                let taps = &out[1];
+                let row = taps.len() / (lanes * tb);
+                debug_assert_eq!(row % taps_width, 0);
+                let prime = admission::eagle_prime(prompts, &first, tb, k);
+                let tp = prime.inputs.t;
+                let tpb = prefill_bucket(tp);
+                let (ht, hp) = repad(&prime.inputs, lanes, tpb);
+                let mut hidden = vec![0u8; lanes * tpb * row];
+                for &(dst, src) in &prime.hidden_rows {
+                    let (b, i) = (dst / tp, dst % tp);
+                    let d = b * tpb + i;
+                    hidden[d * row..][..row].copy_from_slice(&taps[src * row..][..row]);
+                }
+                self.run_prefill(false, tpb, &ht, &hp, &[(HIDDEN, hidden)], &[])?;
+                let mut slots = vec![0u8; lanes * (k + 1) * row];
+                for &(dst, src) in &prime.slot_rows {
+                    slots[dst * row..][..row].copy_from_slice(&taps[src * row..][..row]);
+                }
+                self.engine.write_state(EAGLE_HIDDEN, &slots)?;
+                for s in &prime.states {
+                    self.engine.write_state(s.name, &s.i32_bytes())?;
+                }
+            }
+        }
+        for s in admission::step_states(prompts, &first, max_new, self.max_context, k) {
+            self.engine.write_state(s.name, &s.i32_bytes())?;
+        }
+        for b in 0..lanes {
+            self.ring.reset_lane(b)?;
+        }
+        self.engine.synchronize()?;
+        Ok(first)
+    }
+
+    /// Queues one replay of the step graph (one `cuGraphLaunch`) and the ring copy after it.
+    pub fn step(&mut self) -> Result<(), RuntimeError> {
+        self.step_graph.replay()?;
+        self.ring.after_replay()?;
+        self.stats.steps += 1;
+        Ok(())
+    }
+
+    /// Tokens emitted since the last drain (blocks until queued steps finished).
+    pub fn drain(&mut self) -> Result<Vec<Vec<u32>>, RuntimeError> {
+        let got = self.ring.wait()?;
+        Ok(got
+            .into_iter()
+            .map(|v| v.into_iter().map(|x| x as u32).collect())
+            .collect())
+    }
+
+    /// Records, per lane, a step that emitted `n` tokens (for the histogram).
+    pub fn record(&mut self, n: usize) {
+        if n > 0 {
+            let a = (n - 1).min(self.graphs.num_steps);
+            self.stats.histogram[a] += 1;
+        }
+    }
+
+    pub fn live(&self) -> Result<Vec<bool>, RuntimeError> {
+        let b = self.engine.read_state(BUDGET)?;
+        Ok(read_i32(&b).into_iter().map(|x| x > 0).collect())
+    }
+
+    pub fn finish(&self, lane: usize) -> Result<(), RuntimeError> {
+        self.engine
+            .state(BUDGET)?
+            .write((lane * 4) as u64, &0i32.to_le_bytes())
+    }
+
+    /// Activation dtype of the EAGLE-3 head's `hidden` input, if any.
+    pub fn hidden_dtype(&self) -> Option<DType> {
+        self.graphs
+            .draft_prefill
+            .inputs()
+            .find(|(_, n, _)| *n == HIDDEN)
+            .map(|(_, _, t)| t.dtype)
+    }
+}

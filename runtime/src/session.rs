@@ -1,0 +1,76 @@
+//! What a host loop needs from a backend: admit a batch, run steps, read emitted tokens.
+
+use crate::{RuntimeError, SpecStats};
+
+/// A batch of lanes advanced one (speculative) step at a time; implemented by the CPU
+/// interpreter backend and the CUDA graph backend over the same graphs.
+pub trait Speculator {
+    /// Prefills every lane and arms the device state; each lane's first token.
+    fn admit(&mut self, prompts: &[Vec<u32>], max_new: usize) -> Result<Vec<u32>, RuntimeError>;
+    /// Queues one step.
+    fn step(&mut self) -> Result<(), RuntimeError>;
+    /// Tokens emitted since the last drain, per lane.
+    fn drain(&mut self) -> Result<Vec<Vec<u32>>, RuntimeError>;
+    /// Lanes whose budget is not exhausted.
+    fn live(&self) -> Result<Vec<bool>, RuntimeError>;
+    /// Masks lane `b` from the next step on (EOS, client gone).
+    fn finish(&mut self, b: usize) -> Result<(), RuntimeError>;
+    fn stats(&self) -> &SpecStats;
+    fn stats_mut(&mut self) -> &mut SpecStats;
+}
+
+impl Speculator for crate::SpecCpuSession<'_> {
+    fn admit(&mut self, prompts: &[Vec<u32>], max_new: usize) -> Result<Vec<u32>, RuntimeError> {
+        crate::SpecCpuSession::admit(self, prompts, max_new)
+    }
+    fn step(&mut self) -> Result<(), RuntimeError> {
+        crate::SpecCpuSession::step(self)
+    }
+    fn drain(&mut self) -> Result<Vec<Vec<u32>>, RuntimeError> {
+        crate::SpecCpuSession::drain(self)
+    }
+    fn live(&self) -> Result<Vec<bool>, RuntimeError> {
+        Ok(crate::SpecCpuSession::live(self))
+    }
+    fn finish(&mut self, b: usize) -> Result<(), RuntimeError> {
+        crate::SpecCpuSession::finish(self, b);
+        Ok(())
+    }
+    fn stats(&self) -> &SpecStats {
+        &self.stats
+    }
+    fn stats_mut(&mut self) -> &mut SpecStats {
+        &mut self.stats
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Speculator for crate::cuda::CudaSpecSession<'_> {
+    fn admit(&mut self, prompts: &[Vec<u32>], max_new: usize) -> Result<Vec<u32>, RuntimeError> {
+        crate::cuda::CudaSpecSession::admit(self, prompts, max_new)
+    }
+    fn step(&mut self) -> Result<(), RuntimeError> {
+        crate::cuda::CudaSpecSession::step(self)
+    }
+    fn drain(&mut self) -> Result<Vec<Vec<u32>>, RuntimeError> {
+        let out = crate::cuda::CudaSpecSession::drain(self)?;
+        // The CPU backend counts acceptance from its `accepted` output; here the tokens a
+        // lane emitted in one step are a + 1.
+        for lane in &out {
+            self.record(lane.len());
+        }
+        Ok(out)
+    }
+    fn live(&self) -> Result<Vec<bool>, RuntimeError> {
+        crate::cuda::CudaSpecSession::live(self)
+    }
+    fn finish(&mut self, b: usize) -> Result<(), RuntimeError> {
+        crate::cuda::CudaSpecSession::finish(self, b)
+    }
+    fn stats(&self) -> &SpecStats {
+        &self.stats
+    }
+    fn stats_mut(&mut self) -> &mut SpecStats {
+        &mut self.stats
+    }
+}
