@@ -79,7 +79,7 @@ def qwen3_headdim():
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=24,
+        head_dim=32,
         intermediate_size=128,
         rms_norm_eps=1e-6,
         max_position_embeddings=256,

@@ -40,7 +40,7 @@ pub struct MemoryPlan {
 pub fn root(g: &Graph, mut v: ValueId) -> ValueId {
     loop {
         let n = g.node(v);
-        if is_view(&n.op) || n.op == Op::KvWrite {
+        if is_view(&n.op) || n.op.is_in_place() {
             v = n.args[0];
         } else {
             return v;

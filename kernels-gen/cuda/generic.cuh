@@ -170,12 +170,14 @@ template <typename T, typename Op> __device__ T block_reduce(T x, Op op, T* scra
 
 // One warp samples one row of `v` probabilities: the smallest `i` with `c[i] > u * c[v-1]`,
 // where `c[i] = (((0 + p[0]) + p[1]) + ...) + p[i]` in f32, else `v - 1`. The running sum is
-// computed once, in order, by lane 0 while the other lanes stage the next chunk of `CH`
-// values; for each chunk the sum before it and the largest running sum inside it (NaN
-// ignored) are kept, so the search reruns only the first chunk whose largest sum exceeds
-// the threshold, from that chunk's starting sum: the same additions in the same order.
-// `buf` holds CH floats, `starts` and `maxs` ceil(v / CH) each (shared memory). Returns the
-// index in lane 0; the other lanes return v - 1.
+// computed once, in order, by lane 0 (a dependent chain of adds: about 4 cycles an element)
+// while the warp stages chunks of `CH` values in shared memory. Per chunk it keeps the sum
+// before the chunk (`starts`) and a value `maxs` that exceeds any threshold exactly when some
+// running sum inside the chunk does: the largest one (NaN ignored), or the last one when no
+// value of the chunk is negative or NaN (the sums then never decrease). The search reruns
+// only the first chunk whose `maxs` exceeds the threshold, from its starting sum: the same
+// additions in the same order. `buf` holds CH floats, `starts` and `maxs` ceil(v / CH) each
+// (shared memory). Returns the index in lane 0; the other lanes return v - 1.
 template <int CH>
 __device__ int sample_row(const float* p, int v, float u, float* buf, float* starts,
                           float* maxs) {
@@ -190,9 +192,14 @@ __device__ int sample_row(const float* p, int v, float u, float* buf, float* sta
   }
   float c = 0.0f;
   for (int ch = 0; ch < chunks; ++ch) {
+    bool mine_monotone = true;
     __syncwarp();
 #pragma unroll
-    for (int j = 0; j < PER; ++j) buf[j * 32 + lane] = next[j];
+    for (int j = 0; j < PER; ++j) {
+      buf[j * 32 + lane] = next[j];
+      mine_monotone = mine_monotone && next[j] >= 0.0f;
+    }
+    const bool monotone = __all_sync(0xffffffffu, mine_monotone);
     __syncwarp();
     if (ch + 1 < chunks) {
 #pragma unroll
@@ -203,13 +210,23 @@ __device__ int sample_row(const float* p, int v, float u, float* buf, float* sta
     }
     if (lane == 0) {
       const int len = min(CH, v - ch * CH);
-      float mx = neg_inf();
       starts[ch] = c;
-      for (int j = 0; j < len; ++j) {
-        c = __fadd_rn(c, buf[j]);
-        mx = fmaxf(mx, c);
+      if (monotone && len == CH) {
+        // Loads run ahead of the add chain.
+#pragma unroll 32
+        for (int j = 0; j < CH; ++j) c = __fadd_rn(c, buf[j]);
+        maxs[ch] = c;
+      } else if (monotone) {
+        for (int j = 0; j < len; ++j) c = __fadd_rn(c, buf[j]);
+        maxs[ch] = c;
+      } else {
+        float mx = neg_inf();
+        for (int j = 0; j < len; ++j) {
+          c = __fadd_rn(c, buf[j]);
+          mx = fmaxf(mx, c);
+        }
+        maxs[ch] = mx;
       }
-      maxs[ch] = mx;
     }
   }
   int res = v - 1;

@@ -415,7 +415,13 @@ fn matmul_kernels(
             let n = n_of(cx, m)?;
             let w = cx.loc(m.weight)?;
             let mut p = base(cx, m, GemvWeights::Single(w), n)?;
-            p.out = Some(cx.view(*logits)?.0);
+            // Logits only the fused argmax reads have no home: they go to scratch.
+            p.out = Some(if cx.plan.memory.homes.contains_key(logits) {
+                cx.view(*logits)?.0
+            } else {
+                let dt = dtype(cx.g.ty(*logits).dtype)?;
+                View::new(cx.scratch(rows * n * dt.size()), dt, n)
+            });
             let parts = if am.is_some() {
                 let per_row = p.partials_per_row() as u64;
                 let loc = cx.scratch(rows * per_row * 8);

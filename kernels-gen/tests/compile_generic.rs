@@ -80,3 +80,23 @@ fn every_generic_op_compiles_for_every_arch() {
         failures.join("\n\n")
     );
 }
+
+/// Without a GPU: every fixture is a valid one-node graph the interpreter runs, and the
+/// generator accepts it.
+#[test]
+fn every_fixture_runs_on_the_interpreter_and_generates() {
+    for (i, c) in cases().iter().enumerate() {
+        let mut rng = generic_cases::Rng::new(i as u64);
+        let args: Vec<_> = c.inputs.iter().map(|o| o.tensor(&mut rng)).collect();
+        let want = generic_cases::reference(c, &args)
+            .unwrap_or_else(|e| panic!("{}: interpreter: {e}", c.label));
+        assert_eq!(want.dtype, c.out.0, "{}", c.label);
+        let laid = lay_out(c);
+        assert_eq!(
+            single(&c.op, &laid.inputs, &laid.output)
+                .unwrap_or_else(|e| panic!("{}: {e}", c.label))
+                .len(),
+            1
+        );
+    }
+}

@@ -204,11 +204,11 @@ pub(super) fn select(
     let n = out.numel();
     let raw = raw_type(a.elem_bytes());
     let mut k = Kernel::new("select", a.dtype);
-    k.ptr("c", cond, false);
+    k.ptr("cond", cond, false);
     k.ptr_as("a", a.loc, raw, false);
     k.ptr_as("b", b.loc, raw, false);
     k.ptr_as("y", out.loc, raw, true);
-    k.grid_stride(n, |w| w.line("y[e] = c[e] ? a[e] : b[e];"));
+    k.grid_stride(n, |w| w.line("y[e] = cond[e] ? a[e] : b[e];"));
     k.finish(flat_launch(n))
 }
 

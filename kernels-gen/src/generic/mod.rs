@@ -378,7 +378,8 @@ impl Kernel {
         }
     }
 
-    /// `const T* name = <arg's address>;` (`T*` when `mutable`), `T` the element type.
+    /// `const T* name = <arg's address>;` (`T*` when `mutable`), `T` the element type. Not
+    /// `__restrict__`: the memory plan may put an elementwise result where an operand is.
     pub fn ptr(&mut self, name: &str, arg: &TensorArg, mutable: bool) {
         self.ptr_as(name, arg.loc, c_type(arg.dtype), mutable);
     }
@@ -388,7 +389,7 @@ impl Kernel {
         let cv = if mutable { "" } else { "const " };
         emit!(
             self.body,
-            "{cv}{c_type}* __restrict__ {name} = {};",
+            "{cv}{c_type}* {name} = {};",
             loc.ptr_as(c_type, mutable)
         );
     }
@@ -457,9 +458,11 @@ pub(crate) fn row_launch(rows: u64, threads: u32) -> LaunchSpec {
     }
 }
 
-/// Threads of a block reducing a row of `n` elements: a power of two in 32..=256.
+/// Threads of a block reducing a row of `n` elements: a power of two in 32..=1024 giving
+/// each thread at least 4 elements (one block holds a whole row, so long rows such as a
+/// vocabulary need the whole block).
 pub(crate) fn row_threads(n: u64) -> u32 {
-    n.next_power_of_two().clamp(32, 256) as u32
+    (n / 4).next_power_of_two().clamp(32, 1024) as u32
 }
 
 #[cfg(test)]

@@ -29,16 +29,8 @@ fn row_kernel(
     emit!(k.body, "constexpr int N = {n};");
     emit!(k.body, "constexpr int NT = {nt};");
     k.body.line("const long long row = blockIdx.x;");
-    emit!(
-        k.body,
-        "const {}* __restrict__ xr = x + row * N;",
-        c_type(x.dtype)
-    );
-    emit!(
-        k.body,
-        "{}* __restrict__ yr = y + row * {out_row}ll;",
-        c_type(out.dtype)
-    );
+    emit!(k.body, "const {}* xr = x + row * N;", c_type(x.dtype));
+    emit!(k.body, "{}* yr = y + row * {out_row}ll;", c_type(out.dtype));
     (k, x.numel() / n, nt)
 }
 

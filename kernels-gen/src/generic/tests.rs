@@ -34,11 +34,7 @@ fn bool_kernels_are_named_bool() {
         &arg(256, DType::Bool, &[4, 3]),
     );
     assert!(k.name.starts_with("not_bool_"), "{}", k.name);
-    assert!(
-        k.kernel.contains("const b8* __restrict__ x"),
-        "{}",
-        k.kernel
-    );
+    assert!(k.kernel.contains("const b8* x"), "{}", k.kernel);
 }
 
 #[test]
@@ -179,5 +175,5 @@ fn generation_is_deterministic_and_row_count_free() {
     assert_eq!(gen(4), gen(4));
     assert_eq!(gen(4).kernel, gen(5).kernel);
     assert_ne!(gen(4).launch, gen(5).launch);
-    assert_eq!(gen(4).launch.block, [128, 1, 1]);
+    assert_eq!(gen(4).launch.block, [32, 1, 1]);
 }

@@ -5,12 +5,13 @@
 
 #![allow(dead_code)]
 
-use specc_ir::interp::Tensor;
+use specc_ir::interp::{run, Env, Tensor};
 use specc_ir::op::{BinaryOp, ReduceOp, UnaryOp};
-use specc_ir::{DType, Dim, Op, TensorType};
+use specc_ir::{Bindings, DType, Dim, Graph, Op, TensorType};
 use specc_kernels_gen::abi::Loc;
 use specc_kernels_gen::generic::TensorArg;
 use specc_kernels_gen::{Error, Nvrtc};
+use std::collections::HashMap;
 
 /// The values an operand is filled with.
 #[derive(Clone, Debug)]
@@ -157,6 +158,9 @@ pub enum Tol {
     Exact,
     /// `|got - want| <= k ulps of the result dtype · |want|`: one rounding that may flip.
     Ulps(f64),
+    /// Transcendental f32 math (`expf` within 2 ulp of libm), then one rounding:
+    /// `|got - want| <= max(1 ulp of the result dtype, 4 f32 ulps) · |want|`.
+    Math,
     /// `|got - want| <= rtol · |want| + atol`: sums in another order.
     Close { rtol: f64, atol: f64 },
 }
@@ -222,6 +226,36 @@ pub fn lay_out(c: &Case) -> Laid {
         arena_bytes: next.max(256),
         buf_bytes: bufs,
     }
+}
+
+/// The interpreter's result of `c.op` on `args`; an in-place op's first operand is a state.
+pub fn reference(c: &Case, args: &[Tensor]) -> Result<Tensor, String> {
+    let mut g = Graph::new("generic_case");
+    let mut inputs = HashMap::new();
+    let mut states = HashMap::new();
+    let mut ids = Vec::new();
+    for (i, (o, t)) in c.inputs.iter().zip(args).enumerate() {
+        let name = format!("a{i}");
+        let id = if i == 0 && c.op.is_in_place() {
+            states.insert(name.clone(), t.clone());
+            g.state(&name, o.ty())
+        } else {
+            inputs.insert(name.clone(), t.clone());
+            g.input(&name, o.ty())
+        };
+        ids.push(id.map_err(|e| e.to_string())?);
+    }
+    let v = g.add(c.op.clone(), &ids).map_err(|e| e.to_string())?;
+    g.set_output("out", v);
+    let weights: HashMap<String, Tensor> = HashMap::new();
+    let mut env = Env {
+        bind: Bindings::default(),
+        inputs,
+        weights: &weights,
+        states: &mut states,
+    };
+    let mut outs = run(&g, &mut env).map_err(|e| e.to_string())?;
+    outs.remove("out").ok_or_else(|| "no output".to_string())
 }
 
 /// NVRTC, or `None` with a printed reason (a failure with `SPECC_REQUIRE_NVRTC=1`).
@@ -420,7 +454,7 @@ fn unary_cast_select(v: &mut Vec<Case>) {
                 Op::Unary(op),
                 vec![opd(d, &dims, vals)],
                 (d, &dims),
-                if exact { Tol::Exact } else { Tol::Ulps(2.0) },
+                if exact { Tol::Exact } else { Tol::Math },
             ));
         }
     }
@@ -442,7 +476,7 @@ fn unary_cast_select(v: &mut Vec<Case>) {
                 opd(d, &dims, Values::Float(3.0)),
             ],
             (d, &dims),
-            Tol::Ulps(1.0),
+            Tol::Math,
         ));
     }
     let casts: [(DType, DType, Values); 16] = [
@@ -792,14 +826,18 @@ fn rows(v: &mut Vec<Case>) {
     v.push(rank_op(Op::TopK { k: 4 }, F32, &[4, 100], Values::Ties));
     v.push(rank_op(Op::TopK { k: 9 }, I64, &[3, 9], Values::IntEdge));
     v.push(rank_op(Op::TopK { k: 8 }, BF, &[2, 1000], Values::Special));
+    // The interpreter's denominator adds 8 sequential partial sums of n/8 terms: its own
+    // relative error grows like sqrt(n/8) f32 ulps (1.2e-5 seen at n = 128256), and every
+    // element of a row shares it.
     let softmax = |d: DType, dims: &[u64], vals: Values| {
+        let n = dims[dims.len() - 1] as f64;
         case(
             &format!("softmax {d} {dims:?}"),
             Op::Softmax,
             vec![opd(d, dims, vals)],
             (F32, dims),
             Tol::Close {
-                rtol: 2e-6,
+                rtol: 2e-6 + 16.0 * (n / 8.0).sqrt() * f64::from(f32::EPSILON),
                 atol: 1e-9,
             },
         )
@@ -821,6 +859,7 @@ fn rows(v: &mut Vec<Case>) {
         (7, Values::List(vec![0.0])),
         (V_LLAMA3, Values::Probs),
         (5000, Values::Float(1.0)),
+        (600, Values::Special),
     ] {
         v.push(case(
             &format!("sample [4,{vocab}] {probs:?}"),
