@@ -63,8 +63,42 @@ pub enum Command {
         /// Speculative decoding as described by this spec.toml (method, draft, k, acceptance).
         #[arg(long)]
         spec: Option<PathBuf>,
+        /// Also write the prompt ids and generated ids as JSON here (for parity checks).
+        #[arg(long)]
+        ids_out: Option<PathBuf>,
         /// Use deterministic random weights: only config.json is read (MODEL may be the
         /// config file itself).
+        #[arg(long)]
+        random_weights: bool,
+    },
+    /// Time the step graph on the GPU: CUDA events over graph replays, vs the HBM roofline.
+    Bench {
+        /// Model directory, engine, or (with --random-weights) a config.json; the embedded
+        /// default if omitted.
+        model: Option<PathBuf>,
+        /// Speculative method to time (default: plain decoding).
+        #[arg(long)]
+        spec: Option<PathBuf>,
+        /// Sequences per step (the batch bucket).
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Tokens already in each sequence's KV cache.
+        #[arg(long, default_value_t = 1024)]
+        context: usize,
+        /// Timed replays (the median is reported).
+        #[arg(long, default_value_t = 100)]
+        iters: usize,
+        /// Also time every kernel of the step alone (per-kernel table).
+        #[arg(long)]
+        per_kernel: bool,
+        /// Write the figures as JSON here too.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Acceptance length to convert step time into tokens/s (default: 1 for plain
+        /// decoding, else measured elsewhere and passed here).
+        #[arg(long)]
+        accept_len: Option<f64>,
+        /// Use deterministic random weights: only config.json is read.
         #[arg(long)]
         random_weights: bool,
     },

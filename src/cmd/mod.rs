@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+mod bench;
 mod compile;
 mod engine;
 mod gpu;
@@ -20,6 +21,26 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             random_weights,
         } => compile::compile(model, &out, max_context, random_weights),
         Command::Inspect { engine } => inspect::inspect(&engine),
+        Command::Bench {
+            model,
+            spec,
+            batch,
+            context,
+            iters,
+            per_kernel,
+            json,
+            accept_len,
+            random_weights,
+        } => bench::bench(bench::BenchArgs {
+            src: engine::Source::new(model, random_weights),
+            spec,
+            batch,
+            context,
+            iters,
+            per_kernel,
+            json,
+            accept_len,
+        }),
         Command::Run {
             model,
             prompt,
@@ -27,6 +48,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             backend,
             max_context,
             spec,
+            ids_out,
             random_weights,
         } => {
             let src = engine::Source::new(model, random_weights);
@@ -37,6 +59,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
                 max_tokens,
                 backend,
                 max_context,
+                ids_out.as_deref(),
             )
         }
         Command::Logits {

@@ -25,6 +25,7 @@ pub fn run(
     max_tokens: usize,
     backend: Backend,
     max_context: Option<u64>,
+    ids_out: Option<&Path>,
 ) -> Result<()> {
     let cfg = spec_file.map(SpecConfig::from_file).transpose()?;
     let cfg = cfg.filter(|c| c.method != Method::None);
@@ -97,7 +98,9 @@ pub fn run(
                 (None, None) => unreachable!("plain graphs exist without a bundle"),
             };
             let mut s = SpecCpuSession::new(graphs, &weights, 1, r.max_context);
-            generate(&mut s, &r, &codec, &ids, prompt, max_tokens, &label)
+            generate(
+                &mut s, &r, &codec, &ids, prompt, max_tokens, &label, ids_out,
+            )
         }
         Backend::Cuda => {
             #[cfg(feature = "cuda")]
@@ -121,7 +124,9 @@ pub fn run(
                     s.step_compile_s.0,
                     s.step_compile_s.1
                 );
-                let res = generate(&mut s, &r, &codec, &ids, prompt, max_tokens, &label);
+                let res = generate(
+                    &mut s, &r, &codec, &ids, prompt, max_tokens, &label, ids_out,
+                );
                 eprintln!(
                     "[cuda] graph launches: {} for {} steps",
                     s.engine.dev.counters().graph_launches(),
@@ -146,7 +151,9 @@ fn generate(
     prompt: &str,
     max_tokens: usize,
     label: &str,
+    ids_out: Option<&Path>,
 ) -> Result<()> {
+    let mut all = Vec::new();
     let eos = &r.model.spec().eos_token_ids;
     let mut streamer = Streamer::new(codec);
     let mut out = std::io::stdout().lock();
@@ -165,6 +172,7 @@ fn generate(
                 break 'outer;
             }
             generated += 1;
+            all.push(tok);
             write!(out, "{}", streamer.push(tok)?)?;
         }
         out.flush()?;
@@ -185,6 +193,10 @@ fn generate(
         generated as f64 / decode_s.max(1e-9),
         stats.steps,
     );
+    if let Some(p) = ids_out {
+        let j = serde_json::json!({ "prompt_ids": ids, "generated_ids": all });
+        std::fs::write(p, j.to_string())?;
+    }
     if stats.histogram.len() > 1 {
         eprintln!(
             "mean acceptance length {:.2} tokens/step; histogram of accepted draft tokens (0..={}): {:?}",

@@ -89,14 +89,14 @@ fn unsupported_ops_are_typed_errors() {
             ty: x.ty(),
         },
     ] {
-        match single(&op, &[x.clone()], &x) {
+        match single(&op, std::slice::from_ref(&x), &x) {
             Err(Error::Unsupported { op: name, .. }) => assert_eq!(name, op.info().name),
             other => panic!("{op:?}: expected Unsupported, got {other:?}"),
         }
     }
     let fp8 = arg(0, DType::Fp8E4M3, &[2, 8]);
     assert!(matches!(
-        single(&Op::Copy, &[fp8.clone()], &fp8),
+        single(&Op::Copy, std::slice::from_ref(&fp8), &fp8),
         Err(Error::Unsupported { .. })
     ));
     let w = arg(256, DType::Fp8E4M3, &[4, 8]);
@@ -122,7 +122,7 @@ fn invalid_types_name_the_field() {
     assert_eq!(
         field(single(
             &Op::Reduce(ReduceOp::Sum),
-            &[x.clone()],
+            std::slice::from_ref(&x),
             &arg(256, DType::F32, &[2, 8])
         )),
         "output"

@@ -239,15 +239,15 @@ impl CudaEngine {
         let table = pointer_table(&self.dev, "bufs", &entries)?;
         let arena = DeviceArena::new(&self.dev, plan.arena_bytes.max(256))?;
         let t = Instant::now();
+        let cubins = self.compile_all(&plan)?;
         let mut modules: HashMap<String, KernelModule> = HashMap::new();
+        for (name, cubin) in cubins {
+            let m = KernelModule::load(&self.dev, &name, KernelImage::Binary(cubin))?;
+            modules.insert(name, m);
+        }
         let mut launches = Vec::with_capacity(plan.launches.len());
         for l in &plan.launches {
             let k = &l.kernel;
-            if !modules.contains_key(&k.name) {
-                let c = self.nvrtc.compile(k, self.arch).map_err(kerr)?;
-                let m = KernelModule::load(&self.dev, &k.name, KernelImage::Binary(c.cubin))?;
-                modules.insert(k.name.clone(), m);
-            }
             let geo = k.launch.resolve(&l.bucket);
             let f = modules[&k.name].function(&k.entry, geo.smem_bytes)?;
             let c = l.bucket.consts();
@@ -271,6 +271,49 @@ impl CudaEngine {
             table,
             compile_s: (plan_s, t.elapsed().as_secs_f64()),
         })
+    }
+
+    /// Cubins of every distinct kernel of `plan`, compiled on all cores (NVRTC programs are
+    /// independent; the on-disk cache makes repeats cheap).
+    fn compile_all(&self, plan: &KernelPlan) -> Result<Vec<(String, Vec<u8>)>, RuntimeError> {
+        let mut distinct: Vec<&specc_kernels_gen::KernelSource> = Vec::new();
+        for l in &plan.launches {
+            if !distinct.iter().any(|k| k.name == l.kernel.name) {
+                distinct.push(&l.kernel);
+            }
+        }
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, 32);
+        let chunk = distinct.len().div_ceil(threads).max(1);
+        let results: Vec<Result<Vec<(String, Vec<u8>)>, RuntimeError>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = distinct
+                .chunks(chunk)
+                .map(|ks| {
+                    sc.spawn(move || {
+                        ks.iter()
+                            .map(|k| {
+                                let c = self.nvrtc.compile(k, self.arch).map_err(kerr)?;
+                                Ok((k.name.clone(), c.cubin))
+                            })
+                            .collect::<Result<Vec<_>, RuntimeError>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(RuntimeError::Kernel("NVRTC thread panicked".into()))
+                    })
+                })
+                .collect()
+        });
+        let mut out = Vec::with_capacity(distinct.len());
+        for r in results {
+            out.extend(r?);
+        }
+        Ok(out)
     }
 
     /// Issues a loaded graph's launches directly (not captured).

@@ -38,6 +38,7 @@
 //!    `ring.after_replay()`, and `ring.poll()` whenever convenient.
 
 mod arena;
+pub mod bench;
 mod buffer;
 mod device;
 mod engine;

@@ -252,6 +252,34 @@ impl<'a> CudaSpecSession<'a> {
         Ok(first)
     }
 
+    /// Puts every lane in a steady state at sequence length `len` without a prefill (the KV
+    /// cache holds zeros): for timing steps at a given context. Tokens are meaningless.
+    pub fn arm_synthetic(&mut self, len: usize) -> Result<(), RuntimeError> {
+        let lanes = self.lanes;
+        let k = self.graphs.num_steps;
+        if (len + k + 3) as u64 > self.max_context {
+            return Err(RuntimeError::ContextOverflow {
+                needed: len + k + 3,
+                max_context: self.max_context,
+            });
+        }
+        let per = |v: i64| i32_bytes(&vec![v; lanes]);
+        self.engine
+            .write_state(specc_models::spec_step::LEN, &per(len as i64))?;
+        self.engine.write_state(
+            specc_models::spec_step::PENDING,
+            &i32_bytes(&[1, 2].repeat(lanes)),
+        )?;
+        self.engine.write_state(BUDGET, &per(i32::MAX as i64 / 2))?;
+        if let DraftKind::Eagle3 { .. } = self.graphs.kind {
+            self.engine
+                .write_state(specc_models::spec_step::EAGLE_COUNT, &per(1))?;
+            self.engine
+                .write_state(specc_models::spec_step::EAGLE_BASE, &per(len as i64 - 1))?;
+        }
+        self.engine.synchronize()
+    }
+
     /// Queues one replay of the step graph (one `cuGraphLaunch`) and the ring copy after it.
     pub fn step(&mut self) -> Result<(), RuntimeError> {
         self.step_graph.replay()?;
