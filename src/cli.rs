@@ -91,6 +91,10 @@ pub enum Command {
         /// Also time every kernel of the step alone (per-kernel table).
         #[arg(long)]
         per_kernel: bool,
+        /// Time one target forward over this many tokens per sequence (a verify of
+        /// `--tokens` tokens) instead of the step graph.
+        #[arg(long)]
+        tokens: Option<usize>,
         /// Write the figures as JSON here too.
         #[arg(long)]
         json: Option<PathBuf>,

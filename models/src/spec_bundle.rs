@@ -34,6 +34,18 @@ pub struct SpecBundle {
     pub shape: StepShape,
 }
 
+/// A random checkpoint holding the weights of `step` named `prefix` + name (prefix
+/// stripped), as the draft's own checkpoint would.
+fn random_draft(dir: &std::path::Path, step: &Graph, prefix: &str, seed: u64) -> Checkpoint {
+    let mut g = Graph::new("draft weights");
+    for (_, name, ty) in step.weights() {
+        if let Some(n) = name.strip_prefix(prefix) {
+            g.weight(n, ty.clone()).expect("a weight leaf always type-checks");
+        }
+    }
+    Checkpoint::random(dir, &g, seed ^ 0xe461)
+}
+
 /// Default token-ring capacity per lane.
 pub const RING: u64 = 256;
 
@@ -48,6 +60,16 @@ impl SpecBundle {
     /// Opens the draft named by `cfg` and lowers the step for `target`. Fails before
     /// anything runs if the draft does not fit the target or its checkpoint lacks a tensor.
     pub fn open(target: &Model, cfg: &SpecConfig) -> Result<SpecBundle, ModelError> {
+        Self::open_with(target, cfg, None)
+    }
+
+    /// [`SpecBundle::open`], or with `random_seed` the draft's weights synthesised from its
+    /// config alone (benchmarks of full-size shapes without downloads).
+    pub fn open_with(
+        target: &Model,
+        cfg: &SpecConfig,
+        random_seed: Option<u64>,
+    ) -> Result<SpecBundle, ModelError> {
         let shape = StepShape {
             num_steps: cfg.num_steps as u64,
             ring: RING.max(2 * (cfg.num_steps as u64 + 1)),
@@ -71,14 +93,20 @@ impl SpecBundle {
                 ))
             }
             Method::DraftModel => {
-                let draft = Model::open(&dir)?;
+                let draft = match random_seed {
+                    Some(seed) => Model::open_random(&dir, seed ^ 0xd4af)?,
+                    None => Model::open(&dir)?,
+                };
                 cfg.check_draft(target.spec(), draft.spec())?;
                 let step = lower_draft_model_step(target.spec(), draft.spec(), &shape)
                     .map_err(|e| lower_err("draft_model step", e))?;
                 let draft_prefill = lower_dense_prefixed(draft.spec(), DRAFT_PREFIX)?;
                 let target_prefill = lower_target_prefill(target.spec(), &[])
                     .map_err(|e| lower_err("target prefill", e))?;
-                let ck = Checkpoint::open(&dir)?;
+                let ck = match random_seed {
+                    Some(seed) => random_draft(&dir, &step, DRAFT_PREFIX, seed),
+                    None => Checkpoint::open(&dir)?,
+                };
                 SpecBundle {
                     method: cfg.method,
                     draft: DraftSide::Model(Box::new(draft)),
@@ -98,7 +126,10 @@ impl SpecBundle {
                     .map_err(|e| lower_err("eagle3 prefill", e))?;
                 let target_prefill = lower_target_prefill(target.spec(), &eagle.taps)
                     .map_err(|e| lower_err("target prefill", e))?;
-                let ck = Checkpoint::open(&dir)?;
+                let ck = match random_seed {
+                    Some(seed) => random_draft(&dir, &step, EAGLE_PREFIX, seed),
+                    None => Checkpoint::open(&dir)?,
+                };
                 SpecBundle {
                     method: cfg.method,
                     draft: DraftSide::Eagle3(Box::new(eagle)),

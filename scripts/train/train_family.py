@@ -1152,7 +1152,8 @@ def main():
         if "failed" in st:
             print(f"{s:7s} FAILED")
             continue
-        print(f"{s:7s} params {st['params']:>9,}  steps {st['steps']:>6}  {st['seconds']:6.1f} s  "
+        print(f"{s:7s} params {st['params']:>9,}  steps {st['steps']:>6} x {st['batch']} x {T}  "
+              f"{st['seconds']:6.1f} s  {st['history'][-1]['tok_per_s'] / 1e3:8.0f}k tok/s  "
               f"final loss {st['final_loss']:.4f}")
     print(f"target held-out CE {res.get('target_heldout_ce', float('nan')):.4f}, draft "
           f"{res.get('draft_heldout_ce', float('nan')):.4f}")

@@ -14,6 +14,7 @@ use anyhow::Result;
 use super::engine::Source;
 
 pub struct BenchArgs {
+    pub tokens: Option<usize>,
     pub src: Source,
     pub spec: Option<PathBuf>,
     pub batch: usize,
@@ -44,7 +45,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let cfg = a.spec.as_deref().map(SpecConfig::from_file).transpose()?;
     let cfg = cfg.filter(|c| c.method != Method::None);
     let k = cfg.as_ref().map_or(0, |c| c.num_steps as usize);
-    let ctx = (a.context + k + 16) as u64;
+    let ctx = (a.context + k.max(a.tokens.unwrap_or(0)) + 16) as u64;
+    let random = a.src.random_weights;
     let r = resolve(a.src, Some(ctx))?;
     if a.iters < 10 {
         bail!("--iters: expected at least 10, found {}", a.iters);
@@ -54,9 +56,10 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         ring: 64,
         acceptance: Acceptance::Greedy,
     };
+    let seed = random.then_some(super::engine::RANDOM_SEED);
     let bundle = cfg
         .as_ref()
-        .map(|c| SpecBundle::open(&r.model, c))
+        .map(|c| SpecBundle::open_with(&r.model, c, seed))
         .transpose()?;
     let plain = (
         lower_target_prefill(r.model.spec(), &[])?,
@@ -66,19 +69,30 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         Some(b) => gpu::spec_session(&r.model, b, a.batch, ctx)?,
         None => gpu::decode_session(&r.model, &plain.0, &plain.1, a.batch, ctx, 64)?,
     };
-    let step_graph = match &bundle {
-        Some(b) => b.step.clone(),
-        None => plain.1.clone(),
+    let (step_graph, t) = match (&bundle, a.tokens) {
+        (_, Some(t)) => (plain.0.clone(), t),
+        (Some(b), None) => (b.step.clone(), 1),
+        (None, None) => (plain.1.clone(), 1),
     };
     // Bytes the step must move, from the same plan the kernels were generated from, with the
     // KV cache counted up to the context actually held.
-    let bind = Bindings::new(a.batch as u64, 1, a.context as u64 + k as u64 + 1);
-    let compiled = specc_codegen::compile(step_graph, &[bind])?;
+    let held = a.context as u64 + k.max(t) as u64;
+    let compiled = specc_codegen::compile(step_graph, &[Bindings::new(a.batch as u64, t as u64, held)])?;
     let cost = compiled.plans[0].total_cost();
     let bw = copy_bandwidth(&s.engine.dev, 1 << 30)?;
     let roofline_ms = cost.bytes() as f64 / bw * 1e3;
-    s.arm_synthetic(a.context)?;
-    let mut times = time_replays(&s.engine.dev, &s.step_graph, 10, a.iters)?;
+    let verify = match a.tokens {
+        Some(t) => Some(s.verify_graph(t, a.context)?),
+        None => {
+            s.arm_synthetic(a.context)?;
+            None
+        }
+    };
+    let timed = match &verify {
+        Some((_, g)) => g,
+        None => &s.step_graph,
+    };
+    let mut times = time_replays(&s.engine.dev, timed, 10, a.iters)?;
     let med = median(&mut times) as f64;
     let (p10, p90) = (
         times[times.len() / 10] as f64,
@@ -86,10 +100,14 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     );
     let accept = a.accept_len.unwrap_or(if k == 0 { 1.0 } else { 1.0 });
     let tok_s = accept * a.batch as f64 / (med * 1e-3);
-    let launches = s.step_plan().launches.len();
-    let name = match &cfg {
-        Some(c) => format!("{:?} k={k}", c.method),
-        None => "decode".into(),
+    let launches = match &verify {
+        Some((l, _)) => l.launches.len(),
+        None => s.step_plan().launches.len(),
+    };
+    let name = match (&cfg, a.tokens) {
+        (_, Some(t)) => format!("target forward T={t}"),
+        (Some(c), None) => format!("{:?} k={k}", c.method),
+        (None, None) => "decode".into(),
     };
     let dev = s.engine.dev.info().name.clone();
     let mut t = String::new();
@@ -118,7 +136,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         cost.act_bytes
     );
     if a.per_kernel {
-        let per = time_launches(&s.engine.dev, s.step_plan(), 20)?;
+        let loaded = match &verify {
+            Some((l, _)) => l,
+            None => s.step_plan(),
+        };
+        let per = time_launches(&s.engine.dev, loaded, 20)?;
         let total: f32 = per.iter().sum();
         let _ = writeln!(
             t,
@@ -129,7 +151,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         let mut rows: Vec<(usize, f32)> = per.iter().copied().enumerate().collect();
         rows.sort_by(|x, y| y.1.total_cmp(&x.1));
         for (i, ms) in rows.into_iter().take(25) {
-            let l = &s.step_plan().launches[i];
+            let l = &loaded.launches[i];
             let _ = writeln!(
                 t,
                 "| {i} | {} | {:?} | {:?} | {ms:.4} |",

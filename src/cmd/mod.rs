@@ -28,10 +28,12 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             context,
             iters,
             per_kernel,
+            tokens,
             json,
             accept_len,
             random_weights,
         } => bench::bench(bench::BenchArgs {
+            tokens,
             src: engine::Source::new(model, random_weights),
             spec,
             batch,
