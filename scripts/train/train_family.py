@@ -809,7 +809,7 @@ def parse_args():
     ap.add_argument("--target-lr", type=float, default=3e-3)
     ap.add_argument("--draft-lr", type=float, default=3e-3)
     ap.add_argument("--eagle3-lr", type=float, default=2e-3)
-    ap.add_argument("--dflash-lr", type=float, default=2e-3)
+    ap.add_argument("--dflash-lr", type=float, default=3e-3)
     ap.add_argument("--eagle-taps", default="1,2,3")
     ap.add_argument("--eagle-ttt", type=int, default=7, help="unrolled steps in EAGLE-3 training")
     ap.add_argument("--dflash-taps", default="1,3,5")
