@@ -63,6 +63,10 @@ pub enum Command {
         /// Speculative decoding as described by this spec.toml (method, draft, k, acceptance).
         #[arg(long)]
         spec: Option<PathBuf>,
+        /// Decode without speculation even for the embedded default (which otherwise uses its
+        /// own spec.toml: the trained draft, k = 5).
+        #[arg(long, conflicts_with = "spec")]
+        no_spec: bool,
         /// Also write the prompt ids and generated ids as JSON here (for parity checks).
         #[arg(long)]
         ids_out: Option<PathBuf>,

@@ -1,12 +1,13 @@
-//! The embedded default model: a tiny Llama shipped in `models/default/` and compiled into
-//! the binary, so `specc run --prompt ...` works with no model directory at all.
+//! The embedded default model: a tiny trained Llama shipped in `models/default/` with its
+//! standalone draft and spec.toml, compiled into the binary, so `specc run --prompt ...`
+//! speculates with no model directory at all.
 
 use std::fs;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
-const FILES: [(&str, &[u8]); 3] = [
+const FILES: [(&str, &[u8]); 6] = [
     (
         "config.json",
         include_bytes!("../models/default/config.json"),
@@ -19,7 +20,19 @@ const FILES: [(&str, &[u8]); 3] = [
         "tokenizer.json",
         include_bytes!("../models/default/tokenizer.json"),
     ),
+    (
+        "draft/config.json",
+        include_bytes!("../models/default/draft/config.json"),
+    ),
+    (
+        "draft/model.safetensors",
+        include_bytes!("../models/default/draft/model.safetensors"),
+    ),
+    ("spec.toml", include_bytes!("../models/default/spec.toml")),
 ];
+
+/// The embedded default's spec.toml (a standalone draft), inside the materialised folder.
+pub const SPEC_FILE: &str = "spec.toml";
 
 /// FNV-1a over every embedded byte: names the cache folder, so a binary with other
 /// embedded weights never reuses a stale copy.
@@ -58,7 +71,7 @@ pub fn default_model_dir() -> Result<PathBuf> {
     }) {
         return Ok(dir);
     }
-    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    fs::create_dir_all(dir.join("draft")).with_context(|| format!("creating {}", dir.display()))?;
     for (name, bytes) in FILES {
         // Write then rename, so a concurrent reader never sees a half-written file.
         let tmp = dir.join(format!("{name}.tmp{}", std::process::id()));

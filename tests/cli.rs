@@ -56,7 +56,7 @@ fn compile_inspect_and_run_an_engine() {
     let out = specc(&["inspect", engine.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("parameters:"), "{text}");
-    assert!(text.contains("kv cache: 1024 bytes per token"), "{text}");
+    assert!(text.contains("kv cache: 3072 bytes per token"), "{text}");
     assert!(text.contains("attention"), "{text}");
     let direct = specc(&["run", "--prompt", "def f", "--max-tokens", "8"]);
     let via_engine = specc(&[

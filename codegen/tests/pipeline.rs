@@ -48,7 +48,7 @@ fn family_counts(c: &Compiled) -> std::collections::BTreeMap<&'static str, usize
 #[test]
 fn dense_layers_fuse_into_five_kernels_each() {
     let c = compile(default_graph(), &buckets()).unwrap();
-    let layers = 4;
+    let layers = 6;
     let counts = family_counts(&c);
     assert_eq!(counts.get("gemv_qkv_rope"), Some(&layers), "{counts:?}");
     assert_eq!(counts.get("attention"), Some(&layers), "{counts:?}");

@@ -40,7 +40,8 @@ fn random_draft(dir: &std::path::Path, step: &Graph, prefix: &str, seed: u64) ->
     let mut g = Graph::new("draft weights");
     for (_, name, ty) in step.weights() {
         if let Some(n) = name.strip_prefix(prefix) {
-            g.weight(n, ty.clone()).expect("a weight leaf always type-checks");
+            g.weight(n, ty.clone())
+                .expect("a weight leaf always type-checks");
         }
     }
     Checkpoint::random(dir, &g, seed ^ 0xe461)

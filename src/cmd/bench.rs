@@ -13,6 +13,7 @@ use anyhow::Result;
 
 use super::engine::Source;
 
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub struct BenchArgs {
     pub tokens: Option<usize>,
     pub src: Source,
@@ -77,7 +78,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     // Bytes the step must move, from the same plan the kernels were generated from, with the
     // KV cache counted up to the context actually held.
     let held = a.context as u64 + k.max(t) as u64;
-    let compiled = specc_codegen::compile(step_graph, &[Bindings::new(a.batch as u64, t as u64, held)])?;
+    let compiled =
+        specc_codegen::compile(step_graph, &[Bindings::new(a.batch as u64, t as u64, held)])?;
     let cost = compiled.plans[0].total_cost();
     let bw = copy_bandwidth(&s.engine.dev, 1 << 30)?;
     let roofline_ms = cost.bytes() as f64 / bw * 1e3;

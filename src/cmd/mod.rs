@@ -11,6 +11,7 @@ mod run;
 use anyhow::Result;
 
 use crate::cli::{Cli, Command};
+use crate::embedded;
 
 pub fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
@@ -50,9 +51,17 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             backend,
             max_context,
             spec,
+            no_spec,
             ids_out,
             random_weights,
         } => {
+            // The embedded default speculates with its own spec unless told otherwise.
+            let spec = match (&model, spec, no_spec || random_weights) {
+                (None, None, false) => {
+                    Some(embedded::default_model_dir()?.join(embedded::SPEC_FILE))
+                }
+                (_, spec, _) => spec,
+            };
             let src = engine::Source::new(model, random_weights);
             run::run(
                 src,

@@ -157,7 +157,7 @@ impl PreparedLaunch {
             ))
             .into());
         }
-        if let Some(sizes) = param_sizes(&func) {
+        if let Some(sizes) = param_sizes(&func, params.len()) {
             check_params(&sizes, &params).map_err(bad)?;
         }
         let slots = params.iter().map(KernelParam::slot).collect();
@@ -280,7 +280,11 @@ fn check_params(sizes: &[usize], params: &[KernelParam]) -> Result<(), String> {
 
 /// Sizes of the kernel's parameters from `cuFuncGetParamInfo` (driver 12.4+), or `None` when
 /// the driver cannot tell.
-fn param_sizes(func: &CudaFunction) -> Option<Vec<usize>> {
+/// Sizes of the kernel's first `n` parameters (`n` = what the launch passes), or `None` when
+/// the driver cannot say. Only indices below `n` are queried: probing past the last parameter
+/// is an API error that compute-sanitizer reports, so a kernel with MORE parameters than
+/// passed is not detected here (the ABI fixes three).
+fn param_sizes(func: &CudaFunction, n: usize) -> Option<Vec<usize>> {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     // cudarc panics on a call to a symbol the loaded driver lacks, so look it up first.
     // SAFETY: `culib()` returns the already loaded driver library (a device is open); looking
@@ -294,22 +298,20 @@ fn param_sizes(func: &CudaFunction) -> Option<Vec<usize>> {
         return None;
     }
     let mut sizes = Vec::new();
-    // A kernel has at most 32764 bytes of parameters, so at most that many of them.
-    for i in 0..32_764usize {
+    for i in 0..n {
         let (mut offset, mut size) = (0usize, 0usize);
         // SAFETY: `func` is a live function handle (it holds its module); the driver writes
         // two `usize`s through valid pointers.
         let r = unsafe { sys::cuFuncGetParamInfo(func.cu_function(), i, &mut offset, &mut size) };
         match r {
             CUresult::CUDA_SUCCESS => sizes.push(size),
-            // Past the last parameter. An answer of "no parameters" is not trusted: a handle
-            // the query does not support reads the same, and the check would then reject
-            // every correct launch.
+            // Fewer parameters than passed. An answer of "no parameters" is not trusted: a
+            // handle the query does not support reads the same.
             CUresult::CUDA_ERROR_INVALID_VALUE => return (!sizes.is_empty()).then_some(sizes),
             _ => return None,
         }
     }
-    None
+    Some(sizes)
 }
 
 #[cfg(test)]

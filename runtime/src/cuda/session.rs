@@ -254,12 +254,18 @@ impl<'a> CudaSpecSession<'a> {
 
     /// The target forward over `t` tokens per lane at positions `len..len + t` (a verify
     /// of `t` tokens), loaded and captured as its own graph, for timing.
-    pub fn verify_graph(&mut self, t: usize, len: usize) -> Result<(LoadedGraph, StepGraph), RuntimeError> {
+    pub fn verify_graph(
+        &mut self,
+        t: usize,
+        len: usize,
+    ) -> Result<(LoadedGraph, StepGraph), RuntimeError> {
         let bind = Bindings::new(self.lanes as u64, t as u64, self.max_context);
         let (plan, s) = CudaEngine::plan(self.graphs.target_prefill, bind)?;
         let g = self.engine.load(plan, s)?;
         let tokens: Vec<i64> = (0..self.lanes * t).map(|i| (i % 7) as i64 + 1).collect();
-        let pos: Vec<i64> = (0..self.lanes).flat_map(|_| (len..len + t).map(|p| p as i64)).collect();
+        let pos: Vec<i64> = (0..self.lanes)
+            .flat_map(|_| (len..len + t).map(|p| p as i64))
+            .collect();
         g.write("tokens", &i32_bytes(&tokens))?;
         g.write("positions", &i32_bytes(&pos))?;
         let captured = self.engine.capture(&g)?;
