@@ -399,3 +399,33 @@ fn eval(op: &Op, a: &[&Tensor], out: &Out) -> OpResult {
         }
     }
 }
+
+/// Evaluates one compute node on given operand values (no leaves, no in-place ops): the
+/// building block of executors that keep values elsewhere (the memory-plan checker runs a
+/// scheduled plan over a byte arena with it).
+pub fn eval_node(
+    id: ValueId,
+    node: &Node,
+    args: &[&Tensor],
+    bind: &Bindings,
+) -> Result<Tensor, IrError> {
+    let out = resolve(id, node, bind)?;
+    let t = eval(&node.op, args, &out).map_err(|msg| node_err(id, &node.op, msg))?;
+    check_result(id, &node.op, &t, &out)?;
+    Ok(t)
+}
+
+/// Applies an in-place node (`kv_write`, `assign`) to `state` with its other operands.
+pub fn apply_in_place(
+    id: ValueId,
+    node: &Node,
+    state: &mut Tensor,
+    args: &[&Tensor],
+) -> Result<(), IrError> {
+    let res = match node.op {
+        Op::KvWrite => attention::kv_write(state, args[0], args[1]),
+        Op::Assign => attention::assign(state, args[0]),
+        _ => Err("not an in-place op".to_string()),
+    };
+    res.map_err(|msg| node_err(id, &node.op, msg))
+}
