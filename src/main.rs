@@ -1,5 +1,6 @@
 //! `specc`: the command-line front end. It wires the stages together and does nothing else.
 
+mod baked;
 mod cli;
 mod cmd;
 mod embedded;
@@ -11,6 +12,8 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
+    #[cfg(feature = "cuda")]
+    specc_runtime::cuda::set_prebuilt(baked::PREBUILT);
     match cmd::dispatch(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

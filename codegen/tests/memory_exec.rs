@@ -205,7 +205,7 @@ fn check(
     inputs: HashMap<String, Tensor>,
     states: HashMap<String, Tensor>,
 ) -> (bool, bool) {
-    let c = compile(g, &[bind.clone()]).unwrap();
+    let c = compile(g, std::slice::from_ref(&bind)).unwrap();
     let want = reference(&c.graph, &bind, w, &inputs, &states);
     let plan = &c.plans[0];
     let mut ok = Planned {

@@ -10,6 +10,7 @@ mod raw;
 
 pub mod checkpoint;
 pub mod config;
+pub mod dflash;
 pub mod eagle3;
 pub mod error;
 pub mod lower;

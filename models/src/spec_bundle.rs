@@ -7,12 +7,13 @@ use specc_ir::interp::Tensor;
 use specc_ir::Graph;
 
 use crate::checkpoint::Checkpoint;
+use crate::dflash::{DFlashSpec, DFLASH_PREFIX};
 use crate::eagle3::{Eagle3Spec, EAGLE_PREFIX};
 use crate::error::ModelError;
 use crate::spec_config::{Method, SpecConfig};
 use crate::spec_step::{
-    lower_draft_model_step, lower_eagle3_prefill, lower_eagle3_step, lower_target_prefill,
-    StepShape, DRAFT_PREFIX,
+    lower_dflash_prefill, lower_dflash_step, lower_draft_model_step, lower_eagle3_prefill,
+    lower_eagle3_step, lower_target_prefill, StepShape, DRAFT_PREFIX,
 };
 use crate::{lower_dense_prefixed, Model};
 
@@ -20,6 +21,7 @@ use crate::{lower_dense_prefixed, Model};
 pub enum DraftSide {
     Model(Box<Model>),
     Eagle3(Box<Eagle3Spec>),
+    DFlash(Box<DFlashSpec>),
 }
 
 pub struct SpecBundle {
@@ -46,6 +48,13 @@ fn random_draft(dir: &std::path::Path, step: &Graph, prefix: &str, seed: u64) ->
     }
     Checkpoint::random(dir, &g, seed ^ 0xe461)
 }
+
+/// Smallest prefill bucket: prompts are padded to a power of two at least this long, so a
+/// handful of prefill plans serve every prompt.
+pub const MIN_PREFILL_T: usize = 16;
+
+/// Token-ring capacity per lane of plain decoding (k = 0).
+pub const DECODE_RING: u64 = 64;
 
 /// Default token-ring capacity per lane.
 pub const RING: u64 = 256;
@@ -89,7 +98,7 @@ impl SpecBundle {
                 return Err(ModelError::field(
                     &cfg.file,
                     "method",
-                    "draft_model or eagle3 for speculative decoding",
+                    "draft_model, eagle3 or dflash for speculative decoding",
                     "\"none\"",
                 ))
             }
@@ -142,6 +151,41 @@ impl SpecBundle {
                     shape,
                 }
             }
+            Method::DFlash => {
+                let dflash = DFlashSpec::from_dir(&dir, target.spec())?;
+                if cfg.num_steps as usize != dflash.num_steps() {
+                    return Err(ModelError::field(
+                        &cfg.file,
+                        "num_steps",
+                        format!(
+                            "{} (block_size - 1 of {}) or absent",
+                            dflash.num_steps(),
+                            dflash.config_file.display()
+                        ),
+                        cfg.num_steps,
+                    ));
+                }
+                let step = lower_dflash_step(target.spec(), &dflash, &shape)
+                    .map_err(|e| lower_err("dflash step", e))?;
+                let draft_prefill = lower_dflash_prefill(target.spec(), &dflash)
+                    .map_err(|e| lower_err("dflash prefill", e))?;
+                let target_prefill = lower_target_prefill(target.spec(), &dflash.taps)
+                    .map_err(|e| lower_err("target prefill", e))?;
+                let ck = match random_seed {
+                    Some(seed) => random_draft(&dir, &step, DFLASH_PREFIX, seed),
+                    None => Checkpoint::open(&dir)?,
+                };
+                SpecBundle {
+                    method: cfg.method,
+                    draft: DraftSide::DFlash(Box::new(dflash)),
+                    draft_checkpoint: ck,
+                    prefix: DFLASH_PREFIX,
+                    target_prefill,
+                    draft_prefill,
+                    step,
+                    shape,
+                }
+            }
         };
         bundle
             .draft_checkpoint
@@ -151,7 +195,7 @@ impl SpecBundle {
             .validate_prefixed(&bundle.draft_prefill, bundle.prefix)?;
         target
             .checkpoint()
-            .validate_unprefixed(&bundle.step, &["draft/", "eagle/"])?;
+            .validate_unprefixed(&bundle.step, &["draft/", "eagle/", "dflash/"])?;
         Ok(bundle)
     }
 
@@ -182,7 +226,15 @@ impl SpecBundle {
     pub fn taps_width(&self) -> Option<usize> {
         match &self.draft {
             DraftSide::Eagle3(e) => Some(3 * e.hidden()),
-            DraftSide::Model(_) => None,
+            DraftSide::Model(_) | DraftSide::DFlash(_) => None,
+        }
+    }
+
+    /// Width of the DFlash taps (n_tap × hidden), if this is a DFlash bundle.
+    pub fn dflash_taps_width(&self) -> Option<usize> {
+        match &self.draft {
+            DraftSide::DFlash(d) => Some(d.taps_width()),
+            _ => None,
         }
     }
 }

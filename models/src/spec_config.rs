@@ -3,6 +3,7 @@
 //!
 //! ```toml
 //! method = "draft_model"    # none | draft_model | eagle3
+//! target = "."              # optional: the target dir (for SPECC_SPEC=... cargo build)
 //! draft = "../tiny-draft"   # draft checkpoint dir, relative to this file
 //! num_steps = 7             # k: draft tokens per step; verify reads k + 1
 //! batch_buckets = [1, 4]    # one captured step graph per bucket
@@ -28,6 +29,9 @@ pub enum Method {
     None,
     DraftModel,
     Eagle3,
+    /// A DFlash block drafter: k = its `block_size` − 1, drafted in one forward.
+    #[serde(rename = "dflash")]
+    DFlash,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
@@ -52,6 +56,7 @@ struct RawAcceptance {
 #[serde(deny_unknown_fields)]
 struct RawSpec {
     method: Method,
+    target: Option<PathBuf>,
     draft: Option<PathBuf>,
     num_steps: Option<u32>,
     batch_buckets: Option<Vec<u32>>,
@@ -75,6 +80,10 @@ pub enum Acceptance {
 pub struct SpecConfig {
     pub file: PathBuf,
     pub method: Method,
+    /// The target model directory, when the spec names one (relative to the spec file). Used
+    /// when the spec is compiled on its own (`SPECC_SPEC=spec.toml cargo build`); on the CLI the
+    /// model argument names the target.
+    pub target: Option<PathBuf>,
     /// Absolute or relative-to-cwd path of the draft checkpoint (resolved against the
     /// spec file's folder).
     pub draft: Option<PathBuf>,
@@ -117,10 +126,16 @@ impl SpecConfig {
                 msg,
             }
         })?;
-        let num_steps = raw.num_steps.unwrap_or(match raw.method {
-            Method::None => 0,
-            _ => 4,
-        });
+        let num_steps = match (raw.method, raw.num_steps, &raw.draft) {
+            (_, Some(n), _) => n,
+            (Method::None, None, _) => 0,
+            // The drafter's block fixes k; a missing draft is reported below.
+            (Method::DFlash, None, Some(d)) => {
+                let dir = file.parent().unwrap_or(Path::new(".")).join(d);
+                crate::dflash::block_size_of(&dir)? as u32 - 1
+            }
+            (_, None, _) => 4,
+        };
         if raw.method != Method::None && !(1..=MAX_STEPS).contains(&num_steps) {
             return Err(field(
                 file,
@@ -227,9 +242,11 @@ impl SpecConfig {
                 }
             },
         };
+        let base = file.parent().unwrap_or(Path::new("."));
         Ok(SpecConfig {
             file: file.to_path_buf(),
             method: raw.method,
+            target: raw.target.map(|t| base.join(t)),
             draft,
             num_steps,
             batch_buckets: buckets,

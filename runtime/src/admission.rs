@@ -3,7 +3,8 @@
 //! and the EAGLE-3 pair layout. Backends only move the resulting values into their memory.
 
 use specc_models::spec_step::{
-    BUDGET, EAGLE_BASE, EAGLE_COUNT, EAGLE_TOKENS, EMITTED, LEN, PENDING, STEP,
+    BUDGET, DFLASH_BASE, DFLASH_COUNT, EAGLE_BASE, EAGLE_COUNT, EAGLE_TOKENS, EMITTED, LEN,
+    PENDING, STEP,
 };
 
 use crate::RuntimeError;
@@ -185,4 +186,24 @@ pub fn eagle_prime(prompts: &[Vec<u32>], first: &[u32], t: usize, k: usize) -> E
         slot_rows,
         states,
     }
+}
+
+/// DFlash admission: the drafter's prefill reads the target prefill's `taps` and
+/// `positions` unchanged (padding rows have position −1 and write nothing), so the
+/// drafter's KV cache holds the context of every prompt position `0..P`. Nothing is left
+/// pending for the first step: `count = 0`, `base = P` (the `dflash.hidden` rows are unread).
+pub fn dflash_states(prompts: &[Vec<u32>]) -> Vec<StateInit> {
+    let lanes = prompts.len();
+    vec![
+        StateInit {
+            name: DFLASH_COUNT,
+            dims: vec![lanes],
+            values: vec![0; lanes],
+        },
+        StateInit {
+            name: DFLASH_BASE,
+            dims: vec![lanes],
+            values: prompts.iter().map(|p| p.len() as i64).collect(),
+        },
+    ]
 }

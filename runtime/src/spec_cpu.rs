@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use specc_ir::interp::{self, Data, Env, Tensor, WeightSource};
 use specc_ir::{Bindings, DType, Graph};
-use specc_models::spec_step::{BUDGET, EAGLE_HIDDEN, EMITTED, HIDDEN, RING};
+use specc_models::spec_step::{BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, HIDDEN, RING};
 
 use crate::admission;
 
@@ -22,6 +22,9 @@ pub enum DraftKind {
     /// An EAGLE-3 head: its prefill reads (target taps, next token) pairs; `taps_width`
     /// is 3 × hidden.
     Eagle3 { taps_width: usize },
+    /// A DFlash drafter: its prefill writes the context of every prompt position (target
+    /// taps, `taps_width` = n_tap × hidden) into its KV cache.
+    DFlash { taps_width: usize },
 }
 
 /// The graphs of one method: prefill of target and draft, and the step.
@@ -178,6 +181,24 @@ impl<'a> SpecCpuSession<'a> {
                     Tensor::from_f32(dtype, vec![lanes, k + 1, w], slots),
                 );
                 for s in prime.states {
+                    self.states.insert(
+                        s.name.into(),
+                        Tensor::from_i64(DType::I32, s.dims, s.values),
+                    );
+                }
+            }
+            DraftKind::DFlash { taps_width } => {
+                let taps = out.get("taps").ok_or(RuntimeError::MissingOutput("taps"))?;
+                let head_inputs = HashMap::from([
+                    (HIDDEN.to_string(), taps.clone()),
+                    ("positions".to_string(), ids(&pre.positions, t)),
+                ]);
+                self.run(self.graphs.draft_prefill, t as u64, head_inputs)?;
+                self.states.insert(
+                    DFLASH_HIDDEN.into(),
+                    Tensor::zeros(taps.dtype, vec![lanes, k + 1, taps_width]),
+                );
+                for s in admission::dflash_states(prompts) {
                     self.states.insert(
                         s.name.into(),
                         Tensor::from_i64(DType::I32, s.dims, s.values),

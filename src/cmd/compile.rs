@@ -51,5 +51,9 @@ pub fn compile(
         compiled.groups.len()
     );
     println!("wrote {}", out.display());
+    print!(
+        "engine baked into this binary at build time:\n{}",
+        crate::baked::SUMMARY
+    );
     Ok(())
 }

@@ -55,10 +55,7 @@ mod enabled {
             ],
         };
         let graphs = CudaSpecGraphs {
-            kind: match bundle.taps_width() {
-                Some(taps_width) => DraftKind::Eagle3 { taps_width },
-                None => DraftKind::Model,
-            },
+            kind: crate::cmd::run::draft_kind(bundle),
             target_prefill: &bundle.target_prefill,
             draft_prefill: &bundle.draft_prefill,
             step: &bundle.step,

@@ -8,15 +8,14 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use specc_models::spec_step::{lower_decode_step, lower_target_prefill, StepShape};
-use specc_models::{Acceptance, Method, SpecBundle, SpecConfig};
+use specc_models::{Acceptance, DraftSide, Method, SpecBundle, SpecConfig};
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs, Speculator};
 
 use super::engine::{resolve, Resolved, Source};
 use crate::cli::Backend;
 use crate::text::{Streamer, TextCodec};
 
-/// Token ring capacity per lane for plain decoding.
-const DECODE_RING: u64 = 64;
+use specc_models::spec_bundle::DECODE_RING;
 
 pub fn run(
     model: Source,
@@ -77,10 +76,7 @@ pub fn run(
             };
             let graphs = match (&bundle, &plain) {
                 (Some(b), _) => SpecGraphs {
-                    kind: match b.taps_width() {
-                        Some(taps_width) => DraftKind::Eagle3 { taps_width },
-                        None => DraftKind::Model,
-                    },
+                    kind: draft_kind(b),
                     target_prefill: &b.target_prefill,
                     draft_prefill: &b.draft_prefill,
                     step: &b.step,
@@ -119,7 +115,8 @@ pub fn run(
                     (None, None) => unreachable!("plain graphs exist without a bundle"),
                 };
                 eprintln!(
-                    "[cuda] step graph: {} kernels in one captured graph (codegen {:.2} s, nvrtc/cache {:.2} s)",
+                    "[cuda] {} cubins baked into this binary; step graph: {} kernels in one captured graph (codegen {:.2} s, nvrtc/cache {:.2} s)",
+                    crate::baked::PREBUILT.len(),
                     s.step_plan().launches.len(),
                     s.step_compile_s.0,
                     s.step_compile_s.1
@@ -142,7 +139,21 @@ pub fn run(
     }
 }
 
+/// How a bundle's draft is primed at admission (both backends).
+pub(crate) fn draft_kind(b: &SpecBundle) -> DraftKind {
+    match &b.draft {
+        DraftSide::Model(_) => DraftKind::Model,
+        DraftSide::Eagle3(e) => DraftKind::Eagle3 {
+            taps_width: 3 * e.hidden(),
+        },
+        DraftSide::DFlash(d) => DraftKind::DFlash {
+            taps_width: d.taps_width(),
+        },
+    }
+}
+
 /// The host loop: admit, then step / drain / print until EOS, the budget or the context ends.
+#[allow(clippy::too_many_arguments)]
 fn generate(
     s: &mut dyn Speculator,
     r: &Resolved,

@@ -46,6 +46,29 @@ impl WeightSources<'_> {
     }
 }
 
+/// `(kernel name, cubin)` pairs.
+type Cubins = Vec<(String, Vec<u8>)>;
+
+/// Cubins baked into the binary at build time: `(kernel name, arch, cubin)`. Kernel names
+/// hash their source, so a name match means the same kernel.
+pub type Prebuilt = &'static [(&'static str, &'static str, &'static [u8])];
+
+static PREBUILT: std::sync::OnceLock<Prebuilt> = std::sync::OnceLock::new();
+
+/// Registers the binary's baked cubins (the generated runtime binary does this at start);
+/// kernels found there skip NVRTC.
+pub fn set_prebuilt(table: Prebuilt) {
+    let _ = PREBUILT.set(table);
+}
+
+fn prebuilt(name: &str, arch: &str) -> Option<&'static [u8]> {
+    PREBUILT
+        .get()?
+        .iter()
+        .find(|(n, a, _)| *n == name && *a == arch)
+        .map(|(_, _, c)| *c)
+}
+
 fn slot_key(s: &Slot) -> String {
     match s {
         Slot::Weight(n) | Slot::State(n) => n.clone(),
@@ -277,16 +300,25 @@ impl CudaEngine {
     /// independent; the on-disk cache makes repeats cheap).
     fn compile_all(&self, plan: &KernelPlan) -> Result<Vec<(String, Vec<u8>)>, RuntimeError> {
         let mut distinct: Vec<&specc_kernels_gen::KernelSource> = Vec::new();
+        let mut out = Vec::new();
         for l in &plan.launches {
-            if !distinct.iter().any(|k| k.name == l.kernel.name) {
-                distinct.push(&l.kernel);
+            if distinct.iter().any(|k| k.name == l.kernel.name)
+                || out
+                    .iter()
+                    .any(|(n, _): &(String, Vec<u8>)| *n == l.kernel.name)
+            {
+                continue;
+            }
+            match prebuilt(&l.kernel.name, self.arch.name()) {
+                Some(cubin) => out.push((l.kernel.name.clone(), cubin.to_vec())),
+                None => distinct.push(&l.kernel),
             }
         }
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .clamp(1, 32);
         let chunk = distinct.len().div_ceil(threads).max(1);
-        let results: Vec<Result<Vec<(String, Vec<u8>)>, RuntimeError>> = std::thread::scope(|sc| {
+        let results: Vec<Result<Cubins, RuntimeError>> = std::thread::scope(|sc| {
             let handles: Vec<_> = distinct
                 .chunks(chunk)
                 .map(|ks| {
@@ -309,7 +341,6 @@ impl CudaEngine {
                 })
                 .collect()
         });
-        let mut out = Vec::with_capacity(distinct.len());
         for r in results {
             out.extend(r?);
         }

@@ -54,7 +54,7 @@ mod weights;
 pub use arena::{state_sizes, DeviceArena, StateBuffers};
 pub use buffer::{DeviceBuffer, ALLOC_GRANULE};
 pub use device::{arch_for, driver_present, pick_arch, CudaDevice, DeviceInfo, LaunchCounters};
-pub use engine::{CudaEngine, LoadedGraph, WeightSources};
+pub use engine::{set_prebuilt, CudaEngine, LoadedGraph, Prebuilt, WeightSources};
 pub use error::CudaError;
 pub use graph::{Retained, StepGraph};
 pub use launch::{launch_all, KernelParam, PreparedLaunch};

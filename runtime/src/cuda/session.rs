@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use specc_ir::{Bindings, DType, Graph};
-use specc_models::spec_step::{BUDGET, EAGLE_HIDDEN, EMITTED, HIDDEN, RING};
+use specc_models::spec_step::{BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, HIDDEN, RING};
 
 use super::{CudaEngine, LoadedGraph, StepGraph, TokenRing, WeightSources, DEFAULT_RING_DEPTH};
 use crate::admission::{self, PrefillInputs};
@@ -21,9 +21,7 @@ pub struct CudaSpecGraphs<'a> {
     pub ring: usize,
 }
 
-/// Smallest prefill bucket; prompts are padded to a power of two at least this long so a
-/// handful of prefill plans serve every prompt.
-pub const MIN_PREFILL_T: usize = 16;
+pub use specc_models::spec_bundle::MIN_PREFILL_T;
 
 pub fn prefill_bucket(t: usize) -> usize {
     t.next_power_of_two().max(MIN_PREFILL_T)
@@ -161,7 +159,10 @@ impl<'a> CudaSpecSession<'a> {
     ) -> Result<Vec<Vec<u8>>, RuntimeError> {
         self.prefill(target, tb)?;
         let g = &self.prefills[&(target, tb)];
-        g.write("tokens", &i32_bytes(tokens))?;
+        // A DFlash drafter's prefill reads taps and positions only.
+        if g.io("tokens").is_ok() {
+            g.write("tokens", &i32_bytes(tokens))?;
+        }
         g.write("positions", &i32_bytes(positions))?;
         for (n, bytes) in extra {
             g.write(n, bytes)?;
@@ -204,7 +205,10 @@ impl<'a> CudaSpecSession<'a> {
             });
         }
         let (tokens, pos) = repad(&pre, lanes, tb);
-        let want_taps = matches!(self.graphs.kind, DraftKind::Eagle3 { .. });
+        let want_taps = matches!(
+            self.graphs.kind,
+            DraftKind::Eagle3 { .. } | DraftKind::DFlash { .. }
+        );
         let outs: &[&str] = if want_taps {
             &["next_token", "taps"]
         } else {
@@ -238,6 +242,18 @@ impl<'a> CudaSpecSession<'a> {
                 }
                 self.engine.write_state(EAGLE_HIDDEN, &slots)?;
                 for s in &prime.states {
+                    self.engine.write_state(s.name, &s.i32_bytes())?;
+                }
+            }
+            DraftKind::DFlash { taps_width } => {
+                // The target prefill's taps [lanes, tb, W] are the drafter prefill's input
+                // as they are, at the same (padded) positions.
+                let taps = out[1].clone();
+                debug_assert_eq!((taps.len() / (lanes * tb)) % taps_width, 0);
+                self.run_prefill(false, tb, &tokens, &pos, &[(HIDDEN, taps)], &[])?;
+                let n = self.engine.state(DFLASH_HIDDEN)?.bytes() as usize;
+                self.engine.write_state(DFLASH_HIDDEN, &vec![0u8; n])?;
+                for s in admission::dflash_states(prompts) {
                     self.engine.write_state(s.name, &s.i32_bytes())?;
                 }
             }
@@ -296,6 +312,12 @@ impl<'a> CudaSpecSession<'a> {
                 .write_state(specc_models::spec_step::EAGLE_COUNT, &per(1))?;
             self.engine
                 .write_state(specc_models::spec_step::EAGLE_BASE, &per(len as i64 - 1))?;
+        }
+        if let DraftKind::DFlash { .. } = self.graphs.kind {
+            self.engine
+                .write_state(specc_models::spec_step::DFLASH_COUNT, &per(0))?;
+            self.engine
+                .write_state(specc_models::spec_step::DFLASH_BASE, &per(len as i64))?;
         }
         self.engine.synchronize()
     }
