@@ -255,3 +255,54 @@ fn decode_step_graph_equals_target_greedy() {
     }
     assert!((out.mean_accept - 1.0).abs() < 1e-9);
 }
+
+/// The trained family (models/default): real partial acceptance, still exact.
+fn trained_eagle(lanes: usize, k: u64) -> f64 {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/default");
+    let target = Model::open(&root).unwrap();
+    let eagle = Eagle3Spec::from_dir(&root.join("eagle3"), target.spec()).unwrap();
+    let shape = StepShape {
+        num_steps: k,
+        ring: 64,
+        acceptance: Acceptance::Greedy,
+    };
+    let step = lower_eagle3_step(target.spec(), &eagle, &shape).unwrap();
+    let prefill = lower_target_prefill(target.spec(), &eagle.taps).unwrap();
+    let head_prefill = lower_eagle3_prefill(target.spec(), &eagle).unwrap();
+    let mut weights = target.load_weights_f32();
+    weights.extend(eagle_weights(&root.join("eagle3"), &step));
+    let graphs = SpecGraphs {
+        kind: DraftKind::Eagle3 {
+            taps_width: 3 * eagle.hidden(),
+        },
+        target_prefill: &prefill,
+        draft_prefill: &head_prefill,
+        step: &step,
+        num_steps: k as usize,
+        ring: 64,
+    };
+    // Python-like prompts in the tokenizer's id space (BOS + a few common tokens).
+    let ps: Vec<Vec<u32>> = (0..lanes)
+        .map(|i| {
+            let mut p = vec![0u32];
+            p.extend((0..(4 + 3 * i)).map(|j| (100 + 17 * j + 5 * i) as u32 % 500));
+            p
+        })
+        .collect();
+    let n = 40;
+    let out = run_session(graphs, &weights, &ps, n, 256);
+    for (b, p) in ps.iter().enumerate() {
+        let w = target.load_weights_f32();
+        let want = target.greedy_generate(&w, p, n, 256).unwrap();
+        assert_eq!(out.tokens[b], want, "trained eagle lane {b}");
+    }
+    out.mean_accept
+}
+
+#[test]
+fn trained_eagle3_head_partial_acceptance_is_exact() {
+    let m1 = trained_eagle(1, 5);
+    let m4 = trained_eagle(4, 4);
+    eprintln!("trained EAGLE-3: mean acceptance {m1:.2} (B=1, k=5), {m4:.2} (B=4, k=4)");
+    assert!(m1 > 1.2 && m4 > 1.2, "{m1} {m4}");
+}

@@ -8,10 +8,11 @@ use std::path::{Path, PathBuf};
 use specc_ir::{Bindings, Graph};
 use specc_kernels_gen::plan::plan_kernels;
 use specc_kernels_gen::{Arch, Nvrtc};
+use specc_models::dflash::DFlashSpec;
 use specc_models::eagle3::Eagle3Spec;
 use specc_models::spec_step::{
-    lower_decode_step, lower_draft_model_step, lower_eagle3_prefill, lower_eagle3_step,
-    lower_target_prefill, StepShape, DRAFT_PREFIX,
+    lower_decode_step, lower_dflash_prefill, lower_dflash_step, lower_draft_model_step,
+    lower_eagle3_prefill, lower_eagle3_step, lower_target_prefill, StepShape, DRAFT_PREFIX,
 };
 use specc_models::{lower_dense_prefixed, Acceptance, Model};
 
@@ -25,6 +26,8 @@ fn graphs() -> Vec<(String, Graph, Bindings)> {
     let target = Model::open(fixture("llama3_scaled_untied")).unwrap();
     let qwen = Model::open(fixture("qwen3_headdim")).unwrap();
     let eagle = Eagle3Spec::from_dir(&fixture("eagle3_random"), target.spec()).unwrap();
+    // block_size 4: k = 3, the shape below.
+    let dflash = DFlashSpec::from_dir(&fixture("dflash_random"), target.spec()).unwrap();
     let mut out = Vec::new();
     for acceptance in [
         Acceptance::Greedy,
@@ -56,6 +59,11 @@ fn graphs() -> Vec<(String, Graph, Bindings)> {
                 lower_eagle3_step(target.spec(), &eagle, &shape).unwrap(),
                 bind.clone(),
             ));
+            out.push((
+                format!("dflash step {tag} B={lanes}"),
+                lower_dflash_step(target.spec(), &dflash, &shape).unwrap(),
+                bind.clone(),
+            ));
             let mut plain = shape.clone();
             plain.num_steps = 0;
             out.push((
@@ -84,6 +92,16 @@ fn graphs() -> Vec<(String, Graph, Bindings)> {
     out.push((
         "eagle3 prefill".into(),
         lower_eagle3_prefill(target.spec(), &eagle).unwrap(),
+        pre.clone(),
+    ));
+    out.push((
+        "target prefill + dflash taps".into(),
+        lower_target_prefill(target.spec(), &dflash.taps).unwrap(),
+        pre.clone(),
+    ));
+    out.push((
+        "dflash prefill".into(),
+        lower_dflash_prefill(target.spec(), &dflash).unwrap(),
         pre,
     ));
     out
