@@ -36,6 +36,9 @@ pub enum Command {
         /// KV-cache capacity per sequence (default: the model's max_position_embeddings).
         #[arg(long)]
         max_context: Option<u64>,
+        /// GPU architectures to compile the kernels for with NVRTC (when it is available).
+        #[arg(long, value_delimiter = ',', default_value = "sm_90a")]
+        arch: Vec<String>,
         /// Use deterministic random weights: only config.json is read (MODEL may be the
         /// config file itself).
         #[arg(long)]

@@ -2,8 +2,12 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use std::fmt::Write as _;
+
 use specc_codegen::{describe_groups, H200};
 use specc_ir::Bindings;
+use specc_kernels_gen::plan::plan_kernels;
+use specc_kernels_gen::{Arch, Nvrtc};
 
 use super::engine::{resolve, EngineManifest, Source, FORMAT_VERSION};
 use super::inspect::summary;
@@ -12,8 +16,14 @@ pub fn compile(
     model: Option<PathBuf>,
     out: &Path,
     max_context: Option<u64>,
+    archs: &[String],
     random_weights: bool,
 ) -> Result<()> {
+    let archs: Vec<Arch> = archs
+        .iter()
+        .map(|a| a.parse::<Arch>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("--arch: {e}"))?;
     let r = resolve(Source::new(model, random_weights), max_context)?;
     fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let model_dir = r
@@ -44,6 +54,67 @@ pub fn compile(
     plan.push_str(&compiled.report(&H200));
     plan.push_str("groups:\n");
     plan.push_str(&describe_groups(&compiled.graph, &compiled.groups));
+    // Kernels of the decode bucket: sources always, cubins and ptxas figures when NVRTC is here.
+    let kplan = plan_kernels(&compiled.graph, &compiled.groups, &compiled.plans[0])?;
+    let kdir = out.join("kernels");
+    fs::create_dir_all(&kdir).with_context(|| format!("creating {}", kdir.display()))?;
+    let mut distinct: Vec<&specc_kernels_gen::KernelSource> = Vec::new();
+    for l in &kplan.launches {
+        if !distinct.iter().any(|k| k.name == l.kernel.name) {
+            distinct.push(&l.kernel);
+        }
+    }
+    for k in &distinct {
+        write(&format!("kernels/{}.cu", k.name), k.source.clone())?;
+    }
+    let _ = writeln!(
+        plan,
+        "kernels (decode bucket): {} launches, {} distinct kernels in kernels/*.cu",
+        kplan.launches.len(),
+        distinct.len()
+    );
+    match Nvrtc::new() {
+        Ok(nvrtc) => {
+            let _ = writeln!(plan, "| kernel | arch | registers | spill stores | spill loads | stack | smem | compile ms |");
+            let _ = writeln!(plan, "|---|---|---|---|---|---|---|---|");
+            let t = std::time::Instant::now();
+            for k in &distinct {
+                for &arch in &archs {
+                    let c = nvrtc.compile(k, arch)?;
+                    fs::write(
+                        kdir.join(format!("{}.{}.cubin", k.name, arch.name())),
+                        &c.cubin,
+                    )?;
+                    let st = &c.stats;
+                    let _ = writeln!(
+                        plan,
+                        "| {} | {} | {} | {} | {} | {} | {} | {:.0}{} |",
+                        k.name,
+                        arch.name(),
+                        st.registers,
+                        st.spill_stores,
+                        st.spill_loads,
+                        st.stack_bytes,
+                        st.smem_bytes,
+                        c.elapsed.as_secs_f64() * 1e3,
+                        if c.cached { " (cache)" } else { "" }
+                    );
+                }
+            }
+            println!(
+                "compiled {} kernels for {:?} in {:.1} s (NVRTC {}.{})",
+                distinct.len(),
+                archs.iter().map(|a| a.name()).collect::<Vec<_>>(),
+                t.elapsed().as_secs_f64(),
+                nvrtc.version().0,
+                nvrtc.version().1
+            );
+        }
+        Err(e) => {
+            let _ = writeln!(plan, "cubins not compiled: {e}");
+            println!("kernel sources written; cubins not compiled ({e})");
+        }
+    }
     write("plan.txt", plan.clone())?;
     print!("{}", summary(r.model.graph(), r.max_context));
     println!(

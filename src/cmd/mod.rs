@@ -19,8 +19,9 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             model,
             out,
             max_context,
+            arch,
             random_weights,
-        } => compile::compile(model, &out, max_context, random_weights),
+        } => compile::compile(model, &out, max_context, &arch, random_weights),
         Command::Inspect { engine } => inspect::inspect(&engine),
         Command::Bench {
             model,
