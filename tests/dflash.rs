@@ -141,17 +141,37 @@ fn trained_drafter_matches_the_pytorch_reference() {
     eprintln!("target taps: max rel error {taps_err:.2e}");
     assert!(taps_err < 2e-2, "taps differ: {taps_err}");
 
-    // 2. drafter prefill (context 0..L into its KV) + one block forward.
+    // 2. drafter prefill: context of positions 0..L−3 into its KV; the last 3 context rows
+    // (plus one masked row holding garbage) are pending and written by the block forward
+    // itself, as in the step graph.
+    let pre_n = l - 3;
     let dpre = lower_dflash_prefill(target.spec(), &d).unwrap();
     let mut g = Graph::new("dflash block");
     let i32t = |n: u64| TensorType::new(DType::I32, [B, Dim::Static(n)]);
+    let w = d.taps_width();
+    let pend = g
+        .input(
+            "pending",
+            TensorType::new(target.spec().dtype, [B, Dim::Static(4), Dim::from(w)]),
+        )
+        .unwrap();
+    let pend_pos = g.input("pending_positions", i32t(4)).unwrap();
     let tokens = g.input("tokens", i32t(bsz as u64)).unwrap();
     let positions = g.input("positions", i32t(bsz as u64)).unwrap();
     let prefix = g
         .input("prefix_len", TensorType::new(DType::I32, [B]))
         .unwrap();
-    let logits =
-        dflash::block_logits(&mut g, target.spec(), &d, tokens, positions, prefix).unwrap();
+    let ctx_rows = dflash::context(&mut g, &d, pend).unwrap();
+    let logits = dflash::block_logits(
+        &mut g,
+        target.spec(),
+        &d,
+        Some((ctx_rows, pend_pos)),
+        tokens,
+        positions,
+        prefix,
+    )
+    .unwrap();
     g.set_output("logits", logits);
     specc_ir::verify(&g).unwrap();
     for gr in [&dpre, &g] {
@@ -164,21 +184,31 @@ fn trained_drafter_matches_the_pytorch_reference() {
     let mut states = HashMap::new();
     let dtype = target.spec().dtype;
     let mut env = Env {
-        bind: Bindings::new(1, l as u64, ctx),
+        bind: Bindings::new(1, pre_n as u64, ctx),
         inputs: HashMap::from([
             (
                 HIDDEN.to_string(),
-                Tensor::from_f32(dtype, vec![1, l, d.taps_width()], want_taps.clone()),
+                Tensor::from_f32(dtype, vec![1, pre_n, w], want_taps[..pre_n * w].to_vec()),
             ),
-            ("positions".to_string(), ids((0..l as i64).collect())),
+            ("positions".to_string(), ids((0..pre_n as i64).collect())),
         ]),
         weights: &weights,
         states: &mut states,
     };
     interp::run(&dpre, &mut env).unwrap();
+    let mut pending = want_taps[pre_n * w..].to_vec();
+    pending.extend_from_slice(&want_taps[..w]); // masked row: must not be written
     let mut env = Env {
         bind: Bindings::new(1, 1, ctx),
         inputs: HashMap::from([
+            (
+                "pending".to_string(),
+                Tensor::from_f32(dtype, vec![1, 4, w], pending),
+            ),
+            (
+                "pending_positions".to_string(),
+                ids(vec![pre_n as i64, pre_n as i64 + 1, pre_n as i64 + 2, -1]),
+            ),
             ("tokens".to_string(), ids(block_ids.clone())),
             (
                 "positions".to_string(),

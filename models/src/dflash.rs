@@ -16,6 +16,14 @@
 //! - logits = target lm_head(drafter `norm`(h)) (the embedding table for a tied target),
 //!   WITHOUT the target's final norm. Row `i` predicts the token AT position `n + i`; row 0
 //!   (the bonus) is unused.
+//!
+//! Formulation for codegen: a layer's q, k and v are always projected from ONE input (the
+//! fused q/k/v + per-head norm + RoPE + KV-write kernel is the only place RoPE runs). In a
+//! step, the pending context rows ride along with the block: each layer projects
+//! `concat(ctx rows, input_layernorm(block))` at `concat(ctx positions, block positions)`
+//! and drops the context rows after attention; the prompt's context (drafter prefill)
+//! computes queries it never uses. Both are exact: context keys/values are the same
+//! numbers either way.
 
 use std::path::{Path, PathBuf};
 
@@ -329,24 +337,36 @@ fn rope(d: &DFlashSpec) -> Op {
     }
 }
 
-/// Keys (k_norm + RoPE at `positions`) and values of layer `l` for inputs `x` `[B, t, H]`.
-fn keys_values(
+/// Layer `l`'s attention inputs for `x` `[B, t, H]` at `positions`: q (q_norm + RoPE), k
+/// (k_norm + RoPE), both written with v into the layer's caches. Returns q and the updated
+/// caches. q, k and v are always projected together: codegen fuses exactly this pattern
+/// (three matmuls of one input, per-head norms, RoPE, KV write) into one kernel.
+fn qkv_write(
     g: &mut Graph,
     d: &DFlashSpec,
     l: usize,
     x: ValueId,
     positions: ValueId,
-) -> Result<(ValueId, ValueId), IrError> {
+) -> Result<(ValueId, ValueId, ValueId), IrError> {
     let s = &d.layer;
     let (h, hd) = (s.hidden, s.head_dim);
     let p = format!("layers.{l}.self_attn");
+    let q = linear(g, d, x, &format!("{p}.q_proj.weight"), s.q_dim(), h)?;
     let k = linear(g, d, x, &format!("{p}.k_proj.weight"), s.kv_dim(), h)?;
     let v = linear(g, d, x, &format!("{p}.v_proj.weight"), s.kv_dim(), h)?;
+    let q = heads(g, q, s.heads, hd)?;
     let k = heads(g, k, s.kv_heads, hd)?;
     let v = heads(g, v, s.kv_heads, hd)?;
+    let q = norm(g, d, q, &format!("{p}.q_norm.weight"), hd)?;
     let k = norm(g, d, k, &format!("{p}.k_norm.weight"), hd)?;
+    let q = g.add(rope(d), &[q, positions])?;
     let k = g.add(rope(d), &[k, positions])?;
-    Ok((k, v))
+    let (kn, vn) = kv_state_names(l);
+    let kc = g.state(&kn, cache_ty(d))?;
+    let kc = g.add(Op::KvWrite, &[kc, k, positions])?;
+    let vc = g.state(&vn, cache_ty(d))?;
+    let vc = g.add(Op::KvWrite, &[vc, v, positions])?;
+    Ok((q, kc, vc))
 }
 
 fn cache_ty(d: &DFlashSpec) -> TensorType {
@@ -363,51 +383,76 @@ fn cache_ty(d: &DFlashSpec) -> TensorType {
 
 /// `ctx = hidden_norm(fc(taps))`: `[B, t, n_tap·H] → [B, t, H]` in the drafter's dtype.
 pub fn context(g: &mut Graph, d: &DFlashSpec, taps: ValueId) -> Result<ValueId, IrError> {
-    let taps = cast_to(g, taps, d.layer.dtype)?;
-    let x = linear(g, d, taps, "fc.weight", d.hidden(), d.taps_width())?;
+    let x = fc(g, d, taps)?;
     norm(g, d, x, "hidden_norm.weight", d.hidden())
 }
 
-/// The "target hidden → draft KV" copy: every layer's context keys and values of `ctx`
-/// `[B, t, H]` written into the drafter's caches at `positions` (negative: not written).
+fn fc(g: &mut Graph, d: &DFlashSpec, taps: ValueId) -> Result<ValueId, IrError> {
+    let taps = cast_to(g, taps, d.layer.dtype)?;
+    linear(g, d, taps, "fc.weight", d.hidden(), d.taps_width())
+}
+
+/// The "target hidden → draft KV" copy for a prompt: every layer's context keys and values
+/// of `ctx = hidden_norm(fc(taps))` (`taps` `[B, t, n_tap·H]`) written into the drafter's
+/// caches at `positions` (negative: not written). Returns each layer's (unused) context
+/// queries: they are computed only so codegen sees its fused pattern (q/k/v of one input,
+/// per-head norms, RoPE, KV write), and callers keep them alive as graph outputs. For the
+/// same reason each layer applies `hidden_norm` itself: it becomes that layer's fused
+/// prologue, where one shared normed input would put six matmuls in one group.
 pub fn write_context(
     g: &mut Graph,
     d: &DFlashSpec,
-    ctx: ValueId,
+    taps: ValueId,
     positions: ValueId,
-) -> Result<(), IrError> {
-    for l in 0..d.layer.layers {
-        let (k, v) = keys_values(g, d, l, ctx, positions)?;
-        let (kn, vn) = kv_state_names(l);
-        let kc = g.state(&kn, cache_ty(d))?;
-        g.add(Op::KvWrite, &[kc, k, positions])?;
-        let vc = g.state(&vn, cache_ty(d))?;
-        g.add(Op::KvWrite, &[vc, v, positions])?;
-    }
-    Ok(())
+) -> Result<Vec<ValueId>, IrError> {
+    let x = fc(g, d, taps)?;
+    (0..d.layer.layers)
+        .map(|l| {
+            let ctx = norm(g, d, x, "hidden_norm.weight", d.hidden())?;
+            Ok(qkv_write(g, d, l, ctx, positions)?.0)
+        })
+        .collect()
 }
 
 /// The drafter over one block: `tokens` `[B, t]` (bonus + masks) at `positions` `[B, t]`
-/// (`n .. n+t−1`), attending the context slots `0..prefix_len[b]` already in the caches and
-/// the whole block (non-causal). The block's own keys/values are written at `positions`
-/// (scratch slots that later context writes overwrite). Returns f32 logits `[B, t, V]`
-/// through the target's LM head.
+/// (`n .. n+t−1`), attending the context slots `0..prefix_len[b]` in the caches and the
+/// whole block (non-causal). Returns f32 logits `[B, t, V]` through the target's LM head.
+///
+/// `pending` = (ctx `[B, c, H]`, positions `[B, c]`): context rows not yet in the caches
+/// (negative positions: none). Every layer writes their keys/values together with the
+/// block's, in one projection of `concat(ctx, input_layernorm(h))` at
+/// `concat(ctx positions, block positions)`; the context rows' query outputs are dropped.
+/// The block's own keys/values land at `positions` (scratch slots that later context
+/// writes overwrite).
 pub fn block_logits(
     g: &mut Graph,
     target: &ModelSpec,
     d: &DFlashSpec,
+    pending: Option<(ValueId, ValueId)>,
     tokens: ValueId,
     positions: ValueId,
     prefix_len: ValueId,
 ) -> Result<ValueId, IrError> {
     let s = &d.layer;
-    let (h, hd, nq) = (s.hidden, s.head_dim, s.heads);
+    let (h, hd) = (s.hidden, s.head_dim);
     let (bd, td) = (g.ty(tokens).shape.dims()[0], g.ty(tokens).shape.dims()[1]);
     let t = td
         .as_static()
         .expect("a DFlash block has a static number of tokens");
     assert!((1..=64).contains(&t), "a block holds 1..=64 tokens");
-    // Every block row sees every block slot: bits 0..t set (all 64 bits: −1).
+    let c = match pending {
+        Some((ctx, _)) => g.ty(ctx).shape.dims()[1]
+            .as_static()
+            .expect("static pending context rows"),
+        None => 0,
+    };
+    let rows = Dim::Static(c + t);
+    let all_pos = match pending {
+        Some((_, cpos)) => g.add(Op::Concat { axis: 1 }, &[cpos, positions])?,
+        None => positions,
+    };
+    // Every row sees every block slot: bits 0..t set (all 64 bits: −1). Context rows are
+    // dropped after attention, so what they see does not matter.
     let all_bits = if t == 64 {
         -1.0
     } else {
@@ -416,7 +461,7 @@ pub fn block_logits(
     let ancestors = g.add(
         Op::Fill {
             value: all_bits,
-            ty: TensorType::new(DType::I64, [bd, td]),
+            ty: TensorType::new(DType::I64, [bd, rows]),
         },
         &[],
     )?;
@@ -425,36 +470,36 @@ pub fn block_logits(
     for l in 0..s.layers {
         let p = format!("layers.{l}");
         let hn = norm(g, d, x, &format!("{p}.input_layernorm.weight"), h)?;
-        let q = linear(
-            g,
-            d,
-            hn,
-            &format!("{p}.self_attn.q_proj.weight"),
-            s.q_dim(),
-            h,
-        )?;
-        let q = heads(g, q, nq, hd)?;
-        let q = norm(g, d, q, &format!("{p}.self_attn.q_norm.weight"), hd)?;
-        let q = g.add(rope(d), &[q, positions])?;
-        let (k, v) = keys_values(g, d, l, hn, positions)?;
-        let (kn, vn) = kv_state_names(l);
-        let kc = g.state(&kn, cache_ty(d))?;
-        let kc = g.add(Op::KvWrite, &[kc, k, positions])?;
-        let vc = g.state(&vn, cache_ty(d))?;
-        let vc = g.add(Op::KvWrite, &[vc, v, positions])?;
+        let xin = match pending {
+            Some((ctx, _)) => g.add(Op::Concat { axis: 1 }, &[ctx, hn])?,
+            None => hn,
+        };
+        let (q, kc, vc) = qkv_write(g, d, l, xin, all_pos)?;
         let o = g.add(
             Op::Attention {
                 scale: 1.0 / (hd as f64).sqrt(),
                 mask: AttnMask::Tree,
             },
-            &[q, kc, vc, positions, prefix_len, ancestors],
+            &[q, kc, vc, all_pos, prefix_len, ancestors],
         )?;
         let o = g.add(
             Op::Reshape {
-                shape: Shape::new([bd, td, Dim::from(s.q_dim())]),
+                shape: Shape::new([bd, rows, Dim::from(s.q_dim())]),
             },
             &[o],
         )?;
+        let o = if c > 0 {
+            g.add(
+                Op::Slice {
+                    axis: 1,
+                    start: c,
+                    len: t,
+                },
+                &[o],
+            )?
+        } else {
+            o
+        };
         let o = linear(
             g,
             d,

@@ -774,9 +774,10 @@ fn pending_positions(
 /// Lowers one speculative step with a DFlash drafter (k = block_size − 1 drafts from ONE
 /// drafter forward).
 ///
-/// 1. Context catch-up: the pending taps rows `t < count` go through `fc` + `hidden_norm`
-///    and their keys/values are written into every drafter layer's cache at `base + t`
-///    (after it, the cache holds the context of positions `0..n`).
+/// 1. Context catch-up: the pending taps rows `t < count` go through `fc` + `hidden_norm`;
+///    every drafter layer writes their keys/values at `base + t` (in the same projection as
+///    the block's, see [`crate::dflash::block_logits`]), so the cache holds the context of
+///    positions `0..n` before the layer's attention.
 /// 2. Draft: the block `[x(n), MASK × k]` at `n..n+k` attends context slots `0..n` and the
 ///    whole block; rows `1..=k` give d1..dk (argmax; sampled acceptance draws each from
 ///    softmax(row / T) — the rows do not depend on each other's draws, so q is exact).
@@ -806,17 +807,16 @@ pub fn lower_dflash_step(
     let count = b.g.state(DFLASH_COUNT, i32_ty(&[B]))?;
     let base = b.g.state(DFLASH_BASE, i32_ty(&[B]))?;
 
-    // 1. the previous step's committed positions into the drafter's KV cache.
+    // 1 + 2. one drafter forward over the block [x(n), MASK × k] at n..n+k; each layer
+    // first writes the pending context rows (the previous step's committed positions).
     let cpos = pending_positions(&mut b, &c, base, count, k + 1)?;
     let ctx = crate::dflash::context(b.g, dflash, hidden)?;
-    crate::dflash::write_context(b.g, dflash, ctx, cpos)?;
-
-    // 2. one forward over the block [x(n), MASK × k] at n..n+k.
     let bonus_in = b.slice_cols(c.pending, 1, 1)?;
     let masks = b.fill_i32(dflash.mask_token as i64, &[B, s(k)])?;
     let block = b.g.add(Op::Concat { axis: 1 }, &[bonus_in, masks])?;
     let bpos = b.positions(c.len, k + 1, c.live)?;
-    let logits = crate::dflash::block_logits(b.g, target, dflash, block, bpos, c.len)?;
+    let logits =
+        crate::dflash::block_logits(b.g, target, dflash, Some((ctx, cpos)), block, bpos, c.len)?;
     let mut d = Drafted {
         tokens: Vec::new(),
         dists: Vec::new(),
@@ -846,7 +846,8 @@ pub fn lower_dflash_step(
 
 /// The DFlash drafter's prefill: the context of the prompt positions (input `hidden`
 /// `[B, T, n_tap·H]` = the target prefill's `taps`, unchanged, at `positions` `[B, T]`,
-/// −1 for padding) written into every drafter layer's KV cache. Output `ctx` `[B, T, H]`.
+/// −1 for padding) written into every drafter layer's KV cache. Outputs `q.{l}`: the
+/// context queries, unused (see [`crate::dflash::write_context`]).
 pub fn lower_dflash_prefill(
     target: &ModelSpec,
     dflash: &crate::dflash::DFlashSpec,
@@ -858,8 +859,9 @@ pub fn lower_dflash_prefill(
         TensorType::new(target.dtype, [B, t, s(dflash.taps_width() as u64)]),
     )?;
     let positions = g.input("positions", TensorType::new(DType::I32, [B, t]))?;
-    let ctx = crate::dflash::context(&mut g, dflash, hidden)?;
-    crate::dflash::write_context(&mut g, dflash, ctx, positions)?;
-    g.set_output("ctx", ctx);
+    let qs = crate::dflash::write_context(&mut g, dflash, hidden, positions)?;
+    for (l, q) in qs.into_iter().enumerate() {
+        g.set_output(&format!("q.{l}"), q);
+    }
     Ok(g)
 }
