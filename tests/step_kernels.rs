@@ -176,6 +176,11 @@ fn shipped_graphs() -> Vec<(String, Graph, Bindings)> {
             step.clone(),
         ),
         (
+            "default: dflash step".into(),
+            dflash_step(&dflt),
+            step.clone(),
+        ),
+        (
             "default: prefill".into(),
             lower_target_prefill(dflt.spec(), &[]).unwrap(),
             pre.clone(),
@@ -217,20 +222,33 @@ fn every_step_kernel_compiles_for_every_arch() {
         }
     };
     let mut seen = std::collections::HashSet::new();
+    let mut jobs = Vec::new();
     for (name, g, bind) in shipped_graphs() {
         let c = specc_codegen::compile(g, &[bind]).unwrap();
         let plan = plan_kernels(&c.graph, &c.groups, &c.plans[0]).unwrap();
-        for l in &plan.launches {
-            if !seen.insert(l.kernel.name.clone()) {
-                continue;
-            }
-            for arch in Arch::ALL {
-                nvrtc
-                    .compile(&l.kernel, arch)
-                    .unwrap_or_else(|e| panic!("{name}: {} for {arch}: {e}", l.kernel.name));
+        for l in plan.launches {
+            if seen.insert(l.kernel.name.clone()) {
+                for arch in Arch::ALL {
+                    jobs.push((name.clone(), l.kernel.clone(), arch));
+                }
             }
         }
     }
+    // NVRTC programs are independent: compile on every core.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = jobs.len().div_ceil(threads).max(1);
+    std::thread::scope(|sc| {
+        for part in jobs.chunks(chunk) {
+            let nvrtc = nvrtc.clone();
+            sc.spawn(move || {
+                for (name, k, arch) in part {
+                    nvrtc
+                        .compile(k, *arch)
+                        .unwrap_or_else(|e| panic!("{name}: {} for {arch}: {e}", k.name));
+                }
+            });
+        }
+    });
     eprintln!(
         "{} distinct kernels compiled for {:?}",
         seen.len(),
