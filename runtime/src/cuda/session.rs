@@ -4,22 +4,15 @@
 
 use std::collections::HashMap;
 
-use specc_ir::{Bindings, DType, Graph};
+use specc_ir::{Bindings, DType};
 use specc_models::spec_step::{BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, HIDDEN, RING};
 
 use super::{CudaEngine, LoadedGraph, StepGraph, TokenRing, WeightSources, DEFAULT_RING_DEPTH};
 use crate::admission::{self, PrefillInputs};
 use crate::{DraftKind, RuntimeError, SpecStats};
 
-/// The graphs of a method (see [`crate::SpecGraphs`]), owned by the caller.
-pub struct CudaSpecGraphs<'a> {
-    pub kind: DraftKind,
-    pub target_prefill: &'a Graph,
-    pub draft_prefill: &'a Graph,
-    pub step: &'a Graph,
-    pub num_steps: usize,
-    pub ring: usize,
-}
+/// The graphs of a method: the same description the CPU backend takes.
+pub type CudaSpecGraphs<'a> = crate::SpecGraphs<'a>;
 
 pub use specc_models::spec_bundle::MIN_PREFILL_T;
 
