@@ -267,3 +267,30 @@ fn every_step_kernel_compiles_for_every_arch() {
         Arch::ALL
     );
 }
+
+#[test]
+fn launches_are_tagged_with_their_part_of_the_step() {
+    use specc_kernels_gen::plan::Phase;
+    for (name, g, bind) in graphs() {
+        let c = specc_codegen::compile(g, &[bind]).unwrap();
+        let plan = plan_kernels(&c.graph, &c.groups, &c.plans[0]).unwrap();
+        let count = |p: Phase| plan.launches.iter().filter(|l| l.phase == p).count();
+        let (d, t, b) = (
+            count(Phase::Draft),
+            count(Phase::Target),
+            count(Phase::Bookkeeping),
+        );
+        if name.contains("step") || name.starts_with("target prefill") {
+            assert!(t > 0, "{name}: no target kernels");
+        }
+        if name.contains("step") && !name.contains("decode") {
+            assert!(
+                d > 0 && b > 0,
+                "{name}: draft {d}, target {t}, bookkeeping {b}"
+            );
+        }
+        if name.contains("decode") || name.starts_with("target prefill") {
+            assert_eq!(d, 0, "{name}");
+        }
+    }
+}

@@ -43,6 +43,49 @@ pub struct PlannedLaunch {
     pub bucket: Bucket,
     /// Index of the group it computes, in schedule order.
     pub group: usize,
+    /// Which part of a speculative step it belongs to (for timing breakdowns).
+    pub phase: Phase,
+}
+
+/// The parts of a step: kernels reading a draft's weights, kernels reading the target's,
+/// and the weightless rest (positions, acceptance, commit, emit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    Draft,
+    Target,
+    Bookkeeping,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Draft => "draft",
+            Phase::Target => "verify (target)",
+            Phase::Bookkeeping => "accept + commit + emit",
+        }
+    }
+}
+
+/// Weight names of drafts start with one of these prefixes inside a step graph.
+const DRAFT_PREFIXES: [&str; 3] = ["draft/", "eagle/", "dflash/"];
+
+fn phase_of(g: &Graph, gr: &Group) -> Phase {
+    let mut weights = gr
+        .inputs
+        .iter()
+        .filter_map(|&v| match &g.node(v).op {
+            Op::Weight { name, .. } => Some(name.as_str()),
+            _ => None,
+        })
+        .peekable();
+    if weights.peek().is_none() {
+        return Phase::Bookkeeping;
+    }
+    if weights.any(|n| DRAFT_PREFIXES.iter().any(|p| n.starts_with(p))) {
+        Phase::Draft
+    } else {
+        Phase::Target
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -171,11 +214,13 @@ pub fn plan_kernels(g: &Graph, groups: &[Group], plan: &LaunchPlan) -> Result<Ke
     let mut launches = Vec::new();
     for (i, gr) in groups.iter().enumerate() {
         cx.scratch_top = cx.scratch_base;
+        let phase = phase_of(g, gr);
         for (kernel, b) in group_kernels(&mut cx, gr)? {
             launches.push(PlannedLaunch {
                 kernel,
                 bucket: b,
                 group: i,
+                phase,
             });
         }
     }

@@ -145,6 +145,29 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         };
         let per = time_launches(&s.engine.dev, loaded, 20)?;
         let total: f32 = per.iter().sum();
+        // Breakdown by part of the step, from the same single-launch timings.
+        let mut parts: Vec<(&str, f32, usize)> = Vec::new();
+        for (l, ms) in loaded.plan.launches.iter().zip(&per) {
+            let name = l.phase.name();
+            match parts.iter_mut().find(|p| p.0 == name) {
+                Some(p) => {
+                    p.1 += ms;
+                    p.2 += 1;
+                }
+                None => parts.push((name, *ms, 1)),
+            }
+        }
+        let _ = writeln!(
+            t,
+            "breakdown (sum of single-launch times; the graph overlaps launch gaps):"
+        );
+        for (name, ms, n) in &parts {
+            let _ = writeln!(
+                t,
+                "  {name:<24} {n:>5} kernels {ms:>9.3} ms ({:.1} %)",
+                100.0 * ms / total.max(1e-9)
+            );
+        }
         let _ = writeln!(
             t,
             "per kernel (each launched alone; includes launch latency): sum {total:.3} ms"
