@@ -104,11 +104,7 @@ fn block_size(file: &Path, v: &Value) -> Result<usize, ModelError> {
 impl DFlashSpec {
     /// Reads `dir/config.json` and checks it against the target.
     pub fn from_dir(dir: &Path, target: &ModelSpec) -> Result<DFlashSpec, ModelError> {
-        let file = dir.join("config.json");
-        let text = std::fs::read_to_string(&file).map_err(|source| ModelError::Io {
-            file: file.clone(),
-            source,
-        })?;
+        let (file, text) = crate::draft_config::read(dir)?;
         Self::from_json(&file, &text, target)
     }
 
@@ -117,24 +113,7 @@ impl DFlashSpec {
         text: &str,
         target: &ModelSpec,
     ) -> Result<DFlashSpec, ModelError> {
-        let mut v: Value = serde_json::from_str(text).map_err(|e| ModelError::json(file, &e))?;
-        let archs: Vec<String> = v
-            .get("architectures")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if !archs.iter().any(|a| a == ARCHITECTURE) {
-            return Err(ModelError::field(
-                file,
-                "architectures",
-                format!("[\"{ARCHITECTURE}\"] (a DFlash drafter)"),
-                format!("{archs:?}"),
-            ));
-        }
+        let mut v = crate::draft_config::parse(file, text, ARCHITECTURE, "a DFlash drafter")?;
         let block_size = block_size(file, &v)?;
         let mask_token = match lookup(&v, "mask_token_id") {
             None => {

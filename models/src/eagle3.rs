@@ -35,11 +35,7 @@ pub struct Eagle3Spec {
 impl Eagle3Spec {
     /// Reads `dir/config.json` and checks it against the target.
     pub fn from_dir(dir: &Path, target: &ModelSpec) -> Result<Eagle3Spec, ModelError> {
-        let file = dir.join("config.json");
-        let text = std::fs::read_to_string(&file).map_err(|source| ModelError::Io {
-            file: file.clone(),
-            source,
-        })?;
+        let (file, text) = crate::draft_config::read(dir)?;
         Self::from_json(&file, &text, target)
     }
 
@@ -48,24 +44,7 @@ impl Eagle3Spec {
         text: &str,
         target: &ModelSpec,
     ) -> Result<Eagle3Spec, ModelError> {
-        let mut v: Value = serde_json::from_str(text).map_err(|e| ModelError::json(file, &e))?;
-        let archs: Vec<String> = v
-            .get("architectures")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if !archs.iter().any(|a| a == ARCHITECTURE) {
-            return Err(ModelError::field(
-                file,
-                "architectures",
-                format!("[\"{ARCHITECTURE}\"] (an EAGLE-3 head)"),
-                format!("{archs:?}"),
-            ));
-        }
+        let mut v = crate::draft_config::parse(file, text, ARCHITECTURE, "an EAGLE-3 head")?;
         let layers = v.get("num_hidden_layers").and_then(Value::as_u64);
         if layers != Some(1) {
             return Err(ModelError::field(

@@ -11,6 +11,7 @@ mod raw;
 pub mod checkpoint;
 pub mod config;
 pub mod dflash;
+mod draft_config;
 pub mod eagle3;
 pub mod error;
 pub mod lower;
