@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use specc_ir::interp::{self, Data, Env, Tensor};
+use specc_ir::interp::Tensor;
 use specc_ir::{Bindings, DType, Graph};
 use specc_models::dflash::DFlashSpec;
 use specc_models::spec_step::{
@@ -16,8 +16,9 @@ use specc_models::spec_step::{
 use specc_models::{lower_dense, Acceptance, ModelSpec};
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
-const VOCAB: usize = 8;
-const TEMPERATURE: f64 = 1.3;
+mod sampling_common;
+
+use sampling_common::{chi_square, target_probs, CRITICAL_7DF, TEMPERATURE, VOCAB};
 
 fn tiny_target() -> ModelSpec {
     let json = format!(
@@ -70,57 +71,6 @@ fn random_weights(g: &Graph, seed: u64, out: &mut HashMap<String, Tensor>) {
         out.insert(name.to_string(), Tensor::from_f32(DType::F32, dims, v));
     }
 }
-
-fn target_probs(g: &Graph, w: &HashMap<String, Tensor>, ids: &[u32]) -> Vec<f64> {
-    let t = ids.len();
-    let mut states = HashMap::new();
-    let mut env = Env {
-        bind: Bindings::new(1, t as u64, 64),
-        inputs: HashMap::from([
-            (
-                "tokens".to_string(),
-                Tensor::from_i64(
-                    DType::I32,
-                    vec![1, t],
-                    ids.iter().map(|&x| x as i64).collect(),
-                ),
-            ),
-            (
-                "positions".to_string(),
-                Tensor::from_i64(DType::I32, vec![1, t], (0..t as i64).collect()),
-            ),
-        ]),
-        weights: w,
-        states: &mut states,
-    };
-    let out = interp::run(g, &mut env).unwrap();
-    let Data::F32(l) = &out["logits"].data else {
-        panic!("f32 logits")
-    };
-    let last = &l[(t - 1) * VOCAB..t * VOCAB];
-    let m = last.iter().cloned().fold(f32::MIN, f32::max) as f64;
-    let e: Vec<f64> = last
-        .iter()
-        .map(|&x| ((x as f64 - m) / TEMPERATURE).exp())
-        .collect();
-    let s: f64 = e.iter().sum();
-    e.iter().map(|x| x / s).collect()
-}
-
-fn chi_square(counts: &[usize], probs: &[f64]) -> f64 {
-    let n: usize = counts.iter().sum();
-    counts
-        .iter()
-        .zip(probs)
-        .map(|(&c, &p)| {
-            let e = p * n as f64;
-            (c as f64 - e).powi(2) / e
-        })
-        .sum()
-}
-
-/// chi-square critical value for 7 degrees of freedom at p = 0.001.
-const CRITICAL_7DF: f64 = 24.32;
 
 #[test]
 fn dflash_sampling_matches_target_distribution() {

@@ -5,14 +5,15 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use specc_ir::interp::{self, Data, Env, Tensor};
+use specc_ir::interp::Tensor;
 use specc_ir::{Bindings, DType, Graph};
 use specc_models::spec_step::{lower_draft_model_step, StepShape, DRAFT_PREFIX};
 use specc_models::{lower_dense, lower_dense_prefixed, Acceptance, ModelSpec};
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
-const VOCAB: usize = 8;
-const TEMPERATURE: f64 = 1.3;
+mod sampling_common;
+
+use sampling_common::{chi_square, target_probs, CRITICAL_7DF, TEMPERATURE, VOCAB};
 
 fn tiny_spec() -> ModelSpec {
     let json = format!(
@@ -56,55 +57,6 @@ fn random_weights(g: &Graph, seed: u64, prefix: &str) -> HashMap<String, Tensor>
         .collect()
 }
 
-/// The target's next-token distribution after `ids`, at the test temperature.
-fn target_probs(g: &Graph, w: &HashMap<String, Tensor>, ids: &[u32]) -> Vec<f64> {
-    let t = ids.len();
-    let mut states = HashMap::new();
-    let mut env = Env {
-        bind: Bindings::new(1, t as u64, 64),
-        inputs: HashMap::from([
-            (
-                "tokens".to_string(),
-                Tensor::from_i64(
-                    DType::I32,
-                    vec![1, t],
-                    ids.iter().map(|&x| x as i64).collect(),
-                ),
-            ),
-            (
-                "positions".to_string(),
-                Tensor::from_i64(DType::I32, vec![1, t], (0..t as i64).collect()),
-            ),
-        ]),
-        weights: w,
-        states: &mut states,
-    };
-    let out = interp::run(g, &mut env).unwrap();
-    let Data::F32(l) = &out["logits"].data else {
-        panic!("f32 logits")
-    };
-    let last = &l[(t - 1) * VOCAB..t * VOCAB];
-    let m = last.iter().cloned().fold(f32::MIN, f32::max) as f64;
-    let e: Vec<f64> = last
-        .iter()
-        .map(|&x| ((x as f64 - m) / TEMPERATURE).exp())
-        .collect();
-    let s: f64 = e.iter().sum();
-    e.iter().map(|x| x / s).collect()
-}
-
-fn chi_square(counts: &[usize], probs: &[f64]) -> f64 {
-    let n: usize = counts.iter().sum();
-    counts
-        .iter()
-        .zip(probs)
-        .map(|(&c, &p)| {
-            let e = p * n as f64;
-            (c as f64 - e).powi(2) / e
-        })
-        .sum()
-}
-
 fn first_step_tokens(draft_seed: u64, seeds: &[u64]) -> (Vec<usize>, Vec<f64>) {
     let spec = tiny_spec();
     let target = lower_dense(&spec).unwrap();
@@ -146,9 +98,6 @@ fn first_step_tokens(draft_seed: u64, seeds: &[u64]) -> (Vec<usize>, Vec<f64>) {
     ctx.push(first_bonus.unwrap());
     (counts, target_probs(&target, &w, &ctx))
 }
-
-/// chi-square critical value for 7 degrees of freedom at p = 0.001.
-const CRITICAL_7DF: f64 = 24.32;
 
 #[test]
 fn rejection_sampling_matches_target_distribution_with_a_different_draft() {
