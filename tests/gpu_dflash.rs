@@ -1,13 +1,15 @@
-//! DFlash on the CUDA backend: the step graph captured and replayed on the device must emit
-//! exactly the target's greedy tokens, like the interpreter does (tests/dflash.rs). Run with
-//! `--features cuda`; without a driver every test prints why it skipped and passes.
+//! Speculative steps built from spec.toml bundles on the CUDA backend (DFlash, and the trained
+//! default family's standalone draft and EAGLE-3 head): the step graph captured and replayed on
+//! the device must emit exactly the target's greedy tokens, like the interpreter does
+//! (tests/dflash.rs, tests/spec_exactness.rs). Run with `--features cuda`; without a driver
+//! every test prints why it skipped and passes.
 
 #![cfg(feature = "cuda")]
 
 use std::path::{Path, PathBuf};
 
 use specc_models::spec_step::{lower_decode_step, lower_target_prefill, StepShape};
-use specc_models::{Acceptance, Model, SpecBundle, SpecConfig};
+use specc_models::{Acceptance, DraftSide, Model, SpecBundle, SpecConfig};
 use specc_runtime::cuda::{driver_present, CudaSpecGraphs, CudaSpecSession, WeightSources};
 use specc_runtime::{DraftKind, Speculator};
 
@@ -23,13 +25,26 @@ fn gpu() -> bool {
     true
 }
 
-fn bundle(target: &Model, target_dir: &Path, draft: &str) -> SpecBundle {
+/// `method` with `draft` (relative to the target dir); `extra` holds further spec.toml lines.
+fn bundle(target: &Model, target_dir: &Path, method: &str, draft: &str, extra: &str) -> SpecBundle {
     let cfg = SpecConfig::from_toml(
-        &target_dir.join("spec.dflash-test.toml"),
-        &format!("method = \"dflash\"\ndraft = {draft:?}\n"),
+        &target_dir.join("spec.gpu-test.toml"),
+        &format!("method = {method:?}\ndraft = {draft:?}\n{extra}"),
     )
     .unwrap();
     SpecBundle::open(target, &cfg).unwrap()
+}
+
+fn draft_kind(b: &SpecBundle) -> DraftKind {
+    match &b.draft {
+        DraftSide::Model(_) => DraftKind::Model,
+        DraftSide::Eagle3(e) => DraftKind::Eagle3 {
+            taps_width: 3 * e.hidden(),
+        },
+        DraftSide::DFlash(d) => DraftKind::DFlash {
+            taps_width: d.taps_width(),
+        },
+    }
 }
 
 fn run(target: &Model, b: &SpecBundle, prompts: &[Vec<u32>], n: usize) -> (Vec<Vec<u32>>, f64) {
@@ -37,9 +52,7 @@ fn run(target: &Model, b: &SpecBundle, prompts: &[Vec<u32>], n: usize) -> (Vec<V
         sources: vec![("", target.checkpoint()), (b.prefix, &b.draft_checkpoint)],
     };
     let graphs = CudaSpecGraphs {
-        kind: DraftKind::DFlash {
-            taps_width: b.dflash_taps_width().unwrap(),
-        },
+        kind: draft_kind(b),
         target_prefill: &b.target_prefill,
         draft_prefill: &b.draft_prefill,
         step: &b.step,
@@ -100,9 +113,20 @@ fn plain_cuda(target: &Model, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
     out
 }
 
-fn check(target_dir: &Path, draft: &str, prompts: &[Vec<u32>], n: usize) -> f64 {
+fn check(target_dir: &Path, method: &str, draft: &str, prompts: &[Vec<u32>], n: usize) -> f64 {
+    check_with(target_dir, method, draft, "", prompts, n)
+}
+
+fn check_with(
+    target_dir: &Path,
+    method: &str,
+    draft: &str,
+    extra: &str,
+    prompts: &[Vec<u32>],
+    n: usize,
+) -> f64 {
     let target = Model::open(target_dir).unwrap();
-    let b = bundle(&target, target_dir, draft);
+    let b = bundle(&target, target_dir, method, draft, extra);
     let (got, mean) = run(&target, &b, prompts, n);
     let plain = plain_cuda(&target, prompts, n);
     let w = target.load_weights_f32();
@@ -138,17 +162,20 @@ fn random_dflash_is_exact_on_cuda() {
     }
     let dir = root().join("tests/fixtures/llama3_scaled_untied");
     for lanes in [1, 4] {
-        let m = check(&dir, "../dflash_random", &random_prompts(lanes), 20);
+        let m = check(
+            &dir,
+            "dflash",
+            "../dflash_random",
+            &random_prompts(lanes),
+            20,
+        );
         eprintln!("random dflash cuda B={lanes}: exact; mean acceptance {m:.2}");
         assert!(m < 1.6, "{m}");
     }
 }
 
-#[test]
-fn trained_dflash_is_exact_on_cuda() {
-    if !gpu() {
-        return;
-    }
+/// Prompts from the trained default's corpus (Python source), tokenised with its tokenizer.
+fn corpus_prompts() -> Vec<Vec<u32>> {
     let dir = root().join("models/default");
     let tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
     let texts = [
@@ -157,17 +184,44 @@ fn trained_dflash_is_exact_on_cuda() {
         "for i in range(",
         "    if not isinstance(value, str):\n        raise TypeError(",
     ];
-    let prompts: Vec<Vec<u32>> = texts
+    texts
         .iter()
         .map(|t| {
             let mut ids = vec![0u32];
             ids.extend(tok.encode(*t, false).unwrap().get_ids());
             ids
         })
-        .collect();
+        .collect()
+}
+
+/// The trained family: real, partial acceptance (neither every draft token nor none).
+fn check_trained(method: &str, draft: &str, extra: &str) {
+    let dir = root().join("models/default");
+    let prompts = corpus_prompts();
     for lanes in [1, 4] {
-        let m = check(&dir, "dflash", &prompts[..lanes], 48);
-        eprintln!("trained dflash cuda B={lanes}: exact; mean acceptance {m:.2}");
+        let m = check_with(&dir, method, draft, extra, &prompts[..lanes], 48);
+        eprintln!("trained {method} cuda B={lanes}: exact; mean acceptance {m:.2}");
         assert!(m > 1.5, "{m}");
+    }
+}
+
+#[test]
+fn trained_dflash_is_exact_on_cuda() {
+    if gpu() {
+        check_trained("dflash", "dflash", "");
+    }
+}
+
+#[test]
+fn trained_draft_model_is_exact_on_cuda() {
+    if gpu() {
+        check_trained("draft_model", "draft", "num_steps = 5\n");
+    }
+}
+
+#[test]
+fn trained_eagle3_is_exact_on_cuda() {
+    if gpu() {
+        check_trained("eagle3", "eagle3", "num_steps = 5\n");
     }
 }
