@@ -1,0 +1,107 @@
+//! Speculative sampling on the CUDA step graph reproduces the target's next-token
+//! distribution (the device twin of tests/spec_sampling.rs): on a tiny-vocab model, the
+//! first token each lane's first step emits, over many lanes and seeds, against the target's
+//! softmax by a chi-square test. Run with `--features cuda`; without a driver it skips.
+
+#![cfg(feature = "cuda")]
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use specc_ir::interp::Tensor;
+use specc_models::spec_step::{
+    lower_draft_model_step, lower_target_prefill, StepShape, DRAFT_PREFIX,
+};
+use specc_models::{lower_dense, lower_dense_prefixed, Acceptance, Checkpoint, ModelSpec};
+use specc_runtime::cuda::{driver_present, CudaSpecGraphs, CudaSpecSession, WeightSources};
+use specc_runtime::{DraftKind, Speculator};
+
+mod sampling_common;
+
+use sampling_common::{chi_square, target_probs, CRITICAL_7DF, TEMPERATURE, VOCAB};
+
+fn tiny_spec() -> ModelSpec {
+    let json = format!(
+        r#"{{"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "intermediate_size": 32,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1,
+        "vocab_size": {VOCAB}, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "max_position_embeddings": 64, "tie_word_embeddings": false, "torch_dtype": "float32"}}"#
+    );
+    ModelSpec::from_json(Path::new("tiny/config.json"), &json).unwrap()
+}
+
+/// Lanes per step graph; four seeds give 2048 samples of the first emitted token.
+const LANES: usize = 512;
+
+/// Counts of the first token emitted by each lane's first step, and the target's
+/// distribution at that point (the prompt plus the shared prefill token).
+fn first_step_tokens(draft_seed: u64, seeds: &[u64]) -> (Vec<usize>, Vec<f64>) {
+    let spec = tiny_spec();
+    let target_g = lower_dense(&spec).unwrap();
+    let dir = std::env::temp_dir().join("specc-gpu-sampling");
+    let target_ck = Checkpoint::random(&dir, &target_g, 7);
+    let draft_ck = Checkpoint::random(&dir, &target_g, draft_seed);
+    let weights: HashMap<String, Tensor> = target_g
+        .weights()
+        .map(|(_, name, _)| (name.to_string(), target_ck.load_f32(name).unwrap()))
+        .collect();
+    let prompt: Vec<u32> = vec![1, 5, 2, 7];
+    let mut counts = vec![0usize; VOCAB];
+    let mut first_bonus = None;
+    for &seed in seeds {
+        let shape = StepShape {
+            num_steps: 3,
+            ring: 16,
+            acceptance: Acceptance::Sample {
+                temperature: TEMPERATURE,
+                top_p: 1.0,
+                seed,
+            },
+        };
+        let step = lower_draft_model_step(&spec, &spec, &shape).unwrap();
+        let prefill = lower_target_prefill(&spec, &[]).unwrap();
+        let dprefill = lower_dense_prefixed(&spec, DRAFT_PREFIX).unwrap();
+        let graphs = CudaSpecGraphs {
+            kind: DraftKind::Model,
+            target_prefill: &prefill,
+            draft_prefill: &dprefill,
+            step: &step,
+            num_steps: 3,
+            ring: 16,
+        };
+        let sources = WeightSources {
+            sources: vec![("", &target_ck), (DRAFT_PREFIX, &draft_ck)],
+        };
+        let mut s = CudaSpecSession::new(graphs, &sources, LANES, 64).unwrap();
+        let first = Speculator::admit(&mut s, &vec![prompt.clone(); LANES], 8).unwrap();
+        assert!(first.iter().all(|&t| t == first[0]), "prefill is greedy");
+        first_bonus = Some(first[0]);
+        Speculator::step(&mut s).unwrap();
+        for lane in Speculator::drain(&mut s).unwrap() {
+            counts[lane[0] as usize] += 1;
+        }
+    }
+    let mut ctx = prompt;
+    ctx.push(first_bonus.unwrap());
+    (counts, target_probs(&target_g, &weights, &ctx))
+}
+
+#[test]
+fn cuda_rejection_sampling_matches_target_distribution() {
+    if !driver_present() {
+        eprintln!("skipped: no CUDA driver");
+        return;
+    }
+    for (what, draft_seed, seeds) in [
+        ("a different draft", 99, [1, 2, 3, 4]),
+        ("the target as draft", 7, [5, 6, 7, 8]),
+    ] {
+        let (counts, probs) = first_step_tokens(draft_seed, &seeds);
+        let x2 = chi_square(&counts, &probs);
+        eprintln!("{what}: chi2 {x2:.2} counts {counts:?} probs {probs:.3?}");
+        assert!(x2 < CRITICAL_7DF, "{what}: chi2 {x2:.2}");
+        // Power: the uniform distribution fails the same statistic on these samples.
+        let uniform = vec![1.0 / VOCAB as f64; VOCAB];
+        assert!(chi_square(&counts, &uniform) > CRITICAL_7DF, "{probs:?}");
+    }
+}
