@@ -10,19 +10,17 @@ use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use specc_ir::{Bindings, Graph};
 use specc_kernels_gen::plan::plan_kernels;
 use specc_kernels_gen::{Arch, KernelSource, Nvrtc};
-use specc_models::spec_bundle::{DECODE_RING, MIN_PREFILL_T};
-use specc_models::spec_step::{lower_decode_step, lower_target_prefill, StepShape};
-use specc_models::{Acceptance, Method, Model, SpecBundle, SpecConfig};
+use specc_models::spec_bundle::engine_graphs;
+use specc_models::{Model, SpecConfig};
 
 /// The arch baked into the binary (the device the project runs on); others compile at run time.
 const BAKED_ARCH: Arch = Arch::Sm90a;
 
 type Baked = (Vec<KernelSource>, String);
 
-fn graphs(spec_file: &Path) -> Result<Vec<(String, Graph, Bindings)>, String> {
+fn bake(spec_file: &Path) -> Result<Baked, String> {
     let cfg = SpecConfig::from_file(spec_file).map_err(|e| e.to_string())?;
     let target_dir = cfg
         .target
@@ -32,51 +30,16 @@ fn graphs(spec_file: &Path) -> Result<Vec<(String, Graph, Bindings)>, String> {
         "cargo:rerun-if-changed={}",
         target_dir.join("config.json").display()
     );
-    let model = Model::open(&target_dir).map_err(|e| e.to_string())?;
-    let ctx = cfg.max_context.unwrap_or(model.spec().max_position as u64);
-    let mut out = Vec::new();
-    let plain = StepShape {
-        num_steps: 0,
-        ring: DECODE_RING,
-        acceptance: Acceptance::Greedy,
-    };
-    let prefill = lower_target_prefill(model.spec(), &[]).map_err(|e| e.to_string())?;
-    let decode = lower_decode_step(model.spec(), &plain).map_err(|e| e.to_string())?;
-    let bundle = match cfg.method {
-        Method::None => None,
-        _ => Some(SpecBundle::open(&model, &cfg).map_err(|e| e.to_string())?),
-    };
     if let Some(d) = &cfg.draft {
         println!("cargo:rerun-if-changed={}", d.join("config.json").display());
     }
-    for &b in &cfg.batch_buckets {
-        let b = b as u64;
-        let pre = Bindings::new(b, MIN_PREFILL_T as u64, ctx);
-        let step = Bindings::new(b, 1, ctx);
-        out.push((format!("prefill B={b}"), prefill.clone(), pre.clone()));
-        out.push((format!("decode step B={b}"), decode.clone(), step.clone()));
-        if let Some(bu) = &bundle {
-            out.push((format!("spec step B={b}"), bu.step.clone(), step));
-            out.push((
-                format!("spec target prefill B={b}"),
-                bu.target_prefill.clone(),
-                pre.clone(),
-            ));
-            out.push((
-                format!("draft prefill B={b}"),
-                bu.draft_prefill.clone(),
-                pre,
-            ));
-        }
-    }
-    Ok(out)
-}
-
-fn bake(spec_file: &Path) -> Result<Baked, String> {
+    let model = Model::open(&target_dir).map_err(|e| e.to_string())?;
+    let ctx = cfg.max_context.unwrap_or(model.spec().max_position as u64);
     let mut kernels: Vec<KernelSource> = Vec::new();
     let mut summary = String::new();
-    for (name, g, bind) in graphs(spec_file)? {
-        let c = specc_codegen::compile(g, &[bind]).map_err(|e| format!("{name}: {e}"))?;
+    for eg in engine_graphs(&model, Some(&cfg), ctx, None).map_err(|e| e.to_string())? {
+        let name = &eg.name;
+        let c = specc_codegen::compile(eg.graph, &[eg.bind]).map_err(|e| format!("{name}: {e}"))?;
         let plan =
             plan_kernels(&c.graph, &c.groups, &c.plans[0]).map_err(|e| format!("{name}: {e}"))?;
         summary.push_str(&format!("{name}: {} launches\n", plan.launches.len()));
@@ -89,44 +52,23 @@ fn bake(spec_file: &Path) -> Result<Baked, String> {
     Ok((kernels, summary))
 }
 
-/// Compiles every kernel to a cubin in `dir` (2 threads per core of NVRTC work); returns the
-/// names compiled, or why none were.
+/// Compiles every kernel to a cubin in `dir` (one NVRTC worker per core); returns the names
+/// compiled, or why none were.
 fn compile_cubins(kernels: &[KernelSource], dir: &Path) -> Result<Vec<String>, String> {
     if env::var("SPECC_BAKE_CUBINS").as_deref() == Ok("0") {
         return Err("SPECC_BAKE_CUBINS=0".into());
     }
     let nvrtc = Nvrtc::new().map_err(|e| e.to_string())?;
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .max(1);
-    let chunk = kernels.len().div_ceil(threads).max(1);
-    let results: Vec<Result<Vec<String>, String>> = std::thread::scope(|s| {
-        let hs: Vec<_> = kernels
-            .chunks(chunk)
-            .map(|ks| {
-                let nvrtc = nvrtc.clone();
-                s.spawn(move || {
-                    let mut done = Vec::new();
-                    for k in ks {
-                        let c = nvrtc.compile(k, BAKED_ARCH).map_err(|e| e.to_string())?;
-                        let path = dir.join(format!("{}.{}.cubin", k.name, BAKED_ARCH.name()));
-                        fs::write(&path, &c.cubin).map_err(|e| e.to_string())?;
-                        done.push(k.name.clone());
-                    }
-                    Ok(done)
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("NVRTC thread panicked".into()))
-            })
-            .collect()
-    });
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let refs: Vec<&KernelSource> = kernels.iter().collect();
+    let compiled = nvrtc
+        .compile_many(&refs, &[BAKED_ARCH], threads)
+        .map_err(|e| e.to_string())?;
     let mut names = Vec::new();
-    for r in results {
-        names.extend(r?);
+    for (name, c) in compiled {
+        let path = dir.join(format!("{name}.{}.cubin", BAKED_ARCH.name()));
+        fs::write(&path, &c.cubin).map_err(|e| e.to_string())?;
+        names.push(name);
     }
     Ok(names)
 }

@@ -43,6 +43,10 @@ pub enum Command {
         /// config file itself).
         #[arg(long)]
         random_weights: bool,
+        /// Compile the speculative engine this spec.toml describes (its step, prefills and
+        /// batch buckets) rather than plain decoding alone.
+        #[arg(long)]
+        spec: Option<PathBuf>,
     },
     /// Print an engine's IR, per-op shapes and byte counts.
     Inspect {

@@ -5,7 +5,7 @@
 //! cargo build --release -p specc-kernels-gen --features cuda --example kernel_bench
 //! # on the device: target/release/examples/kernel_bench
 //! ```
-//! Weights rotate through enough copies (one `bufs` table each) to exceed L2, so every run
+//! Weights rotate through enough copies (one set of operand tables each) to exceed L2, so every run
 //! streams them from HBM. Times are the mean of back-to-back launches after a warm-up.
 
 #[path = "../tests/common/mod.rs"]

@@ -4,26 +4,26 @@
 //!
 //! ```c
 //! extern "C" __global__ void __launch_bounds__(NT)
-//! {family}_{dtype}_{hash8}(char* __restrict__ arena,
-//!                          void* const* __restrict__ bufs,
-//!                          const StepConsts c);
+//! {family}_{dtype}_{hash8}(void* const* __restrict__ ops, const StepConsts c);
 //! ```
 //!
-//! - `arena`: base of the device arena that holds every activation and scratch buffer of a
-//!   step. Tensor addresses are `arena + offset`, with the byte offsets of the static memory
-//!   plan baked into the source as constants ([`Loc::Arena`]). The base must be 256-byte
-//!   aligned (any `cuMemAlloc` result is).
-//! - `bufs`: a device array of device pointers, one per *slot*: weights and persistent
-//!   buffers that live outside the arena (KV pools). Tensor addresses are
-//!   `(char*)bufs[slot] + offset` ([`Loc::Table`]); slot numbers are baked in. Every pointer
-//!   in the table must be 16-byte aligned. Weights are only read.
+//! - `ops`: this launch's *operand table*, a device array of device pointers: entry `i` is
+//!   the address of the kernel's operand `i` ([`KernelSource::operands`], in order of first
+//!   use in the source). An operand is a [`Loc`]: a byte offset in the step's arena (every
+//!   activation and scratch buffer, placed by the static memory plan) or a byte offset in a
+//!   *slot* (a weight or a persistent buffer such as a KV pool). The host resolves them per
+//!   launch ([`KernelSource::operand_addresses`]). Every entry must be 16-byte aligned
+//!   (vector widths are chosen from the locations' offsets, whose bases are 256-byte
+//!   aligned). Weights are only read.
 //! - `c`: the bucket constants of the launch ([`StepConsts`]: B, T, Ctx, M = B·T), passed by
 //!   value. Kernels generated once serve every bucket whose sizes fit their static bounds
 //!   (e.g. the GEMV row tile); the grid comes from [`LaunchSpec::resolve`] for the bucket.
 //!
-//! Parameter order is fixed: arena, table, constants. No kernel takes other parameters, so
-//! one launch helper and one argument layout serve all of them. Because the table is a
-//! parameter, one kernel can run against several copies of its weights or caches.
+//! No placement is baked into a kernel: the 32 layers of a model run the same few kernels
+//! with different operand tables, so an engine compiles each distinct shape once (compile
+//! time and module count scale with the model's distinct shapes, not its depth). Parameter
+//! order is fixed (table, constants) and no kernel takes other parameters, so one launch
+//! helper and one argument layout serve all of them.
 //!
 //! Aliasing: an output may be the same buffer as an input when every element is read
 //! before it is written by the same thread (in-place residual adds, rotated q over q); tensor
@@ -143,18 +143,71 @@ impl Loc {
         self.ptr_as(dtype.c_type(), mutable)
     }
 
-    /// The same with any C++ element type (e.g. `ArgmaxPair`).
+    /// The same with any C++ element type (e.g. `ArgmaxPair`). Generators write an operand
+    /// placeholder; [`KernelBuilder::finish`] numbers the distinct locations and turns each
+    /// into `ops[i]`.
     pub fn ptr_as(self, c_type: &str, mutable: bool) -> String {
         let cv = if mutable { "" } else { "const " };
+        format!("reinterpret_cast<{cv}{c_type}*>({})", self.placeholder())
+    }
+
+    fn placeholder(self) -> String {
         match self {
-            Loc::Arena { offset } => {
-                format!("reinterpret_cast<{cv}{c_type}*>(arena + {offset}ull)")
-            }
-            Loc::Table { slot, offset } => format!(
-                "reinterpret_cast<{cv}{c_type}*>(static_cast<char*>(bufs[{slot}]) + {offset}ull)"
-            ),
+            Loc::Arena { offset } => format!("{OPERAND_MARK}a,{offset})"),
+            Loc::Table { slot, offset } => format!("{OPERAND_MARK}t,{slot},{offset})"),
         }
     }
+
+    fn parse_placeholder(args: &str) -> Option<Loc> {
+        let mut it = args.split(',');
+        let loc = match it.next()? {
+            "a" => Loc::Arena {
+                offset: it.next()?.parse().ok()?,
+            },
+            "t" => Loc::Table {
+                slot: it.next()?.parse().ok()?,
+                offset: it.next()?.parse().ok()?,
+            },
+            _ => return None,
+        };
+        it.next().is_none().then_some(loc)
+    }
+}
+
+/// Opens an operand placeholder in generated text: `@operand(a,OFFSET)` or
+/// `@operand(t,SLOT,OFFSET)`. Never valid C++, so a leftover one fails compilation loudly.
+const OPERAND_MARK: &str = "@operand(";
+
+/// Replaces every operand placeholder of `texts` by `ops[i]`, numbering distinct locations in
+/// order of first appearance; returns the rewritten texts and the operand list.
+pub(crate) fn relocate(texts: &[&str]) -> (Vec<String>, Vec<Loc>) {
+    let mut operands: Vec<Loc> = Vec::new();
+    let out = texts
+        .iter()
+        .map(|text| {
+            let mut out = String::with_capacity(text.len());
+            let mut rest = *text;
+            while let Some(at) = rest.find(OPERAND_MARK) {
+                out.push_str(&rest[..at]);
+                let args = &rest[at + OPERAND_MARK.len()..];
+                let close = args.find(')').expect("operand placeholder is closed");
+                let loc = Loc::parse_placeholder(&args[..close])
+                    .unwrap_or_else(|| panic!("bad operand placeholder {}", &args[..close]));
+                let i = match operands.iter().position(|&l| l == loc) {
+                    Some(i) => i,
+                    None => {
+                        operands.push(loc);
+                        operands.len() - 1
+                    }
+                };
+                out.push_str(&format!("ops[{i}]"));
+                rest = &args[close + 1..];
+            }
+            out.push_str(rest);
+            out
+        })
+        .collect();
+    (out, operands)
 }
 
 /// A 2-D row-major window `[rows, cols]` of a tensor.
@@ -365,11 +418,27 @@ pub struct KernelSource {
     /// The generated part only (what snapshots record).
     pub kernel: String,
     pub launch: LaunchSpec,
+    /// What `ops[i]` points to, for each `i`: the placement of this launch's operands. Two
+    /// launches of the same kernel (same name and text) differ only here.
+    pub operands: Vec<Loc>,
+}
+
+impl KernelSource {
+    /// The operand table of one launch: entry `i` = the address of `operands[i]`, given the
+    /// arena's base address and each slot's base address.
+    pub fn operand_addresses(&self, arena: u64, slots: &[u64]) -> Vec<u64> {
+        self.operands
+            .iter()
+            .map(|loc| match *loc {
+                Loc::Arena { offset } => arena + offset,
+                Loc::Table { slot, offset } => slots[slot as usize] + offset,
+            })
+            .collect()
+    }
 }
 
 /// The kernel parameter list of the ABI.
-pub const PARAMS: &str =
-    "char* __restrict__ arena, void* const* __restrict__ bufs, const StepConsts c";
+pub const PARAMS: &str = "void* const* __restrict__ ops, const StepConsts c";
 
 /// The hand-written device helpers prepended to every module.
 pub const PRELUDE: &str = concat!(
@@ -401,33 +470,54 @@ impl KernelBuilder {
     }
 
     pub fn finish(self, launch: LaunchSpec) -> KernelSource {
-        let items = self.items.finish();
-        let body = self.body.finish();
-        let bound = launch.threads();
-        let mut h = Sha256::new();
-        h.update(items.as_bytes());
-        h.update(bound.to_le_bytes());
-        h.update(body.as_bytes());
-        let digest = h.finalize();
-        let hash8: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
-        let name = format!("{}_{}_{hash8}", self.family, self.dtype.name());
-        let mut kernel = items;
-        if !kernel.is_empty() {
-            kernel.push('\n');
-        }
-        kernel.push_str(&format!(
-            "extern \"C\" __global__ void __launch_bounds__({bound})\n{name}({PARAMS}) {{\n"
-        ));
-        kernel.push_str(&body);
-        kernel.push_str("}\n");
-        let source = format!("{PRELUDE}\n// ---- generated ----\n{kernel}");
-        KernelSource {
-            entry: name.clone(),
-            name,
-            source,
-            kernel,
+        assemble(
+            self.family,
+            self.dtype.name(),
+            &self.items.finish(),
+            &self.body.finish(),
             launch,
-        }
+            PRELUDE,
+        )
+    }
+}
+
+/// Names and assembles a kernel: relocates its operands (so placement is not part of the
+/// text), hashes module items + launch bound + body, and prepends `prelude`.
+pub(crate) fn assemble(
+    family: &str,
+    dtype: &str,
+    items: &str,
+    body: &str,
+    launch: LaunchSpec,
+    prelude: &str,
+) -> KernelSource {
+    let (texts, operands) = relocate(&[items, body]);
+    let (items, body) = (&texts[0], &texts[1]);
+    let bound = launch.threads();
+    let mut h = Sha256::new();
+    h.update(items.as_bytes());
+    h.update(bound.to_le_bytes());
+    h.update(body.as_bytes());
+    let digest = h.finalize();
+    let hash8: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    let name = format!("{family}_{dtype}_{hash8}");
+    let mut kernel = items.clone();
+    if !kernel.is_empty() {
+        kernel.push('\n');
+    }
+    kernel.push_str(&format!(
+        "extern \"C\" __global__ void __launch_bounds__({bound})\n{name}({PARAMS}) {{\n"
+    ));
+    kernel.push_str(body);
+    kernel.push_str("}\n");
+    let source = format!("{prelude}\n// ---- generated ----\n{kernel}");
+    KernelSource {
+        entry: name.clone(),
+        name,
+        source,
+        kernel,
+        launch,
+        operands,
     }
 }
 
@@ -466,6 +556,50 @@ mod tests {
         assert!(a.source.starts_with(PRELUDE));
         assert!(a
             .kernel
-            .contains(&format!("{}(char* __restrict__ arena", a.name)));
+            .contains(&format!("{}(void* const* __restrict__ ops", a.name)));
+    }
+
+    #[test]
+    fn placement_is_not_part_of_the_kernel() {
+        let mk = |x: Loc, w: Loc| {
+            let mut k = KernelBuilder::new("fam", Dtype::BF16);
+            emit_ptrs(&mut k, x, w);
+            k.finish(LaunchSpec {
+                grid: [Extent::Fixed(1); 3],
+                block: [32, 1, 1],
+                smem_bytes: 0,
+            })
+        };
+        let a = mk(Loc::arena(256), Loc::table(3));
+        let b = mk(
+            Loc::arena(4096),
+            Loc::Table {
+                slot: 9,
+                offset: 64,
+            },
+        );
+        assert_eq!(a.name, b.name, "same shape, other placement: one kernel");
+        assert_eq!(a.kernel, b.kernel);
+        assert!(!a.kernel.contains("@operand"), "{}", a.kernel);
+        // x is used twice but is one operand; numbering follows first use.
+        assert_eq!(a.operands, vec![Loc::arena(256), Loc::table(3)]);
+        assert!(a.kernel.contains("reinterpret_cast<const bf16*>(ops[0])"));
+        assert!(a.kernel.contains("reinterpret_cast<bf16*>(ops[1])"));
+        assert_eq!(
+            b.operand_addresses(
+                1 << 20,
+                &[0; 9].into_iter().chain([1 << 30]).collect::<Vec<_>>()
+            ),
+            vec![(1 << 20) + 4096, (1 << 30) + 64]
+        );
+    }
+
+    fn emit_ptrs(k: &mut KernelBuilder, x: Loc, w: Loc) {
+        k.body
+            .line(&format!("const bf16* x = {};", x.ptr(Dtype::BF16, false)));
+        k.body
+            .line(&format!("bf16* w = {};", w.ptr(Dtype::BF16, true)));
+        k.body
+            .line(&format!("const bf16* x2 = {};", x.ptr(Dtype::BF16, false)));
     }
 }

@@ -249,6 +249,50 @@ impl Nvrtc {
         self.compile_source(&kernel.name, &kernel.source, arch)
     }
 
+    /// Compiles the distinct kernels of `kernels` (by name; the first of each name) for each
+    /// of `archs` on `threads` worker threads pulling from one queue (kernels differ in cost
+    /// by 4×, so a static split idles threads). Results come back in (kernel, arch) order.
+    pub fn compile_many(
+        &self,
+        kernels: &[&KernelSource],
+        archs: &[Arch],
+        threads: usize,
+    ) -> Result<Vec<(String, Compiled)>, Error> {
+        let mut distinct: Vec<&KernelSource> = Vec::new();
+        for k in kernels {
+            if !distinct.iter().any(|d| d.name == k.name) {
+                distinct.push(k);
+            }
+        }
+        let jobs: Vec<(&KernelSource, Arch)> = distinct
+            .iter()
+            .flat_map(|k| archs.iter().map(move |&a| (*k, a)))
+            .collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let results = std::sync::Mutex::new(Vec::with_capacity(jobs.len()));
+        std::thread::scope(|sc| {
+            for _ in 0..threads.clamp(1, jobs.len().max(1)) {
+                sc.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(&(k, arch)) = jobs.get(i) else { break };
+                    let r = self.compile(k, arch);
+                    let failed = r.is_err();
+                    results.lock().expect("no worker panics").push((i, r));
+                    if failed {
+                        // Let the other workers drain: skip the rest of the queue.
+                        next.store(jobs.len(), std::sync::atomic::Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        let mut results = results.into_inner().expect("no worker panics");
+        results.sort_by_key(|(i, _)| *i);
+        results
+            .into_iter()
+            .map(|(i, r)| r.map(|c| (jobs[i].0.name.clone(), c)))
+            .collect()
+    }
+
     /// Compiles any CUDA C++ module; `name` names the program in logs.
     pub fn compile_source(&self, name: &str, source: &str, arch: Arch) -> Result<Compiled, Error> {
         let start = Instant::now();

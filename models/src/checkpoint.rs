@@ -40,19 +40,68 @@ struct SafetensorsFile {
     mmap: Backing,
 }
 
-/// The bytes of a file: mapped from disk, or synthesised in memory (`--random-weights`).
+/// The bytes of a file: mapped from disk, or synthesised in memory on first read
+/// (`--random-weights`: compiling a full-size engine reads no weight, so it makes none).
 enum Backing {
     Mapped(Mmap),
-    Owned(Vec<u8>),
+    Random(Box<RandomFile>),
 }
+
+/// A synthesised file: its layout now, its bytes on first use.
+struct RandomFile {
+    seed: u64,
+    len: usize,
+    jobs: Vec<RandomJob>,
+    bytes: std::sync::OnceLock<Vec<u8>>,
+}
+
+/// One tensor of a [`RandomFile`]: its name, IR dtype, byte range and shape.
+type RandomJob = (String, DType, usize, usize, Vec<usize>);
 
 impl std::ops::Deref for Backing {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
             Backing::Mapped(m) => m,
-            Backing::Owned(v) => v,
+            Backing::Random(f) => f.bytes.get_or_init(|| f.fill()),
         }
+    }
+}
+
+impl RandomFile {
+    /// Every tensor's values, filled in parallel: each job owns a disjoint byte range.
+    fn fill(&self) -> Vec<u8> {
+        let mut data = vec![0u8; self.len];
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(32);
+        let mut rest: &mut [u8] = &mut data;
+        let mut slices = Vec::new();
+        let mut at = 0;
+        for (name, dt, start, end, shape) in &self.jobs {
+            let (_, tail) = rest.split_at_mut(start - at);
+            let (mine, tail) = tail.split_at_mut(end - start);
+            slices.push((name.as_str(), *dt, shape.clone(), mine));
+            rest = tail;
+            at = *end;
+        }
+        let per = slices.len().div_ceil(threads).max(1);
+        let seed = self.seed;
+        std::thread::scope(|sc| {
+            let mut chunks = Vec::new();
+            while !slices.is_empty() {
+                let n = per.min(slices.len());
+                chunks.push(slices.drain(..n).collect::<Vec<_>>());
+            }
+            for chunk in chunks {
+                sc.spawn(move || {
+                    for (name, dt, shape, bytes) in chunk {
+                        fill_random(name, dt, &shape, bytes, seed);
+                    }
+                });
+            }
+        });
+        data
     }
 }
 
@@ -156,10 +205,10 @@ impl Checkpoint {
     /// A checkpoint with deterministic random values for every weight of `graph` (for
     /// benchmarking full-size shapes without downloads). Linear weights are uniform with
     /// the variance of N(0, 1/in); norm weights are 1 ± 0.1; integer tables are zero.
-    /// Values depend only on (`seed`, tensor name, index).
+    /// Values depend only on (`seed`, tensor name, index) and are made on first read.
     pub fn random(dir: &Path, graph: &Graph, seed: u64) -> Checkpoint {
         let mut tensors = BTreeMap::new();
-        let mut data: Vec<u8> = Vec::new();
+        let mut len = 0usize;
         let mut jobs = Vec::new();
         for (_, name, ty) in graph.weights() {
             let shape: Vec<usize> = ty
@@ -176,7 +225,7 @@ impl Checkpoint {
                 DType::I32 => (Dtype::I32, 4),
                 _ => (Dtype::BF16, 2),
             };
-            let start = data.len().next_multiple_of(16);
+            let start = len.next_multiple_of(16);
             let end = start + numel * size;
             jobs.push((name.to_string(), ty.dtype, start, end, shape.clone()));
             tensors.insert(
@@ -188,42 +237,18 @@ impl Checkpoint {
                     range: start..end,
                 },
             );
-            data.resize(end, 0);
+            len = end;
         }
-        // Fill tensors in parallel: each job owns a disjoint byte range.
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(32);
-        let mut rest: &mut [u8] = &mut data;
-        let mut slices = Vec::new();
-        let mut at = 0;
-        for (name, dt, start, end, shape) in &jobs {
-            let (_, tail) = rest.split_at_mut(start - at);
-            let (mine, tail) = tail.split_at_mut(end - start);
-            slices.push((name.as_str(), *dt, shape.clone(), mine));
-            rest = tail;
-            at = *end;
-        }
-        let per = slices.len().div_ceil(threads).max(1);
-        std::thread::scope(|sc| {
-            let mut chunks = Vec::new();
-            while !slices.is_empty() {
-                let n = per.min(slices.len());
-                chunks.push(slices.drain(..n).collect::<Vec<_>>());
-            }
-            for chunk in chunks {
-                sc.spawn(move || {
-                    for (name, dt, shape, bytes) in chunk {
-                        fill_random(name, dt, &shape, bytes, seed);
-                    }
-                });
-            }
-        });
         Checkpoint {
             root: dir.join("(random weights)"),
             files: vec![SafetensorsFile {
                 path: dir.join("(random weights)"),
-                mmap: Backing::Owned(data),
+                mmap: Backing::Random(Box::new(RandomFile {
+                    seed,
+                    len,
+                    jobs,
+                    bytes: std::sync::OnceLock::new(),
+                })),
             }],
             tensors,
         }

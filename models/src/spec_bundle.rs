@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use specc_ir::interp::Tensor;
-use specc_ir::Graph;
+use specc_ir::{Bindings, Graph};
 
 use crate::checkpoint::Checkpoint;
 use crate::dflash::{DFlashSpec, DFLASH_PREFIX};
@@ -237,4 +237,63 @@ impl SpecBundle {
             _ => None,
         }
     }
+}
+
+/// One graph of an engine and the bucket it is planned for.
+pub struct EngineGraph {
+    /// What it is, e.g. `spec step B=4`.
+    pub name: String,
+    pub graph: Graph,
+    pub bind: Bindings,
+}
+
+/// Every graph an engine runs, per batch bucket of `cfg` (bucket 1 without one): the target
+/// prefill and the plain decode step, and with a speculative method its step, the target
+/// prefill that records the draft's inputs, and the draft prefill. Prefills are planned at
+/// their smallest chunk ([`MIN_PREFILL_T`]); `random_seed` synthesises the draft's weights.
+pub fn engine_graphs(
+    model: &Model,
+    cfg: Option<&SpecConfig>,
+    max_context: u64,
+    random_seed: Option<u64>,
+) -> Result<Vec<EngineGraph>, ModelError> {
+    let plain = StepShape {
+        num_steps: 0,
+        ring: DECODE_RING,
+        acceptance: crate::Acceptance::Greedy,
+    };
+    let spec = model.spec();
+    let prefill = lower_target_prefill(spec, &[]).map_err(|e| lower_err(spec.arch.hf_name(), e))?;
+    let decode = crate::spec_step::lower_decode_step(spec, &plain)
+        .map_err(|e| lower_err(spec.arch.hf_name(), e))?;
+    let bundle = match cfg {
+        Some(c) if c.method != Method::None => Some(SpecBundle::open_with(model, c, random_seed)?),
+        _ => None,
+    };
+    let buckets = cfg.map_or(vec![1], |c| c.batch_buckets.clone());
+    let mut out = Vec::new();
+    let mut push = |name: String, graph: &Graph, bind: &Bindings| {
+        out.push(EngineGraph {
+            name,
+            graph: graph.clone(),
+            bind: bind.clone(),
+        })
+    };
+    for b in buckets {
+        let b = b as u64;
+        let pre = Bindings::new(b, MIN_PREFILL_T as u64, max_context);
+        let step = Bindings::new(b, 1, max_context);
+        push(format!("prefill B={b}"), &prefill, &pre);
+        push(format!("decode step B={b}"), &decode, &step);
+        if let Some(bu) = &bundle {
+            push(format!("spec step B={b}"), &bu.step, &step);
+            push(
+                format!("spec target prefill B={b}"),
+                &bu.target_prefill,
+                &pre,
+            );
+            push(format!("draft prefill B={b}"), &bu.draft_prefill, &pre);
+        }
+    }
+    Ok(out)
 }

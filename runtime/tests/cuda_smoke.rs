@@ -11,9 +11,9 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUstreamCaptureStatus;
 use specc_ir::DType;
 use specc_runtime::cuda::{
-    driver_present, pointer_table, CudaDevice, CudaError, DeviceArena, DeviceWeights, HostTensor,
-    KernelImage, KernelModule, KernelParam, PreparedLaunch, Retained, StateBuffers, StepGraph,
-    TokenRing,
+    driver_present, operand_table, BufRef, CudaDevice, CudaError, DeviceArena, DeviceWeights,
+    HostTensor, KernelImage, KernelModule, KernelParam, PreparedLaunch, Retained, StateBuffers,
+    StepGraph, TokenRing,
 };
 use specc_runtime::RuntimeError;
 
@@ -37,15 +37,14 @@ extern "C" __global__ void emit(int* ring, int* emitted, int* step, int lanes, i
     if (b == 0) step[0] = s + 1;
 }
 
-// The generated kernels' ABI: arena base, pointer table, bucket constants by value.
+// The generated kernels' ABI: the launch's operand table, bucket constants by value.
 struct StepConsts { int b; int t; int ctx; int m; };
-extern "C" __global__ void abi_probe(char* __restrict__ arena, void* const* __restrict__ bufs,
-                                     const StepConsts c) {
+extern "C" __global__ void abi_probe(void* const* __restrict__ ops, const StepConsts c) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    int* out = reinterpret_cast<int*>(arena + 256);
+    int* out = reinterpret_cast<int*>(ops[2]);
     out[0] = c.b; out[1] = c.t; out[2] = c.ctx; out[3] = c.m;
-    out[4] = reinterpret_cast<const int*>(bufs[0])[0];
-    out[5] = reinterpret_cast<const int*>(bufs[1])[1];
+    out[4] = reinterpret_cast<const int*>(ops[0])[0];
+    out[5] = reinterpret_cast<const int*>(ops[1])[0];
 }
 "#;
 
@@ -466,28 +465,28 @@ fn abi_kernel_reads_table_and_consts() {
         .unwrap()
         .write(4, &7i32.to_le_bytes())
         .unwrap();
-    let table = pointer_table(
-        &dev,
-        "bufs",
-        &[w.buf_ref("w").unwrap(), states.buf_ref("kv").unwrap()],
-    )
-    .unwrap();
     let arena = DeviceArena::new(&dev, 1024).unwrap();
+    let mut kv = states.buf_ref("kv").unwrap();
+    kv.offset += 4;
+    let arena_out = BufRef {
+        buf: arena.buffer().clone(),
+        offset: 256,
+    };
+    let table = operand_table(&dev, "ops", &[w.buf_ref("w").unwrap(), kv, arena_out]).unwrap();
     let params = vec![
-        KernelParam::buf(arena.buffer(), 0).unwrap(),
         KernelParam::buf(&table, 0).unwrap(),
         KernelParam::i32s(&[2, 3, 64, 6]),
     ];
     if dev.info().driver_version >= 12040 {
         let mut short = params.clone();
-        short[2] = KernelParam::I32(2);
+        short[1] = KernelParam::I32(2);
         assert!(
             PreparedLaunch::new("abi_probe", probe.clone(), (1, 1, 1), (32, 1, 1), 0, short)
                 .is_err()
         );
     }
     let l = PreparedLaunch::new("abi_probe", probe, (1, 1, 1), (32, 1, 1), 0, params).unwrap();
-    // The table holds the weight slab and the state: retaining the table is enough.
+    // The table holds the weight slab, the state and the arena: retaining it is enough.
     let g = StepGraph::from_launches(&dev, vec![l], vec![]).unwrap();
     drop((w, states, table));
     g.replay().unwrap();

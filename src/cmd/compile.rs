@@ -1,30 +1,43 @@
+//! `specc compile`: a model (and optionally a spec.toml) → an engine directory: every graph
+//! the engine runs through the pass pipeline and kernel generation, the distinct kernels'
+//! sources, and their cubins for the requested archs (NVRTC on all cores, disk cache).
+
+use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
-use std::fmt::Write as _;
-
 use specc_codegen::{describe_groups, H200};
-use specc_ir::Bindings;
 use specc_kernels_gen::plan::plan_kernels;
-use specc_kernels_gen::{Arch, Nvrtc};
+use specc_kernels_gen::{Arch, KernelSource, Nvrtc};
+use specc_models::spec_bundle::engine_graphs;
+use specc_models::{Method, SpecConfig};
 
-use super::engine::{resolve, EngineManifest, Source, FORMAT_VERSION};
+use super::engine::{resolve, EngineManifest, Source, FORMAT_VERSION, RANDOM_SEED};
 use super::inspect::summary;
 
-pub fn compile(
-    model: Option<PathBuf>,
-    out: &Path,
-    max_context: Option<u64>,
-    archs: &[String],
-    random_weights: bool,
-) -> Result<()> {
-    let archs: Vec<Arch> = archs
+pub struct CompileArgs<'a> {
+    pub model: Option<PathBuf>,
+    pub out: &'a Path,
+    pub max_context: Option<u64>,
+    pub archs: &'a [String],
+    pub random_weights: bool,
+    pub spec: Option<&'a Path>,
+}
+
+pub fn compile(a: CompileArgs) -> Result<()> {
+    let t_all = Instant::now();
+    let archs: Vec<Arch> = a
+        .archs
         .iter()
         .map(|a| a.parse::<Arch>())
         .collect::<Result<_, _>>()
         .map_err(|e| anyhow::anyhow!("--arch: {e}"))?;
-    let r = resolve(Source::new(model, random_weights), max_context)?;
+    let cfg = a.spec.map(SpecConfig::from_file).transpose()?;
+    let max_context = a.max_context.or(cfg.as_ref().and_then(|c| c.max_context));
+    let r = resolve(Source::new(a.model, a.random_weights), max_context)?;
+    let out = a.out;
     fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let model_dir = r
         .model_dir
@@ -35,7 +48,7 @@ pub fn compile(
         model_dir,
         max_context: r.max_context,
         architecture: r.model.spec().arch.hf_name().to_string(),
-        random_weights,
+        random_weights: a.random_weights,
         config: r.source_path.as_ref().and_then(|p| p.canonicalize().ok()),
     };
     let write = |name: &str, text: String| -> Result<()> {
@@ -44,68 +57,89 @@ pub fn compile(
     };
     write("engine.json", serde_json::to_string_pretty(&manifest)?)?;
     write("graph.ir", specc_ir::text::print(r.model.graph()))?;
-    // The pass pipeline for the decode bucket and a prefill-chunk bucket.
-    let buckets = [
-        Bindings::new(1, 1, r.max_context),
-        Bindings::new(1, 8.min(r.max_context), r.max_context),
-    ];
-    let compiled = specc_codegen::compile(r.model.graph().clone(), &buckets)?;
+
+    // Every graph of the engine through codegen and kernel generation.
+    let t_plan = Instant::now();
+    let seed = a.random_weights.then_some(RANDOM_SEED);
+    let graphs = engine_graphs(&r.model, cfg.as_ref(), r.max_context, seed)?;
     let mut plan = summary(r.model.graph(), r.max_context);
-    plan.push_str(&compiled.report(&H200));
-    plan.push_str("groups:\n");
-    plan.push_str(&describe_groups(&compiled.graph, &compiled.groups));
-    // Kernels of the decode bucket: sources always, cubins and ptxas figures when NVRTC is here.
-    let kplan = plan_kernels(&compiled.graph, &compiled.groups, &compiled.plans[0])?;
-    let kdir = out.join("kernels");
-    fs::create_dir_all(&kdir).with_context(|| format!("creating {}", kdir.display()))?;
-    let mut distinct: Vec<&specc_kernels_gen::KernelSource> = Vec::new();
-    for l in &kplan.launches {
-        if !distinct.iter().any(|k| k.name == l.kernel.name) {
-            distinct.push(&l.kernel);
+    let mut kernels: Vec<KernelSource> = Vec::new();
+    let mut launches = 0;
+    let mut per_graph = String::new();
+    for (i, eg) in graphs.into_iter().enumerate() {
+        let name = eg.name;
+        let c = specc_codegen::compile(eg.graph, &[eg.bind]).with_context(|| name.clone())?;
+        let kplan = plan_kernels(&c.graph, &c.groups, &c.plans[0]).with_context(|| name.clone())?;
+        let _ = writeln!(
+            per_graph,
+            "{name}: {} launches, arena {} bytes",
+            kplan.launches.len(),
+            kplan.arena_bytes
+        );
+        if i == 1 {
+            // The plain decode step: the report a reader of plan.txt looks for first.
+            plan.push_str(&c.report(&H200));
+            plan.push_str("groups (decode step B=1):\n");
+            plan.push_str(&describe_groups(&c.graph, &c.groups));
+        }
+        launches += kplan.launches.len();
+        for l in kplan.launches {
+            if !kernels.iter().any(|k| k.name == l.kernel.name) {
+                kernels.push(l.kernel);
+            }
         }
     }
-    for k in &distinct {
+    let plan_s = t_plan.elapsed().as_secs_f64();
+    plan.push_str(&per_graph);
+    let kdir = out.join("kernels");
+    fs::create_dir_all(&kdir).with_context(|| format!("creating {}", kdir.display()))?;
+    for k in &kernels {
         write(&format!("kernels/{}.cu", k.name), k.source.clone())?;
     }
     let _ = writeln!(
         plan,
-        "kernels (decode bucket): {} launches, {} distinct kernels in kernels/*.cu",
-        kplan.launches.len(),
-        distinct.len()
+        "engine: {launches} launches over all graphs, {} distinct kernels in kernels/*.cu",
+        kernels.len()
+    );
+    let method = cfg.as_ref().map_or(Method::None, |c| c.method);
+    println!(
+        "{method:?} engine: {launches} launches, {} distinct kernels; IR → kernels {plan_s:.2} s",
+        kernels.len()
     );
     match Nvrtc::new() {
         Ok(nvrtc) => {
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let t = Instant::now();
+            let refs: Vec<&KernelSource> = kernels.iter().collect();
+            let compiled = nvrtc.compile_many(&refs, &archs, threads)?;
+            let nvrtc_s = t.elapsed().as_secs_f64();
             let _ = writeln!(plan, "| kernel | arch | registers | spill stores | spill loads | stack | smem | compile ms |");
             let _ = writeln!(plan, "|---|---|---|---|---|---|---|---|");
-            let t = std::time::Instant::now();
-            for k in &distinct {
-                for &arch in &archs {
-                    let c = nvrtc.compile(k, arch)?;
-                    fs::write(
-                        kdir.join(format!("{}.{}.cubin", k.name, arch.name())),
-                        &c.cubin,
-                    )?;
-                    let st = &c.stats;
-                    let _ = writeln!(
-                        plan,
-                        "| {} | {} | {} | {} | {} | {} | {} | {:.0}{} |",
-                        k.name,
-                        arch.name(),
-                        st.registers,
-                        st.spill_stores,
-                        st.spill_loads,
-                        st.stack_bytes,
-                        st.smem_bytes,
-                        c.elapsed.as_secs_f64() * 1e3,
-                        if c.cached { " (cache)" } else { "" }
-                    );
-                }
+            let mut cached = 0;
+            for (name, c) in &compiled {
+                fs::write(
+                    kdir.join(format!("{name}.{}.cubin", c.arch.name())),
+                    &c.cubin,
+                )?;
+                cached += c.cached as usize;
+                let st = &c.stats;
+                let _ = writeln!(
+                    plan,
+                    "| {name} | {} | {} | {} | {} | {} | {} | {:.0}{} |",
+                    c.arch.name(),
+                    st.registers,
+                    st.spill_stores,
+                    st.spill_loads,
+                    st.stack_bytes,
+                    st.smem_bytes,
+                    c.elapsed.as_secs_f64() * 1e3,
+                    if c.cached { " (cache)" } else { "" }
+                );
             }
             println!(
-                "compiled {} kernels for {:?} in {:.1} s (NVRTC {}.{})",
-                distinct.len(),
+                "compiled {} kernels for {:?} in {nvrtc_s:.1} s on {threads} threads ({cached} from the cache; NVRTC {}.{})",
+                kernels.len(),
                 archs.iter().map(|a| a.name()).collect::<Vec<_>>(),
-                t.elapsed().as_secs_f64(),
                 nvrtc.version().0,
                 nvrtc.version().1
             );
@@ -115,13 +149,13 @@ pub fn compile(
             println!("kernel sources written; cubins not compiled ({e})");
         }
     }
-    write("plan.txt", plan.clone())?;
+    write("plan.txt", plan)?;
     print!("{}", summary(r.model.graph(), r.max_context));
     println!(
-        "{} kernels per step after fusion (plan.txt has the per-kernel table)",
-        compiled.groups.len()
+        "engine compiled in {:.1} s (IR → cubins); wrote {}",
+        t_all.elapsed().as_secs_f64(),
+        out.display()
     );
-    println!("wrote {}", out.display());
     print!(
         "engine baked into this binary at build time:\n{}",
         crate::baked::SUMMARY

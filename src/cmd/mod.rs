@@ -21,7 +21,15 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             max_context,
             arch,
             random_weights,
-        } => compile::compile(model, &out, max_context, &arch, random_weights),
+            spec,
+        } => compile::compile(compile::CompileArgs {
+            model,
+            out: &out,
+            max_context,
+            archs: &arch,
+            random_weights,
+            spec: spec.as_deref(),
+        }),
         Command::Inspect { engine } => inspect::inspect(&engine),
         Command::Bench {
             model,

@@ -1,5 +1,5 @@
-//! GPU parity harness: host images of the arena and the buffer table, launches through the
-//! kernel ABI, and one-op (or few-op) reference graphs run by the IR interpreter.
+//! GPU parity harness: host images of the arena and the slot buffers, launches through the
+//! kernel ABI (one operand table per launch), and one-op (or few-op) reference graphs run by the IR interpreter.
 
 #![allow(dead_code)]
 
@@ -98,11 +98,16 @@ impl Gpu {
         let sets: Vec<Vec<CudaSlice<u8>>> = (0..copies)
             .map(|_| mem.bufs.iter().map(|b| s.clone_htod(b).unwrap()).collect())
             .collect();
-        let tables: Vec<CudaSlice<u64>> = sets
+        let arena_ptr = arena.device_ptr(s).0;
+        // Per copy, per kernel: the launch's operand table.
+        let tables: Vec<Vec<CudaSlice<u64>>> = sets
             .iter()
             .map(|set| {
-                let ptrs: Vec<u64> = set.iter().map(|b| b.device_ptr(s).0).collect();
-                s.clone_htod(&ptrs).unwrap()
+                let slots: Vec<u64> = set.iter().map(|b| b.device_ptr(s).0).collect();
+                kernels
+                    .iter()
+                    .map(|k| s.clone_htod(&operand_table(k, arena_ptr, &slots)).unwrap())
+                    .collect()
             })
             .collect();
         let fns: Vec<_> = kernels
@@ -111,9 +116,9 @@ impl Gpu {
             .collect();
         let consts = bucket.consts();
         let launch_all = |i: usize| {
-            for (f, cfg) in &fns {
+            for (j, (f, cfg)) in fns.iter().enumerate() {
                 let mut b = s.launch_builder(f);
-                b.arg(&arena).arg(&tables[i % copies]).arg(&consts);
+                b.arg(&tables[i % copies][j]).arg(&consts);
                 // SAFETY: as in `run`.
                 unsafe { b.launch(*cfg) }.unwrap();
             }
@@ -136,16 +141,17 @@ impl Gpu {
         let s = &self.stream;
         let arena: CudaSlice<u8> = s.clone_htod(&mem.arena).unwrap();
         let bufs: Vec<CudaSlice<u8>> = mem.bufs.iter().map(|b| s.clone_htod(b).unwrap()).collect();
-        let ptrs: Vec<u64> = bufs.iter().map(|b| b.device_ptr(s).0).collect();
-        let table: CudaSlice<u64> = s.clone_htod(&ptrs).unwrap();
+        let slots: Vec<u64> = bufs.iter().map(|b| b.device_ptr(s).0).collect();
+        let arena_ptr = arena.device_ptr(s).0;
         let consts = bucket.consts();
         for k in kernels {
             let f = self.load(k);
             let cfg = Self::config(k, bucket);
+            let table: CudaSlice<u64> = s.clone_htod(&operand_table(k, arena_ptr, &slots)).unwrap();
             let mut b = s.launch_builder(&f);
-            b.arg(&arena).arg(&table).arg(&consts);
-            // SAFETY: every kernel takes exactly (char*, void* const*, StepConsts); the arena
-            // and table buffers are sized by the test's plan for this bucket.
+            b.arg(&table).arg(&consts);
+            // SAFETY: every kernel takes exactly (void* const*, StepConsts); its operand
+            // table points into the arena and buffers, sized by the test's plan.
             unsafe { b.launch(cfg) }.unwrap_or_else(|e| panic!("launch {}: {e}", k.name));
         }
         s.synchronize().unwrap();
@@ -154,6 +160,16 @@ impl Gpu {
             *host = s.clone_dtoh(dev).unwrap();
         }
     }
+}
+
+/// `k`'s operand table for this arena and these buffers (never empty: a kernel without
+/// operands still gets a valid pointer).
+fn operand_table(k: &KernelSource, arena: u64, slots: &[u64]) -> Vec<u64> {
+    let mut t = k.operand_addresses(arena, slots);
+    if t.is_empty() {
+        t.push(arena);
+    }
+    t
 }
 
 /// Host images of the arena and of the table's buffers.

@@ -3,22 +3,23 @@
 //! per bucket and replayed with no host value inside it.
 //!
 //! Pipeline per graph and bucket: `specc_codegen::compile` (fuse, schedule, memory plan) →
-//! `specc_kernels_gen::plan_kernels` (sources, grids, the buffer table) → NVRTC cubins (on-disk
-//! cache) → modules → launches whose parameters are the arena, the buffer table and the
-//! launch's bucket constants.
+//! `specc_kernels_gen::plan_kernels` (sources, grids, operands) → NVRTC cubins (on-disk cache)
+//! → modules → launches whose parameters are the launch's operand table (arena offsets and
+//! weight/state slots resolved to addresses) and its bucket constants.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use specc_ir::{Bindings, DType, Graph};
+use specc_kernels_gen::abi::Loc;
 use specc_kernels_gen::plan::{plan_kernels, KernelPlan, Slot};
 use specc_kernels_gen::{Arch, Nvrtc};
 use specc_models::Checkpoint;
 
 use super::{
-    pointer_table, BufRef, CudaDevice, DeviceArena, DeviceBuffer, DeviceWeights, HostTensor,
-    KernelImage, KernelModule, KernelParam, PreparedLaunch, StateBuffers, StepGraph,
+    operand_table, pointer_table, BufRef, CudaDevice, DeviceArena, DeviceBuffer, DeviceWeights,
+    HostTensor, KernelImage, KernelModule, KernelParam, PreparedLaunch, StateBuffers, StepGraph,
 };
 use crate::RuntimeError;
 
@@ -47,7 +48,6 @@ impl WeightSources<'_> {
 }
 
 /// `(kernel name, cubin)` pairs.
-type Cubins = Vec<(String, Vec<u8>)>;
 
 /// Cubins baked into the binary at build time: `(kernel name, arch, cubin)`. Kernel names
 /// hash their source, so a name match means the same kernel.
@@ -244,23 +244,47 @@ impl CudaEngine {
             .weights
             .as_ref()
             .ok_or_else(|| RuntimeError::Kernel("weights are not uploaded".into()))?;
-        let mut entries = Vec::with_capacity(plan.slots.len());
+        let mut slots = Vec::with_capacity(plan.slots.len());
         for s in &plan.slots {
-            entries.push(match s {
+            slots.push(match s {
                 Slot::State(n) => self.states.buf_ref(n)?,
                 Slot::Weight(n) => weights.buf_ref(n)?,
                 Slot::ConcatRows(_) => self.derived[&slot_key(s)].clone(),
             });
         }
+        // Slot bases must be 16-byte aligned: kernels chose vector widths from offsets alone.
+        pointer_table(&self.dev, "slot bases", &slots)?;
+        let arena = DeviceArena::new(&self.dev, plan.arena_bytes.max(256))?;
+        // Every launch's operand table, concatenated into one device array: launch `i` reads
+        // entries `starts[i]..`. The table holds every buffer it points into.
+        let mut entries = Vec::new();
+        let mut starts = Vec::with_capacity(plan.launches.len());
+        for l in &plan.launches {
+            starts.push(entries.len() as u64);
+            for loc in &l.kernel.operands {
+                entries.push(match *loc {
+                    Loc::Arena { offset } => BufRef {
+                        buf: arena.buffer().clone(),
+                        offset,
+                    },
+                    Loc::Table { slot, offset } => {
+                        let base = &slots[slot as usize];
+                        BufRef {
+                            buf: base.buf.clone(),
+                            offset: base.offset + offset,
+                        }
+                    }
+                });
+            }
+        }
         if entries.is_empty() {
             // The table pointer must be valid even when no kernel reads it.
             entries.push(BufRef {
-                buf: weights.slab().clone(),
+                buf: arena.buffer().clone(),
                 offset: 0,
             });
         }
-        let table = pointer_table(&self.dev, "bufs", &entries)?;
-        let arena = DeviceArena::new(&self.dev, plan.arena_bytes.max(256))?;
+        let table = operand_table(&self.dev, "operands", &entries)?;
         let t = Instant::now();
         let cubins = self.compile_all(&plan)?;
         let mut modules: HashMap<String, KernelModule> = HashMap::new();
@@ -269,7 +293,7 @@ impl CudaEngine {
             modules.insert(name, m);
         }
         let mut launches = Vec::with_capacity(plan.launches.len());
-        for l in &plan.launches {
+        for (l, &start) in plan.launches.iter().zip(&starts) {
             let k = &l.kernel;
             let geo = k.launch.resolve(&l.bucket);
             let f = modules[&k.name].function(&k.entry, geo.smem_bytes)?;
@@ -281,8 +305,7 @@ impl CudaEngine {
                 (geo.block[0], geo.block[1], geo.block[2]),
                 geo.smem_bytes,
                 vec![
-                    KernelParam::buf(arena.buffer(), 0)?,
-                    KernelParam::buf(&table, 0)?,
+                    KernelParam::buf(&table, 8 * start)?,
                     KernelParam::i32s(&[c.b, c.t, c.ctx, c.m]),
                 ],
             )?);
@@ -317,33 +340,11 @@ impl CudaEngine {
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .clamp(1, 32);
-        let chunk = distinct.len().div_ceil(threads).max(1);
-        let results: Vec<Result<Cubins, RuntimeError>> = std::thread::scope(|sc| {
-            let handles: Vec<_> = distinct
-                .chunks(chunk)
-                .map(|ks| {
-                    sc.spawn(move || {
-                        ks.iter()
-                            .map(|k| {
-                                let c = self.nvrtc.compile(k, self.arch).map_err(kerr)?;
-                                Ok((k.name.clone(), c.cubin))
-                            })
-                            .collect::<Result<Vec<_>, RuntimeError>>()
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(RuntimeError::Kernel("NVRTC thread panicked".into()))
-                    })
-                })
-                .collect()
-        });
-        for r in results {
-            out.extend(r?);
-        }
+        let compiled = self
+            .nvrtc
+            .compile_many(&distinct, &[self.arch], threads)
+            .map_err(kerr)?;
+        out.extend(compiled.into_iter().map(|(name, c)| (name, c.cubin)));
         Ok(out)
     }
 

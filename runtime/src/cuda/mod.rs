@@ -3,7 +3,8 @@
 //! - [`CudaDevice`]: context + the one stream everything runs on (event tracking off, so
 //!   capture works); device name, arch, memory.
 //! - [`DeviceWeights`]: all weights in one slab, uploaded through pinned staging.
-//! - [`pointer_table`]: the kernel ABI's `bufs` table (weights and states, in slot order).
+//! - [`operand_table`]: the kernel ABI's `ops` tables (each launch's operand addresses);
+//!   [`pointer_table`] checks 16-byte aligned bases.
 //! - [`DeviceArena`], [`StateBuffers`]: the bucket's activation arena at the memory plan's
 //!   offsets, and the persistent states (KV caches) by name.
 //! - [`KernelModule`]: cubin / PTX loading, functions with their shared-memory opt-in.
@@ -16,24 +17,23 @@
 //! Ordering rule: every copy, launch and replay goes on [`CudaDevice::stream`], so the
 //! stream orders them; nothing relies on cudarc's per-buffer events.
 //!
-//! Wiring an engine (kernel ABI of `specc_kernels_gen::abi`: `(char* arena, void* const*
-//! bufs, StepConsts c)`):
+//! Wiring an engine (kernel ABI of `specc_kernels_gen::abi`: `(void* const* ops, StepConsts
+//! c)`; [`CudaEngine::load`] does all of this):
 //! 1. `CudaDevice::open(0)`; choose the engine's cubins with
 //!    `pick_arch(&dev.info().arch, &archs)`.
 //! 2. `DeviceWeights::upload(&dev, tensors, true)`; `StateBuffers::for_graph(&dev, &graph,
 //!    &bind)`; `TokenRing::from_states(&dev, states.get(RING)?.clone(),
 //!    states.get(EMITTED)?.clone(), b, ring_capacity, DEFAULT_RING_DEPTH)` over the step
 //!    graph's `spec.ring` / `spec.emitted` states.
-//! 3. `pointer_table(&dev, "bufs", &slots)` with one [`BufRef`] per ABI slot
-//!    (`weights.buf_ref(name)`, `states.buf_ref(name)`), in the slot order the kernels were
-//!    generated with.
-//! 4. Per bucket: `DeviceArena::new(&dev, plan.memory.arena_bytes)`; per kernel
-//!    `KernelModule::load(&dev, &k.name, KernelImage::Binary(compiled.cubin))` and
+//! 3. One [`BufRef`] per plan slot (`weights.buf_ref(name)`, `states.buf_ref(name)`) and
+//!    `DeviceArena::new(&dev, plan.arena_bytes)`; each launch's operands (`k.operands`: arena
+//!    offsets or slot + offset) resolved against them into one [`operand_table`].
+//! 4. Per kernel `KernelModule::load(&dev, &k.name, KernelImage::Binary(compiled.cubin))` and
 //!    `module.function(&k.entry, geom.smem_bytes)`; then `PreparedLaunch::new(&k.name, f,
-//!    grid, block, smem, vec![KernelParam::buf(arena.buffer(), 0)?, KernelParam::buf(&table,
-//!    0)?, KernelParam::i32s(&[b, t, ctx, b * t])])` in plan order.
-//! 5. `StepGraph::from_launches(&dev, launches, vec![])` (the launches hold the arena and the
-//!    table, the table holds the slab, states and ring).
+//!    grid, block, smem, vec![KernelParam::buf(&table, 8 * first_operand)?,
+//!    KernelParam::i32s(&[b, t, ctx, b * t])])` in plan order.
+//! 5. `StepGraph::from_launches(&dev, launches, vec![])` (the launches hold the operand
+//!    table, which holds the arena, the slab, states and ring).
 //! 6. Per step: `arena.write_input(..)` if the host has new inputs, `graph.replay()`,
 //!    `ring.after_replay()`, and `ring.poll()` whenever convenient.
 
@@ -61,5 +61,5 @@ pub use launch::{launch_all, KernelParam, PreparedLaunch};
 pub use module::{KernelImage, KernelModule, DEFAULT_DYNAMIC_SMEM};
 pub use ring::{TokenRing, DEFAULT_RING_DEPTH};
 pub use session::{prefill_bucket, CudaSpecGraphs, CudaSpecSession, MIN_PREFILL_T};
-pub use table::{pointer_table, BufRef, TABLE_ENTRY_ALIGN};
+pub use table::{operand_table, pointer_table, BufRef, TABLE_ENTRY_ALIGN};
 pub use weights::{slab_layout, DeviceWeights, HostTensor, WeightEntry, WEIGHT_ALIGN};

@@ -32,16 +32,36 @@ pub fn pointer_table(
     label: &str,
     entries: &[BufRef],
 ) -> Result<Arc<DeviceBuffer>, RuntimeError> {
+    aligned_table(dev, label, entries, TABLE_ENTRY_ALIGN)
+}
+
+/// [`pointer_table`] with entries aligned to `align` bytes only: kernel operand tables, whose
+/// entries are 16-byte aligned bases plus element offsets (each kernel picks its vector width
+/// from its operands' offsets).
+pub fn operand_table(
+    dev: &CudaDevice,
+    label: &str,
+    entries: &[BufRef],
+) -> Result<Arc<DeviceBuffer>, RuntimeError> {
+    aligned_table(dev, label, entries, 1)
+}
+
+fn aligned_table(
+    dev: &CudaDevice,
+    label: &str,
+    entries: &[BufRef],
+    align: u64,
+) -> Result<Arc<DeviceBuffer>, RuntimeError> {
     let mut bytes = Vec::with_capacity(entries.len() * 8);
     let mut deps: Vec<Arc<DeviceBuffer>> = Vec::new();
     for (slot, e) in entries.iter().enumerate() {
         let addr = e.buf.addr(e.offset, 0)?;
-        if addr % TABLE_ENTRY_ALIGN != 0 {
+        if addr % align != 0 {
             return Err(CudaError::BadTableEntry {
                 table: label.to_string(),
                 slot,
                 reason: format!(
-                    "{} + {} is not {TABLE_ENTRY_ALIGN}-byte aligned",
+                    "{} + {} is not {align}-byte aligned",
                     e.buf.label(),
                     e.offset
                 ),
