@@ -24,7 +24,8 @@ fn default_model() -> PathBuf {
 }
 
 fn spec_cfg(target_dir: &Path, body: &str) -> Result<SpecConfig, String> {
-    SpecConfig::from_toml(&target_dir.join("spec.ddtree-test.toml"), body).map_err(|e| e.to_string())
+    SpecConfig::from_toml(&target_dir.join("spec.ddtree-test.toml"), body)
+        .map_err(|e| e.to_string())
 }
 
 #[test]
@@ -213,7 +214,12 @@ fn trained_ddtree_budget64_is_exact_batch4() {
 #[test]
 fn trained_tree_accepts_at_least_the_chain() {
     let target = Model::open(default_model()).unwrap();
-    let tree = check_exact(&target, &trained_bundle(&target, 32, 8), &python_prompts(1), 40);
+    let tree = check_exact(
+        &target,
+        &trained_bundle(&target, 32, 8),
+        &python_prompts(1),
+        40,
+    );
     let cfg = spec_cfg(&default_model(), "method = \"dflash\"\ndraft = \"dflash\"").unwrap();
     let chain_b = SpecBundle::open(&target, &cfg).unwrap();
     let weights = chain_b.load_weights_f32(&target).unwrap();
@@ -319,7 +325,11 @@ fn step_tree_is_well_formed() {
         assert!((1..=7).contains(&d));
         for w in 0..2 {
             let own = if i / 64 == w { 1i64 << (i % 64) } else { 0 };
-            assert_eq!(row(i)[3 + w], row(p as usize)[3 + w] | own, "node {i} word {w}");
+            assert_eq!(
+                row(i)[3 + w],
+                row(p as usize)[3 + w] | own,
+                "node {i} word {w}"
+            );
         }
     }
 }

@@ -11,8 +11,9 @@ use specc_kernels_gen::{Arch, Nvrtc};
 use specc_models::dflash::DFlashSpec;
 use specc_models::eagle3::Eagle3Spec;
 use specc_models::spec_step::{
-    lower_ddtree_step, lower_decode_step, lower_dflash_prefill, lower_dflash_step, lower_draft_model_step,
-    lower_eagle3_prefill, lower_eagle3_step, lower_target_prefill, StepShape, DRAFT_PREFIX,
+    lower_ddtree_step, lower_decode_step, lower_dflash_prefill, lower_dflash_step,
+    lower_draft_model_step, lower_eagle3_prefill, lower_eagle3_step, lower_target_prefill,
+    StepShape, DRAFT_PREFIX,
 };
 use specc_models::{lower_dense_prefixed, Acceptance, Model, TreeKnobs};
 
@@ -239,9 +240,15 @@ fn ddtree_step(target: &Model) -> Graph {
 /// Kernels only a DDTree step has: the tree ops, the tree commit, attention with
 /// multi-word masks and RoPE with separate cache slots.
 fn tree_kernel(name: &str) -> bool {
-    ["tree_build", "tree_accept", "kv_move", "attn_split", "rope_kv"]
-        .iter()
-        .any(|p| name.starts_with(p))
+    [
+        "tree_build",
+        "tree_accept",
+        "kv_move",
+        "attn_split",
+        "rope_kv",
+    ]
+    .iter()
+    .any(|p| name.starts_with(p))
 }
 
 #[test]

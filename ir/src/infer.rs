@@ -407,7 +407,11 @@ pub(crate) fn infer(op: &Op, a: &[&TensorType]) -> R {
             let w = crate::op::tree_words(*budget);
             Ok(tt(
                 DType::I64,
-                Shape(vec![lp.shape.0[0], Dim::Static(*budget), Dim::Static(3 + w)]),
+                Shape(vec![
+                    lp.shape.0[0],
+                    Dim::Static(*budget),
+                    Dim::Static(3 + w),
+                ]),
             ))
         }
         Op::TreeAccept { max_depth } => {

@@ -174,7 +174,10 @@ impl AttentionParams {
             return err("scratch", "must be 16-byte aligned".into());
         }
         if let AttnMask::Tree { words: 0, .. } = self.mask {
-            return err("mask", "a tree mask needs at least one ancestor word".into());
+            return err(
+                "mask",
+                "a tree mask needs at least one ancestor word".into(),
+            );
         }
         if !self.scale.is_finite() || self.max_t == 0 || self.splits == 0 {
             return err(
@@ -306,7 +309,9 @@ fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
                 w.line("row_anc[tid] = anc[m];");
             } else if tree {
                 w.line("rp = 0;");
-                w.line("for (int j = 0; j < AW; ++j) row_anc[tid][j] = anc[(long long)m * AW + j];");
+                w.line(
+                    "for (int j = 0; j < AW; ++j) row_anc[tid][j] = anc[(long long)m * AW + j];",
+                );
             } else {
                 w.line("rp = cache_slot((long long)pos[m], c.ctx);");
             }

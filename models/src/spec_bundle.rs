@@ -12,8 +12,8 @@ use crate::eagle3::{Eagle3Spec, EAGLE_PREFIX};
 use crate::error::ModelError;
 use crate::spec_config::{Method, SpecConfig, TreeKnobs};
 use crate::spec_step::{
-    lower_ddtree_step, lower_dflash_prefill, lower_dflash_step, lower_draft_model_step, lower_eagle3_prefill,
-    lower_eagle3_step, lower_target_prefill, StepShape, DRAFT_PREFIX,
+    lower_ddtree_step, lower_dflash_prefill, lower_dflash_step, lower_draft_model_step,
+    lower_eagle3_prefill, lower_eagle3_step, lower_target_prefill, StepShape, DRAFT_PREFIX,
 };
 use crate::{lower_dense_prefixed, Model};
 

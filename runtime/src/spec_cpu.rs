@@ -212,10 +212,8 @@ impl<'a> SpecCpuSession<'a> {
                 }
             }
             DraftKind::DFlash { .. } | DraftKind::DDTree { .. } => {
-                let (taps_width, rows) = self
-                    .graphs
-                    .dflash_priming()
-                    .expect("a DFlash-primed draft");
+                let (taps_width, rows) =
+                    self.graphs.dflash_priming().expect("a DFlash-primed draft");
                 let taps = out.get("taps").ok_or(RuntimeError::MissingOutput("taps"))?;
                 let head_inputs = HashMap::from([
                     (HIDDEN.to_string(), taps.clone()),

@@ -100,7 +100,9 @@ pub(crate) fn kv_move(cache: &mut Tensor, src: &Tensor, dst: &Tensor) -> Result<
     let sv = i64s(src, "kv_move src")?;
     let dv = i64s(dst, "kv_move dst")?;
     if cache.shape.len() < 2 || src.shape.len() != 2 || src.shape != dst.shape {
-        return Err(format!("kv_move shapes: cache {cache}, src {src}, dst {dst}"));
+        return Err(format!(
+            "kv_move shapes: cache {cache}, src {src}, dst {dst}"
+        ));
     }
     let (b, ctx) = (cache.shape[0], cache.shape[1]);
     let row: usize = cache.shape[2..].iter().product();

@@ -60,8 +60,8 @@ mod nn;
 mod rope;
 mod shape_ops;
 mod spec_ops;
-mod tree;
 mod tensor;
+mod tree;
 mod util;
 
 #[cfg(test)]

@@ -151,8 +151,7 @@ pub(crate) fn tree_accept(tree: &Tensor, target: &Tensor, max_depth: usize, out:
         let mut path = vec![0usize];
         while path.len() <= max_depth {
             let cur = *path.last().expect("the root is on the path");
-            let next =
-                (1..n).find(|&j| node(j)[1] == cur as i64 && node(j)[0] == want(cur));
+            let next = (1..n).find(|&j| node(j)[1] == cur as i64 && node(j)[0] == want(cur));
             match next {
                 Some(j) => path.push(j),
                 None => break,

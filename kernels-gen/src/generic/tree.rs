@@ -42,7 +42,11 @@ pub(super) fn tree_build(
         super::c_type(ids.dtype)
     );
     w.line("long long* y = y_all + b * (N * C);");
-    emit!(w, "const long long root = {};", load(root.dtype, "roots[b]"));
+    emit!(
+        w,
+        "const long long root = {};",
+        load(root.dtype, "roots[b]")
+    );
     w.line("for (int i = 0; i < N * C; ++i) y[i] = 0;");
     w.line("y[0] = root;");
     w.line("y[1] = -1;");

@@ -31,10 +31,34 @@ pub fn cases() -> Vec<Case> {
 /// negatives and chained moves.
 fn trees(v: &mut Vec<Case>) {
     for (label, l, k, n, vals) in [
-        ("tree_build [4,7,8] budget 64", 7u64, 8u64, 64u64, Values::Float(3.0)),
-        ("tree_build [4,7,8] budget 256", 7, 8, 256, Values::Float(3.0)),
-        ("tree_build [4,3,4] budget 70 special", 3, 4, 70, Values::Special),
-        ("tree_build [4,2,2] budget 16 ties (padding)", 2, 2, 16, Values::Ties),
+        (
+            "tree_build [4,7,8] budget 64",
+            7u64,
+            8u64,
+            64u64,
+            Values::Float(3.0),
+        ),
+        (
+            "tree_build [4,7,8] budget 256",
+            7,
+            8,
+            256,
+            Values::Float(3.0),
+        ),
+        (
+            "tree_build [4,3,4] budget 70 special",
+            3,
+            4,
+            70,
+            Values::Special,
+        ),
+        (
+            "tree_build [4,2,2] budget 16 ties (padding)",
+            2,
+            2,
+            16,
+            Values::Ties,
+        ),
     ] {
         let words = n.div_ceil(64);
         v.push(case(

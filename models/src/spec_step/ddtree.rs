@@ -175,9 +175,8 @@ pub fn lower_ddtree_step(
 
     // 3. accept: [a, bonus, path_0..path_L].
     let target_next = b.g.add(Op::Argmax, &[v.logits])?;
-    let acc = b
-        .g
-        .add(Op::TreeAccept { max_depth: l }, &[tree_v, target_next])?;
+    let acc =
+        b.g.add(Op::TreeAccept { max_depth: l }, &[tree_v, target_next])?;
     let a = b.slice_cols(acc, 0, 1)?;
     let a = b.reshape(a, &[B])?;
     let a = b.g.add(Op::Select, &[c.live, a, c.zero_b])?;
