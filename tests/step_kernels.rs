@@ -11,10 +11,11 @@ use specc_kernels_gen::{Arch, Nvrtc};
 use specc_models::dflash::DFlashSpec;
 use specc_models::eagle3::Eagle3Spec;
 use specc_models::spec_step::{
-    lower_decode_step, lower_dflash_prefill, lower_dflash_step, lower_draft_model_step,
-    lower_eagle3_prefill, lower_eagle3_step, lower_target_prefill, StepShape, DRAFT_PREFIX,
+    lower_ddtree_step, lower_decode_step, lower_dflash_prefill, lower_dflash_step,
+    lower_draft_model_step, lower_eagle3_prefill, lower_eagle3_step, lower_target_prefill,
+    StepShape, DRAFT_PREFIX,
 };
-use specc_models::{lower_dense_prefixed, Acceptance, Model};
+use specc_models::{lower_dense_prefixed, Acceptance, Model, TreeKnobs};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -64,6 +65,17 @@ fn graphs() -> Vec<(String, Graph, Bindings)> {
                 lower_dflash_step(target.spec(), &dflash, &shape).unwrap(),
                 bind.clone(),
             ));
+            if acceptance == Acceptance::Greedy {
+                // 16 nodes (one ancestor word) and 80 (two words).
+                for budget in [16, 80] {
+                    let tree = TreeKnobs { budget, topk: 4 };
+                    out.push((
+                        format!("ddtree step budget {budget} B={lanes}"),
+                        lower_ddtree_step(target.spec(), &dflash, &shape, tree).unwrap(),
+                        bind.clone(),
+                    ));
+                }
+            }
             let mut plain = shape.clone();
             plain.num_steps = 0;
             out.push((
@@ -181,6 +193,11 @@ fn shipped_graphs() -> Vec<(String, Graph, Bindings)> {
             step.clone(),
         ),
         (
+            "default: ddtree step".into(),
+            ddtree_step(&dflt),
+            step.clone(),
+        ),
+        (
             "default: prefill".into(),
             lower_target_prefill(dflt.spec(), &[]).unwrap(),
             pre.clone(),
@@ -209,6 +226,31 @@ fn dflash_step(target: &Model) -> Graph {
     specc_models::SpecBundle::open(target, &cfg).unwrap().step
 }
 
+/// The trained drafter as a DDTree step of 80 nodes (two ancestor words, greedy).
+fn ddtree_step(target: &Model) -> Graph {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/default");
+    let text = format!(
+        "method = \"ddtree\"\ndraft = \"{}\"\nbudget = 80\n",
+        root.join("dflash").display()
+    );
+    let cfg = specc_models::SpecConfig::from_toml(&root.join("ddtree.toml"), &text).unwrap();
+    specc_models::SpecBundle::open(target, &cfg).unwrap().step
+}
+
+/// Kernels only a DDTree step has: the tree ops, the tree commit, attention with
+/// multi-word masks and RoPE with separate cache slots.
+fn tree_kernel(name: &str) -> bool {
+    [
+        "tree_build",
+        "tree_accept",
+        "kv_move",
+        "attn_split",
+        "rope_kv",
+    ]
+    .iter()
+    .any(|p| name.starts_with(p))
+}
+
 #[test]
 fn every_step_kernel_compiles_for_every_arch() {
     let nvrtc = match Nvrtc::new() {
@@ -233,12 +275,18 @@ fn every_step_kernel_compiles_for_every_arch() {
         // kernels are the same families as the draft_model step's at other offsets.
         let archs: &[Arch] = if name.contains("prefill") || name.contains("decode") {
             &Arch::ALL
-        } else if name.contains("eagle3") || name.contains("dflash") {
+        } else if name.contains("eagle3") || name.contains("dflash") || name.contains("ddtree") {
             &[]
         } else {
             &[Arch::Sm90a]
         };
         for l in plan.launches {
+            // The DDTree step's own kernels (every arch); the rest as the DFlash step's.
+            let archs = if name.contains("ddtree") && tree_kernel(&l.kernel.name) {
+                &Arch::ALL[..]
+            } else {
+                archs
+            };
             for &arch in archs {
                 if seen.insert((l.kernel.name.clone(), arch)) {
                     jobs.push((name.clone(), l.kernel.clone(), arch));

@@ -266,9 +266,10 @@ fn rope_kv_write(g: &Graph, uses: &Uses, mats: [ValueId; 3]) -> Option<QkvMatch>
     let (km, kchain, krope, k_norm, kw) = k?;
     let (vm, vr, vw) = v?;
     let pos = g.node(qrope).args[1];
-    // rope(x, pos) and kv_write(cache, x, pos) must all use q's positions.
-    let same_pos =
-        g.node(krope).args[1] == pos && g.node(kw).args[2] == pos && g.node(vw).args[2] == pos;
+    // q and k rotate at q's positions; k and v are written at one slot value (the same
+    // positions, or a draft tree's node slots).
+    let slots = g.node(kw).args[2];
+    let same_pos = g.node(krope).args[1] == pos && g.node(vw).args[2] == slots;
     if !same_pos || g.node(qrope).op != g.node(krope).op {
         return None;
     }
@@ -281,6 +282,7 @@ fn rope_kv_write(g: &Graph, uses: &Uses, mats: [ValueId; 3]) -> Option<QkvMatch>
     Some((
         Epilogue::RopeKvWrite(Box::new(RopeKvWrite {
             positions: pos,
+            slots,
             head_dim,
             q_heads: qt.dims()[2].as_static()?,
             kv_heads: kt.dims()[2].as_static()?,

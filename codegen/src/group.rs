@@ -47,6 +47,8 @@ pub enum Epilogue {
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeKvWrite {
     pub positions: ValueId,
+    /// Cache slots of k and v: `positions` itself, or a tree's node slots.
+    pub slots: ValueId,
     pub head_dim: u64,
     pub q_heads: u64,
     pub kv_heads: u64,

@@ -58,7 +58,7 @@ pub fn run(g: &Graph, groups: Vec<Group>) -> Result<Vec<Group>, CodegenError> {
     }
     for (i, gr) in groups.iter().enumerate() {
         for &node in &gr.nodes {
-            if g.node(node).op == Op::KvWrite {
+            if matches!(g.node(node).op, Op::KvWrite | Op::KvMove) {
                 let old: ValueId = g.node(node).args[0];
                 for &r in &readers[old.index()] {
                     edge(r, i, &mut succ);

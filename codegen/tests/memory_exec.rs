@@ -317,3 +317,37 @@ fn speculative_step_runs_over_the_planned_arena() {
     );
     assert!(!clobber_ok, "overlapping every value went unnoticed");
 }
+
+/// The DDTree step (tree build, tree-masked verify with node slots, tree accept, `kv_move`
+/// commit) over the planned arena: in-place moves after the verify's reads of the caches.
+#[test]
+fn ddtree_step_runs_over_the_planned_arena() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/llama3_scaled_untied");
+    let t = fixture("llama3_scaled_untied");
+    let cfg = specc_models::SpecConfig::from_toml(
+        &dir.join("spec.ddtree-test.toml"),
+        "method = \"ddtree\"\ndraft = \"../dflash_random\"\nbudget = 70\ntopk = 4\n",
+    )
+    .unwrap();
+    let b = specc_models::SpecBundle::open(&t, &cfg).unwrap();
+    let w = b.load_weights_f32(&t).unwrap();
+    let lane = |v: Vec<i64>| Tensor::from_i64(DType::I32, vec![v.len()], v);
+    let states = HashMap::from([
+        ("spec.len".to_string(), lane(vec![4, 6])),
+        (
+            "spec.pending".to_string(),
+            Tensor::from_i64(DType::I32, vec![2, 2], vec![7, 9, 11, 13]),
+        ),
+        ("spec.budget".to_string(), lane(vec![10, 0])),
+        ("spec.emitted".to_string(), lane(vec![0, 0])),
+        ("spec.step".to_string(), lane(vec![0, 0])),
+        ("dflash.count".to_string(), lane(vec![0, 0])),
+        ("dflash.base".to_string(), lane(vec![4, 6])),
+    ]);
+    let (ok, clobber_ok) = check(b.step, Bindings::new(2, 1, 128), &w, HashMap::new(), states);
+    assert!(
+        ok,
+        "planned execution of the ddtree step differs from the interpreter"
+    );
+    assert!(!clobber_ok, "overlapping every value went unnoticed");
+}

@@ -277,6 +277,20 @@ pub(crate) fn infer(op: &Op, a: &[&TensorType]) -> R {
             same_dim(x.shape.0[1], pos.shape.0[1], "kv_write positions tokens")?;
             Ok(cache.clone())
         }
+        Op::KvMove => {
+            let (cache, src, dst) = (a[0], a[1], a[2]);
+            if cache.shape.rank() < 2 {
+                return Err(format!("kv_move cache must have rank >= 2, got {cache}"));
+            }
+            int(src, "kv_move src")?;
+            int(dst, "kv_move dst")?;
+            rank(src, 2, "kv_move src")?;
+            if dst.shape != src.shape {
+                return Err(format!("kv_move dst {dst} must match src {src}"));
+            }
+            same_dim(cache.shape.0[0], src.shape.0[0], "kv_move batch")?;
+            Ok(cache.clone())
+        }
         Op::Assign => {
             if a[0] != a[1] {
                 return Err(format!("assign: value {} must match state {}", a[1], a[0]));
@@ -310,9 +324,18 @@ pub(crate) fn infer(op: &Op, a: &[&TensorType]) -> R {
                 int(pl, "attention prefix_len")?;
                 rank(pl, 1, "attention prefix_len")?;
                 same_dim(pl.shape.0[0], q.shape.0[0], "attention prefix_len batch")?;
-                if anc.dtype != DType::I64 || anc.shape != pos.shape {
+                let words_ok = match anc.shape.rank() {
+                    2 => anc.shape == pos.shape,
+                    3 => {
+                        anc.shape.0[..2] == pos.shape.0[..]
+                            && anc.shape.0[2].as_static().is_some_and(|w| w >= 1)
+                    }
+                    _ => false,
+                };
+                if anc.dtype != DType::I64 || !words_ok {
                     return Err(format!(
-                        "attention ancestors must be i64{}, got {anc}",
+                        "attention ancestors must be i64{} or that shape plus a static \
+                         number of words, got {anc}",
                         pos.shape
                     ));
                 }
@@ -356,6 +379,65 @@ pub(crate) fn infer(op: &Op, a: &[&TensorType]) -> R {
                 }
             }
             Ok(tt(DType::I32, Shape(vec![d.shape.0[0]])))
+        }
+        Op::TreeBuild { budget } => {
+            let (lp, ids, root) = (a[0], a[1], a[2]);
+            if lp.dtype != DType::F32 {
+                return Err(format!("tree_build log-probs must be f32, got {lp}"));
+            }
+            rank(lp, 3, "tree_build log-probs")?;
+            int(ids, "tree_build ids")?;
+            int(root, "tree_build root")?;
+            if ids.shape != lp.shape {
+                return Err(format!(
+                    "tree_build ids {ids} must have the log-probs' shape {lp}"
+                ));
+            }
+            rank(root, 1, "tree_build root")?;
+            same_dim(root.shape.0[0], lp.shape.0[0], "tree_build batch")?;
+            if lp.shape.0[1].as_static().is_none() || lp.shape.0[2].as_static().is_none() {
+                return Err(format!("tree_build depths and top-k must be static: {lp}"));
+            }
+            if !(2..=crate::op::MAX_TREE_NODES).contains(budget) {
+                return Err(format!(
+                    "tree_build budget {budget} out of 2..={}",
+                    crate::op::MAX_TREE_NODES
+                ));
+            }
+            let w = crate::op::tree_words(*budget);
+            Ok(tt(
+                DType::I64,
+                Shape(vec![
+                    lp.shape.0[0],
+                    Dim::Static(*budget),
+                    Dim::Static(3 + w),
+                ]),
+            ))
+        }
+        Op::TreeAccept { max_depth } => {
+            let (tree, target) = (a[0], a[1]);
+            rank(tree, 3, "tree_accept tree")?;
+            if tree.dtype != DType::I64 {
+                return Err(format!("tree_accept tree must be i64, got {tree}"));
+            }
+            int(target, "tree_accept target")?;
+            rank(target, 2, "tree_accept target")?;
+            let n = tree.shape.0[1].as_static();
+            let cols = tree.shape.0[2].as_static();
+            match (n, cols) {
+                (Some(n), Some(c)) if n >= 1 && c == 3 + crate::op::tree_words(n) => {}
+                _ => {
+                    return Err(format!(
+                        "tree_accept tree must be [B, N, 3 + ceil(N/64)], got {tree}"
+                    ))
+                }
+            }
+            same_dim(tree.shape.0[0], target.shape.0[0], "tree_accept batch")?;
+            same_dim(tree.shape.0[1], target.shape.0[1], "tree_accept nodes")?;
+            Ok(tt(
+                DType::I32,
+                Shape(vec![tree.shape.0[0], Dim::Static(max_depth + 3)]),
+            ))
         }
         Op::MoeRoute {
             top_k,

@@ -42,8 +42,10 @@ pub enum AttnMask {
     /// Query `(b, t)` attends slots `0..=pos[b, t]`.
     Causal,
     /// Query `(b, t)` attends slots `0..prefix_len[b]` and slot `prefix_len[b] + u` for every
-    /// bit `u` (< min(T, 64)) set in `ancestors[b, t]`. A block (DFlash) is a tree whose masks
-    /// have every bit set; a chain is a tree whose node `t` has bits `0..=t`.
+    /// bit `u` (< min(T, 64·W)) set in its ancestor mask: `ancestors` is `i64[B, T]` (one
+    /// word, W = 1) or `i64[B, T, W]` (bit `u` in word `u / 64`, bit `u % 64`). A block
+    /// (DFlash) is a tree whose masks have every bit set; a chain is a tree whose node `t`
+    /// has bits `0..=t`; a DDTree draft tree of up to 256 nodes uses W = ceil(T / 64).
     Tree,
 }
 
@@ -190,12 +192,19 @@ pub enum Op {
     /// Negative `pos` means "padding lane": nothing is written. Any rank-4 state works as a
     /// row store (token ring buffers, tapped hidden states), not only KV caches.
     KvWrite,
+    /// `(cache[B, Ctx, ...], src int[B, n], dst int[B, n]) -> cache`: for each sequence, in
+    /// order of `i`, copies row `cache[b, min(src[b, i], Ctx-1)]` to row
+    /// `cache[b, min(dst[b, i], Ctx-1)]` in place; a negative `src` or `dst` copies nothing.
+    /// Aliases its operand like `kv_write`. Tree commit: the accepted path's rows move from
+    /// their tree slots `prefix + node` to `prefix + depth` (in ascending depth, `dst ≤ src`
+    /// and no later source is overwritten).
+    KvMove,
     /// `(state, x) -> state`: overwrites the whole state with `x` (same type) in place; like
     /// `kv_write`, the result aliases the operand, which must not be read afterwards. This
     /// is how a step commits sequence lengths and pending tokens on device.
     Assign,
     /// `(q[B, T, Hq, D], k[B, Ctx, Hkv, D], v[B, Ctx, Hkv, Dv], pos int[B, T],
-    ///   [prefix_len int[B], ancestors i64[B, T]]) -> q-dtype[B, T, Hq, Dv]`:
+    ///   [prefix_len int[B], ancestors i64[B, T] or i64[B, T, W]]) -> q-dtype[B, T, Hq, Dv]`:
     /// softmax(scale · q·kᵀ over the slots `mask` allows) · v, with query head `h` reading
     /// kv head `h / (Hq / Hkv)` (GQA). The `Tree` mask takes the two extra operands.
     Attention { scale: f64, mask: AttnMask },
@@ -209,6 +218,27 @@ pub enum Op {
     /// `(draft int[B, K], target int[B, K+1]) -> i32[B]`: the number of leading positions
     /// where `draft[b, i] == target[b, i]`, in `0..=K` (greedy chain acceptance).
     AcceptChain,
+    /// `(logp f32[B, L, K], ids int[B, L, K], root int[B]) -> i64[B, N, 3 + W]`, N = `budget`,
+    /// W = ceil(N / 64): a DDTree draft tree, best-first over rank paths (REFERENCE.md).
+    /// Row `d` of `logp` / `ids` is depth `d + 1`: its top-K log-probs (best first) and
+    /// tokens. Node 0 is the root: token `root[b]`, depth 0, score 0. A candidate is
+    /// (parent node p, rank r) at depth `depth(p) + 1`, with score `score(p) + logp[d-1][r]`
+    /// (one f32 add; NaN counts as -inf). Starting from the candidate (0, 0), the best
+    /// candidate becomes the next node, then its sibling (p, r + 1) if r + 1 < K and its
+    /// first child (node, 0) if its depth < L become candidates. Best = highest score, then
+    /// lowest parent index, then lowest rank (a strict total order, so the tree is unique).
+    /// Per node `i` the row holds `[token, parent, depth, ancestor words…]`; ancestors =
+    /// the parent's | bit `i`. When no candidate is left before N nodes, the remaining
+    /// nodes are padding: token `root[b]`, parent −1, depth 0, ancestors = bit `i` only (no
+    /// walk reaches them). Parents precede children, so `node ≥ depth` on every path.
+    TreeBuild { budget: u64 },
+    /// `(tree i64[B, N, 3 + W], target int[B, N]) -> i32[B, max_depth + 3]`: greedy tree
+    /// acceptance. From the root, repeatedly move to the lowest-index node whose parent is
+    /// the current node and whose token equals `target[b, current]`, at most `max_depth`
+    /// times. Row: `[a, bonus, path_0 .. path_max_depth]`, `a` = accepted moves
+    /// (0..=max_depth), bonus = `target[b, path_a]`, `path_i` = the node at depth `i` for
+    /// `i ≤ a` (`path_0 = 0`) and `path_a` repeated after it.
+    TreeAccept { max_depth: u64 },
     /// `(logits[..., E], bias? f32[E]) -> f32[..., E]`: dense expert gates, zero for
     /// experts not selected. Scores `s` = softmax or sigmoid of logits (f32); groups of
     /// `E / n_group` experts ranked by their top-2 `s + bias` sum, the best `topk_group`
@@ -260,6 +290,7 @@ impl Op {
             Op::MatMul => ("matmul", Range(2, 3), true, false),
             Op::Rope { .. } => ("rope", Exact(2), true, false),
             Op::KvWrite => ("kv_write", Exact(3), false, false),
+            Op::KvMove => ("kv_move", Exact(3), false, false),
             Op::Assign => ("assign", Exact(2), false, false),
             Op::Attention { mask, .. } => (
                 "attention",
@@ -273,6 +304,8 @@ impl Op {
             Op::Sample => ("sample", Exact(2), true, false),
             Op::RandomUniform { .. } => ("random_uniform", Exact(1), true, true),
             Op::AcceptChain => ("accept_chain", Exact(2), true, false),
+            Op::TreeBuild { .. } => ("tree_build", Exact(3), true, false),
+            Op::TreeAccept { .. } => ("tree_accept", Exact(2), true, false),
             Op::MoeRoute { .. } => ("moe_route", Range(1, 2), true, false),
             Op::MoeExperts => ("moe_experts", Exact(5), true, false),
             Op::AllReduce => ("all_reduce", Exact(1), false, false),
@@ -288,7 +321,7 @@ impl Op {
 
     /// Ops whose result aliases their first operand, a state updated in place.
     pub fn is_in_place(&self) -> bool {
-        matches!(self, Op::KvWrite | Op::Assign)
+        matches!(self, Op::KvWrite | Op::KvMove | Op::Assign)
     }
 
     /// The type a leaf op declares, if this is a leaf.
@@ -405,3 +438,11 @@ pub fn dims(ds: &[Dim]) -> Shape {
 pub const B: Dim = Dim::Bucket(BucketDim::B);
 pub const T: Dim = Dim::Bucket(BucketDim::T);
 pub const CTX: Dim = Dim::Bucket(BucketDim::Ctx);
+
+/// Ancestor-mask words of a tree of `nodes` nodes: `ceil(nodes / 64)`, at least 1.
+pub fn tree_words(nodes: u64) -> u64 {
+    nodes.div_ceil(64).max(1)
+}
+
+/// Largest `tree_build` budget (nodes per sequence).
+pub const MAX_TREE_NODES: u64 = 256;

@@ -249,3 +249,51 @@ __device__ int sample_row(const float* p, int v, float u, float* buf, float* sta
   }
   return res;
 }
+
+// ---- draft trees (tree_build): a binary max-heap of candidates ----
+
+// A candidate node: score, parent node, rank within its depth's top-K, depth.
+struct TreeCand {
+  float s;
+  int p;
+  int r;
+  int d;
+};
+
+// The IR order (op `tree_build`): higher score (NaN as -inf), then lower parent, then lower
+// rank. Strict and total over distinct candidates, so any heap pops the same sequence.
+__device__ __forceinline__ bool tree_better(const TreeCand& a, const TreeCand& b) {
+  const float ka = isnan(a.s) ? neg_inf() : a.s;
+  const float kb = isnan(b.s) ? neg_inf() : b.s;
+  if (ka != kb) return ka > kb;
+  if (a.p != b.p) return a.p < b.p;
+  return a.r < b.r;
+}
+
+__device__ inline void tree_push(TreeCand* h, int& n, TreeCand c) {
+  int i = n++;
+  while (i > 0) {
+    const int up = (i - 1) / 2;
+    if (!tree_better(c, h[up])) break;
+    h[i] = h[up];
+    i = up;
+  }
+  h[i] = c;
+}
+
+// Removes and returns the best candidate; `n > 0`.
+__device__ inline TreeCand tree_pop(TreeCand* h, int& n) {
+  const TreeCand top = h[0];
+  const TreeCand last = h[--n];
+  int i = 0;
+  while (true) {
+    const int l = 2 * i + 1;
+    if (l >= n) break;
+    const int c = (l + 1 < n && tree_better(h[l + 1], h[l])) ? l + 1 : l;
+    if (!tree_better(h[c], last)) break;
+    h[i] = h[c];
+    i = c;
+  }
+  if (n > 0) h[i] = last;
+  return top;
+}

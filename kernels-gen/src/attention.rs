@@ -9,12 +9,12 @@
 //! merges the splits and writes `o / l` rounded to the output dtype.
 //!
 //! The context slice adapts to the sequence: a block attends slots `0..len` where `len` is
-//! `max(pos over its rows) + 1` (causal) or `prefix_len + min(T, 64)` (tree), split into
+//! `max(pos over its rows) + 1` (causal) or `prefix_len + min(T, 64·W)` (tree), split into
 //! `splits` equal tile-aligned ranges; ranges past `len` do no work.
 //!
 //! Masks (IR `AttnMask`): causal: query `(b, t)` attends slots `0..=min(pos[b, t], Ctx−1)`;
-//! tree: slots `< prefix_len[b]` and slot `prefix_len[b] + u` for each bit `u < min(T, 64)`
-//! of `ancestors[b, t]`. A row that attends nothing (`pos < 0`, a padding lane) outputs 0.
+//! tree: slots `< prefix_len[b]` and slot `prefix_len[b] + u` for each bit `u < min(T, 64·W)`
+//! of `ancestors[b, t]` (W words per row; bit `u` in word `u / 64`). A row that attends nothing (`pos < 0`, a padding lane) outputs 0.
 //!
 //! Scratch (`scratch_bytes`): `float2 ml[M, Hq, S]` then `float o[M, Hq, S, Dv]`, at
 //! `scratch` in the arena, sized for the bucket. Kernel name dtype: the cache dtype.
@@ -38,8 +38,10 @@ pub enum AttnMask {
     Tree {
         /// `i32[B]`.
         prefix_len: Loc,
-        /// `i64[M]` ancestor bitmasks.
+        /// `i64[M, words]` ancestor bitmasks (bit `u` of a row in word `u / 64`).
         ancestors: Loc,
+        /// Words per row, ≥ 1: trees of up to `64 · words` nodes.
+        words: u32,
     },
 }
 
@@ -95,8 +97,17 @@ impl AttentionParams {
         per * 8 + per * self.head_dim_v as u64 * 4
     }
 
+    /// Ancestor words per row (0 for a causal mask).
+    fn words(&self) -> u64 {
+        match self.mask {
+            AttnMask::Causal => 0,
+            AttnMask::Tree { words, .. } => words as u64,
+        }
+    }
+
     fn smem(&self, rb: u32, ts: u32) -> u64 {
         let (qs, cs) = (self.q.dtype.size(), self.cache_dtype.size());
+        let extra_words = self.words().saturating_sub(1) * 8 * rb as u64;
         let (d, dv) = (self.head_dim as u64, self.head_dim_v as u64);
         let (rb, ts) = (rb as u64, ts as u64);
         rb * (d + 16 / qs) * qs
@@ -105,6 +116,7 @@ impl AttentionParams {
             + rb * ts * 4
             + rb * 24
             + 16
+            + extra_words
     }
 
     /// Rows per block and slots per tile: the largest tile that fits 48 KiB of static shared
@@ -161,6 +173,12 @@ impl AttentionParams {
         if !self.scratch.byte_offset().is_multiple_of(16) {
             return err("scratch", "must be 16-byte aligned".into());
         }
+        if let AttnMask::Tree { words: 0, .. } = self.mask {
+            return err(
+                "mask",
+                "a tree mask needs at least one ancestor word".into(),
+            );
+        }
         if !self.scale.is_finite() || self.max_t == 0 || self.splits == 0 {
             return err(
                 "scale/max_t/splits",
@@ -195,6 +213,8 @@ fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
     let (qt, ct) = (p.q.dtype.c_type(), p.cache_dtype.c_type());
     let (qv, cv) = (16 / p.q.dtype.size(), 16 / p.cache_dtype.size());
     let tree = matches!(p.mask, AttnMask::Tree { .. });
+    // One word keeps the single-`long long` form; more index a row of words.
+    let words = p.words();
     let mut kb = KernelBuilder::new(FAMILY, p.cache_dtype);
     let w = &mut kb.body;
     emit!(w, "constexpr int D = {d};");
@@ -224,8 +244,11 @@ fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
     w.line("__shared__ float ps[RB][TS];");
     w.line("__shared__ float row_m[RB], row_l[RB], row_a[RB];");
     w.line("__shared__ int row_pos[RB];");
-    if tree {
+    if words == 1 {
         w.line("__shared__ long long row_anc[RB];");
+    } else if tree {
+        emit!(w, "constexpr int AW = {words};  // ancestor words per row");
+        w.line("__shared__ long long row_anc[RB][AW];");
     }
     w.line("__shared__ int s_len;");
     w.line("const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;");
@@ -255,6 +278,7 @@ fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
     if let AttnMask::Tree {
         prefix_len,
         ancestors,
+        ..
     } = p.mask
     {
         emit!(
@@ -263,7 +287,11 @@ fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
             prefix_len.ptr(Dtype::I32, false)
         );
         w.line("const int prefix = pl0 < 0 ? 0 : min(pl0, c.ctx);");
-        w.line("const int tree_n = min(c.t, 64);");
+        if words == 1 {
+            w.line("const int tree_n = min(c.t, 64);");
+        } else {
+            w.line("const int tree_n = min(c.t, 64 * AW);");
+        }
         emit!(
             w,
             "const long long* anc = {};",
@@ -276,9 +304,14 @@ fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
         w.line("int rp = -1;");
         w.if_block("tid < nrows", |w| {
             w.line("const int m = b * c.t + (r0 + tid) / G;");
-            if tree {
+            if words == 1 {
                 w.line("rp = 0;");
                 w.line("row_anc[tid] = anc[m];");
+            } else if tree {
+                w.line("rp = 0;");
+                w.line(
+                    "for (int j = 0; j < AW; ++j) row_anc[tid][j] = anc[(long long)m * AW + j];",
+                );
             } else {
                 w.line("rp = cache_slot((long long)pos[m], c.ctx);");
             }
@@ -376,11 +409,17 @@ fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
             w.line("const int slot = s0 + s;");
             w.for_unrolled("j", 0, "RB / RGS", |w| {
                 w.line("const int r = rg + RGS * j;");
-                if tree {
+                if words == 1 {
                     w.line("const int u = slot - prefix;");
                     w.line(
                         "const bool ok = slot < s_end && row_pos[r] >= 0 && (slot < prefix || \
                          (u < tree_n && ((row_anc[r] >> u) & 1)));",
+                    );
+                } else if tree {
+                    w.line("const int u = slot - prefix;");
+                    w.line(
+                        "const bool ok = slot < s_end && row_pos[r] >= 0 && (slot < prefix || \
+                         (u < tree_n && ((row_anc[r][u >> 6] >> (u & 63)) & 1)));",
                     );
                 } else {
                     w.line("const bool ok = slot < s_end && slot <= row_pos[r];");

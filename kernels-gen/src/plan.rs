@@ -336,6 +336,11 @@ fn attention_kernels(
         IrMask::Tree => AttnMask::Tree {
             prefix_len: cx.loc(args[4])?,
             ancestors: cx.loc(args[5])?,
+            // `ancestors` is [B, T] (one word) or [B, T, W].
+            words: match cx.dims(args[5])?.as_slice() {
+                [_, _, w] => *w as u32,
+                _ => 1,
+            },
         },
     };
     let mut p = AttentionParams {
@@ -534,6 +539,11 @@ fn matmul_kernels(
                 cache_dtype: dtype(cx.g.ty(r.k_cache_out).dtype)?,
                 pos: cx.loc(r.positions)?,
                 pos_dtype: dtype(cx.g.ty(r.positions).dtype)?,
+                slots: if r.slots == r.positions {
+                    None
+                } else {
+                    Some((cx.loc(r.slots)?, dtype(cx.g.ty(r.slots).dtype)?))
+                },
                 rope: RopeTable {
                     style,
                     rotary_dim: rotary_dim(&r.rope, hd),

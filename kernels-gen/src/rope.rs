@@ -11,8 +11,9 @@
 //!   `(a, b)` becomes `(R(R(a·c) + R(−b·s)), R(R(b·c) + R(a·s)))`, with `_rn` intrinsics so
 //!   no product is contracted into an FMA. `Half` pairs `(i, i + rd/2)`, `Interleaved`
 //!   pairs `(2i, 2i + 1)`, both at frequency `i`; features past `rotary_dim` pass through.
-//! - KV write: token `m = b·T + t` goes to slot `min(pos, Ctx − 1)` of sequence `b`;
-//!   `pos < 0` (a padding lane) writes nothing. Rotated q is always written.
+//! - KV write: token `m = b·T + t` goes to slot `min(pos, Ctx − 1)` of sequence `b` (or
+//!   `min(slots[m], Ctx − 1)` when separate slots are given: draft trees); a negative slot
+//!   (a padding lane) writes nothing. Rotated q is always written.
 //!
 //! `inv_freq` comes from the caller (codegen resolves default / llama3 / yarn scaling once
 //! for the interpreter and the kernels alike). Kernel name dtype: q's dtype.
@@ -71,6 +72,9 @@ pub struct RopeKvParams {
     /// `[M]` positions (i32 or i64).
     pub pos: Loc,
     pub pos_dtype: Dtype,
+    /// `[M]` cache slots of k and v when they differ from `pos` (a draft tree's tokens
+    /// rotate at `prefix + depth` and are written at `prefix + node`); `None`: `pos`.
+    pub slots: Option<(Loc, Dtype)>,
     pub rope: RopeTable,
     pub qk_norm: Option<QkNorm>,
 }
@@ -90,8 +94,8 @@ impl RopeKvParams {
         {
             return err("dtype", "v, q_out and the cache must be float types");
         }
-        if !self.pos_dtype.is_int() {
-            return err("pos_dtype", "must be i32 or i64");
+        if !self.pos_dtype.is_int() || self.slots.is_some_and(|(_, d)| !d.is_int()) {
+            return err("pos_dtype", "positions and slots must be i32 or i64");
         }
         let r = &self.rope;
         if !r.rotary_dim.is_multiple_of(2) || r.rotary_dim > self.head_dim {
@@ -161,7 +165,18 @@ pub fn rope_kv(p: &RopeKvParams) -> Result<KernelSource, Error> {
         "const long long pl = (long long)({})[m];",
         p.pos.ptr(p.pos_dtype, false)
     );
-    w.line("const int slot = cache_slot(pl, c.ctx);  // -1: padding lane, nothing written");
+    match p.slots {
+        None => {
+            w.line("const int slot = cache_slot(pl, c.ctx);  // -1: padding lane, nothing written")
+        }
+        Some((loc, dt)) => {
+            emit!(
+                w,
+                "const int slot = cache_slot((long long)({})[m], c.ctx);  // -1: nothing written",
+                loc.ptr(dt, false)
+            );
+        }
+    }
     let slot_base = "((long long)(b * c.ctx + max(slot, 0)) * HKV + h)";
 
     w.comment("v heads: copy into the cache");

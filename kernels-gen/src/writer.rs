@@ -118,6 +118,11 @@ impl Writer {
         );
     }
 
+    /// `while (cond) { body }`.
+    pub fn while_block(&mut self, cond: impl std::fmt::Display, body: impl FnOnce(&mut Writer)) {
+        self.block(format_args!("while ({cond})"), body);
+    }
+
     /// `if (cond) { body }`.
     pub fn if_block(&mut self, cond: impl std::fmt::Display, body: impl FnOnce(&mut Writer)) {
         self.block(format_args!("if ({cond})"), body);

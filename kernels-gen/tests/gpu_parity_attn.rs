@@ -44,6 +44,7 @@ fn check_rope(gpu: &Gpu, style: RopeStyle, qk_norm: bool) {
         cache_dtype: BF,
         pos,
         pos_dtype: Dtype::I32,
+        slots: None,
         rope: RopeTable {
             style,
             rotary_dim: d as u32,
@@ -173,6 +174,8 @@ struct AttnCase {
     d: usize,
     splits: u32,
     tree: bool,
+    /// Ancestor words per tree node (rows of `[B, T, words]` when > 1).
+    words: usize,
 }
 
 fn check_attention(gpu: &Gpu, c: AttnCase) {
@@ -185,6 +188,7 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
         d,
         splits,
         tree,
+        words,
     } = c;
     let m = b * t;
     let mut rng = Rng::new((b * 1000 + t * 10 + d) as u64);
@@ -193,7 +197,7 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
     let out = plan.view(m as u32, (hq * d) as u32, BF);
     let pos = plan.alloc(m as u64 * 4);
     let prefix = plan.alloc(b as u64 * 4);
-    let anc = plan.alloc(m as u64 * 8);
+    let anc = plan.alloc((m * words) as u64 * 8);
     let scale = 1.0 / (d as f32).sqrt();
     let params = AttentionParams {
         q_heads: hq as u32,
@@ -210,6 +214,7 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
             AttnMask::Tree {
                 prefix_len: prefix,
                 ancestors: anc,
+                words: words as u32,
             }
         } else {
             AttnMask::Causal
@@ -231,11 +236,13 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
             let padding = !tree && s == b - 1 && i == t - 1 && b > 1;
             pv.push(if padding { -1.0 } else { (p0 + i) as f64 });
             // Tree: node i's ancestors are the even nodes below it and itself.
-            let bits: u64 = (0..=i)
-                .filter(|&u| u == i || u % 2 == 0)
-                .map(|u| 1u64 << u)
-                .sum();
-            av.push(bits as i64 as f64);
+            for wd in 0..words {
+                let bits: u64 = (0..=i)
+                    .filter(|&u| (u == i || u % 2 == 0) && u / 64 == wd)
+                    .map(|u| 1u64 << (u % 64))
+                    .sum();
+                av.push(bits as i64 as f64);
+            }
         }
     }
     let plv: Vec<f64> = prefixes.iter().map(|&p| p as f64).collect();
@@ -267,7 +274,11 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
     let pi = r.input("pos", tensor(Dtype::I32, &[b, t], &pv));
     let o = if tree {
         let pl = r.input("pl", tensor(Dtype::I32, &[b], &plv));
-        let an = r.input("anc", tensor(Dtype::I64, &[b, t], &av));
+        let an = if words == 1 {
+            r.input("anc", tensor(Dtype::I64, &[b, t], &av))
+        } else {
+            r.input("anc", tensor(Dtype::I64, &[b, t, words], &av))
+        };
         r.op(
             Op::Attention {
                 scale: scale as f64,
@@ -307,10 +318,21 @@ fn attention_matches_interpreter() {
         d: 32,
         splits: 4,
         tree: false,
+        words: 1,
     };
     check_attention(&gpu, tiny);
     check_attention(&gpu, AttnCase { splits: 1, ..tiny });
     check_attention(&gpu, AttnCase { tree: true, ..tiny });
+    // A 100-node draft tree: two ancestor words per node.
+    check_attention(
+        &gpu,
+        AttnCase {
+            tree: true,
+            t: 100,
+            words: 2,
+            ..tiny
+        },
+    );
     if std::env::var_os("SPECC_GPU_QUICK").is_some() {
         return;
     }
@@ -323,6 +345,7 @@ fn attention_matches_interpreter() {
         d: 128,
         splits: 16,
         tree: false,
+        words: 1,
     };
     check_attention(&gpu, llama);
     check_attention(&gpu, AttnCase { t: 1, ..llama });

@@ -175,6 +175,7 @@ fn rope_rejects_bad_tables() {
         cache_dtype: Dtype::BF16,
         pos: Loc::arena(8192),
         pos_dtype: Dtype::I32,
+        slots: None,
         rope: RopeTable {
             style: RopeStyle::Half,
             rotary_dim: 32,

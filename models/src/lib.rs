@@ -26,4 +26,4 @@ pub use error::ModelError;
 pub use lower::{decoder_layer, lower_dense, lower_dense_prefixed, LayerNames};
 pub use model::Model;
 pub use spec_bundle::{DraftSide, SpecBundle};
-pub use spec_config::{Acceptance, Method, SpecConfig};
+pub use spec_config::{Acceptance, Method, SpecConfig, TreeKnobs};

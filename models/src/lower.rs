@@ -190,6 +190,21 @@ impl LayerNames {
     }
 }
 
+/// Which cache slots the tokens of a layer write and attend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerMask {
+    /// Token `t` writes slot `positions[t]` and attends slots `0..=positions[t]`.
+    Causal,
+    /// A draft tree: token `t` (RoPE at `positions[t]` = prefix + depth) writes slot
+    /// `slots[t]` (= prefix + node) and attends the prefix plus its ancestors
+    /// (`AttnMask::Tree` with `prefix_len` `[B]` and `ancestors` `i64[B, T(, W)]`).
+    Tree {
+        slots: ValueId,
+        prefix_len: ValueId,
+        ancestors: ValueId,
+    },
+}
+
 /// One pre-norm decoder layer on `x` [B,T,hidden] at `positions` [B,T]:
 /// `x + attn(rmsnorm(x))`, then `+ mlp(rmsnorm(·))`. Writes this step's K/V into the layer's
 /// caches at `positions` and attends causally over them.
@@ -200,6 +215,19 @@ pub fn decoder_layer(
     x: ValueId,
     positions: ValueId,
 ) -> Result<ValueId, IrError> {
+    Ok(decoder_layer_masked(g, spec, names, x, positions, LayerMask::Causal)?.0)
+}
+
+/// [`decoder_layer`] under any [`LayerMask`]; also returns the layer's updated key and
+/// value caches (the results of its `kv_write`s), for commits that move cache rows.
+pub fn decoder_layer_masked(
+    g: &mut Graph,
+    spec: &ModelSpec,
+    names: &LayerNames,
+    x: ValueId,
+    positions: ValueId,
+    mask: LayerMask,
+) -> Result<(ValueId, ValueId, ValueId), IrError> {
     let p = &names.weights;
     let h = rmsnorm(
         g,
@@ -208,7 +236,7 @@ pub fn decoder_layer(
         &format!("{p}.input_layernorm.weight"),
         spec.hidden,
     )?;
-    let a = attention(g, spec, names, h, positions)?;
+    let (a, kc, vc) = attention(g, spec, names, h, positions, mask)?;
     let x = g.add(Op::Binary(BinaryOp::Add), &[x, a])?;
     let h = rmsnorm(
         g,
@@ -218,18 +246,20 @@ pub fn decoder_layer(
         spec.hidden,
     )?;
     let m = mlp(g, spec, p, h)?;
-    g.add(Op::Binary(BinaryOp::Add), &[x, m])
+    Ok((g.add(Op::Binary(BinaryOp::Add), &[x, m])?, kc, vc))
 }
 
 /// Self-attention block (without the residual): q/k/v projections, per-head q/k norm
-/// (Qwen3), RoPE, KV write, causal GQA attention, output projection.
+/// (Qwen3), RoPE, KV write, GQA attention under `mask`, output projection. Returns the
+/// projection and the updated key / value caches.
 fn attention(
     g: &mut Graph,
     spec: &ModelSpec,
     names: &LayerNames,
     h: ValueId,
     positions: ValueId,
-) -> Result<ValueId, IrError> {
+    mask: LayerMask,
+) -> Result<(ValueId, ValueId, ValueId), IrError> {
     let p = &names.weights;
     let (hd, nq, nkv) = (spec.head_dim, spec.heads, spec.kv_heads);
     // Token dims come from the input: a bucket `T`, or a static count inside a step graph.
@@ -295,29 +325,48 @@ fn attention(
     );
     let k_cache = g.state(&names.k_cache, cache_ty.clone())?;
     let v_cache = g.state(&names.v_cache, cache_ty)?;
-    let k_cache = g.add(Op::KvWrite, &[k_cache, k, positions])?;
-    let v_cache = g.add(Op::KvWrite, &[v_cache, v, positions])?;
-    let o = g.add(
-        Op::Attention {
-            scale: 1.0 / (hd as f64).sqrt(),
-            mask: AttnMask::Causal,
-        },
-        &[q, k_cache, v_cache, positions],
-    )?;
+    let slots = match mask {
+        LayerMask::Causal => positions,
+        LayerMask::Tree { slots, .. } => slots,
+    };
+    let k_cache = g.add(Op::KvWrite, &[k_cache, k, slots])?;
+    let v_cache = g.add(Op::KvWrite, &[v_cache, v, slots])?;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let o = match mask {
+        LayerMask::Causal => g.add(
+            Op::Attention {
+                scale,
+                mask: AttnMask::Causal,
+            },
+            &[q, k_cache, v_cache, positions],
+        )?,
+        LayerMask::Tree {
+            prefix_len,
+            ancestors,
+            ..
+        } => g.add(
+            Op::Attention {
+                scale,
+                mask: AttnMask::Tree,
+            },
+            &[q, k_cache, v_cache, slots, prefix_len, ancestors],
+        )?,
+    };
     let o = g.add(
         Op::Reshape {
             shape: Shape::new([bd, td, Dim::from(spec.q_dim())]),
         },
         &[o],
     )?;
-    linear(
+    let o = linear(
         g,
         spec,
         o,
         &format!("{p}.self_attn.o_proj.weight"),
         spec.hidden,
         spec.q_dim(),
-    )
+    )?;
+    Ok((o, k_cache, v_cache))
 }
 
 /// SwiGLU MLP: `down(silu(gate(h)) · up(h))`.

@@ -10,10 +10,10 @@ use crate::checkpoint::Checkpoint;
 use crate::dflash::{DFlashSpec, DFLASH_PREFIX};
 use crate::eagle3::{Eagle3Spec, EAGLE_PREFIX};
 use crate::error::ModelError;
-use crate::spec_config::{Method, SpecConfig};
+use crate::spec_config::{Method, SpecConfig, TreeKnobs};
 use crate::spec_step::{
-    lower_dflash_prefill, lower_dflash_step, lower_draft_model_step, lower_eagle3_prefill,
-    lower_eagle3_step, lower_target_prefill, StepShape, DRAFT_PREFIX,
+    lower_ddtree_step, lower_dflash_prefill, lower_dflash_step, lower_draft_model_step,
+    lower_eagle3_prefill, lower_eagle3_step, lower_target_prefill, StepShape, DRAFT_PREFIX,
 };
 use crate::{lower_dense_prefixed, Model};
 
@@ -34,6 +34,8 @@ pub struct SpecBundle {
     pub draft_prefill: Graph,
     pub step: Graph,
     pub shape: StepShape,
+    /// The draft tree's knobs (`method = "ddtree"`).
+    pub tree: Option<TreeKnobs>,
 }
 
 /// A random checkpoint holding the weights of `step` named `prefix` + name (prefix
@@ -98,7 +100,7 @@ impl SpecBundle {
                 return Err(ModelError::field(
                     &cfg.file,
                     "method",
-                    "draft_model, eagle3 or dflash for speculative decoding",
+                    "draft_model, eagle3, dflash or ddtree for speculative decoding",
                     "\"none\"",
                 ))
             }
@@ -126,6 +128,7 @@ impl SpecBundle {
                     draft_prefill,
                     step,
                     shape,
+                    tree: None,
                 }
             }
             Method::Eagle3 => {
@@ -149,9 +152,10 @@ impl SpecBundle {
                     draft_prefill,
                     step,
                     shape,
+                    tree: None,
                 }
             }
-            Method::DFlash => {
+            Method::DFlash | Method::DDTree => {
                 let dflash = DFlashSpec::from_dir(&dir, target.spec())?;
                 if cfg.num_steps as usize != dflash.num_steps() {
                     return Err(ModelError::field(
@@ -165,8 +169,12 @@ impl SpecBundle {
                         cfg.num_steps,
                     ));
                 }
-                let step = lower_dflash_step(target.spec(), &dflash, &shape)
-                    .map_err(|e| lower_err("dflash step", e))?;
+                let step = match cfg.tree {
+                    Some(tree) => lower_ddtree_step(target.spec(), &dflash, &shape, tree)
+                        .map_err(|e| lower_err("ddtree step", e))?,
+                    None => lower_dflash_step(target.spec(), &dflash, &shape)
+                        .map_err(|e| lower_err("dflash step", e))?,
+                };
                 let draft_prefill = lower_dflash_prefill(target.spec(), &dflash)
                     .map_err(|e| lower_err("dflash prefill", e))?;
                 let target_prefill = lower_target_prefill(target.spec(), &dflash.taps)
@@ -184,6 +192,7 @@ impl SpecBundle {
                     draft_prefill,
                     step,
                     shape,
+                    tree: cfg.tree,
                 }
             }
         };
@@ -218,8 +227,18 @@ impl SpecBundle {
         Ok(out)
     }
 
+    /// k: draft tokens per step (a tree's depth for DDTree).
     pub fn num_steps(&self) -> usize {
         self.shape.num_steps as usize
+    }
+
+    /// Tokens one verify writes past `len` minus one: the context margin the host keeps
+    /// (`k` for chains and blocks, `budget − 1` for trees).
+    pub fn verify_margin(&self) -> usize {
+        match self.tree {
+            Some(t) => t.budget as usize - 1,
+            None => self.num_steps(),
+        }
     }
 
     /// Width of the EAGLE-3 taps (3 × hidden), if this is an EAGLE-3 bundle.

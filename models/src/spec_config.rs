@@ -2,12 +2,14 @@
 //! resolved against the target's and the draft's [`ModelSpec`]s into a [`SpecPlan`].
 //!
 //! ```toml
-//! method = "draft_model"    # none | draft_model | eagle3
+//! method = "draft_model"    # none | draft_model | eagle3 | dflash | ddtree
 //! target = "."              # optional: the target dir (for SPECC_SPEC=... cargo build)
 //! draft = "../tiny-draft"   # draft checkpoint dir, relative to this file
 //! num_steps = 7             # k: draft tokens per step; verify reads k + 1
 //! batch_buckets = [1, 4]    # one captured step graph per bucket
 //! max_context = 512         # KV slots per sequence
+//! budget = 64               # ddtree only: draft-tree nodes verified per step, 16..=256
+//! topk = 8                  # ddtree only: candidate tokens per depth, 1..=64
 //!
 //! [acceptance]
 //! mode = "greedy"           # greedy | sample
@@ -32,7 +34,26 @@ pub enum Method {
     /// A DFlash block drafter: k = its `block_size` − 1, drafted in one forward.
     #[serde(rename = "dflash")]
     DFlash,
+    /// DDTree: a draft tree of `budget` nodes built from a DFlash drafter's block
+    /// log-probs, verified with a tree mask, accepted greedily along one path.
+    #[serde(rename = "ddtree")]
+    DDTree,
 }
+
+/// DDTree knobs (spec keys `budget`, `topk`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TreeKnobs {
+    /// Nodes per tree, the root (bonus token) included: the verify width.
+    pub budget: u32,
+    /// Candidate tokens per depth (the top-K of each block row).
+    pub topk: u32,
+}
+
+pub const MIN_TREE_BUDGET: u32 = 16;
+pub const MAX_TREE_BUDGET: u32 = 256;
+pub const MAX_TREE_TOPK: u32 = 64;
+pub const DEFAULT_TREE_BUDGET: u32 = 64;
+pub const DEFAULT_TREE_TOPK: u32 = 8;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -62,6 +83,8 @@ struct RawSpec {
     batch_buckets: Option<Vec<u32>>,
     max_context: Option<u64>,
     acceptance: Option<RawAcceptance>,
+    budget: Option<u32>,
+    topk: Option<u32>,
 }
 
 /// Acceptance rule with its knobs.
@@ -91,6 +114,8 @@ pub struct SpecConfig {
     pub batch_buckets: Vec<u32>,
     pub max_context: Option<u64>,
     pub acceptance: Acceptance,
+    /// `Some` exactly when `method = "ddtree"`.
+    pub tree: Option<TreeKnobs>,
 }
 
 /// Largest k: tree masks hold 64 nodes, and k + 1 verify tokens must fit.
@@ -130,7 +155,7 @@ impl SpecConfig {
             (_, Some(n), _) => n,
             (Method::None, None, _) => 0,
             // The drafter's block fixes k; a missing draft is reported below.
-            (Method::DFlash, None, Some(d)) => {
+            (Method::DFlash | Method::DDTree, None, Some(d)) => {
                 let dir = file.parent().unwrap_or(Path::new(".")).join(d);
                 crate::dflash::block_size_of(&dir)? as u32 - 1
             }
@@ -172,6 +197,34 @@ impl SpecConfig {
             }
             (_, Some(d)) => Some(file.parent().unwrap_or(Path::new(".")).join(d)),
         };
+        let tree = if raw.method == Method::DDTree {
+            let budget = raw.budget.unwrap_or(DEFAULT_TREE_BUDGET);
+            if !(MIN_TREE_BUDGET..=MAX_TREE_BUDGET).contains(&budget) {
+                return Err(field(
+                    file,
+                    "budget",
+                    &format!("a node budget in {MIN_TREE_BUDGET}..={MAX_TREE_BUDGET}"),
+                    budget,
+                ));
+            }
+            let topk = raw.topk.unwrap_or(DEFAULT_TREE_TOPK);
+            if !(1..=MAX_TREE_TOPK).contains(&topk) {
+                return Err(field(
+                    file,
+                    "topk",
+                    &format!("candidates per depth in 1..={MAX_TREE_TOPK}"),
+                    topk,
+                ));
+            }
+            Some(TreeKnobs { budget, topk })
+        } else {
+            for (key, v) in [("budget", raw.budget), ("topk", raw.topk)] {
+                if let Some(v) = v {
+                    return Err(field(file, key, "absent unless method = \"ddtree\"", v));
+                }
+            }
+            None
+        };
         let mut buckets = raw.batch_buckets.unwrap_or_else(|| vec![1]);
         if buckets.is_empty() || buckets.iter().any(|&b| b == 0 || b > MAX_BUCKET) {
             return Err(field(
@@ -184,14 +237,15 @@ impl SpecConfig {
         buckets.sort_unstable();
         buckets.dedup();
         if let Some(c) = raw.max_context {
-            if c < 2 * (num_steps as u64 + 2) {
+            let (width, what) = match tree {
+                Some(t) => (t.budget, format!("budget = {}", t.budget)),
+                None => (num_steps, format!("num_steps = {num_steps}")),
+            };
+            if c < 2 * (width as u64 + 2) {
                 return Err(field(
                     file,
                     "max_context",
-                    &format!(
-                        "at least {} for num_steps = {num_steps}",
-                        2 * (num_steps + 2)
-                    ),
+                    &format!("at least {} for {what}", 2 * (width + 2)),
                     c,
                 ));
             }
@@ -211,6 +265,14 @@ impl SpecConfig {
                         }
                     }
                     Acceptance::Greedy
+                }
+                AcceptMode::Sample if raw.method == Method::DDTree => {
+                    return Err(field(
+                        file,
+                        "acceptance.mode",
+                        "\"greedy\" with method = \"ddtree\" (sampled tree acceptance is not implemented)",
+                        "\"sample\"",
+                    ))
                 }
                 AcceptMode::Sample => {
                     let temperature = a.temperature.unwrap_or(1.0);
@@ -252,6 +314,7 @@ impl SpecConfig {
             batch_buckets: buckets,
             max_context: raw.max_context,
             acceptance,
+            tree,
         })
     }
 

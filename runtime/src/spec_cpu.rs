@@ -25,6 +25,10 @@ pub enum DraftKind {
     /// A DFlash drafter: its prefill writes the context of every prompt position (target
     /// taps, `taps_width` = n_tap × hidden) into its KV cache.
     DFlash { taps_width: usize },
+    /// A DDTree step over a DFlash drafter: primed like `DFlash`; `depth` = the drafter's
+    /// `block_size − 1`, the most draft tokens one step accepts (the graphs' `num_steps` is
+    /// then the verify margin, `budget − 1`).
+    DDTree { taps_width: usize, depth: usize },
 }
 
 /// The graphs of one method: prefill of target and draft, and the step.
@@ -34,10 +38,30 @@ pub struct SpecGraphs<'a> {
     pub target_prefill: &'a Graph,
     pub draft_prefill: &'a Graph,
     pub step: &'a Graph,
-    /// k: draft tokens per step.
+    /// k: draft tokens per step; for trees, the verify margin (`budget − 1`): verify
+    /// writes cache slots `len ..= len + num_steps`.
     pub num_steps: usize,
     /// Ring capacity per lane, in tokens.
     pub ring: usize,
+}
+
+impl SpecGraphs<'_> {
+    /// The most draft tokens one step accepts (the acceptance histogram spans `0..=` it).
+    pub fn max_accept(&self) -> usize {
+        match self.kind {
+            DraftKind::DDTree { depth, .. } => depth,
+            _ => self.num_steps,
+        }
+    }
+
+    /// DFlash-style priming: (taps width, rows of the pending-context state).
+    pub fn dflash_priming(&self) -> Option<(usize, usize)> {
+        match self.kind {
+            DraftKind::DFlash { taps_width } => Some((taps_width, self.num_steps + 1)),
+            DraftKind::DDTree { taps_width, depth } => Some((taps_width, depth + 1)),
+            _ => None,
+        }
+    }
 }
 
 /// Per-step statistics the host can see without reading anything inside a step.
@@ -88,7 +112,7 @@ impl<'a> SpecCpuSession<'a> {
         lanes: usize,
         max_context: u64,
     ) -> Self {
-        let k = graphs.num_steps;
+        let k = graphs.max_accept();
         SpecCpuSession {
             graphs,
             weights,
@@ -187,7 +211,9 @@ impl<'a> SpecCpuSession<'a> {
                     );
                 }
             }
-            DraftKind::DFlash { taps_width } => {
+            DraftKind::DFlash { .. } | DraftKind::DDTree { .. } => {
+                let (taps_width, rows) =
+                    self.graphs.dflash_priming().expect("a DFlash-primed draft");
                 let taps = out.get("taps").ok_or(RuntimeError::MissingOutput("taps"))?;
                 let head_inputs = HashMap::from([
                     (HIDDEN.to_string(), taps.clone()),
@@ -196,7 +222,7 @@ impl<'a> SpecCpuSession<'a> {
                 self.run(self.graphs.draft_prefill, t as u64, head_inputs)?;
                 self.states.insert(
                     DFLASH_HIDDEN.into(),
-                    Tensor::zeros(taps.dtype, vec![lanes, k + 1, taps_width]),
+                    Tensor::zeros(taps.dtype, vec![lanes, rows, taps_width]),
                 );
                 for s in admission::dflash_states(prompts) {
                     self.states.insert(
@@ -218,6 +244,11 @@ impl<'a> SpecCpuSession<'a> {
         );
         self.drained = vec![0; lanes];
         Ok(first)
+    }
+
+    /// The interpreter states between steps (caches, step states), for inspection.
+    pub fn states(&self) -> &HashMap<String, Tensor> {
+        &self.states
     }
 
     /// Marks lane `b` finished: the device masks it from the next step on.
@@ -245,7 +276,7 @@ impl<'a> SpecCpuSession<'a> {
         )?;
         for (b, &a) in acc.iter().enumerate() {
             if live[b] {
-                self.stats.histogram[(a as usize).min(self.graphs.num_steps)] += 1;
+                self.stats.histogram[(a as usize).min(self.graphs.max_accept())] += 1;
             }
         }
         self.stats.steps += 1;

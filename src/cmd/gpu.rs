@@ -59,7 +59,7 @@ mod enabled {
             target_prefill: &bundle.target_prefill,
             draft_prefill: &bundle.draft_prefill,
             step: &bundle.step,
-            num_steps: bundle.num_steps(),
+            num_steps: bundle.verify_margin(),
             ring: bundle.shape.ring as usize,
         };
         Ok(CudaSpecSession::new(graphs, &sources, lanes, ctx)?)

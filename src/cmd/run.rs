@@ -39,7 +39,11 @@ pub fn run(
         ids.push(bos);
     }
     ids.extend(codec.encode(prompt)?);
-    let k = cfg.as_ref().map_or(0, |c| c.num_steps as usize);
+    // Cache slots one verify writes past the sequence, minus one.
+    let k = cfg.as_ref().map_or(0, |c| match c.tree {
+        Some(t) => t.budget as usize - 1,
+        None => c.num_steps as usize,
+    });
     if ids.len() + k + 3 > r.max_context as usize {
         bail!(
             "--prompt: {} tokens (+{} for drafting) exceed the maximum context of {} tokens",
@@ -49,7 +53,13 @@ pub fn run(
         );
     }
     let label = match &cfg {
-        Some(c) => format!("{backend:?}, {:?} k={k}", c.method),
+        Some(c) => match c.tree {
+            Some(t) => format!(
+                "{backend:?}, {:?} depth={} budget={} topk={}",
+                c.method, c.num_steps, t.budget, t.topk
+            ),
+            None => format!("{backend:?}, {:?} k={k}", c.method),
+        },
         None => format!("{backend:?}"),
     };
     let bundle = cfg
@@ -146,6 +156,10 @@ pub(crate) fn draft_kind(b: &SpecBundle) -> DraftKind {
         DraftSide::Eagle3(e) => DraftKind::Eagle3 {
             taps_width: 3 * e.hidden(),
         },
+        DraftSide::DFlash(d) if b.tree.is_some() => DraftKind::DDTree {
+            taps_width: d.taps_width(),
+            depth: d.num_steps(),
+        },
         DraftSide::DFlash(d) => DraftKind::DFlash {
             taps_width: d.taps_width(),
         },
@@ -210,7 +224,7 @@ fn generate(
     }
     if stats.histogram.len() > 1 {
         eprintln!(
-            "mean acceptance length {:.2} tokens/step; histogram of accepted draft tokens (0..={}): {:?}",
+            "mean acceptance length {:.2} tokens/step; histogram of accepted draft tokens (0..={}; for trees: path depth): {:?}",
             stats.mean_accept_len(),
             stats.histogram.len() - 1,
             stats.histogram

@@ -65,23 +65,71 @@ pub(crate) fn assign(state: &mut Tensor, x: &Tensor) -> Result<(), String> {
 
 /// The allowed cache slots of one query, as a predicate over `0..ctx`.
 #[derive(Clone, Copy)]
-enum Allowed {
+enum Allowed<'a> {
     /// Slots `0..end`.
     Prefix { end: usize },
-    /// Slots `0..prefix` and `prefix + u` for bits `u` of `bits`.
-    Tree { prefix: i64, bits: u64 },
+    /// Slots `0..prefix` and `prefix + u` for bits `u < nodes` of `words` (bit `u % 64`
+    /// of word `u / 64`).
+    Tree {
+        prefix: i64,
+        words: &'a [i64],
+        nodes: i64,
+    },
 }
 
-impl Allowed {
+impl Allowed<'_> {
     fn contains(self, s: usize) -> bool {
         match self {
             Allowed::Prefix { end } => s < end,
-            Allowed::Tree { prefix, bits } => {
-                let s = s as i64;
-                s < prefix || (s - prefix < 64 && bits >> (s - prefix) & 1 == 1)
+            Allowed::Tree {
+                prefix,
+                words,
+                nodes,
+            } => {
+                let u = s as i64 - prefix;
+                u < 0 || (u < nodes && (words[(u / 64) as usize] as u64) >> (u % 64) & 1 == 1)
             }
         }
     }
+}
+
+/// Moves row `src[b, i]` to row `dst[b, i]` of each sequence in place, in order of `i`
+/// (slots clamped to `Ctx - 1`; negative indices copy nothing). Checks shapes before the
+/// first write.
+pub(crate) fn kv_move(cache: &mut Tensor, src: &Tensor, dst: &Tensor) -> Result<(), String> {
+    let sv = i64s(src, "kv_move src")?;
+    let dv = i64s(dst, "kv_move dst")?;
+    if cache.shape.len() < 2 || src.shape.len() != 2 || src.shape != dst.shape {
+        return Err(format!(
+            "kv_move shapes: cache {cache}, src {src}, dst {dst}"
+        ));
+    }
+    let (b, ctx) = (cache.shape[0], cache.shape[1]);
+    let row: usize = cache.shape[2..].iter().product();
+    let n = src.shape[1];
+    if src.shape[0] != b {
+        return Err(format!("kv_move batch: cache {cache}, src {src}"));
+    }
+    fn mv<T: Copy>(c: &mut [T], row: usize, moves: &[(usize, usize)]) {
+        for &(s, d) in moves {
+            c.copy_within(s..s + row, d);
+        }
+    }
+    let mut moves = Vec::new();
+    for bi in 0..b {
+        for i in 0..n {
+            let (s, d) = (sv[bi * n + i], dv[bi * n + i]);
+            if s >= 0 && d >= 0 && ctx > 0 {
+                let slot = |p: i64| (bi * ctx + (p as usize).min(ctx - 1)) * row;
+                moves.push((slot(s), slot(d)));
+            }
+        }
+    }
+    match &mut cache.data {
+        Data::F32(c) => mv(c, row, &moves),
+        Data::I64(c) => mv(c, row, &moves),
+    }
+    Ok(())
 }
 
 /// `softmax(scale · q·kᵀ) · v` over the allowed slots, per query row and head, with query
@@ -108,8 +156,12 @@ pub(crate) fn attention(args: &[&Tensor], scale: f64, mask: AttnMask, out: &Out)
         )),
     };
     let scale = scale as f32;
-    // Tree bits at or beyond T (or 64) select no node.
-    let node_bits = if t >= 64 { u64::MAX } else { (1u64 << t) - 1 };
+    // Words per query; tree bits at or beyond min(T, 64·W) select no node.
+    let words = match mask {
+        AttnMask::Tree if args[5].shape.len() == 3 => args[5].shape[2],
+        _ => 1,
+    };
+    let nodes = t.min(64 * words) as i64;
     let mut res = vec![0.0f32; b * t * hq * dv];
     let mut scores = vec![0.0f32; ctx];
     let mut acc = vec![0.0f32; dv];
@@ -121,7 +173,8 @@ pub(crate) fn attention(args: &[&Tensor], scale: f64, mask: AttnMask, out: &Out)
                 },
                 Some((pl, anc)) => Allowed::Tree {
                     prefix: pl[bi],
-                    bits: anc[bi * t + ti] as u64 & node_bits,
+                    words: &anc[(bi * t + ti) * words..][..words],
+                    nodes,
                 },
             };
             for h in 0..hq {
@@ -235,6 +288,31 @@ mod tests {
             ],
         );
         assert_eq!(r.as_f32().unwrap(), &[0.0]);
+    }
+
+    /// Two words per query (T = 66): bit 64 is bit 0 of word 1. Keys are zero, so the
+    /// output is the mean of the allowed slots' values v[s] = s.
+    #[test]
+    fn tree_mask_multi_word() {
+        let t = 66;
+        let q = tf(DType::F32, &[1, t, 1, 1], &vec![1.0; t]);
+        let k = tf(DType::F32, &[1, t, 1, 1], &vec![0.0; t]);
+        let vals: Vec<f32> = (0..t).map(|s| s as f32).collect();
+        let v = tf(DType::F32, &[1, t, 1, 1], &vals);
+        let pos = ti(DType::I32, &[1, t], &vec![-1; t]);
+        let pl = ti(DType::I32, &[1], &[0]);
+        let mut anc = vec![0i64; t * 2];
+        anc[0] = 1; // node 0: slot 0
+        anc[2 * 64 + 1] = 1; // node 64: slot 64
+        anc[2 * 65] = 1; // node 65: slots 0 and 65
+        anc[2 * 65 + 1] = 0b10 | 1 << 7; // bit 71 (>= T) ignored
+        let anc = ti(DType::I64, &[1, t, 2], &anc);
+        let r = run_op(attn(AttnMask::Tree), vec![q, k, v, pos, pl, anc]);
+        let r = r.as_f32().unwrap();
+        assert_eq!(r[0], 0.0);
+        assert_eq!(r[64], 64.0);
+        assert_eq!(r[65], 32.5);
+        assert_eq!(r[1], 0.0, "no allowed slot: zeros");
     }
 
     #[test]

@@ -35,6 +35,8 @@
 //! | moe_route | f32 throughout (see `moe.rs`) | f32 result |
 //! | moe_experts | per expert: gate/up/down as matmul, activation as silu_mul; gate-weighted sum of expert outputs in f32, experts in index order | `R` per expert matmul and `R` of the final sum |
 //! | argmax, topk, sample, accept_chain | exact (NaN ranks lowest, ties to the lower index); sample's running sum is sequential f32 | i32 results |
+//! | tree_build, tree_accept | exact: scores are one f32 add per node (parent score + log-prob), ranked as documented on the op | i64 / i32 results |
+//! | kv_move | copies, in order | none |
 //! | random_uniform | `splitmix64(seed ^ counter) >> 40` over `2^24` | exact |
 //! | all_reduce | identity (one rank) | none |
 //!
@@ -59,6 +61,7 @@ mod rope;
 mod shape_ops;
 mod spec_ops;
 mod tensor;
+mod tree;
 mod util;
 
 #[cfg(test)]
@@ -208,7 +211,7 @@ impl<'v> Machine<'v> {
                     self.chains.push((name.clone(), id));
                     Val::Own(t)
                 }
-                Op::KvWrite | Op::Assign => {
+                Op::KvWrite | Op::KvMove | Op::Assign => {
                     self.in_place(id, node)?;
                     continue;
                 }
@@ -240,6 +243,11 @@ impl<'v> Machine<'v> {
         };
         let res = match node.op {
             Op::KvWrite => attention::kv_write(
+                &mut cache,
+                self.value(node.args[1]),
+                self.value(node.args[2]),
+            ),
+            Op::KvMove => attention::kv_move(
                 &mut cache,
                 self.value(node.args[1]),
                 self.value(node.args[2]),
@@ -372,6 +380,8 @@ fn eval(op: &Op, a: &[&Tensor], out: &Out) -> OpResult {
         Sample => spec_ops::sample(a[0], a[1], out),
         RandomUniform { seed } => spec_ops::random_uniform(a[0], *seed, out),
         AcceptChain => spec_ops::accept_chain(a[0], a[1], out),
+        TreeBuild { budget } => tree::tree_build(a[0], a[1], a[2], *budget as usize, out),
+        TreeAccept { max_depth } => tree::tree_accept(a[0], a[1], *max_depth as usize, out),
         MoeRoute {
             top_k,
             scoring,
@@ -394,7 +404,7 @@ fn eval(op: &Op, a: &[&Tensor], out: &Out) -> OpResult {
         ),
         MoeExperts => moe::moe_experts(a, out),
         AllReduce | Copy => Ok(a[0].clone()),
-        Input { .. } | Weight { .. } | State { .. } | KvWrite | Assign => {
+        Input { .. } | Weight { .. } | State { .. } | KvWrite | KvMove | Assign => {
             unreachable!("leaves and in-place ops are handled by Machine::exec")
         }
     }
@@ -424,6 +434,7 @@ pub fn apply_in_place(
 ) -> Result<(), IrError> {
     let res = match node.op {
         Op::KvWrite => attention::kv_write(state, args[0], args[1]),
+        Op::KvMove => attention::kv_move(state, args[0], args[1]),
         Op::Assign => attention::assign(state, args[0]),
         _ => Err("not an in-place op".to_string()),
     };

@@ -474,6 +474,13 @@ fn build_op(
             seed: a.u64("seed")?,
         },
         "accept_chain" => Op::AcceptChain,
+        "tree_build" => Op::TreeBuild {
+            budget: a.u64("budget")?,
+        },
+        "tree_accept" => Op::TreeAccept {
+            max_depth: a.u64("max_depth")?,
+        },
+        "kv_move" => Op::KvMove,
         "moe_route" => Op::MoeRoute {
             top_k: a.u64("top_k")?,
             scoring: a.one_of("scoring", &MOE_SCORINGS, moe_scoring_name)?,

@@ -64,6 +64,7 @@ fn op_text(op: &Op) -> String {
         | Op::Embedding
         | Op::MatMul
         | Op::KvWrite
+        | Op::KvMove
         | Op::Assign
         | Op::Sample
         | Op::AcceptChain
@@ -79,6 +80,8 @@ fn op_text(op: &Op) -> String {
         ],
         Op::Concat { axis } | Op::Gather { axis } => vec![("axis", axis.to_string())],
         Op::TopK { k } => vec![("k", k.to_string())],
+        Op::TreeBuild { budget } => vec![("budget", budget.to_string())],
+        Op::TreeAccept { max_depth } => vec![("max_depth", max_depth.to_string())],
         Op::RmsNorm { eps } => vec![("eps", fmt_f64(*eps))],
         Op::Rope {
             theta,

@@ -50,9 +50,12 @@ fn variant(op: &Op) -> usize {
         Op::AllReduce => 29,
         Op::Copy => 30,
         Op::Assign => 31,
+        Op::TreeBuild { .. } => 32,
+        Op::TreeAccept { .. } => 33,
+        Op::KvMove => 34,
     }
 }
-const VARIANTS: usize = 32;
+const VARIANTS: usize = 35;
 
 /// A type-correct graph using every op, every op kind and every attribute enum value.
 fn every_op_graph() -> Result<Graph, IrError> {
@@ -222,6 +225,23 @@ fn every_op_graph() -> Result<Graph, IrError> {
     let draft = g.input("draft", ty(DType::I32, &[B, s(4)]))?;
     let target = g.input("target", ty(DType::I64, &[B, s(5)]))?;
     let accepted = g.add(Op::AcceptChain, &[draft, target])?;
+    let tree_lp = g.input("tree_logp", ty(DType::F32, &[B, s(3), s(4)]))?;
+    let tree_ids = g.input("tree_ids", ty(DType::I32, &[B, s(3), s(4)]))?;
+    let tree_root = g.input("tree_root", ty(DType::I32, &[B]))?;
+    let tree = g.add(
+        Op::TreeBuild { budget: 70 },
+        &[tree_lp, tree_ids, tree_root],
+    )?;
+    let tree_target = g.input("tree_target", ty(DType::I32, &[B, s(70)]))?;
+    g.add(Op::TreeAccept { max_depth: 3 }, &[tree, tree_target])?;
+    let anc2 = g.input("ancestors2", ty(DType::I64, &[B, T, s(2)]))?;
+    g.add(
+        Op::Attention {
+            scale: 0.5,
+            mask: AttnMask::Tree,
+        },
+        &[q_rot, k2, v1, pos, prefix, anc2],
+    )?;
 
     // MoE, both scorings, with and without bias.
     let logits = g.input("router_logits", ty(DType::F32, &[B, T, s(16)]))?;
@@ -242,6 +262,10 @@ fn every_op_graph() -> Result<Graph, IrError> {
     let moe = g.add(Op::MoeExperts, &[h, gates, wg, wu, wd])?;
     let moe = g.add(Op::AllReduce, &[moe])?;
     let out = g.add(Op::Copy, &[moe])?;
+    // Tree commit: after every read of the cache.
+    let mv_src = g.input("move_src", ty(DType::I32, &[B, s(4)]))?;
+    let mv_dst = g.input("move_dst", ty(DType::I64, &[B, s(4)]))?;
+    g.add(Op::KvMove, &[k2, mv_src, mv_dst])?;
 
     g.set_output("hidden", out);
     g.set_output("attn", causal);

@@ -254,6 +254,7 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
         cache_dtype: bf,
         pos,
         pos_dtype: Dtype::I32,
+        slots: None,
         rope: RopeTable {
             style: RopeStyle::Half,
             rotary_dim: d,
@@ -311,12 +312,25 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
         mask: AttnMask::Tree {
             prefix_len,
             ancestors,
+            words: 1,
         },
         max_t: 64,
         ..att.clone()
     })
     .unwrap();
     add("attention tree (T<=64): split", tree.split);
+    let tree256 = attention(&AttentionParams {
+        scratch,
+        mask: AttnMask::Tree {
+            prefix_len,
+            ancestors,
+            words: 4,
+        },
+        max_t: 256,
+        ..att.clone()
+    })
+    .unwrap();
+    add("attention tree (T<=256, 4 words): split", tree256.split);
     add(
         "rmsnorm",
         rmsnorm(&RmsNormParams {

@@ -22,7 +22,101 @@ pub fn cases() -> Vec<Case> {
     unary_cast_select(&mut v);
     movement(&mut v);
     rows(&mut v);
+    trees(&mut v);
     v
+}
+
+/// Draft trees: `tree_build` over random and special log-probs (NaN, ±inf, ties), at one and
+/// four ancestor words; `tree_accept` over a hand-built tree; `kv_move` with clamps,
+/// negatives and chained moves.
+fn trees(v: &mut Vec<Case>) {
+    for (label, l, k, n, vals) in [
+        (
+            "tree_build [4,7,8] budget 64",
+            7u64,
+            8u64,
+            64u64,
+            Values::Float(3.0),
+        ),
+        (
+            "tree_build [4,7,8] budget 256",
+            7,
+            8,
+            256,
+            Values::Float(3.0),
+        ),
+        (
+            "tree_build [4,3,4] budget 70 special",
+            3,
+            4,
+            70,
+            Values::Special,
+        ),
+        (
+            "tree_build [4,2,2] budget 16 ties (padding)",
+            2,
+            2,
+            16,
+            Values::Ties,
+        ),
+    ] {
+        let words = n.div_ceil(64);
+        v.push(case(
+            label,
+            Op::TreeBuild { budget: n },
+            vec![
+                opd(F32, &[4, l, k], vals),
+                opd(I32, &[4, l, k], Values::Int(0, 511)),
+                opd(I64, &[4], Values::Int(0, 511)),
+            ],
+            (I64, &[4, n, 3 + words]),
+            Tol::Exact,
+        ));
+    }
+    // The tree of the interpreter's unit test: 0 → {1: 10, 3: 11}, 1 → {2: 20}, 3 → {4: 20};
+    // per lane targets at nodes: full path via 3, one step via 1, nothing, and a match
+    // only on a padding-like node.
+    #[rustfmt::skip]
+    let tree = [
+        7, -1, 0, 1,   10, 0, 1, 3,   20, 1, 2, 7,   11, 0, 1, 9,   20, 3, 2, 25,
+    ];
+    #[rustfmt::skip]
+    let target = [
+        11, 0, 0, 20, 99,
+        10, 5, 0, 0, 0,
+        42, 0, 0, 0, 0,
+        20, 20, 20, 20, 20,
+    ];
+    v.push(case(
+        "tree_accept [4,5,4] vs i32 [4,5]",
+        Op::TreeAccept { max_depth: 3 },
+        vec![
+            opd(I64, &[4, 5, 4], Values::List(tree.map(f64::from).to_vec())),
+            opd(I32, &[4, 5], Values::List(target.map(f64::from).to_vec())),
+        ],
+        (I32, &[4, 6]),
+        Tol::Exact,
+    ));
+    // Per lane 4 moves: ascending path moves, a clamped slot, negatives, a chained move.
+    #[rustfmt::skip]
+    let src = [5, 9, 12, -1,   3, 99, 4, 2,   -1, -1, -1, -1,   1, 2, 0, 7];
+    #[rustfmt::skip]
+    let dst = [1, 2, 3, 4,     1, 2, -3, 0,   0, 1, 2, 3,       0, 1, 15, 40];
+    for (d, row) in [(BF, vec![2u64, 8]), (I32, vec![1, 1]), (F32, vec![3, 5])] {
+        let mut dims = vec![4u64, 16];
+        dims.extend(&row);
+        v.push(case(
+            &format!("kv_move {d} {dims:?}"),
+            Op::KvMove,
+            vec![
+                opd(d, &dims, Values::Float(1.0)).table(),
+                opd(I32, &[4, 4], Values::List(src.map(f64::from).to_vec())),
+                opd(I64, &[4, 4], Values::List(dst.map(f64::from).to_vec())),
+            ],
+            (d, &dims),
+            Tol::Exact,
+        ));
+    }
 }
 
 fn leaves_and_binary(v: &mut Vec<Case>) {

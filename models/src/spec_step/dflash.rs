@@ -11,7 +11,7 @@ pub const DFLASH_COUNT: &str = "dflash.count";
 pub const DFLASH_BASE: &str = "dflash.base";
 
 /// `base[b] + [0, .., cols-1]` where the column is `< count[b]` and the lane is live, else −1.
-fn pending_positions(
+pub(super) fn pending_positions(
     b: &mut Builder,
     c: &Common,
     base: ValueId,

@@ -332,18 +332,7 @@ fn verify_and_commit(
         let bonus_cols = b.bcast_cols(bonus_flat, k + 1)?;
         b.g.add(Op::Select, &[is_bonus, bonus_cols, shifted])?
     };
-    let base = b.bcast_cols(c.emitted, k + 1)?;
-    let e = b.bin(BinaryOp::Add, base, io)?;
-    let r = b.fill_i32(shape.ring as i64, &[B, s(k + 1)])?;
-    let slot = b.bin(BinaryOp::Rem, e, r)?;
-    let n_emit = b.bcast_cols(a1_live, k + 1)?;
-    let keep = b.bin(BinaryOp::Lt, io, n_emit)?;
-    let neg = b.fill_i32(-1, &[B, s(k + 1)])?;
-    let ring_pos = b.g.add(Op::Select, &[keep, slot, neg])?;
-    let ring = b.g.state(RING, i32_ty(&[B, s(shape.ring), s(1), s(1)]))?;
-    let rows = b.reshape(emit_tokens, &[B, s(k + 1), s(1), s(1)])?;
-    b.g.add(Op::KvWrite, &[ring, rows, ring_pos])?;
-    let new_emitted = b.bin(BinaryOp::Add, c.emitted, a1_live)?;
+    let new_emitted = emit(b, c, shape.ring, emit_tokens, a1_live, io)?;
 
     let commits = vec![
         (c.len, new_len),
@@ -360,6 +349,33 @@ fn verify_and_commit(
         taps: taps_v,
         commits,
     })
+}
+
+/// Writes the first `n_emit[b]` of `tokens[B, cols]` into the ring at `(emitted + t) mod R`
+/// (`io` = `b.iota(cols)`); returns the new `emitted`.
+fn emit(
+    b: &mut Builder,
+    c: &Common,
+    ring_len: u64,
+    tokens: ValueId,
+    n_emit: ValueId,
+    io: ValueId,
+) -> Result<ValueId, IrError> {
+    let cols = b.g.ty(tokens).shape.dims()[1]
+        .as_static()
+        .expect("a static number of emitted columns");
+    let base = b.bcast_cols(c.emitted, cols)?;
+    let e = b.bin(BinaryOp::Add, base, io)?;
+    let r = b.fill_i32(ring_len as i64, &[B, s(cols)])?;
+    let slot = b.bin(BinaryOp::Rem, e, r)?;
+    let n_cols = b.bcast_cols(n_emit, cols)?;
+    let keep = b.bin(BinaryOp::Lt, io, n_cols)?;
+    let neg = b.fill_i32(-1, &[B, s(cols)])?;
+    let ring_pos = b.g.add(Op::Select, &[keep, slot, neg])?;
+    let ring = b.g.state(RING, i32_ty(&[B, s(ring_len), s(1), s(1)]))?;
+    let rows = b.reshape(tokens, &[B, s(cols), s(1), s(1)])?;
+    b.g.add(Op::KvWrite, &[ring, rows, ring_pos])?;
+    b.bin(BinaryOp::Add, c.emitted, n_emit)
 }
 
 /// Overwrites each state with its new value. Every assign comes after every read of the
@@ -740,7 +756,9 @@ pub fn lower_eagle3_prefill(target: &ModelSpec, eagle: &Eagle3Spec) -> Result<Gr
     Ok(g)
 }
 
+mod ddtree;
 mod dflash;
+pub use ddtree::{lower_ddtree_step, TREE};
 pub use dflash::{
     lower_dflash_prefill, lower_dflash_step, DFLASH_BASE, DFLASH_COUNT, DFLASH_HIDDEN,
 };

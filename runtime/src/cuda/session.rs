@@ -101,7 +101,7 @@ impl<'a> CudaSpecSession<'a> {
             graphs.ring,
             DEFAULT_RING_DEPTH,
         )?;
-        let k = graphs.num_steps;
+        let k = graphs.max_accept();
         Ok(CudaSpecSession {
             graphs,
             engine,
@@ -200,7 +200,7 @@ impl<'a> CudaSpecSession<'a> {
         let (tokens, pos) = repad(&pre, lanes, tb);
         let want_taps = matches!(
             self.graphs.kind,
-            DraftKind::Eagle3 { .. } | DraftKind::DFlash { .. }
+            DraftKind::Eagle3 { .. } | DraftKind::DFlash { .. } | DraftKind::DDTree { .. }
         );
         let outs: &[&str] = if want_taps {
             &["next_token", "taps"]
@@ -238,7 +238,7 @@ impl<'a> CudaSpecSession<'a> {
                     self.engine.write_state(s.name, &s.i32_bytes())?;
                 }
             }
-            DraftKind::DFlash { taps_width } => {
+            DraftKind::DFlash { taps_width } | DraftKind::DDTree { taps_width, .. } => {
                 // The target prefill's taps [lanes, tb, W] are the drafter prefill's input
                 // as they are, at the same (padded) positions.
                 let taps = out[1].clone();
@@ -306,7 +306,7 @@ impl<'a> CudaSpecSession<'a> {
             self.engine
                 .write_state(specc_models::spec_step::EAGLE_BASE, &per(len as i64 - 1))?;
         }
-        if let DraftKind::DFlash { .. } = self.graphs.kind {
+        if let DraftKind::DFlash { .. } | DraftKind::DDTree { .. } = self.graphs.kind {
             self.engine
                 .write_state(specc_models::spec_step::DFLASH_COUNT, &per(0))?;
             self.engine
@@ -335,7 +335,7 @@ impl<'a> CudaSpecSession<'a> {
     /// Records, per lane, a step that emitted `n` tokens (for the histogram).
     pub fn record(&mut self, n: usize) {
         if n > 0 {
-            let a = (n - 1).min(self.graphs.num_steps);
+            let a = (n - 1).min(self.graphs.max_accept());
             self.stats.histogram[a] += 1;
         }
     }

@@ -1,0 +1,250 @@
+//! The DDTree step graph: a DFlash drafter's block log-probs expanded into a draft tree of
+//! `budget` nodes on device, verified in one target forward under a tree mask, accepted
+//! greedily along one root-to-node path, and committed by moving the path's cache rows.
+//!
+//! States: the common ones (`spec_step` module docs) and DFlash's `dflash.{hidden, count,
+//! base}` (the drafter's pending context), with `hidden` holding `L + 1` rows, L = the
+//! drafter's `block_size − 1` = the deepest tree level. The prefill is DFlash's.
+//!
+//! Slots: with n = `len`, tree node `i` (node 0 = the bonus token x(n)) is verified at RoPE
+//! position `n + depth(i)` and written into the target caches at slot `n + i`, so verify
+//! touches slots `n .. n + budget − 1` (the host keeps `len + budget ≤ Ctx`). After the
+//! walk accepts `a` nodes, the rows of path node `path_d` move from slot `n + path_d` to
+//! `n + d` for `d = 1..=a` (in ascending depth: `path_d ≥ d`, so no unread row is
+//! overwritten); slots past `n + a` hold stale rows that the next step overwrites.
+
+use super::dflash::pending_positions;
+use super::*;
+use crate::dflash::DFlashSpec;
+use crate::lower::{decoder_layer_masked, LayerMask};
+use crate::spec_config::TreeKnobs;
+use specc_ir::op::tree_words;
+
+/// Output of the step graph: the built tree `i64[B, budget, 3 + W]` (tests, tracing).
+pub const TREE: &str = "tree";
+
+/// The target over the tree's tokens: logits `[B, N, V]`, taps, and every layer's updated
+/// (key, value) caches.
+struct TreeVerify {
+    logits: ValueId,
+    taps: ValueId,
+    caches: Vec<(ValueId, ValueId)>,
+}
+
+fn tree_forward(
+    g: &mut Graph,
+    target: &ModelSpec,
+    tokens: ValueId,
+    positions: ValueId,
+    mask: LayerMask,
+    taps: &[usize],
+) -> Result<TreeVerify, IrError> {
+    let (mut x, table) = embed(g, target, "", tokens)?;
+    let mut tapped = vec![None; taps.len()];
+    let mut caches = Vec::with_capacity(target.layers);
+    for layer in 0..target.layers {
+        let names = LayerNames::with_prefix("", layer);
+        let (y, kc, vc) = decoder_layer_masked(g, target, &names, x, positions, mask)?;
+        x = y;
+        caches.push((kc, vc));
+        for (i, &t) in taps.iter().enumerate() {
+            if t == layer {
+                tapped[i] = Some(x);
+            }
+        }
+    }
+    let tapped: Vec<ValueId> = tapped
+        .into_iter()
+        .map(|t| t.expect("tap layers are < layers"))
+        .collect();
+    let taps = g.add(Op::Concat { axis: 2 }, &tapped)?;
+    Ok(TreeVerify {
+        logits: lm_head(g, target, "", x, table)?,
+        taps,
+        caches,
+    })
+}
+
+/// Column `col` of `x[B, N, C]` as `[B, N]` i32.
+fn column(b: &mut Builder, x: ValueId, col: u64, n: u64) -> Result<ValueId, IrError> {
+    let c = b.g.add(
+        Op::Slice {
+            axis: 2,
+            start: col,
+            len: 1,
+        },
+        &[x],
+    )?;
+    let c = b.reshape(c, &[B, s(n)])?;
+    b.g.add(Op::Cast { to: DType::I32 }, &[c])
+}
+
+/// `live ? base[b] + offs[b, i] : −1` over `[B, cols]`.
+fn offset_or_neg(
+    b: &mut Builder,
+    base: ValueId,
+    offs: ValueId,
+    keep: ValueId,
+    cols: u64,
+) -> Result<ValueId, IrError> {
+    let bc = b.bcast_cols(base, cols)?;
+    let p = b.bin(BinaryOp::Add, bc, offs)?;
+    let neg = b.fill_i32(-1, &[B, s(cols)])?;
+    b.g.add(Op::Select, &[keep, p, neg])
+}
+
+/// Lowers one DDTree step (greedy acceptance only; [`crate::SpecConfig`] rejects
+/// `acceptance = sample` for trees).
+///
+/// 1. Draft: the DFlash block forward (context catch-up + block `[x(n), MASK × L]`), rows
+///    `1..=L` → log-softmax → top-K per depth → `tree_build` (node 0 = x(n)).
+/// 2. Verify: the target over the `budget` tree tokens (tree mask, RoPE at `n + depth`,
+///    cache slots `n + node`), taps = the drafter's `target_layer_ids`.
+/// 3. Accept: `tree_accept` over the target's argmax at every node.
+/// 4. Commit: cache rows of the path moved to `n + depth` (`kv_move`), the path's taps
+///    become the drafter's pending context (`count = a + 1`, `base = n`), tokens emitted.
+///
+/// Panics unless `shape.num_steps == block_size − 1` ([`crate::SpecBundle`] checks it).
+pub fn lower_ddtree_step(
+    target: &ModelSpec,
+    dflash: &DFlashSpec,
+    shape: &StepShape,
+    tree: TreeKnobs,
+) -> Result<Graph, IrError> {
+    let l = shape.num_steps;
+    assert_eq!(
+        l as usize,
+        dflash.num_steps(),
+        "a DDTree step's depth is the drafter's block_size - 1"
+    );
+    assert_eq!(
+        shape.acceptance,
+        Acceptance::Greedy,
+        "tree acceptance is greedy"
+    );
+    let (n, k) = (tree.budget as u64, tree.topk as u64);
+    let words = tree_words(n);
+    let w = dflash.taps_width() as u64;
+    let mut g = Graph::new("spec_step_ddtree");
+    let mut b = Builder { g: &mut g };
+    let c = begin(&mut b, shape)?;
+    let hidden = b.g.state(
+        DFLASH_HIDDEN,
+        TensorType::new(target.dtype, [B, s(l + 1), s(w)]),
+    )?;
+    let count = b.g.state(DFLASH_COUNT, i32_ty(&[B]))?;
+    let base = b.g.state(DFLASH_BASE, i32_ty(&[B]))?;
+
+    // 1. draft: block logits, log-probs of rows 1..=L, top-K, tree.
+    let cpos = pending_positions(&mut b, &c, base, count, l + 1)?;
+    let ctx = crate::dflash::context(b.g, dflash, hidden)?;
+    let bonus_in = b.slice_cols(c.pending, 1, 1)?;
+    let masks = b.fill_i32(dflash.mask_token as i64, &[B, s(l)])?;
+    let block = b.g.add(Op::Concat { axis: 1 }, &[bonus_in, masks])?;
+    let bpos = b.positions(c.len, l + 1, c.live)?;
+    let logits =
+        crate::dflash::block_logits(b.g, target, dflash, Some((ctx, cpos)), block, bpos, c.len)?;
+    let rows = b.slice_cols(logits, 1, l)?;
+    let probs = b.g.add(Op::Softmax, &[rows])?;
+    let logp = b.g.add(Op::Unary(specc_ir::UnaryOp::Log), &[probs])?;
+    let ids = b.g.add(Op::TopK { k }, &[logp])?;
+    let top = b.g.add(Op::Gather { axis: 2 }, &[logp, ids])?;
+    let root = b.reshape(bonus_in, &[B])?;
+    let tree_v = b.g.add(Op::TreeBuild { budget: n }, &[top, ids, root])?;
+
+    // 2. verify the tree.
+    let tokens = column(&mut b, tree_v, 0, n)?;
+    let depth = column(&mut b, tree_v, 2, n)?;
+    let ancestors = b.g.add(
+        Op::Slice {
+            axis: 2,
+            start: 3,
+            len: words,
+        },
+        &[tree_v],
+    )?;
+    let live_n = b.bcast_cols_bool(c.live, n)?;
+    let rope_pos = offset_or_neg(&mut b, c.len, depth, live_n, n)?;
+    let slots = b.positions(c.len, n, c.live)?;
+    let mask = LayerMask::Tree {
+        slots,
+        prefix_len: c.len,
+        ancestors,
+    };
+    let v = tree_forward(b.g, target, tokens, rope_pos, mask, &dflash.taps)?;
+
+    // 3. accept: [a, bonus, path_0..path_L].
+    let target_next = b.g.add(Op::Argmax, &[v.logits])?;
+    let acc =
+        b.g.add(Op::TreeAccept { max_depth: l }, &[tree_v, target_next])?;
+    let a = b.slice_cols(acc, 0, 1)?;
+    let a = b.reshape(a, &[B])?;
+    let a = b.g.add(Op::Select, &[c.live, a, c.zero_b])?;
+    let bonus = b.slice_cols(acc, 1, 1)?;
+    let path = b.slice_cols(acc, 2, l + 1)?;
+
+    // 4. commit: lengths, pending, emitted tokens.
+    let a1 = b.bin(BinaryOp::Add, a, c.one_b)?;
+    let a1_live = b.g.add(Op::Select, &[c.live, a1, c.zero_b])?;
+    let new_len = b.bin(BinaryOp::Add, c.len, a1_live)?;
+    let path_tokens = b.g.add(Op::Gather { axis: 1 }, &[tokens, path])?;
+    let last = b.pick(path_tokens, a)?;
+    let new_pending = b.g.add(Op::Concat { axis: 1 }, &[last, bonus])?;
+    let live2 = b.bcast_cols_bool(c.live, 2)?;
+    let new_pending = b.g.add(Op::Select, &[live2, new_pending, c.pending])?;
+    let new_budget = b.bin(BinaryOp::Sub, c.budget, a1_live)?;
+    let new_step = b.bin(BinaryOp::Add, c.step, c.one_b)?;
+    let io = b.iota(l + 1)?;
+    let tail = b.slice_cols(path_tokens, 1, l)?;
+    let shifted = b.g.add(Op::Concat { axis: 1 }, &[tail, bonus])?;
+    let a_cols = b.bcast_cols(a, l + 1)?;
+    let is_bonus = b.bin(BinaryOp::Eq, io, a_cols)?;
+    let bonus_flat = b.reshape(bonus, &[B])?;
+    let bonus_cols = b.bcast_cols(bonus_flat, l + 1)?;
+    let emit_tokens = b.g.add(Op::Select, &[is_bonus, bonus_cols, shifted])?;
+    let new_emitted = emit(&mut b, &c, shape.ring, emit_tokens, a1_live, io)?;
+
+    // Cache rows of path depths 1..=a: slot n + path_d → n + d (dead lanes: a1_live = 0).
+    let zero_c = b.fill_i32(0, &[B, s(l + 1)])?;
+    let below = b.bcast_cols(a1_live, l + 1)?;
+    let in_path = b.bin(BinaryOp::Lt, io, below)?;
+    let not_root = b.bin(BinaryOp::Lt, zero_c, io)?;
+    let in_path = b.g.add(Op::Cast { to: DType::I32 }, &[in_path])?;
+    let not_root = b.g.add(Op::Cast { to: DType::I32 }, &[not_root])?;
+    let both = b.bin(BinaryOp::Mul, in_path, not_root)?;
+    let moved = b.bin(BinaryOp::Lt, zero_c, both)?;
+    let src = offset_or_neg(&mut b, c.len, path, moved, l + 1)?;
+    let dst = offset_or_neg(&mut b, c.len, io, moved, l + 1)?;
+    for (kc, vc) in v.caches {
+        b.g.add(Op::KvMove, &[kc, src, dst])?;
+        b.g.add(Op::KvMove, &[vc, src, dst])?;
+    }
+
+    // The path's taps are the drafter's next context rows.
+    let path3 = b.reshape(path, &[B, s(l + 1), s(1)])?;
+    let zeros_w = b.g.add(
+        Op::Fill {
+            value: 0.0,
+            ty: i32_ty(&[B, s(l + 1), s(w)]),
+        },
+        &[],
+    )?;
+    let path_w = b.g.add(Op::Gather { axis: 2 }, &[path3, zeros_w])?;
+    let path_taps = b.g.add(Op::Gather { axis: 1 }, &[v.taps, path_w])?;
+
+    b.g.set_output(ACCEPTED, a);
+    b.g.set_output(VERIFY_TOKENS, tokens);
+    b.g.set_output(TREE, tree_v);
+    let commits = vec![
+        (hidden, path_taps),
+        (count, a1),
+        (base, c.len),
+        (c.len, new_len),
+        (c.pending, new_pending),
+        (c.budget, new_budget),
+        (c.emitted, new_emitted),
+        (c.step, new_step),
+    ];
+    commit_all(&mut b, &commits)?;
+    Ok(g)
+}

@@ -1,0 +1,335 @@
+//! DDTree as a method: spec.toml knobs and their errors, and greedy exactness of the whole
+//! tree step graph on the interpreter (draft tree from the DFlash drafter's block, tree
+//! verify, greedy walk, KV-row commit) for several budgets — one above 64 nodes, so the
+//! ancestor masks take two words — with the trained drafter (partial acceptance) and a
+//! random drafter (near-zero acceptance), at batch 1 and batch 4 with different prompt
+//! lengths.
+
+use std::path::{Path, PathBuf};
+
+use specc_models::spec_step::TREE;
+use specc_models::{Method, Model, SpecBundle, SpecConfig, TreeKnobs};
+use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn fixture(name: &str) -> PathBuf {
+    root().join("tests/fixtures").join(name)
+}
+
+fn default_model() -> PathBuf {
+    root().join("models/default")
+}
+
+fn spec_cfg(target_dir: &Path, body: &str) -> Result<SpecConfig, String> {
+    SpecConfig::from_toml(&target_dir.join("spec.ddtree-test.toml"), body)
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn spec_toml_knobs_and_errors() {
+    let dir = fixture("llama3_scaled_untied");
+    let cfg = spec_cfg(&dir, "method = \"ddtree\"\ndraft = \"../dflash_random\"").unwrap();
+    assert_eq!(cfg.method, Method::DDTree);
+    assert_eq!(cfg.num_steps, 3, "depth = block_size - 1");
+    assert_eq!(
+        cfg.tree,
+        Some(TreeKnobs {
+            budget: 64,
+            topk: 8
+        })
+    );
+    let cfg = spec_cfg(
+        &dir,
+        "method = \"ddtree\"\ndraft = \"../dflash_random\"\nbudget = 100\ntopk = 3",
+    )
+    .unwrap();
+    assert_eq!(
+        cfg.tree,
+        Some(TreeKnobs {
+            budget: 100,
+            topk: 3
+        })
+    );
+    let bad = |body: &str, parts: &[&str]| {
+        let e = spec_cfg(&dir, body).unwrap_err();
+        assert!(e.contains("spec.ddtree-test.toml"), "{e}");
+        for p in parts {
+            assert!(e.contains(p), "`{e}` should mention {p:?}");
+        }
+    };
+    let head = "method = \"ddtree\"\ndraft = \"../dflash_random\"\n";
+    bad(&format!("{head}budget = 8"), &["budget", "16..=256", "8"]);
+    bad(&format!("{head}budget = 257"), &["budget", "257"]);
+    bad(&format!("{head}topk = 0"), &["topk", "1..=64"]);
+    bad(
+        &format!("{head}[acceptance]\nmode = \"sample\""),
+        &["acceptance.mode", "greedy", "ddtree"],
+    );
+    bad(
+        &format!("{head}budget = 64\nmax_context = 100"),
+        &["max_context", "132", "budget = 64"],
+    );
+    bad(
+        "method = \"dflash\"\ndraft = \"../dflash_random\"\nbudget = 32",
+        &["budget", "ddtree"],
+    );
+}
+
+struct Outcome {
+    tokens: Vec<Vec<u32>>,
+    mean_accept: f64,
+    histogram: Vec<usize>,
+}
+
+fn speculate(target: &Model, b: &SpecBundle, prompts: &[Vec<u32>], max_new: usize) -> Outcome {
+    let weights = b.load_weights_f32(target).unwrap();
+    let DraftKind::DDTree { .. } = ddtree_kind(b) else {
+        panic!("a ddtree bundle")
+    };
+    let graphs = SpecGraphs {
+        kind: ddtree_kind(b),
+        target_prefill: &b.target_prefill,
+        draft_prefill: &b.draft_prefill,
+        step: &b.step,
+        num_steps: b.verify_margin(),
+        ring: b.shape.ring as usize,
+    };
+    let mut s = SpecCpuSession::new(graphs, &weights, prompts.len(), 512);
+    let first = s.admit(prompts, max_new).unwrap();
+    let mut tokens: Vec<Vec<u32>> = first.iter().map(|&t| vec![t]).collect();
+    while s.live().iter().any(|&l| l) {
+        s.step().unwrap();
+        for (i, new) in s.drain().unwrap().into_iter().enumerate() {
+            tokens[i].extend(new);
+        }
+    }
+    for t in &mut tokens {
+        t.truncate(max_new);
+    }
+    Outcome {
+        tokens,
+        mean_accept: s.stats.mean_accept_len(),
+        histogram: s.stats.histogram.clone(),
+    }
+}
+
+fn ddtree_kind(b: &SpecBundle) -> DraftKind {
+    DraftKind::DDTree {
+        taps_width: b.dflash_taps_width().unwrap(),
+        depth: b.num_steps(),
+    }
+}
+
+fn check_exact(target: &Model, b: &SpecBundle, prompts: &[Vec<u32>], n: usize) -> Outcome {
+    let out = speculate(target, b, prompts, n);
+    let w = target.load_weights_f32();
+    for (i, p) in prompts.iter().enumerate() {
+        let want = target.greedy_generate(&w, p, n, 512).unwrap();
+        assert_eq!(
+            out.tokens[i],
+            want,
+            "lane {i} (prompt len {}) differs from target greedy",
+            p.len()
+        );
+    }
+    out
+}
+
+fn python_prompts(n: usize) -> Vec<Vec<u32>> {
+    let tok = tokenizers::Tokenizer::from_file(default_model().join("tokenizer.json")).unwrap();
+    let texts = [
+        "import os\n\ndef main(argv):\n    ",
+        "class Parser:\n    def __init__(self, text):\n        self.",
+        "for i in range(",
+        "    if not isinstance(value, str):\n        raise TypeError(",
+    ];
+    texts[..n]
+        .iter()
+        .map(|t| {
+            let mut ids = vec![0u32]; // BOS
+            ids.extend(tok.encode(*t, false).unwrap().get_ids());
+            ids
+        })
+        .collect()
+}
+
+fn trained_bundle(target: &Model, budget: u32, topk: u32) -> SpecBundle {
+    let cfg = spec_cfg(
+        &default_model(),
+        &format!("method = \"ddtree\"\ndraft = \"dflash\"\nbudget = {budget}\ntopk = {topk}"),
+    )
+    .unwrap();
+    assert_eq!(cfg.num_steps, 7);
+    SpecBundle::open(target, &cfg).unwrap()
+}
+
+fn trained_batch1(budget: u32, topk: u32, n: usize) -> Outcome {
+    let target = Model::open(default_model()).unwrap();
+    let b = trained_bundle(&target, budget, topk);
+    let out = check_exact(&target, &b, &python_prompts(1), n);
+    eprintln!(
+        "trained ddtree budget {budget} topk {topk} B=1: mean acceptance length {:.2}, histogram {:?}",
+        out.mean_accept, out.histogram
+    );
+    assert!(out.mean_accept > 1.5, "mean accept {}", out.mean_accept);
+    out
+}
+
+#[test]
+fn trained_ddtree_budget16_is_exact_batch1() {
+    trained_batch1(16, 4, 48);
+}
+
+#[test]
+fn trained_ddtree_budget32_is_exact_batch1() {
+    trained_batch1(32, 8, 48);
+}
+
+/// More than 64 nodes: two ancestor words per node.
+#[test]
+fn trained_ddtree_budget96_is_exact_batch1() {
+    trained_batch1(96, 8, 40);
+}
+
+#[test]
+fn trained_ddtree_budget64_is_exact_batch4() {
+    let target = Model::open(default_model()).unwrap();
+    let b = trained_bundle(&target, 64, 8);
+    let prompts = python_prompts(4);
+    let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    assert!(lens.windows(2).any(|w| w[0] != w[1]), "{lens:?}");
+    let out = check_exact(&target, &b, &prompts, 32);
+    eprintln!(
+        "trained ddtree budget 64 B=4 (prompt lengths {lens:?}): mean acceptance length {:.2}, histogram {:?}",
+        out.mean_accept, out.histogram
+    );
+    assert!(out.mean_accept > 1.5, "mean accept {}", out.mean_accept);
+}
+
+/// A tree accepts at least as much as the drafter's own chain (the top-1 path is the
+/// tree's first branch): DDTree with the same drafter vs DFlash on the same prompt.
+#[test]
+fn trained_tree_accepts_at_least_the_chain() {
+    let target = Model::open(default_model()).unwrap();
+    let tree = check_exact(
+        &target,
+        &trained_bundle(&target, 32, 8),
+        &python_prompts(1),
+        40,
+    );
+    let cfg = spec_cfg(&default_model(), "method = \"dflash\"\ndraft = \"dflash\"").unwrap();
+    let chain_b = SpecBundle::open(&target, &cfg).unwrap();
+    let weights = chain_b.load_weights_f32(&target).unwrap();
+    let graphs = SpecGraphs {
+        kind: DraftKind::DFlash {
+            taps_width: chain_b.dflash_taps_width().unwrap(),
+        },
+        target_prefill: &chain_b.target_prefill,
+        draft_prefill: &chain_b.draft_prefill,
+        step: &chain_b.step,
+        num_steps: chain_b.num_steps(),
+        ring: chain_b.shape.ring as usize,
+    };
+    let mut s = SpecCpuSession::new(graphs, &weights, 1, 512);
+    s.admit(&python_prompts(1), 40).unwrap();
+    while s.live()[0] {
+        s.step().unwrap();
+        s.drain().unwrap();
+    }
+    let chain = s.stats.mean_accept_len();
+    eprintln!(
+        "mean acceptance length: dflash chain {chain:.2}, ddtree budget 32 {:.2}",
+        tree.mean_accept
+    );
+    assert!(
+        tree.mean_accept >= chain,
+        "tree {} < chain {chain}",
+        tree.mean_accept
+    );
+}
+
+fn random_prompts(b: usize) -> Vec<Vec<u32>> {
+    (0..b)
+        .map(|i| {
+            (0..(5 + 3 * i))
+                .map(|j| ((j * 37 + i * 11 + 3) % 300) as u32)
+                .collect()
+        })
+        .collect()
+}
+
+fn random_bundle(target: &Model, budget: u32) -> SpecBundle {
+    let cfg = spec_cfg(
+        &fixture("llama3_scaled_untied"),
+        &format!("method = \"ddtree\"\ndraft = \"../dflash_random\"\nbudget = {budget}"),
+    )
+    .unwrap();
+    SpecBundle::open(target, &cfg).unwrap()
+}
+
+#[test]
+fn random_ddtree_is_exact_batch1_and_batch4() {
+    let target = Model::open(fixture("llama3_scaled_untied")).unwrap();
+    for (budget, lanes, n) in [(16, 1, 24), (80, 4, 16)] {
+        let b = random_bundle(&target, budget);
+        let out = check_exact(&target, &b, &random_prompts(lanes), n);
+        eprintln!(
+            "random ddtree budget {budget} B={lanes}: mean acceptance length {:.2}",
+            out.mean_accept
+        );
+        assert!(out.mean_accept < 2.0, "mean accept {}", out.mean_accept);
+    }
+}
+
+/// The built tree's invariants on a real step: node 0 is the bonus token, parents precede
+/// children, depth = parent depth + 1, ancestors = parent's | own bit.
+#[test]
+fn step_tree_is_well_formed() {
+    use std::collections::HashMap;
+
+    use specc_ir::interp::{self, Env};
+    use specc_ir::Bindings;
+    let target = Model::open(default_model()).unwrap();
+    let b = trained_bundle(&target, 96, 8);
+    let weights = b.load_weights_f32(&target).unwrap();
+    let graphs = SpecGraphs {
+        kind: ddtree_kind(&b),
+        target_prefill: &b.target_prefill,
+        draft_prefill: &b.draft_prefill,
+        step: &b.step,
+        num_steps: b.verify_margin(),
+        ring: b.shape.ring as usize,
+    };
+    let mut s = SpecCpuSession::new(graphs, &weights, 1, 512);
+    let first = s.admit(&python_prompts(1), 20).unwrap();
+    let mut states = s.states().clone();
+    let mut env = Env {
+        bind: Bindings::new(1, 1, 512),
+        inputs: HashMap::new(),
+        weights: &weights,
+        states: &mut states,
+    };
+    let out = interp::run(&b.step, &mut env).unwrap();
+    let tree = out[TREE].as_i64().unwrap();
+    let (n, cols) = (96usize, 5usize);
+    assert_eq!(tree.len(), n * cols);
+    let row = |i: usize| &tree[i * cols..][..cols];
+    assert_eq!(row(0)[..3], [first[0] as i64, -1, 0]);
+    for i in 1..n {
+        let (p, d) = (row(i)[1], row(i)[2]);
+        assert!(p >= 0 && (p as usize) < i, "node {i}: parent {p}");
+        assert_eq!(d, row(p as usize)[2] + 1, "node {i}");
+        assert!((1..=7).contains(&d));
+        for w in 0..2 {
+            let own = if i / 64 == w { 1i64 << (i % 64) } else { 0 };
+            assert_eq!(
+                row(i)[3 + w],
+                row(p as usize)[3 + w] | own,
+                "node {i} word {w}"
+            );
+        }
+    }
+}
