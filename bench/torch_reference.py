@@ -494,9 +494,9 @@ def run_mode(mode, fig, models, a):
             torch.compiler.cudagraph_mark_step_begin()
             compiled(arg)
 
+        skips_before = cudagraph_skips()
         call()  # compiles; the next calls record the CUDA graph, then replay it
         compile_s = time.perf_counter() - t0
-        skips_before = cudagraph_skips()
         out = time_calls(call, a.device, max(a.warmup, 3), a.iters)
         if a.device == "cuda" and cudagraph_skips() > skips_before:
             out["note"] = "torch.compile skipped its CUDA graph (see stderr)"

@@ -209,7 +209,10 @@ mod tests {
             spec: true,
             ..req()
         });
-        assert_eq!(spec[0].label(Some(("DraftModel", 7))), "DraftModel k=7 B=2 ctx=512");
+        assert_eq!(
+            spec[0].label(Some(("DraftModel", 7))),
+            "DraftModel k=7 B=2 ctx=512"
+        );
     }
 
     #[test]

@@ -49,6 +49,8 @@ pub fn measure(
     iters: usize,
     per_kernel: bool,
 ) -> Result<Measurement> {
+    // Fail on a missing driver or GPU before synthesising gigabytes of random weights.
+    drop(specc_runtime::cuda::CudaDevice::open(0)?);
     let k = spec.map_or(0, |c| c.num_steps as usize);
     let groups = sessions(plan);
     let max_ctx = groups.iter().map(|s| s.max_context(plan, k)).max();
@@ -88,7 +90,11 @@ pub fn measure(
         };
         let bw = copy_bandwidth(&s.engine.dev, 1 << 30)?;
         device = s.engine.dev.info().name.clone();
-        let session_k = if group.kind == SessionKind::Spec { k } else { 0 };
+        let session_k = if group.kind == SessionKind::Spec {
+            k
+        } else {
+            0
+        };
         for &i in &group.figures {
             let f = plan[i];
             let graph = match f.kind {

@@ -114,7 +114,38 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     if !a.compare && !a.suite {
         return single(&a, &c.plan[0], &m, method);
     }
-    let (rows, reference, err) = compare(&a, &c, &m, method);
+    let mut rows: Vec<table::Row> = c
+        .plan
+        .iter()
+        .zip(&m.figures)
+        .map(|(f, got)| table::Row {
+            label: f.label(method),
+            specc: got.timing.clone(),
+            reference: None,
+        })
+        .collect();
+    // specc's figures first, table and JSON, so they survive a reference that never ends.
+    print!("{}", table::compare_table(&rows, &[]));
+    print_per_kernel(&c.plan, &m, method);
+    let write =
+        |rows: &[table::Row], r: Option<&reference::Output>, e: Option<&anyhow::Error>| match &a
+            .json
+        {
+            Some(path) => {
+                let j = json_multi(&c.plan, rows, &m, method, r, e);
+                std::fs::write(path, serde_json::to_string_pretty(&j)?).map_err(anyhow::Error::from)
+            }
+            None => Ok(()),
+        };
+    write(&rows, None, None)?;
+    if !a.compare {
+        return Ok(());
+    }
+    let (reference, err) = compare(&a, &c, &m, method, &mut rows);
+    println!(
+        "
+specc vs the PyTorch reference (same shapes, same device):"
+    );
     print!("{}", table::compare_table(&rows, &c.modes));
     if let Some(r) = &reference {
         println!(
@@ -122,11 +153,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             r.torch, r.device, a.iters
         );
     }
-    print_per_kernel(&c.plan, &m, method);
-    if let Some(path) = &a.json {
-        let j = json_multi(&c.plan, &rows, &m, method, reference.as_ref(), err.as_ref());
-        std::fs::write(path, serde_json::to_string_pretty(&j)?)?;
-    }
+    write(&rows, reference.as_ref(), err.as_ref())?;
     match err {
         Some(e) => Err(e),
         None => Ok(()),
@@ -144,7 +171,10 @@ fn single(
     let s = &m.figures[0].timing;
     let name = f.step_name(method);
     let accept = a.accept_len.unwrap_or(1.0);
-    print!("{}", table::single_table(&name, f.batch, f.context, s, accept));
+    print!(
+        "{}",
+        table::single_table(&name, f.batch, f.context, s, accept)
+    );
     print_per_kernel(std::slice::from_ref(f), m, method);
     if let Some(path) = &a.json {
         let j = serde_json::json!({
@@ -169,41 +199,27 @@ fn print_per_kernel(plan: &[Figure], m: &measure::Measurement, method: Option<(&
     }
 }
 
-/// The table rows, with the reference's figures when `--compare` ran it (and its error when
-/// it could not run: specc's figures are still reported).
+/// Runs the reference and fills the rows' reference figures; on failure every row carries the
+/// error (specc's figures are still reported) and it is returned too.
 #[cfg(feature = "cuda")]
 fn compare(
     a: &BenchArgs,
     c: &Checked,
     m: &measure::Measurement,
     method: Option<(&str, usize)>,
-) -> (
-    Vec<table::Row>,
-    Option<reference::Output>,
-    Option<anyhow::Error>,
-) {
-    let mut rows: Vec<table::Row> = c
-        .plan
-        .iter()
-        .zip(&m.figures)
-        .map(|(f, got)| table::Row {
-            label: f.label(method),
-            specc: got.timing.clone(),
-            reference: None,
-        })
-        .collect();
-    if !a.compare {
-        return (rows, None, None);
-    }
+    rows: &mut [table::Row],
+) -> (Option<reference::Output>, Option<anyhow::Error>) {
     let spec_method = c.spec.as_ref().map(|s| s.method);
     let args: Vec<Result<String, String>> = c
         .plan
         .iter()
         .map(|f| reference::figure_arg(f, spec_method))
         .collect();
-    let needs_draft = c.plan.iter().zip(&args).any(|(f, r)| {
-        f.kind == figures::Kind::Spec && r.is_ok()
-    });
+    let needs_draft = c
+        .plan
+        .iter()
+        .zip(&args)
+        .any(|(f, r)| f.kind == figures::Kind::Spec && r.is_ok());
     let modes = c.modes.clone();
     let req = reference::Request {
         config: m.config.clone(),
@@ -232,14 +248,14 @@ fn compare(
                     Err(why) => Err(why.clone()),
                 });
             }
-            (rows, Some(out), None)
+            (Some(out), None)
         }
         Err(e) => {
             let why = format!("{e:#}");
-            for row in &mut rows {
+            for row in rows.iter_mut() {
                 row.reference = Some(Err(why.clone()));
             }
-            (rows, None, Some(e))
+            (None, Some(e))
         }
     }
 }

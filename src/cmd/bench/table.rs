@@ -421,11 +421,32 @@ mod tests {
             ms,
         };
         let rows = vec![
-            row(0, "embedding", "accept + commit + emit", 1, Some(16_384), 0.003),
-            row(1, "gemv_silu_mul", "verify (target)", 1, Some(235_000_000), 0.087),
+            row(
+                0,
+                "embedding",
+                "accept + commit + emit",
+                1,
+                Some(16_384),
+                0.003,
+            ),
+            row(
+                1,
+                "gemv_silu_mul",
+                "verify (target)",
+                1,
+                Some(235_000_000),
+                0.087,
+            ),
             row(2, "attention", "verify (target)", 2, Some(4_200_000), 0.010),
             row(3, "gemv_silu_mul", "draft", 1, Some(33_000_000), 0.015),
-            row(4, "gemv_lm_head", "verify (target)", 2, Some(1_050_000_000), 0.251),
+            row(
+                4,
+                "gemv_lm_head",
+                "verify (target)",
+                2,
+                Some(1_050_000_000),
+                0.251,
+            ),
         ];
         insta::assert_snapshot!(per_kernel_table(&rows, 3, 4.2e12), @r"
         per kernel: each launch timed alone (median of 20), so each includes its launch latency (~3-5 us); the graph overlaps those gaps. 7 launches in 5 groups, sum 0.366 ms, 1.32 GB (3613 GB/s; copy bandwidth 4200 GB/s)
