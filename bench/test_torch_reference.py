@@ -100,12 +100,19 @@ class Arguments(unittest.TestCase):
                 self.assertIn(want, parse_fails(*argv))
 
     def test_dry_run_needs_no_torch(self):
-        out = subprocess.run([sys.executable, os.path.join(HERE, "torch_reference.py"),
+        # -S: no site-packages, so no torch (nor anything else installed) can be imported.
+        out = subprocess.run([sys.executable, "-S", os.path.join(HERE, "torch_reference.py"),
                               "--config", TARGET, "--figure", "forward,1,1024,8", "--dry-run"],
-                             capture_output=True, text=True, check=True,
-                             env=dict(os.environ, PYTHONPATH="/nonexistent-no-torch"))
+                             capture_output=True, text=True, check=True)
         d = json.loads(out.stdout)
         self.assertEqual(d["figures"][0]["tokens"], 8)
+
+    def test_missing_torch_is_exit_status_3(self):
+        proc = subprocess.run([sys.executable, "-S", os.path.join(HERE, "torch_reference.py"),
+                               "--config", TARGET, "--device", "cpu", "--tiny"],
+                              capture_output=True, text=True)
+        self.assertEqual(proc.returncode, 3, proc.stderr)
+        self.assertIn("error: torch is not importable by", proc.stderr)
 
 
 def torch_or_none():

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch reference for `specc bench --compare`: the same shapes as specc's step, timed the same way.
+"""PyTorch reference for `specc bench --compare`: specc's shapes, timed the way specc times them.
 
 A minimal dense decoder written here from the Hugging Face config.json that specc reads
 (Llama-3.x / Qwen3: RMSNorm, grouped-query attention with RoPE over a static KV cache, SwiGLU
@@ -31,7 +31,8 @@ per-call times, with p10 and p90. On the CPU (`--device cpu`, for smoke tests) a
 replaces the events.
 
 Output: one JSON object on stdout; progress on stderr. Exit status 2 for bad arguments, 3 when
-torch cannot be imported, 0 otherwise (skipped modes included).
+torch cannot be imported or (with --device cuda) sees no GPU, 0 otherwise (skipped modes
+included).
 
     python3 bench/torch_reference.py --config bench/configs/llama-3.1-8b/config.json \
         --figure forward,1,1024,1 --figure forward,1,1024,8 \
@@ -332,7 +333,8 @@ def build_decoder(cfg, device, seed, dtype=None):
     for _ in range(cfg.layers):
         layer = torch.nn.Module()
         layer.attn_norm, layer.mlp_norm = ones(hd), ones(hd)
-        layer.wq, layer.wk, layer.wv = linear(cfg.heads * d, hd), linear(kv * d, hd), linear(kv * d, hd)
+        layer.wq = linear(cfg.heads * d, hd)
+        layer.wk, layer.wv = linear(kv * d, hd), linear(kv * d, hd)
         layer.wo = linear(hd, cfg.heads * d)
         layer.wg, layer.wu, layer.wd = linear(cfg.ffn, hd), linear(cfg.ffn, hd), linear(hd, cfg.ffn)
         layer.q_norm = ones(d) if cfg.qk_norm else None

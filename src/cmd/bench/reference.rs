@@ -293,6 +293,74 @@ mod tests {
         );
     }
 
+    /// An interpreter without torch: the error names it and says torch is what is missing.
+    /// (`python3 -S` has no site-packages.) Skipped when no python3 is on PATH.
+    #[test]
+    fn missing_torch_is_named() {
+        if Command::new("python3").arg("-c").arg("0").output().is_err() {
+            eprintln!("skipped: python3 not runnable");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("specc-no-torch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let py = dir.join("python-without-site");
+        std::fs::write(&py, "#!/bin/sh\nexec python3 -S \"$@\"\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&py, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let config = root.join("bench/configs/llama-3.1-8b/config.json");
+        let args: Vec<String> = ["--config", config.to_str().unwrap(), "--device", "cpu"]
+            .map(String::from)
+            .to_vec();
+        let e = run(py.to_str().unwrap(), &root.join(SCRIPT), &args)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("python-without-site"), "{e}");
+        assert!(e.contains("torch is not importable"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A real run of the script (CPU, tiny shapes) reads back: figures in order, the CUDA-only
+    /// mode skipped with its reason. Skipped when python3 has no importable torch.
+    #[test]
+    fn cpu_run_reads_back() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let modes = parse_modes("eager,graph").unwrap();
+        let r = Request {
+            config: root.join("bench/configs/llama-3.1-8b/config.json"),
+            draft: Some(root.join("bench/configs/llama-3.2-1b")),
+            k: 2,
+            figures: vec!["forward,2,8,1".into(), "spec,1,8".into()],
+            modes: &modes,
+            iters: 3,
+        };
+        let mut a = args(&r);
+        a.extend(["--device", "cpu", "--tiny"].map(String::from));
+        let out = match run("python3", &root.join(SCRIPT), &a) {
+            Ok(o) => o,
+            Err(e)
+                if e.to_string().contains("not importable")
+                    || e.to_string().contains("not found") =>
+            {
+                eprintln!("skipped: {e}");
+                return;
+            }
+            Err(e) => panic!("{e:#}"),
+        };
+        assert_eq!(out.device, "cpu");
+        assert_eq!(out.figures.len(), 2);
+        for f in &out.figures {
+            let eager = f.iter().find(|m| m.mode == "eager").unwrap();
+            assert!(eager.result.as_ref().is_ok_and(|&ms| ms > 0.0), "{eager:?}");
+            let graph = f.iter().find(|m| m.mode == "graph").unwrap();
+            assert!(
+                graph.result.as_ref().is_err_and(|w| w.contains("CUDA")),
+                "{graph:?}"
+            );
+        }
+    }
+
     /// The arguments specc builds are ones the script accepts (its `--dry-run` needs no
     /// torch); skipped when no python3 is on PATH.
     #[test]
