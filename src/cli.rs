@@ -116,6 +116,21 @@ pub enum Command {
         /// Use deterministic random weights: only config.json is read.
         #[arg(long)]
         random_weights: bool,
+        /// Also time a PyTorch model of the same shapes (`bench/torch_reference.py`, run with
+        /// $SPECC_PYTHON or python3) and print one table: decode, the `--tokens` verify and
+        /// the `--spec` step, each against torch eager, eager under a CUDA graph and
+        /// torch.compile.
+        #[arg(long)]
+        compare: bool,
+        /// Measure the standard set in one go: decode B=1 ctx 1024, verify T=8, decode B=8,
+        /// decode ctx 8192 (and the `--spec` step at B=1 ctx 1024).
+        #[arg(long, conflicts_with_all = ["batch", "context", "tokens", "accept_len"])]
+        suite: bool,
+        /// Reference modes for --compare, comma-separated: eager, graph, compile (whole-model
+        /// torch.compile, reduce-overhead; minutes per shape at 8B), compile-layers (one
+        /// Inductor-compiled layer reused by all, under one CUDA graph; seconds).
+        #[arg(long, requires = "compare")]
+        torch_modes: Option<String>,
     },
     /// Write f32 logits for every position of a token sequence (for parity checks).
     Logits {

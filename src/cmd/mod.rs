@@ -42,6 +42,9 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             json,
             accept_len,
             random_weights,
+            compare,
+            suite,
+            torch_modes,
         } => bench::bench(bench::BenchArgs {
             tokens,
             src: engine::Source::new(model, random_weights),
@@ -52,6 +55,9 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             per_kernel,
             json,
             accept_len,
+            compare,
+            suite,
+            torch_modes,
         }),
         Command::Run {
             model,

@@ -1,0 +1,210 @@
+//! specc's measurements on the GPU: one session per (kind, batch, context), every figure of
+//! that session timed on it, the model (and its random weights) built once for all.
+//!
+//! Method per figure: the graph is captured as `run --backend cuda` does; every lane is put
+//! at the figure's context (synthetic steady state: the KV cache is not prefilled, which does
+//! not change the bytes a step reads); then `iters` replays are timed one by one with CUDA
+//! events after 10 warm-ups, and the median is reported. Roofline = bytes the graph must move
+//! (the codegen cost model: every weight once, KV up to the context, activations) / the
+//! device-to-device copy bandwidth measured in the same session.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use specc_ir::{Bindings, Graph};
+use specc_models::spec_step::{lower_decode_step, lower_target_prefill, StepShape};
+use specc_models::{Acceptance, SpecBundle, SpecConfig};
+use specc_runtime::cuda::bench::{copy_bandwidth, median, time_launches, time_replays};
+use specc_runtime::cuda::{CudaSpecSession, LoadedGraph};
+
+use super::figures::{sessions, Figure, Kind, SessionKind};
+use super::table::{KernelRow, SpeccTiming};
+use crate::cmd::engine::{resolve, Source, RANDOM_SEED};
+use crate::cmd::gpu;
+
+/// Single-launch timings per kernel are medians of this many launches.
+const LAUNCH_REPS: usize = 20;
+const WARMUP: usize = 10;
+
+pub struct Measured {
+    pub timing: SpeccTiming,
+    pub per_kernel: Option<Vec<KernelRow>>,
+}
+
+pub struct Measurement {
+    pub device: String,
+    /// The target's config.json (what the PyTorch reference reads).
+    pub config: PathBuf,
+    /// The draft's directory of a draft_model spec.
+    pub draft: Option<PathBuf>,
+    /// One per figure of the plan, in plan order.
+    pub figures: Vec<Measured>,
+}
+
+/// Measures every figure of `plan`.
+pub fn measure(
+    src: Source,
+    spec: Option<&SpecConfig>,
+    plan: &[Figure],
+    iters: usize,
+    per_kernel: bool,
+) -> Result<Measurement> {
+    // Fail on a missing driver or GPU before synthesising gigabytes of random weights.
+    drop(specc_runtime::cuda::CudaDevice::open(0)?);
+    let k = spec.map_or(0, |c| c.num_steps as usize);
+    let groups = sessions(plan);
+    let max_ctx = groups.iter().map(|s| s.max_context(plan, k)).max();
+    let random = src.random_weights;
+    let r = resolve(src, max_ctx)?;
+    let config = match &r.source_path {
+        Some(p) if p.is_file() => p.clone(),
+        _ => r.model_dir.join("config.json"),
+    };
+    let seed = random.then_some(RANDOM_SEED);
+    let bundle = match (spec, plan.iter().any(|f| f.session == SessionKind::Spec)) {
+        (Some(c), true) => Some(SpecBundle::open_with(&r.model, c, seed)?),
+        _ => None,
+    };
+    let shape = StepShape {
+        num_steps: 0,
+        ring: 64,
+        acceptance: Acceptance::Greedy,
+    };
+    let plain_prefill = lower_target_prefill(r.model.spec(), &[])?;
+    let plain_step = lower_decode_step(r.model.spec(), &shape)?;
+    let mut out: Vec<Option<Measured>> = plan.iter().map(|_| None).collect();
+    let mut device = String::new();
+    for group in &groups {
+        let ctx = group.max_context(plan, k);
+        let (mut s, prefill, step) = match (group.kind, &bundle) {
+            (SessionKind::Spec, Some(b)) => (
+                gpu::spec_session(&r.model, b, group.batch, ctx)?,
+                &b.target_prefill,
+                &b.step,
+            ),
+            _ => (
+                gpu::decode_session(&r.model, &plain_prefill, &plain_step, group.batch, ctx, 64)?,
+                &plain_prefill,
+                &plain_step,
+            ),
+        };
+        let bw = copy_bandwidth(&s.engine.dev, 1 << 30)?;
+        device = s.engine.dev.info().name.clone();
+        let session_k = if group.kind == SessionKind::Spec {
+            k
+        } else {
+            0
+        };
+        for &i in &group.figures {
+            let f = plan[i];
+            let graph = match f.kind {
+                Kind::Verify(_) => prefill,
+                Kind::Decode | Kind::Spec => step,
+            };
+            let one = Figure1 {
+                f,
+                graph,
+                held: f.context + session_k.max(f.tokens()),
+                bw,
+                iters,
+                per_kernel,
+            };
+            out[i] = Some(one.measure(&mut s)?);
+        }
+    }
+    Ok(Measurement {
+        device,
+        config,
+        draft: spec.and_then(|c| c.draft.clone()),
+        figures: out.into_iter().flatten().collect(),
+    })
+}
+
+/// One figure on its session.
+struct Figure1<'g> {
+    f: Figure,
+    /// The graph timed (for the byte counts).
+    graph: &'g Graph,
+    /// Tokens in each sequence's KV cache when the graph has run.
+    held: usize,
+    bw: f64,
+    iters: usize,
+    per_kernel: bool,
+}
+
+impl Figure1<'_> {
+    fn measure(&self, s: &mut CudaSpecSession) -> Result<Measured> {
+        let f = self.f;
+        let t = f.tokens();
+        let bind = Bindings::new(f.batch as u64, t as u64, self.held as u64);
+        let compiled = specc_codegen::compile(self.graph.clone(), &[bind])?;
+        let plan = &compiled.plans[0];
+        let cost = plan.total_cost();
+        let verify = match f.kind {
+            Kind::Verify(t) => Some(s.verify_graph(t, f.context)?),
+            Kind::Decode | Kind::Spec => {
+                s.arm_synthetic(f.context)?;
+                None
+            }
+        };
+        let (loaded, timed) = match &verify {
+            Some((l, g)) => (l, g),
+            None => (s.step_plan(), &s.step_graph),
+        };
+        let mut times = time_replays(&s.engine.dev, timed, WARMUP, self.iters)?;
+        let med = median(&mut times) as f64;
+        let timing = SpeccTiming {
+            median_ms: med,
+            p10_ms: times[times.len() / 10] as f64,
+            p90_ms: times[times.len() * 9 / 10] as f64,
+            kernels: loaded.launches.len(),
+            weight_bytes: cost.weight_bytes,
+            act_bytes: cost.act_bytes,
+            copy_bw: self.bw,
+        };
+        let per_kernel = if self.per_kernel {
+            let per = time_launches(&s.engine.dev, loaded, LAUNCH_REPS)?;
+            Some(kernel_rows(loaded, &per, plan))
+        } else {
+            None
+        };
+        Ok(Measured { timing, per_kernel })
+    }
+}
+
+/// Single-launch times grouped by fused group, with the group's family and bytes from the
+/// cost model (compiled at the held context, so KV bytes are the live ones). The loaded plan
+/// and `cost_plan` come from the same graph, so group `g` is `cost_plan.launches[g]`; if the
+/// counts disagree the bytes are left out rather than misattributed.
+fn kernel_rows(
+    loaded: &LoadedGraph,
+    per: &[f32],
+    cost_plan: &specc_codegen::LaunchPlan,
+) -> Vec<KernelRow> {
+    let groups = loaded
+        .plan
+        .launches
+        .iter()
+        .map(|l| l.group + 1)
+        .max()
+        .unwrap_or(0);
+    let costs = (groups == cost_plan.launches.len()).then_some(&cost_plan.launches);
+    let mut rows: Vec<KernelRow> = Vec::new();
+    for ((pl, l), ms) in loaded.plan.launches.iter().zip(&loaded.launches).zip(per) {
+        if let Some(r) = rows.iter_mut().find(|r| r.group == pl.group) {
+            r.kernels.push(l.name().to_string());
+            r.ms += *ms as f64;
+            continue;
+        }
+        let cost = costs.map(|c| &c[pl.group]);
+        rows.push(KernelRow {
+            group: pl.group,
+            family: cost.map_or_else(|| l.name().to_string(), |c| c.family.to_string()),
+            phase: pl.phase.name(),
+            kernels: vec![l.name().to_string()],
+            bytes: cost.map(|c| c.cost.bytes()),
+            ms: *ms as f64,
+        });
+    }
+    rows
+}
