@@ -31,12 +31,24 @@
 //! attention split partials) is an arena range its parameters name, sized by the family
 //! (`partials_per_row`, `scratch_bytes`).
 //!
+//! # Programmatic dependent launch
+//!
+//! The runtime launches every generated kernel with programmatic stream serialization
+//! (sm_90+), so its blocks may start while the previous kernel still runs. The function body
+//! is therefore `prologue; pdl_enter(); body` ([`PDL_ENTER`], `cuda/common.cuh`): the
+//! prologue computes indices, may read the pointer table (written only by the host) and
+//! touches global memory only through L2 prefetches of weights; everything else comes after
+//! the wait, which returns once the whole previous grid has completed and its writes are
+//! visible. So no kernel reads an activation before its producer finished, nor overwrites an
+//! arena range (the memory plan reuses offsets) that an earlier kernel may still read.
+//!
 //! # Names and sources
 //!
 //! A kernel is named `{family}_{dtype}_{hash8}`: the family (`gemv`, `rmsnorm`, ...), the
 //! dtype that characterises it (each family documents which: the weight dtype of a GEMV,
 //! the activation dtype elsewhere) and the first 8 hex digits of the SHA-256 of its
-//! generated text without the name (module items, launch bound and body). The entry symbol
+//! generated text without the name (module items, launch bound and function body, PDL
+//! prologue included). The entry symbol
 //! equals the name (`extern "C"`, no mangling). Each [`KernelSource`] is one
 //! self-contained module: the hand-written prelude (`cuda/*.cuh`) followed by the kernel.
 //!
@@ -380,13 +392,59 @@ pub const PRELUDE: &str = concat!(
     include_str!("../cuda/reduce.cuh"),
 );
 
+/// The statement every generated kernel runs before its first access to global memory other
+/// than weight prefetches: wait for the predecessor grid (programmatic dependent launch),
+/// then let the successor's blocks launch. See `pdl_enter` in `cuda/common.cuh` for the
+/// invariant that makes reused arena offsets safe.
+pub const PDL_ENTER: &str = "pdl_enter();  // wait for earlier kernels (PDL), see common.cuh";
+
+/// The kernel text after the module items: the ABI signature, `prologue` (code that runs
+/// before the PDL wait: only weight prefetches), [`PDL_ENTER`] and `body`. Returns the name
+/// `{family}_{dtype}_{hash8}` and that text, the hash taken over `items`, the launch bound and
+/// everything inside the function.
+pub(crate) fn assemble(
+    family: &str,
+    dtype: &str,
+    items: &str,
+    prologue: &str,
+    body: &str,
+    launch: &LaunchSpec,
+) -> (String, String) {
+    let bound = launch.threads();
+    let mut inner = prologue.to_string();
+    let mut enter = Writer::at_depth(1);
+    enter.line(PDL_ENTER);
+    inner.push_str(&enter.finish());
+    inner.push_str(body);
+    let mut h = Sha256::new();
+    h.update(items.as_bytes());
+    h.update(bound.to_le_bytes());
+    h.update(inner.as_bytes());
+    let digest = h.finalize();
+    let hash8: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    let name = format!("{family}_{dtype}_{hash8}");
+    let mut kernel = items.to_string();
+    if !kernel.is_empty() {
+        kernel.push('\n');
+    }
+    kernel.push_str(&format!(
+        "extern \"C\" __global__ void __launch_bounds__({bound})\n{name}({PARAMS}) {{\n"
+    ));
+    kernel.push_str(&inner);
+    kernel.push_str("}\n");
+    (name, kernel)
+}
+
 /// Assembles a kernel from its generated parts and names it.
 pub(crate) struct KernelBuilder {
     pub family: &'static str,
     pub dtype: Dtype,
     /// Module-scope declarations before the kernel (tables, constants).
     pub items: Writer,
-    /// The function body, written at depth 1.
+    /// Code run before [`PDL_ENTER`], at depth 1: it may compute indices and read the
+    /// pointer table, and touch global memory only through `prefetch_l2` of weights.
+    pub prologue: Writer,
+    /// The function body after [`PDL_ENTER`], written at depth 1.
     pub body: Writer,
 }
 
@@ -396,30 +454,20 @@ impl KernelBuilder {
             family,
             dtype,
             items: Writer::new(),
+            prologue: Writer::at_depth(1),
             body: Writer::at_depth(1),
         }
     }
 
     pub fn finish(self, launch: LaunchSpec) -> KernelSource {
-        let items = self.items.finish();
-        let body = self.body.finish();
-        let bound = launch.threads();
-        let mut h = Sha256::new();
-        h.update(items.as_bytes());
-        h.update(bound.to_le_bytes());
-        h.update(body.as_bytes());
-        let digest = h.finalize();
-        let hash8: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
-        let name = format!("{}_{}_{hash8}", self.family, self.dtype.name());
-        let mut kernel = items;
-        if !kernel.is_empty() {
-            kernel.push('\n');
-        }
-        kernel.push_str(&format!(
-            "extern \"C\" __global__ void __launch_bounds__({bound})\n{name}({PARAMS}) {{\n"
-        ));
-        kernel.push_str(&body);
-        kernel.push_str("}\n");
+        let (name, kernel) = assemble(
+            self.family,
+            self.dtype.name(),
+            &self.items.finish(),
+            &self.prologue.finish(),
+            &self.body.finish(),
+            &launch,
+        );
         let source = format!("{PRELUDE}\n// ---- generated ----\n{kernel}");
         KernelSource {
             entry: name.clone(),
@@ -467,5 +515,21 @@ mod tests {
         assert!(a
             .kernel
             .contains(&format!("{}(char* __restrict__ arena", a.name)));
+    }
+
+    #[test]
+    fn pdl_wait_comes_after_the_prologue_and_before_the_body() {
+        let mut k = KernelBuilder::new("fam", Dtype::BF16);
+        k.prologue.line("prefetch_l2(w);");
+        k.body.line("int x = 1;");
+        let src = k.finish(LaunchSpec {
+            grid: [Extent::Fixed(1); 3],
+            block: [32, 1, 1],
+            smem_bytes: 0,
+        });
+        let at = |s: &str| src.kernel.find(s).unwrap_or_else(|| panic!("{s}"));
+        assert!(at("prefetch_l2(w);") < at(PDL_ENTER));
+        assert!(at(PDL_ENTER) < at("int x = 1;"));
+        assert_eq!(src.kernel.matches("pdl_enter()").count(), 1);
     }
 }

@@ -36,10 +36,9 @@ mod elementwise;
 mod movement;
 mod rows;
 
-use crate::abi::{Extent, KernelSource, LaunchSpec, Loc, PARAMS, PRELUDE};
+use crate::abi::{assemble, Extent, KernelSource, LaunchSpec, Loc, PRELUDE};
 use crate::writer::{emit, f32_lit, Writer};
 use crate::Error;
-use sha2::{Digest, Sha256};
 use specc_ir::{DType, Dim, Op, TensorType};
 
 /// The family name in errors.
@@ -405,20 +404,9 @@ impl Kernel {
     }
 
     pub fn finish(self, launch: LaunchSpec) -> KernelSource {
+        let dtype = self.dtype.to_string();
         let body = self.body.finish();
-        let bound = launch.threads();
-        let mut h = Sha256::new();
-        h.update(b"");
-        h.update(bound.to_le_bytes());
-        h.update(body.as_bytes());
-        let digest = h.finalize();
-        let hash8: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
-        let name = format!("{}_{}_{hash8}", self.family, self.dtype);
-        let mut kernel = format!(
-            "extern \"C\" __global__ void __launch_bounds__({bound})\n{name}({PARAMS}) {{\n"
-        );
-        kernel.push_str(&body);
-        kernel.push_str("}\n");
+        let (name, kernel) = assemble(self.family, &dtype, "", "", &body, &launch);
         let source = format!("{PRELUDE}\n{GENERIC_PRELUDE}\n// ---- generated ----\n{kernel}");
         KernelSource {
             entry: name.clone(),
