@@ -6,6 +6,9 @@
 //! CUDA events after a warm-up, and the median is reported. Roofline = bytes the step must
 //! move (the codegen cost model: every weight once, KV up to the context, activations) /
 //! the device-to-device copy bandwidth measured in the same run.
+//!
+//! Kernels are launched with programmatic dependent launch when the device supports it;
+//! `SPECC_PDL=0` turns it off for an A/B comparison (the report says which).
 
 use std::path::PathBuf;
 
@@ -113,11 +116,19 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         (None, None) => "decode".into(),
     };
     let dev = s.engine.dev.info().name.clone();
+    let pdl = s.engine.dev.pdl_enabled();
+    let pdl_edges = timed.programmatic_edges();
     let mut t = String::new();
     let _ = writeln!(
         t,
         "device: {dev}; copy bandwidth {:.2} TB/s (read + write)",
         bw / 1e12
+    );
+    let _ = writeln!(
+        t,
+        "PDL (programmatic dependent launch): {}; {} programmatic edges in the step graph",
+        if pdl { "on (SPECC_PDL=0 turns it off)" } else { "off" },
+        pdl_edges.map_or("unknown".into(), |n| n.to_string())
     );
     let _ = writeln!(
         t,
@@ -191,7 +202,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     if let Some(path) = a.json {
         let j = serde_json::json!({
             "device": dev, "step": name, "batch": a.batch, "context": a.context,
-            "kernels": launches, "median_ms": med, "p10_ms": p10, "p90_ms": p90,
+            "kernels": launches, "pdl": pdl, "pdl_edges": pdl_edges, "median_ms": med, "p10_ms": p10, "p90_ms": p90,
             "roofline_ms": roofline_ms, "pct_roofline": 100.0 * roofline_ms / med,
             "bytes": cost.bytes(), "copy_bw_bytes_per_s": bw, "tok_s": tok_s, "accept_len": accept,
         });

@@ -285,7 +285,9 @@ impl CudaEngine {
                     KernelParam::buf(&table, 0)?,
                     KernelParam::i32s(&[c.b, c.t, c.ctx, c.m]),
                 ],
-            )?);
+            )?
+            // Every generated kernel runs `pdl_enter()` before touching activations.
+            .with_pdl());
         }
         Ok(LoadedGraph {
             plan,

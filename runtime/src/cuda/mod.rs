@@ -53,7 +53,10 @@ mod weights;
 
 pub use arena::{state_sizes, DeviceArena, StateBuffers};
 pub use buffer::{DeviceBuffer, ALLOC_GRANULE};
-pub use device::{arch_for, driver_present, pick_arch, CudaDevice, DeviceInfo, LaunchCounters};
+pub use device::{
+    arch_for, driver_present, pdl_default, pick_arch, CudaDevice, DeviceInfo, LaunchCounters,
+    PDL_ENV,
+};
 pub use engine::{set_prebuilt, CudaEngine, LoadedGraph, Prebuilt, WeightSources};
 pub use error::CudaError;
 pub use graph::{Retained, StepGraph};
