@@ -403,8 +403,15 @@ fn weight_prefetch_prologue(
         let row_bytes = format!("off < (long long)K * {}", p.w_dtype.size());
         w.if_block(row_bytes, |w| {
             w.line("const long long row = (long long)min(n0 + j % CW, N - 1) * K;");
-            let rows = if w1.is_some() { "(j < CW ? w0 : w1)" } else { "w0" };
-            emit!(w, "prefetch_l2(reinterpret_cast<const char*>({rows} + row) + off);");
+            let rows = if w1.is_some() {
+                "(j < CW ? w0 : w1)"
+            } else {
+                "w0"
+            };
+            emit!(
+                w,
+                "prefetch_l2(reinterpret_cast<const char*>({rows} + row) + off);"
+            );
         });
     });
 }

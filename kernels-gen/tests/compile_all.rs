@@ -179,7 +179,11 @@ fn pdl_instructions_reach_the_ptx() {
                 let prefetch = ptx.find("prefetch.global.L2").unwrap_or_else(|| {
                     panic!("{} [{arch}]: no weight prefetch in the PTX", k.name)
                 });
-                assert!(prefetch < wait, "{} [{arch}]: prefetch after the wait", k.name);
+                assert!(
+                    prefetch < wait,
+                    "{} [{arch}]: prefetch after the wait",
+                    k.name
+                );
             }
         }
     }

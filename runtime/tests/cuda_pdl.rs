@@ -112,7 +112,15 @@ fn chain(dev: &CudaDevice, m: &KernelModule, kernel: &str) -> Chain {
     arena.buffer().zero(0, arena.bytes()).unwrap();
     let one = dev.alloc("increment", 16).unwrap();
     one.write(0, &1i32.to_ne_bytes()).unwrap();
-    let table = pointer_table(dev, "bufs", &[BufRef { buf: one, offset: 0 }]).unwrap();
+    let table = pointer_table(
+        dev,
+        "bufs",
+        &[BufRef {
+            buf: one,
+            offset: 0,
+        }],
+    )
+    .unwrap();
     let f = m.function(kernel, 0).unwrap();
     let blocks = dev.info().sm_count * 2;
     let link = |src: usize, dst: usize| {
@@ -169,7 +177,10 @@ fn issue(dev: &CudaDevice, ch: &Chain) -> Result<(), RuntimeError> {
 
 /// (ints of region `r` that differ from `want`, first bad index and value).
 fn check(ch: &Chain, region: usize, want: i32) -> (usize, Option<(usize, i32)>) {
-    let bytes = ch.arena.read((region * N * 4) as u64, (N * 4) as u64).unwrap();
+    let bytes = ch
+        .arena
+        .read((region * N * 4) as u64, (N * 4) as u64)
+        .unwrap();
     let mut bad = 0;
     let mut first = None;
     for (i, c) in bytes.chunks_exact(4).enumerate() {
@@ -219,10 +230,7 @@ fn captured_pdl_chain_with_reused_offsets_and_a_copy_node() {
         // after the copy depend fully.
         let max = LINKS_BEFORE - 1 + LINKS_AFTER - 1;
         if let Some(e) = g.programmatic_edges() {
-            assert!(
-                e > 0 && e <= max,
-                "{e} programmatic edges, want 1..={max}"
-            );
+            assert!(e > 0 && e <= max, "{e} programmatic edges, want 1..={max}");
         }
     }
     for r in 1..=3 {
@@ -230,7 +238,12 @@ fn captured_pdl_chain_with_reused_offsets_and_a_copy_node() {
         dev.synchronize().unwrap();
         let a = (r * LINKS_BEFORE) as i32;
         assert_region(&ch, 0, a, &format!("A after replay {r}"));
-        assert_region(&ch, 2, a + LINKS_AFTER as i32, &format!("C after replay {r}"));
+        assert_region(
+            &ch,
+            2,
+            a + LINKS_AFTER as i32,
+            &format!("C after replay {r}"),
+        );
     }
 }
 
@@ -245,7 +258,12 @@ fn eager_pdl_chain_is_correct() {
         dev.synchronize().unwrap();
         let a = (r * LINKS_BEFORE) as i32;
         assert_region(&ch, 0, a, &format!("A after eager run {r}"));
-        assert_region(&ch, 2, a + LINKS_AFTER as i32, &format!("C after eager run {r}"));
+        assert_region(
+            &ch,
+            2,
+            a + LINKS_AFTER as i32,
+            &format!("C after eager run {r}"),
+        );
     }
 }
 

@@ -127,7 +127,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let _ = writeln!(
         t,
         "PDL (programmatic dependent launch): {}; {} programmatic edges in the step graph",
-        if pdl { "on (SPECC_PDL=0 turns it off)" } else { "off" },
+        if pdl {
+            "on (SPECC_PDL=0 turns it off)"
+        } else {
+            "off"
+        },
         pdl_edges.map_or("unknown".into(), |n| n.to_string())
     );
     let _ = writeln!(

@@ -319,8 +319,14 @@ mod tests {
     fn pdl_defaults_on_from_sm90_and_switches_off_by_env() {
         assert!(pdl_default((9, 0), 13000, None));
         assert!(pdl_default((12, 0), 12030, Some("1")));
-        assert!(!pdl_default((8, 9), 13000, None), "no griddepcontrol before sm_90");
-        assert!(!pdl_default((9, 0), 12020, None), "driver too old for PDL graph edges");
+        assert!(
+            !pdl_default((8, 9), 13000, None),
+            "no griddepcontrol before sm_90"
+        );
+        assert!(
+            !pdl_default((9, 0), 12020, None),
+            "driver too old for PDL graph edges"
+        );
         for off in ["0", "off", "FALSE", " no "] {
             assert!(!pdl_default((9, 0), 13000, Some(off)), "{off}");
         }

@@ -308,15 +308,8 @@ unsafe fn launch_programmatic(
     };
     // SAFETY: `config` and `attr` live for the call, which copies them; the caller upholds
     // the kernel-parameter contract; `extra` is null.
-    unsafe {
-        sys::cuLaunchKernelEx(
-            &config,
-            func,
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    }
-    .result()
+    unsafe { sys::cuLaunchKernelEx(&config, func, params.as_mut_ptr(), std::ptr::null_mut()) }
+        .result()
 }
 
 /// Issues `launches` in order on the device's stream (eagerly, or into a graph when called
