@@ -48,9 +48,9 @@
 //! dtype that characterises it (each family documents which: the weight dtype of a GEMV,
 //! the activation dtype elsewhere) and the first 8 hex digits of the SHA-256 of its
 //! generated text without the name (module items, launch bound and function body, PDL
-//! prologue included). The entry symbol
-//! equals the name (`extern "C"`, no mangling). Each [`KernelSource`] is one
-//! self-contained module: the hand-written prelude (`cuda/*.cuh`) followed by the kernel.
+//! prologue included). The entry symbol equals the name (`extern "C"`, no mangling). Each
+//! [`KernelSource`] is one self-contained module: the hand-written prelude (`cuda/*.cuh`)
+//! followed by the kernel.
 //!
 //! # Layout conventions
 //!

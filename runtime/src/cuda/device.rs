@@ -70,8 +70,8 @@ pub fn pick_arch<'a>(device_arch: &str, available: &[&'a str]) -> Option<&'a str
         .copied()
 }
 
-/// The environment variable that switches programmatic dependent launch off (`0`, `off` or
-/// `false`) for A/B measurements.
+/// The environment variable that switches programmatic dependent launch off (`0`, `off`,
+/// `false` or `no`) for A/B measurements.
 pub const PDL_ENV: &str = "SPECC_PDL";
 
 /// Whether launches use programmatic dependent launch (PDL) by default: on a device of compute

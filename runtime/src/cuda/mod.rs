@@ -31,7 +31,9 @@
 //!    `KernelModule::load(&dev, &k.name, KernelImage::Binary(compiled.cubin))` and
 //!    `module.function(&k.entry, geom.smem_bytes)`; then `PreparedLaunch::new(&k.name, f,
 //!    grid, block, smem, vec![KernelParam::buf(arena.buffer(), 0)?, KernelParam::buf(&table,
-//!    0)?, KernelParam::i32s(&[b, t, ctx, b * t])])` in plan order.
+//!    0)?, KernelParam::i32s(&[b, t, ctx, b * t])])?.with_pdl()` in plan order (generated
+//!    kernels wait for their predecessor, so they may launch programmatically: see
+//!    the PDL notes in `launch.rs` and [`CudaDevice::pdl_enabled`]).
 //! 5. `StepGraph::from_launches(&dev, launches, vec![])` (the launches hold the arena and the
 //!    table, the table holds the slab, states and ring).
 //! 6. Per step: `arena.write_input(..)` if the host has new inputs, `graph.replay()`,
