@@ -51,3 +51,45 @@ __device__ __forceinline__ float silu_f32(float x) { return x / (1.0f + expf(-x)
 __device__ __forceinline__ bool argmax_better(float av, int ai, float bv, int bi) {
   return av > bv || (av == bv && ai < bi);
 }
+
+// ---- programmatic dependent launch (PDL, sm_90+) ----
+// The runtime launches kernels with programmatic stream serialization (runtime/src/cuda/
+// launch.rs): a kernel's blocks may start while its predecessor in the stream still runs.
+// Every generated kernel therefore begins with `pdl_enter()` (abi.rs / generic/mod.rs put it
+// there), and before it touches no global memory except
+//   - L2 prefetches of weights (`prefetch_l2`): weights are written only by the host before
+//     any launch, and a prefetch moves no data into registers or memory, and
+//   - the pointer table `bufs`, likewise written only by the host.
+// Invariant (why this covers every hazard, including write-after-read on arena offsets the
+// memory plan reuses): `griddepcontrol.wait` returns only once the whole predecessor grid
+// has completed and its memory operations are performed and visible; the predecessor waited
+// for its own predecessor the same way, so by induction every earlier kernel of the stream
+// has finished. No kernel reads data an earlier kernel writes, nor writes memory an earlier
+// kernel may still read, before that point.
+// `launch_dependents` only lets the next grid's blocks be scheduled early (to spin in their
+// own wait); it promises nothing about memory, so it can be issued right away.
+// Launched without PDL (eagerly by tests, on older GPUs, with SPECC_PDL=0) the wait returns
+// at once and the trigger is a no-op. Below sm_90 both compile to nothing.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Waits for the predecessor grid, then lets the successor's blocks launch.
+__device__ __forceinline__ void pdl_enter() {
+  pdl_wait();
+  pdl_launch_dependents();
+}
+
+// Prefetches the 128-byte line holding `p` (a global address) into L2. Only for memory no
+// kernel writes (weights): it may run before `pdl_enter()`.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(p)));
+}

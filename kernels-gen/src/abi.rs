@@ -31,14 +31,26 @@
 //! attention split partials) is an arena range its parameters name, sized by the family
 //! (`partials_per_row`, `scratch_bytes`).
 //!
+//! # Programmatic dependent launch
+//!
+//! The runtime launches every generated kernel with programmatic stream serialization
+//! (sm_90+), so its blocks may start while the previous kernel still runs. The function body
+//! is therefore `prologue; pdl_enter(); body` ([`PDL_ENTER`], `cuda/common.cuh`): the
+//! prologue computes indices, may read the pointer table (written only by the host) and
+//! touches global memory only through L2 prefetches of weights; everything else comes after
+//! the wait, which returns once the whole previous grid has completed and its writes are
+//! visible. So no kernel reads an activation before its producer finished, nor overwrites an
+//! arena range (the memory plan reuses offsets) that an earlier kernel may still read.
+//!
 //! # Names and sources
 //!
 //! A kernel is named `{family}_{dtype}_{hash8}`: the family (`gemv`, `rmsnorm`, ...), the
 //! dtype that characterises it (each family documents which: the weight dtype of a GEMV,
 //! the activation dtype elsewhere) and the first 8 hex digits of the SHA-256 of its
-//! generated text without the name (module items, launch bound and body). The entry symbol
-//! equals the name (`extern "C"`, no mangling). Each [`KernelSource`] is one
-//! self-contained module: the hand-written prelude (`cuda/*.cuh`) followed by the kernel.
+//! generated text without the name (module items, launch bound and function body, PDL
+//! prologue included). The entry symbol equals the name (`extern "C"`, no mangling). Each
+//! [`KernelSource`] is one self-contained module: the hand-written prelude (`cuda/*.cuh`)
+//! followed by the kernel.
 //!
 //! # Layout conventions
 //!
@@ -449,13 +461,22 @@ pub const PRELUDE: &str = concat!(
     include_str!("../cuda/reduce.cuh"),
 );
 
+/// The statement every generated kernel runs before its first access to global memory other
+/// than weight prefetches: wait for the predecessor grid (programmatic dependent launch),
+/// then let the successor's blocks launch. See `pdl_enter` in `cuda/common.cuh` for the
+/// invariant that makes reused arena offsets safe.
+pub const PDL_ENTER: &str = "pdl_enter();  // wait for earlier kernels (PDL), see common.cuh";
+
 /// Assembles a kernel from its generated parts and names it.
 pub(crate) struct KernelBuilder {
     pub family: &'static str,
     pub dtype: Dtype,
     /// Module-scope declarations before the kernel (tables, constants).
     pub items: Writer,
-    /// The function body, written at depth 1.
+    /// Code run before [`PDL_ENTER`], at depth 1: it may compute indices and read the
+    /// pointer table, and touch global memory only through `prefetch_l2` of weights.
+    pub prologue: Writer,
+    /// The function body after [`PDL_ENTER`], written at depth 1.
     pub body: Writer,
 }
 
@@ -465,6 +486,7 @@ impl KernelBuilder {
             family,
             dtype,
             items: Writer::new(),
+            prologue: Writer::at_depth(1),
             body: Writer::at_depth(1),
         }
     }
@@ -474,6 +496,7 @@ impl KernelBuilder {
             self.family,
             self.dtype.name(),
             &self.items.finish(),
+            &self.prologue.finish(),
             &self.body.finish(),
             launch,
             PRELUDE,
@@ -481,16 +504,24 @@ impl KernelBuilder {
     }
 }
 
-/// Names and assembles a kernel: relocates its operands (so placement is not part of the
-/// text), hashes module items + launch bound + body, and prepends `prelude`.
+/// Names and assembles a kernel: `prologue` (code before the PDL wait), [`PDL_ENTER`] and
+/// `body`; relocates its operands (so placement is not part of the text), hashes module
+/// items + launch bound + the whole function body, and prepends `prelude`.
 pub(crate) fn assemble(
     family: &str,
     dtype: &str,
     items: &str,
+    prologue: &str,
     body: &str,
     launch: LaunchSpec,
     prelude: &str,
 ) -> KernelSource {
+    let mut inner = prologue.to_string();
+    let mut enter = Writer::at_depth(1);
+    enter.line(PDL_ENTER);
+    inner.push_str(&enter.finish());
+    inner.push_str(body);
+    let body = inner.as_str();
     let (texts, operands) = relocate(&[items, body]);
     let (items, body) = (&texts[0], &texts[1]);
     let bound = launch.threads();
@@ -601,5 +632,21 @@ mod tests {
             .line(&format!("bf16* w = {};", w.ptr(Dtype::BF16, true)));
         k.body
             .line(&format!("const bf16* x2 = {};", x.ptr(Dtype::BF16, false)));
+    }
+
+    #[test]
+    fn pdl_wait_comes_after_the_prologue_and_before_the_body() {
+        let mut k = KernelBuilder::new("fam", Dtype::BF16);
+        k.prologue.line("prefetch_l2(w);");
+        k.body.line("int x = 1;");
+        let src = k.finish(LaunchSpec {
+            grid: [Extent::Fixed(1); 3],
+            block: [32, 1, 1],
+            smem_bytes: 0,
+        });
+        let at = |s: &str| src.kernel.find(s).unwrap_or_else(|| panic!("{s}"));
+        assert!(at("prefetch_l2(w);") < at(PDL_ENTER));
+        assert!(at(PDL_ENTER) < at("int x = 1;"));
+        assert_eq!(src.kernel.matches("pdl_enter()").count(), 1);
     }
 }

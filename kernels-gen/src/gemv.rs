@@ -201,30 +201,15 @@ impl GemvParams {
 pub fn gemv(p: &GemvParams) -> Result<KernelSource, Error> {
     p.validate()?;
     let t = p.tiling();
-    let (mt, cw, nw, vw, kc) = (p.row_tile, t.cols_per_warp, t.warps, t.vec, t.k_chunk);
-    let g = if p.gate_up() { 2 } else { 1 };
-    let (xt, wt) = (p.x.dtype.c_type(), p.w_dtype.c_type());
+    let (mt, cw, nw) = (p.row_tile, t.cols_per_warp, t.warps);
+    let xt = p.x.dtype.c_type();
     let mut kb = KernelBuilder::new(FAMILY, p.w_dtype);
+    let (w0, w1) = match p.weights {
+        GemvWeights::Single(l) => (l, None),
+        GemvWeights::GateUp { gate, up } => (gate, Some(up)),
+    };
+    weight_prefetch_prologue(&mut kb.prologue, p, t, w0, w1);
     let w = &mut kb.body;
-
-    emit!(w, "constexpr int K = {};", p.k);
-    emit!(w, "constexpr int N = {};", p.n);
-    emit!(w, "constexpr int MT = {mt};  // row tile");
-    emit!(w, "constexpr int CW = {cw};  // output columns per warp");
-    emit!(w, "constexpr int NW = {nw};  // warps per block");
-    emit!(
-        w,
-        "constexpr int VW = {vw};  // elements per 16-byte weight load"
-    );
-    emit!(
-        w,
-        "constexpr int KC = {kc};  // K chunk staged in shared memory"
-    );
-    emit!(
-        w,
-        "constexpr int NA = {};  // accumulators per row: CW, or gate and up",
-        g * cw
-    );
     emit!(w, "__shared__ __align__(16) {xt} xs[MT * KC];");
     if p.norm.is_some() {
         w.line("__shared__ float inv_rms[MT];");
@@ -232,20 +217,9 @@ pub fn gemv(p: &GemvParams) -> Result<KernelSource, Error> {
     if p.argmax_partials.is_some() {
         w.line("__shared__ ArgmaxPair cand[NW * MT * CW];");
     }
-    w.line("const int lane = threadIdx.x & 31;");
-    w.line("const int warp = threadIdx.x >> 5;");
     w.line("const int m0 = blockIdx.y * MT;");
     emit!(w, "const int mr = min(MT, {} - m0);", p.rows.expr());
-    w.line("const int n0 = (blockIdx.x * NW + warp) * CW;");
     emit!(w, "const {xt}* x = {};", p.x.loc.ptr(p.x.dtype, false));
-    let (w0, w1) = match p.weights {
-        GemvWeights::Single(l) => (l, None),
-        GemvWeights::GateUp { gate, up } => (gate, Some(up)),
-    };
-    emit!(w, "const {wt}* w0 = {};", w0.ptr(p.w_dtype, false));
-    if let Some(up) = w1 {
-        emit!(w, "const {wt}* w1 = {};", up.ptr(p.w_dtype, false));
-    }
     let xs_row = p.x.row_stride;
 
     if let Some(nm) = &p.norm {
@@ -375,6 +349,71 @@ pub fn gemv(p: &GemvParams) -> Result<KernelSource, Error> {
         smem_bytes: 0,
     };
     Ok(kb.finish(launch))
+}
+
+/// The code before the PDL wait: the tiling constants, this warp's columns and weight
+/// pointers, and an L2 prefetch of the first 128-byte lines of each of its weight rows (what
+/// the warp's first iterations read). Weights are never written by a kernel, so this may
+/// overlap the previous kernel; everything touching activations comes after the wait.
+fn weight_prefetch_prologue(
+    w: &mut Writer,
+    p: &GemvParams,
+    t: GemvTiling,
+    w0: Loc,
+    w1: Option<Loc>,
+) {
+    let g = if p.gate_up() { 2 } else { 1 };
+    let wt = p.w_dtype.c_type();
+    emit!(w, "constexpr int K = {};", p.k);
+    emit!(w, "constexpr int N = {};", p.n);
+    emit!(w, "constexpr int MT = {};  // row tile", p.row_tile);
+    emit!(
+        w,
+        "constexpr int CW = {};  // output columns per warp",
+        t.cols_per_warp
+    );
+    emit!(w, "constexpr int NW = {};  // warps per block", t.warps);
+    emit!(
+        w,
+        "constexpr int VW = {};  // elements per 16-byte weight load",
+        t.vec
+    );
+    emit!(
+        w,
+        "constexpr int KC = {};  // K chunk staged in shared memory",
+        t.k_chunk
+    );
+    emit!(
+        w,
+        "constexpr int NA = {};  // accumulators per row: CW, or gate and up",
+        g * t.cols_per_warp
+    );
+    w.line("const int lane = threadIdx.x & 31;");
+    w.line("const int warp = threadIdx.x >> 5;");
+    w.line("const int n0 = (blockIdx.x * NW + warp) * CW;");
+    emit!(w, "const {wt}* w0 = {};", w0.ptr(p.w_dtype, false));
+    if let Some(up) = w1 {
+        emit!(w, "const {wt}* w1 = {};", up.ptr(p.w_dtype, false));
+    }
+    w.comment("before the PDL wait: warm L2 with the start of this warp's NA weight rows");
+    w.scope(|w| {
+        w.line("constexpr int LINES = 32 / NA;  // 128-byte lines per row, one per lane");
+        w.line("const int j = lane / LINES;");
+        w.line("const long long off = (long long)(lane % LINES) * 128;");
+        let row_bytes = format!("off < (long long)K * {}", p.w_dtype.size());
+        w.if_block(row_bytes, |w| {
+            w.line("const long long row = (long long)min(n0 + j % CW, N - 1) * K;");
+            let rows = if w1.is_some() {
+                "(j < CW ? w0 : w1)"
+            } else {
+                "w0"
+            };
+            emit!(
+                w,
+                "prefetch_l2(reinterpret_cast<const char*>({rows} + row) + off);"
+            );
+        });
+    });
 }
 
 /// The epilogue of one `(row m0 + m, column n0 + j)`, run by its owning lane.

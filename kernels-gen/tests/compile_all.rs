@@ -142,3 +142,49 @@ fn cache_returns_the_same_cubin() {
         "a cubin is an ELF file"
     );
 }
+
+/// The PTX of a GEMV and of another family, for every arch (all sm_90+, where the
+/// `__CUDA_ARCH__` guard keeps the instructions), holds the PDL wait and trigger, and the
+/// GEMV issues its weight prefetch before the wait.
+#[test]
+fn pdl_instructions_reach_the_ptx() {
+    let Some(nvrtc) = nvrtc_or_skip() else { return };
+    let kernels = common::all_kernels(&common::TINY);
+    let (_, gemv) = kernels
+        .iter()
+        .find(|(label, _)| label.starts_with("gemv"))
+        .expect("the fixture has a gemv");
+    let (_, other) = kernels
+        .iter()
+        .find(|(label, _)| !label.starts_with("gemv"))
+        .expect("the fixture has other families");
+    for arch in Arch::ALL {
+        for k in [gemv, other] {
+            let opts = cudarc::nvrtc::CompileOptions {
+                options: nvrtc.options(arch),
+                ..Default::default()
+            };
+            let ptx = cudarc::nvrtc::compile_ptx_with_opts(&k.source, opts)
+                .unwrap_or_else(|e| panic!("{} [{arch}]: {e:?}", k.name))
+                .to_src();
+            let wait = ptx.find("griddepcontrol.wait").unwrap_or_else(|| {
+                panic!("{} [{arch}]: no griddepcontrol.wait in the PTX", k.name)
+            });
+            assert!(
+                ptx.contains("griddepcontrol.launch_dependents"),
+                "{} [{arch}]: no launch_dependents",
+                k.name
+            );
+            if std::ptr::eq(k, gemv) {
+                let prefetch = ptx.find("prefetch.global.L2").unwrap_or_else(|| {
+                    panic!("{} [{arch}]: no weight prefetch in the PTX", k.name)
+                });
+                assert!(
+                    prefetch < wait,
+                    "{} [{arch}]: prefetch after the wait",
+                    k.name
+                );
+            }
+        }
+    }
+}

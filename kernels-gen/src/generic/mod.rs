@@ -416,6 +416,7 @@ impl Kernel {
             self.family,
             &self.dtype.to_string(),
             "",
+            "",
             &self.body.finish(),
             launch,
             &prelude,

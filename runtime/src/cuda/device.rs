@@ -1,6 +1,6 @@
 //! The device: one context, one stream, what the hardware is, and launch counters.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaContext, CudaStream};
@@ -70,6 +70,28 @@ pub fn pick_arch<'a>(device_arch: &str, available: &[&'a str]) -> Option<&'a str
         .copied()
 }
 
+/// The environment variable that switches programmatic dependent launch off (`0`, `off`,
+/// `false` or `no`) for A/B measurements.
+pub const PDL_ENV: &str = "SPECC_PDL";
+
+/// Whether launches use programmatic dependent launch (PDL) by default: on a device of compute
+/// capability 9.0 or later (where `griddepcontrol` exists) with a driver of CUDA 12.3 or
+/// later (programmatic edges in captured graphs), unless `env` (the value of [`PDL_ENV`])
+/// switches it off.
+pub fn pdl_default(compute_capability: (u32, u32), driver_version: i32, env: Option<&str>) -> bool {
+    let off = env.is_some_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "0" | "off" | "false" | "no"
+        )
+    });
+    pdl_supported(compute_capability, driver_version) && !off
+}
+
+fn pdl_supported(compute_capability: (u32, u32), driver_version: i32) -> bool {
+    compute_capability.0 >= 9 && driver_version >= 12030
+}
+
 /// Counts what the host enqueued, so a test or `bench` can show one graph launch per step
 /// and no eager kernel launches in the decode loop.
 #[derive(Debug, Default)]
@@ -108,6 +130,8 @@ pub struct CudaDevice {
     stream: Arc<CudaStream>,
     info: DeviceInfo,
     counters: Arc<LaunchCounters>,
+    /// Whether launches marked PDL-safe are issued with programmatic stream serialization.
+    pdl: AtomicBool,
 }
 
 /// Whether a CUDA driver library can be loaded. `CudaContext::new` panics without one, so
@@ -158,12 +182,32 @@ impl CudaDevice {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().during("creating the stream")?;
         let info = query_info(&ctx, ordinal)?;
+        let env = std::env::var(PDL_ENV).ok();
+        let pdl = pdl_default(info.compute_capability, info.driver_version, env.as_deref());
         Ok(CudaDevice {
             ctx,
             stream,
             info,
             counters: Arc::new(LaunchCounters::default()),
+            pdl: AtomicBool::new(pdl),
         })
+    }
+
+    /// Whether launches marked PDL-safe ([`PreparedLaunch::with_pdl`]) are issued with
+    /// programmatic stream serialization: on by default from compute capability 9.0, off
+    /// with `SPECC_PDL=0`.
+    ///
+    /// [`PreparedLaunch::with_pdl`]: super::PreparedLaunch::with_pdl
+    pub fn pdl_enabled(&self) -> bool {
+        self.pdl.load(Ordering::Relaxed)
+    }
+
+    /// Turns PDL on or off for launches issued from now on (graphs already captured keep
+    /// their edges). Returns whether it is on: a device without PDL support stays off.
+    pub fn set_pdl(&self, on: bool) -> bool {
+        let on = on && pdl_supported(self.info.compute_capability, self.info.driver_version);
+        self.pdl.store(on, Ordering::Relaxed);
+        on
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -269,6 +313,23 @@ mod tests {
         assert_eq!(pick_arch("sm_90a", &["sm_100a", "sm_90a"]), Some("sm_90a"));
         assert_eq!(pick_arch("sm_120a", &["sm_90a", "sm_120"]), Some("sm_120"));
         assert_eq!(pick_arch("sm_90a", &["sm_100a"]), None);
+    }
+
+    #[test]
+    fn pdl_defaults_on_from_sm90_and_switches_off_by_env() {
+        assert!(pdl_default((9, 0), 13000, None));
+        assert!(pdl_default((12, 0), 12030, Some("1")));
+        assert!(
+            !pdl_default((8, 9), 13000, None),
+            "no griddepcontrol before sm_90"
+        );
+        assert!(
+            !pdl_default((9, 0), 12020, None),
+            "driver too old for PDL graph edges"
+        );
+        for off in ["0", "off", "FALSE", " no "] {
+            assert!(!pdl_default((9, 0), 13000, Some(off)), "{off}");
+        }
     }
 
     #[test]

@@ -298,17 +298,21 @@ impl CudaEngine {
             let geo = k.launch.resolve(&l.bucket);
             let f = modules[&k.name].function(&k.entry, geo.smem_bytes)?;
             let c = l.bucket.consts();
-            launches.push(PreparedLaunch::new(
-                &k.name,
-                f,
-                (geo.grid[0], geo.grid[1], geo.grid[2]),
-                (geo.block[0], geo.block[1], geo.block[2]),
-                geo.smem_bytes,
-                vec![
-                    KernelParam::buf(&table, 8 * start)?,
-                    KernelParam::i32s(&[c.b, c.t, c.ctx, c.m]),
-                ],
-            )?);
+            launches.push(
+                PreparedLaunch::new(
+                    &k.name,
+                    f,
+                    (geo.grid[0], geo.grid[1], geo.grid[2]),
+                    (geo.block[0], geo.block[1], geo.block[2]),
+                    geo.smem_bytes,
+                    vec![
+                        KernelParam::buf(&table, 8 * start)?,
+                        KernelParam::i32s(&[c.b, c.t, c.ctx, c.m]),
+                    ],
+                )?
+                // Every generated kernel runs `pdl_enter()` before touching activations.
+                .with_pdl(),
+            );
         }
         Ok(LoadedGraph {
             plan,

@@ -6,7 +6,7 @@
 //! path — error or panic — so the stream is never left capturing.
 
 use std::cell::Cell;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode, CUstreamCaptureStatus};
 use cudarc::driver::{result, sys, CudaFunction, CudaGraph, CudaStream};
@@ -41,6 +41,7 @@ pub struct StepGraph {
     stream: Arc<CudaStream>,
     counters: Arc<LaunchCounters>,
     nodes: usize,
+    programmatic_edges: Option<usize>,
     replays: Cell<u64>,
 }
 
@@ -128,6 +129,7 @@ impl StepGraph {
                 CudaError::Capture("the capture was invalidated and produced no graph".into())
             })?;
         let nodes = node_count(&graph).during("counting graph nodes")?;
+        let programmatic_edges = programmatic_edge_count(&graph);
         graph.upload().during("uploading the graph")?;
         Ok(StepGraph {
             graph,
@@ -135,6 +137,7 @@ impl StepGraph {
             stream: stream.clone(),
             counters: dev.counters().clone(),
             nodes,
+            programmatic_edges,
             replays: Cell::new(0),
         })
     }
@@ -171,6 +174,13 @@ impl StepGraph {
         self.nodes
     }
 
+    /// Edges of the graph that let a kernel start before its predecessor ends (programmatic
+    /// dependent launch: one per PDL launch that follows a kernel), or `None` where the
+    /// driver cannot say.
+    pub fn programmatic_edges(&self) -> Option<usize> {
+        self.programmatic_edges
+    }
+
     pub fn retained(&self) -> &Retained {
         &self.retained
     }
@@ -190,4 +200,52 @@ fn node_count(graph: &CudaGraph) -> Result<usize, cudarc::driver::DriverError> {
     // writes the count through a valid pointer.
     unsafe { sys::cuGraphGetNodes(graph.cu_graph(), std::ptr::null_mut(), &mut n) }.result()?;
     Ok(n)
+}
+
+/// Programmatic edges of `graph` (`cuGraphGetEdges_v2`, CUDA 12.3+), or `None` where the
+/// driver lacks the query or it fails.
+fn programmatic_edge_count(graph: &CudaGraph) -> Option<usize> {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    // cudarc panics on a call to a symbol the loaded driver lacks, so look it up first.
+    // SAFETY: `culib()` returns the already loaded driver library (a graph exists); looking
+    // up a symbol by name does not call it.
+    let available = *AVAILABLE.get_or_init(|| unsafe {
+        sys::culib()
+            .get::<unsafe extern "C" fn()>(b"cuGraphGetEdges_v2\0")
+            .is_ok()
+    });
+    if !available {
+        return None;
+    }
+    let g = graph.cu_graph();
+    let mut n = 0usize;
+    let (no_nodes, no_data) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: the graph is live; with null arrays the driver only writes the edge count.
+    unsafe { sys::cuGraphGetEdges_v2(g, no_nodes, no_nodes, no_data, &mut n) }
+        .result()
+        .ok()?;
+    let mut from = vec![std::ptr::null_mut(); n];
+    let mut to = vec![std::ptr::null_mut(); n];
+    // SAFETY: `CUgraphEdgeData` is plain bytes; all-zero is the default edge.
+    let mut data = vec![unsafe { std::mem::zeroed::<sys::CUgraphEdgeData>() }; n];
+    // SAFETY: the three arrays hold `n` entries each, the count the driver reported for this
+    // unchanged graph; it writes at most `n` and updates `n`.
+    unsafe {
+        sys::cuGraphGetEdges_v2(
+            g,
+            from.as_mut_ptr(),
+            to.as_mut_ptr(),
+            data.as_mut_ptr(),
+            &mut n,
+        )
+    }
+    .result()
+    .ok()?;
+    let programmatic = sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8;
+    Some(
+        data[..n.min(data.len())]
+            .iter()
+            .filter(|e| e.type_ == programmatic)
+            .count(),
+    )
 }

@@ -7,6 +7,16 @@
 //!
 //! Kernel parameters are copied by value into the launch (and into the graph node under
 //! capture), so the host-side values need to live only for the call.
+//!
+//! Programmatic dependent launch (PDL): a launch marked [`PreparedLaunch::with_pdl`] is
+//! issued, when the device has PDL on ([`CudaDevice::pdl_enabled`]), through
+//! `cuLaunchKernelEx` with `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`: its blocks
+//! may start while the previous kernel in the stream still runs (under capture this becomes a
+//! programmatic graph edge), hiding the launch gap. Only kernels that execute
+//! `griddepcontrol.wait` before touching memory an earlier kernel writes or reads may be
+//! marked: every generated kernel does (`pdl_enter` in kernels-gen's `cuda/common.cuh`).
+//! The attribute only relaxes an edge from a preceding kernel; after a copy or memset, or as
+//! the first node of a graph, the launch depends on its predecessor fully as usual.
 
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
@@ -114,6 +124,9 @@ pub struct PreparedLaunch {
     smem: u32,
     params: Vec<KernelParam>,
     slots: Vec<ParamSlot>,
+    /// The kernel waits for its predecessor (`griddepcontrol.wait`) before touching memory
+    /// earlier kernels use, so it may be launched programmatically.
+    pdl_safe: bool,
 }
 
 impl PreparedLaunch {
@@ -169,7 +182,22 @@ impl PreparedLaunch {
             smem,
             params,
             slots,
+            pdl_safe: false,
         })
+    }
+
+    /// Marks the kernel as safe to launch with programmatic stream serialization: it executes
+    /// `griddepcontrol.wait` (`pdl_enter()` of the generated kernels) before any global
+    /// access other than reads of memory no kernel writes (weights, the pointer table).
+    /// Marking a kernel that does not is a data race whenever PDL is on.
+    pub fn with_pdl(mut self) -> PreparedLaunch {
+        self.pdl_safe = true;
+        self
+    }
+
+    /// Whether the launch is marked PDL-safe ([`PreparedLaunch::with_pdl`]).
+    pub fn pdl_safe(&self) -> bool {
+        self.pdl_safe
     }
 
     pub fn name(&self) -> &str {
@@ -200,44 +228,101 @@ impl PreparedLaunch {
         })
     }
 
-    fn issue(&self, stream: sys::CUstream) -> Result<(), CudaError> {
+    /// Enqueues the launch on `stream`, programmatically when `pdl` (the device's setting)
+    /// and the launch is marked PDL-safe.
+    fn issue(&self, stream: sys::CUstream, pdl: bool) -> Result<(), CudaError> {
         let mut ptrs: Vec<*mut c_void> = self
             .slots
             .iter()
             .map(|s| s.0.as_ptr() as *mut c_void)
             .collect();
+        let programmatic = pdl && self.pdl_safe;
         // SAFETY: the function, geometry and shared memory were checked in `new`; every
         // parameter points at a slot owned by `self`, alive for this call and at least as
         // large as the parameter (sizes checked against the signature where the driver
         // reports it), which the driver copies by value into the launch; the driver only reads through
         // these pointers. Addresses in `Buf` parameters are kept alive by the `Arc`s in
-        // `self.params`.
-        unsafe {
-            result::launch_kernel(
-                self.func.cu_function(),
-                self.grid,
-                self.block,
-                self.smem,
-                stream,
-                &mut ptrs,
-            )
-        }
-        .during(format!(
-            "launching `{}` grid {:?} block {:?} smem {}",
-            self.name, self.grid, self.block, self.smem
+        // `self.params`. A programmatic launch is only made for kernels marked PDL-safe
+        // (see `with_pdl`), which wait for their predecessor before touching its memory.
+        let r = unsafe {
+            if programmatic {
+                launch_programmatic(
+                    self.func.cu_function(),
+                    self.grid,
+                    self.block,
+                    self.smem,
+                    stream,
+                    &mut ptrs,
+                )
+            } else {
+                result::launch_kernel(
+                    self.func.cu_function(),
+                    self.grid,
+                    self.block,
+                    self.smem,
+                    stream,
+                    &mut ptrs,
+                )
+            }
+        };
+        r.during(format!(
+            "launching `{}` grid {:?} block {:?} smem {}{}",
+            self.name,
+            self.grid,
+            self.block,
+            self.smem,
+            if programmatic { " (PDL)" } else { "" }
         ))
     }
 }
 
+/// `cuLaunchKernelEx` with programmatic stream serialization allowed.
+///
+/// # Safety
+/// As `cuLaunchKernel`: a live function, valid geometry, `params` pointing at one value of
+/// the right size per kernel parameter, alive for the call; the kernel must be PDL-safe.
+unsafe fn launch_programmatic(
+    func: sys::CUfunction,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    smem: u32,
+    stream: sys::CUstream,
+    params: &mut [*mut c_void],
+) -> Result<(), cudarc::driver::DriverError> {
+    // SAFETY: an all-zero attribute is a valid `CU_LAUNCH_ATTRIBUTE_IGNORE` with a zeroed
+    // value union; both fields are then set.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block.0,
+        blockDimY: block.1,
+        blockDimZ: block.2,
+        sharedMemBytes: smem,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: `config` and `attr` live for the call, which copies them; the caller upholds
+    // the kernel-parameter contract; `extra` is null.
+    unsafe { sys::cuLaunchKernelEx(&config, func, params.as_mut_ptr(), std::ptr::null_mut()) }
+        .result()
+}
+
 /// Issues `launches` in order on the device's stream (eagerly, or into a graph when called
-/// inside [`StepGraph::capture`](super::StepGraph::capture)).
+/// inside [`StepGraph::capture`](super::StepGraph::capture)); those marked PDL-safe
+/// programmatically when the device has PDL on.
 pub fn launch_all(dev: &CudaDevice, launches: &[PreparedLaunch]) -> Result<(), RuntimeError> {
     dev.context()
         .bind_to_thread()
         .during("binding the context to launch")?;
     let stream = dev.stream().cu_stream();
+    let pdl = dev.pdl_enabled();
     for l in launches {
-        l.issue(stream)?;
+        l.issue(stream, pdl)?;
         dev.counters().add_kernel_launches(1);
     }
     Ok(())

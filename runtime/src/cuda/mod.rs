@@ -31,7 +31,9 @@
 //! 4. Per kernel `KernelModule::load(&dev, &k.name, KernelImage::Binary(compiled.cubin))` and
 //!    `module.function(&k.entry, geom.smem_bytes)`; then `PreparedLaunch::new(&k.name, f,
 //!    grid, block, smem, vec![KernelParam::buf(&table, 8 * first_operand)?,
-//!    KernelParam::i32s(&[b, t, ctx, b * t])])` in plan order.
+//!    KernelParam::i32s(&[b, t, ctx, b * t])])?.with_pdl()` in plan order (generated kernels
+//!    wait for their predecessor, so they may launch programmatically: see the PDL notes in
+//!    `launch.rs` and [`CudaDevice::pdl_enabled`]).
 //! 5. `StepGraph::from_launches(&dev, launches, vec![])` (the launches hold the operand
 //!    table, which holds the arena, the slab, states and ring).
 //! 6. Per step: `arena.write_input(..)` if the host has new inputs, `graph.replay()`,
@@ -53,7 +55,10 @@ mod weights;
 
 pub use arena::{state_sizes, DeviceArena, StateBuffers};
 pub use buffer::{DeviceBuffer, ALLOC_GRANULE};
-pub use device::{arch_for, driver_present, pick_arch, CudaDevice, DeviceInfo, LaunchCounters};
+pub use device::{
+    arch_for, driver_present, pdl_default, pick_arch, CudaDevice, DeviceInfo, LaunchCounters,
+    PDL_ENV,
+};
 pub use engine::{set_prebuilt, CudaEngine, LoadedGraph, Prebuilt, WeightSources};
 pub use error::CudaError;
 pub use graph::{Retained, StepGraph};

@@ -28,11 +28,15 @@ const WARMUP: usize = 10;
 
 pub struct Measured {
     pub timing: SpeccTiming,
+    /// Programmatic (PDL) edges in the timed graph, where the driver reports them.
+    pub pdl_edges: Option<usize>,
     pub per_kernel: Option<Vec<KernelRow>>,
 }
 
 pub struct Measurement {
     pub device: String,
+    /// Whether launches used programmatic dependent launch (`SPECC_PDL=0` turns it off).
+    pub pdl: bool,
     /// The target's config.json (what the PyTorch reference reads).
     pub config: PathBuf,
     /// The draft's directory of a draft_model spec.
@@ -74,6 +78,7 @@ pub fn measure(
     let plain_step = lower_decode_step(r.model.spec(), &shape)?;
     let mut out: Vec<Option<Measured>> = plan.iter().map(|_| None).collect();
     let mut device = String::new();
+    let mut pdl = false;
     for group in &groups {
         let ctx = group.max_context(plan, k);
         let (mut s, prefill, step) = match (group.kind, &bundle) {
@@ -90,6 +95,7 @@ pub fn measure(
         };
         let bw = copy_bandwidth(&s.engine.dev, 1 << 30)?;
         device = s.engine.dev.info().name.clone();
+        pdl = s.engine.dev.pdl_enabled();
         let session_k = if group.kind == SessionKind::Spec {
             k
         } else {
@@ -114,6 +120,7 @@ pub fn measure(
     }
     Ok(Measurement {
         device,
+        pdl,
         config,
         draft: spec.and_then(|c| c.draft.clone()),
         figures: out.into_iter().flatten().collect(),
@@ -168,7 +175,11 @@ impl Figure1<'_> {
         } else {
             None
         };
-        Ok(Measured { timing, per_kernel })
+        Ok(Measured {
+            timing,
+            pdl_edges: timed.programmatic_edges(),
+            per_kernel,
+        })
     }
 }
 

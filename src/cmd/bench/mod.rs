@@ -106,6 +106,20 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         m.device,
         bw / 1e12
     );
+    let edges: Vec<String> = m
+        .figures
+        .iter()
+        .map(|f| f.pdl_edges.map_or("?".into(), |n| n.to_string()))
+        .collect();
+    println!(
+        "PDL (programmatic dependent launch): {}; programmatic edges per timed graph: {}",
+        if m.pdl {
+            "on (SPECC_PDL=0 turns it off)"
+        } else {
+            "off"
+        },
+        edges.join(", ")
+    );
     let method = c
         .spec
         .as_ref()
@@ -179,6 +193,7 @@ fn single(
     if let Some(path) = &a.json {
         let j = serde_json::json!({
             "device": m.device, "step": name, "batch": f.batch, "context": f.context,
+            "pdl": m.pdl, "pdl_edges": m.figures[0].pdl_edges,
             "kernels": s.kernels, "median_ms": s.median_ms, "p10_ms": s.p10_ms,
             "p90_ms": s.p90_ms, "roofline_ms": s.roofline_ms(), "pct_roofline": s.pct_roofline(),
             "bytes": s.bytes(), "copy_bw_bytes_per_s": s.copy_bw,
