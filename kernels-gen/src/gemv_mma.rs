@@ -258,7 +258,7 @@ pub fn gemv_mma_tiled(p: &GemvParams, t: &MmaTiling) -> Result<KernelSource, Err
     w.line("float acc[AT][MT8][4];");
     w.for_unrolled("a", 0, "AT", |w| {
         w.for_unrolled("mt", 0, "MT8", |w| {
-            w.for_unrolled("c", 0, 4, |w| w.line("acc[a][mt][c] = 0.0f;"));
+            w.for_unrolled("d", 0, 4, |w| w.line("acc[a][mt][d] = 0.0f;"));
         });
     });
     let mma = match p.w_dtype {
@@ -298,8 +298,8 @@ pub fn gemv_mma_tiled(p: &GemvParams, t: &MmaTiling) -> Result<KernelSource, Err
         w.for_unrolled("a", 0, "AT", |w| {
             w.if_block("wk > 0", |w| {
                 w.for_unrolled("mt", 0, "MT8", |w| {
-                    w.for_unrolled("c", 0, 4, |w| {
-                        w.line("red[(wk - 1) * WN + wn][mt * 4 + c][lane] = acc[a][mt][c];");
+                    w.for_unrolled("d", 0, 4, |w| {
+                        w.line("red[(wk - 1) * WN + wn][mt * 4 + d][lane] = acc[a][mt][d];");
                     });
                 });
             });
@@ -307,8 +307,8 @@ pub fn gemv_mma_tiled(p: &GemvParams, t: &MmaTiling) -> Result<KernelSource, Err
             w.if_block("wk == 0", |w| {
                 w.for_block("int j = 0", "j < WK - 1", "++j", |w| {
                     w.for_unrolled("mt", 0, "MT8", |w| {
-                        w.for_unrolled("c", 0, 4, |w| {
-                            w.line("acc[a][mt][c] += red[j * WN + wn][mt * 4 + c][lane];");
+                        w.for_unrolled("d", 0, 4, |w| {
+                            w.line("acc[a][mt][d] += red[j * WN + wn][mt * 4 + d][lane];");
                         });
                     });
                 });
@@ -395,15 +395,15 @@ fn epilogue(w: &mut Writer, p: &GemvParams) {
         }
         w.for_unrolled("tn", 0, "TN", |w| {
             w.for_unrolled("mt", 0, "MT8", |w| {
-                w.for_unrolled("c", 0, 4, |w| {
-                    w.line("const int m = 8 * mt + 2 * t + (c & 1);");
-                    w.line("const int n = nb + 16 * tn + g + 8 * (c >> 1);");
+                w.for_unrolled("d", 0, 4, |w| {
+                    w.line("const int m = 8 * mt + 2 * t + (d & 1);");
+                    w.line("const int n = nb + 16 * tn + g + 8 * (d >> 1);");
                     w.line("const long long row = m0 + m;");
                     w.line("const bool live = m < mr && n < N;");
-                    let up = p.gate_up().then_some("acc[tn * G + 1][mt][c]");
-                    emit_epilogue_value(w, p, "acc[tn * G][mt][c]", up);
+                    let up = p.gate_up().then_some("acc[tn * G + 1][mt][d]");
+                    emit_epilogue_value(w, p, "acc[tn * G][mt][d]", up);
                     if argmax.is_some() {
-                        w.line("ArgmaxPair& b = best[mt][c & 1];");
+                        w.line("ArgmaxPair& b = best[mt][d & 1];");
                         w.if_block("live && argmax_better(v, n, b.v, b.i)", |w| {
                             w.line("b = ArgmaxPair{v, n};");
                         });
