@@ -148,11 +148,10 @@ pub fn partials_per_row(p: &GemvParams, t: &MmaTiling) -> u32 {
 fn validate(p: &GemvParams, t: &MmaTiling) -> Result<(), Error> {
     p.validate()?;
     let err = |field, reason: &str| Err(Error::param(FAMILY, field, reason));
-    if !supports(p) {
-        return err(
-            "w_dtype",
-            "needs bf16 or f16 weights of x's dtype and a row tile of at least 2",
-        );
+    // Any row tile works (M = 1 pads to 8 like the rest); `supports` decides where the
+    // plan uses it.
+    if p.w_dtype != p.x.dtype || !matches!(p.w_dtype, Dtype::BF16 | Dtype::F16) {
+        return err("w_dtype", "needs bf16 or f16 weights of x's dtype");
     }
     if !p.x.aligned(16) {
         return err("x", "rows must be 16-byte aligned");
