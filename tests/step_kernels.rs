@@ -314,9 +314,8 @@ fn matmuls_of_several_rows_run_on_tensor_cores() {
             let dims = c.graph.ty(*x).shape.resolve(&c.plans[0].bind).unwrap();
             let rows: usize = dims.iter().product::<usize>() / dims.last().unwrap();
             let (xd, wd) = (c.graph.ty(*x).dtype, c.graph.ty(mats[0].weight).dtype);
-            let want_mma = rows >= 2
-                && xd == wd
-                && matches!(xd, specc_ir::DType::BF16 | specc_ir::DType::F16);
+            let want_mma =
+                rows >= 2 && xd == wd && matches!(xd, specc_ir::DType::BF16 | specc_ir::DType::F16);
             assert_eq!(
                 l.kernel.name.starts_with("gemv_mma_"),
                 want_mma,

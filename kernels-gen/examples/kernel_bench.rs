@@ -182,9 +182,21 @@ fn attention_case(gpu: &Gpu, b: u32, t: u32, len: u32, splits: u32) -> Row {
 const LLAMA_8B_GEMVS: [(&str, u32, u32, (bool, bool, bool, bool), u32); 5] = [
     ("qkv +norm", 4096, 6144, (true, false, false, false), 32),
     ("o_proj +res", 4096, 4096, (false, false, true, false), 32),
-    ("gate_up +norm +silu", 4096, 14336, (true, true, false, false), 32),
+    (
+        "gate_up +norm +silu",
+        4096,
+        14336,
+        (true, true, false, false),
+        32,
+    ),
     ("down +res", 14336, 4096, (false, false, true, false), 32),
-    ("lm_head +norm +argmax", 4096, 128256, (true, false, false, true), 1),
+    (
+        "lm_head +norm +argmax",
+        4096,
+        128256,
+        (true, false, false, true),
+        1,
+    ),
 ];
 
 fn print_rows(rows: &[Row]) {

@@ -160,7 +160,10 @@ fn validate(p: &GemvParams, t: &MmaTiling) -> Result<(), Error> {
         return err("tiling", "tn, wn, wk, unroll positive and at most 32 warps");
     }
     if red_bytes(p, t) > RED_SMEM_MAX {
-        return err("tiling", "split-K reduction exceeds its shared memory budget");
+        return err(
+            "tiling",
+            "split-K reduction exceeds its shared memory budget",
+        );
     }
     Ok(())
 }
@@ -183,13 +186,25 @@ pub fn gemv_mma_tiled(p: &GemvParams, t: &MmaTiling) -> Result<KernelSource, Err
     emit!(w, "constexpr int N = {};", p.n);
     emit!(w, "constexpr int MT = {};  // row tile", p.row_tile);
     emit!(w, "constexpr int MT8 = {};  // 8-row x fragments", mt8(p));
-    emit!(w, "constexpr int TN = {};  // 16-column tiles per warp", t.tn);
+    emit!(
+        w,
+        "constexpr int TN = {};  // 16-column tiles per warp",
+        t.tn
+    );
     emit!(w, "constexpr int G = {g};  // matrices: 2 for gate and up");
     w.line("constexpr int AT = TN * G;  // weight tiles per warp");
     emit!(w, "constexpr int WN = {};  // warps across N", t.wn);
-    emit!(w, "constexpr int WK = {};  // warps across K (split-K)", t.wk);
+    emit!(
+        w,
+        "constexpr int WK = {};  // warps across K (split-K)",
+        t.wk
+    );
     w.line("constexpr int NW = WN * WK;");
-    emit!(w, "constexpr int U = {};  // units in flight per warp", t.unroll);
+    emit!(
+        w,
+        "constexpr int U = {};  // units in flight per warp",
+        t.unroll
+    );
     w.line("constexpr int UNITS = (K + 31) / 32;  // units of 32 k");
     emit!(w, "constexpr int VW = {};", 16 / p.x.dtype.size());
     if p.norm.is_some() {
@@ -235,7 +250,10 @@ pub fn gemv_mma_tiled(p: &GemvParams, t: &MmaTiling) -> Result<KernelSource, Err
         );
     }
     let gt = p.norm.map(|nm| nm.dtype.c_type());
-    emit!(w, "uint4 wa[U][AT][2];  // weight rows g, g + 8 of each tile");
+    emit!(
+        w,
+        "uint4 wa[U][AT][2];  // weight rows g, g + 8 of each tile"
+    );
     if t.roll_x {
         w.line("uint4 xb[U][MT8];  // x rows 8 * mt + g");
     }

@@ -50,7 +50,10 @@ fn gemv_mma_gate_up_rmsnorm_silu() {
 
 #[test]
 fn gemv_mma_lm_head_argmax() {
-    snap("gemv_mma lm_head +rmsnorm +argmax", "gemv_mma_lm_head_argmax");
+    snap(
+        "gemv_mma lm_head +rmsnorm +argmax",
+        "gemv_mma_lm_head_argmax",
+    );
 }
 
 #[test]

@@ -54,12 +54,17 @@ pub fn compile(
     plan.push_str(&compiled.report(&H200));
     plan.push_str("groups:\n");
     plan.push_str(&describe_groups(&compiled.graph, &compiled.groups));
-    // Kernels of the decode bucket: sources always, cubins and ptxas figures when NVRTC is here.
-    let kplan = plan_kernels(&compiled.graph, &compiled.groups, &compiled.plans[0])?;
+    // Kernels of the decode bucket and of the T = 8 bucket (verify: the tensor-core GEMVs):
+    // sources always, cubins and ptxas figures when NVRTC is here.
+    let kplans = compiled
+        .plans
+        .iter()
+        .map(|p| plan_kernels(&compiled.graph, &compiled.groups, p))
+        .collect::<Result<Vec<_>, _>>()?;
     let kdir = out.join("kernels");
     fs::create_dir_all(&kdir).with_context(|| format!("creating {}", kdir.display()))?;
     let mut distinct: Vec<&specc_kernels_gen::KernelSource> = Vec::new();
-    for l in &kplan.launches {
+    for l in kplans.iter().flat_map(|kp| &kp.launches) {
         if !distinct.iter().any(|k| k.name == l.kernel.name) {
             distinct.push(&l.kernel);
         }
@@ -67,12 +72,16 @@ pub fn compile(
     for k in &distinct {
         write(&format!("kernels/{}.cu", k.name), k.source.clone())?;
     }
-    let _ = writeln!(
-        plan,
-        "kernels (decode bucket): {} launches, {} distinct kernels in kernels/*.cu",
-        kplan.launches.len(),
-        distinct.len()
-    );
+    for (kp, b) in kplans.iter().zip(&buckets) {
+        let _ = writeln!(
+            plan,
+            "kernels (bucket B={} T={}): {} launches",
+            b.get(specc_ir::BucketDim::B).unwrap_or(1),
+            b.get(specc_ir::BucketDim::T).unwrap_or(1),
+            kp.launches.len()
+        );
+    }
+    let _ = writeln!(plan, "{} distinct kernels in kernels/*.cu", distinct.len());
     match Nvrtc::new() {
         Ok(nvrtc) => {
             let _ = writeln!(plan, "| kernel | arch | registers | spill stores | spill loads | stack | smem | compile ms |");
