@@ -26,33 +26,35 @@ SPECC_MMA_K32(mma_k32_bf16, "bf16")
 SPECC_MMA_K32(mma_k32_f16, "f16")
 #undef SPECC_MMA_K32
 
-// 16 bytes through the read-only path, allocating in L1: x rows, which the other warps and
-// blocks of the SM read too. Valid because no thread writes x during the kernel.
-__device__ __forceinline__ uint4 ld_nc_u4(const void* p) {
-  uint4 r;
-  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p));
-  return r;
-}
+// Predicated 16-byte loads: zeros when `ok` is false, and then no memory access at all
+// (the predicate is inside the PTX, so the compiler cannot speculate the load past the
+// bounds check). Weights stream without L1 allocation (read once); x rows allocate in L1
+// (the other warps and blocks of the SM read them too). Both use the read-only path,
+// valid because no thread writes weights or x during the kernel.
+#define SPECC_LD_U4_IF(NAME, CACHE)                                                          \
+  __device__ __forceinline__ uint4 NAME(const void* p, bool ok) {                           \
+    uint4 r;                                                                                \
+    asm("{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n"                                       \
+        " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"               \
+        " @q ld.global.nc" CACHE ".v4.u32 {%0, %1, %2, %3}, [%4];\n}"                        \
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)                                        \
+        : "l"(p), "r"((int)ok));                                                            \
+    return r;                                                                               \
+  }
+SPECC_LD_U4_IF(ld_stream_u4_if, ".L1::no_allocate")
+SPECC_LD_U4_IF(ld_nc_u4_if, "")
+#undef SPECC_LD_U4_IF
 
 // 8 elements of T as raw 16-byte words (loaded now, converted at use so that the load
-// stays in flight).
+// stays in flight); zeros when `ok` is false.
 template <typename T> struct Raw8 {
   uint4 w[sizeof(T) / 2];
 };
 
-template <typename T> __device__ __forceinline__ Raw8<T> ld_raw8(const T* p) {
+template <typename T> __device__ __forceinline__ Raw8<T> ld_raw8_if(const T* p, bool ok) {
   Raw8<T> r;
 #pragma unroll
-  for (int i = 0; i < (int)(sizeof(T) / 2); ++i) r.w[i] = ld_nc_u4(p + i * (16 / sizeof(T)));
-  return r;
-}
-
-template <typename T> __device__ __forceinline__ Raw8<T> zero_raw8() {
-  Raw8<T> r;
-#pragma unroll
-  for (int i = 0; i < (int)(sizeof(T) / 2); ++i) r.w[i] = make_uint4(0u, 0u, 0u, 0u);
+  for (int i = 0; i < (int)(sizeof(T) / 2); ++i) r.w[i] = ld_nc_u4_if(p + i * (16 / sizeof(T)), ok);
   return r;
 }
 

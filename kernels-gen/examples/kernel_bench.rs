@@ -58,7 +58,7 @@ fn gemv_case(
     m: u32,
     k: u32,
     n: u32,
-    shape: (bool, bool, bool, bool),
+    shape: Fusions,
     variant: Variant,
 ) -> Row {
     let (norm, gate_up, residual, am) = shape;
@@ -178,8 +178,11 @@ fn attention_case(gpu: &Gpu, b: u32, t: u32, len: u32, splits: u32) -> Row {
     }
 }
 
-/// The Llama-3.1-8B matmul groups: (label, K, N, (norm, gate_up, residual, argmax), per forward).
-const LLAMA_8B_GEMVS: [(&str, u32, u32, (bool, bool, bool, bool), u32); 5] = [
+/// Fusions of a GEMV case: (norm, gate_up, residual, argmax).
+type Fusions = (bool, bool, bool, bool);
+
+/// The Llama-3.1-8B matmul groups: (label, K, N, fusions, launches per forward).
+const LLAMA_8B_GEMVS: [(&str, u32, u32, Fusions, u32); 5] = [
     ("qkv +norm", 4096, 6144, (true, false, false, false), 32),
     ("o_proj +res", 4096, 4096, (false, false, true, false), 32),
     (

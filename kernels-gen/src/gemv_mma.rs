@@ -132,7 +132,7 @@ pub fn tiling(p: &GemvParams) -> MmaTiling {
         wn,
         wk: (8 / wn).min(units).max(1),
         unroll: if mt8 <= 2 { 4 } else { 2 },
-        roll_x: mt8 <= 4,
+        roll_x: mt8 <= 5,
     };
     while t.wk > 1 && red_bytes(p, &t) > RED_SMEM_MAX {
         t.wk /= 2;
@@ -282,6 +282,8 @@ pub fn gemv_mma_tiled(p: &GemvParams, t: &MmaTiling) -> Result<KernelSource, Err
         Dtype::F16 => "mma_k32_f16",
         _ => "mma_k32_bf16",
     };
+    // The rolling prefetch is the pipeline: unrolling this loop again only adds registers.
+    w.line("#pragma unroll 1");
     w.for_block("int u0 = wk", "u0 < UNITS", "u0 += WK * U", |w| {
         w.for_unrolled("i", 0, "U", |w| {
             w.comment("slot i holds unit u0 + i * WK (zeros past K)");
@@ -350,7 +352,7 @@ pub fn gemv_mma_tiled(p: &GemvParams, t: &MmaTiling) -> Result<KernelSource, Err
 
 /// `ok`: whether this lane's 8 k of unit `u` lie inside K.
 fn emit_unit_ok(w: &mut Writer, p: &GemvParams) {
-    if p.k % 32 == 0 {
+    if p.k.is_multiple_of(32) {
         w.line("const bool ok = u < UNITS;");
     } else {
         w.line("const bool ok = u < UNITS && u * 32 + 8 * t < K;");
@@ -362,7 +364,7 @@ fn emit_x_load(w: &mut Writer, p: &GemvParams, dst: &str) {
     w.for_unrolled("mt", 0, "MT8", |w| {
         emit!(
             w,
-            "{dst}[mt] = ok && 8 * mt + g < mr ? ld_nc_u4(xg + (long long)mt * {} + u * 32) : make_uint4(0u, 0u, 0u, 0u);",
+            "{dst}[mt] = ld_nc_u4_if(xg + (long long)mt * {} + u * 32, ok && 8 * mt + g < mr);",
             8 * p.x.row_stride
         );
     });
@@ -378,10 +380,9 @@ fn emit_load(w: &mut Writer, p: &GemvParams, t: &MmaTiling, unit: &str) {
             w.for_unrolled("h", 0, 2, |w| {
                 w.line("const bool live = ok && nb + 16 * tn + 8 * h + g < N;");
                 w.line("const long long off = wrow + (long long)(16 * tn + 8 * h) * K + u * 32;");
-                w.line("const uint4 z = make_uint4(0u, 0u, 0u, 0u);");
-                w.line("wa[i][tn * G][h] = live ? ld_stream_u4(w0 + off) : z;");
+                w.line("wa[i][tn * G][h] = ld_stream_u4_if(w0 + off, live);");
                 if p.gate_up() {
-                    w.line("wa[i][tn * G + 1][h] = live ? ld_stream_u4(w1 + off) : z;");
+                    w.line("wa[i][tn * G + 1][h] = ld_stream_u4_if(w1 + off, live);");
                 }
             });
         });
@@ -390,10 +391,7 @@ fn emit_load(w: &mut Writer, p: &GemvParams, t: &MmaTiling, unit: &str) {
         }
         if let Some(nm) = &p.norm {
             let gt = nm.dtype.c_type();
-            emit!(
-                w,
-                "gn[i] = ok ? ld_raw8<{gt}>(nw + u * 32 + 8 * t) : zero_raw8<{gt}>();"
-            );
+            emit!(w, "gn[i] = ld_raw8_if<{gt}>(nw + u * 32 + 8 * t, ok);");
         }
     });
 }
