@@ -453,3 +453,85 @@ fn epilogue(w: &mut Writer, p: &GemvParams) {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::{Loc, Rows, View};
+
+    fn params(m: u32, k: u32, n: u32, gate_up: bool, dt: Dtype) -> GemvParams {
+        GemvParams {
+            rows: Rows::Tokens,
+            row_tile: m,
+            k,
+            n,
+            x: View::new(Loc::arena(0), dt, k as u64),
+            weights: if gate_up {
+                GemvWeights::gate_up_concat(Loc::table(0), n, k, dt)
+            } else {
+                GemvWeights::Single(Loc::table(0))
+            },
+            w_dtype: dt,
+            norm: None,
+            residual: None,
+            out: Some(View::new(Loc::arena(1 << 20), dt, n as u64)),
+            argmax_partials: None,
+        }
+    }
+
+    #[test]
+    fn select_uses_tensor_cores_for_several_rows_of_16_bit_operands() {
+        let name = |p: &GemvParams| select(p).unwrap().name;
+        assert!(name(&params(8, 256, 512, false, Dtype::BF16)).starts_with("gemv_mma_bf16_"));
+        assert!(name(&params(2, 256, 512, true, Dtype::F16)).starts_with("gemv_mma_f16_"));
+        assert!(name(&params(1, 256, 512, false, Dtype::BF16)).starts_with("gemv_bf16_"));
+        assert!(name(&params(8, 256, 512, false, Dtype::F32)).starts_with("gemv_f32_"));
+        let mut mixed = params(8, 256, 512, false, Dtype::BF16);
+        mixed.x.dtype = Dtype::F32;
+        assert!(!supports(&mixed));
+        assert!(gemv_mma(&mixed).is_err());
+    }
+
+    /// Every default tiling covers N with its grid, fits its reduction in shared memory and
+    /// its block in 8 warps, for the Llama-3.1-8B shapes and odd ones at every row tile.
+    #[test]
+    fn default_tilings_cover_n_and_fit() {
+        let shapes = [
+            (4096, 6144, false),
+            (4096, 4096, false),
+            (4096, 14336, true),
+            (14336, 4096, false),
+            (4096, 128256, false),
+            (136, 40, false),
+            (8, 8, true),
+        ];
+        for m in 1..=64 {
+            for (k, n, gu) in shapes {
+                let p = params(m, k, n, gu, Dtype::BF16);
+                let t = tiling(&p);
+                let label = format!("M={m} K={k} N={n} {t:?}");
+                assert!(t.warps() <= 8 && t.wk >= 1, "{label}");
+                assert!(red_bytes(&p, &t) <= RED_SMEM_MAX, "{label}");
+                assert!(partials_per_row(&p, &t) * 16 * t.tn * t.wn >= n, "{label}");
+                let k = gemv_mma(&p).unwrap_or_else(|e| panic!("{label}: {e}"));
+                assert_eq!(k.launch.threads(), t.warps() * 32, "{label}");
+            }
+        }
+    }
+
+    #[test]
+    fn explicit_tilings_are_validated() {
+        let p = params(64, 4096, 4096, false, Dtype::BF16);
+        let bad = MmaTiling {
+            tn: 2,
+            wn: 4,
+            wk: 8,
+            unroll: 2,
+            roll_x: false,
+        };
+        assert!(gemv_mma_tiled(&p, &bad).is_err(), "reduction over budget");
+        let zero = MmaTiling { unroll: 0, ..bad };
+        assert!(gemv_mma_tiled(&p, &zero).is_err());
+        assert!(gemv_mma_tiled(&p, &MmaTiling { wn: 1, ..bad }).is_ok());
+    }
+}
