@@ -12,7 +12,8 @@
 //! (`gemv_mma`, "mma", default tiling; M = 1 included to show where it would stand), and
 //! a summary adds up one Llama-3.1-8B forward's matmuls (32 layers of qkv, o, gate/up,
 //! down, then the lm-head) per M and kernel. `kernel_bench mma` (or `simt`, `attention`)
-//! runs one part only.
+//! runs one part only; `kernel_bench sweep` times every tensor-core work split (up to 8
+//! warps per block) of the 8B GEMVs at M = 8 and prints the fastest per shape.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -25,7 +26,7 @@ use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
 use specc_kernels_gen::attention::{attention, AttentionParams, AttnMask};
 use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights, RmsNormPrologue};
-use specc_kernels_gen::gemv_mma::{gemv_mma, partials_per_row, tiling};
+use specc_kernels_gen::gemv_mma::{gemv_mma_tiled, partials_per_row, tiling, MmaTiling};
 
 /// Copy bandwidth of the H200 (read + write counted), BENCH.md.
 const CEILING_GBS: f64 = 4260.0;
@@ -40,14 +41,15 @@ struct Row {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Variant {
     Simt,
-    Mma,
+    /// The default tiling, or the given one.
+    Mma(Option<MmaTiling>),
 }
 
 impl Variant {
     fn name(self) -> &'static str {
         match self {
             Variant::Simt => "simt",
-            Variant::Mma => "mma",
+            Variant::Mma(_) => "mma",
         }
     }
 }
@@ -94,8 +96,8 @@ fn gemv_case(
             let split = format!("{}w x {}c, kc {}", t.warps, t.cols_per_warp, t.k_chunk);
             (gemv(&p).unwrap(), p.partials_per_row(), split)
         }
-        Variant::Mma => {
-            let t = tiling(&p);
+        Variant::Mma(t) => {
+            let t = t.unwrap_or_else(|| tiling(&p));
             let split = format!(
                 "tn {} wn {} wk {} u {}{}",
                 t.tn,
@@ -104,7 +106,11 @@ fn gemv_case(
                 t.unroll,
                 if t.roll_x { "" } else { " x@use" }
             );
-            (gemv_mma(&p).unwrap(), partials_per_row(&p, &t), split)
+            (
+                gemv_mma_tiled(&p, &t).unwrap(),
+                partials_per_row(&p, &t),
+                split,
+            )
         }
     };
     let mut ks: Vec<KernelSource> = vec![kernel];
@@ -228,7 +234,7 @@ fn main() {
         gpu.arch()
     );
     let mut summary = Vec::new();
-    for variant in [Variant::Simt, Variant::Mma] {
+    for variant in [Variant::Simt, Variant::Mma(None)] {
         if !want(variant.name()) {
             continue;
         }
@@ -253,6 +259,9 @@ fn main() {
         }
         print_rows(&rows);
     }
+    if only.as_deref() == Some("sweep") {
+        sweep(&gpu);
+    }
     if !summary.is_empty() {
         println!("\nLlama-3.1-8B forward, matmuls only (sum of the kernels above, launch gaps excluded):");
         println!(
@@ -268,5 +277,34 @@ fn main() {
                 100.0 * gbs / CEILING_GBS
             );
         }
+    }
+}
+
+/// Every `gemv_mma` work split with at most 8 warps per block, at M = 8, per 8B shape.
+fn sweep(gpu: &Gpu) {
+    for (label, k, n, shape, _) in LLAMA_8B_GEMVS {
+        let mut rows = Vec::new();
+        for tn in [1, 2] {
+            for wn in [1, 2, 4] {
+                for wk in [1, 2, 4, 8] {
+                    for unroll in [2, 4] {
+                        if wn * wk > 8 || wn * wk < 2 {
+                            continue;
+                        }
+                        let t = MmaTiling {
+                            tn,
+                            wn,
+                            wk,
+                            unroll,
+                            roll_x: true,
+                        };
+                        rows.push(gemv_case(gpu, label, 8, k, n, shape, Variant::Mma(Some(t))));
+                    }
+                }
+            }
+        }
+        rows.sort_by(|a, b| a.us.total_cmp(&b.us));
+        println!("\nsweep {label} M=8 (fastest first):");
+        print_rows(&rows[..rows.len().min(8)]);
     }
 }
