@@ -18,6 +18,10 @@
 //! dot products are reduced across the warp with shuffles; lane `(m·cw + j) % 32` owns the
 //! epilogue of `(row m, column j)`.
 //!
+//! The plan uses this kernel for single rows and non-16-bit operands; row tiles of 2+ rows
+//! with bf16/f16 operands go to the tensor-core variant [`crate::gemv_mma`], which shares
+//! the RMS prologue (`emit_row_inv_rms`) and the epilogue (`emit_epilogue_value`).
+//!
 //! Kernel name dtype: the weight dtype.
 
 use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc, Rows, View};

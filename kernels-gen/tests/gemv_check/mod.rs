@@ -128,7 +128,8 @@ pub fn check_gemv(gpu: &Gpu, c: GemvCase) {
         plan.alloc(0).byte_offset(),
         &[(g * n * k) as u64 * c.w_dtype.size(), k as u64 * 2],
     );
-    if let Some(o) = out.filter(|_| !c.residual) {
+    // The in-place residual output holds the residual; every other output is poisoned.
+    if let Some(o) = out.filter(|o| !(c.residual && o.loc == res.loc)) {
         let Loc::Arena { offset } = o.loc else {
             unreachable!()
         };
