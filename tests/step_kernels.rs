@@ -342,3 +342,37 @@ fn launches_are_tagged_with_their_part_of_the_step() {
         }
     }
 }
+
+/// Matmul groups over two or more token rows with 16-bit weights of x's dtype run on the
+/// tensor-core GEMV; single rows (decode) and f32 models stay on the CUDA-core one.
+#[test]
+fn matmuls_of_several_rows_run_on_tensor_cores() {
+    use specc_codegen::GroupKind;
+    let mut mma = 0;
+    for (name, g, bind) in graphs().into_iter().chain(shipped_graphs()) {
+        let c = specc_codegen::compile(g, std::slice::from_ref(&bind)).unwrap();
+        let plan = plan_kernels(&c.graph, &c.groups, &c.plans[0]).unwrap();
+        for l in &plan.launches {
+            let GroupKind::MatMul { x, mats, .. } = &c.groups[l.group].kind else {
+                continue;
+            };
+            if !l.kernel.name.starts_with("gemv") {
+                continue; // the argmax / rope_kv launches of the group
+            }
+            let dims = c.graph.ty(*x).shape.resolve(&c.plans[0].bind).unwrap();
+            let rows: usize = dims.iter().product::<usize>() / dims.last().unwrap();
+            let (xd, wd) = (c.graph.ty(*x).dtype, c.graph.ty(mats[0].weight).dtype);
+            let want_mma =
+                rows >= 2 && xd == wd && matches!(xd, specc_ir::DType::BF16 | specc_ir::DType::F16);
+            assert_eq!(
+                l.kernel.name.starts_with("gemv_mma_"),
+                want_mma,
+                "{name}: {} for {rows} rows of {xd} x {wd}",
+                l.kernel.name
+            );
+            mma += want_mma as usize;
+        }
+    }
+    assert!(mma > 0, "no graph has a multi-row bf16 matmul");
+    eprintln!("{mma} tensor-core GEMV launches");
+}

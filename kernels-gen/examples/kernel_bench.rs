@@ -7,6 +7,13 @@
 //! ```
 //! Weights rotate through enough copies (one set of operand tables each) to exceed L2, so every run
 //! streams them from HBM. Times are the mean of back-to-back launches after a warm-up.
+//!
+//! GEMVs run at M = 1, 8, 16, 64 on CUDA cores (`gemv`, "simt") and on tensor cores
+//! (`gemv_mma`, "mma", default tiling; M = 1 included to show where it would stand), and
+//! a summary adds up one Llama-3.1-8B forward's matmuls (32 layers of qkv, o, gate/up,
+//! down, then the lm-head) per M and kernel. `kernel_bench mma` (or `simt`, `attention`)
+//! runs one part only; `kernel_bench sweep` times every tensor-core work split (up to 8
+//! warps per block) of the 8B GEMVs at M = 8 and prints the fastest per shape.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -19,6 +26,7 @@ use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
 use specc_kernels_gen::attention::{attention, AttentionParams, AttnMask};
 use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights, RmsNormPrologue};
+use specc_kernels_gen::gemv_mma::{gemv_mma_tiled, partials_per_row, tiling, MmaTiling};
 
 /// Copy bandwidth of the H200 (read + write counted), BENCH.md.
 const CEILING_GBS: f64 = 4260.0;
@@ -30,13 +38,30 @@ struct Row {
     bytes: f64,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Simt,
+    /// The default tiling, or the given one.
+    Mma(Option<MmaTiling>),
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Simt => "simt",
+            Variant::Mma(_) => "mma",
+        }
+    }
+}
+
 fn gemv_case(
     gpu: &Gpu,
     label: &str,
     m: u32,
     k: u32,
     n: u32,
-    shape: (bool, bool, bool, bool),
+    shape: Fusions,
+    variant: Variant,
 ) -> Row {
     let (norm, gate_up, residual, am) = shape;
     let g = if gate_up { 2 } else { 1 };
@@ -65,13 +90,33 @@ fn gemv_case(
         out: (!am).then_some(out),
         argmax_partials: am.then_some(parts),
     };
-    let mut ks: Vec<KernelSource> = vec![gemv(&p).unwrap()];
+    let (kernel, count, split) = match variant {
+        Variant::Simt => {
+            let t = p.tiling();
+            let split = format!("{}w x {}c, kc {}", t.warps, t.cols_per_warp, t.k_chunk);
+            (gemv(&p).unwrap(), p.partials_per_row(), split)
+        }
+        Variant::Mma(t) => {
+            let t = t.unwrap_or_else(|| tiling(&p));
+            let split = format!(
+                "tn {} wn {} wk {} u {}{}",
+                t.tn,
+                t.wn,
+                t.wk,
+                t.unroll,
+                if t.roll_x { "" } else { " x@use" }
+            );
+            (
+                gemv_mma_tiled(&p, &t).unwrap(),
+                partials_per_row(&p, &t),
+                split,
+            )
+        }
+    };
+    let mut ks: Vec<KernelSource> = vec![kernel];
     if am {
         let tok = View::new(plan.alloc(m as u64 * 4), Dtype::I32, 1);
-        let input = ArgmaxInput::Partials {
-            loc: parts,
-            count: p.partials_per_row(),
-        };
+        let input = ArgmaxInput::Partials { loc: parts, count };
         ks.push(
             argmax(&ArgmaxParams {
                 rows: Rows::Tokens,
@@ -93,12 +138,8 @@ fn gemv_case(
         copies,
         50,
     );
-    let t = p.tiling();
     Row {
-        label: format!(
-            "{label} M={m} [{}w x {}c, kc {}]",
-            t.warps, t.cols_per_warp, t.k_chunk
-        ),
+        label: format!("{} {label} M={m} [{split}]", variant.name()),
         us,
         bytes: wbytes as f64,
     }
@@ -143,72 +184,127 @@ fn attention_case(gpu: &Gpu, b: u32, t: u32, len: u32, splits: u32) -> Row {
     }
 }
 
-fn main() {
-    let Some(gpu) = Gpu::new() else { return };
-    let (h, f, v, qkv) = (4096, 14336, 128256, 6144);
-    let mut rows = Vec::new();
-    for m in [1, 8, 64] {
-        rows.push(gemv_case(
-            &gpu,
-            "qkv +norm",
-            m,
-            h,
-            qkv,
-            (true, false, false, false),
-        ));
-        rows.push(gemv_case(
-            &gpu,
-            "o_proj +res",
-            m,
-            h,
-            h,
-            (false, false, true, false),
-        ));
-        rows.push(gemv_case(
-            &gpu,
-            "gate_up +norm +silu",
-            m,
-            h,
-            f,
-            (true, true, false, false),
-        ));
-        rows.push(gemv_case(
-            &gpu,
-            "down +res",
-            m,
-            f,
-            h,
-            (false, false, true, false),
-        ));
-        rows.push(gemv_case(
-            &gpu,
-            "lm_head +norm +argmax",
-            m,
-            h,
-            v,
-            (true, false, false, true),
-        ));
-    }
-    for (b, t) in [(1, 1), (1, 8), (4, 8)] {
-        rows.push(attention_case(&gpu, b, t, 1024, 16));
-        rows.push(attention_case(&gpu, b, t, 4000, 32));
-    }
+/// Fusions of a GEMV case: (norm, gate_up, residual, argmax).
+type Fusions = (bool, bool, bool, bool);
+
+/// The Llama-3.1-8B matmul groups: (label, K, N, fusions, launches per forward).
+const LLAMA_8B_GEMVS: [(&str, u32, u32, Fusions, u32); 5] = [
+    ("qkv +norm", 4096, 6144, (true, false, false, false), 32),
+    ("o_proj +res", 4096, 4096, (false, false, true, false), 32),
+    (
+        "gate_up +norm +silu",
+        4096,
+        14336,
+        (true, true, false, false),
+        32,
+    ),
+    ("down +res", 14336, 4096, (false, false, true, false), 32),
+    (
+        "lm_head +norm +argmax",
+        4096,
+        128256,
+        (true, false, false, true),
+        1,
+    ),
+];
+
+fn print_rows(rows: &[Row]) {
     println!(
-        "device arch {}; ceiling {CEILING_GBS} GB/s (copy, BENCH.md)",
-        gpu.arch()
-    );
-    println!(
-        "{:<58} {:>10} {:>10} {:>8}",
+        "{:<64} {:>10} {:>10} {:>8}",
         "kernel", "us", "GB/s", "% ceil"
     );
     for r in rows {
         let gbs = r.bytes / r.us / 1e3;
         println!(
-            "{:<58} {:>10.1} {:>10.0} {:>7.1}%",
+            "{:<64} {:>10.1} {:>10.0} {:>7.1}%",
             r.label,
             r.us,
             gbs,
             100.0 * gbs / CEILING_GBS
         );
+    }
+}
+
+fn main() {
+    let Some(gpu) = Gpu::new() else { return };
+    let only = std::env::args().nth(1);
+    let want = |part: &str| only.as_deref().is_none_or(|o| o == part);
+    println!(
+        "device arch {}; ceiling {CEILING_GBS} GB/s (copy, BENCH.md)",
+        gpu.arch()
+    );
+    let mut summary = Vec::new();
+    for variant in [Variant::Simt, Variant::Mma(None)] {
+        if !want(variant.name()) {
+            continue;
+        }
+        let mut rows = Vec::new();
+        for m in [1, 8, 16, 64] {
+            let (mut forward_us, mut forward_bytes) = (0.0, 0.0);
+            for (label, k, n, shape, per_forward) in LLAMA_8B_GEMVS {
+                let r = gemv_case(&gpu, label, m, k, n, shape, variant);
+                forward_us += r.us * per_forward as f64;
+                forward_bytes += r.bytes * per_forward as f64;
+                rows.push(r);
+            }
+            summary.push((variant, m, forward_us, forward_bytes));
+        }
+        print_rows(&rows);
+    }
+    if want("attention") {
+        let mut rows = Vec::new();
+        for (b, t) in [(1, 1), (1, 8), (4, 8)] {
+            rows.push(attention_case(&gpu, b, t, 1024, 16));
+            rows.push(attention_case(&gpu, b, t, 4000, 32));
+        }
+        print_rows(&rows);
+    }
+    if only.as_deref() == Some("sweep") {
+        sweep(&gpu);
+    }
+    if !summary.is_empty() {
+        println!("\nLlama-3.1-8B forward, matmuls only (sum of the kernels above, launch gaps excluded):");
+        println!(
+            "{:<8} {:>4} {:>10} {:>10} {:>8}",
+            "kernel", "M", "ms", "GB/s", "% ceil"
+        );
+        for (variant, m, us, bytes) in summary {
+            let gbs = bytes / us / 1e3;
+            println!(
+                "{:<8} {m:>4} {:>10.3} {gbs:>10.0} {:>7.1}%",
+                variant.name(),
+                us / 1e3,
+                100.0 * gbs / CEILING_GBS
+            );
+        }
+    }
+}
+
+/// Every `gemv_mma` work split with at most 8 warps per block, at M = 8, per 8B shape.
+fn sweep(gpu: &Gpu) {
+    for (label, k, n, shape, _) in LLAMA_8B_GEMVS {
+        let mut rows = Vec::new();
+        for tn in [1, 2] {
+            for wn in [1, 2, 4] {
+                for wk in [1, 2, 4, 8] {
+                    for unroll in [2, 4] {
+                        if wn * wk > 8 || wn * wk < 2 {
+                            continue;
+                        }
+                        let t = MmaTiling {
+                            tn,
+                            wn,
+                            wk,
+                            unroll,
+                            roll_x: true,
+                        };
+                        rows.push(gemv_case(gpu, label, 8, k, n, shape, Variant::Mma(Some(t))));
+                    }
+                }
+            }
+        }
+        rows.sort_by(|a, b| a.us.total_cmp(&b.us));
+        println!("\nsweep {label} M=8 (fastest first):");
+        print_rows(&rows[..rows.len().min(8)]);
     }
 }

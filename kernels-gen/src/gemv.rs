@@ -18,6 +18,10 @@
 //! dot products are reduced across the warp with shuffles; lane `(m·cw + j) % 32` owns the
 //! epilogue of `(row m, column j)`.
 //!
+//! The plan uses this kernel for single rows and non-16-bit operands; row tiles of 2+ rows
+//! with bf16/f16 operands go to the tensor-core variant [`crate::gemv_mma`], which shares
+//! the RMS prologue (`emit_row_inv_rms`) and the epilogue (`emit_epilogue_value`).
+//!
 //! Kernel name dtype: the weight dtype.
 
 use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc, Rows, View};
@@ -93,7 +97,7 @@ pub struct GemvTiling {
 }
 
 impl GemvParams {
-    fn gate_up(&self) -> bool {
+    pub(crate) fn gate_up(&self) -> bool {
         matches!(self.weights, GemvWeights::GateUp { .. })
     }
 
@@ -136,7 +140,7 @@ impl GemvParams {
         self.n.div_ceil(t.warps * t.cols_per_warp)
     }
 
-    fn validate(&self) -> Result<(), Error> {
+    pub(crate) fn validate(&self) -> Result<(), Error> {
         let err = |field, reason: &str| Err(Error::param(FAMILY, field, reason));
         if !(1..=MAX_ROW_TILE).contains(&self.row_tile) {
             return err("row_tile", "must be in 1..=64");
@@ -229,22 +233,7 @@ pub fn gemv(p: &GemvParams) -> Result<KernelSource, Error> {
             nm.dtype.c_type(),
             nm.weight.ptr(nm.dtype, false)
         );
-        w.comment("RMS of each row of the tile, one warp per row");
-        w.for_block("int m = warp", "m < mr", "m += NW", |w| {
-            emit!(w, "const {xt}* xr = x + (long long)(m0 + m) * {xs_row};");
-            w.line("float ss = 0.0f;");
-            w.for_block("int k = lane * VW", "k < K", "k += 32 * VW", |w| {
-                w.line("float v[VW];");
-                w.line("ld_vec<VW>(xr + k, v);");
-                w.for_unrolled("e", 0, "VW", |w| w.line("ss = fmaf(v[e], v[e], ss);"));
-            });
-            w.line("ss = warp_sum(ss);");
-            emit!(
-                w,
-                "if (lane == 0) inv_rms[m] = 1.0f / sqrtf(ss / float(K) + {});",
-                f32_lit(nm.eps)
-            );
-        });
+        emit_row_inv_rms(w, p, None);
     }
 
     w.line("float acc[MT][NA];");
@@ -418,19 +407,62 @@ fn weight_prefetch_prologue(
 
 /// The epilogue of one `(row m0 + m, column n0 + j)`, run by its owning lane.
 fn epilogue(w: &mut Writer, p: &GemvParams) {
-    let xt = p.x.dtype.c_type();
     w.line("const int n = n0 + j;");
     w.line("const long long row = m0 + m;");
     w.line("const bool live = m < mr && n < N;");
-    if p.gate_up() {
-        emit!(w, "const float gate = round_to<{xt}>(acc[m][j]);");
-        emit!(w, "const float up = round_to<{xt}>(acc[m][CW + j]);");
+    let up = p.gate_up().then_some("acc[m][CW + j]");
+    emit_epilogue_value(w, p, "acc[m][j]", up);
+    if p.argmax_partials.is_some() {
+        w.line("const ArgmaxPair a = {live ? v : neg_inf(), live ? n : 0x7fffffff};");
+        w.line("cand[(warp * MT + m) * CW + j] = a;");
+    }
+}
+
+/// Fills `inv_rms[m]` for the rows `m < mr` of the tile, one warp per row. Needs `K`, `NW`, `VW`, `x`, `m0`, `mr`, `lane`, `warp` and a
+/// `__shared__ float inv_rms[]` of at least `mr` entries; the caller synchronises after.
+/// `unroll` adds a pragma to the K loop (loads in flight per lane).
+pub(crate) fn emit_row_inv_rms(w: &mut Writer, p: &GemvParams, unroll: Option<u32>) {
+    let Some(nm) = &p.norm else { return };
+    let xt = p.x.dtype.c_type();
+    let xs_row = p.x.row_stride;
+    w.comment("RMS of each row of the tile, one warp per row");
+    w.for_block("int m = warp", "m < mr", "m += NW", |w| {
+        emit!(w, "const {xt}* xr = x + (long long)(m0 + m) * {xs_row};");
+        w.line("float ss = 0.0f;");
+        if let Some(u) = unroll {
+            emit!(w, "#pragma unroll {u}");
+        }
+        w.for_block("int k = lane * VW", "k < K", "k += 32 * VW", |w| {
+            w.line("float v[VW];");
+            w.line("ld_vec<VW>(xr + k, v);");
+            w.for_unrolled("e", 0, "VW", |w| w.line("ss = fmaf(v[e], v[e], ss);"));
+        });
+        w.line("ss = warp_sum(ss);");
         emit!(
             w,
-            "float v = round_to<{xt}>(round_to<{xt}>(silu_f32(gate)) * up);"
+            "if (lane == 0) inv_rms[m] = 1.0f / sqrtf(ss / float(K) + {});",
+            f32_lit(nm.eps)
         );
-    } else {
-        emit!(w, "float v = round_to<{xt}>(acc[m][j]);");
+    });
+}
+
+/// The fused epilogue of one output element, shared by the GEMV kernels: declares
+/// `float v` from the accumulator expression `acc` (SwiGLU when `up` is the up
+/// accumulator), then adds the residual and stores when `live`. Needs `n` (column),
+/// `row` (the token row as `long long`) and `live` in scope; argmax candidates are the
+/// caller's (they read `v` and `live`).
+pub(crate) fn emit_epilogue_value(w: &mut Writer, p: &GemvParams, acc: &str, up: Option<&str>) {
+    let xt = p.x.dtype.c_type();
+    match up {
+        Some(up) => {
+            emit!(w, "const float gate = round_to<{xt}>({acc});");
+            emit!(w, "const float up = round_to<{xt}>({up});");
+            emit!(
+                w,
+                "float v = round_to<{xt}>(round_to<{xt}>(silu_f32(gate)) * up);"
+            );
+        }
+        None => emit!(w, "float v = round_to<{xt}>({acc});"),
     }
     if p.residual.is_some() || p.out.is_some() {
         w.if_block("live", |w| {
@@ -453,9 +485,5 @@ fn epilogue(w: &mut Writer, p: &GemvParams) {
                 );
             }
         });
-    }
-    if p.argmax_partials.is_some() {
-        w.line("const ArgmaxPair a = {live ? v : neg_inf(), live ? n : 0x7fffffff};");
-        w.line("cand[(warp * MT + m) * CW + j] = a;");
     }
 }

@@ -8,7 +8,8 @@
 //! Generators validate first and return typed errors; text is printed only from valid
 //! parameters, through the structured [`writer`].
 //!
-//! Families: [`gemv::gemv`], [`norm::rmsnorm`], [`elementwise::binary`] (add, mul,
+//! Families: [`gemv::gemv`] (and its tensor-core variant [`gemv_mma::gemv_mma`] for
+//! row tiles of 2..=64), [`norm::rmsnorm`], [`elementwise::binary`] (add, mul,
 //! silu_mul), [`elementwise::embedding`], [`rope::rope_kv`], [`attention::attention`]
 //! (split + combine), [`argmax::argmax`].
 
@@ -18,6 +19,7 @@ pub mod attention;
 pub mod elementwise;
 mod error;
 pub mod gemv;
+pub mod gemv_mma;
 pub mod generic;
 pub mod norm;
 pub mod nvrtc;

@@ -21,7 +21,8 @@ use crate::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
 use crate::argmax::{argmax, ArgmaxInput, ArgmaxParams};
 use crate::attention::{attention, AttentionParams, AttnMask};
 use crate::elementwise::{embedding, EmbeddingParams};
-use crate::gemv::{gemv, GemvParams, GemvWeights, RmsNormPrologue};
+use crate::gemv::{GemvParams, GemvWeights, RmsNormPrologue};
+use crate::gemv_mma::{self, select_partials_per_row};
 use crate::generic::{single, TensorArg};
 use crate::norm::{rmsnorm, RmsNormParams};
 use crate::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
@@ -403,6 +404,8 @@ fn matmul_kernels(
 ) -> Result<Launches, Error> {
     let (xv, rows, k) = cx.view(x)?;
     let b = cx.bucket_for(x).unwrap_or(cx.bucket);
+    // One row tile covers up to 64 rows: the weights stream once per tile. Tiles of 2+
+    // rows run on tensor cores (`gemv_mma::select`).
     let row_tile = (rows as u32).clamp(1, crate::gemv::MAX_ROW_TILE);
     let prologue = match norm {
         Some(n) => Some(RmsNormPrologue {
@@ -441,7 +444,7 @@ fn matmul_kernels(
                 let w = cx.loc(m.weight)?;
                 let mut p = base(cx, m, GemvWeights::Single(w), n)?;
                 p.out = Some(cx.view(m.node)?.0);
-                out.push((gemv(&p)?, b));
+                out.push((gemv_mma::select(&p)?, b));
             }
         }
         Epilogue::ResidualAdd { residual, out: o } => {
@@ -451,14 +454,14 @@ fn matmul_kernels(
             let mut p = base(cx, m, GemvWeights::Single(w), n)?;
             p.residual = Some(cx.view(*residual)?.0);
             p.out = Some(cx.view(*o)?.0);
-            out.push((gemv(&p)?, b));
+            out.push((gemv_mma::select(&p)?, b));
         }
         Epilogue::SiluMul { out: o } => {
             let (gate, up) = (cx.loc(mats[0].weight)?, cx.loc(mats[1].weight)?);
             let n = n_of(cx, &mats[0])?;
             let mut p = base(cx, &mats[0], GemvWeights::GateUp { gate, up }, n)?;
             p.out = Some(cx.view(*o)?.0);
-            out.push((gemv(&p)?, b));
+            out.push((gemv_mma::select(&p)?, b));
         }
         Epilogue::LogitsArgmax { logits, argmax: am } => {
             let m = &mats[0];
@@ -473,14 +476,14 @@ fn matmul_kernels(
                 View::new(cx.scratch(rows * n * dt.size()), dt, n)
             });
             let parts = if am.is_some() {
-                let per_row = p.partials_per_row() as u64;
+                let per_row = select_partials_per_row(&p) as u64;
                 let loc = cx.scratch(rows * per_row * 8);
                 p.argmax_partials = Some(loc);
                 Some((loc, per_row))
             } else {
                 None
             };
-            out.push((gemv(&p)?, b));
+            out.push((gemv_mma::select(&p)?, b));
             if let (Some(a), Some((loc, count))) = (am, parts) {
                 let ap = ArgmaxParams {
                     rows: Rows::Fixed(rows as u32),
@@ -512,7 +515,7 @@ fn matmul_kernels(
             let qkv = cx.scratch(rows * n_total * act.size());
             let mut p = base(cx, &mats[0], GemvWeights::Single(Loc::table(slot)), n_total)?;
             p.out = Some(View::new(qkv, act, n_total));
-            out.push((gemv(&p)?, b));
+            out.push((gemv_mma::select(&p)?, b));
             let (hd, hq, hkv) = (r.head_dim as u32, r.q_heads as u32, r.kv_heads as u32);
             let full = View::new(qkv, act, n_total);
             let (f, scale, style) = inv_freq(&r.rope, rotary_dim(&r.rope, hd));

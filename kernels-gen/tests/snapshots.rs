@@ -41,6 +41,30 @@ fn gemv_residual() {
 }
 
 #[test]
+fn gemv_mma_gate_up_rmsnorm_silu() {
+    snap(
+        "gemv_mma gate_up +rmsnorm +silu_mul",
+        "gemv_mma_gate_up_rmsnorm_silu",
+    );
+}
+
+#[test]
+fn gemv_mma_lm_head_argmax() {
+    snap(
+        "gemv_mma lm_head +rmsnorm +argmax",
+        "gemv_mma_lm_head_argmax",
+    );
+}
+
+#[test]
+fn gemv_mma_residual_row_tile_64() {
+    snap(
+        "gemv_mma down +residual (row tile 64)",
+        "gemv_mma_down_residual_row_tile_64",
+    );
+}
+
+#[test]
 fn rope_kv_qk_norm() {
     snap(
         "rope_kv +qk_norm (interleaved)",

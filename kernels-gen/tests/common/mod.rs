@@ -9,6 +9,7 @@ use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
 use specc_kernels_gen::attention::{attention, AttentionParams, AttnMask};
 use specc_kernels_gen::elementwise::{binary, embedding, BinaryFn, BinaryParams, EmbeddingParams};
 use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights, RmsNormPrologue};
+use specc_kernels_gen::gemv_mma::gemv_mma;
 use specc_kernels_gen::norm::{rmsnorm, RmsNormParams};
 use specc_kernels_gen::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
 
@@ -216,6 +217,9 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
         })
         .unwrap(),
     );
+    for (label, p) in mma_fixtures(&base_gemv, &lm, s, [attn, act, logits]) {
+        add(&label, gemv_mma(&p).unwrap());
+    }
     add(
         "argmax partials",
         argmax(&ArgmaxParams {
@@ -384,4 +388,63 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
         .unwrap(),
     );
     out
+}
+
+/// The tensor-core GEMV at every fusion of the SIMT fixtures (`base`: qkv + norm at the
+/// shape's M; `lm`: lm-head + norm + argmax), at M and at row tile 64 for the down_proj.
+fn mma_fixtures(
+    base: &GemvParams,
+    lm: &GemvParams,
+    s: &Shape,
+    [attn, act, logits]: [View; 3],
+) -> Vec<(String, GemvParams)> {
+    let (h, x) = (s.hidden, base.x);
+    vec![
+        ("gemv_mma qkv +rmsnorm".into(), base.clone()),
+        (
+            "gemv_mma o_proj +residual".into(),
+            GemvParams {
+                k: s.heads * s.head_dim,
+                n: h,
+                x: attn,
+                weights: GemvWeights::Single(Loc::table(3)),
+                norm: None,
+                residual: Some(x),
+                out: Some(x),
+                ..base.clone()
+            },
+        ),
+        (
+            "gemv_mma gate_up +rmsnorm +silu_mul".into(),
+            GemvParams {
+                n: s.ffn,
+                weights: GemvWeights::gate_up_concat(Loc::table(4), s.ffn, h, Dtype::BF16),
+                out: Some(act),
+                ..base.clone()
+            },
+        ),
+        (
+            "gemv_mma down +residual (row tile 64)".into(),
+            GemvParams {
+                row_tile: 64,
+                k: s.ffn,
+                n: h,
+                x: act,
+                weights: GemvWeights::Single(Loc::table(5)),
+                norm: None,
+                residual: Some(x),
+                out: Some(x),
+                ..base.clone()
+            },
+        ),
+        ("gemv_mma lm_head +rmsnorm +argmax".into(), lm.clone()),
+        (
+            "gemv_mma lm_head +cast f32".into(),
+            GemvParams {
+                out: Some(logits),
+                argmax_partials: None,
+                ..lm.clone()
+            },
+        ),
+    ]
 }

@@ -1,0 +1,537 @@
+//! `gemv_mma`: the small-M matmul `y[M, N] = x[M, K] · W[N, K]ᵀ` on tensor cores
+//! (`mma.sync.aligned.m16n8k16`, bf16 or f16 operands, f32 accumulation), for row tiles of
+//! 2..=64 token rows. Same parameters, fusions, numerics and argmax-partials layout as
+//! [`crate::gemv`] (the epilogue code is shared); the plan picks it through [`select`].
+//!
+//! Operands ("swap AB"): the weight is the A operand, 16 output columns on the m16 side;
+//! x is the B operand, the token rows padded to 8 on the n8 side. A lane `(g, t) =
+//! (lane / 4, lane % 4)` loads 16 bytes (8 consecutive k) of weight rows `g` and `g + 8`
+//! and the same 8 k of token row `g`; two m16n8k16 steps consume them under one K
+//! permutation applied to both operands (`cuda/mma.cuh`). A *unit* is 32 k: one 16-byte
+//! load per lane per 8-row half tile, so a warp reads 64 contiguous bytes of each of 16
+//! weight rows.
+//!
+//! Work split: a block has `wn × wk` warps. The `wn` warps of one K slice own distinct
+//! column ranges of `16 · tn` columns (per matrix) and read the same x bytes (L1 hits);
+//! the `wk` warps of one column range split K by units (`unit ≡ wk (mod WK)`) and are
+//! reduced in shared memory in a fixed order. Each warp keeps `unroll` units of weights
+//! (and of x) in flight: slot `i` is reloaded with the next group's unit right after the
+//! two mma steps that consume it. Units past K load as zeros (no memory traffic), so K
+//! needs only the 16-byte granularity of [`crate::gemv`].
+//!
+//! The fused RMSNorm is applied to each x fragment after its load (each x element is
+//! used by one warp of the block), with the per-row `1/rms` computed up front while the
+//! first weight loads are in flight.
+//!
+//! Kernel name dtype: the weight dtype.
+
+use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec};
+use crate::gemv::{emit_epilogue_value, emit_row_inv_rms, gemv, GemvParams, GemvWeights};
+use crate::writer::{emit, Writer};
+use crate::Error;
+
+const FAMILY: &str = "gemv_mma";
+/// Row tiles from this size use the tensor-core kernel (M = 1 stays on CUDA cores).
+pub const MMA_MIN_ROWS: u32 = 2;
+/// SM count the block-count heuristics aim at (H200: 132).
+const TARGET_SMS: u64 = 132;
+/// Shared memory for one round of the split-K reduction.
+const RED_SMEM_MAX: u64 = 40 * 1024;
+/// The module items: mma, loads and the fused-norm fragment transform.
+const MMA_HELPERS: &str = include_str!("../cuda/mma.cuh");
+
+/// The work split of one kernel (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmaTiling {
+    /// 16-column weight tiles per warp and matrix.
+    pub tn: u32,
+    /// Warps across N in a block.
+    pub wn: u32,
+    /// Warps across K in a block (split-K).
+    pub wk: u32,
+    /// Units of 32 k each warp keeps in flight.
+    pub unroll: u32,
+    /// Whether x fragments are prefetched with the weights (else loaded at use: large
+    /// row tiles, where they would cost 4·MT8 registers per slot).
+    pub roll_x: bool,
+}
+
+impl MmaTiling {
+    pub fn warps(&self) -> u32 {
+        self.wn * self.wk
+    }
+}
+
+/// Whether the tensor-core kernel applies: a row tile of at least [`MMA_MIN_ROWS`] and
+/// 16-bit float weights of x's dtype (the mma operands).
+pub fn supports(p: &GemvParams) -> bool {
+    p.row_tile >= MMA_MIN_ROWS
+        && p.w_dtype == p.x.dtype
+        && matches!(p.w_dtype, Dtype::BF16 | Dtype::F16)
+}
+
+/// The kernel the plan uses: [`gemv_mma`] where [`supports`] holds, else [`gemv`].
+pub fn select(p: &GemvParams) -> Result<KernelSource, Error> {
+    if supports(p) {
+        gemv_mma(p)
+    } else {
+        gemv(p)
+    }
+}
+
+/// Argmax partials per row of the kernel [`select`] generates.
+pub fn select_partials_per_row(p: &GemvParams) -> u32 {
+    if supports(p) {
+        partials_per_row(p, &tiling(p))
+    } else {
+        p.partials_per_row()
+    }
+}
+
+fn mt8(p: &GemvParams) -> u32 {
+    p.row_tile.div_ceil(8)
+}
+
+fn mats(p: &GemvParams) -> u32 {
+    if p.gate_up() {
+        2
+    } else {
+        1
+    }
+}
+
+/// Bytes of one round (one weight tile's accumulators) of the split-K reduction.
+fn red_bytes(p: &GemvParams, t: &MmaTiling) -> u64 {
+    (t.wk as u64 - 1) * t.wn as u64 * mt8(p) as u64 * 4 * 32 * 4
+}
+
+/// The default work split.
+///
+/// Each x fragment feeds two weight tiles (gate and up, or two column tiles), halving the
+/// x traffic per weight byte, except at M ≤ 16 with few columns, where one tile per warp
+/// doubles the blocks. `wn` grows while there are still ≥ 2 blocks per SM; `wk` fills the
+/// block to 8 warps. Row tiles above 16 keep 2 units in flight (registers: accumulators
+/// and x fragments grow with M).
+pub fn tiling(p: &GemvParams) -> MmaTiling {
+    let (mt8, g) = (mt8(p), mats(p));
+    let units = p.k.div_ceil(32);
+    let tiles = p.n.div_ceil(16) as u64;
+    let few_columns = tiles.div_ceil(2) < 2 * TARGET_SMS;
+    let tn = if g == 2 || (mt8 <= 2 && few_columns) {
+        1
+    } else {
+        2
+    };
+    let warp_tiles = tiles.div_ceil(tn as u64);
+    let wn = [4u32, 2, 1]
+        .into_iter()
+        .find(|&wn| warp_tiles.div_ceil(wn as u64) >= 2 * TARGET_SMS)
+        .unwrap_or(1);
+    let mut t = MmaTiling {
+        tn,
+        wn,
+        wk: (8 / wn).min(units).max(1),
+        unroll: if mt8 <= 2 { 4 } else { 2 },
+        roll_x: mt8 <= 5,
+    };
+    while t.wk > 1 && red_bytes(p, &t) > RED_SMEM_MAX {
+        t.wk /= 2;
+    }
+    t
+}
+
+/// Argmax partials each row gets (the grid's x extent).
+pub fn partials_per_row(p: &GemvParams, t: &MmaTiling) -> u32 {
+    p.n.div_ceil(16 * t.tn * t.wn)
+}
+
+fn validate(p: &GemvParams, t: &MmaTiling) -> Result<(), Error> {
+    p.validate()?;
+    let err = |field, reason: &str| Err(Error::param(FAMILY, field, reason));
+    // Any row tile works (M = 1 pads to 8 like the rest); `supports` decides where the
+    // plan uses it.
+    if p.w_dtype != p.x.dtype || !matches!(p.w_dtype, Dtype::BF16 | Dtype::F16) {
+        return err("w_dtype", "needs bf16 or f16 weights of x's dtype");
+    }
+    if !p.x.aligned(16) {
+        return err("x", "rows must be 16-byte aligned");
+    }
+    if t.tn == 0 || t.wn == 0 || t.wk == 0 || t.unroll == 0 || t.warps() > 32 {
+        return err("tiling", "tn, wn, wk, unroll positive and at most 32 warps");
+    }
+    if red_bytes(p, t) > RED_SMEM_MAX {
+        return err(
+            "tiling",
+            "split-K reduction exceeds its shared memory budget",
+        );
+    }
+    Ok(())
+}
+
+/// Generates the kernel with the default [`tiling`].
+pub fn gemv_mma(p: &GemvParams) -> Result<KernelSource, Error> {
+    gemv_mma_tiled(p, &tiling(p))
+}
+
+/// Generates the kernel with an explicit work split (benchmarks sweep it).
+pub fn gemv_mma_tiled(p: &GemvParams, t: &MmaTiling) -> Result<KernelSource, Error> {
+    validate(p, t)?;
+    let (xt, wt) = (p.x.dtype.c_type(), p.w_dtype.c_type());
+    let g = mats(p);
+    let mut kb = KernelBuilder::new(FAMILY, p.w_dtype);
+    kb.items.line(MMA_HELPERS.trim_end());
+    let w = &mut kb.body;
+
+    emit!(w, "constexpr int K = {};", p.k);
+    emit!(w, "constexpr int N = {};", p.n);
+    emit!(w, "constexpr int MT = {};  // row tile", p.row_tile);
+    emit!(w, "constexpr int MT8 = {};  // 8-row x fragments", mt8(p));
+    emit!(
+        w,
+        "constexpr int TN = {};  // 16-column tiles per warp",
+        t.tn
+    );
+    emit!(w, "constexpr int G = {g};  // matrices: 2 for gate and up");
+    w.line("constexpr int AT = TN * G;  // weight tiles per warp");
+    emit!(w, "constexpr int WN = {};  // warps across N", t.wn);
+    emit!(
+        w,
+        "constexpr int WK = {};  // warps across K (split-K)",
+        t.wk
+    );
+    w.line("constexpr int NW = WN * WK;");
+    emit!(
+        w,
+        "constexpr int U = {};  // units in flight per warp",
+        t.unroll
+    );
+    w.line("constexpr int UNITS = (K + 31) / 32;  // units of 32 k");
+    emit!(w, "constexpr int VW = {};", 16 / p.x.dtype.size());
+    if p.norm.is_some() {
+        w.line("__shared__ float inv_rms[MT];");
+    }
+    if t.wk > 1 {
+        w.line("__shared__ float red[(WK - 1) * WN][MT8 * 4][32];");
+    }
+    if p.argmax_partials.is_some() {
+        w.line("__shared__ ArgmaxPair cand[WN][MT8 * 8];");
+    }
+    w.line("const int lane = threadIdx.x & 31;");
+    w.line("const int warp = threadIdx.x >> 5;");
+    w.line("const int g = lane >> 2;");
+    w.line("const int t = lane & 3;");
+    w.line("const int wn = warp % WN;");
+    w.line("const int wk = warp / WN;");
+    w.line("const int m0 = blockIdx.y * MT;");
+    emit!(w, "const int mr = min(MT, {} - m0);", p.rows.expr());
+    w.line("const int nb = (blockIdx.x * WN + wn) * (16 * TN);  // the warp's first column");
+    emit!(w, "const {xt}* x = {};", p.x.loc.ptr(p.x.dtype, false));
+    let (w0, w1) = match p.weights {
+        GemvWeights::Single(l) => (l, None),
+        GemvWeights::GateUp { gate, up } => (gate, Some(up)),
+    };
+    emit!(w, "const {wt}* w0 = {};", w0.ptr(p.w_dtype, false));
+    if let Some(up) = w1 {
+        emit!(w, "const {wt}* w1 = {};", up.ptr(p.w_dtype, false));
+    }
+    w.comment("this lane's 8 k of token row g and of weight row nb + g (rows beyond the tile or N are never loaded)");
+    emit!(
+        w,
+        "const {xt}* xg = x + (long long)(m0 + g) * {} + 8 * t;",
+        p.x.row_stride
+    );
+    w.line("const long long wrow = (long long)(nb + g) * K + 8 * t;");
+    if let Some(nm) = &p.norm {
+        emit!(
+            w,
+            "const {}* nw = {};",
+            nm.dtype.c_type(),
+            nm.weight.ptr(nm.dtype, false)
+        );
+    }
+    let gt = p.norm.map(|nm| nm.dtype.c_type());
+    emit!(
+        w,
+        "uint4 wa[U][AT][2];  // weight rows g, g + 8 of each tile"
+    );
+    if t.roll_x {
+        w.line("uint4 xb[U][MT8];  // x rows 8 * mt + g");
+    }
+    if let Some(gt) = gt {
+        emit!(w, "Raw8<{gt}> gn[U];  // norm weight");
+    }
+    w.comment("first group: units wk + i * WK");
+    w.for_unrolled("i", 0, "U", |w| emit_load(w, p, t, "wk + i * WK"));
+
+    if p.norm.is_some() {
+        emit_row_inv_rms(w, p, Some(8));
+        w.line("__syncthreads();");
+        w.line("float rr[MT8];  // 1/rms of rows 8 * mt + g (0 past the tile)");
+        w.for_unrolled("mt", 0, "MT8", |w| {
+            w.line("rr[mt] = 8 * mt + g < mr ? inv_rms[8 * mt + g] : 0.0f;");
+        });
+    }
+
+    w.line("float acc[AT][MT8][4];");
+    w.for_unrolled("a", 0, "AT", |w| {
+        w.for_unrolled("mt", 0, "MT8", |w| {
+            w.for_unrolled("d", 0, 4, |w| w.line("acc[a][mt][d] = 0.0f;"));
+        });
+    });
+    let mma = match p.w_dtype {
+        Dtype::F16 => "mma_k32_f16",
+        _ => "mma_k32_bf16",
+    };
+    // The rolling prefetch is the pipeline: unrolling this loop again only adds registers.
+    w.line("#pragma unroll 1");
+    w.for_block("int u0 = wk", "u0 < UNITS", "u0 += WK * U", |w| {
+        w.for_unrolled("i", 0, "U", |w| {
+            w.comment("slot i holds unit u0 + i * WK (zeros past K)");
+            if !t.roll_x {
+                w.line("uint4 xc[MT8];");
+                w.scope(|w| {
+                    w.line("const int u = u0 + i * WK;");
+                    emit_unit_ok(w, p);
+                    emit_x_load(w, p, "xc");
+                });
+            }
+            let xsrc = if t.roll_x { "xb[i]" } else { "xc" };
+            w.for_unrolled("mt", 0, "MT8", |w| {
+                match gt {
+                    Some(gt) => emit!(
+                        w,
+                        "const uint4 xf = rms_scale8<{xt}, {gt}>({xsrc}[mt], gn[i], rr[mt]);"
+                    ),
+                    None => emit!(w, "const uint4 xf = {xsrc}[mt];"),
+                }
+                w.for_unrolled("a", 0, "AT", |w| {
+                    emit!(w, "{mma}(acc[a][mt], wa[i][a][0], wa[i][a][1], xf);");
+                });
+            });
+            emit_load(w, p, t, "u0 + WK * (U + i)");
+        });
+    });
+
+    if t.wk > 1 {
+        w.comment("split-K: warps wk > 0 hand their sums to warp wk = 0, one weight tile per round, in wk order");
+        w.for_unrolled("a", 0, "AT", |w| {
+            w.if_block("wk > 0", |w| {
+                w.for_unrolled("mt", 0, "MT8", |w| {
+                    w.for_unrolled("d", 0, 4, |w| {
+                        w.line("red[(wk - 1) * WN + wn][mt * 4 + d][lane] = acc[a][mt][d];");
+                    });
+                });
+            });
+            w.line("__syncthreads();");
+            w.if_block("wk == 0", |w| {
+                w.for_block("int j = 0", "j < WK - 1", "++j", |w| {
+                    w.for_unrolled("mt", 0, "MT8", |w| {
+                        w.for_unrolled("d", 0, 4, |w| {
+                            w.line("acc[a][mt][d] += red[j * WN + wn][mt * 4 + d][lane];");
+                        });
+                    });
+                });
+            });
+            w.line("__syncthreads();");
+        });
+    }
+
+    epilogue(w, p);
+
+    let launch = LaunchSpec {
+        grid: [
+            Extent::Fixed(partials_per_row(p, t)),
+            p.rows.extent(1, p.row_tile),
+            Extent::Fixed(1),
+        ],
+        block: [t.warps() * 32, 1, 1],
+        smem_bytes: 0,
+    };
+    Ok(kb.finish(launch))
+}
+
+/// `ok`: whether this lane's 8 k of unit `u` lie inside K.
+fn emit_unit_ok(w: &mut Writer, p: &GemvParams) {
+    if p.k.is_multiple_of(32) {
+        w.line("const bool ok = u < UNITS;");
+    } else {
+        w.line("const bool ok = u < UNITS && u * 32 + 8 * t < K;");
+    }
+}
+
+/// `dst[mt]` = this lane's 8 k of unit `u` of x row `8·mt + g` (zeros outside the tile/K).
+fn emit_x_load(w: &mut Writer, p: &GemvParams, dst: &str) {
+    w.for_unrolled("mt", 0, "MT8", |w| {
+        emit!(
+            w,
+            "{dst}[mt] = ld_nc_u4_if(xg + (long long)mt * {} + u * 32, ok && 8 * mt + g < mr);",
+            8 * p.x.row_stride
+        );
+    });
+}
+
+/// Loads unit `unit` (an expression; `i` is the slot) into `wa[i]` (`xb[i]` when x is
+/// prefetched, `gn[i]` with the fused norm).
+fn emit_load(w: &mut Writer, p: &GemvParams, t: &MmaTiling, unit: &str) {
+    w.scope(|w| {
+        emit!(w, "const int u = {unit};");
+        emit_unit_ok(w, p);
+        w.for_unrolled("tn", 0, "TN", |w| {
+            w.for_unrolled("h", 0, 2, |w| {
+                w.line("const bool live = ok && nb + 16 * tn + 8 * h + g < N;");
+                w.line("const long long off = wrow + (long long)(16 * tn + 8 * h) * K + u * 32;");
+                w.line("wa[i][tn * G][h] = ld_stream_u4_if(w0 + off, live);");
+                if p.gate_up() {
+                    w.line("wa[i][tn * G + 1][h] = ld_stream_u4_if(w1 + off, live);");
+                }
+            });
+        });
+        if t.roll_x {
+            emit_x_load(w, p, "xb[i]");
+        }
+        if let Some(nm) = &p.norm {
+            let gt = nm.dtype.c_type();
+            emit!(w, "gn[i] = ld_raw8_if<{gt}>(nw + u * 32 + 8 * t, ok);");
+        }
+    });
+}
+
+/// Warp wk = 0 of each column range runs the shared epilogue on its accumulators: lane
+/// `(g, t)` owns rows `8·mt + 2t + {0, 1}` of columns `nb + 16·tn + g + {0, 8}`
+/// (the m16n8 D layout, transposed).
+fn epilogue(w: &mut Writer, p: &GemvParams) {
+    let argmax = p.argmax_partials;
+    w.if_block("wk == 0", |w| {
+        if argmax.is_some() {
+            w.line("ArgmaxPair best[MT8][2];");
+            w.for_unrolled("mt", 0, "MT8", |w| {
+                w.line("best[mt][0] = best[mt][1] = ArgmaxPair{neg_inf(), 0x7fffffff};");
+            });
+        }
+        w.for_unrolled("tn", 0, "TN", |w| {
+            w.for_unrolled("mt", 0, "MT8", |w| {
+                w.for_unrolled("d", 0, 4, |w| {
+                    w.line("const int m = 8 * mt + 2 * t + (d & 1);");
+                    w.line("const int n = nb + 16 * tn + g + 8 * (d >> 1);");
+                    w.line("const long long row = m0 + m;");
+                    w.line("const bool live = m < mr && n < N;");
+                    let up = p.gate_up().then_some("acc[tn * G + 1][mt][d]");
+                    emit_epilogue_value(w, p, "acc[tn * G][mt][d]", up);
+                    if argmax.is_some() {
+                        w.line("ArgmaxPair& b = best[mt][d & 1];");
+                        w.if_block("live && argmax_better(v, n, b.v, b.i)", |w| {
+                            w.line("b = ArgmaxPair{v, n};");
+                        });
+                    }
+                });
+            });
+        });
+        if argmax.is_some() {
+            w.comment("best of the warp's columns for each row, lanes g = 0 publish");
+            w.for_unrolled("mt", 0, "MT8", |w| {
+                w.for_unrolled("par", 0, 2, |w| {
+                    w.line("const ArgmaxPair b = quad_column_argmax(best[mt][par]);");
+                    w.line("if (g == 0) cand[wn][8 * mt + 2 * t + par] = b;");
+                });
+            });
+        }
+    });
+    if let Some(part) = argmax {
+        w.comment("argmax partial of this block for each row over its WN column ranges");
+        w.line("__syncthreads();");
+        w.for_block("int m = threadIdx.x", "m < mr", "m += NW * 32", |w| {
+            w.line("ArgmaxPair best = cand[0][m];");
+            w.for_block("int j = 1", "j < WN", "++j", |w| {
+                w.line("const ArgmaxPair a = cand[j][m];");
+                w.line("if (argmax_better(a.v, a.i, best.v, best.i)) best = a;");
+            });
+            emit!(
+                w,
+                "({})[(long long)(m0 + m) * gridDim.x + blockIdx.x] = best;",
+                part.ptr_as("ArgmaxPair", true)
+            );
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::{Loc, Rows, View};
+
+    fn params(m: u32, k: u32, n: u32, gate_up: bool, dt: Dtype) -> GemvParams {
+        GemvParams {
+            rows: Rows::Tokens,
+            row_tile: m,
+            k,
+            n,
+            x: View::new(Loc::arena(0), dt, k as u64),
+            weights: if gate_up {
+                GemvWeights::gate_up_concat(Loc::table(0), n, k, dt)
+            } else {
+                GemvWeights::Single(Loc::table(0))
+            },
+            w_dtype: dt,
+            norm: None,
+            residual: None,
+            out: Some(View::new(Loc::arena(1 << 20), dt, n as u64)),
+            argmax_partials: None,
+        }
+    }
+
+    #[test]
+    fn select_uses_tensor_cores_for_several_rows_of_16_bit_operands() {
+        let name = |p: &GemvParams| select(p).unwrap().name;
+        assert!(name(&params(8, 256, 512, false, Dtype::BF16)).starts_with("gemv_mma_bf16_"));
+        assert!(name(&params(2, 256, 512, true, Dtype::F16)).starts_with("gemv_mma_f16_"));
+        assert!(name(&params(1, 256, 512, false, Dtype::BF16)).starts_with("gemv_bf16_"));
+        assert!(name(&params(8, 256, 512, false, Dtype::F32)).starts_with("gemv_f32_"));
+        let mut mixed = params(8, 256, 512, false, Dtype::BF16);
+        mixed.x.dtype = Dtype::F32;
+        assert!(!supports(&mixed));
+        assert!(gemv_mma(&mixed).is_err());
+    }
+
+    /// Every default tiling covers N with its grid, fits its reduction in shared memory and
+    /// its block in 8 warps, for the Llama-3.1-8B shapes and odd ones at every row tile.
+    #[test]
+    fn default_tilings_cover_n_and_fit() {
+        let shapes = [
+            (4096, 6144, false),
+            (4096, 4096, false),
+            (4096, 14336, true),
+            (14336, 4096, false),
+            (4096, 128256, false),
+            (136, 40, false),
+            (8, 8, true),
+        ];
+        for m in 1..=64 {
+            for (k, n, gu) in shapes {
+                let p = params(m, k, n, gu, Dtype::BF16);
+                let t = tiling(&p);
+                let label = format!("M={m} K={k} N={n} {t:?}");
+                assert!(t.warps() <= 8 && t.wk >= 1, "{label}");
+                assert!(red_bytes(&p, &t) <= RED_SMEM_MAX, "{label}");
+                assert!(partials_per_row(&p, &t) * 16 * t.tn * t.wn >= n, "{label}");
+                let k = gemv_mma(&p).unwrap_or_else(|e| panic!("{label}: {e}"));
+                assert_eq!(k.launch.threads(), t.warps() * 32, "{label}");
+            }
+        }
+    }
+
+    #[test]
+    fn explicit_tilings_are_validated() {
+        let p = params(64, 4096, 4096, false, Dtype::BF16);
+        let bad = MmaTiling {
+            tn: 2,
+            wn: 4,
+            wk: 8,
+            unroll: 2,
+            roll_x: false,
+        };
+        assert!(gemv_mma_tiled(&p, &bad).is_err(), "reduction over budget");
+        let zero = MmaTiling { unroll: 0, ..bad };
+        assert!(gemv_mma_tiled(&p, &zero).is_err());
+        assert!(gemv_mma_tiled(&p, &MmaTiling { wn: 1, ..bad }).is_ok());
+    }
+}

@@ -1,0 +1,110 @@
+//! The tensor-core GEMV (`gemv_mma`) compiled by NVRTC for every supported architecture at
+//! the tiny-Llama and Llama-3.1-8B fixture shapes (every fusion) and at row tiles
+//! 2..=64: no spills, no local memory, registers within the launch bound's budget.
+//!
+//! Skips with a printed reason when NVRTC is absent, unless `SPECC_REQUIRE_NVRTC=1`.
+
+mod common;
+
+use specc_kernels_gen::abi::{Dtype, KernelSource, Loc, Rows, View};
+use specc_kernels_gen::gemv::{GemvParams, GemvWeights, RmsNormPrologue};
+use specc_kernels_gen::gemv_mma::{gemv_mma, tiling};
+use specc_kernels_gen::{Arch, Error, Nvrtc};
+
+fn nvrtc_or_skip() -> Option<Nvrtc> {
+    match Nvrtc::new() {
+        Ok(n) => Some(n.with_cache_dir(None)),
+        Err(e @ (Error::NvrtcUnavailable { .. } | Error::HeadersNotFound { .. })) => {
+            if std::env::var("SPECC_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
+                panic!("SPECC_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}");
+            }
+            eprintln!("SKIPPED: {e} (source scripts/nvrtc-env.sh to enable)");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Llama-3.1-8B gate/up (+norm +silu) and lm-head (+norm +argmax) at row tile `m`.
+fn row_tile_cases(m: u32) -> Vec<(String, KernelSource)> {
+    let bf = Dtype::BF16;
+    let (h, f, v) = (4096u32, 14336u32, 128256u32);
+    let x = View::new(Loc::arena(0), bf, h as u64);
+    let out = View::new(Loc::arena(1 << 20), bf, f as u64);
+    let base = GemvParams {
+        rows: Rows::Tokens,
+        row_tile: m,
+        k: h,
+        n: f,
+        x,
+        weights: GemvWeights::gate_up_concat(Loc::table(0), f, h, bf),
+        w_dtype: bf,
+        norm: Some(RmsNormPrologue {
+            weight: Loc::table(1),
+            dtype: bf,
+            eps: 1e-5,
+        }),
+        residual: None,
+        out: Some(out),
+        argmax_partials: None,
+    };
+    let lm = GemvParams {
+        n: v,
+        weights: GemvWeights::Single(Loc::table(2)),
+        out: None,
+        argmax_partials: Some(Loc::arena(1 << 24)),
+        ..base.clone()
+    };
+    [("gate_up", base), ("lm_head", lm)]
+        .into_iter()
+        .map(|(l, p)| {
+            let t = tiling(&p);
+            (format!("{l} M={m} {t:?}"), gemv_mma(&p).unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn gemv_mma_compiles_for_every_arch_without_spills() {
+    let Some(nvrtc) = nvrtc_or_skip() else { return };
+    let mut jobs: Vec<(String, KernelSource)> = Vec::new();
+    for shape in [common::TINY, common::LLAMA_8B] {
+        for (label, k) in common::all_kernels(&shape) {
+            if label.starts_with("gemv_mma") {
+                jobs.push((format!("{} / {label}", shape.name), k));
+            }
+        }
+    }
+    for m in [2, 3, 8, 9, 16, 24, 33, 40, 48, 56, 64] {
+        jobs.extend(row_tile_cases(m));
+    }
+    let mut failures = Vec::new();
+    println!(
+        "{:<70} {:<8} {:>5} {:>7} {:>6} {:>7}",
+        "fixture", "arch", "regs", "spill B", "smem", "threads"
+    );
+    for (label, k) in &jobs {
+        for arch in Arch::ALL {
+            match nvrtc.compile(k, arch) {
+                Ok(c) => {
+                    let s = c.stats;
+                    let threads = k.launch.threads();
+                    println!(
+                        "{label:<70} {arch:<8} {:>5} {:>7} {:>6} {threads:>7}",
+                        s.registers,
+                        s.spill_stores + s.spill_loads,
+                        s.smem_bytes
+                    );
+                    if s.spill_stores + s.spill_loads > 0 || s.stack_bytes > 0 {
+                        failures.push(format!("{label} [{arch}]: spills or stack: {s:?}"));
+                    }
+                    if s.registers * threads > 65536 {
+                        failures.push(format!("{label} [{arch}]: {} registers", s.registers));
+                    }
+                }
+                Err(e) => failures.push(format!("{label} [{arch}]: {e}")),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

@@ -1,0 +1,220 @@
+//! The tensor-core GEMV (`gemv_mma`) on the GPU against the IR interpreter: row counts
+//! 2..=64 (ragged row tiles included), K not a multiple of 32, N not a multiple of 16,
+//! every fused epilogue (store, cast f32, residual in place, SwiGLU, argmax partials with
+//! and without logits), the RMSNorm prologue, f16 operands and explicit work splits.
+//! Needs `--features cuda` and a device; skips with a message without a driver or NVRTC.
+
+#![cfg(feature = "cuda")]
+
+mod common;
+mod gemv_check;
+mod gpu;
+
+use gemv_check::{check_gemv, GemvCase, Kernel, BASE, BF};
+use gpu::Gpu;
+use specc_kernels_gen::abi::Dtype;
+use specc_kernels_gen::gemv_mma::MmaTiling;
+
+const MMA: GemvCase = GemvCase {
+    kernel: Kernel::Mma(None),
+    ..BASE
+};
+
+/// `rows` token rows in one tile (B = 1, T = rows).
+fn rows(m: u32) -> GemvCase {
+    GemvCase {
+        b: 1,
+        t: m,
+        row_tile: m,
+        ..MMA
+    }
+}
+
+#[test]
+fn gemv_mma_row_counts_and_epilogues() {
+    let Some(gpu) = Gpu::new() else { return };
+    for m in [2, 3, 8, 9, 16, 33, 64] {
+        let c = rows(m);
+        check_gemv(&gpu, c);
+        check_gemv(
+            &gpu,
+            GemvCase {
+                norm: true,
+                k: 360,
+                n: 500,
+                ..c
+            },
+        );
+        check_gemv(
+            &gpu,
+            GemvCase {
+                norm: true,
+                gate_up: true,
+                n: 352,
+                ..c
+            },
+        );
+        check_gemv(
+            &gpu,
+            GemvCase {
+                residual: true,
+                n: 136,
+                k: 352,
+                ..c
+            },
+        );
+        check_gemv(
+            &gpu,
+            GemvCase {
+                argmax: true,
+                out: None,
+                norm: true,
+                n: 1000,
+                ..c
+            },
+        );
+        check_gemv(
+            &gpu,
+            GemvCase {
+                argmax: true,
+                out: Some(Dtype::F32),
+                n: 520,
+                k: 200,
+                ..c
+            },
+        );
+    }
+}
+
+#[test]
+fn gemv_mma_row_tiles_dtypes_and_tilings() {
+    let Some(gpu) = Gpu::new() else { return };
+    let cases = [
+        // 33 rows in tiles of 16: three tiles, the last with one row.
+        GemvCase {
+            b: 3,
+            t: 11,
+            row_tile: 16,
+            norm: true,
+            ..MMA
+        },
+        // 9 rows in tiles of 2 (odd remainder), residual in place.
+        GemvCase {
+            b: 9,
+            t: 1,
+            row_tile: 2,
+            residual: true,
+            ..MMA
+        },
+        // f16 operands, f32 output.
+        GemvCase {
+            x_dtype: Dtype::F16,
+            w_dtype: Dtype::F16,
+            out: Some(Dtype::F32),
+            norm: true,
+            ..MMA
+        },
+        // f16 gate/up.
+        GemvCase {
+            x_dtype: Dtype::F16,
+            w_dtype: Dtype::F16,
+            out: Some(Dtype::F16),
+            gate_up: true,
+            n: 200,
+            ..MMA
+        },
+        // explicit splits: 4 column warps, odd split-K, two weight tiles per warp, one unit.
+        GemvCase {
+            argmax: true,
+            out: None,
+            norm: true,
+            n: 3000,
+            k: 1000,
+            kernel: Kernel::Mma(Some(MmaTiling {
+                tn: 2,
+                wn: 4,
+                wk: 3,
+                unroll: 1,
+                roll_x: true,
+            })),
+            ..MMA
+        },
+        GemvCase {
+            residual: true,
+            n: 1000,
+            k: 1064,
+            b: 1,
+            t: 40,
+            row_tile: 40,
+            kernel: Kernel::Mma(Some(MmaTiling {
+                tn: 3,
+                wn: 1,
+                wk: 5,
+                unroll: 3,
+                roll_x: false,
+            })),
+            ..MMA
+        },
+        // Llama-3.1-8B widths at verify-of-8 and B = 8 × T = 8 (row tile 64).
+        GemvCase {
+            b: 1,
+            t: 8,
+            k: 4096,
+            n: 6144,
+            norm: true,
+            ..MMA
+        },
+        GemvCase {
+            b: 1,
+            t: 8,
+            k: 4096,
+            n: 2048,
+            norm: true,
+            gate_up: true,
+            ..MMA
+        },
+        GemvCase {
+            b: 8,
+            t: 8,
+            k: 14336,
+            n: 1024,
+            row_tile: 64,
+            residual: true,
+            ..MMA
+        },
+        GemvCase {
+            b: 2,
+            t: 8,
+            k: 4096,
+            n: 20000,
+            row_tile: 16,
+            argmax: true,
+            out: None,
+            norm: true,
+            ..MMA
+        },
+    ];
+    for c in cases {
+        check_gemv(&gpu, c);
+    }
+}
+
+/// Both kernels agree with the interpreter on the same fixture (a guard that the shared
+/// epilogue code means the same thing in both).
+#[test]
+fn gemv_simt_and_mma_share_epilogues() {
+    let Some(gpu) = Gpu::new() else { return };
+    for kernel in [Kernel::Simt, Kernel::Mma(None)] {
+        check_gemv(
+            &gpu,
+            GemvCase {
+                norm: true,
+                gate_up: true,
+                residual: false,
+                out: Some(BF),
+                kernel,
+                ..BASE
+            },
+        );
+    }
+}
