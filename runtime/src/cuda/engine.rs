@@ -47,8 +47,6 @@ impl WeightSources<'_> {
     }
 }
 
-/// `(kernel name, cubin)` pairs.
-
 /// Cubins baked into the binary at build time: `(kernel name, arch, cubin)`. Kernel names
 /// hash their source, so a name match means the same kernel.
 pub type Prebuilt = &'static [(&'static str, &'static str, &'static [u8])];
