@@ -627,11 +627,11 @@ mod tests {
 
     fn emit_ptrs(k: &mut KernelBuilder, x: Loc, w: Loc) {
         k.body
-            .line(&format!("const bf16* x = {};", x.ptr(Dtype::BF16, false)));
+            .line(format!("const bf16* x = {};", x.ptr(Dtype::BF16, false)));
         k.body
-            .line(&format!("bf16* w = {};", w.ptr(Dtype::BF16, true)));
+            .line(format!("bf16* w = {};", w.ptr(Dtype::BF16, true)));
         k.body
-            .line(&format!("const bf16* x2 = {};", x.ptr(Dtype::BF16, false)));
+            .line(format!("const bf16* x2 = {};", x.ptr(Dtype::BF16, false)));
     }
 
     #[test]
