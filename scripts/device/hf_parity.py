@@ -47,8 +47,13 @@ def main():
             got = json.load(open(ids_file))
             prompt = got["prompt_ids"]
             with torch.no_grad():
-                out = model.generate(torch.tensor([prompt]).cuda(), max_new_tokens=32, do_sample=False,
-                                     min_new_tokens=32, eos_token_id=None, pad_token_id=0)
+                # An explicit all-ones mask: with no mask, generate() infers one from the pad id,
+                # and a model whose BOS id equals the pad id (the default: both 0) would then
+                # have its BOS masked out, which is not the computation specc (or HF's forward) does.
+                out = model.generate(torch.tensor([prompt]).cuda(),
+                                     attention_mask=torch.ones(1, len(prompt), dtype=torch.long).cuda(),
+                                     max_new_tokens=32, do_sample=False, min_new_tokens=32,
+                                     eos_token_id=None, pad_token_id=cfg.get("eos_token_id", 0))
             hf_ids = out[0, len(prompt):].tolist()
             same = hf_ids == got["generated_ids"]
             first_diff = next((i for i, (a, b) in enumerate(zip(hf_ids, got["generated_ids"])) if a != b), None)

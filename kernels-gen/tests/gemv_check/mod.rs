@@ -193,7 +193,13 @@ pub fn check_gemv(gpu: &Gpu, c: GemvCase) {
     }
     let am = r.op(Op::Argmax, &[y]);
     let want = r.run(&[("y", y), ("am", am), ("mm", mm)]);
-    let (rtol, mut atol) = bf16_tol(&want["y"]);
+    let (mut rtol, mut atol) = bf16_tol(&want["y"]);
+    if c.gate_up {
+        // gate and up are each rounded to bf16 before silu·mul: with another summation order
+        // each may land one ulp (up to 2^-7 relative) away, and the product is rounded again,
+        // so two output ulps plus a half are within the contract.
+        rtol = rtol.max(3.0 / 128.0);
+    }
     if c.residual {
         // The matmul result is rounded before the add: one bf16 ulp of its magnitude may
         // flip with the summation order and survive the add.
