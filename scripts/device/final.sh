@@ -30,5 +30,6 @@ for s in dflash-b16 ddtree-b16 ddtree-b32 ddtree-b64 ddtree-b128 ddtree-b256; do
   timeout 75 $B --spec $C/$s.toml --json "$OUT/$s.json" 2>&1 | grep -E "^\| (DFlash|DDTree)" | sed "s/^/$s /"
 done
 echo "== target forward over T tokens (causal), B=1 ctx 1024"
-for T in 16 64; do timeout 60 $B --tokens $T 2>&1 | grep -E "^\| (verify|forward|target)" ; done
+timeout 60 $B 2>&1 | grep -E "^\| decode"
+for T in 8 16 64; do timeout 60 $B --tokens $T 2>&1 | grep -E "^\| verify" ; done
 [ -x .gpu/kernel_bench ] && { echo "== kernel_bench mma/simt"; timeout 60 .gpu/kernel_bench mma 2>&1 | tail -25; }
