@@ -62,12 +62,23 @@ impl MmaTiling {
     }
 }
 
-/// Whether the tensor-core kernel applies: a row tile of at least [`MMA_MIN_ROWS`] and
-/// 16-bit float weights of x's dtype (the mma operands).
+/// Whether the tensor-core kernel applies: 16-bit float weights of x's dtype (the mma
+/// operands) and either a row tile of at least [`MMA_MIN_ROWS`], or one row where it streams
+/// faster than the CUDA-core kernel ([`one_row_prefers_mma`]).
 pub fn supports(p: &GemvParams) -> bool {
-    p.row_tile >= MMA_MIN_ROWS
-        && p.w_dtype == p.x.dtype
+    p.w_dtype == p.x.dtype
         && matches!(p.w_dtype, Dtype::BF16 | Dtype::F16)
+        && (p.row_tile >= MMA_MIN_ROWS || (p.row_tile == 1 && one_row_prefers_mma(p)))
+}
+
+/// At one row (decode) the choice is measured, not derived (`kernel_bench`, H200,
+/// Llama-3.1-8B shapes, 2026-11-29): the tensor-core kernel wins on the o / down projections
+/// with a residual epilogue (62.8 vs 52.5 %, 83.3 vs 80.1 % of copy bandwidth) and on the
+/// normed gate/up pair (74.0 vs 68.1 %); the CUDA-core kernel wins on the normed single
+/// projection (qkv: 63.8 vs 60.8 %) and on the lm-head with its argmax partials (99.4 vs
+/// 90.0 %).
+pub fn one_row_prefers_mma(p: &GemvParams) -> bool {
+    p.argmax_partials.is_none() && (p.gate_up() || p.norm.is_none())
 }
 
 /// The kernel the plan uses: [`gemv_mma`] where [`supports`] holds, else [`gemv`].
@@ -484,7 +495,19 @@ mod tests {
         let name = |p: &GemvParams| select(p).unwrap().name;
         assert!(name(&params(8, 256, 512, false, Dtype::BF16)).starts_with("gemv_mma_bf16_"));
         assert!(name(&params(2, 256, 512, true, Dtype::F16)).starts_with("gemv_mma_f16_"));
-        assert!(name(&params(1, 256, 512, false, Dtype::BF16)).starts_with("gemv_bf16_"));
+        // One row: tensor cores for a plain (or residual) projection, CUDA cores for a normed
+        // single projection and for argmax partials (measured; see `one_row_prefers_mma`).
+        assert!(name(&params(1, 256, 512, false, Dtype::BF16)).starts_with("gemv_mma_bf16_"));
+        let mut normed = params(1, 256, 512, false, Dtype::BF16);
+        normed.norm = Some(crate::gemv::RmsNormPrologue {
+            weight: Loc::table(2),
+            dtype: Dtype::BF16,
+            eps: 1e-5,
+        });
+        assert!(name(&normed).starts_with("gemv_bf16_"));
+        let mut lm_head = params(1, 256, 512, false, Dtype::BF16);
+        lm_head.argmax_partials = Some(Loc::arena(1 << 22));
+        assert!(name(&lm_head).starts_with("gemv_bf16_"));
         assert!(name(&params(8, 256, 512, false, Dtype::F32)).starts_with("gemv_f32_"));
         let mut mixed = params(8, 256, 512, false, Dtype::BF16);
         mixed.x.dtype = Dtype::F32;
