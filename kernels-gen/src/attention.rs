@@ -210,6 +210,17 @@ pub fn attention_tiles(p: &AttentionParams) -> Result<AttentionKernels, Error> {
     })
 }
 
+/// [`attention_tiles`] with an explicit block shape (benchmarks compare them).
+pub fn attention_tiles_tiled(
+    p: &AttentionParams,
+    t: crate::attention_mma::TileTiling,
+) -> Result<AttentionKernels, Error> {
+    Ok(AttentionKernels {
+        split: crate::attention_mma::split_kernel_tiled(p, t)?,
+        combine: combine_kernel(p),
+    })
+}
+
 /// Whether [`select`] picks the tensor-core kernel: more rows `(t, g)` per sequence than
 /// one block of the CUDA-core kernel holds (each extra block re-reads the context), and
 /// shapes the tensor-core kernel supports.

@@ -28,10 +28,9 @@
 //! same (its tiles cannot stay resident: a split of 2048 slots is 1 MiB of K and V) with
 //! a quarter of the parallelism.
 //!
-//! Numerics: scores are exact bf16 products summed in f32; `p = 2^(s − m)` is rounded to
-//! the cache dtype for the `P·V` mma, and `l` sums the rounded `p`, so the weights applied
-//! to V are exactly those normalised by `l`. The interpreter keeps `p` in f32: the
-//! difference is ≤ 2⁻⁹ relative per weight and averages out in the output.
+//! Numerics: scores are exact bf16 products summed in f32, the softmax is f32 (`l` sums the
+//! f32 `p`), and `P·V` runs on two 16-bit halves of `p` (see [`TileTiling::split_p`]), so
+//! the kernel matches the interpreter's f32 `Σ p·v` up to summation order.
 //!
 //! Masks are applied per (row, slot) as in [`crate::attention`]: causal `slot ≤ pos`;
 //! tree `slot < prefix_len`, or bit `slot − prefix_len` of the row's ancestor words.
@@ -59,6 +58,11 @@ pub struct TileTiling {
     pub warps: u32,
     /// Cache slots per K/V tile (a multiple of 16).
     pub tile_slots: u32,
+    /// `P·V` as `P_hi·V + P_lo·V` with `P_hi = round(p)`, `P_lo = round(p − P_hi)`: p
+    /// to ~2⁻¹⁷ relative, as the interpreter's f32 (one more mma per P·V step). Without
+    /// it p is rounded once to the 16-bit type (FlashAttention's numerics, ≤ 2⁻⁹ relative
+    /// per weight: a few bf16 ulps of the output at peaked softmaxes).
+    pub split_p: bool,
 }
 
 impl TileTiling {
@@ -109,8 +113,9 @@ fn smem_static(p: &AttentionParams, t: TileTiling) -> u64 {
 }
 
 /// Warps from the rows of one sequence (`max_t · G`, capped at [`MAX_BLOCK_ROWS`]); the
-/// largest tile that fits [`SMEM_BUDGET`], at most 32 slots with 16 warps (128 registers
-/// per thread: 64 accumulators of O leave room for 16 of scores, not 32).
+/// largest tile that fits [`SMEM_BUDGET`], 16 slots from 8 warps up (ptxas keeps 8- and
+/// 16-warp blocks to 128 registers per thread: 64 accumulators of O leave room for 8 of
+/// scores and 16 of split P, not twice that; larger tiles spill on sm_100a).
 pub fn tiling(p: &AttentionParams) -> Option<TileTiling> {
     let rows = p.max_t.saturating_mul(group(p).max(1));
     let warps = match rows {
@@ -118,11 +123,18 @@ pub fn tiling(p: &AttentionParams) -> Option<TileTiling> {
         65..=128 => 8,
         _ => 16,
     };
-    let max_ts = if warps == 16 { 32 } else { 64 };
+    let max_ts = match warps {
+        16 | 8 => 16,
+        _ => 64,
+    };
     [64u32, 32, 16]
         .into_iter()
         .filter(|&ts| ts <= max_ts)
-        .map(|tile_slots| TileTiling { warps, tile_slots })
+        .map(|tile_slots| TileTiling {
+            warps,
+            tile_slots,
+            split_p: true,
+        })
         .find(|&t| smem_dynamic(p, t) + smem_static(p, t) <= SMEM_BUDGET)
 }
 
@@ -201,6 +213,30 @@ fn validate(p: &AttentionParams) -> Result<TileTiling, Error> {
 /// The split kernel ([`crate::attention::attention`] pairs it with the combine kernel).
 pub(crate) fn split_kernel(p: &AttentionParams) -> Result<KernelSource, Error> {
     let t = validate(p)?;
+    split_kernel_tiled(p, t)
+}
+
+/// The split kernel with an explicit tiling (benchmarks compare them).
+pub(crate) fn split_kernel_tiled(
+    p: &AttentionParams,
+    t: TileTiling,
+) -> Result<KernelSource, Error> {
+    validate(p)?;
+    let ok_ts = t.tile_slots.is_multiple_of(16) && (16..=64).contains(&t.tile_slots);
+    if !(1..=16).contains(&t.warps) || !ok_ts {
+        return Err(Error::param(
+            FAMILY,
+            "tiling",
+            "1..=16 warps, tiles of 16 to 64 slots in steps of 16",
+        ));
+    }
+    if smem_dynamic(p, t) + smem_static(p, t) > SMEM_BUDGET {
+        return Err(Error::param(
+            FAMILY,
+            "tiling",
+            "exceeds the shared memory budget",
+        ));
+    }
     let ct = p.cache_dtype.c_type();
     let mma = match p.cache_dtype {
         Dtype::F16 => "mma16816_f16",
@@ -334,8 +370,8 @@ pub(crate) fn split_kernel(p: &AttentionParams) -> Result<KernelSource, Error> {
                 w.line(format!("const {ct}* vt = vs + st * TS * VST;"));
                 emit_scores(w, mma);
                 emit_mask(w, p);
-                emit_softmax(w, ct);
-                emit_pv(w, mma);
+                emit_softmax(w, ct, t.split_p);
+                emit_pv(w, mma, t.split_p);
             });
             w.line("__syncthreads();  // stage st is refilled by the next iteration's prefetch");
         },
@@ -481,7 +517,7 @@ fn emit_mask(w: &mut Writer, p: &AttentionParams) {
 }
 
 /// Online softmax per row (the 4 lanes of a quad share a row), `pa`: P as A fragments.
-fn emit_softmax(w: &mut Writer, ct: &str) {
+fn emit_softmax(w: &mut Writer, ct: &str, split_p: bool) {
     w.comment("online softmax; a row with nothing allowed yet keeps m = -inf and p = 0");
     w.line("float mx_a = neg_inf(), mx_b = neg_inf();");
     w.for_unrolled("j", 0, "TS / 8", |w| {
@@ -502,35 +538,36 @@ fn emit_softmax(w: &mut Writer, ct: &str) {
         w.line("o[n][2] *= al_b;");
         w.line("o[n][3] *= al_b;");
     });
-    w.comment(
-        "P rounded to the mma type; slots 16k..16k+15 of C tiles 2k, 2k+1 form A of k-step k",
-    );
+    w.comment("P in the mma type (hi, and lo = the rest when split); slots 16k..16k+15 of C tiles 2k, 2k+1 form A of k-step k");
     w.line("unsigned pa[TS / 16][4];");
+    if split_p {
+        w.line("unsigned pl[TS / 16][4];");
+    }
     w.for_unrolled("j", 0, "TS / 8", |w| {
-        emit!(
-            w,
-            "const float p0 = round_to<{ct}>(exp2f(sc[j][0] - base_a));"
-        );
-        emit!(
-            w,
-            "const float p1 = round_to<{ct}>(exp2f(sc[j][1] - base_a));"
-        );
-        emit!(
-            w,
-            "const float p2 = round_to<{ct}>(exp2f(sc[j][2] - base_b));"
-        );
-        emit!(
-            w,
-            "const float p3 = round_to<{ct}>(exp2f(sc[j][3] - base_b));"
-        );
-        w.line("l_a += p0 + p1;");
-        w.line("l_b += p2 + p3;");
-        emit!(w, "pa[j / 2][(j & 1) * 2] = pack2<{ct}>(p0, p1);");
-        emit!(w, "pa[j / 2][(j & 1) * 2 + 1] = pack2<{ct}>(p2, p3);");
+        w.line("const float p0 = exp2f(sc[j][0] - base_a), p1 = exp2f(sc[j][1] - base_a);");
+        w.line("const float p2 = exp2f(sc[j][2] - base_b), p3 = exp2f(sc[j][3] - base_b);");
+        for (i, name) in ["p0", "p1", "p2", "p3"].iter().enumerate() {
+            emit!(w, "const float h{i} = round_to<{ct}>({name});");
+        }
+        if split_p {
+            w.line("l_a += p0 + p1;");
+            w.line("l_b += p2 + p3;");
+            emit!(w, "pl[j / 2][(j & 1) * 2] = pack2<{ct}>(p0 - h0, p1 - h1);");
+            emit!(
+                w,
+                "pl[j / 2][(j & 1) * 2 + 1] = pack2<{ct}>(p2 - h2, p3 - h3);"
+            );
+        } else {
+            w.comment("l sums the rounded p: the weights applied to V are those it normalises");
+            w.line("l_a += h0 + h1;");
+            w.line("l_b += h2 + h3;");
+        }
+        emit!(w, "pa[j / 2][(j & 1) * 2] = pack2<{ct}>(h0, h1);");
+        emit!(w, "pa[j / 2][(j & 1) * 2 + 1] = pack2<{ct}>(h2, h3);");
     });
 }
 
-fn emit_pv(w: &mut Writer, mma: &str) {
+fn emit_pv(w: &mut Writer, mma: &str, split_p: bool) {
     w.comment("O += P·V; ldmatrix x4.trans gives B of two 8-column tiles of V for 16 slots");
     w.for_unrolled("k2", 0, "TS / 16", |w| {
         w.for_unrolled("n2", 0, "DV / 16", |w| {
@@ -538,6 +575,10 @@ fn emit_pv(w: &mut Writer, mma: &str) {
             w.line("ldmatrix_x4_trans(vb, vt + (k2 * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * VST + n2 * 16 + 8 * (lane >> 4));");
             emit!(w, "{mma}(o[2 * n2], pa[k2], vb[0], vb[1]);");
             emit!(w, "{mma}(o[2 * n2 + 1], pa[k2], vb[2], vb[3]);");
+            if split_p {
+                emit!(w, "{mma}(o[2 * n2], pl[k2], vb[0], vb[1]);");
+                emit!(w, "{mma}(o[2 * n2 + 1], pl[k2], vb[2], vb[3]);");
+            }
         });
     });
 }
