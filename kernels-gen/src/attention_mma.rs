@@ -185,7 +185,8 @@ fn validate(p: &AttentionParams) -> Result<TileTiling, Error> {
     if !p.out.dtype.is_float() || !p.pos_dtype.is_int() {
         return err("out/pos_dtype", "out must be float, pos i32 or i64");
     }
-    if p.head_dim == 0 || p.head_dim % 16 != 0 || p.head_dim_v == 0 || p.head_dim_v % 16 != 0 {
+    let dims_ok = |x: u32| x > 0 && x.is_multiple_of(16);
+    if !dims_ok(p.head_dim) || !dims_ok(p.head_dim_v) {
         return err("head_dim", "head dims must be positive multiples of 16");
     }
     if !p.q.aligned(16)
