@@ -245,6 +245,7 @@ fn tree_kernel(name: &str) -> bool {
         "tree_accept",
         "kv_move",
         "attn_split",
+        "attn_tile",
         "rope_kv",
     ]
     .iter()

@@ -11,8 +11,9 @@
 //! GEMVs run at M = 1, 8, 16, 64 on CUDA cores (`gemv`, "simt") and on tensor cores
 //! (`gemv_mma`, "mma", default tiling; M = 1 included to show where it would stand), and
 //! a summary adds up one Llama-3.1-8B forward's matmuls (32 layers of qkv, o, gate/up,
-//! down, then the lm-head) per M and kernel. `kernel_bench mma` (or `simt`, `attention`)
-//! runs one part only; `kernel_bench sweep` times every tensor-core work split (up to 8
+//! down, then the lm-head) per M and kernel. `kernel_bench mma` (or `simt`, `attention`,
+//! `tree`: DDTree verify attention at T = 1, 8, 64, 256 and ctx 1024, 8192, `attn_tile`
+//! against `attn_split`) runs one part only; `kernel_bench sweep` times every tensor-core work split (up to 8
 //! warps per block) of the 8B GEMVs at M = 8 and prints the fastest per shape.
 
 #[path = "../tests/common/mod.rs"]
@@ -24,9 +25,14 @@ use common::Plan;
 use gpu::{Gpu, Mem};
 use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
-use specc_kernels_gen::attention::{attention, AttentionParams, AttnMask};
+use specc_kernels_gen::attention::{
+    attention, attention_tiles_tiled, select, uses_tiles, AttentionKernels, AttentionParams,
+    AttnMask,
+};
+use specc_kernels_gen::attention_mma;
 use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights, RmsNormPrologue};
 use specc_kernels_gen::gemv_mma::{gemv_mma_tiled, partials_per_row, tiling, MmaTiling};
+use specc_kernels_gen::plan::attention_splits;
 
 /// Copy bandwidth of the H200 (read + write counted), BENCH.md.
 const CEILING_GBS: f64 = 4260.0;
@@ -184,6 +190,106 @@ fn attention_case(gpu: &Gpu, b: u32, t: u32, len: u32, splits: u32) -> Row {
     }
 }
 
+/// Which attention kernels a tree case runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum AttnVariant {
+    /// What the plan picks (`attn_tile` above 32 rows per sequence, with its splits).
+    Planned,
+    /// `attn_split` with the plan's splits for it (the kernel before `attn_tile`).
+    Simt,
+    /// `attn_tile` with p rounded once to bf16 (no hi/lo split of P).
+    TileRoundedP,
+}
+
+/// Llama-3.1-8B attention (32 q heads, 8 kv heads, head dim 128) over a DDTree of `t`
+/// nodes after a prefix of `ctx − t` slots, B = 1; bytes = the K and V slots read.
+fn tree_attention_case(gpu: &Gpu, t: u32, ctx: u32, variant: AttnVariant) -> Row {
+    let (hq, hkv, d) = (32u32, 8u32, 128u32);
+    let words = t.div_ceil(64);
+    let mut plan = Plan::new();
+    let q = plan.view(t, hq * d, BF);
+    let out = plan.view(t, hq * d, BF);
+    let pos = plan.alloc(t as u64 * 4);
+    let prefix_len = plan.alloc(4);
+    let ancestors = plan.alloc((t * words) as u64 * 8);
+    let mut p = AttentionParams {
+        q_heads: hq,
+        kv_heads: hkv,
+        head_dim: d,
+        head_dim_v: d,
+        q,
+        k_cache: Loc::table(0),
+        v_cache: Loc::table(1),
+        cache_dtype: BF,
+        pos,
+        pos_dtype: Dtype::I32,
+        mask: AttnMask::Tree {
+            prefix_len,
+            ancestors,
+            words,
+        },
+        out,
+        scale: 0.088,
+        max_t: t,
+        splits: attention_splits(ctx, 1, hkv),
+        scratch: Loc::arena(0),
+    };
+    let tiles = variant != AttnVariant::Simt && uses_tiles(&p);
+    if tiles {
+        p.splits = attention_mma::splits(&p, 1, t, ctx);
+    }
+    let m = t;
+    p.scratch = plan.alloc(p.scratch_bytes(m));
+    let ks: AttentionKernels = match variant {
+        AttnVariant::Planned => select(&p).unwrap(),
+        AttnVariant::Simt => attention(&p).unwrap(),
+        AttnVariant::TileRoundedP => {
+            let tl = attention_mma::tiling(&p).unwrap();
+            attention_tiles_tiled(
+                &p,
+                attention_mma::TileTiling {
+                    split_p: false,
+                    ..tl
+                },
+            )
+            .unwrap()
+        }
+    };
+    let cache = (ctx * hkv * d) as u64 * 2;
+    let mut mem = Mem::new(plan.alloc(0).byte_offset(), &[cache, cache]);
+    let prefix = ctx - t;
+    let pv: Vec<f64> = (0..t).map(|i| (prefix + i) as f64).collect();
+    mem.put(pos, Dtype::I32, &pv);
+    mem.put(prefix_len, Dtype::I32, &[prefix as f64]);
+    // A chain: node i sees nodes 0..=i (bits below 2^53 survive the f64 staging).
+    let av: Vec<f64> = (0..t)
+        .flat_map(|i| {
+            (0..words).map(move |w| {
+                let lo = 64 * w;
+                let n = (i + 1).saturating_sub(lo).min(52);
+                ((1u64 << n) - 1) as f64
+            })
+        })
+        .collect();
+    mem.put(ancestors, Dtype::I64, &av);
+    let copies = (200e6 / (2 * cache) as f64).ceil().max(2.0) as usize;
+    let bucket = Bucket { b: 1, t, ctx };
+    let us = gpu.time(&mem, &[&ks.split, &ks.combine], bucket, copies, 50);
+    let name = match variant {
+        AttnVariant::Planned if tiles => "attn_tile",
+        AttnVariant::Planned | AttnVariant::Simt => "attn_split",
+        AttnVariant::TileRoundedP => "attn_tile (rounded P)",
+    };
+    Row {
+        label: format!(
+            "{name} tree T={t} ctx={ctx} splits={} [{}]",
+            p.splits, ks.split.name
+        ),
+        us,
+        bytes: (ctx * hkv * d * 2 * 2) as f64,
+    }
+}
+
 /// Fusions of a GEMV case: (norm, gate_up, residual, argmax).
 type Fusions = (bool, bool, bool, bool);
 
@@ -256,6 +362,20 @@ fn main() {
         for (b, t) in [(1, 1), (1, 8), (4, 8)] {
             rows.push(attention_case(&gpu, b, t, 1024, 16));
             rows.push(attention_case(&gpu, b, t, 4000, 32));
+        }
+        print_rows(&rows);
+    }
+    if want("attention") || only.as_deref() == Some("tree") {
+        println!("\nDDTree verify attention, Llama-3.1-8B shapes (GB/s: K and V bytes / time):");
+        let mut rows = Vec::new();
+        for ctx in [1024, 8192] {
+            for t in [1, 8, 64, 256] {
+                rows.push(tree_attention_case(&gpu, t, ctx, AttnVariant::Planned));
+                if t >= 64 {
+                    rows.push(tree_attention_case(&gpu, t, ctx, AttnVariant::TileRoundedP));
+                    rows.push(tree_attention_case(&gpu, t, ctx, AttnVariant::Simt));
+                }
+            }
         }
         print_rows(&rows);
     }

@@ -29,7 +29,7 @@ const SMEM_LIMIT: u64 = 48 * 1024;
 /// Upper bound on query rows per block.
 const MAX_ROWS: u32 = 32;
 /// Index of the partial of block row `gr` (= t · G + g) for this split.
-const PARTIAL_ROW: &str =
+pub(crate) const PARTIAL_ROW: &str =
     "const long long pr = ((long long)(b * c.t + gr / G) * HQ + kvh * G + gr % G) * S + split;";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,6 +192,7 @@ impl AttentionParams {
     }
 }
 
+/// The CUDA-core kernels (`attn_split` + `attn_combine`): up to 32 rows per block.
 pub fn attention(p: &AttentionParams) -> Result<AttentionKernels, Error> {
     let t = p.validate()?;
     Ok(AttentionKernels {
@@ -200,7 +201,43 @@ pub fn attention(p: &AttentionParams) -> Result<AttentionKernels, Error> {
     })
 }
 
-fn scratch_ptrs(w: &mut Writer, p: &AttentionParams, mutable: bool) {
+/// The tensor-core kernels (`attn_tile` + `attn_combine`, [`crate::attention_mma`]): up to
+/// 256 rows per block.
+pub fn attention_tiles(p: &AttentionParams) -> Result<AttentionKernels, Error> {
+    Ok(AttentionKernels {
+        split: crate::attention_mma::split_kernel(p)?,
+        combine: combine_kernel(p),
+    })
+}
+
+/// [`attention_tiles`] with an explicit block shape (benchmarks compare them).
+pub fn attention_tiles_tiled(
+    p: &AttentionParams,
+    t: crate::attention_mma::TileTiling,
+) -> Result<AttentionKernels, Error> {
+    Ok(AttentionKernels {
+        split: crate::attention_mma::split_kernel_tiled(p, t)?,
+        combine: combine_kernel(p),
+    })
+}
+
+/// Whether [`select`] picks the tensor-core kernel: more rows `(t, g)` per sequence than
+/// one block of the CUDA-core kernel holds (each extra block re-reads the context), and
+/// shapes the tensor-core kernel supports.
+pub fn uses_tiles(p: &AttentionParams) -> bool {
+    p.max_t.saturating_mul(p.group()) > MAX_ROWS && crate::attention_mma::supports(p)
+}
+
+/// The kernels the plan launches: [`attention_tiles`] where [`uses_tiles`], else [`attention`].
+pub fn select(p: &AttentionParams) -> Result<AttentionKernels, Error> {
+    if uses_tiles(p) {
+        attention_tiles(p)
+    } else {
+        attention(p)
+    }
+}
+
+pub(crate) fn scratch_ptrs(w: &mut Writer, p: &AttentionParams, mutable: bool) {
     let cv = if mutable { "" } else { "const " };
     emit!(w, "{cv}float* ml = {};", p.scratch.ptr(Dtype::F32, mutable));
     w.line("// partial outputs follow the (m, l) pairs of every row of the bucket");

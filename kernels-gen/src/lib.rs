@@ -11,11 +11,12 @@
 //! Families: [`gemv::gemv`] (and its tensor-core variant [`gemv_mma::gemv_mma`] for
 //! row tiles of 2..=64), [`norm::rmsnorm`], [`elementwise::binary`] (add, mul,
 //! silu_mul), [`elementwise::embedding`], [`rope::rope_kv`], [`attention::attention`]
-//! (split + combine), [`argmax::argmax`].
+//! (split + combine; [`attention_mma`] on tensor cores for many rows per sequence), [`argmax::argmax`].
 
 pub mod abi;
 pub mod argmax;
 pub mod attention;
+pub mod attention_mma;
 pub mod elementwise;
 mod error;
 pub mod gemv;

@@ -19,7 +19,8 @@ use specc_ir::{
 
 use crate::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
 use crate::argmax::{argmax, ArgmaxInput, ArgmaxParams};
-use crate::attention::{attention, AttentionParams, AttnMask};
+use crate::attention::{self, AttentionParams, AttnMask};
+use crate::attention_mma;
 use crate::elementwise::{embedding, EmbeddingParams};
 use crate::gemv::{GemvParams, GemvWeights, RmsNormPrologue};
 use crate::gemv_mma::{self, select_partials_per_row};
@@ -313,8 +314,9 @@ fn single_kernels(cx: &mut Ctx, v: ValueId) -> Result<Launches, Error> {
     }
 }
 
-/// Context splits: enough blocks to fill the GPU at batch 1, each split ≥ 64 slots.
-fn attention_splits(ctx: u32, b: u32, kv_heads: u32) -> u32 {
+/// Context splits of `attn_split`: enough blocks to fill the GPU at batch 1, each split
+/// ≥ 64 slots (`attn_tile` uses [`attention_mma::splits`]).
+pub fn attention_splits(ctx: u32, b: u32, kv_heads: u32) -> u32 {
     let want = (264 / (b * kv_heads).max(1)).max(1);
     want.min(ctx.div_ceil(64)).clamp(1, 64)
 }
@@ -362,9 +364,13 @@ fn attention_kernels(
         splits: attention_splits(cx.bucket.ctx, cx.bucket.b, hkv),
         scratch: Loc::arena(0),
     };
+    // Many rows per sequence (tree verify): the tensor-core kernel, with its own splits.
+    if attention::uses_tiles(&p) {
+        p.splits = attention_mma::splits(&p, cx.bucket.b, t, cx.bucket.ctx);
+    }
     let m = cx.bucket.b * t;
     p.scratch = cx.scratch(p.scratch_bytes(m));
-    let k = attention(&p)?;
+    let k = attention::select(&p)?;
     let b = Bucket {
         b: cx.bucket.b,
         t,

@@ -12,7 +12,7 @@ use gpu::{assert_close, bf16_tol, tensor, Gpu, Mem, Reference, Rng};
 use specc_ir::op::{AttnMask as IrMask, RopeScaling, RopeStyle as IrStyle};
 use specc_ir::Op;
 use specc_kernels_gen::abi::{Bucket, Dtype, Loc};
-use specc_kernels_gen::attention::{attention, AttentionParams, AttnMask};
+use specc_kernels_gen::attention::{attention, attention_tiles, AttentionParams, AttnMask};
 use specc_kernels_gen::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
 
 const BF: Dtype = Dtype::BF16;
@@ -176,6 +176,8 @@ struct AttnCase {
     tree: bool,
     /// Ancestor words per tree node (rows of `[B, T, words]` when > 1).
     words: usize,
+    /// The tensor-core kernel (`attn_tile`) instead of `attn_split`.
+    tiles: bool,
 }
 
 fn check_attention(gpu: &Gpu, c: AttnCase) {
@@ -189,6 +191,7 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
         splits,
         tree,
         words,
+        tiles,
     } = c;
     let m = b * t;
     let mut rng = Rng::new((b * 1000 + t * 10 + d) as u64);
@@ -226,7 +229,8 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
         scratch: Loc::arena(0),
     };
     let scratch = plan.alloc(params.scratch_bytes(m as u32));
-    let ks = attention(&AttentionParams { scratch, ..params }).unwrap();
+    let generate = if tiles { attention_tiles } else { attention };
+    let ks = generate(&AttentionParams { scratch, ..params }).unwrap();
     // Sequence b's prefix is 300 + 137·b slots (clamped to the cache), its last lane padding.
     let prefixes: Vec<usize> = (0..b).map(|s| (300 + 137 * s).min(ctx - t)).collect();
     let mut pv = Vec::new();
@@ -257,6 +261,10 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
     mem.put(anc, Dtype::I64, &av);
     mem.put(Loc::table(0), BF, &kc);
     mem.put(Loc::table(1), BF, &vc);
+    // Poison: every output and every split partial must be written.
+    mem.put(out.loc, BF, &vec![f64::NAN; m * hq * d]);
+    let scratch_floats = (params.scratch_bytes(m as u32) / 4) as usize;
+    mem.put(scratch, Dtype::F32, &vec![f64::NAN; scratch_floats]);
     gpu.run(
         &mut mem,
         &[&ks.split, &ks.combine],
@@ -319,6 +327,7 @@ fn attention_matches_interpreter() {
         splits: 4,
         tree: false,
         words: 1,
+        tiles: false,
     };
     check_attention(&gpu, tiny);
     check_attention(&gpu, AttnCase { splits: 1, ..tiny });
@@ -346,6 +355,7 @@ fn attention_matches_interpreter() {
         splits: 16,
         tree: false,
         words: 1,
+        tiles: false,
     };
     check_attention(&gpu, llama);
     check_attention(&gpu, AttnCase { t: 1, ..llama });
@@ -363,6 +373,109 @@ fn attention_matches_interpreter() {
         AttnCase {
             b: 2,
             t: 3,
+            ..llama
+        },
+    );
+}
+
+/// The tensor-core kernel: rows per sequence T·G = 40, 64, 256, 800 and 1024 (4, 4, 16 and
+/// 16 warps per block, 1024 in 4 row blocks), causal and tree with 1-, 2- and 4-word masks,
+/// GQA groups 1, 4 and 8, head dims 64 and 128, contexts that are no multiple of the tile,
+/// one split and many.
+#[test]
+fn attention_tiles_match_interpreter() {
+    let Some(gpu) = Gpu::new() else { return };
+    let llama = AttnCase {
+        b: 2,
+        t: 10,
+        ctx: 1000,
+        hq: 32,
+        hkv: 8,
+        d: 128,
+        splits: 5,
+        tree: true,
+        words: 1,
+        tiles: true,
+    };
+    // T·G = 40: one 4-warp block, tree.
+    check_attention(&gpu, llama);
+    // T·G = 64, causal with a padding lane, one split.
+    check_attention(
+        &gpu,
+        AttnCase {
+            t: 16,
+            tree: false,
+            splits: 1,
+            ..llama
+        },
+    );
+    // T·G = 256: one 16-warp block.
+    check_attention(
+        &gpu,
+        AttnCase {
+            b: 1,
+            t: 64,
+            ctx: 1100,
+            splits: 7,
+            ..llama
+        },
+    );
+    // G = 1, head dim 64, causal, T·G = 40.
+    check_attention(
+        &gpu,
+        AttnCase {
+            t: 40,
+            hq: 4,
+            hkv: 4,
+            d: 64,
+            splits: 3,
+            tree: false,
+            ..llama
+        },
+    );
+    // G = 8, head dim 64, a 100-node tree (2 words): T·G = 800, 4 row blocks.
+    check_attention(
+        &gpu,
+        AttnCase {
+            b: 1,
+            t: 100,
+            ctx: 777,
+            hq: 16,
+            hkv: 2,
+            d: 64,
+            splits: 4,
+            words: 2,
+            ..llama
+        },
+    );
+    if std::env::var_os("SPECC_GPU_QUICK").is_some() {
+        return;
+    }
+    // A 256-node tree (4 words), G = 4: T·G = 1024 in 4 row blocks of 256.
+    check_attention(
+        &gpu,
+        AttnCase {
+            b: 1,
+            t: 256,
+            ctx: 1100,
+            hq: 8,
+            hkv: 2,
+            splits: 3,
+            words: 4,
+            ..llama
+        },
+    );
+    // The same rows causal, 16 splits.
+    check_attention(
+        &gpu,
+        AttnCase {
+            b: 1,
+            t: 256,
+            ctx: 1100,
+            hq: 8,
+            hkv: 2,
+            splits: 16,
+            tree: false,
             ..llama
         },
     );

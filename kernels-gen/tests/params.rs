@@ -4,7 +4,8 @@
 mod common;
 
 use specc_kernels_gen::abi::{Dtype, Loc, Rows, View};
-use specc_kernels_gen::attention::{attention, AttentionParams, AttnMask};
+use specc_kernels_gen::attention::{attention, attention_tiles, select, AttentionParams, AttnMask};
+use specc_kernels_gen::attention_mma;
 use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights};
 use specc_kernels_gen::rope::{rope_kv, RopeKvParams, RopeStyle, RopeTable};
 use specc_kernels_gen::Error;
@@ -155,6 +156,86 @@ fn attention_rejects_bad_parameters() {
     assert!(
         t.rows_per_block >= 4 * 2,
         "all T·G rows of a sequence share one block: {t:?}"
+    );
+}
+
+/// Llama-3.1-8B attention (G = 4) over a tree of `max_t` nodes.
+fn llama_tree(max_t: u32) -> AttentionParams {
+    let q = View::new(Loc::arena(0), Dtype::BF16, 32 * 128);
+    AttentionParams {
+        q_heads: 32,
+        kv_heads: 8,
+        head_dim: 128,
+        head_dim_v: 128,
+        q,
+        k_cache: Loc::table(0),
+        v_cache: Loc::table(1),
+        cache_dtype: Dtype::BF16,
+        pos: Loc::arena(1 << 20),
+        pos_dtype: Dtype::I32,
+        mask: AttnMask::Tree {
+            prefix_len: Loc::arena(2 << 20),
+            ancestors: Loc::arena(3 << 20),
+            words: max_t.div_ceil(64),
+        },
+        out: q,
+        scale: 0.088,
+        max_t,
+        splits: 8,
+        scratch: Loc::arena(4 << 20),
+    }
+}
+
+/// Up to 32 rows per sequence stay on `attn_split`; more go to `attn_tile`, whose block
+/// holds up to 256 rows (so T = 64 nodes × G = 4 read the context in one block row).
+#[test]
+fn attention_selects_tiles_for_many_rows() {
+    assert!(select(&llama_tree(8))
+        .unwrap()
+        .split
+        .name
+        .starts_with("attn_split"));
+    for (t, warps) in [(9, 4), (32, 8), (64, 16), (256, 16)] {
+        let p = llama_tree(t);
+        let k = select(&p).unwrap().split;
+        assert!(k.name.starts_with("attn_tile"), "T = {t}: {}", k.name);
+        let tl = attention_mma::tiling(&p).unwrap();
+        assert_eq!(tl.warps, warps, "T = {t}");
+        assert_eq!(k.launch.block[0], 32 * warps);
+        assert!(
+            k.launch.smem_bytes > 0,
+            "q tile and K/V stages in dynamic smem"
+        );
+    }
+    // f32 caches have no mma: the CUDA-core kernel.
+    let f32_cache = AttentionParams {
+        q: View::new(Loc::arena(0), Dtype::F32, 32 * 128),
+        cache_dtype: Dtype::F32,
+        ..llama_tree(64)
+    };
+    assert!(select(&f32_cache)
+        .unwrap()
+        .split
+        .name
+        .starts_with("attn_split"));
+    assert_eq!(
+        field_of(attention_tiles(&f32_cache).unwrap_err()),
+        ("attn_tile", "dtype")
+    );
+}
+
+/// The split heuristic trades SM fill against partials: within 1..=64, ≤ one split per 64
+/// slots, and several for a long context with few rows.
+#[test]
+fn attention_tile_splits_follow_the_cost_model() {
+    let s64 = attention_mma::splits(&llama_tree(64), 1, 64, 1024);
+    let s256 = attention_mma::splits(&llama_tree(256), 1, 256, 8192);
+    let s16_long = attention_mma::splits(&llama_tree(16), 1, 16, 8192);
+    assert!((1..=16).contains(&s64), "{s64}");
+    assert!((1..=64).contains(&s256), "{s256}");
+    assert!(
+        s16_long >= 4,
+        "a long context with few rows spreads over SMs: {s16_long}"
     );
 }
 

@@ -78,6 +78,11 @@ fn attention_causal_split() {
 }
 
 #[test]
+fn attn_tile_tree() {
+    snap("attn_tile tree (T<=64)", "attn_tile_tree");
+}
+
+#[test]
 fn attention_combine() {
     snap("attention causal: combine", "attention_combine");
 }

@@ -6,7 +6,7 @@
 
 use specc_kernels_gen::abi::{Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
-use specc_kernels_gen::attention::{attention, AttentionParams, AttnMask};
+use specc_kernels_gen::attention::{attention, attention_tiles, AttentionParams, AttnMask};
 use specc_kernels_gen::elementwise::{binary, embedding, BinaryFn, BinaryParams, EmbeddingParams};
 use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights, RmsNormPrologue};
 use specc_kernels_gen::gemv_mma::gemv_mma;
@@ -335,6 +335,27 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
     })
     .unwrap();
     add("attention tree (T<=256, 4 words): split", tree256.split);
+    // The tensor-core kernel at 4, 8 and 16 warps per block (the 8B's G = 4: 64, 128 and
+    // 256+ rows), causal and tree with 1 and 4 ancestor words.
+    let tiles = |mask, max_t| {
+        attention_tiles(&AttentionParams {
+            scratch,
+            mask,
+            max_t,
+            ..att.clone()
+        })
+        .unwrap()
+        .split
+    };
+    let tree_mask = |words| AttnMask::Tree {
+        prefix_len,
+        ancestors,
+        words,
+    };
+    add("attn_tile causal (T<=16)", tiles(AttnMask::Causal, 16));
+    add("attn_tile tree (T<=32)", tiles(tree_mask(1), 32));
+    add("attn_tile tree (T<=64)", tiles(tree_mask(1), 64));
+    add("attn_tile tree (T<=256, 4 words)", tiles(tree_mask(4), 256));
     add(
         "rmsnorm",
         rmsnorm(&RmsNormParams {

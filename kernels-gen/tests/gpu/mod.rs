@@ -70,7 +70,17 @@ impl Gpu {
             .ctx
             .load_module(Ptx::from_binary(compiled.cubin))
             .unwrap();
-        module.load_function(&k.entry).unwrap()
+        let f = module.load_function(&k.entry).unwrap();
+        // Above 48 KiB of dynamic shared memory a kernel must opt in (as the runtime does).
+        let smem = k.launch.smem_bytes;
+        if smem > 48 * 1024 {
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .unwrap_or_else(|e| panic!("{}: {smem} bytes of dynamic smem: {e}", k.name));
+        }
+        f
     }
 
     fn config(k: &KernelSource, bucket: Bucket) -> LaunchConfig {

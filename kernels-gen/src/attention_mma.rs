@@ -1,0 +1,607 @@
+//! `attn_tile`: split-context attention on tensor cores for many query rows per sequence
+//! (tree verify: T = 8..256 nodes × G query heads per kv head), FlashAttention-2 style.
+//! Same parameters, masks, numerics and partials layout as [`crate::attention`]; its
+//! `attn_combine` merges the splits. The plan picks it through [`crate::attention::select`]
+//! when `max_t · G` exceeds the 32 rows the CUDA-core kernel handles per block.
+//!
+//! Grid `(row blocks, kv_heads · splits, B)`; a block of `NW` warps owns `RB = 16 · NW` query
+//! rows `(t, g)` of one sequence (row `r = t · G + g`), one kv head and one context split.
+//! Warp `w` owns rows `16w..16w + 15` (the m16 side of `mma.sync.m16n8k16`). Each K/V tile
+//! of `TS` slots is copied into shared memory once per block (`cp.async`, 16-byte chunks,
+//! double-buffered: tile `i + 1` loads while tile `i` is computed) and every warp computes
+//! `S = Q·Kᵀ` (Q from shared memory, `ldmatrix`), masks, the online softmax (log2 domain,
+//! per row, f32) and `O += P·V` (`ldmatrix.trans` for V) against it: every row of the block
+//! reads each tile from shared memory, none from global memory a second time.
+//!
+//! Row capacity (bytes arithmetic): the f32 `O` accumulators of a row take `DV · 4` bytes
+//! (512 B at DV = 128) and must live for the whole pass over the context, so a block holds
+//! at most [`MAX_BLOCK_ROWS`] = 256 rows (16 warps × 64 accumulators per lane = 128 KiB,
+//! half the register file; the other half holds scores, fragments and addresses). 256
+//! nodes × G = 4 = 1024 rows need 512 KiB of accumulators, more than the register file
+//! (256 KiB) and shared memory (228 KiB) together, so rows past 256 are split across
+//! blocks: the row blocks are grid x, the fastest-varying index, so the blocks that read
+//! one (kv head, split) range are scheduled together and the second to fourth read each
+//! tile from L2 while the first brings it from HBM (HBM traffic stays one pass over the
+//! prefix; L2 traffic is `ceil(rows / 256)` passes, 4 × 4 MiB per kv head at ctx 8192,
+//! far below L2 bandwidth at the ~70 µs that 1024 rows × 8192 slots of mma take). The
+//! alternative, looping row chunks inside the block, re-streams the range from L2 just the
+//! same (its tiles cannot stay resident: a split of 2048 slots is 1 MiB of K and V) with
+//! a quarter of the parallelism.
+//!
+//! Numerics: scores are exact bf16 products summed in f32, the softmax is f32 (`l` sums the
+//! f32 `p`), and `P·V` runs on two 16-bit halves of `p` (see [`TileTiling::split_p`]), so
+//! the kernel matches the interpreter's f32 `Σ p·v` up to summation order.
+//!
+//! Masks are applied per (row, slot) as in [`crate::attention`]: causal `slot ≤ pos`;
+//! tree `slot < prefix_len`, or bit `slot − prefix_len` of the row's ancestor words.
+
+use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Unit};
+use crate::attention::{scratch_ptrs, AttentionParams, AttnMask, PARTIAL_ROW};
+use crate::writer::{emit, f32_lit, Writer};
+use crate::Error;
+
+const FAMILY: &str = "attn_tile";
+const HELPERS: &str = include_str!("../cuda/attn_mma.cuh");
+/// Static + dynamic shared memory per block: fits sm_120's 99 KiB opt-in, and two blocks
+/// of the 4- and 8-warp tilings per H100/H200 SM (228 KiB).
+const SMEM_BUDGET: u64 = 96 * 1024;
+/// Rows (t, g) one block holds: 16 warps × 16 rows (see the module docs).
+pub const MAX_BLOCK_ROWS: u32 = 256;
+/// Shared-memory row padding in elements: 16 bytes, so the 8 rows an `ldmatrix` reads
+/// start on 8 distinct 4-bank groups (row strides of 2·(D + 8) bytes, D a multiple of 16).
+const PAD: u64 = 8;
+
+/// The block shape of one kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileTiling {
+    /// Warps per block; the block holds `16 · warps` rows.
+    pub warps: u32,
+    /// Cache slots per K/V tile (a multiple of 16).
+    pub tile_slots: u32,
+    /// `P·V` as `P_hi·V + P_lo·V` with `P_hi = round(p)`, `P_lo = round(p − P_hi)`: p
+    /// to ~2⁻¹⁷ relative, as the interpreter's f32 (one more mma per P·V step). Without
+    /// it p is rounded once to the 16-bit type (FlashAttention's numerics, ≤ 2⁻⁹ relative
+    /// per weight: a few bf16 ulps of the output at peaked softmaxes).
+    pub split_p: bool,
+}
+
+impl TileTiling {
+    pub fn rows(&self) -> u32 {
+        16 * self.warps
+    }
+
+    pub fn threads(&self) -> u32 {
+        32 * self.warps
+    }
+}
+
+fn group(p: &AttentionParams) -> u32 {
+    p.q_heads / p.kv_heads
+}
+
+fn words(p: &AttentionParams) -> u64 {
+    match p.mask {
+        AttnMask::Causal => 0,
+        AttnMask::Tree { words, .. } => words as u64,
+    }
+}
+
+/// Whether the shapes and dtypes suit the tensor-core kernel: q and cache of one 16-bit
+/// float type (the mma operands), head dims multiples of 16.
+pub fn supports(p: &AttentionParams) -> bool {
+    p.q.dtype == p.cache_dtype
+        && matches!(p.cache_dtype, Dtype::BF16 | Dtype::F16)
+        && p.head_dim.is_multiple_of(16)
+        && p.head_dim_v.is_multiple_of(16)
+        && p.kv_heads > 0
+        && p.q_heads.is_multiple_of(p.kv_heads)
+        && tiling(p).is_some()
+}
+
+/// Dynamic shared memory: the q tile and two stages of K and V tiles.
+fn smem_dynamic(p: &AttentionParams, t: TileTiling) -> u64 {
+    let es = p.cache_dtype.size();
+    let (d, dv) = (p.head_dim as u64, p.head_dim_v as u64);
+    let (rb, ts) = (t.rows() as u64, t.tile_slots as u64);
+    (rb * (d + PAD) + 2 * ts * (d + PAD + dv + PAD)) * es
+}
+
+/// Static shared memory: per-row positions and ancestor words, the context length.
+fn smem_static(p: &AttentionParams, t: TileTiling) -> u64 {
+    let rb = t.rows() as u64;
+    rb * 4 + rb * words(p) * 8 + 16
+}
+
+/// Warps from the rows of one sequence (`max_t · G`, capped at [`MAX_BLOCK_ROWS`]); the
+/// largest tile that fits [`SMEM_BUDGET`], 16 slots from 8 warps up (ptxas keeps 8- and
+/// 16-warp blocks to 128 registers per thread: 64 accumulators of O leave room for 8 of
+/// scores and 16 of split P, not twice that; larger tiles spill on sm_100a).
+pub fn tiling(p: &AttentionParams) -> Option<TileTiling> {
+    let rows = p.max_t.saturating_mul(group(p).max(1));
+    let warps = match rows {
+        0..=64 => 4,
+        65..=128 => 8,
+        _ => 16,
+    };
+    let max_ts = match warps {
+        16 | 8 => 16,
+        _ => 64,
+    };
+    [64u32, 32, 16]
+        .into_iter()
+        .filter(|&ts| ts <= max_ts)
+        .map(|tile_slots| TileTiling {
+            warps,
+            tile_slots,
+            split_p: true,
+        })
+        .find(|&t| smem_dynamic(p, t) + smem_static(p, t) <= SMEM_BUDGET)
+}
+
+/// Blocks resident per SM the split heuristic counts on, and the device figures it uses
+/// (H200): SMs, sustained `mma.sync` bf16 rate per SM, L2 and HBM bandwidth.
+const SMS: u64 = 132;
+const SM_FLOPS: f64 = 3.5e12;
+const L2_BYTES_PER_S: f64 = 7e12;
+const HBM_BYTES_PER_S: f64 = 4e12;
+
+/// Context splits for `b` sequences of `t` rows... at context `ctx`: the count minimising
+/// a cost model of this kernel plus its combine,
+/// `max(compute per block × waves, KV bytes / HBM) + partial bytes written and re-read / L2`:
+/// more splits fill more SMs but every split adds `rows · (DV + 2) · 4` bytes of partials
+/// (with 256 rows and DV = 128 that is 130 KiB per split per kv head, against 32 KiB of K
+/// and V per 64 slots), so many-row buckets use few splits.
+pub fn splits(p: &AttentionParams, b: u32, t: u32, ctx: u32) -> u32 {
+    let Some(tl) = tiling(p) else { return 1 };
+    let (b, ctx) = (b.max(1) as u64, ctx.max(1) as u64);
+    let rows = (t.max(1) * group(p)) as u64;
+    let row_blocks = rows.div_ceil(tl.rows() as u64);
+    let block_rows = rows.min(tl.rows() as u64) as f64;
+    let (d, dv) = (p.head_dim as f64, p.head_dim_v as f64);
+    let kv_bytes = (b * ctx * p.kv_heads as u64) as f64 * (d + dv) * p.cache_dtype.size() as f64;
+    let max_s = ctx.div_ceil(64).clamp(1, 64);
+    (1..=max_s)
+        .map(|s| {
+            let blocks = b * p.kv_heads as u64 * row_blocks * s;
+            let slots = ctx.div_ceil(s) as f64;
+            let block_s = 2.0 * block_rows * slots * (d + dv) / SM_FLOPS;
+            let compute = blocks.div_ceil(SMS) as f64 * block_s;
+            let partials = (b * rows * p.kv_heads as u64 * s) as f64 * (dv + 2.0) * 4.0;
+            let cost = compute.max(kv_bytes / HBM_BYTES_PER_S) + 2.0 * partials / L2_BYTES_PER_S;
+            (s as u32, cost)
+        })
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map_or(1, |(s, _)| s)
+}
+
+fn validate(p: &AttentionParams) -> Result<TileTiling, Error> {
+    let err = |field, reason: &str| Err(Error::param(FAMILY, field, reason));
+    if p.kv_heads == 0 || p.q_heads == 0 || !p.q_heads.is_multiple_of(p.kv_heads) {
+        return err("q_heads", "must be a positive multiple of kv_heads");
+    }
+    if p.q.dtype != p.cache_dtype || !matches!(p.cache_dtype, Dtype::BF16 | Dtype::F16) {
+        return err("dtype", "q and cache must share a 16-bit float type");
+    }
+    if !p.out.dtype.is_float() || !p.pos_dtype.is_int() {
+        return err("out/pos_dtype", "out must be float, pos i32 or i64");
+    }
+    let dims_ok = |x: u32| x > 0 && x.is_multiple_of(16);
+    if !dims_ok(p.head_dim) || !dims_ok(p.head_dim_v) {
+        return err("head_dim", "head dims must be positive multiples of 16");
+    }
+    if !p.q.aligned(16)
+        || !p.k_cache.byte_offset().is_multiple_of(16)
+        || !p.v_cache.byte_offset().is_multiple_of(16)
+        || !p.scratch.byte_offset().is_multiple_of(16)
+    {
+        return err("q/k_cache/v_cache/scratch", "must be 16-byte aligned");
+    }
+    if let AttnMask::Tree { words: 0, .. } = p.mask {
+        return err("mask", "a tree mask needs at least one ancestor word");
+    }
+    if !p.scale.is_finite() || p.max_t == 0 || p.splits == 0 {
+        return err(
+            "scale/max_t/splits",
+            "scale finite, max_t and splits positive",
+        );
+    }
+    tiling(p).map_or_else(
+        || err("head_dim", "no tile fits the shared memory budget"),
+        Ok,
+    )
+}
+
+/// The split kernel ([`crate::attention::attention`] pairs it with the combine kernel).
+pub(crate) fn split_kernel(p: &AttentionParams) -> Result<KernelSource, Error> {
+    let t = validate(p)?;
+    split_kernel_tiled(p, t)
+}
+
+/// The split kernel with an explicit tiling (benchmarks compare them).
+pub(crate) fn split_kernel_tiled(
+    p: &AttentionParams,
+    t: TileTiling,
+) -> Result<KernelSource, Error> {
+    validate(p)?;
+    let ok_ts = t.tile_slots.is_multiple_of(16) && (16..=64).contains(&t.tile_slots);
+    if !(1..=16).contains(&t.warps) || !ok_ts {
+        return Err(Error::param(
+            FAMILY,
+            "tiling",
+            "1..=16 warps, tiles of 16 to 64 slots in steps of 16",
+        ));
+    }
+    if smem_dynamic(p, t) + smem_static(p, t) > SMEM_BUDGET {
+        return Err(Error::param(
+            FAMILY,
+            "tiling",
+            "exceeds the shared memory budget",
+        ));
+    }
+    let ct = p.cache_dtype.c_type();
+    let mma = match p.cache_dtype {
+        Dtype::F16 => "mma16816_f16",
+        _ => "mma16816_bf16",
+    };
+    let words = words(p);
+    let mut kb = KernelBuilder::new(FAMILY, p.cache_dtype);
+    kb.items.line(HELPERS.trim_end());
+    let w = &mut kb.body;
+    emit!(w, "constexpr int D = {};", p.head_dim);
+    emit!(w, "constexpr int DV = {};", p.head_dim_v);
+    emit!(w, "constexpr int HQ = {};", p.q_heads);
+    emit!(w, "constexpr int HKV = {};", p.kv_heads);
+    emit!(
+        w,
+        "constexpr int G = {};  // query heads per kv head",
+        group(p)
+    );
+    emit!(w, "constexpr int S = {};  // context splits", p.splits);
+    emit!(
+        w,
+        "constexpr int NW = {};  // warps; warp w owns block rows 16w..16w+15",
+        t.warps
+    );
+    w.line("constexpr int RB = 16 * NW;  // query rows (t, g) per block");
+    w.line("constexpr int NT = 32 * NW;");
+    emit!(
+        w,
+        "constexpr int TS = {};  // cache slots per tile",
+        t.tile_slots
+    );
+    emit!(
+        w,
+        "constexpr int QST = D + {PAD}, KST = D + {PAD}, VST = DV + {PAD};  // smem row strides"
+    );
+    emit!(
+        w,
+        "constexpr float SCALE_LOG2 = {};  // scale * log2(e)",
+        f32_lit((p.scale as f64 * std::f64::consts::LOG2_E) as f32)
+    );
+    w.comment("dynamic smem: q tile [RB][QST], then K [2][TS][KST] and V [2][TS][VST] stages");
+    w.line("extern __shared__ __align__(16) unsigned char smem[];");
+    emit!(w, "{ct}* qs = reinterpret_cast<{ct}*>(smem);");
+    emit!(w, "{ct}* ks = qs + RB * QST;");
+    emit!(w, "{ct}* vs = ks + 2 * TS * KST;");
+    w.line("__shared__ int row_pos[RB];  // last attended slot (causal) or 0 (tree); -1: none");
+    if words > 0 {
+        emit!(w, "constexpr int AW = {words};  // ancestor words per row");
+        w.line("__shared__ long long row_anc[RB][AW];");
+    } else {
+        w.line("__shared__ int s_len;");
+    }
+    w.line("const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;");
+    w.line("const int gq = lane >> 2, tq = lane & 3;  // mma fragment row group and column pair");
+    w.line("const int b = blockIdx.z;");
+    w.line("const int kvh = blockIdx.y % HKV;");
+    w.line("const int split = blockIdx.y / HKV;");
+    w.line("const int r0 = blockIdx.x * RB;  // first row t * G + g of the block");
+    w.line("const int nrows = min(RB, c.t * G - r0);");
+    emit!(w, "const {ct}* q = {};", p.q.loc.ptr(p.q.dtype, false));
+    emit!(
+        w,
+        "const {ct}* kc = {};",
+        p.k_cache.ptr(p.cache_dtype, false)
+    );
+    emit!(
+        w,
+        "const {ct}* vc = {};",
+        p.v_cache.ptr(p.cache_dtype, false)
+    );
+    emit!(
+        w,
+        "const {}* pos = {};",
+        p.pos_dtype.c_type(),
+        p.pos.ptr(p.pos_dtype, false)
+    );
+    scratch_ptrs(w, p, true);
+    if let AttnMask::Tree {
+        prefix_len,
+        ancestors,
+        ..
+    } = p.mask
+    {
+        emit!(
+            w,
+            "const int pl0 = ({})[b];",
+            prefix_len.ptr(Dtype::I32, false)
+        );
+        w.line("const int prefix = pl0 < 0 ? 0 : min(pl0, c.ctx);");
+        w.line("const int tree_n = min(c.t, 64 * AW);");
+        emit!(
+            w,
+            "const long long* anc = {};",
+            ancestors.ptr(Dtype::I64, false)
+        );
+    }
+    emit_row_state(w, p);
+    emit_q_tile(w, p);
+    emit_range(w, p);
+    emit_tile_loader(w);
+    w.line("const int wr = warp * 16;  // first block row of this warp");
+    w.line("const bool active = wr < nrows;  // warp-uniform");
+    w.line("const int ra = wr + gq, rb = wr + gq + 8;  // rows of accumulators 0-1 and 2-3");
+    if words == 0 {
+        w.line("const int lim_a = row_pos[ra], lim_b = row_pos[rb];  // last slot per row");
+    }
+    w.line("float o[DV / 8][4];");
+    w.for_unrolled("n", 0, "DV / 8", |w| {
+        w.for_unrolled("e", 0, 4, |w| w.line("o[n][e] = 0.0f;"));
+    });
+    w.comment("running max (log2 domain) per row and this lane's share of the row sum");
+    w.line("float m_a = neg_inf(), m_b = neg_inf(), l_a = 0.0f, l_b = 0.0f;");
+    w.if_block("s_begin < s_end", |w| w.line("load_tile(0, s_begin);"));
+    w.for_block(
+        "int s0 = s_begin, it = 0",
+        "s0 < s_end",
+        "s0 += TS, ++it",
+        |w| {
+            w.line("const int st = it & 1;");
+            w.if_else(
+                "s0 + TS < s_end",
+                |w| {
+                    w.line("load_tile(st ^ 1, s0 + TS);");
+                    w.line("cp_async_wait<1>();  // q and tile `it` have landed");
+                },
+                |w| w.line("cp_async_wait<0>();"),
+            );
+            w.line("__syncthreads();");
+            w.if_block("active", |w| {
+                w.line(format!("const {ct}* kt = ks + st * TS * KST;"));
+                w.line(format!("const {ct}* vt = vs + st * TS * VST;"));
+                emit_scores(w, mma);
+                emit_mask(w, p);
+                emit_softmax(w, ct, t.split_p);
+                emit_pv(w, mma, t.split_p);
+            });
+            w.line("__syncthreads();  // stage st is refilled by the next iteration's prefetch");
+        },
+    );
+    w.line("cp_async_wait<0>();  // an empty split still committed the q tile");
+    emit_partials(w);
+
+    let launch = LaunchSpec {
+        grid: [
+            Extent::Scaled {
+                unit: Unit::T,
+                mul: group(p),
+                div: t.rows(),
+            },
+            Extent::Fixed(p.kv_heads * p.splits),
+            Extent::Scaled {
+                unit: Unit::B,
+                mul: 1,
+                div: 1,
+            },
+        ],
+        block: [t.threads(), 1, 1],
+        smem_bytes: smem_dynamic(p, t) as u32,
+    };
+    Ok(kb.finish(launch))
+}
+
+/// `row_pos` and `row_anc` of every block row (rows past `nrows` attend nothing).
+fn emit_row_state(w: &mut Writer, p: &AttentionParams) {
+    let tree = words(p) > 0;
+    if !tree {
+        w.if_block("tid == 0", |w| w.line("s_len = 0;"));
+    }
+    w.comment("per-row state (NT >= RB: one thread per row)");
+    w.if_block("tid < RB", |w| {
+        w.line("int rp = -1;");
+        w.if_block("tid < nrows", |w| {
+            w.line("const int m = b * c.t + (r0 + tid) / G;");
+            if tree {
+                w.line("rp = 0;");
+                w.line(
+                    "for (int j = 0; j < AW; ++j) row_anc[tid][j] = anc[(long long)m * AW + j];",
+                );
+            } else {
+                w.line("rp = cache_slot((long long)pos[m], c.ctx);");
+            }
+        });
+        w.line("row_pos[tid] = rp;");
+    });
+}
+
+/// The block's q rows, copied asynchronously (first commit group); rows past the end are 0.
+fn emit_q_tile(w: &mut Writer, p: &AttentionParams) {
+    w.comment("q tile (commit group 0); rows past the end are zero-filled from a valid row");
+    w.for_block("int i = tid", "i < RB * (D / 8)", "i += NT", |w| {
+        w.line("const int r = i / (D / 8), d = (i % (D / 8)) * 8;");
+        w.line("const int gr = r0 + min(r, nrows - 1);");
+        emit!(
+            w,
+            "const long long row = (long long)(b * c.t + gr / G) * {};",
+            p.q.row_stride
+        );
+        w.line("cp_async16(qs + r * QST + d, q + row + (kvh * G + gr % G) * D + d, r < nrows);");
+    });
+    w.line("cp_async_commit();");
+    w.line("__syncthreads();");
+}
+
+/// The context length of the block and this split's slot range (as in `attn_split`).
+fn emit_range(w: &mut Writer, p: &AttentionParams) {
+    if words(p) > 0 {
+        w.line("const int len = min(prefix + tree_n, c.ctx);");
+    } else {
+        w.if_block("tid < nrows", |w| {
+            w.line("atomicMax(&s_len, row_pos[tid] + 1);")
+        });
+        w.line("__syncthreads();");
+        w.line("const int len = s_len;");
+    }
+    w.line("const int per = ((len + S - 1) / S + TS - 1) / TS * TS;");
+    w.line("const int s_begin = split * per;");
+    w.line("const int s_end = min(len, s_begin + per);");
+}
+
+/// `load_tile(stage, s0)`: K and V slots `s0..s0 + TS` into a stage, one commit group;
+/// slots at or past `s_end` are zero-filled (and masked) without reading memory.
+fn emit_tile_loader(w: &mut Writer) {
+    w.block_semi("auto load_tile = [&](int stage, int s0)", |w| {
+        for (buf, src, dim, st) in [("ks", "kc", "D", "KST"), ("vs", "vc", "DV", "VST")] {
+            w.for_block("int i = tid", format_args!("i < TS * ({dim} / 8)"), "i += NT", |w| {
+                emit!(w, "const int s = i / ({dim} / 8), d = (i % ({dim} / 8)) * 8;");
+                w.line("const bool ok = s0 + s < s_end;");
+                w.line("const long long at = (long long)(b * c.ctx + (ok ? s0 + s : s0)) * HKV + kvh;");
+                emit!(
+                    w,
+                    "cp_async16({buf} + (stage * TS + s) * {st} + d, {src} + at * {dim} + d, ok);"
+                );
+            });
+        }
+        w.line("cp_async_commit();");
+    });
+}
+
+/// `sc[j][e]`: raw scores of rows ra (e < 2) / rb (e ≥ 2) and slots s0 + 8j + 2tq + (e & 1).
+fn emit_scores(w: &mut Writer, mma: &str) {
+    w.comment(
+        "S = Q·Kᵀ: 16 rows × TS slots; ldmatrix x4 gives A of 16×16 q and B of two 8-slot tiles",
+    );
+    w.line("float sc[TS / 8][4];");
+    w.for_unrolled("j", 0, "TS / 8", |w| {
+        w.for_unrolled("e", 0, 4, |w| w.line("sc[j][e] = 0.0f;"));
+    });
+    w.for_unrolled("kd", 0, "D / 16", |w| {
+        w.line("unsigned a[4];");
+        w.line("ldmatrix_x4(a, qs + (wr + (lane & 7) + 8 * ((lane >> 3) & 1)) * QST + kd * 16 + 8 * (lane >> 4));");
+        w.for_unrolled("n2", 0, "TS / 16", |w| {
+            w.line("unsigned kb[4];");
+            w.line("ldmatrix_x4(kb, kt + (n2 * 16 + (lane & 7) + 8 * (lane >> 4)) * KST + kd * 16 + 8 * ((lane >> 3) & 1));");
+            emit!(w, "{mma}(sc[2 * n2], a, kb[0], kb[1]);");
+            emit!(w, "{mma}(sc[2 * n2 + 1], a, kb[2], kb[3]);");
+        });
+    });
+}
+
+fn emit_mask(w: &mut Writer, p: &AttentionParams) {
+    w.comment("masks per (row, slot), then the log2-domain scale");
+    w.for_unrolled("j", 0, "TS / 8", |w| {
+        w.for_unrolled("e", 0, 4, |w| {
+            w.line("const int slot = s0 + 8 * j + 2 * tq + (e & 1);");
+            if words(p) > 0 {
+                w.line("const int r = e < 2 ? ra : rb;");
+                w.line("const int u = slot - prefix;");
+                w.line(
+                    "const bool ok = slot < s_end && row_pos[r] >= 0 && \
+                     (u < 0 || (u < tree_n && ((row_anc[r][u >> 6] >> (u & 63)) & 1)));",
+                );
+            } else {
+                w.line("const bool ok = slot < s_end && slot <= (e < 2 ? lim_a : lim_b);");
+            }
+            w.line("sc[j][e] = ok ? sc[j][e] * SCALE_LOG2 : neg_inf();");
+        });
+    });
+}
+
+/// Online softmax per row (the 4 lanes of a quad share a row), `pa`: P as A fragments.
+fn emit_softmax(w: &mut Writer, ct: &str, split_p: bool) {
+    w.comment("online softmax; a row with nothing allowed yet keeps m = -inf and p = 0");
+    w.line("float mx_a = neg_inf(), mx_b = neg_inf();");
+    w.for_unrolled("j", 0, "TS / 8", |w| {
+        w.line("mx_a = fmaxf(mx_a, fmaxf(sc[j][0], sc[j][1]));");
+        w.line("mx_b = fmaxf(mx_b, fmaxf(sc[j][2], sc[j][3]));");
+    });
+    w.line("const float mn_a = fmaxf(m_a, quad_max(mx_a)), mn_b = fmaxf(m_b, quad_max(mx_b));");
+    w.line("const float base_a = mn_a == neg_inf() ? 0.0f : mn_a;");
+    w.line("const float base_b = mn_b == neg_inf() ? 0.0f : mn_b;");
+    w.line("const float al_a = exp2f(m_a - base_a), al_b = exp2f(m_b - base_b);");
+    w.line("m_a = mn_a;");
+    w.line("m_b = mn_b;");
+    w.line("l_a *= al_a;");
+    w.line("l_b *= al_b;");
+    w.for_unrolled("n", 0, "DV / 8", |w| {
+        w.line("o[n][0] *= al_a;");
+        w.line("o[n][1] *= al_a;");
+        w.line("o[n][2] *= al_b;");
+        w.line("o[n][3] *= al_b;");
+    });
+    w.comment("P in the mma type (hi, and lo = the rest when split); slots 16k..16k+15 of C tiles 2k, 2k+1 form A of k-step k");
+    w.line("unsigned pa[TS / 16][4];");
+    if split_p {
+        w.line("unsigned pl[TS / 16][4];");
+    }
+    w.for_unrolled("j", 0, "TS / 8", |w| {
+        w.line("const float p0 = exp2f(sc[j][0] - base_a), p1 = exp2f(sc[j][1] - base_a);");
+        w.line("const float p2 = exp2f(sc[j][2] - base_b), p3 = exp2f(sc[j][3] - base_b);");
+        for (i, name) in ["p0", "p1", "p2", "p3"].iter().enumerate() {
+            emit!(w, "const float h{i} = round_to<{ct}>({name});");
+        }
+        if split_p {
+            w.line("l_a += p0 + p1;");
+            w.line("l_b += p2 + p3;");
+            emit!(w, "pl[j / 2][(j & 1) * 2] = pack2<{ct}>(p0 - h0, p1 - h1);");
+            emit!(
+                w,
+                "pl[j / 2][(j & 1) * 2 + 1] = pack2<{ct}>(p2 - h2, p3 - h3);"
+            );
+        } else {
+            w.comment("l sums the rounded p: the weights applied to V are those it normalises");
+            w.line("l_a += h0 + h1;");
+            w.line("l_b += h2 + h3;");
+        }
+        emit!(w, "pa[j / 2][(j & 1) * 2] = pack2<{ct}>(h0, h1);");
+        emit!(w, "pa[j / 2][(j & 1) * 2 + 1] = pack2<{ct}>(h2, h3);");
+    });
+}
+
+fn emit_pv(w: &mut Writer, mma: &str, split_p: bool) {
+    w.comment("O += P·V; ldmatrix x4.trans gives B of two 8-column tiles of V for 16 slots");
+    w.for_unrolled("k2", 0, "TS / 16", |w| {
+        w.for_unrolled("n2", 0, "DV / 16", |w| {
+            w.line("unsigned vb[4];");
+            w.line("ldmatrix_x4_trans(vb, vt + (k2 * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * VST + n2 * 16 + 8 * (lane >> 4));");
+            emit!(w, "{mma}(o[2 * n2], pa[k2], vb[0], vb[1]);");
+            emit!(w, "{mma}(o[2 * n2 + 1], pa[k2], vb[2], vb[3]);");
+            if split_p {
+                emit!(w, "{mma}(o[2 * n2], pl[k2], vb[0], vb[1]);");
+                emit!(w, "{mma}(o[2 * n2 + 1], pl[k2], vb[2], vb[3]);");
+            }
+        });
+    });
+}
+
+/// Partials of every row of the block: an empty split writes m = -inf, l = 0, o = 0.
+fn emit_partials(w: &mut Writer) {
+    w.comment("partials of this split: (m, l) per row and the unnormalised o");
+    w.if_block("active", |w| {
+        w.line("const float lt_a = quad_sum(l_a), lt_b = quad_sum(l_b);");
+        w.for_unrolled("h", 0, 2, |w| {
+            w.line("const int r = h == 0 ? ra : rb;");
+            w.if_block("r < nrows", |w| {
+                w.line("const int gr = r0 + r;");
+                w.line(PARTIAL_ROW);
+                w.for_unrolled("n", 0, "DV / 8", |w| {
+                    w.line("*reinterpret_cast<float2*>(po + pr * DV + n * 8 + 2 * tq) = make_float2(o[n][2 * h], o[n][2 * h + 1]);");
+                });
+                w.if_block("tq == 0", |w| {
+                    w.line("ml[pr * 2] = h == 0 ? m_a : m_b;");
+                    w.line("ml[pr * 2 + 1] = h == 0 ? lt_a : lt_b;");
+                });
+            });
+        });
+    });
+}
