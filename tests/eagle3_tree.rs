@@ -285,8 +285,8 @@ fn random_prompts(b: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// Random head: topk 2 / 4 / 8, 8..100 nodes (two ancestor words), and with topk 8 and
-/// depth 10 72 draft rows (two words in the head's own tree masks too).
+/// Random head: topk 2 / 4 / 8, 8..256 nodes (up to four ancestor words), and with topk 8
+/// and depth 10 72 draft rows (two words in the head's own tree masks too).
 #[test]
 fn random_tree_is_exact_batch1_and_batch4() {
     let target = Model::open(fixture("llama3_scaled_untied")).unwrap();
@@ -295,6 +295,7 @@ fn random_tree_is_exact_batch1_and_batch4() {
         (5, 4, 60, 4, 16),
         (10, 8, 100, 1, 16),
         (10, 8, 100, 4, 12),
+        (8, 8, 256, 2, 12),
     ] {
         let cfg = spec_cfg(
             &fixture("llama3_scaled_untied"),
