@@ -12,8 +12,8 @@ use specc_models::dflash::DFlashSpec;
 use specc_models::eagle3::Eagle3Spec;
 use specc_models::spec_step::{
     lower_ddtree_step, lower_decode_step, lower_dflash_prefill, lower_dflash_step,
-    lower_draft_model_step, lower_eagle3_prefill, lower_eagle3_step, lower_target_prefill,
-    StepShape, DRAFT_PREFIX,
+    lower_draft_model_step, lower_eagle3_prefill, lower_eagle3_step, lower_eagle3_tree_step,
+    lower_target_prefill, StepShape, DRAFT_PREFIX,
 };
 use specc_models::{lower_dense_prefixed, Acceptance, Model, TreeKnobs};
 
@@ -72,6 +72,22 @@ fn graphs() -> Vec<(String, Graph, Bindings)> {
                     out.push((
                         format!("ddtree step budget {budget} B={lanes}"),
                         lower_ddtree_step(target.spec(), &dflash, &shape, tree).unwrap(),
+                        bind.clone(),
+                    ));
+                }
+                // EAGLE-3 trees: topk 2 / 8 nodes (depth 3), and depth 10 topk 8 with 100
+                // nodes (two ancestor words in verify and 72 draft rows in the head).
+                for (depth, topk, budget) in [(3, 2, 8), (10, 8, 100)] {
+                    let tree = TreeKnobs { budget, topk };
+                    let deep = StepShape {
+                        num_steps: depth,
+                        ..shape.clone()
+                    };
+                    out.push((
+                        format!(
+                            "eagle3 tree step depth {depth} topk {topk} nodes {budget} B={lanes}"
+                        ),
+                        lower_eagle3_tree_step(target.spec(), &eagle, &deep, tree).unwrap(),
                         bind.clone(),
                     ));
                 }
@@ -183,6 +199,11 @@ fn shipped_graphs() -> Vec<(String, Graph, Bindings)> {
             step.clone(),
         ),
         (
+            "default: eagle3 tree step".into(),
+            eagle3_tree_step(&dflt),
+            step.clone(),
+        ),
+        (
             "default: decode step".into(),
             lower_decode_step(dflt.spec(), &plain).unwrap(),
             step.clone(),
@@ -237,11 +258,20 @@ fn ddtree_step(target: &Model) -> Graph {
     specc_models::SpecBundle::open(target, &cfg).unwrap().step
 }
 
+/// The trained EAGLE-3 head as a draft tree (models/default/spec.eagle3-tree.toml).
+fn eagle3_tree_step(target: &Model) -> Graph {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/default");
+    let cfg = specc_models::SpecConfig::from_file(&root.join("spec.eagle3-tree.toml")).unwrap();
+    assert!(cfg.tree.is_some(), "topk > 1");
+    specc_models::SpecBundle::open(target, &cfg).unwrap().step
+}
+
 /// Kernels only a DDTree step has: the tree ops, the tree commit, attention with
 /// multi-word masks and RoPE with separate cache slots.
 fn tree_kernel(name: &str) -> bool {
     [
         "tree_build",
+        "tree_select",
         "tree_accept",
         "kv_move",
         "attn_split",
@@ -282,8 +312,9 @@ fn every_step_kernel_compiles_for_every_arch() {
             &[Arch::Sm90a]
         };
         for l in plan.launches {
-            // The DDTree step's own kernels (every arch); the rest as the DFlash step's.
-            let archs = if name.contains("ddtree") && tree_kernel(&l.kernel.name) {
+            // The tree steps' own kernels (every arch); the rest as the DFlash step's.
+            let tree_step = name.contains("ddtree") || name.contains("eagle3 tree");
+            let archs = if tree_step && tree_kernel(&l.kernel.name) {
                 &Arch::ALL[..]
             } else {
                 archs

@@ -414,6 +414,43 @@ pub(crate) fn infer(op: &Op, a: &[&TensorType]) -> R {
                 ]),
             ))
         }
+        Op::TreeSelect { nodes } => {
+            let (sc, tok, par, root) = (a[0], a[1], a[2], a[3]);
+            if sc.dtype != DType::F32 {
+                return Err(format!("tree_select scores must be f32, got {sc}"));
+            }
+            rank(sc, 2, "tree_select scores")?;
+            int(tok, "tree_select tokens")?;
+            int(par, "tree_select parents")?;
+            int(root, "tree_select root")?;
+            if tok.shape != sc.shape || par.shape != sc.shape {
+                return Err(format!(
+                    "tree_select tokens {tok} and parents {par} must have the scores' shape {sc}"
+                ));
+            }
+            rank(root, 1, "tree_select root")?;
+            same_dim(root.shape.0[0], sc.shape.0[0], "tree_select batch")?;
+            match sc.shape.0[1].as_static() {
+                Some(c) if (1..=crate::op::MAX_TREE_CANDIDATES).contains(&c) => {}
+                _ => {
+                    return Err(format!(
+                        "tree_select candidates must be static, 1..={}: {sc}",
+                        crate::op::MAX_TREE_CANDIDATES
+                    ))
+                }
+            }
+            if !(2..=crate::op::MAX_TREE_NODES).contains(nodes) {
+                return Err(format!(
+                    "tree_select nodes {nodes} out of 2..={}",
+                    crate::op::MAX_TREE_NODES
+                ));
+            }
+            let w = crate::op::tree_words(*nodes);
+            Ok(tt(
+                DType::I64,
+                Shape(vec![sc.shape.0[0], Dim::Static(*nodes), Dim::Static(3 + w)]),
+            ))
+        }
         Op::TreeAccept { max_depth } => {
             let (tree, target) = (a[0], a[1]);
             rank(tree, 3, "tree_accept tree")?;

@@ -239,6 +239,19 @@ pub enum Op {
     /// (0..=max_depth), bonus = `target[b, path_a]`, `path_i` = the node at depth `i` for
     /// `i ≤ a` (`path_0 = 0`) and `path_a` repeated after it.
     TreeAccept { max_depth: u64 },
+    /// `(scores f32[B, C], tokens int[B, C], parents int[B, C], root int[B])
+    /// -> i64[B, N, 3 + W]`, N = `nodes`, W = ceil(N / 64): an EAGLE-2/3 draft tree of the
+    /// best `min(N − 1, C)` candidates, in `tree_build`'s row format. Candidate `c` has a
+    /// cumulative score, a token and `parents[b, c]`, its parent's candidate index (< 0:
+    /// the root). Best = highest score (NaN counts as -inf), then lowest index. Node 0 is
+    /// the root (token `root[b]`, parent −1, depth 0, bit 0); nodes 1.. are the selected
+    /// candidates in ascending candidate index. A node's parent is 0 when `parents < 0`,
+    /// the parent's node when the parent candidate has a lower index and is selected, and
+    /// otherwise −1 (detached: depth 0, no walk reaches it or its subtree); depth = the
+    /// parent's + 1, ancestors = the parent's | bit `i`. Nodes past the selection are
+    /// padding as in `tree_build`. When every candidate's score is ≤ its parent's and
+    /// parents have lower indices, the selection is prefix-closed (nothing is detached).
+    TreeSelect { nodes: u64 },
     /// `(logits[..., E], bias? f32[E]) -> f32[..., E]`: dense expert gates, zero for
     /// experts not selected. Scores `s` = softmax or sigmoid of logits (f32); groups of
     /// `E / n_group` experts ranked by their top-2 `s + bias` sum, the best `topk_group`
@@ -306,6 +319,7 @@ impl Op {
             Op::AcceptChain => ("accept_chain", Exact(2), true, false),
             Op::TreeBuild { .. } => ("tree_build", Exact(3), true, false),
             Op::TreeAccept { .. } => ("tree_accept", Exact(2), true, false),
+            Op::TreeSelect { .. } => ("tree_select", Exact(4), true, false),
             Op::MoeRoute { .. } => ("moe_route", Range(1, 2), true, false),
             Op::MoeExperts => ("moe_experts", Exact(5), true, false),
             Op::AllReduce => ("all_reduce", Exact(1), false, false),
@@ -446,3 +460,6 @@ pub fn tree_words(nodes: u64) -> u64 {
 
 /// Largest `tree_build` budget (nodes per sequence).
 pub const MAX_TREE_NODES: u64 = 256;
+
+/// Most `tree_select` candidates per sequence (the CUDA kernel ranks them in shared memory).
+pub const MAX_TREE_CANDIDATES: u64 = 4096;

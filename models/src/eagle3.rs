@@ -155,6 +155,25 @@ pub fn fc(g: &mut Graph, e: &Eagle3Spec, taps: ValueId) -> Result<ValueId, IrErr
     g.add(Op::MatMul, &[taps, wt])
 }
 
+/// How the head's attention reads its KV cache.
+#[derive(Clone, Copy, Debug)]
+pub enum HeadAttn {
+    /// Pair `t` writes slot `positions[t]` and attends slots `0..=positions[t]`.
+    Causal,
+    /// Draft-tree rows: pair `t` (RoPE at `positions[t]`) writes slot `slots[t]` and
+    /// attends slots `0..prefix_len` plus `prefix_len + u` for the bits `u` of its
+    /// `ancestors` row (`i64[B, t, W]`, itself included). The queries are padded with
+    /// `query_rows − t` empty rows (slot −1, no bits) so that bits up to `query_rows − 1`
+    /// count (`AttnMask::Tree` reads bits below the query count only); their outputs are
+    /// dropped.
+    Tree {
+        slots: ValueId,
+        prefix_len: ValueId,
+        ancestors: ValueId,
+        query_rows: u64,
+    },
+}
+
 /// The head's decoder layer over pairs `(g, token embedding)` at `positions`, writing its
 /// own KV cache. Returns the pre-norm output `[B, t, H]` (the next chained step's `g`).
 pub fn midlayer(
@@ -163,6 +182,18 @@ pub fn midlayer(
     emb: ValueId,
     gin: ValueId,
     positions: ValueId,
+) -> Result<ValueId, IrError> {
+    midlayer_masked(g, e, emb, gin, positions, HeadAttn::Causal)
+}
+
+/// [`midlayer`] under any [`HeadAttn`].
+pub fn midlayer_masked(
+    g: &mut Graph,
+    e: &Eagle3Spec,
+    emb: ValueId,
+    gin: ValueId,
+    positions: ValueId,
+    attn: HeadAttn,
 ) -> Result<ValueId, IrError> {
     let s = &e.layer;
     let (h, hd, nq, nkv) = (s.hidden, s.head_dim, s.heads, s.kv_heads);
@@ -212,15 +243,69 @@ pub fn midlayer(
     );
     let kc = g.state(&format!("{EAGLE_PREFIX}kv.0.k"), cache_ty.clone())?;
     let vc = g.state(&format!("{EAGLE_PREFIX}kv.0.v"), cache_ty)?;
-    let kc = g.add(Op::KvWrite, &[kc, k, positions])?;
-    let vc = g.add(Op::KvWrite, &[vc, v, positions])?;
-    let o = g.add(
-        Op::Attention {
-            scale: 1.0 / (hd as f64).sqrt(),
-            mask: AttnMask::Causal,
-        },
-        &[q, kc, vc, positions],
-    )?;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let o = match attn {
+        HeadAttn::Causal => {
+            let kc = g.add(Op::KvWrite, &[kc, k, positions])?;
+            let vc = g.add(Op::KvWrite, &[vc, v, positions])?;
+            g.add(
+                Op::Attention {
+                    scale,
+                    mask: AttnMask::Causal,
+                },
+                &[q, kc, vc, positions],
+            )?
+        }
+        HeadAttn::Tree {
+            slots,
+            prefix_len,
+            ancestors,
+            query_rows,
+        } => {
+            let kc = g.add(Op::KvWrite, &[kc, k, slots])?;
+            let vc = g.add(Op::KvWrite, &[vc, v, slots])?;
+            let rows = td.as_static().expect("draft-tree rows are static");
+            let pad = query_rows.saturating_sub(rows);
+            let (q, slots, ancestors) = if pad == 0 {
+                (q, slots, ancestors)
+            } else {
+                let fill = |g: &mut Graph, like: ValueId, value: f64| {
+                    let mut dims = g.ty(like).shape.dims().to_vec();
+                    dims[1] = Dim::Static(pad);
+                    let ty = TensorType::new(g.ty(like).dtype, dims);
+                    g.add(Op::Fill { value, ty }, &[])
+                };
+                let cat = |g: &mut Graph, x: ValueId, value: f64| {
+                    let p = fill(g, x, value)?;
+                    g.add(Op::Concat { axis: 1 }, &[x, p])
+                };
+                (
+                    cat(g, q, 0.0)?,
+                    cat(g, slots, -1.0)?,
+                    cat(g, ancestors, 0.0)?,
+                )
+            };
+            let o = g.add(
+                Op::Attention {
+                    scale,
+                    mask: AttnMask::Tree,
+                },
+                &[q, kc, vc, slots, prefix_len, ancestors],
+            )?;
+            if pad == 0 {
+                o
+            } else {
+                g.add(
+                    Op::Slice {
+                        axis: 1,
+                        start: 0,
+                        len: rows,
+                    },
+                    &[o],
+                )?
+            }
+        }
+    };
     let o = g.add(
         Op::Reshape {
             shape: Shape::new([bd, td, Dim::from(nq * hd)]),
@@ -242,14 +327,25 @@ pub fn midlayer(
     g.add(Op::Binary(BinaryOp::Add), &[x, m])
 }
 
-/// Greedy next token (in TARGET ids) from the head's pre-norm output `[B, t, H]`:
-/// `norm → lm_head → argmax → d2t`.
-pub fn next_token(g: &mut Graph, e: &Eagle3Spec, out: ValueId) -> Result<ValueId, IrError> {
+/// f32 draft logits `[B, t, draft_vocab]` from the head's pre-norm output `[B, t, H]`:
+/// `norm → lm_head`.
+pub fn draft_logits(g: &mut Graph, e: &Eagle3Spec, out: ValueId) -> Result<ValueId, IrError> {
     let h = norm(g, e, out, "norm.weight")?;
     let lm = w(g, e, "lm_head.weight", &[e.draft_vocab, e.hidden()])?;
     let logits = g.add(Op::MatMul, &[h, lm])?;
-    let logits = g.add(Op::Cast { to: DType::F32 }, &[logits])?;
+    g.add(Op::Cast { to: DType::F32 }, &[logits])
+}
+
+/// Greedy next token (in TARGET ids) from the head's pre-norm output `[B, t, H]`:
+/// `norm → lm_head → argmax → d2t`.
+pub fn next_token(g: &mut Graph, e: &Eagle3Spec, out: ValueId) -> Result<ValueId, IrError> {
+    let logits = draft_logits(g, e, out)?;
     let draft_id = g.add(Op::Argmax, &[logits])?;
+    to_target(g, e, draft_id)
+}
+
+/// Draft ids (i32, any shape) mapped to target ids: `id + d2t[id]`.
+pub fn to_target(g: &mut Graph, e: &Eagle3Spec, draft_id: ValueId) -> Result<ValueId, IrError> {
     let d2t = g.weight(
         &format!("{EAGLE_PREFIX}d2t"),
         TensorType::new(DType::I64, [Dim::from(e.draft_vocab)]),

@@ -10,10 +10,11 @@ use crate::checkpoint::Checkpoint;
 use crate::dflash::{DFlashSpec, DFLASH_PREFIX};
 use crate::eagle3::{Eagle3Spec, EAGLE_PREFIX};
 use crate::error::ModelError;
-use crate::spec_config::{Method, SpecConfig, TreeKnobs};
+use crate::spec_config::{eagle_tree_margin, Method, SpecConfig, TreeKnobs};
 use crate::spec_step::{
     lower_ddtree_step, lower_dflash_prefill, lower_dflash_step, lower_draft_model_step,
-    lower_eagle3_prefill, lower_eagle3_step, lower_target_prefill, StepShape, DRAFT_PREFIX,
+    lower_eagle3_prefill, lower_eagle3_step, lower_eagle3_tree_step, lower_target_prefill,
+    StepShape, DRAFT_PREFIX,
 };
 use crate::{lower_dense_prefixed, Model};
 
@@ -34,7 +35,7 @@ pub struct SpecBundle {
     pub draft_prefill: Graph,
     pub step: Graph,
     pub shape: StepShape,
-    /// The draft tree's knobs (`method = "ddtree"`).
+    /// The draft tree's knobs (`method = "ddtree"`, or `"eagle3"` with `topk > 1`).
     pub tree: Option<TreeKnobs>,
 }
 
@@ -133,8 +134,12 @@ impl SpecBundle {
             }
             Method::Eagle3 => {
                 let eagle = Eagle3Spec::from_dir(&dir, target.spec())?;
-                let step = lower_eagle3_step(target.spec(), &eagle, &shape)
-                    .map_err(|e| lower_err("eagle3 step", e))?;
+                let step = match cfg.tree {
+                    Some(tree) => lower_eagle3_tree_step(target.spec(), &eagle, &shape, tree)
+                        .map_err(|e| lower_err("eagle3 tree step", e))?,
+                    None => lower_eagle3_step(target.spec(), &eagle, &shape)
+                        .map_err(|e| lower_err("eagle3 step", e))?,
+                };
                 let draft_prefill = lower_eagle3_prefill(target.spec(), &eagle)
                     .map_err(|e| lower_err("eagle3 prefill", e))?;
                 let target_prefill = lower_target_prefill(target.spec(), &eagle.taps)
@@ -152,7 +157,7 @@ impl SpecBundle {
                     draft_prefill,
                     step,
                     shape,
-                    tree: None,
+                    tree: cfg.tree,
                 }
             }
             Method::DFlash | Method::DDTree => {
@@ -227,17 +232,19 @@ impl SpecBundle {
         Ok(out)
     }
 
-    /// k: draft tokens per step (a tree's depth for DDTree).
+    /// k: draft tokens per step (a tree's depth for DDTree and EAGLE-3 trees).
     pub fn num_steps(&self) -> usize {
         self.shape.num_steps as usize
     }
 
-    /// Tokens one verify writes past `len` minus one: the context margin the host keeps
-    /// (`k` for chains and blocks, `budget − 1` for trees).
+    /// Cache slots one step writes past `len`, minus one: the context margin the host keeps
+    /// (`k` for chains and blocks, `budget − 1` for DDTree, and for EAGLE-3 trees the
+    /// larger of `num_draft_tokens − 1` and the head's `(depth − 1) · topk` draft rows).
     pub fn verify_margin(&self) -> usize {
-        match self.tree {
-            Some(t) => t.budget as usize - 1,
-            None => self.num_steps(),
+        match (self.method, self.tree) {
+            (Method::Eagle3, Some(t)) => eagle_tree_margin(self.shape.num_steps as u32, t),
+            (_, Some(t)) => t.budget as usize - 1,
+            (_, None) => self.num_steps(),
         }
     }
 

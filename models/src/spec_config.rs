@@ -9,7 +9,9 @@
 //! batch_buckets = [1, 4]    # one captured step graph per bucket
 //! max_context = 512         # KV slots per sequence
 //! budget = 64               # ddtree only: draft-tree nodes verified per step, 16..=256
-//! topk = 8                  # ddtree only: candidate tokens per depth, 1..=64
+//! topk = 8                  # ddtree: candidate tokens per depth, 1..=64;
+//!                           # eagle3: children per frontier node, 1..=16 (> 1: a tree)
+//! num_draft_tokens = 32     # eagle3 with topk > 1: tree nodes verified, the root included
 //!
 //! [acceptance]
 //! mode = "greedy"           # greedy | sample
@@ -54,6 +56,21 @@ pub const MAX_TREE_BUDGET: u32 = 256;
 pub const MAX_TREE_TOPK: u32 = 64;
 pub const DEFAULT_TREE_BUDGET: u32 = 64;
 pub const DEFAULT_TREE_TOPK: u32 = 8;
+/// EAGLE-3 trees: `topk` children per frontier node (1 = the chain).
+pub const MAX_EAGLE_TOPK: u32 = 16;
+/// EAGLE-3 trees: default `num_draft_tokens` (capped at the candidates + 1).
+pub const DEFAULT_EAGLE_TREE_NODES: u32 = 32;
+
+/// Candidates of an EAGLE-3 tree of `depth` levels: `topk` at depth 1, `topk²` below.
+pub fn eagle_tree_candidates(depth: u32, topk: u32) -> u64 {
+    topk as u64 + (depth as u64 - 1) * (topk as u64).pow(2)
+}
+
+/// Cache slots an EAGLE-3 tree step writes past `len`, minus one: the verify's
+/// `num_draft_tokens − 1` or the head's `(depth − 1) · topk` draft rows.
+pub fn eagle_tree_margin(depth: u32, tree: TreeKnobs) -> usize {
+    (tree.budget as usize - 1).max((depth as usize - 1) * tree.topk as usize)
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -85,6 +102,7 @@ struct RawSpec {
     acceptance: Option<RawAcceptance>,
     budget: Option<u32>,
     topk: Option<u32>,
+    num_draft_tokens: Option<u32>,
 }
 
 /// Acceptance rule with its knobs.
@@ -114,7 +132,8 @@ pub struct SpecConfig {
     pub batch_buckets: Vec<u32>,
     pub max_context: Option<u64>,
     pub acceptance: Acceptance,
-    /// `Some` exactly when `method = "ddtree"`.
+    /// `Some` exactly when `method = "ddtree"`, or `method = "eagle3"` with `topk > 1`
+    /// (then `budget` = `num_draft_tokens`).
     pub tree: Option<TreeKnobs>,
 }
 
@@ -217,14 +236,31 @@ impl SpecConfig {
                 ));
             }
             Some(TreeKnobs { budget, topk })
+        } else if raw.method == Method::Eagle3 {
+            if let Some(v) = raw.budget {
+                let msg = "absent unless method = \"ddtree\" (eagle3 trees: num_draft_tokens)";
+                return Err(field(file, "budget", msg, v));
+            }
+            eagle_tree_knobs(file, num_steps, raw.topk, raw.num_draft_tokens)?
         } else {
-            for (key, v) in [("budget", raw.budget), ("topk", raw.topk)] {
+            for (key, v) in [
+                ("budget", raw.budget),
+                ("topk", raw.topk),
+                ("num_draft_tokens", raw.num_draft_tokens),
+            ] {
                 if let Some(v) = v {
-                    return Err(field(file, key, "absent unless method = \"ddtree\"", v));
+                    let msg = "absent unless method = \"ddtree\" or \"eagle3\"";
+                    return Err(field(file, key, msg, v));
                 }
             }
             None
         };
+        if raw.method == Method::DDTree {
+            if let Some(v) = raw.num_draft_tokens {
+                let msg = "absent with method = \"ddtree\" (its tree size is `budget`)";
+                return Err(field(file, "num_draft_tokens", msg, v));
+            }
+        }
         let mut buckets = raw.batch_buckets.unwrap_or_else(|| vec![1]);
         if buckets.is_empty() || buckets.iter().any(|&b| b == 0 || b > MAX_BUCKET) {
             return Err(field(
@@ -237,9 +273,16 @@ impl SpecConfig {
         buckets.sort_unstable();
         buckets.dedup();
         if let Some(c) = raw.max_context {
-            let (width, what) = match tree {
-                Some(t) => (t.budget, format!("budget = {}", t.budget)),
-                None => (num_steps, format!("num_steps = {num_steps}")),
+            let (width, what) = match (raw.method, tree) {
+                (Method::Eagle3, Some(t)) => (
+                    eagle_tree_margin(num_steps, t) as u32 + 1,
+                    format!(
+                        "num_draft_tokens = {}, topk = {}, num_steps = {num_steps}",
+                        t.budget, t.topk
+                    ),
+                ),
+                (_, Some(t)) => (t.budget, format!("budget = {}", t.budget)),
+                (_, None) => (num_steps, format!("num_steps = {num_steps}")),
             };
             if c < 2 * (width as u64 + 2) {
                 return Err(field(
@@ -271,6 +314,14 @@ impl SpecConfig {
                         file,
                         "acceptance.mode",
                         "\"greedy\" with method = \"ddtree\" (sampled tree acceptance is not implemented)",
+                        "\"sample\"",
+                    ))
+                }
+                AcceptMode::Sample if raw.method == Method::Eagle3 && tree.is_some() => {
+                    return Err(field(
+                        file,
+                        "acceptance.mode",
+                        "\"greedy\" with method = \"eagle3\" and topk > 1 (sampled tree acceptance is not implemented)",
                         "\"sample\"",
                     ))
                 }
@@ -318,6 +369,16 @@ impl SpecConfig {
         })
     }
 
+    /// Cache slots one step writes past `len`, minus one: the context margin the host
+    /// keeps (`k` for chains and blocks, `budget − 1` for DDTree, [`eagle_tree_margin`]).
+    pub fn verify_margin(&self) -> usize {
+        match (self.method, self.tree) {
+            (Method::Eagle3, Some(t)) => eagle_tree_margin(self.num_steps, t),
+            (_, Some(t)) => t.budget as usize - 1,
+            (_, None) => self.num_steps as usize,
+        }
+    }
+
     /// Checks the draft against the target for this method; errors name the spec key.
     pub fn check_draft(&self, target: &ModelSpec, draft: &ModelSpec) -> Result<(), ModelError> {
         if self.method == Method::DraftModel && draft.vocab != target.vocab {
@@ -330,6 +391,44 @@ impl SpecConfig {
         }
         Ok(())
     }
+}
+
+/// `topk` / `num_draft_tokens` of `method = "eagle3"`: `None` for the chain (topk = 1).
+fn eagle_tree_knobs(
+    file: &Path,
+    depth: u32,
+    topk: Option<u32>,
+    nodes: Option<u32>,
+) -> Result<Option<TreeKnobs>, ModelError> {
+    let topk = topk.unwrap_or(1);
+    if !(1..=MAX_EAGLE_TOPK).contains(&topk) {
+        let msg = format!("children per frontier node in 1..={MAX_EAGLE_TOPK} (1 = chain)");
+        return Err(field(file, "topk", &msg, topk));
+    }
+    if topk == 1 {
+        if let Some(n) = nodes {
+            let msg = "absent when topk = 1 (a chain verifies num_steps + 1 tokens)";
+            return Err(field(file, "num_draft_tokens", msg, n));
+        }
+        return Ok(None);
+    }
+    let candidates = eagle_tree_candidates(depth, topk);
+    if candidates > specc_ir::op::MAX_TREE_CANDIDATES {
+        let msg = format!(
+            "topk + (num_steps - 1) * topk^2 <= {} candidates (topk = {topk})",
+            specc_ir::op::MAX_TREE_CANDIDATES
+        );
+        return Err(field(file, "num_steps", &msg, depth));
+    }
+    let most = (candidates + 1).min(MAX_TREE_BUDGET as u64) as u32;
+    let n = nodes.unwrap_or(DEFAULT_EAGLE_TREE_NODES.min(most));
+    if !(2..=most).contains(&n) {
+        let msg = format!(
+            "tree nodes verified, the root included, in 2..={most} (at most 1 + topk + (num_steps - 1) * topk^2 and {MAX_TREE_BUDGET})"
+        );
+        return Err(field(file, "num_draft_tokens", &msg, n));
+    }
+    Ok(Some(TreeKnobs { budget: n, topk }))
 }
 
 fn line_col(text: &str, offset: usize) -> (usize, usize) {

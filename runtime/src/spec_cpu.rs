@@ -22,6 +22,10 @@ pub enum DraftKind {
     /// An EAGLE-3 head: its prefill reads (target taps, next token) pairs; `taps_width`
     /// is 3 × hidden.
     Eagle3 { taps_width: usize },
+    /// An EAGLE-3 draft tree (topk > 1): primed like `Eagle3`; `depth` = `num_steps`, the
+    /// most draft tokens one step accepts (the graphs' `num_steps` is then the context
+    /// margin, `SpecBundle::verify_margin`).
+    Eagle3Tree { taps_width: usize, depth: usize },
     /// A DFlash drafter: its prefill writes the context of every prompt position (target
     /// taps, `taps_width` = n_tap × hidden) into its KV cache.
     DFlash { taps_width: usize },
@@ -49,8 +53,17 @@ impl SpecGraphs<'_> {
     /// The most draft tokens one step accepts (the acceptance histogram spans `0..=` it).
     pub fn max_accept(&self) -> usize {
         match self.kind {
-            DraftKind::DDTree { depth, .. } => depth,
+            DraftKind::DDTree { depth, .. } | DraftKind::Eagle3Tree { depth, .. } => depth,
             _ => self.num_steps,
+        }
+    }
+
+    /// EAGLE-3 priming: (taps width, pending pairs − 1 = the chain's k or the tree's depth).
+    pub fn eagle_priming(&self) -> Option<(usize, usize)> {
+        match self.kind {
+            DraftKind::Eagle3 { taps_width } => Some((taps_width, self.num_steps)),
+            DraftKind::Eagle3Tree { taps_width, depth } => Some((taps_width, depth)),
+            _ => None,
         }
     }
 
@@ -170,7 +183,8 @@ impl<'a> SpecCpuSession<'a> {
             DraftKind::Model => {
                 self.run(self.graphs.draft_prefill, t as u64, inputs)?;
             }
-            DraftKind::Eagle3 { taps_width } => {
+            DraftKind::Eagle3 { .. } | DraftKind::Eagle3Tree { .. } => {
+                let (taps_width, k) = self.graphs.eagle_priming().expect("an EAGLE-3 draft");
                 let taps = out.get("taps").ok_or(RuntimeError::MissingOutput("taps"))?;
                 let taps = taps.as_f32()?.to_vec();
                 let prime = admission::eagle_prime(prompts, &first, t, k);

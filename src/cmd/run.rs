@@ -40,10 +40,7 @@ pub fn run(
     }
     ids.extend(codec.encode(prompt)?);
     // Cache slots one verify writes past the sequence, minus one.
-    let k = cfg.as_ref().map_or(0, |c| match c.tree {
-        Some(t) => t.budget as usize - 1,
-        None => c.num_steps as usize,
-    });
+    let k = cfg.as_ref().map_or(0, SpecConfig::verify_margin);
     if ids.len() + k + 3 > r.max_context as usize {
         bail!(
             "--prompt: {} tokens (+{} for drafting) exceed the maximum context of {} tokens",
@@ -54,6 +51,10 @@ pub fn run(
     }
     let label = match &cfg {
         Some(c) => match c.tree {
+            Some(t) if c.method == Method::Eagle3 => format!(
+                "{backend:?}, {:?} tree depth={} num_draft_tokens={} topk={}",
+                c.method, c.num_steps, t.budget, t.topk
+            ),
             Some(t) => format!(
                 "{backend:?}, {:?} depth={} budget={} topk={}",
                 c.method, c.num_steps, t.budget, t.topk
@@ -153,6 +154,10 @@ pub fn run(
 pub(crate) fn draft_kind(b: &SpecBundle) -> DraftKind {
     match &b.draft {
         DraftSide::Model(_) => DraftKind::Model,
+        DraftSide::Eagle3(e) if b.tree.is_some() => DraftKind::Eagle3Tree {
+            taps_width: 3 * e.hidden(),
+            depth: b.num_steps(),
+        },
         DraftSide::Eagle3(e) => DraftKind::Eagle3 {
             taps_width: 3 * e.hidden(),
         },

@@ -35,7 +35,7 @@
 //! | moe_route | f32 throughout (see `moe.rs`) | f32 result |
 //! | moe_experts | per expert: gate/up/down as matmul, activation as silu_mul; gate-weighted sum of expert outputs in f32, experts in index order | `R` per expert matmul and `R` of the final sum |
 //! | argmax, topk, sample, accept_chain | exact (NaN ranks lowest, ties to the lower index); sample's running sum is sequential f32 | i32 results |
-//! | tree_build, tree_accept | exact: scores are one f32 add per node (parent score + log-prob), ranked as documented on the op | i64 / i32 results |
+//! | tree_build, tree_accept, tree_select | exact: scores are one f32 add per node (parent score + log-prob), ranked as documented on the op | i64 / i32 results |
 //! | kv_move | copies, in order | none |
 //! | random_uniform | `splitmix64(seed ^ counter) >> 40` over `2^24` | exact |
 //! | all_reduce | identity (one rank) | none |
@@ -382,6 +382,7 @@ fn eval(op: &Op, a: &[&Tensor], out: &Out) -> OpResult {
         AcceptChain => spec_ops::accept_chain(a[0], a[1], out),
         TreeBuild { budget } => tree::tree_build(a[0], a[1], a[2], *budget as usize, out),
         TreeAccept { max_depth } => tree::tree_accept(a[0], a[1], *max_depth as usize, out),
+        TreeSelect { nodes } => tree::tree_select(a[0], a[1], a[2], a[3], *nodes as usize, out),
         MoeRoute {
             top_k,
             scoring,

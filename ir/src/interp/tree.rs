@@ -1,5 +1,6 @@
-//! Draft trees (DDTree): `tree_build` (best-first expansion over rank paths) and
-//! `tree_accept` (the greedy walk). The op docs in `op.rs` are the specification.
+//! Draft trees: `tree_build` (DDTree's best-first expansion over rank paths),
+//! `tree_select` (EAGLE-2/3: the best candidates of a dynamic tree) and `tree_accept` (the
+//! greedy walk). The op docs in `op.rs` are the specification.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -140,6 +141,85 @@ pub(crate) fn tree_build(
     Ok(out.i64(res))
 }
 
+/// One sequence of `tree_select`: rows `[token, parent, depth, words..]` of `3 + W` values.
+fn select_one(sc: &[f32], tok: &[i64], par: &[i64], root: i64, n: usize) -> Vec<i64> {
+    let c = sc.len();
+    let cols = 3 + tree_words(n as u64) as usize;
+    let mut order: Vec<usize> = (0..c).collect();
+    // Best first: higher key, then lower index (a strict total order).
+    order.sort_by(|&x, &y| {
+        key(sc[y])
+            .partial_cmp(&key(sc[x]))
+            .unwrap_or(Ordering::Equal)
+            .then(x.cmp(&y))
+    });
+    let mut selected = vec![false; c];
+    for &i in order.iter().take((n - 1).min(c)) {
+        selected[i] = true;
+    }
+    let mut rows = vec![0i64; n * cols];
+    let set_bit = |row: &mut [i64], i: usize| row[3 + i / 64] |= (1u64 << (i % 64)) as i64;
+    let mut node_of = vec![-1i64; c];
+    let mut count = 0;
+    for i in 0..n {
+        // Root and padding rows: [root, -1, 0, bit i].
+        let row = &mut rows[i * cols..][..cols];
+        row[0] = root;
+        row[1] = -1;
+        set_bit(row, i);
+    }
+    for ci in (0..c).filter(|&ci| selected[ci]) {
+        count += 1;
+        let i = count;
+        node_of[ci] = i as i64;
+        let p = par[ci];
+        let parent = if p < 0 {
+            0
+        } else if (p as usize) < ci && selected[p as usize] {
+            node_of[p as usize]
+        } else {
+            -1
+        };
+        let (before, row) = rows.split_at_mut(i * cols);
+        let row = &mut row[..cols];
+        row[0] = tok[ci];
+        row[1] = parent;
+        if parent >= 0 {
+            let prow = &before[parent as usize * cols..][..cols];
+            row[2] = prow[2] + 1;
+            row[3..].copy_from_slice(&prow[3..]);
+        }
+        set_bit(row, i);
+    }
+    rows
+}
+
+pub(crate) fn tree_select(
+    scores: &Tensor,
+    tokens: &Tensor,
+    parents: &Tensor,
+    root: &Tensor,
+    nodes: usize,
+    out: &Out,
+) -> OpResult {
+    let sc = f32s(scores, "tree_select scores")?;
+    let tv = i64s(tokens, "tree_select tokens")?;
+    let pv = i64s(parents, "tree_select parents")?;
+    let rv = i64s(root, "tree_select root")?;
+    let (b, c) = (scores.shape[0], scores.shape[1]);
+    let mut res = Vec::with_capacity(b * nodes * (3 + tree_words(nodes as u64) as usize));
+    for bi in 0..b {
+        res.extend(select_one(
+            &sc[bi * c..][..c],
+            &tv[bi * c..][..c],
+            &pv[bi * c..][..c],
+            rv[bi],
+            nodes,
+        ));
+    }
+    Ok(out.i64(res))
+}
+
 pub(crate) fn tree_accept(tree: &Tensor, target: &Tensor, max_depth: usize, out: &Out) -> OpResult {
     let tv = i64s(tree, "tree_accept tree")?;
     let gv = i64s(target, "tree_accept target")?;
@@ -235,6 +315,76 @@ mod tests {
         assert_eq!(row(63)[3], -1);
         assert_eq!(row(63)[4], 0);
         assert_eq!(row(64)[4], 1);
+    }
+
+    fn select(sc: &[f32], tok: &[i64], par: &[i64], root: i64, nodes: u64) -> Vec<i64> {
+        let c = sc.len();
+        let r = run_op(
+            Op::TreeSelect { nodes },
+            vec![
+                tf(DType::F32, &[1, c], sc),
+                ti(DType::I32, &[1, c], tok),
+                ti(DType::I64, &[1, c], par),
+                ti(DType::I32, &[1], &[root]),
+            ],
+        );
+        assert_eq!(r.dtype, DType::I64);
+        r.as_i64().unwrap().to_vec()
+    }
+
+    /// Candidates (EAGLE layout, topk 2): depth 1 = c0 (-0.1), c1 (-0.9); depth 2 = the
+    /// children of c0: c2 (-0.3), c3 (-0.2), and of c1: c4 (-1.0), c5 (-2.0). The best 4:
+    /// c0, c3, c2, c1 → nodes 1..=4 in index order c0, c1, c2, c3.
+    #[test]
+    fn tree_select_best_by_score_in_index_order() {
+        let sc = [-0.1, -0.9, -0.3, -0.2, -1.0, -2.0];
+        let tok = [10, 11, 20, 21, 22, 23];
+        let par = [-1, -1, 0, 0, 1, 1];
+        let got = select(&sc, &tok, &par, 7, 5);
+        #[rustfmt::skip]
+        let want = [
+            7, -1, 0, 0b1,
+            10, 0, 1, 0b11,
+            11, 0, 1, 0b101,
+            20, 1, 2, 0b1011,
+            21, 1, 2, 0b10011,
+        ];
+        assert_eq!(got, want);
+        // Fewer candidates than nodes: padding rows after them.
+        let got = select(&sc[..2], &tok[..2], &par[..2], 7, 4);
+        assert_eq!(&got[8..], &[11, 0, 1, 0b101, 7, -1, 0, 0b1000]);
+    }
+
+    /// Ties go to the lower index, NaN ranks as -inf, and a child whose parent was not
+    /// selected (a score above its parent's) is detached; its child hangs below it.
+    #[test]
+    fn tree_select_ties_nan_and_detached() {
+        let sc = [0.0, 0.0, f32::NAN, 0.5, 0.5, -1.0];
+        let tok = [1, 2, 3, 4, 5, 6];
+        // c3's parent c2 (NaN) is not selected; c4's parent is c3; c5 under c0.
+        let par = [-1, -1, 1, 2, 3, 0];
+        let got = select(&sc, &tok, &par, 9, 6);
+        let rows: Vec<&[i64]> = got.chunks(4).collect();
+        // Order: c3, c4 (0.5, lower index first), c0, c1 (0.0), c5 (-1.0); c2 left out.
+        assert_eq!(rows[1], &[1, 0, 1, 0b11]);
+        assert_eq!(rows[2], &[2, 0, 1, 0b101]);
+        assert_eq!(rows[3], &[4, -1, 0, 0b1000], "c3 detached");
+        assert_eq!(rows[4], &[5, 3, 1, 0b11000], "c4 below the detached c3");
+        assert_eq!(rows[5], &[6, 1, 2, 0b100011]);
+    }
+
+    /// 100 nodes (two ancestor words) from a chain of candidates.
+    #[test]
+    fn tree_select_multi_word() {
+        let c = 120;
+        let sc: Vec<f32> = (0..c).map(|i| -(i as f32)).collect();
+        let tok: Vec<i64> = (0..c as i64).map(|i| 100 + i).collect();
+        let par: Vec<i64> = (0..c as i64).map(|i| i - 1).collect();
+        let got = select(&sc, &tok, &par, 5, 100);
+        let row = |i: usize| &got[i * 5..][..5];
+        assert_eq!(row(99)[..3], [198, 98, 99]);
+        assert_eq!(row(99)[3], -1);
+        assert_eq!(row(99)[4], (1i64 << 36) - 1);
     }
 
     fn accept(tree: &[i64], n: usize, target: &[i64], max_depth: u64) -> Vec<i64> {

@@ -480,6 +480,9 @@ fn build_op(
         "tree_accept" => Op::TreeAccept {
             max_depth: a.u64("max_depth")?,
         },
+        "tree_select" => Op::TreeSelect {
+            nodes: a.u64("nodes")?,
+        },
         "kv_move" => Op::KvMove,
         "moe_route" => Op::MoeRoute {
             top_k: a.u64("top_k")?,

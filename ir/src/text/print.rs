@@ -82,6 +82,7 @@ fn op_text(op: &Op) -> String {
         Op::TopK { k } => vec![("k", k.to_string())],
         Op::TreeBuild { budget } => vec![("budget", budget.to_string())],
         Op::TreeAccept { max_depth } => vec![("max_depth", max_depth.to_string())],
+        Op::TreeSelect { nodes } => vec![("nodes", nodes.to_string())],
         Op::RmsNorm { eps } => vec![("eps", fmt_f64(*eps))],
         Op::Rope {
             theta,

@@ -53,9 +53,10 @@ fn variant(op: &Op) -> usize {
         Op::TreeBuild { .. } => 32,
         Op::TreeAccept { .. } => 33,
         Op::KvMove => 34,
+        Op::TreeSelect { .. } => 35,
     }
 }
-const VARIANTS: usize = 35;
+const VARIANTS: usize = 36;
 
 /// A type-correct graph using every op, every op kind and every attribute enum value.
 fn every_op_graph() -> Result<Graph, IrError> {
@@ -234,6 +235,13 @@ fn every_op_graph() -> Result<Graph, IrError> {
     )?;
     let tree_target = g.input("tree_target", ty(DType::I32, &[B, s(70)]))?;
     g.add(Op::TreeAccept { max_depth: 3 }, &[tree, tree_target])?;
+    let sel_scores = g.input("sel_scores", ty(DType::F32, &[B, s(20)]))?;
+    let sel_tokens = g.input("sel_tokens", ty(DType::I32, &[B, s(20)]))?;
+    let sel_parents = g.input("sel_parents", ty(DType::I32, &[B, s(20)]))?;
+    g.add(
+        Op::TreeSelect { nodes: 9 },
+        &[sel_scores, sel_tokens, sel_parents, tree_root],
+    )?;
     let anc2 = g.input("ancestors2", ty(DType::I64, &[B, T, s(2)]))?;
     g.add(
         Op::Attention {

@@ -18,7 +18,8 @@
 //!   (NaN ranks as -inf, ties to the lower index), `reduce_max`, integer `reduce_sum`,
 //!   `sample` (the interpreter's sequential f32 running sum, see `cuda/generic.cuh`),
 //!   `random_uniform`, `accept_chain`, `tree_build` (f32 scores, one `__fadd_rn` per node),
-//!   `tree_accept`, `kv_move`, and float `add`/`sub`/`mul`/`div`/`max`/`min`/`rem`,
+//!   `tree_accept`, `tree_select` (f32 ranks, ties to the lower index), `kv_move`, and
+//!   float `add`/`sub`/`mul`/`div`/`max`/`min`/`rem`,
 //!   `neg`, `sqrt`, `recip` (one IEEE operation, rounded once to the result dtype).
 //! - To rounding: `exp`, `log`, `silu`, `sigmoid`, `silu_mul`, `softmax` (CUDA's `expf` /
 //!   `logf` are within 2 ulp of libm's) and the float sums of `reduce_sum`, `softmax`,
@@ -106,12 +107,13 @@ impl TensorArg {
 /// `copy`, `reshape` (as a copy), `assign`, `kv_write` and `kv_move` (in place: `output` must
 /// be at the state's location), `slice`, `concat`, `gather`, `embedding`, `reduce_sum`,
 /// `reduce_max`, `argmax`, `topk`, `softmax`, `sample`, `random_uniform`, `accept_chain`,
-/// `tree_build`, `tree_accept`, `rmsnorm`,
+/// `tree_build`, `tree_accept`, `tree_select`, `rmsnorm`,
 /// `matmul` (plain float weights). Leaves, `rope` and `attention` (their own families),
 /// MoE ops, `all_reduce` and quantised weights give [`Error::Unsupported`].
 ///
 /// The dtype in the kernel name: the result's for `fill`, `iota`, `silu_mul`, `cast` and
 /// `random_uniform`; the weight's for `matmul`; the log-probs' (f32) for `tree_build`;
+/// the scores' (f32) for `tree_select`;
 /// otherwise the first data operand's (the
 /// values of `select`, the table of `embedding`, the state of `kv_write` and `assign`).
 pub fn single(
@@ -148,6 +150,9 @@ pub fn single(
         Op::AcceptChain => rows::accept_chain(x(), &inputs[1], output),
         Op::TreeBuild { budget } => tree::tree_build(*budget, x(), &inputs[1], &inputs[2], output),
         Op::TreeAccept { max_depth } => tree::tree_accept(*max_depth, x(), &inputs[1], output),
+        Op::TreeSelect { nodes } => {
+            tree::tree_select(*nodes, x(), &inputs[1], &inputs[2], &inputs[3], output)
+        }
         Op::KvMove => tree::kv_move(x(), &inputs[1], &inputs[2], output),
         Op::RmsNorm { eps } => rows::rmsnorm(*eps, x(), &inputs[1], output)?,
         Op::MatMul => rows::matmul(x(), &inputs[1], output),

@@ -1,5 +1,7 @@
 //! Draft-tree ops: `tree_build` (one block per sequence; thread 0 runs the best-first
 //! expansion over a heap in shared memory, `tree_push` / `tree_pop` in `cuda/generic.cuh`),
+//! `tree_select` (one block per sequence; each thread ranks its candidates against all C,
+//! then thread 0 lays the selected ones out in index order),
 //! `tree_accept` (one thread per sequence walks the tree) and `kv_move` (one thread per
 //! 1–16-byte unit of a cache row and sequence, moving that unit of every listed row in
 //! order, so each unit sees the moves exactly as the interpreter's sequential loop does).
@@ -83,6 +85,92 @@ pub(super) fn tree_build(
         w.line("row[3 + i / 64] = (long long)(1ull << (i % 64));");
     });
     k.finish(row_launch(b, 32))
+}
+
+/// The best `min(N − 1, C)` candidates per sequence as a tree, exactly as the interpreter.
+pub(super) fn tree_select(
+    nodes: u64,
+    scores: &TensorArg,
+    tokens: &TensorArg,
+    parents: &TensorArg,
+    root: &TensorArg,
+    out: &TensorArg,
+) -> KernelSource {
+    let (b, c) = (scores.dims[0], scores.dims[1]);
+    let n = nodes;
+    let words = tree_words(n);
+    let mut k = Kernel::new("tree_select", scores.dtype);
+    k.ptr("sc_all", scores, false);
+    k.ptr("tok_all", tokens, false);
+    k.ptr("par_all", parents, false);
+    k.ptr("roots", root, false);
+    k.ptr("y_all", out, true);
+    let w = &mut k.body;
+    emit!(
+        w,
+        "constexpr int CN = {c}, N = {n}, W = {words}, COLS = 3 + W, S = N - 1 < CN ? N - 1 : CN;"
+    );
+    w.comment("node_of[c]: c's node once laid out; first 1 (selected) or 0 (not).");
+    w.line("__shared__ int node_of[CN];");
+    w.line("const long long b = blockIdx.x;");
+    w.line("const float* sc = sc_all + b * CN;");
+    w.for_block("int c = threadIdx.x", "c < CN", "c += blockDim.x", |w| {
+        w.line("const float kc = rank_key(sc[c]);");
+        w.line("int r = 0;");
+        w.for_block("int j = 0", "j < CN", "++j", |w| {
+            w.line("const float kj = rank_key(sc[j]);");
+            w.line("r += (kj > kc || (kj == kc && j < c)) ? 1 : 0;");
+        });
+        w.line("node_of[c] = r < S ? 1 : 0;");
+    });
+    w.line("__syncthreads();");
+    w.line("if (threadIdx.x != 0) return;");
+    emit!(
+        w,
+        "const {}* tok = tok_all + b * CN;",
+        super::c_type(tokens.dtype)
+    );
+    emit!(
+        w,
+        "const {}* par = par_all + b * CN;",
+        super::c_type(parents.dtype)
+    );
+    w.line("long long* y = y_all + b * (N * COLS);");
+    emit!(
+        w,
+        "const long long root = {};",
+        load(root.dtype, "roots[b]")
+    );
+    w.comment("root and padding rows: [root, -1, 0, bit i]");
+    w.for_block("int i = 0", "i < N", "++i", |w| {
+        w.line("long long* row = y + (long long)i * COLS;");
+        w.line("row[0] = root;");
+        w.line("row[1] = -1;");
+        w.line("row[2] = 0;");
+        w.line("for (int j = 0; j < W; ++j) row[3 + j] = 0;");
+        w.line("row[3 + i / 64] = (long long)(1ull << (i % 64));");
+    });
+    w.line("int count = 0;");
+    w.for_block("int c = 0", "c < CN", "++c", |w| {
+        w.if_block("node_of[c] == 0", |w| {
+            w.line("node_of[c] = -1;");
+            w.line("continue;");
+        });
+        w.line("const int i = ++count;");
+        w.line("node_of[c] = i;");
+        emit!(w, "const long long p = {};", load(parents.dtype, "par[c]"));
+        w.line("const long long parent = p < 0 ? 0 : (p < c && node_of[p] > 0 ? node_of[p] : -1);");
+        w.line("long long* row = y + (long long)i * COLS;");
+        emit!(w, "row[0] = {};", load(tokens.dtype, "tok[c]"));
+        w.line("row[1] = parent;");
+        w.if_block("parent >= 0", |w| {
+            w.line("const long long* prow = y + parent * COLS;");
+            w.line("row[2] = prow[2] + 1;");
+            w.line("for (int j = 0; j < W; ++j) row[3 + j] = prow[3 + j];");
+            w.line("row[3 + i / 64] |= (long long)(1ull << (i % 64));");
+        });
+    });
+    k.finish(row_launch(b, 256))
 }
 
 /// The greedy walk per sequence: `[a, bonus, path_0 .. path_D]`.

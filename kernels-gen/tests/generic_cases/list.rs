@@ -27,7 +27,7 @@ pub fn cases() -> Vec<Case> {
 }
 
 /// Draft trees: `tree_build` over random and special log-probs (NaN, ±inf, ties), at one and
-/// four ancestor words; `tree_accept` over a hand-built tree; `kv_move` with clamps,
+/// four ancestor words; `tree_select` over random parents; `tree_accept` over a hand-built tree; `kv_move` with clamps,
 /// negatives and chained moves.
 fn trees(v: &mut Vec<Case>) {
     for (label, l, k, n, vals) in [
@@ -70,6 +70,41 @@ fn trees(v: &mut Vec<Case>) {
                 opd(I64, &[4], Values::Int(0, 511)),
             ],
             (I64, &[4, n, 3 + words]),
+            Tol::Exact,
+        ));
+    }
+    // tree_select: random parents (some after their child or unselected: detached nodes),
+    // special scores, ties with fewer candidates than nodes (padding).
+    for (label, c, n, vals) in [
+        (
+            "tree_select [4,60] nodes 16",
+            60u64,
+            16u64,
+            Values::Float(3.0),
+        ),
+        (
+            "tree_select [4,300] nodes 256 special",
+            300,
+            256,
+            Values::Special,
+        ),
+        (
+            "tree_select [4,20] nodes 64 ties (padding)",
+            20,
+            64,
+            Values::Ties,
+        ),
+    ] {
+        v.push(case(
+            label,
+            Op::TreeSelect { nodes: n },
+            vec![
+                opd(F32, &[4, c], vals),
+                opd(I32, &[4, c], Values::Int(0, 511)),
+                opd(I64, &[4, c], Values::Int(-1, c as i64 - 1)),
+                opd(I32, &[4], Values::Int(0, 511)),
+            ],
+            (I64, &[4, n, 3 + n.div_ceil(64)]),
             Tol::Exact,
         ));
     }

@@ -123,7 +123,6 @@ pub fn lower_ddtree_step(
         "tree acceptance is greedy"
     );
     let (n, k) = (tree.budget as u64, tree.topk as u64);
-    let words = tree_words(n);
     let w = dflash.taps_width() as u64;
     let mut g = Graph::new("spec_step_ddtree");
     let mut b = Builder { g: &mut g };
@@ -152,28 +151,77 @@ pub fn lower_ddtree_step(
     let root = b.reshape(bonus_in, &[B])?;
     let tree_v = b.g.add(Op::TreeBuild { budget: n }, &[top, ids, root])?;
 
-    // 2. verify the tree.
-    let tokens = column(&mut b, tree_v, 0, n)?;
-    let depth = column(&mut b, tree_v, 2, n)?;
+    // 2.–4. verify, accept, commit.
+    let v = verify_tree(&mut b, &c, target, tree_v, n, &dflash.taps)?;
+    let t = accept_and_commit(&mut b, &c, shape, tree_v, v, l)?;
+    let mut commits = vec![(hidden, t.path_taps), (count, t.a1), (base, c.len)];
+    commits.extend(t.commits);
+    commit_all(&mut b, &commits)?;
+    Ok(g)
+}
+
+/// The target's verify of a built tree `[B, N, 3 + W]`: its tokens, the forward under the
+/// tree mask (RoPE at `len + depth`, cache slot `len + node`) with `taps`.
+pub(super) struct VerifiedTree {
+    tokens: ValueId,
+    forward: TreeVerify,
+}
+
+pub(super) fn verify_tree(
+    b: &mut Builder,
+    c: &Common,
+    target: &ModelSpec,
+    tree_v: ValueId,
+    n: u64,
+    taps: &[usize],
+) -> Result<VerifiedTree, IrError> {
+    let tokens = column(b, tree_v, 0, n)?;
+    let depth = column(b, tree_v, 2, n)?;
     let ancestors = b.g.add(
         Op::Slice {
             axis: 2,
             start: 3,
-            len: words,
+            len: tree_words(n),
         },
         &[tree_v],
     )?;
     let live_n = b.bcast_cols_bool(c.live, n)?;
-    let rope_pos = offset_or_neg(&mut b, c.len, depth, live_n, n)?;
+    let rope_pos = offset_or_neg(b, c.len, depth, live_n, n)?;
     let slots = b.positions(c.len, n, c.live)?;
     let mask = LayerMask::Tree {
         slots,
         prefix_len: c.len,
         ancestors,
     };
-    let v = tree_forward(b.g, target, tokens, rope_pos, mask, &dflash.taps)?;
+    let forward = tree_forward(b.g, target, tokens, rope_pos, mask, taps)?;
+    Ok(VerifiedTree { tokens, forward })
+}
 
-    // 3. accept: [a, bonus, path_0..path_L].
+/// What a tree step commits besides the method's own states.
+pub(super) struct TreeCommit {
+    /// Accepted nodes + 1 (`[B]`, also for dead lanes).
+    pub a1: ValueId,
+    /// The target taps along the accepted path, `[B, depth + 1, taps]`.
+    pub path_taps: ValueId,
+    /// Emitted tokens `[B, depth + 1]`: path tokens at depths `1..=a`, then the bonus.
+    pub emit_tokens: ValueId,
+    /// The common states' (state, new value) pairs.
+    pub commits: Vec<(ValueId, ValueId)>,
+}
+
+/// Greedy walk (`tree_accept`, at most `l` moves), then the commit: lengths, pending,
+/// emitted tokens, and the cache rows of the path moved from slot `n + path_d` to `n + d`
+/// (`kv_move`). Sets the `accepted`, `verify_tokens` and [`TREE`] outputs.
+pub(super) fn accept_and_commit(
+    b: &mut Builder,
+    c: &Common,
+    shape: &StepShape,
+    tree_v: ValueId,
+    v: VerifiedTree,
+    l: u64,
+) -> Result<TreeCommit, IrError> {
+    let (tokens, v) = (v.tokens, v.forward);
+    // accept: [a, bonus, path_0..path_L].
     let target_next = b.g.add(Op::Argmax, &[v.logits])?;
     let acc =
         b.g.add(Op::TreeAccept { max_depth: l }, &[tree_v, target_next])?;
@@ -183,7 +231,7 @@ pub fn lower_ddtree_step(
     let bonus = b.slice_cols(acc, 1, 1)?;
     let path = b.slice_cols(acc, 2, l + 1)?;
 
-    // 4. commit: lengths, pending, emitted tokens.
+    // commit: lengths, pending, emitted tokens.
     let a1 = b.bin(BinaryOp::Add, a, c.one_b)?;
     let a1_live = b.g.add(Op::Select, &[c.live, a1, c.zero_b])?;
     let new_len = b.bin(BinaryOp::Add, c.len, a1_live)?;
@@ -202,7 +250,7 @@ pub fn lower_ddtree_step(
     let bonus_flat = b.reshape(bonus, &[B])?;
     let bonus_cols = b.bcast_cols(bonus_flat, l + 1)?;
     let emit_tokens = b.g.add(Op::Select, &[is_bonus, bonus_cols, shifted])?;
-    let new_emitted = emit(&mut b, &c, shape.ring, emit_tokens, a1_live, io)?;
+    let new_emitted = emit(b, c, shape.ring, emit_tokens, a1_live, io)?;
 
     // Cache rows of path depths 1..=a: slot n + path_d → n + d (dead lanes: a1_live = 0).
     let zero_c = b.fill_i32(0, &[B, s(l + 1)])?;
@@ -213,19 +261,20 @@ pub fn lower_ddtree_step(
     let not_root = b.g.add(Op::Cast { to: DType::I32 }, &[not_root])?;
     let both = b.bin(BinaryOp::Mul, in_path, not_root)?;
     let moved = b.bin(BinaryOp::Lt, zero_c, both)?;
-    let src = offset_or_neg(&mut b, c.len, path, moved, l + 1)?;
-    let dst = offset_or_neg(&mut b, c.len, io, moved, l + 1)?;
+    let src = offset_or_neg(b, c.len, path, moved, l + 1)?;
+    let dst = offset_or_neg(b, c.len, io, moved, l + 1)?;
     for (kc, vc) in v.caches {
         b.g.add(Op::KvMove, &[kc, src, dst])?;
         b.g.add(Op::KvMove, &[vc, src, dst])?;
     }
 
-    // The path's taps are the drafter's next context rows.
+    // The path's taps: the drafter's next context rows.
+    let w = *b.g.ty(v.taps).shape.dims().last().expect("taps [B, N, W]");
     let path3 = b.reshape(path, &[B, s(l + 1), s(1)])?;
     let zeros_w = b.g.add(
         Op::Fill {
             value: 0.0,
-            ty: i32_ty(&[B, s(l + 1), s(w)]),
+            ty: i32_ty(&[B, s(l + 1), w]),
         },
         &[],
     )?;
@@ -235,16 +284,16 @@ pub fn lower_ddtree_step(
     b.g.set_output(ACCEPTED, a);
     b.g.set_output(VERIFY_TOKENS, tokens);
     b.g.set_output(TREE, tree_v);
-    let commits = vec![
-        (hidden, path_taps),
-        (count, a1),
-        (base, c.len),
-        (c.len, new_len),
-        (c.pending, new_pending),
-        (c.budget, new_budget),
-        (c.emitted, new_emitted),
-        (c.step, new_step),
-    ];
-    commit_all(&mut b, &commits)?;
-    Ok(g)
+    Ok(TreeCommit {
+        a1,
+        path_taps,
+        emit_tokens,
+        commits: vec![
+            (c.len, new_len),
+            (c.pending, new_pending),
+            (c.budget, new_budget),
+            (c.emitted, new_emitted),
+            (c.step, new_step),
+        ],
+    })
 }

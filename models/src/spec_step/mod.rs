@@ -32,6 +32,7 @@ use crate::config::ModelSpec;
 use crate::eagle3::{self, Eagle3Spec};
 use crate::lower::{decoder_layer, embed, lm_head, LayerNames};
 use crate::spec_config::Acceptance;
+use crate::spec_config::TreeKnobs;
 
 pub const LEN: &str = "spec.len";
 pub const PENDING: &str = "spec.pending";
@@ -471,100 +472,6 @@ pub fn lower_decode_step(target: &ModelSpec, shape: &StepShape) -> Result<Graph,
     Ok(g)
 }
 
-/// EAGLE-3 step states (besides the common ones): the taps and tokens of the pairs the
-/// head has not seen yet, from the previous verify (or the prefill's last position).
-pub const EAGLE_HIDDEN: &str = "eagle.hidden";
-pub const EAGLE_TOKENS: &str = "eagle.tokens";
-pub const EAGLE_COUNT: &str = "eagle.count";
-pub const EAGLE_BASE: &str = "eagle.base";
-
-/// Lowers one speculative step with an EAGLE-3 head (chain, topk = 1).
-///
-/// Catch-up: the pairs `(taps[t], tokens[t])` at positions `base + t`, `t < count`, go
-/// through `fc` and the head (slots past `count` are masked); the head's output at slot
-/// `count − 1` predicts d1. Chained steps feed the head's own output back (no `fc`) at the
-/// following positions. After verify, the k + 1 verify positions' taps and the emitted
-/// tokens become the next step's pairs (`count = a + 1`, `base = n`).
-pub fn lower_eagle3_step(
-    target: &ModelSpec,
-    eagle: &Eagle3Spec,
-    shape: &StepShape,
-) -> Result<Graph, IrError> {
-    let k = shape.num_steps;
-    let h3 = 3 * eagle.hidden() as u64;
-    let mut g = Graph::new("spec_step_eagle3");
-    let mut b = Builder { g: &mut g };
-    let c = begin(&mut b, shape)?;
-    let hid_ty = TensorType::new(target.dtype, [B, s(k + 1), s(h3)]);
-    let hidden = b.g.state(EAGLE_HIDDEN, hid_ty)?;
-    let tokens = b.g.state(EAGLE_TOKENS, i32_ty(&[B, s(k + 1)]))?;
-    let count = b.g.state(EAGLE_COUNT, i32_ty(&[B]))?;
-    let base = b.g.state(EAGLE_BASE, i32_ty(&[B]))?;
-
-    // Catch-up over k + 1 slots, masked past `count`.
-    let io = b.iota(k + 1)?;
-    let cnt = b.bcast_cols(count, k + 1)?;
-    let valid = b.bin(BinaryOp::Lt, io, cnt)?;
-    let valid_i = b.g.add(Op::Cast { to: DType::I32 }, &[valid])?;
-    let live_cols = b.bcast_cols_bool(c.live, k + 1)?;
-    let live_i = b.g.add(Op::Cast { to: DType::I32 }, &[live_cols])?;
-    let both = b.bin(BinaryOp::Mul, valid_i, live_i)?;
-    let zero_c = b.fill_i32(0, &[B, s(k + 1)])?;
-    let keep = b.bin(BinaryOp::Lt, zero_c, both)?;
-    let base_c = b.bcast_cols(base, k + 1)?;
-    let pos = b.bin(BinaryOp::Add, base_c, io)?;
-    let neg = b.fill_i32(-1, &[B, s(k + 1)])?;
-    let pos = b.g.add(Op::Select, &[keep, pos, neg])?;
-    let (emb, _) = embed(b.g, target, "", tokens)?;
-    let g0 = eagle3::fc(b.g, eagle, hidden)?;
-    let out = eagle3::midlayer(b.g, eagle, emb, g0, pos)?;
-    let last = b.bin(BinaryOp::Sub, count, c.one_b)?;
-    let last3 = b.reshape(last, &[B, s(1), s(1)])?;
-    let hdim = s(eagle.hidden() as u64);
-    let zeros_h = b.g.add(
-        Op::Fill {
-            value: 0.0,
-            ty: i32_ty(&[B, s(1), hdim]),
-        },
-        &[],
-    )?;
-    let idx = b.g.add(Op::Gather { axis: 2 }, &[last3, zeros_h])?;
-    let mut out_row = b.g.add(Op::Gather { axis: 1 }, &[out, idx])?;
-
-    let mut d = Drafted {
-        tokens: Vec::new(),
-        dists: Vec::new(),
-    };
-    for j in 0..k {
-        let tok = eagle3::next_token(b.g, eagle, out_row)?;
-        if c.uniforms.is_some() {
-            // The head drafts greedily: q is the point mass on its token.
-            d.dists.push(one_hot(&mut b, tok, target.vocab as u64)?);
-        }
-        d.tokens.push(tok);
-        if j + 1 < k {
-            // Pair (out_row, tok) at position n - 1 + j + 1 = len + j.
-            let offset = b.fill_i32(j as i64, &[B])?;
-            let start = b.bin(BinaryOp::Add, c.len, offset)?;
-            let p = b.positions(start, 1, c.live)?;
-            let (e1, _) = embed(b.g, target, "", tok)?;
-            out_row = eagle3::midlayer(b.g, eagle, e1, out_row, p)?;
-        }
-    }
-    let v = verify_and_commit(&mut b, &c, target, shape, d, &eagle.taps)?;
-    let taps = v.taps.expect("eagle verify taps three layers");
-    let a1 = b.bin(BinaryOp::Add, v.accepted, c.one_b)?;
-    let mut commits = vec![
-        (hidden, taps),
-        (tokens, v.emit_tokens),
-        (count, a1),
-        (base, c.len),
-    ];
-    commits.extend(v.commits);
-    commit_all(&mut b, &commits)?;
-    Ok(g)
-}
-
 /// `[B, 1, V]` f32 one-hot of `tok[B, 1]`.
 fn one_hot(b: &mut Builder, tok: ValueId, vocab: u64) -> Result<ValueId, IrError> {
     let io = b.g.add(
@@ -758,7 +665,11 @@ pub fn lower_eagle3_prefill(target: &ModelSpec, eagle: &Eagle3Spec) -> Result<Gr
 
 mod ddtree;
 mod dflash;
+mod eagle3_steps;
 pub use ddtree::{lower_ddtree_step, TREE};
 pub use dflash::{
     lower_dflash_prefill, lower_dflash_step, DFLASH_BASE, DFLASH_COUNT, DFLASH_HIDDEN,
+};
+pub use eagle3_steps::{
+    lower_eagle3_step, lower_eagle3_tree_step, EAGLE_BASE, EAGLE_COUNT, EAGLE_HIDDEN, EAGLE_TOKENS,
 };

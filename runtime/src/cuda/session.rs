@@ -200,7 +200,10 @@ impl<'a> CudaSpecSession<'a> {
         let (tokens, pos) = repad(&pre, lanes, tb);
         let want_taps = matches!(
             self.graphs.kind,
-            DraftKind::Eagle3 { .. } | DraftKind::DFlash { .. } | DraftKind::DDTree { .. }
+            DraftKind::Eagle3 { .. }
+                | DraftKind::Eagle3Tree { .. }
+                | DraftKind::DFlash { .. }
+                | DraftKind::DDTree { .. }
         );
         let outs: &[&str] = if want_taps {
             &["next_token", "taps"]
@@ -214,7 +217,8 @@ impl<'a> CudaSpecSession<'a> {
             DraftKind::Model => {
                 self.run_prefill(false, tb, &tokens, &pos, &[], &[])?;
             }
-            DraftKind::Eagle3 { taps_width } => {
+            DraftKind::Eagle3 { .. } | DraftKind::Eagle3Tree { .. } => {
+                let (taps_width, k) = self.graphs.eagle_priming().expect("an EAGLE-3 draft");
                 let taps = &out[1];
                 let row = taps.len() / (lanes * tb);
                 debug_assert_eq!(row % taps_width, 0);
@@ -300,7 +304,7 @@ impl<'a> CudaSpecSession<'a> {
             &i32_bytes(&[1, 2].repeat(lanes)),
         )?;
         self.engine.write_state(BUDGET, &per(i32::MAX as i64 / 2))?;
-        if let DraftKind::Eagle3 { .. } = self.graphs.kind {
+        if let DraftKind::Eagle3 { .. } | DraftKind::Eagle3Tree { .. } = self.graphs.kind {
             self.engine
                 .write_state(specc_models::spec_step::EAGLE_COUNT, &per(1))?;
             self.engine

@@ -1,0 +1,363 @@
+//! EAGLE-3 draft trees (`method = "eagle3"`, `topk > 1`): spec.toml knobs and their errors,
+//! and greedy exactness of the whole tree step graph on the interpreter (dynamic tree
+//! drafted by the head on device, `tree_select` of the best `num_draft_tokens` nodes, tree
+//! verify, greedy walk, KV-row commit) for topk 2 / 4 / 8 and several tree sizes — one above
+//! 64 nodes, so ancestor masks take two words — with the trained head (partial acceptance,
+//! at least the chain's) and a random head (near-zero acceptance), at batch 1 and batch 4
+//! with different prompt lengths.
+
+use std::path::{Path, PathBuf};
+
+use specc_models::spec_step::TREE;
+use specc_models::{Method, Model, SpecBundle, SpecConfig, TreeKnobs};
+use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn fixture(name: &str) -> PathBuf {
+    root().join("tests/fixtures").join(name)
+}
+
+fn default_model() -> PathBuf {
+    root().join("models/default")
+}
+
+fn spec_cfg(target_dir: &Path, body: &str) -> Result<SpecConfig, String> {
+    SpecConfig::from_toml(&target_dir.join("spec.eagle3-tree-test.toml"), body)
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn spec_toml_knobs_and_errors() {
+    let dir = fixture("llama3_scaled_untied");
+    let head = "method = \"eagle3\"\ndraft = \"../eagle3_random\"\n";
+    let cfg = spec_cfg(&dir, head).unwrap();
+    assert_eq!(
+        (cfg.method, cfg.tree),
+        (Method::Eagle3, None),
+        "topk 1: chain"
+    );
+    let cfg = spec_cfg(&dir, &format!("{head}num_steps = 5\ntopk = 4")).unwrap();
+    let knobs = TreeKnobs {
+        budget: 32,
+        topk: 4,
+    };
+    assert_eq!(cfg.tree, Some(knobs), "default num_draft_tokens");
+    assert_eq!(cfg.verify_margin(), 31);
+    let cfg = spec_cfg(&dir, &format!("{head}num_steps = 3\ntopk = 2")).unwrap();
+    assert_eq!(
+        cfg.tree.unwrap().budget,
+        11,
+        "capped at 1 + 2 + 2·4 candidates"
+    );
+    let cfg = spec_cfg(
+        &dir,
+        &format!("{head}num_steps = 9\ntopk = 8\nnum_draft_tokens = 16"),
+    )
+    .unwrap();
+    assert_eq!(cfg.verify_margin(), 64, "the head's 8 · 8 draft rows");
+    let bad = |body: &str, parts: &[&str]| {
+        let e = spec_cfg(&dir, &format!("{head}{body}")).unwrap_err();
+        assert!(e.contains("spec.eagle3-tree-test.toml"), "{e}");
+        for p in parts {
+            assert!(e.contains(p), "`{e}` should mention {p:?}");
+        }
+    };
+    bad("topk = 0", &["topk", "1..=16"]);
+    bad("topk = 17", &["topk", "17"]);
+    bad("num_draft_tokens = 8", &["num_draft_tokens", "topk = 1"]);
+    bad(
+        "num_steps = 3\ntopk = 2\nnum_draft_tokens = 12",
+        &["num_draft_tokens", "2..=11", "12"],
+    );
+    bad(
+        "num_steps = 8\ntopk = 8\nnum_draft_tokens = 257",
+        &["num_draft_tokens", "2..=256"],
+    );
+    bad("topk = 4\nnum_draft_tokens = 1", &["num_draft_tokens", "1"]);
+    bad("num_steps = 63\ntopk = 16", &["num_steps", "4096"]);
+    bad("topk = 2\nbudget = 16", &["budget", "num_draft_tokens"]);
+    bad(
+        "topk = 2\n[acceptance]\nmode = \"sample\"",
+        &["acceptance.mode", "greedy", "topk > 1"],
+    );
+    bad(
+        "num_steps = 5\ntopk = 4\nnum_draft_tokens = 60\nmax_context = 100",
+        &["max_context", "124", "num_draft_tokens = 60"],
+    );
+    let e = spec_cfg(
+        &dir,
+        "method = \"draft_model\"\ndraft = \"../llama_tied\"\nnum_draft_tokens = 8",
+    )
+    .unwrap_err();
+    assert!(e.contains("num_draft_tokens"), "{e}");
+    let e = spec_cfg(
+        &dir,
+        "method = \"ddtree\"\ndraft = \"../dflash_random\"\nnum_draft_tokens = 8",
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("num_draft_tokens") && e.contains("budget"),
+        "{e}"
+    );
+    // A chain keeps its old meaning and sampled acceptance.
+    spec_cfg(
+        &dir,
+        &format!("{head}topk = 1\n[acceptance]\nmode = \"sample\""),
+    )
+    .unwrap();
+}
+
+struct Outcome {
+    tokens: Vec<Vec<u32>>,
+    mean_accept: f64,
+    histogram: Vec<usize>,
+}
+
+fn kind(b: &SpecBundle) -> DraftKind {
+    match b.tree {
+        Some(_) => DraftKind::Eagle3Tree {
+            taps_width: b.taps_width().unwrap(),
+            depth: b.num_steps(),
+        },
+        None => DraftKind::Eagle3 {
+            taps_width: b.taps_width().unwrap(),
+        },
+    }
+}
+
+fn graphs(b: &SpecBundle) -> SpecGraphs<'_> {
+    SpecGraphs {
+        kind: kind(b),
+        target_prefill: &b.target_prefill,
+        draft_prefill: &b.draft_prefill,
+        step: &b.step,
+        num_steps: b.verify_margin(),
+        ring: b.shape.ring as usize,
+    }
+}
+
+fn speculate(target: &Model, b: &SpecBundle, prompts: &[Vec<u32>], max_new: usize) -> Outcome {
+    let weights = b.load_weights_f32(target).unwrap();
+    let mut s = SpecCpuSession::new(graphs(b), &weights, prompts.len(), 512);
+    let first = s.admit(prompts, max_new).unwrap();
+    let mut tokens: Vec<Vec<u32>> = first.iter().map(|&t| vec![t]).collect();
+    while s.live().iter().any(|&l| l) {
+        s.step().unwrap();
+        for (i, new) in s.drain().unwrap().into_iter().enumerate() {
+            tokens[i].extend(new);
+        }
+    }
+    for t in &mut tokens {
+        t.truncate(max_new);
+    }
+    Outcome {
+        tokens,
+        mean_accept: s.stats.mean_accept_len(),
+        histogram: s.stats.histogram.clone(),
+    }
+}
+
+fn check_exact(target: &Model, b: &SpecBundle, prompts: &[Vec<u32>], n: usize) -> Outcome {
+    let out = speculate(target, b, prompts, n);
+    let w = target.load_weights_f32();
+    for (i, p) in prompts.iter().enumerate() {
+        let want = target.greedy_generate(&w, p, n, 512).unwrap();
+        assert_eq!(
+            out.tokens[i],
+            want,
+            "lane {i} (prompt len {}) differs from target greedy",
+            p.len()
+        );
+    }
+    out
+}
+
+fn python_prompts(n: usize) -> Vec<Vec<u32>> {
+    let tok = tokenizers::Tokenizer::from_file(default_model().join("tokenizer.json")).unwrap();
+    let texts = [
+        "import os\n\ndef main(argv):\n    ",
+        "class Parser:\n    def __init__(self, text):\n        self.",
+        "for i in range(",
+        "    if not isinstance(value, str):\n        raise TypeError(",
+    ];
+    texts[..n]
+        .iter()
+        .map(|t| {
+            let mut ids = vec![0u32]; // BOS
+            ids.extend(tok.encode(*t, false).unwrap().get_ids());
+            ids
+        })
+        .collect()
+}
+
+fn trained_bundle(target: &Model, depth: u32, topk: u32, nodes: u32) -> SpecBundle {
+    let cfg = spec_cfg(
+        &default_model(),
+        &format!(
+            "method = \"eagle3\"\ndraft = \"eagle3\"\nnum_steps = {depth}\ntopk = {topk}\nnum_draft_tokens = {nodes}"
+        ),
+    )
+    .unwrap();
+    SpecBundle::open(target, &cfg).unwrap()
+}
+
+fn trained_batch1(depth: u32, topk: u32, nodes: u32, n: usize) -> Outcome {
+    let target = Model::open(default_model()).unwrap();
+    let b = trained_bundle(&target, depth, topk, nodes);
+    let out = check_exact(&target, &b, &python_prompts(1), n);
+    eprintln!(
+        "trained eagle3 tree depth {depth} topk {topk} nodes {nodes} B=1: mean acceptance length {:.2}, histogram {:?}",
+        out.mean_accept, out.histogram
+    );
+    assert!(out.mean_accept > 1.5, "mean accept {}", out.mean_accept);
+    out
+}
+
+#[test]
+fn trained_tree_topk2_nodes8_is_exact_batch1() {
+    trained_batch1(5, 2, 8, 48);
+}
+
+#[test]
+fn trained_tree_topk4_nodes16_is_exact_batch1() {
+    trained_batch1(5, 4, 16, 48);
+}
+
+#[test]
+fn trained_tree_topk4_nodes60_is_exact_batch1() {
+    trained_batch1(6, 4, 60, 40);
+}
+
+#[test]
+fn trained_tree_topk4_is_exact_batch4() {
+    let target = Model::open(default_model()).unwrap();
+    let b = trained_bundle(&target, 5, 4, 16);
+    let prompts = python_prompts(4);
+    let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    assert!(lens.windows(2).any(|w| w[0] != w[1]), "{lens:?}");
+    let out = check_exact(&target, &b, &prompts, 32);
+    eprintln!(
+        "trained eagle3 tree topk 4 nodes 16 B=4 (prompt lengths {lens:?}): mean acceptance length {:.2}, histogram {:?}",
+        out.mean_accept, out.histogram
+    );
+    assert!(out.mean_accept > 1.5, "mean accept {}", out.mean_accept);
+}
+
+/// The tree accepts at least as much as the head's own chain (k = depth) on the same prompts.
+#[test]
+fn trained_tree_accepts_at_least_the_chain() {
+    let target = Model::open(default_model()).unwrap();
+    let prompts = python_prompts(2);
+    let tree = check_exact(&target, &trained_bundle(&target, 5, 4, 32), &prompts, 40);
+    let cfg = spec_cfg(
+        &default_model(),
+        "method = \"eagle3\"\ndraft = \"eagle3\"\nnum_steps = 5",
+    )
+    .unwrap();
+    let chain = check_exact(
+        &target,
+        &SpecBundle::open(&target, &cfg).unwrap(),
+        &prompts,
+        40,
+    );
+    eprintln!(
+        "mean acceptance length: eagle3 chain k=5 {:.2}, tree depth 5 topk 4 nodes 32 {:.2}",
+        chain.mean_accept, tree.mean_accept
+    );
+    assert!(
+        tree.mean_accept >= chain.mean_accept,
+        "tree {} < chain {}",
+        tree.mean_accept,
+        chain.mean_accept
+    );
+}
+
+fn random_prompts(b: usize) -> Vec<Vec<u32>> {
+    (0..b)
+        .map(|i| {
+            (0..(5 + 3 * i))
+                .map(|j| ((j * 37 + i * 11 + 3) % 300) as u32)
+                .collect()
+        })
+        .collect()
+}
+
+/// Random head: topk 2 / 4 / 8, 8..256 nodes (up to four ancestor words), and with topk 8
+/// and depth 10 72 draft rows (two words in the head's own tree masks too).
+#[test]
+fn random_tree_is_exact_batch1_and_batch4() {
+    let target = Model::open(fixture("llama3_scaled_untied")).unwrap();
+    for (depth, topk, nodes, lanes, n) in [
+        (4, 2, 8, 1, 24),
+        (5, 4, 60, 4, 16),
+        (10, 8, 100, 1, 16),
+        (10, 8, 100, 4, 12),
+        (8, 8, 256, 2, 12),
+    ] {
+        let cfg = spec_cfg(
+            &fixture("llama3_scaled_untied"),
+            &format!(
+                "method = \"eagle3\"\ndraft = \"../eagle3_random\"\nnum_steps = {depth}\ntopk = {topk}\nnum_draft_tokens = {nodes}"
+            ),
+        )
+        .unwrap();
+        let b = SpecBundle::open(&target, &cfg).unwrap();
+        let out = check_exact(&target, &b, &random_prompts(lanes), n);
+        eprintln!(
+            "random eagle3 tree depth {depth} topk {topk} nodes {nodes} B={lanes}: mean acceptance length {:.2}",
+            out.mean_accept
+        );
+        assert!(out.mean_accept < 2.0, "mean accept {}", out.mean_accept);
+    }
+}
+
+/// The selected tree's invariants on a real step: node 0 is the bonus token, every other
+/// node has a parent before it (prefix-closed: nothing detached), depth = parent's + 1 ≤
+/// num_steps, ancestors = parent's | own bit, and no two siblings share a token.
+#[test]
+fn step_tree_is_prefix_closed() {
+    use std::collections::{HashMap, HashSet};
+
+    use specc_ir::interp::{self, Env};
+    use specc_ir::Bindings;
+    let target = Model::open(default_model()).unwrap();
+    let b = trained_bundle(&target, 6, 4, 80);
+    let weights = b.load_weights_f32(&target).unwrap();
+    let mut s = SpecCpuSession::new(graphs(&b), &weights, 1, 512);
+    let first = s.admit(&python_prompts(1), 20).unwrap();
+    let mut states = s.states().clone();
+    let mut env = Env {
+        bind: Bindings::new(1, 1, 512),
+        inputs: HashMap::new(),
+        weights: &weights,
+        states: &mut states,
+    };
+    let out = interp::run(&b.step, &mut env).unwrap();
+    let tree = out[TREE].as_i64().unwrap();
+    let (n, cols) = (80usize, 5usize);
+    assert_eq!(tree.len(), n * cols);
+    let row = |i: usize| &tree[i * cols..][..cols];
+    assert_eq!(row(0)[..3], [first[0] as i64, -1, 0]);
+    let mut children = HashSet::new();
+    for i in 1..n {
+        let (p, d) = (row(i)[1], row(i)[2]);
+        assert!(p >= 0 && (p as usize) < i, "node {i}: parent {p}");
+        assert_eq!(d, row(p as usize)[2] + 1, "node {i}");
+        assert!((1..=6).contains(&d));
+        assert!(
+            children.insert((p, row(i)[0])),
+            "node {i}: duplicate sibling"
+        );
+        for w in 0..2 {
+            let own = if i / 64 == w { 1i64 << (i % 64) } else { 0 };
+            assert_eq!(
+                row(i)[3 + w],
+                row(p as usize)[3 + w] | own,
+                "node {i} word {w}"
+            );
+        }
+    }
+}
