@@ -48,7 +48,8 @@ impl WeightSources<'_> {
 }
 
 /// Cubins baked into the binary at build time: `(kernel name, arch, cubin)`. Kernel names
-/// hash their source, so a name match means the same kernel.
+/// hash their source, so a name match means the same kernel. The kernels of one baked
+/// module list the same cubin (one static, so equal pointers): it is loaded once.
 pub type Prebuilt = &'static [(&'static str, &'static str, &'static [u8])];
 
 static PREBUILT: std::sync::OnceLock<Prebuilt> = std::sync::OnceLock::new();
@@ -285,10 +286,17 @@ impl CudaEngine {
         let table = operand_table(&self.dev, "operands", &entries)?;
         let t = Instant::now();
         let cubins = self.compile_all(&plan)?;
-        let mut modules: HashMap<String, KernelModule> = HashMap::new();
-        for (name, cubin) in cubins {
-            let m = KernelModule::load(&self.dev, &name, KernelImage::Binary(cubin))?;
-            modules.insert(name, m);
+        // One loaded module per cubin; every kernel it holds maps to it.
+        let mut modules: HashMap<String, Arc<KernelModule>> = HashMap::new();
+        for (entries, cubin) in cubins {
+            let m = Arc::new(KernelModule::load(
+                &self.dev,
+                &entries.join(","),
+                KernelImage::Binary(cubin),
+            )?);
+            for e in entries {
+                modules.insert(e, m.clone());
+            }
         }
         let mut launches = Vec::with_capacity(plan.launches.len());
         for (l, &start) in plan.launches.iter().zip(&starts) {
@@ -321,22 +329,28 @@ impl CudaEngine {
         })
     }
 
-    /// Cubins of every distinct kernel of `plan`, compiled on all cores (NVRTC programs are
-    /// independent; the on-disk cache makes repeats cheap).
-    fn compile_all(&self, plan: &KernelPlan) -> Result<Vec<(String, Vec<u8>)>, RuntimeError> {
-        let mut distinct: Vec<&specc_kernels_gen::KernelSource> = Vec::new();
-        let mut out = Vec::new();
+    /// Cubins holding every distinct kernel of `plan`, each with the kernels (entry names)
+    /// it holds: baked cubins first (kernels baked into one module share its bytes, so they
+    /// load once), the rest compiled as NVRTC modules on all cores (the on-disk cache makes
+    /// repeats cheap).
+    fn compile_all(&self, plan: &KernelPlan) -> Result<Vec<(Vec<String>, Vec<u8>)>, RuntimeError> {
+        let mut missing: Vec<&specc_kernels_gen::KernelSource> = Vec::new();
+        let mut baked: Vec<(Vec<String>, &'static [u8])> = Vec::new();
         for l in &plan.launches {
-            if distinct.iter().any(|k| k.name == l.kernel.name)
-                || out
-                    .iter()
-                    .any(|(n, _): &(String, Vec<u8>)| *n == l.kernel.name)
+            let name = &l.kernel.name;
+            if missing.iter().any(|k| k.name == *name)
+                || baked.iter().any(|(names, _)| names.contains(name))
             {
                 continue;
             }
-            match prebuilt(&l.kernel.name, self.arch.name()) {
-                Some(cubin) => out.push((l.kernel.name.clone(), cubin.to_vec())),
-                None => distinct.push(&l.kernel),
+            match prebuilt(name, self.arch.name()) {
+                Some(cubin) => match baked.iter_mut().find(|(_, c)| {
+                    std::ptr::eq(c.as_ptr(), cubin.as_ptr()) && c.len() == cubin.len()
+                }) {
+                    Some((names, _)) => names.push(name.clone()),
+                    None => baked.push((vec![name.clone()], cubin)),
+                },
+                None => missing.push(&l.kernel),
             }
         }
         let threads = std::thread::available_parallelism()
@@ -344,9 +358,13 @@ impl CudaEngine {
             .clamp(1, 32);
         let compiled = self
             .nvrtc
-            .compile_many(&distinct, &[self.arch], threads)
+            .compile_many(&missing, &[self.arch], threads)
             .map_err(kerr)?;
-        out.extend(compiled.into_iter().map(|(name, c)| (name, c.cubin)));
+        let mut out: Vec<(Vec<String>, Vec<u8>)> = baked
+            .into_iter()
+            .map(|(names, cubin)| (names, cubin.to_vec()))
+            .collect();
+        out.extend(compiled.into_iter().map(|m| (m.entries, m.compiled.cubin)));
         Ok(out)
     }
 
