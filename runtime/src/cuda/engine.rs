@@ -72,6 +72,11 @@ fn slot_key(s: &Slot) -> String {
     match s {
         Slot::Weight(n) | Slot::State(n) => n.clone(),
         Slot::ConcatRows(names) => format!("concat[{}]", names.join("+")),
+        // Constants are small (codegen caps them): their bytes are their key.
+        Slot::Const(bytes) => format!(
+            "const[{}]",
+            bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        ),
     }
 }
 
@@ -128,7 +133,7 @@ pub struct CudaEngine {
     nvrtc: Nvrtc,
     weights: Option<DeviceWeights>,
     pub states: StateBuffers,
-    /// Concatenated weights built at upload, by slot key.
+    /// Concatenated weights and folded constants built at upload, by slot key.
     derived: HashMap<String, BufRef>,
 }
 
@@ -201,6 +206,10 @@ impl CudaEngine {
                         }
                         owned.push((key, dtype, vec![rows, cols], data));
                     }
+                    // Raw bytes, uploaded as a byte tensor (bool is 1 byte per element).
+                    Slot::Const(bytes) => {
+                        owned.push((key, DType::Bool, vec![bytes.len()], bytes.clone()));
+                    }
                 }
             }
         }
@@ -248,7 +257,7 @@ impl CudaEngine {
             slots.push(match s {
                 Slot::State(n) => self.states.buf_ref(n)?,
                 Slot::Weight(n) => weights.buf_ref(n)?,
-                Slot::ConcatRows(_) => self.derived[&slot_key(s)].clone(),
+                Slot::ConcatRows(_) | Slot::Const(_) => self.derived[&slot_key(s)].clone(),
             });
         }
         // Slot bases must be 16-byte aligned: kernels chose vector widths from offsets alone.
