@@ -252,11 +252,41 @@ impl CudaEngine {
             .weights
             .as_ref()
             .ok_or_else(|| RuntimeError::Kernel("weights are not uploaded".into()))?;
+        // Constants of a plan `upload` did not see (a bucket planned later): uploaded here,
+        // kept alive by the operand table that points into them.
+        let late: Vec<(String, Vec<usize>, &[u8])> = plan
+            .slots
+            .iter()
+            .filter_map(|s| match s {
+                Slot::Const(bytes) if !self.derived.contains_key(&slot_key(s)) => {
+                    Some((slot_key(s), vec![bytes.len()], bytes.as_slice()))
+                }
+                _ => None,
+            })
+            .collect();
+        let late_consts = if late.is_empty() {
+            None
+        } else {
+            Some(DeviceWeights::upload(
+                &self.dev,
+                late.iter().map(|(n, shape, b)| HostTensor {
+                    name: n,
+                    dtype: DType::Bool,
+                    shape,
+                    data: b,
+                }),
+                false,
+            )?)
+        };
         let mut slots = Vec::with_capacity(plan.slots.len());
         for s in &plan.slots {
             slots.push(match s {
                 Slot::State(n) => self.states.buf_ref(n)?,
                 Slot::Weight(n) => weights.buf_ref(n)?,
+                Slot::Const(_) if !self.derived.contains_key(&slot_key(s)) => late_consts
+                    .as_ref()
+                    .expect("late constants were uploaded")
+                    .buf_ref(&slot_key(s))?,
                 Slot::ConcatRows(_) | Slot::Const(_) => self.derived[&slot_key(s)].clone(),
             });
         }
