@@ -68,6 +68,9 @@ fn prebuilt(name: &str, arch: &str) -> Option<&'static [u8]> {
         .map(|(_, _, c)| *c)
 }
 
+/// A cubin and the kernels (entry names) it holds.
+type ModuleImage = (Vec<String>, Vec<u8>);
+
 fn slot_key(s: &Slot) -> String {
     match s {
         Slot::Weight(n) | Slot::State(n) => n.clone(),
@@ -372,7 +375,7 @@ impl CudaEngine {
     /// it holds: baked cubins first (kernels baked into one module share its bytes, so they
     /// load once), the rest compiled as NVRTC modules on all cores (the on-disk cache makes
     /// repeats cheap).
-    fn compile_all(&self, plan: &KernelPlan) -> Result<Vec<(Vec<String>, Vec<u8>)>, RuntimeError> {
+    fn compile_all(&self, plan: &KernelPlan) -> Result<Vec<ModuleImage>, RuntimeError> {
         let mut missing: Vec<&specc_kernels_gen::KernelSource> = Vec::new();
         let mut baked: Vec<(Vec<String>, &'static [u8])> = Vec::new();
         for l in &plan.launches {
@@ -399,7 +402,7 @@ impl CudaEngine {
             .nvrtc
             .compile_many(&missing, &[self.arch], threads)
             .map_err(kerr)?;
-        let mut out: Vec<(Vec<String>, Vec<u8>)> = baked
+        let mut out: Vec<ModuleImage> = baked
             .into_iter()
             .map(|(names, cubin)| (names, cubin.to_vec()))
             .collect();
