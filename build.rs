@@ -52,9 +52,13 @@ fn bake(spec_file: &Path) -> Result<Baked, String> {
     Ok((kernels, summary))
 }
 
-/// Compiles every kernel to a cubin in `dir` (one NVRTC worker per core); returns the names
-/// compiled, or why none were.
-fn compile_cubins(kernels: &[KernelSource], dir: &Path) -> Result<Vec<String>, String> {
+/// Compiles every kernel into NVRTC modules (one NVRTC worker per core), each a cubin
+/// `{module}.{arch}.cubin` in `dir`; returns each module's name and the kernels it holds,
+/// or why none were compiled.
+fn compile_cubins(
+    kernels: &[KernelSource],
+    dir: &Path,
+) -> Result<Vec<(String, Vec<String>)>, String> {
     if env::var("SPECC_BAKE_CUBINS").as_deref() == Ok("0") {
         return Err("SPECC_BAKE_CUBINS=0".into());
     }
@@ -64,13 +68,13 @@ fn compile_cubins(kernels: &[KernelSource], dir: &Path) -> Result<Vec<String>, S
     let compiled = nvrtc
         .compile_many(&refs, &[BAKED_ARCH], threads)
         .map_err(|e| e.to_string())?;
-    let mut names = Vec::new();
-    for (name, c) in compiled {
-        let path = dir.join(format!("{name}.{}.cubin", BAKED_ARCH.name()));
-        fs::write(&path, &c.cubin).map_err(|e| e.to_string())?;
-        names.push(name);
+    let mut modules = Vec::new();
+    for m in compiled {
+        let path = dir.join(format!("{}.{}.cubin", m.name, BAKED_ARCH.name()));
+        fs::write(&path, &m.compiled.cubin).map_err(|e| e.to_string())?;
+        modules.push((m.name, m.entries));
     }
-    Ok(names)
+    Ok(modules)
 }
 
 fn main() {
@@ -95,18 +99,26 @@ fn main() {
                     .expect("OUT_DIR is writable");
             }
             match compile_cubins(&kernels, &dir) {
-                Ok(names) => {
-                    for n in &names {
-                        let arch = BAKED_ARCH.name();
-                        let path = dir.join(format!("{n}.{arch}.cubin"));
-                        table.push_str(&format!(
-                            "    ({n:?}, {arch:?}, include_bytes!({:?})),\n",
+                Ok(modules) => {
+                    // One static per module; every kernel it holds points at it (so the
+                    // runtime loads each module once).
+                    let arch = BAKED_ARCH.name();
+                    let mut statics = String::new();
+                    for (i, (module, entries)) in modules.iter().enumerate() {
+                        let path = dir.join(format!("{module}.{arch}.cubin"));
+                        statics.push_str(&format!(
+                            "static MODULE_{i}: &[u8] = include_bytes!({:?});\n",
                             path.display().to_string()
                         ));
+                        for e in entries {
+                            table.push_str(&format!("    ({e:?}, {arch:?}, MODULE_{i}),\n"));
+                        }
                     }
+                    table.insert_str(0, &statics);
                     summary.push_str(&format!(
-                        "{} kernels baked as {} cubins\n",
+                        "{} kernels baked as {} {} cubins\n",
                         kernels.len(),
+                        modules.len(),
                         BAKED_ARCH.name()
                     ));
                 }

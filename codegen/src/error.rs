@@ -16,4 +16,10 @@ pub enum CodegenError {
     Unbound { value: ValueId, ty: String },
     #[error("memory plan overlaps live values {a} and {b}")]
     Overlap { a: ValueId, b: ValueId },
+    #[error("folding constant {value} failed: {source}")]
+    Fold {
+        value: ValueId,
+        #[source]
+        source: IrError,
+    },
 }

@@ -12,7 +12,7 @@
 //!   outputs) becomes the lm-head with logits and argmax epilogue.
 //!
 //! `reshape` nodes are views and never form groups; every other remaining compute node is a
-//! `Single` group. Leaves (input, weight, state) are not groups.
+//! `Single` group. Leaves (input, weight, state) and folded constants are not groups.
 
 use std::collections::BTreeSet;
 
@@ -30,7 +30,9 @@ fn is_leaf(op: &Op) -> bool {
     matches!(op, Op::Input { .. } | Op::Weight { .. } | Op::State { .. })
 }
 
-pub fn run(g: &Graph) -> Vec<Group> {
+/// Groups of `g`; `constants[v]` marks folded nodes, which form no group (a matmul group
+/// never contains one: every node it absorbs depends on the matmul).
+pub fn run(g: &Graph, constants: &[bool]) -> Vec<Group> {
     let uses = Uses::new(g);
     let mut claimed = vec![false; g.len()];
     let mut groups = Vec::new();
@@ -56,7 +58,7 @@ pub fn run(g: &Graph) -> Vec<Group> {
         groups.push(group);
     }
     for (id, node) in g.nodes() {
-        if claimed[id.index()] || is_leaf(&node.op) || is_view(&node.op) {
+        if claimed[id.index()] || is_leaf(&node.op) || is_view(&node.op) || constants[id.index()] {
             continue;
         }
         claimed[id.index()] = true;

@@ -1,6 +1,7 @@
 //! specc's pass pipeline: IR graph → fused, scheduled groups → static memory plan →
 //! launch plan. [`compile`] lists every pass in order.
 
+mod consts;
 mod cost;
 mod dce;
 mod error;
@@ -16,6 +17,7 @@ use std::time::Instant;
 
 use specc_ir::{Bindings, Graph};
 
+pub use consts::{constant_nodes, MAX_STATIC_ELEMS};
 pub use cost::{group_cost, Cost, GpuCeilings, H200};
 pub use error::CodegenError;
 pub use fuse::is_view;
@@ -43,6 +45,8 @@ pub struct Compiled {
     pub plans: Vec<LaunchPlan>,
     pub timings: Vec<PassTime>,
     pub removed_nodes: usize,
+    /// `constants[v]`: node `v` was folded (no group computes it; see [`constant_nodes`]).
+    pub constants: Vec<bool>,
 }
 
 fn dump_requested(pass: &str) -> bool {
@@ -79,12 +83,19 @@ pub fn compile(mut graph: Graph, buckets: &[Bindings]) -> Result<Compiled, Codeg
         eprintln!("--- IR after dce ---\n{}", specc_ir::text::print(&graph));
     }
 
-    // 3. fuse: partition compute nodes into kernel groups (prologues, epilogues).
+    // 3. fold: values that depend only on the bucket (fills, iotas and pure functions of
+    // them) become constants, computed here and uploaded once, never launched.
     let t = Instant::now();
-    let groups = fuse::run(&graph);
+    let constants = consts::constant_nodes(&graph);
+    timed("fold", t);
+
+    // 4. fuse: partition the non-constant compute nodes into kernel groups (prologues,
+    // epilogues).
+    let t = Instant::now();
+    let groups = fuse::run(&graph, &constants);
     timed("fuse", t);
 
-    // 4. schedule: topological order of groups, program order on ties.
+    // 5. schedule: topological order of groups, program order on ties.
     let t = Instant::now();
     let groups = schedule::run(&graph, groups)?;
     timed("schedule", t);
@@ -95,17 +106,18 @@ pub fn compile(mut graph: Graph, buckets: &[Bindings]) -> Result<Compiled, Codeg
         );
     }
 
-    // 5. memory: per bucket, live ranges → arena offsets; checked for overlap.
+    // 6. memory: per bucket, live ranges → arena offsets, constants → their bytes; checked
+    // for overlap.
     let t = Instant::now();
     let mut memories = Vec::with_capacity(buckets.len());
     for b in buckets {
-        let m = memory::plan(&graph, &groups, b)?;
+        let m = memory::plan(&graph, &groups, b, &constants)?;
         memory::check(&m)?;
         memories.push(m);
     }
     timed("memory", t);
 
-    // 6. launch: ordered launches with argument homes and costs, per bucket.
+    // 7. launch: ordered launches with argument homes and costs, per bucket.
     let t = Instant::now();
     let plans = buckets
         .iter()
@@ -120,6 +132,7 @@ pub fn compile(mut graph: Graph, buckets: &[Bindings]) -> Result<Compiled, Codeg
         plans,
         timings,
         removed_nodes,
+        constants,
     })
 }
 

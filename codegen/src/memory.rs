@@ -1,15 +1,17 @@
 //! Static memory planning: every value that crosses a group boundary gets a home.
 //!
 //! Homes: graph inputs and group results live in one arena at fixed offsets; weights and
-//! states live in their own buffers; views and in-place `kv_write` results share their
+//! states live in their own buffers; folded constants (see `consts`) are their bytes,
+//! uploaded once into a buffer of their own; views and in-place `kv_write` results share their
 //! source's home. Two arena values may overlap in memory only if their live ranges (in
 //! schedule positions, both ends inclusive) are disjoint. Inputs are live from before the
 //! first group; graph outputs until after the last.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use specc_ir::{Bindings, Graph, Op, ValueId};
 
+use crate::consts;
 use crate::fuse::is_view;
 use crate::group::Group;
 use crate::CodegenError;
@@ -20,9 +22,14 @@ pub const ALIGN: u64 = 256;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Home {
-    Arena { offset: u64, bytes: u64 },
+    Arena {
+        offset: u64,
+        bytes: u64,
+    },
     Weight(String),
     State(String),
+    /// A folded constant: its bytes at this bucket (little-endian, as kernels read them).
+    Const(Vec<u8>),
 }
 
 #[derive(Clone, Debug, Default)]
@@ -48,7 +55,13 @@ pub fn root(g: &Graph, mut v: ValueId) -> ValueId {
     }
 }
 
-pub fn plan(g: &Graph, groups: &[Group], bind: &Bindings) -> Result<MemoryPlan, CodegenError> {
+/// The memory plan of `groups` at `bind`; `constants[v]` marks folded nodes.
+pub fn plan(
+    g: &Graph,
+    groups: &[Group],
+    bind: &Bindings,
+    constants: &[bool],
+) -> Result<MemoryPlan, CodegenError> {
     let end = groups.len() as i64;
     let mut live: BTreeMap<ValueId, (i64, i64)> = BTreeMap::new();
     let touch = |v: ValueId, at: i64, live: &mut BTreeMap<ValueId, (i64, i64)>| {
@@ -74,8 +87,14 @@ pub fn plan(g: &Graph, groups: &[Group], bind: &Bindings) -> Result<MemoryPlan, 
     }
     let mut plan = MemoryPlan::default();
     let mut arena_vals: Vec<(ValueId, u64)> = Vec::new();
+    let mut folded = HashMap::new();
     for &v in live.keys() {
         let n = g.node(v);
+        if constants[v.index()] {
+            let t = consts::evaluate(g, v, bind, &mut folded)?;
+            plan.homes.insert(v, Home::Const(consts::encode(&t)));
+            continue;
+        }
         match &n.op {
             Op::Weight { name, .. } => {
                 plan.homes.insert(v, Home::Weight(name.clone()));

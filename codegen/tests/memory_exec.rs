@@ -126,6 +126,7 @@ impl Planned<'_> {
                     Tensor { shape, ..t }
                 }
                 Home::Weight(name) => self.weights[name].clone(),
+                Home::Const(bytes) => decode(bytes, self.g.ty(v), bind),
             },
         }
     }
@@ -197,14 +198,14 @@ fn reference(
 }
 
 /// Runs the plan as given and with every arena value moved to offset 0; returns whether each
-/// matches the reference.
+/// matches the reference, and how many folded constants the plan reads.
 fn check(
     g: Graph,
     bind: Bindings,
     w: &HashMap<String, Tensor>,
     inputs: HashMap<String, Tensor>,
     states: HashMap<String, Tensor>,
-) -> (bool, bool) {
+) -> (bool, bool, usize) {
     let c = compile(g, std::slice::from_ref(&bind)).unwrap();
     let want = reference(&c.graph, &bind, w, &inputs, &states);
     let plan = &c.plans[0];
@@ -240,7 +241,13 @@ fn check(
         states,
     };
     let got_bad = bad.run(&c.groups, &inputs);
-    (got == want, got_bad == want)
+    let constants = plan
+        .memory
+        .homes
+        .values()
+        .filter(|h| matches!(h, Home::Const(_)))
+        .count();
+    (got == want, got_bad == want, constants)
 }
 
 fn ids(rows: &[Vec<i64>]) -> Tensor {
@@ -270,7 +277,7 @@ fn dense_prefill_runs_over_the_planned_arena() {
                 ids(&[vec![0, 1, 2, 3, 4], vec![0, 1, 2, -1, -1]]),
             ),
         ]);
-        let (ok, clobber_ok) = check(
+        let (ok, clobber_ok, _) = check(
             m.graph().clone(),
             Bindings::new(2, 5, 16),
             &m.load_weights_f32(),
@@ -310,7 +317,8 @@ fn speculative_step_runs_over_the_planned_arena() {
         ("spec.emitted".to_string(), lane(vec![0, 0])),
         ("spec.step".to_string(), lane(vec![0, 0])),
     ]);
-    let (ok, clobber_ok) = check(g, Bindings::new(2, 1, 32), &w, HashMap::new(), states);
+    let (ok, clobber_ok, constants) = check(g, Bindings::new(2, 1, 32), &w, HashMap::new(), states);
+    assert!(constants > 0, "the step's bookkeeping constants are folded");
     assert!(
         ok,
         "planned execution of the step differs from the interpreter"
@@ -344,7 +352,9 @@ fn ddtree_step_runs_over_the_planned_arena() {
         ("dflash.count".to_string(), lane(vec![0, 0])),
         ("dflash.base".to_string(), lane(vec![4, 6])),
     ]);
-    let (ok, clobber_ok) = check(b.step, Bindings::new(2, 1, 128), &w, HashMap::new(), states);
+    let (ok, clobber_ok, constants) =
+        check(b.step, Bindings::new(2, 1, 128), &w, HashMap::new(), states);
+    assert!(constants > 0, "the step's bookkeeping constants are folded");
     assert!(
         ok,
         "planned execution of the ddtree step differs from the interpreter"

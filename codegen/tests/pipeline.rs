@@ -120,6 +120,77 @@ fn every_pass_is_timed() {
     let names: Vec<&str> = c.timings.iter().map(|t| t.pass).collect();
     assert_eq!(
         names,
-        ["verify", "dce", "fuse", "schedule", "memory", "launch"]
+        ["verify", "dce", "fold", "fuse", "schedule", "memory", "launch"]
     );
+}
+
+/// Folding: `fill`, `iota` and pure functions of them form no group; each constant a group
+/// reads has `Home::Const` holding the interpreter's bytes at that bucket; a constant that
+/// is a graph output, or too large (a `Ctx` dim), still runs as a kernel.
+#[test]
+fn constants_fold_into_homes_with_the_interpreters_bytes() {
+    use specc_ir::op::B;
+    use specc_ir::{BinaryOp, BucketDim, DType, Dim, Op, TensorType};
+    let i32_b = || TensorType::new(DType::I32, [B]);
+    let mut g = Graph::new("folding");
+    let x = g.input("x", i32_b()).unwrap();
+    let seven = g
+        .add(
+            Op::Fill {
+                value: 7.0,
+                ty: i32_b(),
+            },
+            &[],
+        )
+        .unwrap();
+    let idx = g
+        .add(
+            Op::Iota {
+                axis: 0,
+                ty: i32_b(),
+            },
+            &[],
+        )
+        .unwrap();
+    let shifted = g.add(Op::Binary(BinaryOp::Add), &[idx, seven]).unwrap();
+    let y = g.add(Op::Binary(BinaryOp::Mul), &[x, shifted]).unwrap();
+    let wide = TensorType::new(DType::I32, [B, Dim::Bucket(BucketDim::Ctx)]);
+    let big = g
+        .add(
+            Op::Fill {
+                value: 1.0,
+                ty: wide,
+            },
+            &[],
+        )
+        .unwrap();
+    let shown = g
+        .add(
+            Op::Fill {
+                value: 2.0,
+                ty: i32_b(),
+            },
+            &[],
+        )
+        .unwrap();
+    g.set_output("y", y);
+    g.set_output("big", big);
+    g.set_output("shown", shown);
+    let c = compile(g, &[Bindings::new(3, 1, 4)]).unwrap();
+    let folded: Vec<usize> = (0..c.graph.len()).filter(|&i| c.constants[i]).collect();
+    assert_eq!(folded, vec![seven.index(), idx.index(), shifted.index()]);
+    let families: Vec<&str> = c.groups.iter().map(|gr| gr.family(&c.graph)).collect();
+    assert_eq!(
+        families,
+        ["mul", "fill", "fill"],
+        "one launch per unfolded node"
+    );
+    let homes = &c.plans[0].memory.homes;
+    // iota + 7 at B = 3, as little-endian i32.
+    let want: Vec<u8> = [7i32, 8, 9].iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(homes[&shifted], Home::Const(want));
+    // Constants read only by other constants are never materialised.
+    assert!(!homes.contains_key(&seven) && !homes.contains_key(&idx));
+    assert!(matches!(homes[&big], Home::Arena { .. }));
+    assert!(matches!(homes[&shown], Home::Arena { .. }));
 }

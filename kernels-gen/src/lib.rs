@@ -12,6 +12,9 @@
 //! row tiles of 2..=64), [`norm::rmsnorm`], [`elementwise::binary`] (add, mul,
 //! silu_mul), [`elementwise::embedding`], [`rope::rope_kv`], [`attention::attention`]
 //! (split + combine; [`attention_mma`] on tensor cores for many rows per sequence), [`argmax::argmax`].
+//!
+//! [`module`] groups kernels into NVRTC programs of several entries (one prelude parse per
+//! program); [`Nvrtc::compile_many`] compiles those groups on a worker pool.
 
 pub mod abi;
 pub mod argmax;
@@ -22,6 +25,7 @@ mod error;
 pub mod gemv;
 pub mod gemv_mma;
 pub mod generic;
+pub mod module;
 pub mod norm;
 pub mod nvrtc;
 pub mod plan;
@@ -32,4 +36,5 @@ pub use abi::{
     Bucket, Dtype, KernelSource, LaunchGeometry, LaunchSpec, Loc, Rows, StepConsts, View,
 };
 pub use error::{number_lines, Error};
-pub use nvrtc::{Arch, Compiled, Nvrtc, PtxasStats};
+pub use module::{group_modules, ModuleSource};
+pub use nvrtc::{Arch, Compiled, CompiledModule, Nvrtc, PtxasStats};

@@ -13,6 +13,7 @@
 
 use crate::abi::KernelSource;
 use crate::error::{number_lines, Error};
+use crate::module::{group_modules, ModuleSource};
 use cudarc::nvrtc::sys;
 use sha2::{Digest, Sha256};
 use std::ffi::{c_char, CString};
@@ -103,6 +104,24 @@ impl PtxasStats {
         }
         s
     }
+
+    /// The figures of one entry of a module's log: the lines from `Compiling entry function
+    /// '<entry>'` to the next entry's. Empty figures when the log has no such entry.
+    pub fn parse_entry(log: &str, entry: &str) -> PtxasStats {
+        const START: &str = "Compiling entry function '";
+        let mut section = String::new();
+        let mut inside = false;
+        for line in log.lines() {
+            if let Some(at) = line.find(START) {
+                inside = line[at + START.len()..].starts_with(&format!("{entry}'"));
+            }
+            if inside {
+                section.push_str(line);
+                section.push('\n');
+            }
+        }
+        PtxasStats::parse(&section)
+    }
 }
 
 /// A compiled module.
@@ -117,6 +136,16 @@ pub struct Compiled {
     pub cached: bool,
     /// Time spent, compile or cache read.
     pub elapsed: Duration,
+}
+
+/// A compiled module of [`Nvrtc::compile_many`]: one cubin holding several kernels.
+#[derive(Clone, Debug)]
+pub struct CompiledModule {
+    /// [`ModuleSource::name`]: the kernel's own name for a module of one kernel.
+    pub name: String,
+    /// The kernels (entry symbols) the cubin holds.
+    pub entries: Vec<String>,
+    pub compiled: Compiled,
 }
 
 /// A handle on the loaded NVRTC library and its configuration.
@@ -250,23 +279,20 @@ impl Nvrtc {
     }
 
     /// Compiles the distinct kernels of `kernels` (by name; the first of each name) for each
-    /// of `archs` on `threads` worker threads pulling from one queue (kernels differ in cost
-    /// by 4×, so a static split idles threads). Results come back in (kernel, arch) order.
+    /// of `archs` on `threads` worker threads pulling from one queue. Kernels are grouped
+    /// into modules first ([`group_modules`]: kernels sharing a prelude become one NVRTC
+    /// program, at most `threads` per prelude), since each program pays the prelude parse.
+    /// Results come back in (module, arch) order, costliest module first.
     pub fn compile_many(
         &self,
         kernels: &[&KernelSource],
         archs: &[Arch],
         threads: usize,
-    ) -> Result<Vec<(String, Compiled)>, Error> {
-        let mut distinct: Vec<&KernelSource> = Vec::new();
-        for k in kernels {
-            if !distinct.iter().any(|d| d.name == k.name) {
-                distinct.push(k);
-            }
-        }
-        let jobs: Vec<(&KernelSource, Arch)> = distinct
+    ) -> Result<Vec<CompiledModule>, Error> {
+        let modules = group_modules(kernels, threads);
+        let jobs: Vec<(&ModuleSource, Arch)> = modules
             .iter()
-            .flat_map(|k| archs.iter().map(move |&a| (*k, a)))
+            .flat_map(|m| archs.iter().map(move |&a| (m, a)))
             .collect();
         let next = std::sync::atomic::AtomicUsize::new(0);
         let results = std::sync::Mutex::new(Vec::with_capacity(jobs.len()));
@@ -274,8 +300,8 @@ impl Nvrtc {
             for _ in 0..threads.clamp(1, jobs.len().max(1)) {
                 sc.spawn(|| loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(&(k, arch)) = jobs.get(i) else { break };
-                    let r = self.compile(k, arch);
+                    let Some(&(m, arch)) = jobs.get(i) else { break };
+                    let r = self.compile_source(&m.name, &m.source, arch);
                     let failed = r.is_err();
                     results.lock().expect("no worker panics").push((i, r));
                     if failed {
@@ -289,7 +315,13 @@ impl Nvrtc {
         results.sort_by_key(|(i, _)| *i);
         results
             .into_iter()
-            .map(|(i, r)| r.map(|c| (jobs[i].0.name.clone(), c)))
+            .map(|(i, r)| {
+                r.map(|compiled| CompiledModule {
+                    name: jobs[i].0.name.clone(),
+                    entries: jobs[i].0.entries.clone(),
+                    compiled,
+                })
+            })
             .collect()
     }
 
@@ -462,5 +494,24 @@ mod tests {
                 smem_bytes: 9216
             }
         );
+    }
+
+    #[test]
+    fn parses_one_entry_of_a_module_log() {
+        let log = "ptxas info    : Compiling entry function 'a' for 'sm_90a'\n\
+                   ptxas info    : Function properties for a\n    \
+                   0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+                   ptxas info    : Used 10 registers, 380 bytes cmem[0]\n\
+                   ptxas info    : Compiling entry function 'ab' for 'sm_90a'\n\
+                   ptxas info    : Function properties for ab\n    \
+                   16 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads\n\
+                   ptxas info    : Used 200 registers, 1024 bytes smem, 380 bytes cmem[0]\n";
+        assert_eq!(PtxasStats::parse_entry(log, "a").registers, 10);
+        let ab = PtxasStats::parse_entry(log, "ab");
+        assert_eq!(
+            (ab.registers, ab.spill_stores, ab.smem_bytes),
+            (200, 8, 1024)
+        );
+        assert_eq!(PtxasStats::parse_entry(log, "c"), PtxasStats::default());
     }
 }

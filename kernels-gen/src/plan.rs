@@ -36,6 +36,9 @@ pub enum Slot {
     State(String),
     /// `[Σ rows, K]`: the named `[rows_i, K]` weights stacked in order.
     ConcatRows(Vec<String>),
+    /// A folded constant (codegen's `Home::Const`): these bytes, uploaded once at load and
+    /// never written. Equal constants share a slot.
+    Const(Vec<u8>),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -148,6 +151,7 @@ impl Ctx<'_> {
             Home::Arena { offset, .. } => Loc::arena(offset),
             Home::Weight(name) => Loc::table(self.slot(Slot::Weight(name))),
             Home::State(name) => Loc::table(self.slot(Slot::State(name))),
+            Home::Const(bytes) => Loc::table(self.slot(Slot::Const(bytes))),
         })
     }
 

@@ -6,7 +6,7 @@
 
 mod common;
 
-use specc_kernels_gen::{Arch, Error, KernelSource, Nvrtc};
+use specc_kernels_gen::{Arch, Error, KernelSource, Nvrtc, PtxasStats};
 use std::time::Instant;
 
 fn nvrtc_or_skip() -> Option<Nvrtc> {
@@ -195,5 +195,48 @@ fn pdl_instructions_reach_the_ptx() {
                 );
             }
         }
+    }
+}
+
+/// Kernels grouped into NVRTC modules ([`Nvrtc::compile_many`]): every distinct kernel is an
+/// entry of exactly one module, its cubin names the entry's unmangled symbol, and the
+/// per-entry ptxas figures equal those of the kernel compiled alone (the namespace around
+/// each kernel changes nothing in its code).
+#[test]
+fn modules_hold_every_kernel_with_its_own_figures() {
+    let Some(nvrtc) = nvrtc_or_skip() else { return };
+    let kernels: Vec<KernelSource> = common::all_kernels(&common::TINY)
+        .into_iter()
+        .map(|(_, k)| k)
+        .collect();
+    let mut refs: Vec<&KernelSource> = kernels.iter().collect();
+    refs.push(refs[0]); // a duplicate is compiled once
+    let modules = nvrtc.compile_many(&refs, &[Arch::Sm90a], 2).unwrap();
+    assert!(modules.len() < kernels.len(), "kernels share modules");
+    for k in &kernels {
+        let holding: Vec<_> = modules
+            .iter()
+            .filter(|m| m.entries.contains(&k.name))
+            .collect();
+        assert_eq!(holding.len(), 1, "{} in one module", k.name);
+        let m = holding[0];
+        let symbol = format!("\0{}\0", k.name);
+        assert!(
+            m.compiled
+                .cubin
+                .windows(symbol.len())
+                .any(|w| w == symbol.as_bytes()),
+            "{} is a symbol of {}",
+            k.name,
+            m.name
+        );
+        let alone = nvrtc.compile(k, Arch::Sm90a).unwrap();
+        assert_eq!(
+            PtxasStats::parse_entry(&m.compiled.log, &k.name),
+            alone.stats,
+            "{} in {}",
+            k.name,
+            m.name
+        );
     }
 }

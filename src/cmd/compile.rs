@@ -1,6 +1,7 @@
 //! `specc compile`: a model (and optionally a spec.toml) → an engine directory: every graph
 //! the engine runs through the pass pipeline and kernel generation, the distinct kernels'
-//! sources, and their cubins for the requested archs (NVRTC on all cores, disk cache).
+//! sources, and their cubins for the requested archs (NVRTC modules of several kernels on all
+//! cores, disk cache): `kernels/{module}.{arch}.cubin`, the kernel → module map in plan.txt.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -10,7 +11,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use specc_codegen::{describe_groups, H200};
 use specc_kernels_gen::plan::plan_kernels;
-use specc_kernels_gen::{Arch, KernelSource, Nvrtc};
+use specc_kernels_gen::{Arch, KernelSource, Nvrtc, PtxasStats};
 use specc_models::spec_bundle::engine_graphs;
 use specc_models::{Method, SpecConfig};
 
@@ -113,32 +114,51 @@ pub fn compile(a: CompileArgs) -> Result<()> {
             let refs: Vec<&KernelSource> = kernels.iter().collect();
             let compiled = nvrtc.compile_many(&refs, &archs, threads)?;
             let nvrtc_s = t.elapsed().as_secs_f64();
-            let _ = writeln!(plan, "| kernel | arch | registers | spill stores | spill loads | stack | smem | compile ms |");
+            let _ = writeln!(
+                plan,
+                "| kernel | module | arch | registers | spill stores | spill loads | stack | smem |"
+            );
             let _ = writeln!(plan, "|---|---|---|---|---|---|---|---|");
+            for m in &compiled {
+                for e in &m.entries {
+                    let st = PtxasStats::parse_entry(&m.compiled.log, e);
+                    let _ = writeln!(
+                        plan,
+                        "| {e} | {} | {} | {} | {} | {} | {} | {} |",
+                        m.name,
+                        m.compiled.arch.name(),
+                        st.registers,
+                        st.spill_stores,
+                        st.spill_loads,
+                        st.stack_bytes,
+                        st.smem_bytes,
+                    );
+                }
+            }
+            let _ = writeln!(plan, "| module | arch | kernels | compile ms |");
+            let _ = writeln!(plan, "|---|---|---|---|");
             let mut cached = 0;
-            for (name, c) in &compiled {
+            for m in &compiled {
+                let c = &m.compiled;
                 fs::write(
-                    kdir.join(format!("{name}.{}.cubin", c.arch.name())),
+                    kdir.join(format!("{}.{}.cubin", m.name, c.arch.name())),
                     &c.cubin,
                 )?;
                 cached += c.cached as usize;
-                let st = &c.stats;
                 let _ = writeln!(
                     plan,
-                    "| {name} | {} | {} | {} | {} | {} | {} | {:.0}{} |",
+                    "| {} | {} | {} | {:.0}{} |",
+                    m.name,
                     c.arch.name(),
-                    st.registers,
-                    st.spill_stores,
-                    st.spill_loads,
-                    st.stack_bytes,
-                    st.smem_bytes,
+                    m.entries.len(),
                     c.elapsed.as_secs_f64() * 1e3,
                     if c.cached { " (cache)" } else { "" }
                 );
             }
             println!(
-                "compiled {} kernels for {:?} in {nvrtc_s:.1} s on {threads} threads ({cached} from the cache; NVRTC {}.{})",
+                "compiled {} kernels as {} modules for {:?} in {nvrtc_s:.1} s on {threads} threads ({cached} from the cache; NVRTC {}.{})",
                 kernels.len(),
+                compiled.len(),
                 archs.iter().map(|a| a.name()).collect::<Vec<_>>(),
                 nvrtc.version().0,
                 nvrtc.version().1

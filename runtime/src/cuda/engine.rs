@@ -48,7 +48,8 @@ impl WeightSources<'_> {
 }
 
 /// Cubins baked into the binary at build time: `(kernel name, arch, cubin)`. Kernel names
-/// hash their source, so a name match means the same kernel.
+/// hash their source, so a name match means the same kernel. The kernels of one baked
+/// module list the same cubin (one static, so equal pointers): it is loaded once.
 pub type Prebuilt = &'static [(&'static str, &'static str, &'static [u8])];
 
 static PREBUILT: std::sync::OnceLock<Prebuilt> = std::sync::OnceLock::new();
@@ -67,10 +68,18 @@ fn prebuilt(name: &str, arch: &str) -> Option<&'static [u8]> {
         .map(|(_, _, c)| *c)
 }
 
+/// A cubin and the kernels (entry names) it holds.
+type ModuleImage = (Vec<String>, Vec<u8>);
+
 fn slot_key(s: &Slot) -> String {
     match s {
         Slot::Weight(n) | Slot::State(n) => n.clone(),
         Slot::ConcatRows(names) => format!("concat[{}]", names.join("+")),
+        // Constants are small (codegen caps them): their bytes are their key.
+        Slot::Const(bytes) => format!(
+            "const[{}]",
+            bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        ),
     }
 }
 
@@ -127,7 +136,7 @@ pub struct CudaEngine {
     nvrtc: Nvrtc,
     weights: Option<DeviceWeights>,
     pub states: StateBuffers,
-    /// Concatenated weights built at upload, by slot key.
+    /// Concatenated weights and folded constants built at upload, by slot key.
     derived: HashMap<String, BufRef>,
 }
 
@@ -200,6 +209,10 @@ impl CudaEngine {
                         }
                         owned.push((key, dtype, vec![rows, cols], data));
                     }
+                    // Raw bytes, uploaded as a byte tensor (bool is 1 byte per element).
+                    Slot::Const(bytes) => {
+                        owned.push((key, DType::Bool, vec![bytes.len()], bytes.clone()));
+                    }
                 }
             }
         }
@@ -242,12 +255,42 @@ impl CudaEngine {
             .weights
             .as_ref()
             .ok_or_else(|| RuntimeError::Kernel("weights are not uploaded".into()))?;
+        // Constants of a plan `upload` did not see (a bucket planned later): uploaded here,
+        // kept alive by the operand table that points into them.
+        let late: Vec<(String, Vec<usize>, &[u8])> = plan
+            .slots
+            .iter()
+            .filter_map(|s| match s {
+                Slot::Const(bytes) if !self.derived.contains_key(&slot_key(s)) => {
+                    Some((slot_key(s), vec![bytes.len()], bytes.as_slice()))
+                }
+                _ => None,
+            })
+            .collect();
+        let late_consts = if late.is_empty() {
+            None
+        } else {
+            Some(DeviceWeights::upload(
+                &self.dev,
+                late.iter().map(|(n, shape, b)| HostTensor {
+                    name: n,
+                    dtype: DType::Bool,
+                    shape,
+                    data: b,
+                }),
+                false,
+            )?)
+        };
         let mut slots = Vec::with_capacity(plan.slots.len());
         for s in &plan.slots {
             slots.push(match s {
                 Slot::State(n) => self.states.buf_ref(n)?,
                 Slot::Weight(n) => weights.buf_ref(n)?,
-                Slot::ConcatRows(_) => self.derived[&slot_key(s)].clone(),
+                Slot::Const(_) if !self.derived.contains_key(&slot_key(s)) => late_consts
+                    .as_ref()
+                    .expect("late constants were uploaded")
+                    .buf_ref(&slot_key(s))?,
+                Slot::ConcatRows(_) | Slot::Const(_) => self.derived[&slot_key(s)].clone(),
             });
         }
         // Slot bases must be 16-byte aligned: kernels chose vector widths from offsets alone.
@@ -285,10 +328,17 @@ impl CudaEngine {
         let table = operand_table(&self.dev, "operands", &entries)?;
         let t = Instant::now();
         let cubins = self.compile_all(&plan)?;
-        let mut modules: HashMap<String, KernelModule> = HashMap::new();
-        for (name, cubin) in cubins {
-            let m = KernelModule::load(&self.dev, &name, KernelImage::Binary(cubin))?;
-            modules.insert(name, m);
+        // One loaded module per cubin; every kernel it holds maps to it.
+        let mut modules: HashMap<String, Arc<KernelModule>> = HashMap::new();
+        for (entries, cubin) in cubins {
+            let m = Arc::new(KernelModule::load(
+                &self.dev,
+                &entries.join(","),
+                KernelImage::Binary(cubin),
+            )?);
+            for e in entries {
+                modules.insert(e, m.clone());
+            }
         }
         let mut launches = Vec::with_capacity(plan.launches.len());
         for (l, &start) in plan.launches.iter().zip(&starts) {
@@ -321,22 +371,28 @@ impl CudaEngine {
         })
     }
 
-    /// Cubins of every distinct kernel of `plan`, compiled on all cores (NVRTC programs are
-    /// independent; the on-disk cache makes repeats cheap).
-    fn compile_all(&self, plan: &KernelPlan) -> Result<Vec<(String, Vec<u8>)>, RuntimeError> {
-        let mut distinct: Vec<&specc_kernels_gen::KernelSource> = Vec::new();
-        let mut out = Vec::new();
+    /// Cubins holding every distinct kernel of `plan`, each with the kernels (entry names)
+    /// it holds: baked cubins first (kernels baked into one module share its bytes, so they
+    /// load once), the rest compiled as NVRTC modules on all cores (the on-disk cache makes
+    /// repeats cheap).
+    fn compile_all(&self, plan: &KernelPlan) -> Result<Vec<ModuleImage>, RuntimeError> {
+        let mut missing: Vec<&specc_kernels_gen::KernelSource> = Vec::new();
+        let mut baked: Vec<(Vec<String>, &'static [u8])> = Vec::new();
         for l in &plan.launches {
-            if distinct.iter().any(|k| k.name == l.kernel.name)
-                || out
-                    .iter()
-                    .any(|(n, _): &(String, Vec<u8>)| *n == l.kernel.name)
+            let name = &l.kernel.name;
+            if missing.iter().any(|k| k.name == *name)
+                || baked.iter().any(|(names, _)| names.contains(name))
             {
                 continue;
             }
-            match prebuilt(&l.kernel.name, self.arch.name()) {
-                Some(cubin) => out.push((l.kernel.name.clone(), cubin.to_vec())),
-                None => distinct.push(&l.kernel),
+            match prebuilt(name, self.arch.name()) {
+                Some(cubin) => match baked.iter_mut().find(|(_, c)| {
+                    std::ptr::eq(c.as_ptr(), cubin.as_ptr()) && c.len() == cubin.len()
+                }) {
+                    Some((names, _)) => names.push(name.clone()),
+                    None => baked.push((vec![name.clone()], cubin)),
+                },
+                None => missing.push(&l.kernel),
             }
         }
         let threads = std::thread::available_parallelism()
@@ -344,9 +400,13 @@ impl CudaEngine {
             .clamp(1, 32);
         let compiled = self
             .nvrtc
-            .compile_many(&distinct, &[self.arch], threads)
+            .compile_many(&missing, &[self.arch], threads)
             .map_err(kerr)?;
-        out.extend(compiled.into_iter().map(|(name, c)| (name, c.cubin)));
+        let mut out: Vec<ModuleImage> = baked
+            .into_iter()
+            .map(|(names, cubin)| (names, cubin.to_vec()))
+            .collect();
+        out.extend(compiled.into_iter().map(|m| (m.entries, m.compiled.cubin)));
         Ok(out)
     }
 

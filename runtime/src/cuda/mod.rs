@@ -28,8 +28,9 @@
 //! 3. One [`BufRef`] per plan slot (`weights.buf_ref(name)`, `states.buf_ref(name)`) and
 //!    `DeviceArena::new(&dev, plan.arena_bytes)`; each launch's operands (`k.operands`: arena
 //!    offsets or slot + offset) resolved against them into one [`operand_table`].
-//! 4. Per kernel `KernelModule::load(&dev, &k.name, KernelImage::Binary(compiled.cubin))` and
-//!    `module.function(&k.entry, geom.smem_bytes)`; then `PreparedLaunch::new(&k.name, f,
+//! 4. Per module of `Nvrtc::compile_many` (several kernels in one cubin)
+//!    `KernelModule::load(&dev, &m.name, KernelImage::Binary(m.compiled.cubin))`, and per
+//!    kernel `module.function(&k.entry, geom.smem_bytes)` from the module listing it; then `PreparedLaunch::new(&k.name, f,
 //!    grid, block, smem, vec![KernelParam::buf(&table, 8 * first_operand)?,
 //!    KernelParam::i32s(&[b, t, ctx, b * t])])?.with_pdl()` in plan order (generated kernels
 //!    wait for their predecessor, so they may launch programmatically: see the PDL notes in
