@@ -19,10 +19,14 @@ t e2e 200 .gpu/tests/gpu_e2e
 t methods 200 .gpu/tests/gpu_dflash
 t ddtree 200 .gpu/tests/gpu_ddtree
 t eagle_tree 200 .gpu/tests/gpu_eagle3_tree
+t sampling 100 .gpu/tests/gpu_sampling
+t smoke 60 .gpu/tests/cuda_smoke
+echo "== CLI: EAGLE-3 tree and DDTree on the trained family (CUDA, 200 tokens)"
+for f in spec.eagle3-tree.toml ddtree.toml spec.toml; do
+  timeout 60 .gpu/specc run models/default --spec models/default/$f --backend cuda --prompt 'def __init__(self' --max-tokens 200 2>&1 >/dev/null | grep -E "tok/s|acceptance|launches|rror" | sed "s/^/$f: /"
+done
 echo "== HF parity"
 timeout 100 python3 scripts/device/hf_parity.py .gpu/specc models/default 2>&1 | grep -E "models|PARITY"
-echo "== racecheck: DDTree step graph (random drafter, budget 16)"
-timeout 100 compute-sanitizer --tool racecheck --print-limit 5 .gpu/tests/gpu_ddtree --test-threads=1 random 2>&1 | tail -2
 C=bench/configs
 B=".gpu/specc bench $C/llama-3.1-8b/config.json --random-weights --iters 40"
 echo "== DFlash b16 and the DDTree budget sweep (8B target, 8B-shaped DFlash drafter)"
@@ -32,4 +36,6 @@ done
 echo "== target forward over T tokens (causal), B=1 ctx 1024"
 timeout 60 $B 2>&1 | grep -E "^\| decode"
 for T in 8 16 64; do timeout 60 $B --tokens $T 2>&1 | grep -E "^\| verify" ; done
-[ -x .gpu/kernel_bench ] && { echo "== kernel_bench mma/simt"; timeout 60 .gpu/kernel_bench mma 2>&1 | tail -25; }
+[ -x .gpu/kernel_bench ] && { echo "== kernel_bench tree attention"; timeout 60 .gpu/kernel_bench tree 2>&1 | tail -16; }
+echo "== racecheck: DDTree step graph (random drafter)"
+timeout 100 compute-sanitizer --tool racecheck --print-limit 5 .gpu/tests/gpu_ddtree --test-threads=1 random 2>&1 | tail -2
