@@ -87,7 +87,7 @@ pub struct AttnTiling {
 }
 
 impl AttentionParams {
-    fn group(&self) -> u32 {
+    pub(crate) fn group(&self) -> u32 {
         self.q_heads / self.kv_heads
     }
 

@@ -235,7 +235,13 @@ fn modules_hold_every_kernel_with_its_own_figures() {
         // Code figures are identical; ptxas may round a module entry's static shared memory
         // up to a larger alignment (seen: 8 → 16 bytes), never by more than 16 bytes.
         let strip = |s: PtxasStats| PtxasStats { smem_bytes: 0, ..s };
-        assert_eq!(strip(inside), strip(alone.stats), "{} in {}", k.name, m.name);
+        assert_eq!(
+            strip(inside),
+            strip(alone.stats),
+            "{} in {}",
+            k.name,
+            m.name
+        );
         assert!(
             inside.smem_bytes >= alone.stats.smem_bytes
                 && inside.smem_bytes <= alone.stats.smem_bytes.next_multiple_of(16) + 16,

@@ -207,6 +207,23 @@ fn attention_selects_tiles_for_many_rows() {
             "q tile and K/V stages in dynamic smem"
         );
     }
+    // Head dim 64 beyond 64 rows failed to launch on the H200: the CUDA-core kernel there.
+    let d64 = |t: u32| AttentionParams {
+        head_dim: 64,
+        head_dim_v: 64,
+        q: View::new(Loc::arena(0), Dtype::BF16, 32 * 64),
+        ..llama_tree(t)
+    };
+    assert!(select(&d64(16))
+        .unwrap()
+        .split
+        .name
+        .starts_with("attn_tile"));
+    assert!(select(&d64(100))
+        .unwrap()
+        .split
+        .name
+        .starts_with("attn_split"));
     // f32 caches have no mma: the CUDA-core kernel.
     let f32_cache = AttentionParams {
         q: View::new(Loc::arena(0), Dtype::F32, 32 * 128),

@@ -55,7 +55,8 @@ pub fn measure(
 ) -> Result<Measurement> {
     // Fail on a missing driver or GPU before synthesising gigabytes of random weights.
     drop(specc_runtime::cuda::CudaDevice::open(0)?);
-    let k = spec.map_or(0, |c| c.num_steps as usize);
+    // Slots one step writes past the context: k for chains and blocks, the tree budget for trees.
+    let k = spec.map_or(0, |c| c.verify_margin());
     let groups = sessions(plan);
     let max_ctx = groups.iter().map(|s| s.max_context(plan, k)).max();
     let random = src.random_weights;
