@@ -4,9 +4,12 @@
 
 #![cfg(feature = "cuda")]
 
+mod gpu_common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use gpu_common::{drive, gpu};
 use safetensors::SafeTensors;
 use specc_models::eagle3::{Eagle3Spec, EAGLE_PREFIX};
 use specc_models::spec_step::{
@@ -14,21 +17,13 @@ use specc_models::spec_step::{
     lower_target_prefill, StepShape, DRAFT_PREFIX,
 };
 use specc_models::{lower_dense_prefixed, Acceptance, Checkpoint, Model};
-use specc_runtime::cuda::{driver_present, CudaSpecGraphs, CudaSpecSession, WeightSources};
-use specc_runtime::{DraftKind, Speculator};
+use specc_runtime::cuda::{CudaSpecGraphs, CudaSpecSession, WeightSources};
+use specc_runtime::DraftKind;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(name)
-}
-
-fn gpu() -> bool {
-    if !driver_present() {
-        eprintln!("skipped: no CUDA driver");
-        return false;
-    }
-    true
 }
 
 fn greedy_cpu(target: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
@@ -44,25 +39,6 @@ fn prompts(b: usize) -> Vec<Vec<u32>> {
                 .collect()
         })
         .collect()
-}
-
-/// Runs a session to completion and returns each lane's tokens (first + emitted).
-fn run_all(s: &mut dyn Speculator, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
-    let first = s.admit(prompts, n).unwrap();
-    let mut out: Vec<Vec<u32>> = first.iter().map(|&t| vec![t]).collect();
-    let mut guard = 0;
-    while s.live().unwrap().iter().any(|&l| l) {
-        s.step().unwrap();
-        for (b, new) in s.drain().unwrap().into_iter().enumerate() {
-            out[b].extend(new);
-        }
-        guard += 1;
-        assert!(guard < 4 * n + 8, "lanes never finished");
-    }
-    for t in &mut out {
-        t.truncate(n);
-    }
-    out
 }
 
 fn decode_tokens(target: &Model, prompts: &[Vec<u32>], n: usize) -> (Vec<Vec<u32>>, u64, usize) {
@@ -85,7 +61,7 @@ fn decode_tokens(target: &Model, prompts: &[Vec<u32>], n: usize) -> (Vec<Vec<u32
         ring: 64,
     };
     let mut s = CudaSpecSession::new(graphs, &sources, prompts.len(), 256).unwrap();
-    let toks = run_all(&mut s, prompts, n);
+    let toks = drive(&mut s, prompts, n);
     let launches = s.engine.dev.counters().graph_launches();
     (toks, launches, s.stats.steps)
 }
@@ -225,7 +201,7 @@ fn check_draft_model(target_name: &str, draft_name: &str, lanes: usize, k: u64) 
     let mut s = draft_session(&target, &ck, graphs, lanes, DRAFT_PREFIX);
     let ps = prompts(lanes);
     let n = 24;
-    let got = run_all(&mut s, &ps, n);
+    let got = drive(&mut s, &ps, n);
     for (b, p) in ps.iter().enumerate() {
         assert_eq!(got[b], greedy_cpu(&target, p, n), "lane {b}");
     }
@@ -287,7 +263,7 @@ fn eagle3_head_is_exact() {
         };
         let mut s = draft_session(&target, &ck, graphs, lanes, EAGLE_PREFIX);
         let ps = prompts(lanes);
-        let got = run_all(&mut s, &ps, 20);
+        let got = drive(&mut s, &ps, 20);
         for (b, p) in ps.iter().enumerate() {
             assert_eq!(got[b], greedy_cpu(&target, p, 20), "eagle lane {b}");
         }

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use specc_ir::interp::{self, Data, Env, Tensor, WeightSource};
 use specc_ir::{Bindings, DType, Graph};
 use specc_models::spec_step::{BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, HIDDEN, RING};
+use specc_models::{DraftSide, SpecBundle};
 
 use crate::admission;
 
@@ -35,6 +36,29 @@ pub enum DraftKind {
     DDTree { taps_width: usize, depth: usize },
 }
 
+impl DraftKind {
+    /// How the draft of `b` is primed at admission.
+    pub fn of(b: &SpecBundle) -> DraftKind {
+        match &b.draft {
+            DraftSide::Model(_) => DraftKind::Model,
+            DraftSide::Eagle3(e) if b.tree.is_some() => DraftKind::Eagle3Tree {
+                taps_width: 3 * e.hidden(),
+                depth: b.num_steps(),
+            },
+            DraftSide::Eagle3(e) => DraftKind::Eagle3 {
+                taps_width: 3 * e.hidden(),
+            },
+            DraftSide::DFlash(d) if b.tree.is_some() => DraftKind::DDTree {
+                taps_width: d.taps_width(),
+                depth: d.num_steps(),
+            },
+            DraftSide::DFlash(d) => DraftKind::DFlash {
+                taps_width: d.taps_width(),
+            },
+        }
+    }
+}
+
 /// The graphs of one method: prefill of target and draft, and the step.
 pub struct SpecGraphs<'a> {
     pub kind: DraftKind,
@@ -49,7 +73,31 @@ pub struct SpecGraphs<'a> {
     pub ring: usize,
 }
 
-impl SpecGraphs<'_> {
+impl<'a> SpecGraphs<'a> {
+    /// The graphs of a speculative bundle (`num_steps` = its verify margin).
+    pub fn of(b: &'a SpecBundle) -> SpecGraphs<'a> {
+        SpecGraphs {
+            kind: DraftKind::of(b),
+            target_prefill: &b.target_prefill,
+            draft_prefill: &b.draft_prefill,
+            step: &b.step,
+            num_steps: b.verify_margin(),
+            ring: b.shape.ring as usize,
+        }
+    }
+
+    /// Plain decoding (k = 0): `prefill` and the decode `step`, no draft.
+    pub fn plain(prefill: &'a Graph, step: &'a Graph, ring: usize) -> SpecGraphs<'a> {
+        SpecGraphs {
+            kind: DraftKind::None,
+            target_prefill: prefill,
+            draft_prefill: prefill,
+            step,
+            num_steps: 0,
+            ring,
+        }
+    }
+
     /// The most draft tokens one step accepts (the acceptance histogram spans `0..=` it).
     pub fn max_accept(&self) -> usize {
         match self.kind {

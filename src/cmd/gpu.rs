@@ -54,14 +54,11 @@ mod enabled {
                 (bundle.prefix, &bundle.draft_checkpoint),
             ],
         };
-        let graphs = CudaSpecGraphs {
-            kind: crate::cmd::run::draft_kind(bundle),
-            target_prefill: &bundle.target_prefill,
-            draft_prefill: &bundle.draft_prefill,
-            step: &bundle.step,
-            num_steps: bundle.verify_margin(),
-            ring: bundle.shape.ring as usize,
-        };
-        Ok(CudaSpecSession::new(graphs, &sources, lanes, ctx)?)
+        Ok(CudaSpecSession::new(
+            CudaSpecGraphs::of(bundle),
+            &sources,
+            lanes,
+            ctx,
+        )?)
     }
 }

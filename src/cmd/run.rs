@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use specc_models::spec_step::{lower_decode_step, lower_target_prefill, StepShape};
-use specc_models::{Acceptance, DraftSide, Method, SpecBundle, SpecConfig};
-use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs, Speculator};
+use specc_models::{Acceptance, Method, SpecBundle, SpecConfig};
+use specc_runtime::{SpecCpuSession, SpecGraphs, Speculator};
 
 use super::engine::{resolve, Resolved, Source};
 use crate::cli::Backend;
@@ -86,22 +86,8 @@ pub fn run(
                 None => r.model.load_weights_f32(),
             };
             let graphs = match (&bundle, &plain) {
-                (Some(b), _) => SpecGraphs {
-                    kind: draft_kind(b),
-                    target_prefill: &b.target_prefill,
-                    draft_prefill: &b.draft_prefill,
-                    step: &b.step,
-                    num_steps: k,
-                    ring: b.shape.ring as usize,
-                },
-                (None, Some((pre, step))) => SpecGraphs {
-                    kind: DraftKind::None,
-                    target_prefill: pre,
-                    draft_prefill: pre,
-                    step,
-                    num_steps: 0,
-                    ring: DECODE_RING as usize,
-                },
+                (Some(b), _) => SpecGraphs::of(b),
+                (None, Some((pre, step))) => SpecGraphs::plain(pre, step, DECODE_RING as usize),
                 (None, None) => unreachable!("plain graphs exist without a bundle"),
             };
             let mut s = SpecCpuSession::new(graphs, &weights, 1, r.max_context);
@@ -147,27 +133,6 @@ pub fn run(
                 Err(super::gpu::unavailable())
             }
         }
-    }
-}
-
-/// How a bundle's draft is primed at admission (both backends).
-pub(crate) fn draft_kind(b: &SpecBundle) -> DraftKind {
-    match &b.draft {
-        DraftSide::Model(_) => DraftKind::Model,
-        DraftSide::Eagle3(e) if b.tree.is_some() => DraftKind::Eagle3Tree {
-            taps_width: 3 * e.hidden(),
-            depth: b.num_steps(),
-        },
-        DraftSide::Eagle3(e) => DraftKind::Eagle3 {
-            taps_width: 3 * e.hidden(),
-        },
-        DraftSide::DFlash(d) if b.tree.is_some() => DraftKind::DDTree {
-            taps_width: d.taps_width(),
-            depth: d.num_steps(),
-        },
-        DraftSide::DFlash(d) => DraftKind::DFlash {
-            taps_width: d.taps_width(),
-        },
     }
 }
 
