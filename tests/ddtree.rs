@@ -11,6 +11,16 @@ use specc_models::spec_step::TREE;
 use specc_models::{Method, Model, SpecBundle, SpecConfig, TreeKnobs};
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
+mod spec_common;
+
+use spec_common::{python_prompts, random_prompts, Outcome};
+/// KV slots per sequence in these tests.
+const CTX: u64 = 512;
+
+fn check_exact(target: &Model, b: &SpecBundle, prompts: &[Vec<u32>], n: usize) -> Outcome {
+    spec_common::check_exact(target, b, prompts, n, CTX)
+}
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -78,82 +88,11 @@ fn spec_toml_knobs_and_errors() {
     );
 }
 
-struct Outcome {
-    tokens: Vec<Vec<u32>>,
-    mean_accept: f64,
-    histogram: Vec<usize>,
-}
-
-fn speculate(target: &Model, b: &SpecBundle, prompts: &[Vec<u32>], max_new: usize) -> Outcome {
-    let weights = b.load_weights_f32(target).unwrap();
-    let DraftKind::DDTree { .. } = ddtree_kind(b) else {
-        panic!("a ddtree bundle")
-    };
-    let graphs = SpecGraphs {
-        kind: ddtree_kind(b),
-        target_prefill: &b.target_prefill,
-        draft_prefill: &b.draft_prefill,
-        step: &b.step,
-        num_steps: b.verify_margin(),
-        ring: b.shape.ring as usize,
-    };
-    let mut s = SpecCpuSession::new(graphs, &weights, prompts.len(), 512);
-    let first = s.admit(prompts, max_new).unwrap();
-    let mut tokens: Vec<Vec<u32>> = first.iter().map(|&t| vec![t]).collect();
-    while s.live().iter().any(|&l| l) {
-        s.step().unwrap();
-        for (i, new) in s.drain().unwrap().into_iter().enumerate() {
-            tokens[i].extend(new);
-        }
-    }
-    for t in &mut tokens {
-        t.truncate(max_new);
-    }
-    Outcome {
-        tokens,
-        mean_accept: s.stats.mean_accept_len(),
-        histogram: s.stats.histogram.clone(),
-    }
-}
-
 fn ddtree_kind(b: &SpecBundle) -> DraftKind {
     DraftKind::DDTree {
         taps_width: b.dflash_taps_width().unwrap(),
         depth: b.num_steps(),
     }
-}
-
-fn check_exact(target: &Model, b: &SpecBundle, prompts: &[Vec<u32>], n: usize) -> Outcome {
-    let out = speculate(target, b, prompts, n);
-    let w = target.load_weights_f32();
-    for (i, p) in prompts.iter().enumerate() {
-        let want = target.greedy_generate(&w, p, n, 512).unwrap();
-        assert_eq!(
-            out.tokens[i],
-            want,
-            "lane {i} (prompt len {}) differs from target greedy",
-            p.len()
-        );
-    }
-    out
-}
-
-fn python_prompts(n: usize) -> Vec<Vec<u32>> {
-    let tok = tokenizers::Tokenizer::from_file(default_model().join("tokenizer.json")).unwrap();
-    let texts = [
-        "import os\n\ndef main(argv):\n    ",
-        "class Parser:\n    def __init__(self, text):\n        self.",
-        "for i in range(",
-        "    if not isinstance(value, str):\n        raise TypeError(",
-    ];
-    texts[..n]
-        .iter()
-        .map(|t| {
-            let mut ids = vec![0u32]; // BOS
-            ids.extend(tok.encode(*t, false).unwrap().get_ids());
-            ids
-        })
-        .collect()
 }
 
 fn trained_bundle(target: &Model, budget: u32, topk: u32) -> SpecBundle {
@@ -249,16 +188,6 @@ fn trained_tree_accepts_at_least_the_chain() {
         "tree {} < chain {chain}",
         tree.mean_accept
     );
-}
-
-fn random_prompts(b: usize) -> Vec<Vec<u32>> {
-    (0..b)
-        .map(|i| {
-            (0..(5 + 3 * i))
-                .map(|j| ((j * 37 + i * 11 + 3) % 300) as u32)
-                .collect()
-        })
-        .collect()
 }
 
 fn random_bundle(target: &Model, budget: u32) -> SpecBundle {

@@ -13,7 +13,20 @@ use specc_ir::{Bindings, DType, Dim, Graph, TensorType};
 use specc_models::dflash::{self, DFlashSpec, DFLASH_PREFIX};
 use specc_models::spec_step::{lower_dflash_prefill, lower_target_prefill, HIDDEN};
 use specc_models::{Method, Model, SpecBundle, SpecConfig};
-use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
+
+mod spec_common;
+
+use spec_common::{python_prompts, random_prompts, Outcome};
+/// KV slots per sequence in these tests.
+const CTX: u64 = 256;
+
+fn speculate(target: &Model, b: &SpecBundle, prompts: &[Vec<u32>], n: usize) -> Outcome {
+    spec_common::speculate(target, b, prompts, n, CTX)
+}
+
+fn check_exact(target: &Model, b: &SpecBundle, prompts: &[Vec<u32>], n: usize) -> Outcome {
+    spec_common::check_exact(target, b, prompts, n, CTX)
+}
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -350,76 +363,6 @@ fn spec_toml_takes_k_from_the_block_size() {
     assert!(e.contains("spec.dflash-test.toml"), "{e}");
 }
 
-struct Outcome {
-    tokens: Vec<Vec<u32>>,
-    mean_accept: f64,
-    histogram: Vec<usize>,
-}
-
-fn speculate(target: &Model, b: &SpecBundle, prompts: &[Vec<u32>], max_new: usize) -> Outcome {
-    let weights = b.load_weights_f32(target).unwrap();
-    let graphs = SpecGraphs {
-        kind: DraftKind::DFlash {
-            taps_width: b.dflash_taps_width().unwrap(),
-        },
-        target_prefill: &b.target_prefill,
-        draft_prefill: &b.draft_prefill,
-        step: &b.step,
-        num_steps: b.num_steps(),
-        ring: b.shape.ring as usize,
-    };
-    let mut s = SpecCpuSession::new(graphs, &weights, prompts.len(), 256);
-    let first = s.admit(prompts, max_new).unwrap();
-    let mut tokens: Vec<Vec<u32>> = first.iter().map(|&t| vec![t]).collect();
-    while s.live().iter().any(|&l| l) {
-        s.step().unwrap();
-        for (i, new) in s.drain().unwrap().into_iter().enumerate() {
-            tokens[i].extend(new);
-        }
-    }
-    for t in &mut tokens {
-        t.truncate(max_new);
-    }
-    Outcome {
-        tokens,
-        mean_accept: s.stats.mean_accept_len(),
-        histogram: s.stats.histogram.clone(),
-    }
-}
-
-fn check_exact(target: &Model, b: &SpecBundle, prompts: &[Vec<u32>], n: usize) -> Outcome {
-    let out = speculate(target, b, prompts, n);
-    let w = target.load_weights_f32();
-    for (i, p) in prompts.iter().enumerate() {
-        let want = target.greedy_generate(&w, p, n, 256).unwrap();
-        assert_eq!(
-            out.tokens[i],
-            want,
-            "lane {i} (prompt len {}) differs from target greedy",
-            p.len()
-        );
-    }
-    out
-}
-
-fn python_prompts(n: usize) -> Vec<Vec<u32>> {
-    let tok = tokenizers::Tokenizer::from_file(default_model().join("tokenizer.json")).unwrap();
-    let texts = [
-        "import os\n\ndef main(argv):\n    ",
-        "class Parser:\n    def __init__(self, text):\n        self.",
-        "for i in range(",
-        "    if not isinstance(value, str):\n        raise TypeError(",
-    ];
-    texts[..n]
-        .iter()
-        .map(|t| {
-            let mut ids = vec![0u32]; // BOS
-            ids.extend(tok.encode(*t, false).unwrap().get_ids());
-            ids
-        })
-        .collect()
-}
-
 fn trained_bundle(target: &Model) -> SpecBundle {
     let cfg = spec_cfg(&default_model(), "method = \"dflash\"\ndraft = \"dflash\"");
     assert_eq!(cfg.num_steps, 7);
@@ -451,16 +394,6 @@ fn trained_dflash_is_exact_and_accepts_batch4() {
         out.mean_accept, out.histogram
     );
     assert!(out.mean_accept > 1.5, "mean accept {}", out.mean_accept);
-}
-
-fn random_prompts(b: usize) -> Vec<Vec<u32>> {
-    (0..b)
-        .map(|i| {
-            (0..(5 + 3 * i))
-                .map(|j| ((j * 37 + i * 11 + 3) % 300) as u32)
-                .collect()
-        })
-        .collect()
 }
 
 fn random_bundle(target: &Model) -> SpecBundle {

@@ -1,0 +1,100 @@
+//! What the interpreter's speculative exactness tests share: a bundle's step graph run to the
+//! end on the CPU backend, the check against the target's own greedy tokens, and prompts.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use specc_models::{Model, SpecBundle};
+use specc_runtime::{SpecCpuSession, SpecGraphs};
+
+pub fn default_model() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/default")
+}
+
+/// Tokens per lane (first + emitted, truncated), mean acceptance length and its histogram.
+pub struct Outcome {
+    pub tokens: Vec<Vec<u32>>,
+    pub mean_accept: f64,
+    pub histogram: Vec<usize>,
+}
+
+/// `b`'s step graph on the CPU backend over `prompts` (KV capacity `ctx`).
+pub fn speculate(
+    target: &Model,
+    b: &SpecBundle,
+    prompts: &[Vec<u32>],
+    max_new: usize,
+    ctx: u64,
+) -> Outcome {
+    let weights = b.load_weights_f32(target).unwrap();
+    let mut s = SpecCpuSession::new(SpecGraphs::of(b), &weights, prompts.len(), ctx);
+    let first = s.admit(prompts, max_new).unwrap();
+    let mut tokens: Vec<Vec<u32>> = first.iter().map(|&t| vec![t]).collect();
+    while s.live().iter().any(|&l| l) {
+        s.step().unwrap();
+        for (i, new) in s.drain().unwrap().into_iter().enumerate() {
+            tokens[i].extend(new);
+        }
+    }
+    for t in &mut tokens {
+        t.truncate(max_new);
+    }
+    Outcome {
+        tokens,
+        mean_accept: s.stats.mean_accept_len(),
+        histogram: s.stats.histogram.clone(),
+    }
+}
+
+/// [`speculate`], asserting every lane equals the target's greedy tokens.
+pub fn check_exact(
+    target: &Model,
+    b: &SpecBundle,
+    prompts: &[Vec<u32>],
+    n: usize,
+    ctx: u64,
+) -> Outcome {
+    let out = speculate(target, b, prompts, n, ctx);
+    let w = target.load_weights_f32();
+    for (i, p) in prompts.iter().enumerate() {
+        let want = target.greedy_generate(&w, p, n, ctx as usize).unwrap();
+        assert_eq!(
+            out.tokens[i],
+            want,
+            "lane {i} (prompt len {}) differs from target greedy",
+            p.len()
+        );
+    }
+    out
+}
+
+/// The first `n` of four prompts from the default's corpus (Python source), BOS first.
+pub fn python_prompts(n: usize) -> Vec<Vec<u32>> {
+    let tok = tokenizers::Tokenizer::from_file(default_model().join("tokenizer.json")).unwrap();
+    let texts = [
+        "import os\n\ndef main(argv):\n    ",
+        "class Parser:\n    def __init__(self, text):\n        self.",
+        "for i in range(",
+        "    if not isinstance(value, str):\n        raise TypeError(",
+    ];
+    texts[..n]
+        .iter()
+        .map(|t| {
+            let mut ids = vec![0u32]; // BOS
+            ids.extend(tok.encode(*t, false).unwrap().get_ids());
+            ids
+        })
+        .collect()
+}
+
+/// `b` prompts of different lengths over the first 300 token ids.
+pub fn random_prompts(b: usize) -> Vec<Vec<u32>> {
+    (0..b)
+        .map(|i| {
+            (0..(5 + 3 * i))
+                .map(|j| ((j * 37 + i * 11 + 3) % 300) as u32)
+                .collect()
+        })
+        .collect()
+}
