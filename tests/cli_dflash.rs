@@ -1,5 +1,7 @@
-//! `specc run --spec` with `method = "dflash"` on the CPU backend: the trained DFlash
-//! drafter of the embedded default target, output identical to plain greedy decoding.
+//! `specc run --spec` with the trained DFlash drafter of the embedded default target on the
+//! CPU backend: `method = "dflash"` (one block per step) and `method = "ddtree"` (draft trees
+//! from the same drafter), each with output identical to plain greedy decoding and the
+//! method's knobs in the run's label.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -29,20 +31,23 @@ fn tmp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("specc-cli-dflash-{name}-{}", std::process::id()))
 }
 
-#[test]
-fn run_with_the_trained_dflash_drafter_equals_plain_decoding() {
+/// Runs the default target with a spec of `method_lines` + the trained drafter, and plain;
+/// asserts identical text and ids and that stderr names `label`.
+fn spec_run_equals_plain(tag: &str, method_lines: &str, label: &str) {
     let model = root().join("models/default");
-    let spec = tmp("spec.toml");
-    // k comes from the drafter's block_size (8 → 7 drafts per step).
+    let spec = tmp(&format!("{tag}-spec.toml"));
     std::fs::write(
         &spec,
         format!(
-            "method = \"dflash\"\ndraft = {:?}\n",
+            "{method_lines}draft = {:?}\n",
             model.join("dflash").to_str().unwrap()
         ),
     )
     .unwrap();
-    let (ids_spec, ids_plain) = (tmp("ids-spec.json"), tmp("ids-plain.json"));
+    let (ids_spec, ids_plain) = (
+        tmp(&format!("{tag}-ids-spec.json")),
+        tmp(&format!("{tag}-ids-plain.json")),
+    );
     let common = [
         "run",
         model.to_str().unwrap(),
@@ -63,7 +68,7 @@ fn run_with_the_trained_dflash_drafter_equals_plain_decoding() {
     let out = specc(&a);
     let err = String::from_utf8_lossy(&out.stderr);
     eprintln!("{err}");
-    assert!(err.contains("DFlash k=7"), "{err}");
+    assert!(err.contains(label), "{err}");
     assert!(err.contains("mean acceptance length"), "{err}");
     let mut b = common.to_vec();
     b.extend(["--no-spec", "--ids-out", ids_plain.to_str().unwrap()]);
@@ -79,4 +84,20 @@ fn run_with_the_trained_dflash_drafter_equals_plain_decoding() {
     for f in [spec, ids_spec, ids_plain] {
         std::fs::remove_file(f).ok();
     }
+}
+
+#[test]
+fn run_with_the_trained_dflash_drafter_equals_plain_decoding() {
+    // k comes from the drafter's block_size (8 → 7 drafts per step).
+    spec_run_equals_plain("dflash", "method = \"dflash\"\n", "DFlash k=7");
+}
+
+#[test]
+fn run_with_ddtree_trees_equals_plain_decoding() {
+    // Depth from the drafter's block_size (8 → 7); 48 nodes per tree.
+    spec_run_equals_plain(
+        "ddtree",
+        "method = \"ddtree\"\nbudget = 48\n",
+        "DDTree depth=7 budget=48 topk=8",
+    );
 }

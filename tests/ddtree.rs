@@ -5,7 +5,7 @@
 //! random drafter (near-zero acceptance), at batch 1 and batch 4 with different prompt
 //! lengths.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use specc_models::spec_step::TREE;
 use specc_models::{Method, Model, SpecBundle, SpecConfig, TreeKnobs};
@@ -13,24 +13,13 @@ use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
 mod spec_common;
 
-use spec_common::{python_prompts, random_prompts, Outcome};
+use spec_common::{default_model, fixture, python_prompts, random_prompts, Outcome};
+
 /// KV slots per sequence in these tests.
 const CTX: u64 = 512;
 
 fn check_exact(target: &Model, b: &SpecBundle, prompts: &[Vec<u32>], n: usize) -> Outcome {
     spec_common::check_exact(target, b, prompts, n, CTX)
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn fixture(name: &str) -> PathBuf {
-    root().join("tests/fixtures").join(name)
-}
-
-fn default_model() -> PathBuf {
-    root().join("models/default")
 }
 
 fn spec_cfg(target_dir: &Path, body: &str) -> Result<SpecConfig, String> {

@@ -4,7 +4,7 @@
 //! default target; a random drafter on tests/fixtures/llama3_scaled_untied).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use safetensors::{Dtype, SafeTensors};
 use specc_ir::interp::{self, Data, Env, Tensor};
@@ -16,7 +16,8 @@ use specc_models::{Method, Model, SpecBundle, SpecConfig};
 
 mod spec_common;
 
-use spec_common::{python_prompts, random_prompts, Outcome};
+use spec_common::{default_model, fixture, python_prompts, random_prompts, Outcome};
+
 /// KV slots per sequence in these tests.
 const CTX: u64 = 256;
 
@@ -26,18 +27,6 @@ fn speculate(target: &Model, b: &SpecBundle, prompts: &[Vec<u32>], n: usize) -> 
 
 fn check_exact(target: &Model, b: &SpecBundle, prompts: &[Vec<u32>], n: usize) -> Outcome {
     spec_common::check_exact(target, b, prompts, n, CTX)
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn fixture(name: &str) -> PathBuf {
-    root().join("tests/fixtures").join(name)
-}
-
-fn default_model() -> PathBuf {
-    root().join("models/default")
 }
 
 /// A spec file next to `target_dir` naming `draft` (relative to it); nothing is written.

@@ -8,8 +8,18 @@ use std::path::PathBuf;
 use specc_models::{Model, SpecBundle};
 use specc_runtime::{SpecCpuSession, SpecGraphs};
 
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A committed test checkpoint under `tests/fixtures/`.
+pub fn fixture(name: &str) -> PathBuf {
+    root().join("tests/fixtures").join(name)
+}
+
+/// The embedded default family (`models/default/`).
 pub fn default_model() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/default")
+    root().join("models/default")
 }
 
 /// Tokens per lane (first + emitted, truncated), mean acceptance length and its histogram.
