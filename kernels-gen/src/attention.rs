@@ -244,6 +244,59 @@ pub(crate) fn scratch_ptrs(w: &mut Writer, p: &AttentionParams, mutable: bool) {
     emit!(w, "{cv}float* po = ml + (long long)c.m * HQ * S * 2;");
 }
 
+/// The split kernels' block coordinates (sequence, KV head, split, first row) and operand
+/// pointers, and for a tree mask the sequence's prefix and ancestor words; `one_word` writes
+/// the node count for a single ancestor word.
+pub(crate) fn emit_block_operands(w: &mut Writer, p: &AttentionParams, one_word: bool) {
+    let (qt, ct) = (p.q.dtype.c_type(), p.cache_dtype.c_type());
+    w.line("const int b = blockIdx.z;");
+    w.line("const int kvh = blockIdx.y % HKV;");
+    w.line("const int split = blockIdx.y / HKV;");
+    w.line("const int r0 = blockIdx.x * RB;  // first row t * G + g of the block");
+    w.line("const int nrows = min(RB, c.t * G - r0);");
+    emit!(w, "const {qt}* q = {};", p.q.loc.ptr(p.q.dtype, false));
+    emit!(
+        w,
+        "const {ct}* kc = {};",
+        p.k_cache.ptr(p.cache_dtype, false)
+    );
+    emit!(
+        w,
+        "const {ct}* vc = {};",
+        p.v_cache.ptr(p.cache_dtype, false)
+    );
+    emit!(
+        w,
+        "const {}* pos = {};",
+        p.pos_dtype.c_type(),
+        p.pos.ptr(p.pos_dtype, false)
+    );
+    scratch_ptrs(w, p, true);
+    if let AttnMask::Tree {
+        prefix_len,
+        ancestors,
+        ..
+    } = p.mask
+    {
+        emit!(
+            w,
+            "const int pl0 = ({})[b];",
+            prefix_len.ptr(Dtype::I32, false)
+        );
+        w.line("const int prefix = pl0 < 0 ? 0 : min(pl0, c.ctx);");
+        if one_word {
+            w.line("const int tree_n = min(c.t, 64);");
+        } else {
+            w.line("const int tree_n = min(c.t, 64 * AW);");
+        }
+        emit!(
+            w,
+            "const long long* anc = {};",
+            ancestors.ptr(Dtype::I64, false)
+        );
+    }
+}
+
 fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
     let (d, dv, g) = (p.head_dim, p.head_dim_v, p.group());
     let (rb, ts) = (t.rows_per_block, t.tile_slots);
@@ -289,52 +342,7 @@ fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
     }
     w.line("__shared__ int s_len;");
     w.line("const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;");
-    w.line("const int b = blockIdx.z;");
-    w.line("const int kvh = blockIdx.y % HKV;");
-    w.line("const int split = blockIdx.y / HKV;");
-    w.line("const int r0 = blockIdx.x * RB;  // first row t * G + g of the block");
-    w.line("const int nrows = min(RB, c.t * G - r0);");
-    emit!(w, "const {qt}* q = {};", p.q.loc.ptr(p.q.dtype, false));
-    emit!(
-        w,
-        "const {ct}* kc = {};",
-        p.k_cache.ptr(p.cache_dtype, false)
-    );
-    emit!(
-        w,
-        "const {ct}* vc = {};",
-        p.v_cache.ptr(p.cache_dtype, false)
-    );
-    emit!(
-        w,
-        "const {}* pos = {};",
-        p.pos_dtype.c_type(),
-        p.pos.ptr(p.pos_dtype, false)
-    );
-    scratch_ptrs(w, p, true);
-    if let AttnMask::Tree {
-        prefix_len,
-        ancestors,
-        ..
-    } = p.mask
-    {
-        emit!(
-            w,
-            "const int pl0 = ({})[b];",
-            prefix_len.ptr(Dtype::I32, false)
-        );
-        w.line("const int prefix = pl0 < 0 ? 0 : min(pl0, c.ctx);");
-        if words == 1 {
-            w.line("const int tree_n = min(c.t, 64);");
-        } else {
-            w.line("const int tree_n = min(c.t, 64 * AW);");
-        }
-        emit!(
-            w,
-            "const long long* anc = {};",
-            ancestors.ptr(Dtype::I64, false)
-        );
-    }
+    emit_block_operands(w, p, words == 1);
 
     w.comment("per-row state; row_pos = last attended slot (causal) or validity (tree), -1 = none");
     w.if_block("tid < RB", |w| {

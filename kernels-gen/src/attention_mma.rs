@@ -36,7 +36,7 @@
 //! tree `slot < prefix_len`, or bit `slot − prefix_len` of the row's ancestor words.
 
 use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Unit};
-use crate::attention::{scratch_ptrs, AttentionParams, AttnMask, PARTIAL_ROW};
+use crate::attention::{emit_block_operands, AttentionParams, AttnMask, PARTIAL_ROW};
 use crate::writer::{emit, f32_lit, Writer};
 use crate::Error;
 
@@ -301,48 +301,7 @@ pub(crate) fn split_kernel_tiled(
     }
     w.line("const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;");
     w.line("const int gq = lane >> 2, tq = lane & 3;  // mma fragment row group and column pair");
-    w.line("const int b = blockIdx.z;");
-    w.line("const int kvh = blockIdx.y % HKV;");
-    w.line("const int split = blockIdx.y / HKV;");
-    w.line("const int r0 = blockIdx.x * RB;  // first row t * G + g of the block");
-    w.line("const int nrows = min(RB, c.t * G - r0);");
-    emit!(w, "const {ct}* q = {};", p.q.loc.ptr(p.q.dtype, false));
-    emit!(
-        w,
-        "const {ct}* kc = {};",
-        p.k_cache.ptr(p.cache_dtype, false)
-    );
-    emit!(
-        w,
-        "const {ct}* vc = {};",
-        p.v_cache.ptr(p.cache_dtype, false)
-    );
-    emit!(
-        w,
-        "const {}* pos = {};",
-        p.pos_dtype.c_type(),
-        p.pos.ptr(p.pos_dtype, false)
-    );
-    scratch_ptrs(w, p, true);
-    if let AttnMask::Tree {
-        prefix_len,
-        ancestors,
-        ..
-    } = p.mask
-    {
-        emit!(
-            w,
-            "const int pl0 = ({})[b];",
-            prefix_len.ptr(Dtype::I32, false)
-        );
-        w.line("const int prefix = pl0 < 0 ? 0 : min(pl0, c.ctx);");
-        w.line("const int tree_n = min(c.t, 64 * AW);");
-        emit!(
-            w,
-            "const long long* anc = {};",
-            ancestors.ptr(Dtype::I64, false)
-        );
-    }
+    emit_block_operands(w, p, false);
     emit_row_state(w, p);
     emit_q_tile(w, p);
     emit_range(w, p);
