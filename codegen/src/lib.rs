@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use specc_ir::{Bindings, Graph};
 
-pub use consts::{constant_nodes, MAX_STATIC_ELEMS};
+pub use consts::{constant_nodes, tensor_bytes, MAX_STATIC_ELEMS};
 pub use cost::{group_cost, Cost, GpuCeilings, H200};
 pub use error::CodegenError;
 pub use fuse::is_view;

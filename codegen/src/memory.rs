@@ -92,7 +92,7 @@ pub fn plan(
         let n = g.node(v);
         if constants[v.index()] {
             let t = consts::evaluate(g, v, bind, &mut folded)?;
-            plan.homes.insert(v, Home::Const(consts::encode(&t)));
+            plan.homes.insert(v, Home::Const(consts::tensor_bytes(&t)));
             continue;
         }
         match &n.op {

@@ -6,32 +6,11 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use specc_codegen::{compile, root, Group, Home, LaunchPlan};
-use specc_ir::interp::{self, Data, Env, Tensor};
+use specc_codegen::{compile, root, tensor_bytes, Group, Home, LaunchPlan};
+use specc_ir::interp::{self, Env, Tensor};
 use specc_ir::{Bindings, DType, Graph, Op, TensorType, ValueId};
 use specc_models::spec_step::{lower_draft_model_step, StepShape, DRAFT_PREFIX};
 use specc_models::{Acceptance, Model};
-
-fn encode(t: &Tensor) -> Vec<u8> {
-    match &t.data {
-        Data::F32(v) => match t.dtype {
-            DType::BF16 => v
-                .iter()
-                .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
-                .collect(),
-            DType::F16 => v
-                .iter()
-                .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-                .collect(),
-            _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        },
-        Data::I64(v) => match t.dtype {
-            DType::I64 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            DType::Bool => v.iter().map(|&x| x as u8).collect(),
-            _ => v.iter().flat_map(|&x| (x as i32).to_le_bytes()).collect(),
-        },
-    }
-}
 
 fn decode(bytes: &[u8], ty: &TensorType, bind: &Bindings) -> Tensor {
     let shape = ty.shape.resolve(bind).unwrap();
@@ -140,7 +119,7 @@ impl Planned<'_> {
         for (id, n) in self.g.nodes() {
             if let Op::Input { name, .. } = &n.op {
                 if let Some(Home::Arena { offset, .. }) = self.plan.memory.homes.get(&id) {
-                    let bytes = encode(&inputs[name]);
+                    let bytes = tensor_bytes(&inputs[name]);
                     self.arena[*offset as usize..][..bytes.len()].copy_from_slice(&bytes);
                 }
             }
@@ -167,7 +146,7 @@ impl Planned<'_> {
             }
             for &o in &gr.outputs {
                 if let Some(Home::Arena { offset, .. }) = self.plan.memory.homes.get(&o) {
-                    let bytes = encode(&local[&o]);
+                    let bytes = tensor_bytes(&local[&o]);
                     self.arena[*offset as usize..][..bytes.len()].copy_from_slice(&bytes);
                 }
             }
