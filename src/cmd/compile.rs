@@ -67,7 +67,8 @@ pub fn compile(a: CompileArgs) -> Result<()> {
     let mut kernels: Vec<KernelSource> = Vec::new();
     let mut launches = 0;
     let mut per_graph = String::new();
-    for (i, eg) in graphs.into_iter().enumerate() {
+    let mut reported = false;
+    for eg in graphs {
         let name = eg.name;
         let c = specc_codegen::compile(eg.graph, &[eg.bind]).with_context(|| name.clone())?;
         let kplan = plan_kernels(&c.graph, &c.groups, &c.plans[0]).with_context(|| name.clone())?;
@@ -77,10 +78,11 @@ pub fn compile(a: CompileArgs) -> Result<()> {
             kplan.launches.len(),
             kplan.arena_bytes
         );
-        if i == 1 {
-            // The plain decode step: the report a reader of plan.txt looks for first.
+        if !reported && name.starts_with("decode step") {
+            // The first plain decode step: the report a reader of plan.txt looks for first.
+            reported = true;
             plan.push_str(&c.report(&H200));
-            plan.push_str("groups (decode step B=1):\n");
+            plan.push_str(&format!("groups ({name}):\n"));
             plan.push_str(&describe_groups(&c.graph, &c.groups));
         }
         launches += kplan.launches.len();
