@@ -3,27 +3,16 @@
 //! target's softmax by a chi-square test.
 
 use std::collections::HashMap;
-use std::path::Path;
 
 use specc_ir::interp::Tensor;
 use specc_ir::{Bindings, DType, Graph};
 use specc_models::spec_step::{lower_draft_model_step, StepShape, DRAFT_PREFIX};
-use specc_models::{lower_dense, lower_dense_prefixed, Acceptance, ModelSpec};
+use specc_models::{lower_dense, lower_dense_prefixed, Acceptance};
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
 mod sampling_common;
 
-use sampling_common::{chi_square, target_probs, CRITICAL_7DF, TEMPERATURE, VOCAB};
-
-fn tiny_spec() -> ModelSpec {
-    let json = format!(
-        r#"{{"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "intermediate_size": 32,
-        "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1,
-        "vocab_size": {VOCAB}, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        "max_position_embeddings": 64, "tie_word_embeddings": false, "torch_dtype": "float32"}}"#
-    );
-    ModelSpec::from_json(Path::new("tiny/config.json"), &json).unwrap()
-}
+use sampling_common::{chi_square, target_probs, tiny_spec, CRITICAL_7DF, TEMPERATURE, VOCAB};
 
 /// Deterministic weights with enough spread that the next-token distribution is far from
 /// uniform and far from one-hot.

@@ -5,6 +5,8 @@ use std::collections::HashMap;
 
 use specc_ir::interp::{self, Data, Env, Tensor};
 use specc_ir::{Bindings, DType, Graph};
+use specc_models::ModelSpec;
+use std::path::Path;
 
 pub const VOCAB: usize = 8;
 pub const TEMPERATURE: f64 = 1.3;
@@ -60,3 +62,15 @@ pub fn chi_square(counts: &[usize], probs: &[f64]) -> f64 {
 
 /// chi-square critical value for 7 degrees of freedom at p = 0.001.
 pub const CRITICAL_7DF: f64 = 24.32;
+
+/// A one-layer Llama over the test vocabulary (f32), the target and draft of these tests.
+#[allow(dead_code)] // not every test crate that includes this module uses it
+pub fn tiny_spec() -> ModelSpec {
+    let json = format!(
+        r#"{{"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "intermediate_size": 32,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1,
+        "vocab_size": {VOCAB}, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "max_position_embeddings": 64, "tie_word_embeddings": false, "torch_dtype": "float32"}}"#
+    );
+    ModelSpec::from_json(Path::new("tiny/config.json"), &json).unwrap()
+}
