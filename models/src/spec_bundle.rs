@@ -10,7 +10,7 @@ use crate::checkpoint::Checkpoint;
 use crate::dflash::{DFlashSpec, DFLASH_PREFIX};
 use crate::eagle3::{Eagle3Spec, EAGLE_PREFIX};
 use crate::error::ModelError;
-use crate::spec_config::{eagle_tree_margin, Method, SpecConfig, TreeKnobs};
+use crate::spec_config::{Method, SpecConfig, TreeKnobs};
 use crate::spec_step::{
     lower_ddtree_step, lower_dflash_prefill, lower_dflash_step, lower_draft_model_step,
     lower_eagle3_prefill, lower_eagle3_step, lower_eagle3_tree_step, lower_target_prefill,
@@ -241,11 +241,7 @@ impl SpecBundle {
     /// (`k` for chains and blocks, `budget − 1` for DDTree, and for EAGLE-3 trees the
     /// larger of `num_draft_tokens − 1` and the head's `(depth − 1) · topk` draft rows).
     pub fn verify_margin(&self) -> usize {
-        match (self.method, self.tree) {
-            (Method::Eagle3, Some(t)) => eagle_tree_margin(self.shape.num_steps as u32, t),
-            (_, Some(t)) => t.budget as usize - 1,
-            (_, None) => self.num_steps(),
-        }
+        crate::spec_config::verify_margin(self.method, self.tree, self.shape.num_steps as u32)
     }
 
     /// Width of the EAGLE-3 taps (3 × hidden), if this is an EAGLE-3 bundle.

@@ -72,6 +72,16 @@ pub fn eagle_tree_margin(depth: u32, tree: TreeKnobs) -> usize {
     (tree.budget as usize - 1).max((depth as usize - 1) * tree.topk as usize)
 }
 
+/// Cache slots one step writes past `len`, minus one: the context margin the host keeps
+/// (`num_steps` for chains and blocks, `budget − 1` for DDTree, [`eagle_tree_margin`]).
+pub fn verify_margin(method: Method, tree: Option<TreeKnobs>, num_steps: u32) -> usize {
+    match (method, tree) {
+        (Method::Eagle3, Some(t)) => eagle_tree_margin(num_steps, t),
+        (_, Some(t)) => t.budget as usize - 1,
+        (_, None) => num_steps as usize,
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum AcceptMode {
@@ -372,11 +382,7 @@ impl SpecConfig {
     /// Cache slots one step writes past `len`, minus one: the context margin the host
     /// keeps (`k` for chains and blocks, `budget − 1` for DDTree, [`eagle_tree_margin`]).
     pub fn verify_margin(&self) -> usize {
-        match (self.method, self.tree) {
-            (Method::Eagle3, Some(t)) => eagle_tree_margin(self.num_steps, t),
-            (_, Some(t)) => t.budget as usize - 1,
-            (_, None) => self.num_steps as usize,
-        }
+        verify_margin(self.method, self.tree, self.num_steps)
     }
 
     /// Checks the draft against the target for this method; errors name the spec key.
