@@ -31,7 +31,9 @@ use specc_kernels_gen::attention::{
 };
 use specc_kernels_gen::attention_mma;
 use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights, RmsNormPrologue};
-use specc_kernels_gen::gemv_mma::{gemv_mma_tiled, partials_per_row, tiling, MmaTiling};
+use specc_kernels_gen::gemv_mma::{
+    gemv_mma_split, partials_per_row, split_needs, tiling, MmaTiling, SplitScratch,
+};
 use specc_kernels_gen::plan::attention_splits;
 
 /// Copy bandwidth of the H200 (read + write counted), BENCH.md.
@@ -104,18 +106,24 @@ fn gemv_case(
         }
         Variant::Mma(t) => {
             let t = t.unwrap_or_else(|| tiling(&p));
-            let split = format!(
-                "tn {} wn {} wk {} u {}{}",
+            let label = format!(
+                "tn {} wn {} wk {} u {} ks {}{}",
                 t.tn,
                 t.wn,
                 t.wk,
                 t.unroll,
+                t.ks,
                 if t.roll_x { "" } else { " x@use" }
             );
+            let scratch = split_needs(&p, &t, m).map(|nd| SplitScratch {
+                partials: plan.alloc(nd.partial_bytes),
+                counters: plan.alloc(nd.counters as u64 * 4),
+                tiles: nd.counters,
+            });
             (
-                gemv_mma_tiled(&p, &t).unwrap(),
+                gemv_mma_split(&p, &t, scratch).unwrap(),
                 partials_per_row(&p, &t),
-                split,
+                label,
             )
         }
     };
@@ -382,6 +390,18 @@ fn main() {
     if only.as_deref() == Some("sweep") {
         sweep(&gpu);
     }
+    if only.as_deref() == Some("wide") {
+        // `kernel_bench wide 1,8,64`: the row counts to sweep (default 64).
+        let ms: Vec<u32> = std::env::args()
+            .nth(2)
+            .map(|a| {
+                a.split(',')
+                    .map(|m| m.parse().expect("row counts"))
+                    .collect()
+            })
+            .unwrap_or(vec![64]);
+        sweep_wide(&gpu, &ms);
+    }
     if !summary.is_empty() {
         println!("\nLlama-3.1-8B forward, matmuls only (sum of the kernels above, launch gaps excluded):");
         println!(
@@ -396,6 +416,37 @@ fn main() {
                 us / 1e3,
                 100.0 * gbs / CEILING_GBS
             );
+        }
+    }
+}
+
+/// Tensor-core work splits incl. K split across blocks, at the given row counts (default
+/// M = 64, tree verify), per 8B shape: the default tiling first, then the fastest.
+fn sweep_wide(gpu: &Gpu, ms: &[u32]) {
+    for &m in ms {
+        for (label, k, n, shape, _) in LLAMA_8B_GEMVS {
+            let mut rows = vec![gemv_case(gpu, label, m, k, n, shape, Variant::Mma(None))];
+            let g = if shape.1 { 1 } else { 2 };
+            for tn in (1..=g).rev() {
+                for (wn, wk) in [(4, 2), (8, 1), (2, 4), (1, 8)] {
+                    for ks in [1, 2, 4] {
+                        for roll_x in [true] {
+                            let t = MmaTiling {
+                                tn,
+                                wn,
+                                wk,
+                                unroll: if m <= 16 { 4 } else { 2 },
+                                roll_x,
+                                ks,
+                            };
+                            rows.push(gemv_case(gpu, label, m, k, n, shape, Variant::Mma(Some(t))));
+                        }
+                    }
+                }
+            }
+            rows[1..].sort_by(|a, b| a.us.total_cmp(&b.us));
+            println!("\nwide sweep {label} M={m} (default, then fastest first):");
+            print_rows(&rows[..rows.len().min(7)]);
         }
     }
 }
@@ -417,6 +468,7 @@ fn sweep(gpu: &Gpu) {
                             wk,
                             unroll,
                             roll_x: true,
+                            ks: 1,
                         };
                         rows.push(gemv_case(gpu, label, 8, k, n, shape, Variant::Mma(Some(t))));
                     }

@@ -25,7 +25,7 @@
 //!
 //! Kernel name dtype: the weight dtype.
 
-use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec};
+use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc};
 use crate::gemv::{emit_epilogue_value, emit_row_inv_rms, gemv, GemvParams, GemvWeights};
 use crate::writer::{emit, Writer};
 use crate::Error;
@@ -54,11 +54,65 @@ pub struct MmaTiling {
     /// Whether x fragments are prefetched with the weights (else loaded at use: large
     /// row tiles, where they would cost 4·MT8 registers per slot).
     pub roll_x: bool,
+    /// K splits across blocks (grid z). Above 1 each split stores its partial sums to
+    /// [`SplitScratch::partials`] and the last split to arrive sums them in split order
+    /// and runs the epilogue.
+    pub ks: u32,
 }
 
 impl MmaTiling {
     pub fn warps(&self) -> u32 {
         self.wn * self.wk
+    }
+}
+
+/// Where a split-K kernel (`ks > 1`) keeps its cross-block state.
+///
+/// Invariant: the counters are zero before the launch and zero after it (the last split
+/// of each tile resets its counter), so one zeroed region serves every split-K launch
+/// that runs after another. The partials need no initial value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitScratch {
+    /// `f32[tiles][ks][wn][fragment]`: [`SplitNeeds::partial_bytes`].
+    pub partials: Loc,
+    /// `i32[tiles]`: [`SplitNeeds::counters`].
+    pub counters: Loc,
+    /// Output tiles the scratch was sized for: a launch with more traps (never indexes
+    /// past the counters).
+    pub tiles: u32,
+}
+
+/// The scratch a split-K launch needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitNeeds {
+    pub partial_bytes: u64,
+    /// One `i32` per output tile (column block × row tile).
+    pub counters: u32,
+}
+
+/// Output tiles (column blocks × row tiles) of a launch over `rows`.
+fn output_tiles(p: &GemvParams, t: &MmaTiling, rows: u32) -> u32 {
+    partials_per_row(p, t) * rows.div_ceil(p.row_tile)
+}
+
+/// The scratch the tiling needs at `rows` rows at most (`None` without split-K).
+pub fn split_needs(p: &GemvParams, t: &MmaTiling, rows: u32) -> Option<SplitNeeds> {
+    (t.ks > 1).then(|| {
+        let tiles = output_tiles(p, t, rows);
+        let frag = (t.tn * mats(p) * mt8(p) * 4 * 32) as u64;
+        SplitNeeds {
+            partial_bytes: tiles as u64 * (t.ks * t.wn) as u64 * frag * 4,
+            counters: tiles,
+        }
+    })
+}
+
+/// [`split_needs`] of the kernel [`select`] generates (`None` for the CUDA-core kernel).
+pub fn select_split_needs(p: &GemvParams, rows: u32) -> Option<SplitNeeds> {
+    if supports(p) {
+        split_needs(p, &tiling(p), rows)
+    } else {
+        None
     }
 }
 
@@ -82,9 +136,10 @@ pub fn one_row_prefers_mma(p: &GemvParams) -> bool {
 }
 
 /// The kernel the plan uses: [`gemv_mma`] where [`supports`] holds, else [`gemv`].
-pub fn select(p: &GemvParams) -> Result<KernelSource, Error> {
+/// `split` is the scratch [`select_split_needs`] asked for (`None` where it asked none).
+pub fn select(p: &GemvParams, split: Option<SplitScratch>) -> Result<KernelSource, Error> {
     if supports(p) {
-        gemv_mma(p)
+        gemv_mma_split(p, &tiling(p), split)
     } else {
         gemv(p)
     }
@@ -118,13 +173,17 @@ fn red_bytes(p: &GemvParams, t: &MmaTiling) -> u64 {
 
 /// The default work split.
 ///
-/// Each x fragment feeds two weight tiles (gate and up, or two column tiles), halving the
-/// x traffic per weight byte, except at M ≤ 16 with few columns, where one tile per warp
-/// doubles the blocks. `wn` grows while there are still ≥ 2 blocks per SM; `wk` fills the
-/// block to 8 warps. Row tiles above 16 keep 2 units in flight (registers: accumulators
-/// and x fragments grow with M).
+/// Up to 16 rows: each x fragment feeds two weight tiles (gate and up, or two column
+/// tiles), halving the x traffic per weight byte, except at M ≤ 16 with few columns, where
+/// one tile per warp doubles the blocks. `wn` grows while there are still ≥ 2 blocks per
+/// SM; `wk` fills the block to 8 warps; K is not split across blocks.
+///
+/// Above 16 rows x traffic dominates (each weight byte meets M/8 x bytes): [`wide_tiling`].
 pub fn tiling(p: &GemvParams) -> MmaTiling {
     let (mt8, g) = (mt8(p), mats(p));
+    if mt8 > 2 {
+        return wide_tiling(p);
+    }
     let units = p.k.div_ceil(32);
     let tiles = p.n.div_ceil(16) as u64;
     let few_columns = tiles.div_ceil(2) < 2 * TARGET_SMS;
@@ -142,8 +201,51 @@ pub fn tiling(p: &GemvParams) -> MmaTiling {
         tn,
         wn,
         wk: (8 / wn).min(units).max(1),
-        unroll: if mt8 <= 2 { 4 } else { 2 },
-        roll_x: mt8 <= 5,
+        unroll: 4,
+        roll_x: true,
+        ks: 1,
+    };
+    while t.wk > 1 && red_bytes(p, &t) > RED_SMEM_MAX {
+        t.wk /= 2;
+    }
+    t
+}
+
+/// Blocks of 8 warps the row tiles above 16 aim at (measured at M = 64 on the H200: 96–128
+/// blocks beat both fewer, wider blocks and split-K across blocks).
+const WIDE_MIN_BLOCKS: u64 = 96;
+
+/// Above 16 rows: each x fragment is loaded by every warp that uses it, so a block should
+/// cover as many weight columns as possible (`16 · TN · WN · G` share one x read through
+/// L1) while the grid keeps at least [`WIDE_MIN_BLOCKS`] blocks; the remaining warps of
+/// the 8 split K inside the block. x is prefetched with the weights (`kernel_bench wide`,
+/// H200, Llama-3.1-8B shapes at M = 64: qkv 2×2×4, o and down 1×2×4, gate/up 1×8×1,
+/// lm-head 2×8×1 as tn×wn×wk were the fastest of 48 splits each).
+pub fn wide_tiling(p: &GemvParams) -> MmaTiling {
+    let g = mats(p);
+    let tiles = p.n.div_ceil(16) as u64;
+    let row_tiles = match p.rows {
+        crate::abi::Rows::Fixed(r) => r.div_ceil(p.row_tile).max(1) as u64,
+        _ => 1,
+    };
+    // (tn, wn) by columns per block, widest first; gate/up pairs its two matrices already.
+    let splits: &[(u32, u32)] = if g == 2 {
+        &[(1, 8), (1, 4), (1, 2), (1, 1)]
+    } else {
+        &[(2, 8), (2, 4), (2, 2), (1, 2), (1, 1)]
+    };
+    let (tn, wn) = splits
+        .iter()
+        .copied()
+        .find(|&(tn, wn)| tiles.div_ceil((tn * wn) as u64) * row_tiles >= WIDE_MIN_BLOCKS)
+        .unwrap_or((1, 1));
+    let mut t = MmaTiling {
+        tn,
+        wn,
+        wk: (8 / wn).min(p.k.div_ceil(32)).max(1),
+        unroll: 2,
+        roll_x: true,
+        ks: 1,
     };
     while t.wk > 1 && red_bytes(p, &t) > RED_SMEM_MAX {
         t.wk /= 2;
@@ -167,8 +269,11 @@ fn validate(p: &GemvParams, t: &MmaTiling) -> Result<(), Error> {
     if !p.x.aligned(16) {
         return err("x", "rows must be 16-byte aligned");
     }
-    if t.tn == 0 || t.wn == 0 || t.wk == 0 || t.unroll == 0 || t.warps() > 32 {
-        return err("tiling", "tn, wn, wk, unroll positive and at most 32 warps");
+    if t.tn == 0 || t.wn == 0 || t.wk == 0 || t.unroll == 0 || t.ks == 0 || t.warps() > 32 {
+        return err(
+            "tiling",
+            "tn, wn, wk, unroll, ks positive and at most 32 warps",
+        );
     }
     if red_bytes(p, t) > RED_SMEM_MAX {
         return err(
@@ -179,14 +284,48 @@ fn validate(p: &GemvParams, t: &MmaTiling) -> Result<(), Error> {
     Ok(())
 }
 
-/// Generates the kernel with the default [`tiling`].
+/// Generates the kernel with the default [`tiling`] (an error where it splits K across
+/// blocks: use [`select`] with scratch).
 pub fn gemv_mma(p: &GemvParams) -> Result<KernelSource, Error> {
-    gemv_mma_tiled(p, &tiling(p))
+    gemv_mma_split(p, &tiling(p), None)
 }
 
-/// Generates the kernel with an explicit work split (benchmarks sweep it).
+/// The default kernel over at most `rows` rows, its split-K scratch (partials, then
+/// zeroed counters) taken from `alloc(bytes)`.
+pub fn gemv_mma_alloc(
+    p: &GemvParams,
+    rows: u32,
+    mut alloc: impl FnMut(u64) -> Loc,
+) -> Result<KernelSource, Error> {
+    let t = tiling(p);
+    let split = split_needs(p, &t, rows).map(|nd| SplitScratch {
+        partials: alloc(nd.partial_bytes),
+        counters: alloc(nd.counters as u64 * 4),
+        tiles: nd.counters,
+    });
+    gemv_mma_split(p, &t, split)
+}
+
+/// Generates the kernel with an explicit work split without split-K scratch.
 pub fn gemv_mma_tiled(p: &GemvParams, t: &MmaTiling) -> Result<KernelSource, Error> {
+    gemv_mma_split(p, t, None)
+}
+
+/// Generates the kernel with an explicit work split (benchmarks sweep it); `split` is
+/// required exactly when `t.ks > 1`.
+pub fn gemv_mma_split(
+    p: &GemvParams,
+    t: &MmaTiling,
+    split: Option<SplitScratch>,
+) -> Result<KernelSource, Error> {
     validate(p, t)?;
+    if (t.ks > 1) != split.is_some() {
+        return Err(Error::param(
+            FAMILY,
+            "split",
+            "split-K scratch is required exactly when ks > 1",
+        ));
+    }
     let (xt, wt) = (p.x.dtype.c_type(), p.w_dtype.c_type());
     let g = mats(p);
     let mut kb = KernelBuilder::new(FAMILY, p.w_dtype);
@@ -217,6 +356,10 @@ pub fn gemv_mma_tiled(p: &GemvParams, t: &MmaTiling) -> Result<KernelSource, Err
         t.unroll
     );
     w.line("constexpr int UNITS = (K + 31) / 32;  // units of 32 k");
+    emit!(w, "constexpr int KS = {};  // K splits across blocks", t.ks);
+    w.line("constexpr int UPS = (UNITS + KS - 1) / KS;  // units per split");
+    w.line("const int ub = blockIdx.z * UPS;  // this split's units: [ub, ue)");
+    w.line("const int ue = min(UNITS, ub + UPS);");
     emit!(w, "constexpr int VW = {};", 16 / p.x.dtype.size());
     if p.norm.is_some() {
         w.line("__shared__ float inv_rms[MT];");
@@ -271,8 +414,8 @@ pub fn gemv_mma_tiled(p: &GemvParams, t: &MmaTiling) -> Result<KernelSource, Err
     if let Some(gt) = gt {
         emit!(w, "Raw8<{gt}> gn[U];  // norm weight");
     }
-    w.comment("first group: units wk + i * WK");
-    w.for_unrolled("i", 0, "U", |w| emit_load(w, p, t, "wk + i * WK"));
+    w.comment("first group: units ub + wk + i * WK");
+    w.for_unrolled("i", 0, "U", |w| emit_load(w, p, t, "ub + wk + i * WK"));
 
     if p.norm.is_some() {
         emit_row_inv_rms(w, p, Some(8));
@@ -295,7 +438,7 @@ pub fn gemv_mma_tiled(p: &GemvParams, t: &MmaTiling) -> Result<KernelSource, Err
     };
     // The rolling prefetch is the pipeline: unrolling this loop again only adds registers.
     w.line("#pragma unroll 1");
-    w.for_block("int u0 = wk", "u0 < UNITS", "u0 += WK * U", |w| {
+    w.for_block("int u0 = ub + wk", "u0 < ue", "u0 += WK * U", |w| {
         w.for_unrolled("i", 0, "U", |w| {
             w.comment("slot i holds unit u0 + i * WK (zeros past K)");
             if !t.roll_x {
@@ -347,13 +490,16 @@ pub fn gemv_mma_tiled(p: &GemvParams, t: &MmaTiling) -> Result<KernelSource, Err
         });
     }
 
+    if let Some(sc) = split {
+        emit_split_k_fixup(w, sc);
+    }
     epilogue(w, p);
 
     let launch = LaunchSpec {
         grid: [
             Extent::Fixed(partials_per_row(p, t)),
             p.rows.extent(1, p.row_tile),
-            Extent::Fixed(1),
+            Extent::Fixed(t.ks),
         ],
         block: [t.warps() * 32, 1, 1],
         smem_bytes: 0,
@@ -361,12 +507,65 @@ pub fn gemv_mma_tiled(p: &GemvParams, t: &MmaTiling) -> Result<KernelSource, Err
     Ok(kb.finish(launch))
 }
 
+/// Split-K across blocks: warp wk = 0 of every split stores its sums, the last split of
+/// the tile to arrive (one counter per tile) resets the counter and reloads the sums of
+/// all splits in split order (the result does not depend on arrival order), then runs the
+/// epilogue; the other blocks are done.
+fn emit_split_k_fixup(w: &mut Writer, sc: SplitScratch) {
+    w.comment("split-K: publish this split's sums; the last split of the tile finishes it");
+    w.line("constexpr int FRAG = AT * MT8 * 4 * 32;  // floats of one warp's accumulators");
+    w.line("__shared__ int split_last;");
+    emit!(w, "float* part = {};", sc.partials.ptr_as("float", true));
+    emit!(w, "int* cnt = {};", sc.counters.ptr_as("int", true));
+    w.line("const long long tile = (long long)blockIdx.y * gridDim.x + blockIdx.x;");
+    emit!(
+        w,
+        "if (tile >= {}) __trap();  // more tiles than the scratch holds",
+        sc.tiles
+    );
+    w.line("float* mine = part + ((tile * KS + blockIdx.z) * WN + wn) * FRAG;");
+    w.if_block("wk == 0", |w| {
+        w.for_unrolled("a", 0, "AT", |w| {
+            w.for_unrolled("mt", 0, "MT8", |w| {
+                w.for_unrolled("d", 0, 4, |w| {
+                    w.line("__stcg(mine + ((a * MT8 + mt) * 4 + d) * 32 + lane, acc[a][mt][d]);");
+                });
+            });
+        });
+    });
+    w.line("__threadfence();");
+    w.line("__syncthreads();");
+    w.if_block("threadIdx.x == 0", |w| {
+        w.line("const int arrived = atomicAdd(cnt + tile, 1);");
+        w.line("split_last = arrived == KS - 1;");
+        w.comment("every split has counted: back to zero for the next launch");
+        w.line("if (split_last) cnt[tile] = 0;");
+    });
+    w.line("__syncthreads();");
+    w.line("if (!split_last) return;");
+    w.line("__threadfence();");
+    w.if_block("wk == 0", |w| {
+        w.line("const float* all = part + (tile * KS * WN + wn) * FRAG;");
+        w.for_unrolled("a", 0, "AT", |w| {
+            w.for_unrolled("mt", 0, "MT8", |w| {
+                w.for_unrolled("d", 0, 4, |w| {
+                    w.line("float s = 0.0f;");
+                    w.for_block("int j = 0", "j < KS", "++j", |w| {
+                        w.line("s += __ldcg(all + j * WN * FRAG + ((a * MT8 + mt) * 4 + d) * 32 + lane);");
+                    });
+                    w.line("acc[a][mt][d] = s;");
+                });
+            });
+        });
+    });
+}
+
 /// `ok`: whether this lane's 8 k of unit `u` lie inside K.
 fn emit_unit_ok(w: &mut Writer, p: &GemvParams) {
     if p.k.is_multiple_of(32) {
-        w.line("const bool ok = u < UNITS;");
+        w.line("const bool ok = u < ue;");
     } else {
-        w.line("const bool ok = u < UNITS && u * 32 + 8 * t < K;");
+        w.line("const bool ok = u < ue && u * 32 + 8 * t < K;");
     }
 }
 
@@ -492,7 +691,7 @@ mod tests {
 
     #[test]
     fn select_uses_tensor_cores_for_several_rows_of_16_bit_operands() {
-        let name = |p: &GemvParams| select(p).unwrap().name;
+        let name = |p: &GemvParams| select(p, None).unwrap().name;
         assert!(name(&params(8, 256, 512, false, Dtype::BF16)).starts_with("gemv_mma_bf16_"));
         assert!(name(&params(2, 256, 512, true, Dtype::F16)).starts_with("gemv_mma_f16_"));
         // One row: tensor cores for a plain (or residual) projection, CUDA cores for a normed
@@ -536,7 +735,12 @@ mod tests {
                 assert!(t.warps() <= 8 && t.wk >= 1, "{label}");
                 assert!(red_bytes(&p, &t) <= RED_SMEM_MAX, "{label}");
                 assert!(partials_per_row(&p, &t) * 16 * t.tn * t.wn >= n, "{label}");
-                let k = gemv_mma(&p).unwrap_or_else(|e| panic!("{label}: {e}"));
+                let split = split_needs(&p, &t, m).map(|nd| SplitScratch {
+                    partials: Loc::arena(1 << 24),
+                    counters: Loc::arena(1 << 23),
+                    tiles: nd.counters,
+                });
+                let k = gemv_mma_split(&p, &t, split).unwrap_or_else(|e| panic!("{label}: {e}"));
                 assert_eq!(k.launch.threads(), t.warps() * 32, "{label}");
             }
         }
@@ -551,6 +755,7 @@ mod tests {
             wk: 8,
             unroll: 2,
             roll_x: false,
+            ks: 1,
         };
         assert!(gemv_mma_tiled(&p, &bad).is_err(), "reduction over budget");
         let zero = MmaTiling { unroll: 0, ..bad };

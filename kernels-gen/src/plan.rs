@@ -4,8 +4,11 @@
 //!
 //! Invariants:
 //! - arena offsets come from the memory plan; group-local scratch (GEMV argmax partials,
-//!   attention split partials, the fused q/k/v product) lives in one region after the
-//!   planned arena, reused by every group (groups run one after another);
+//!   split-K partial sums, attention split partials, the fused q/k/v product) lives in one
+//!   region after the planned arena, reused by every group (groups run one after another);
+//! - between the planned arena and the scratch, [`SPLIT_COUNTERS`] `i32` split-K counters:
+//!   zero when the arena is allocated (zeroed), and left zero by every kernel that uses
+//!   them, so all split-K launches share them;
 //! - table slot `i` is `slots[i]`: a checkpoint weight, a persistent state, or rows of
 //!   several weights concatenated at upload (the fused q/k/v projection);
 //! - each launch carries its own [`Bucket`]: inside a step graph an op's token count is its
@@ -28,6 +31,10 @@ use crate::generic::{single, TensorArg};
 use crate::norm::{rmsnorm, RmsNormParams};
 use crate::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
 use crate::Error;
+
+/// Split-K tile counters reserved in every arena (the default tilings split K only below
+/// 132 output tiles).
+pub const SPLIT_COUNTERS: u32 = 512;
 
 /// A buffer outside the arena that kernels reach through the table.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -111,6 +118,8 @@ struct Ctx<'a> {
     scratch_base: u64,
     scratch_top: u64,
     scratch_max: u64,
+    /// The split-K counter region (see the module docs).
+    counters: Loc,
     bucket: Bucket,
 }
 
@@ -189,6 +198,29 @@ impl Ctx<'_> {
         Loc::arena(at)
     }
 
+    /// The matmul kernel for `p` over `rows` rows, with split-K scratch when its tiling
+    /// asks for it.
+    fn gemv(&mut self, p: &GemvParams, rows: u32) -> Result<KernelSource, Error> {
+        let split = match gemv_mma::select_split_needs(p, rows) {
+            None => None,
+            Some(needs) if needs.counters > SPLIT_COUNTERS => {
+                return Err(unsupported(
+                    "matmul",
+                    format!(
+                        "split-K over {} tiles exceeds the {SPLIT_COUNTERS} counters",
+                        needs.counters
+                    ),
+                ))
+            }
+            Some(needs) => Some(gemv_mma::SplitScratch {
+                partials: self.scratch(needs.partial_bytes),
+                counters: self.counters,
+                tiles: needs.counters,
+            }),
+        };
+        gemv_mma::select(p, split)
+    }
+
     /// Bucket constants for an op whose tensors are `[B, t, ...]`.
     fn bucket_for(&self, v: ValueId) -> Result<Bucket, Error> {
         let d = self.dims(v)?;
@@ -208,13 +240,16 @@ pub fn plan_kernels(g: &Graph, groups: &[Group], plan: &LaunchPlan) -> Result<Ke
         t: get(BucketDim::T),
         ctx: get(BucketDim::Ctx),
     };
+    let counters = plan.memory.arena_bytes.next_multiple_of(256);
+    let scratch_base = counters + SPLIT_COUNTERS as u64 * 4;
     let mut cx = Ctx {
         g,
         plan,
         slots: Vec::new(),
-        scratch_base: plan.memory.arena_bytes,
-        scratch_top: plan.memory.arena_bytes,
-        scratch_max: plan.memory.arena_bytes,
+        scratch_base,
+        scratch_top: scratch_base,
+        scratch_max: scratch_base,
+        counters: Loc::arena(counters),
         bucket,
     };
     let mut launches = Vec::new();
@@ -454,7 +489,7 @@ fn matmul_kernels(
                 let w = cx.loc(m.weight)?;
                 let mut p = base(cx, m, GemvWeights::Single(w), n)?;
                 p.out = Some(cx.view(m.node)?.0);
-                out.push((gemv_mma::select(&p)?, b));
+                out.push((cx.gemv(&p, rows as u32)?, b));
             }
         }
         Epilogue::ResidualAdd { residual, out: o } => {
@@ -464,14 +499,14 @@ fn matmul_kernels(
             let mut p = base(cx, m, GemvWeights::Single(w), n)?;
             p.residual = Some(cx.view(*residual)?.0);
             p.out = Some(cx.view(*o)?.0);
-            out.push((gemv_mma::select(&p)?, b));
+            out.push((cx.gemv(&p, rows as u32)?, b));
         }
         Epilogue::SiluMul { out: o } => {
             let (gate, up) = (cx.loc(mats[0].weight)?, cx.loc(mats[1].weight)?);
             let n = n_of(cx, &mats[0])?;
             let mut p = base(cx, &mats[0], GemvWeights::GateUp { gate, up }, n)?;
             p.out = Some(cx.view(*o)?.0);
-            out.push((gemv_mma::select(&p)?, b));
+            out.push((cx.gemv(&p, rows as u32)?, b));
         }
         Epilogue::LogitsArgmax { logits, argmax: am } => {
             let m = &mats[0];
@@ -493,7 +528,7 @@ fn matmul_kernels(
             } else {
                 None
             };
-            out.push((gemv_mma::select(&p)?, b));
+            out.push((cx.gemv(&p, rows as u32)?, b));
             if let (Some(a), Some((loc, count))) = (am, parts) {
                 let ap = ArgmaxParams {
                     rows: Rows::Fixed(rows as u32),
@@ -525,7 +560,7 @@ fn matmul_kernels(
             let qkv = cx.scratch(rows * n_total * act.size());
             let mut p = base(cx, &mats[0], GemvWeights::Single(Loc::table(slot)), n_total)?;
             p.out = Some(View::new(qkv, act, n_total));
-            out.push((gemv_mma::select(&p)?, b));
+            out.push((cx.gemv(&p, rows as u32)?, b));
             let (hd, hq, hkv) = (r.head_dim as u32, r.q_heads as u32, r.kv_heads as u32);
             let full = View::new(qkv, act, n_total);
             let (f, scale, style) = inv_freq(&r.rope, rotary_dim(&r.rope, hd));

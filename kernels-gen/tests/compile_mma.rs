@@ -8,7 +8,7 @@ mod common;
 
 use specc_kernels_gen::abi::{Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::gemv::{GemvParams, GemvWeights, RmsNormPrologue};
-use specc_kernels_gen::gemv_mma::{gemv_mma, tiling};
+use specc_kernels_gen::gemv_mma::{gemv_mma_alloc, tiling};
 use specc_kernels_gen::{Arch, Error, Nvrtc};
 
 fn nvrtc_or_skip() -> Option<Nvrtc> {
@@ -59,7 +59,16 @@ fn row_tile_cases(m: u32) -> Vec<(String, KernelSource)> {
         .into_iter()
         .map(|(l, p)| {
             let t = tiling(&p);
-            (format!("{l} M={m} {t:?}"), gemv_mma(&p).unwrap())
+            let mut next = 1u64 << 26;
+            let alloc = |b: u64| {
+                let at = next;
+                next += b.next_multiple_of(256);
+                Loc::arena(at)
+            };
+            (
+                format!("{l} M={m} {t:?}"),
+                gemv_mma_alloc(&p, m, alloc).unwrap(),
+            )
         })
         .collect()
 }

@@ -136,6 +136,7 @@ fn gemv_mma_row_tiles_dtypes_and_tilings() {
                 wk: 3,
                 unroll: 1,
                 roll_x: true,
+                ks: 1,
             })),
             ..MMA
         },
@@ -152,6 +153,7 @@ fn gemv_mma_row_tiles_dtypes_and_tilings() {
                 wk: 5,
                 unroll: 3,
                 roll_x: false,
+                ks: 1,
             })),
             ..MMA
         },
@@ -191,6 +193,64 @@ fn gemv_mma_row_tiles_dtypes_and_tilings() {
             argmax: true,
             out: None,
             norm: true,
+            ..MMA
+        },
+        // Split-K across blocks: odd K per split, argmax partials, two row tiles (the
+        // counters are per column block and row tile), gate/up, fused norm.
+        GemvCase {
+            b: 2,
+            t: 20,
+            k: 1000,
+            n: 700,
+            row_tile: 24,
+            argmax: true,
+            out: None,
+            norm: true,
+            kernel: Kernel::Mma(Some(MmaTiling {
+                tn: 2,
+                wn: 4,
+                wk: 2,
+                unroll: 2,
+                roll_x: false,
+                ks: 3,
+            })),
+            ..MMA
+        },
+        GemvCase {
+            b: 1,
+            t: 33,
+            k: 2048,
+            n: 520,
+            row_tile: 33,
+            gate_up: true,
+            norm: true,
+            kernel: Kernel::Mma(Some(MmaTiling {
+                tn: 1,
+                wn: 4,
+                wk: 2,
+                unroll: 2,
+                roll_x: true,
+                ks: 5,
+            })),
+            ..MMA
+        },
+        // Llama-3.1-8B qkv and o at a 64-node tree verify (default wide tiling, split-K).
+        GemvCase {
+            b: 1,
+            t: 64,
+            k: 4096,
+            n: 6144,
+            row_tile: 64,
+            norm: true,
+            ..MMA
+        },
+        GemvCase {
+            b: 1,
+            t: 64,
+            k: 4096,
+            n: 4096,
+            row_tile: 64,
+            residual: true,
             ..MMA
         },
     ];

@@ -9,7 +9,7 @@ use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
 use specc_kernels_gen::attention::{attention, attention_tiles, AttentionParams, AttnMask};
 use specc_kernels_gen::elementwise::{binary, embedding, BinaryFn, BinaryParams, EmbeddingParams};
 use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights, RmsNormPrologue};
-use specc_kernels_gen::gemv_mma::gemv_mma;
+use specc_kernels_gen::gemv_mma::gemv_mma_alloc;
 use specc_kernels_gen::norm::{rmsnorm, RmsNormParams};
 use specc_kernels_gen::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
 
@@ -218,7 +218,8 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
         .unwrap(),
     );
     for (label, p) in mma_fixtures(&base_gemv, &lm, s, [attn, act, logits]) {
-        add(&label, gemv_mma(&p).unwrap());
+        let rows = p.row_tile;
+        add(&label, gemv_mma_alloc(&p, rows, |b| plan.alloc(b)).unwrap());
     }
     add(
         "argmax partials",

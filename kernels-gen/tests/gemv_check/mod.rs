@@ -12,7 +12,9 @@ use specc_ir::{DType, Op};
 use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
 use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights, RmsNormPrologue};
-use specc_kernels_gen::gemv_mma::{gemv_mma_tiled, partials_per_row, tiling, MmaTiling};
+use specc_kernels_gen::gemv_mma::{
+    gemv_mma_split, partials_per_row, split_needs, tiling, MmaTiling, SplitScratch,
+};
 
 /// Which generator a case runs.
 #[derive(Clone, Copy, Debug)]
@@ -99,11 +101,22 @@ pub fn check_gemv(gpu: &Gpu, c: GemvCase) {
         out,
         argmax_partials: c.argmax.then_some(parts),
     };
+    // Split-K scratch: partials, and counters that must be zero before and after.
+    let mut counters = None;
     let (kernel, per_row): (KernelSource, u32) = match c.kernel {
         Kernel::Simt => (gemv(&p).unwrap(), p.partials_per_row()),
         Kernel::Mma(t) => {
             let t = t.unwrap_or_else(|| tiling(&p));
-            (gemv_mma_tiled(&p, &t).unwrap(), partials_per_row(&p, &t))
+            let split = split_needs(&p, &t, m as u32).map(|nd| SplitScratch {
+                partials: plan.alloc(nd.partial_bytes),
+                counters: plan.alloc(nd.counters as u64 * 4),
+                tiles: nd.counters,
+            });
+            counters = split.map(|s| (s.counters, s.tiles as usize));
+            (
+                gemv_mma_split(&p, &t, split).unwrap(),
+                partials_per_row(&p, &t),
+            )
         }
     };
     let mut kernels = vec![kernel];
@@ -205,6 +218,13 @@ pub fn check_gemv(gpu: &Gpu, c: GemvCase) {
         // flip with the summation order and survive the add.
         let peak = want["mm"].iter().fold(0.0f64, |a, &v| a.max(v.abs()));
         atol = atol.max(peak / 128.0);
+    }
+    if let Some((loc, count)) = counters {
+        let left = mem.get(loc, Dtype::I32, count);
+        assert!(
+            left.iter().all(|&c| c == 0.0),
+            "{label}: split-K counters not reset: {left:?}"
+        );
     }
     if let Some(o) = out {
         let got = mem.get(o.loc, o.dtype, m * n);
