@@ -1,0 +1,375 @@
+//! Full acceptance: a "target-derived" family built from the tiny fixtures (target
+//! `llama3_scaled_untied`, drafters `dflash_random` and `eagle3_random`) by overriding a few
+//! tensors, in which the target's greedy token AND every drafter's top-1 token are the same
+//! constant [`TOKEN`], whatever the context. Every speculative step must then accept its
+//! deepest draft path (k drafts + the bonus); the tests assert that per step, and that the
+//! emitted tokens equal the target's plain greedy decode.
+//!
+//! Why the top-1 is [`TOKEN`] everywhere, through the real forward paths:
+//! - every token embedding gets `SHARED` on hidden dim 0 (embedding rows have RMS ≈ 1, the
+//!   decoder layers add O(1) to the residual stream: they only see RMS-normed inputs through
+//!   small weights), so every residual stream is ≈ `SHARED · e0` and its RMS-normed value is
+//!   ≈ `√H · e0` (the final norms' dim-0 gains are set to 1);
+//! - the target's lm_head (shared by the DFlash drafter, which has no head of its own) has
+//!   column 0 zeroed except `GAIN` at row [`TOKEN`]: [`TOKEN`]'s logit is ≈ `GAIN · √H` = 16
+//!   above a floor of |logits| ≲ 0.5 from the other dims;
+//! - the EAGLE-3 head's residual stream is `fc(taps)` (taps = raw target layer outputs, each
+//!   ≈ `SHARED · e0`): `fc` row 0 averages the three taps' dim 0 and no other row reads
+//!   them, its own lm_head's column 0 is zeroed except `GAIN` at the draft id that `d2t`
+//!   maps to [`TOKEN`]; later chained steps read the head's own pre-norm output, still
+//!   ≈ `SHARED · e0`.
+//!
+//! The margin is measured on the interpreter ([`target_margin`]) and reported on failure.
+//! [`TOKEN`] is neither 0 nor the DFlash mask token, so no argmax tie-break (first index)
+//! can produce it: it must win by value.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use specc_models::{Model, SpecBundle, SpecConfig};
+use specc_runtime::{SpecCpuSession, SpecGraphs, Speculator};
+
+/// The token every member of the family predicts (draft id 200 of the EAGLE-3 fixture).
+pub const TOKEN: u32 = 297;
+/// Added to hidden dim 0 of every token embedding.
+const SHARED: f32 = 100.0;
+/// The lm_head weight that reads dim 0 into [`TOKEN`]'s logit.
+const GAIN: f32 = 2.0;
+/// Block size written into the DFlash drafter's config: 7 drafts per step (the fixture's
+/// weights do not depend on it).
+pub const BLOCK_SIZE: usize = 8;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// The family in a temporary directory: `target/`, `dflash/`, `eagle3/`.
+pub struct Family {
+    dir: tempfile::TempDir,
+}
+
+/// One checkpoint's tensors, editable as f32 rows.
+struct Tensors(Vec<(String, Dtype, Vec<usize>, Vec<u8>)>);
+
+impl Tensors {
+    fn read(file: &Path) -> Tensors {
+        let bytes = std::fs::read(file).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let mut v: Vec<_> = st
+            .tensors()
+            .into_iter()
+            .map(|(n, t)| (n, t.dtype(), t.shape().to_vec(), t.data().to_vec()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        Tensors(v)
+    }
+
+    fn entry(&mut self, name: &str) -> &mut (String, Dtype, Vec<usize>, Vec<u8>) {
+        self.0.iter_mut().find(|e| e.0 == name).unwrap()
+    }
+
+    fn ints(&mut self, name: &str) -> Vec<i64> {
+        let e = self.entry(name);
+        assert_eq!(e.1, Dtype::I64, "{name}");
+        e.3.chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    /// Applies `f(row, col, value)` to every element of the 2-D (or 1-D: row 0) f32 `name`.
+    fn edit(&mut self, name: &str, f: impl Fn(usize, usize, f32) -> f32) {
+        let e = self.entry(name);
+        assert_eq!(e.1, Dtype::F32, "{name}");
+        let cols = *e.2.last().unwrap();
+        for (i, c) in e.3.chunks_exact_mut(4).enumerate() {
+            let x = f(
+                i / cols,
+                i % cols,
+                f32::from_le_bytes((*c).try_into().unwrap()),
+            );
+            c.copy_from_slice(&x.to_le_bytes());
+        }
+    }
+
+    fn write(&self, file: &Path) {
+        let views = self
+            .0
+            .iter()
+            .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()));
+        std::fs::write(file, safetensors::serialize(views, &None).unwrap()).unwrap();
+    }
+}
+
+fn copy_config(from: &str, to: &Path, edit: impl Fn(&mut serde_json::Value)) {
+    let text = std::fs::read_to_string(fixtures().join(from).join("config.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    edit(&mut v);
+    std::fs::create_dir_all(to).unwrap();
+    std::fs::write(to.join("config.json"), v.to_string()).unwrap();
+}
+
+impl Family {
+    pub fn new() -> Family {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+
+        copy_config("llama3_scaled_untied", &root.join("target"), |_| {});
+        let mut t = Tensors::read(&fixtures().join("llama3_scaled_untied/model.safetensors"));
+        t.edit(
+            "model.embed_tokens.weight",
+            |_, c, x| {
+                if c == 0 {
+                    SHARED
+                } else {
+                    x
+                }
+            },
+        );
+        t.edit("model.norm.weight", |_, c, x| if c == 0 { 1.0 } else { x });
+        t.edit("lm_head.weight", |r, c, x| match (r as u32 == TOKEN, c) {
+            (true, 0) => GAIN,
+            (false, 0) => 0.0,
+            _ => x,
+        });
+        t.write(&root.join("target/model.safetensors"));
+
+        copy_config("dflash_random", &root.join("dflash"), |v| {
+            v["block_size"] = BLOCK_SIZE.into();
+        });
+        let mut d = Tensors::read(&fixtures().join("dflash_random/model.safetensors"));
+        d.edit("norm.weight", |_, c, x| if c == 0 { 1.0 } else { x });
+        d.write(&root.join("dflash/model.safetensors"));
+
+        copy_config("eagle3_random", &root.join("eagle3"), |_| {});
+        let mut e = Tensors::read(&fixtures().join("eagle3_random/model.safetensors"));
+        let d2t = e.ints("d2t");
+        let draft_id = (0..d2t.len())
+            .find(|&i| i as i64 + d2t[i] == TOKEN as i64)
+            .expect("TOKEN is in the head's draft vocabulary");
+        let h = 64;
+        e.edit("fc.weight", |r, c, x| match (r, c % h) {
+            (0, 0) => 1.0 / 3.0,
+            (_, 0) => 0.0,
+            _ => x,
+        });
+        e.edit("norm.weight", |_, c, x| if c == 0 { 1.0 } else { x });
+        e.edit("lm_head.weight", |r, c, x| match (r == draft_id, c) {
+            (true, 0) => GAIN,
+            (false, 0) => 0.0,
+            _ => x,
+        });
+        e.write(&root.join("eagle3/model.safetensors"));
+        Family { dir }
+    }
+
+    pub fn target_dir(&self) -> PathBuf {
+        self.dir.path().join("target")
+    }
+
+    pub fn target(&self) -> Model {
+        Model::open(self.target_dir()).unwrap()
+    }
+
+    /// A bundle from spec.toml `body` (drafts are `../dflash` and `../eagle3`).
+    pub fn bundle(&self, target: &Model, body: &str) -> SpecBundle {
+        let cfg =
+            SpecConfig::from_toml(&self.target_dir().join("spec.full-accept.toml"), body).unwrap();
+        SpecBundle::open(target, &cfg).unwrap()
+    }
+}
+
+/// The smallest margin, over every position of `ids`, by which [`TOKEN`]'s target logit
+/// beats every other token's (interpreter forward).
+pub fn target_margin(target: &Model, ids: &[u32]) -> f32 {
+    let w = target.load_weights_f32();
+    let (shape, logits) = target.logits(&w, ids).unwrap();
+    logits
+        .chunks_exact(shape[1])
+        .map(|row| {
+            let other = row
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j as u32 != TOKEN)
+                .map(|(_, &x)| x)
+                .fold(f32::NEG_INFINITY, f32::max);
+            row[TOKEN as usize] - other
+        })
+        .fold(f32::INFINITY, f32::min)
+}
+
+/// Every token each lane emitted (first + all of every step, untruncated) and, per lane,
+/// how many tokens each step emitted while the lane was live.
+pub struct Driven {
+    pub tokens: Vec<Vec<u32>>,
+    pub per_step: Vec<Vec<usize>>,
+}
+
+/// Admits `prompts` and steps until no lane is live, draining after every step (drain
+/// waits for the step, so each drain holds exactly that step's tokens).
+pub fn drive(s: &mut dyn Speculator, prompts: &[Vec<u32>], max_new: usize) -> Driven {
+    let first = s.admit(prompts, max_new).unwrap();
+    let mut tokens: Vec<Vec<u32>> = first.iter().map(|&t| vec![t]).collect();
+    let mut per_step = vec![Vec::new(); prompts.len()];
+    loop {
+        let live = s.live().unwrap();
+        if !live.iter().any(|&l| l) {
+            break;
+        }
+        s.step().unwrap();
+        for (i, new) in s.drain().unwrap().into_iter().enumerate() {
+            if live[i] {
+                per_step[i].push(new.len());
+            } else {
+                assert!(new.is_empty(), "finished lane {i} emitted {new:?}");
+            }
+            tokens[i].extend(new);
+        }
+        assert!(
+            per_step.iter().map(Vec::len).max().unwrap() <= 2 * max_new + 4,
+            "lanes never finished"
+        );
+    }
+    Driven { tokens, per_step }
+}
+
+/// The lanes, limits and expectations of one full-acceptance run of a bundle.
+///
+/// Prompt lengths `5 + 14·i` in a cache of `margin + 81` slots give lane `i` room for
+/// `ctx − P − margin − 2 = 74 − 14·i` tokens (admission's budget rule). At B = 1 `max_new`
+/// is unbounded, so the lane runs to the cache's capacity; at B = 4 `max_new = 67`: lane 0
+/// stops at `max_new` (room 74), lanes 1–3 at the capacity (room 60, 46, 32), so lanes
+/// finish at different steps and finished lanes ride along masked.
+pub struct Plan {
+    pub prompts: Vec<Vec<u32>>,
+    /// The most draft tokens one step accepts (block_size − 1, or the tree's depth).
+    pub depth: usize,
+    /// Cache slots one verify writes past `len`, minus one (`SpecBundle::verify_margin`).
+    pub margin: usize,
+    pub max_new: usize,
+    /// KV slots per sequence.
+    pub ctx: usize,
+    /// Lanes whose budget is the cache's room rather than `max_new`.
+    pub at_capacity: usize,
+}
+
+impl Plan {
+    pub fn new(b: &SpecBundle, depth: usize, lanes: usize) -> Plan {
+        let graphs = SpecGraphs::of(b);
+        assert_eq!(graphs.max_accept(), depth, "the bundle's deepest path");
+        let prompts: Vec<Vec<u32>> = (0..lanes)
+            .map(|i| {
+                (0..5 + 14 * i)
+                    .map(|j| ((j * 53 + i * 29 + 7) % 380) as u32)
+                    .collect()
+            })
+            .collect();
+        let (max_new, at_capacity) = match lanes {
+            1 => (usize::MAX / 4, 1),
+            4 => (67, 3),
+            _ => panic!("plans exist for 1 and 4 lanes"),
+        };
+        Plan {
+            prompts,
+            depth,
+            margin: graphs.num_steps,
+            max_new,
+            ctx: graphs.num_steps + 81,
+            at_capacity,
+        }
+    }
+
+    /// Drives `s` (a session over `ctx` slots) to the end and asserts every live step of
+    /// every lane emitted `depth + 1` tokens (all drafts accepted + the bonus) until the
+    /// lane's budget `min(max_new, ctx − P − margin − 2)` ran out, and that the tokens
+    /// equal `reference(lane, n)` (the target's plain greedy decode, `n` tokens).
+    pub fn check(
+        &self,
+        what: &str,
+        target: &Model,
+        s: &mut dyn Speculator,
+        reference: &dyn Fn(usize, usize) -> Vec<u32>,
+    ) {
+        let run = drive(s, &self.prompts, self.max_new);
+        let per = self.depth + 1;
+        let mut at_capacity = 0;
+        for (i, p) in self.prompts.iter().enumerate() {
+            let room = self.ctx - p.len() - self.margin - 2;
+            let budget = self.max_new.min(room);
+            let steps = budget.div_ceil(per);
+            let want = reference(i, 1 + steps * per);
+            let mut seq = p.clone();
+            seq.extend(&want);
+            let margin = target_margin(target, &seq[..seq.len() - 1]);
+            let why = format!(
+                "{what}: lane {i} (prompt len {}, budget {budget}): target logit margin of \
+                 token {TOKEN} = {margin:.2}; per-step emitted {:?}",
+                p.len(),
+                run.per_step[i]
+            );
+            eprintln!("{why}");
+            assert_eq!(
+                run.per_step[i],
+                vec![per; steps],
+                "{why}: not full acceptance"
+            );
+            assert!(
+                want.iter().all(|&t| t == TOKEN),
+                "{why}: construction broken, target greedy {want:?}"
+            );
+            assert_eq!(run.tokens[i], want, "{why}: differs from target greedy");
+            if room < self.max_new {
+                // The last verify started at len = P + budget − r (r ∈ 1..=per tokens of
+                // budget left) and wrote slots up to len + margin = ctx − 2 − r: the run
+                // went to within one step of the cache's end.
+                let top = p.len() + (steps - 1) * per + self.margin;
+                assert!(
+                    top < self.ctx && top + per + 3 > self.ctx,
+                    "{why}: last verify's top slot {top} vs ctx {}",
+                    self.ctx
+                );
+                at_capacity += 1;
+            }
+        }
+        assert_eq!(at_capacity, self.at_capacity, "{what}: lanes at capacity");
+    }
+}
+
+/// [`Plan::check`] of `b` (deepest path `depth`) at `lanes` on the CPU interpreter.
+pub fn check_cpu(what: &str, target: &Model, b: &SpecBundle, depth: usize, lanes: usize) {
+    let plan = Plan::new(b, depth, lanes);
+    let weights = b.load_weights_f32(target).unwrap();
+    let mut s = SpecCpuSession::new(SpecGraphs::of(b), &weights, lanes, plan.ctx as u64);
+    let w = target.load_weights_f32();
+    let reference = |i: usize, n: usize| {
+        target
+            .greedy_generate(&w, &plan.prompts[i], n, 256)
+            .unwrap()
+    };
+    plan.check(what, target, &mut s, &reference);
+}
+
+/// [`Plan::check`] of `b` at `lanes` on the device; `plain` decodes with the target alone
+/// on the device (`gpu_common::plain_cuda`: prompts, tokens, KV slots).
+#[cfg(feature = "cuda")]
+pub fn check_cuda(
+    what: &str,
+    target: &Model,
+    b: &SpecBundle,
+    depth: usize,
+    lanes: usize,
+    plain: fn(&Model, &[Vec<u32>], usize, u64) -> Vec<Vec<u32>>,
+) {
+    use specc_runtime::cuda::{CudaSpecGraphs, CudaSpecSession, WeightSources};
+    let plan = Plan::new(b, depth, lanes);
+    let sources = WeightSources {
+        sources: vec![("", target.checkpoint()), (b.prefix, &b.draft_checkpoint)],
+    };
+    let mut s =
+        CudaSpecSession::new(CudaSpecGraphs::of(b), &sources, lanes, plan.ctx as u64).unwrap();
+    let greedy = plain(target, &plan.prompts, plan.ctx, 256);
+    let reference = |i: usize, n: usize| greedy[i][..n].to_vec();
+    plan.check(what, target, &mut s, &reference);
+}
