@@ -455,3 +455,13 @@ fn target_derived_dflash_accepts_every_draft_batch4() {
     let b = fam.bundle(&target, "method = \"dflash\"\ndraft = \"../dflash\"");
     full_accept::check_cpu("dflash B=4", &target, &b, BLOCK_SIZE - 1, 4);
 }
+
+/// The full-acceptance check is not vacuous: the random drafter on the untouched fixture
+/// target (near-zero acceptance, tokens still exact) fails it.
+#[test]
+#[should_panic(expected = "not full acceptance")]
+fn full_acceptance_check_rejects_a_random_drafter() {
+    let target = Model::open(fixture("llama3_scaled_untied")).unwrap();
+    let b = random_bundle(&target);
+    full_accept::check_cpu("random dflash", &target, &b, 3, 1);
+}

@@ -25,11 +25,19 @@
 
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
-use specc_models::{Model, SpecBundle, SpecConfig};
+use specc_ir::interp::{self, Env, Tensor};
+use specc_ir::op::B;
+use specc_ir::{Bindings, DType, Dim, Graph, TensorType};
+use specc_models::dflash;
+use specc_models::eagle3::{self, EAGLE_PREFIX};
+use specc_models::lower::embed;
+use specc_models::spec_step::HIDDEN;
+use specc_models::{DraftSide, Model, SpecBundle, SpecConfig};
 use specc_runtime::{SpecCpuSession, SpecGraphs, Speculator};
 
 /// The token every member of the family predicts (draft id 200 of the EAGLE-3 fixture).
@@ -181,23 +189,140 @@ impl Family {
     }
 }
 
+/// `TOKEN`'s margin over the best other entry of each `width`-wide row of `logits`.
+fn row_margins(logits: &[f32], width: usize, token: usize) -> impl Iterator<Item = f32> + '_ {
+    logits.chunks_exact(width).map(move |row| {
+        let other = row
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != token)
+            .map(|(_, &x)| x)
+            .fold(f32::NEG_INFINITY, f32::max);
+        row[token] - other
+    })
+}
+
 /// The smallest margin, over every position of `ids`, by which [`TOKEN`]'s target logit
 /// beats every other token's (interpreter forward).
 pub fn target_margin(target: &Model, ids: &[u32]) -> f32 {
     let w = target.load_weights_f32();
     let (shape, logits) = target.logits(&w, ids).unwrap();
-    logits
-        .chunks_exact(shape[1])
-        .map(|row| {
-            let other = row
+    row_margins(&logits, shape[1], TOKEN as usize).fold(f32::INFINITY, f32::min)
+}
+
+/// The smallest margin of [`TOKEN`] in the drafter's own logits after the context `ids`
+/// (interpreter forward of the bundle's pieces, from the target's taps over `ids`):
+/// - DFlash: the block `[TOKEN, MASK × 7]` after the context, draft rows 1..;
+/// - EAGLE-3: the head at every position from `fc(taps)` (a step's first draft), and again
+///   from its own output (a chained draft), in draft ids.
+pub fn draft_margin(target: &Model, b: &SpecBundle, ids: &[u32]) -> f32 {
+    let weights = b.load_weights_f32(target).unwrap();
+    let n = ids.len();
+    let ctx = n as u64 + 16;
+    let i32s = |v: Vec<i64>| Tensor::from_i64(DType::I32, vec![1, v.len()], v);
+    let ids_in = i32s(ids.iter().map(|&t| t as i64).collect());
+    let pos_in = i32s((0..n as i64).collect());
+    let mut states = HashMap::new();
+    let mut run = |g: &Graph, t: usize, inputs: HashMap<String, Tensor>| {
+        let mut env = Env {
+            bind: Bindings::new(1, t as u64, ctx),
+            inputs,
+            weights: &weights,
+            states: &mut states,
+        };
+        interp::run(g, &mut env).unwrap()
+    };
+    let spec = target.spec();
+    let prefill_inputs = HashMap::from([
+        ("tokens".to_string(), ids_in.clone()),
+        ("positions".to_string(), pos_in.clone()),
+    ]);
+    let taps = run(&b.target_prefill, n, prefill_inputs)["taps"].clone();
+    let ty = |n: usize| TensorType::new(DType::I32, [B, Dim::Static(n as u64)]);
+    let mut g = Graph::new("draft margins");
+    match &b.draft {
+        DraftSide::DFlash(d) => {
+            run(
+                &b.draft_prefill,
+                n,
+                HashMap::from([
+                    (HIDDEN.to_string(), taps),
+                    ("positions".to_string(), pos_in.clone()),
+                ]),
+            );
+            let bs = d.block_size;
+            let tokens = g.input("tokens", ty(bs)).unwrap();
+            let positions = g.input("positions", ty(bs)).unwrap();
+            let prefix = g
+                .input("prefix_len", TensorType::new(DType::I32, [B]))
+                .unwrap();
+            let logits =
+                dflash::block_logits(&mut g, spec, d, None, tokens, positions, prefix).unwrap();
+            g.set_output("logits", logits);
+            let mut block = vec![TOKEN as i64];
+            block.extend(vec![d.mask_token as i64; bs - 1]);
+            let out = run(
+                &g,
+                1,
+                HashMap::from([
+                    ("tokens".to_string(), i32s(block)),
+                    (
+                        "positions".to_string(),
+                        i32s((n as i64..(n + bs) as i64).collect()),
+                    ),
+                    (
+                        "prefix_len".to_string(),
+                        Tensor::from_i64(DType::I32, vec![1], vec![n as i64]),
+                    ),
+                ]),
+            );
+            let logits = out["logits"].as_f32().unwrap();
+            row_margins(&logits[spec.vocab..], spec.vocab, TOKEN as usize)
+                .fold(f32::INFINITY, f32::min)
+        }
+        DraftSide::Eagle3(e) => {
+            let hidden = g
+                .input(
+                    HIDDEN,
+                    TensorType::new(
+                        spec.dtype,
+                        [B, Dim::Static(n as u64), Dim::from(3 * e.hidden())],
+                    ),
+                )
+                .unwrap();
+            let tokens = g.input("tokens", ty(n)).unwrap();
+            let positions = g.input("positions", ty(n)).unwrap();
+            let (emb, _) = embed(&mut g, spec, "", tokens).unwrap();
+            let g0 = eagle3::fc(&mut g, e, hidden).unwrap();
+            let first = eagle3::midlayer(&mut g, e, emb, g0, positions).unwrap();
+            let chained = eagle3::midlayer(&mut g, e, emb, first, positions).unwrap();
+            for (name, out) in [("first", first), ("chained", chained)] {
+                let logits = eagle3::draft_logits(&mut g, e, out).unwrap();
+                g.set_output(name, logits);
+            }
+            let out = run(
+                &g,
+                n,
+                HashMap::from([
+                    (HIDDEN.to_string(), taps),
+                    ("tokens".to_string(), ids_in.clone()),
+                    ("positions".to_string(), pos_in.clone()),
+                ]),
+            );
+            let d2t = weights[&format!("{EAGLE_PREFIX}d2t")].as_i64().unwrap();
+            let draft_id = (0..d2t.len())
+                .find(|&i| i as i64 + d2t[i] == TOKEN as i64)
+                .unwrap();
+            ["first", "chained"]
                 .iter()
-                .enumerate()
-                .filter(|&(j, _)| j as u32 != TOKEN)
-                .map(|(_, &x)| x)
-                .fold(f32::NEG_INFINITY, f32::max);
-            row[TOKEN as usize] - other
-        })
-        .fold(f32::INFINITY, f32::min)
+                .flat_map(|k| {
+                    row_margins(out[*k].as_f32().unwrap(), e.draft_vocab, draft_id)
+                        .collect::<Vec<_>>()
+                })
+                .fold(f32::INFINITY, f32::min)
+        }
+        DraftSide::Model(_) => panic!("the family has no standalone draft"),
+    }
 }
 
 /// Every token each lane emitted (first + all of every step, untruncated) and, per lane,
@@ -289,6 +414,7 @@ impl Plan {
         &self,
         what: &str,
         target: &Model,
+        bundle: &SpecBundle,
         s: &mut dyn Speculator,
         reference: &dyn Fn(usize, usize) -> Vec<u32>,
     ) {
@@ -303,9 +429,10 @@ impl Plan {
             let mut seq = p.clone();
             seq.extend(&want);
             let margin = target_margin(target, &seq[..seq.len() - 1]);
+            let draft = draft_margin(target, bundle, &seq[..seq.len() - 1]);
             let why = format!(
-                "{what}: lane {i} (prompt len {}, budget {budget}): target logit margin of \
-                 token {TOKEN} = {margin:.2}; per-step emitted {:?}",
+                "{what}: lane {i} (prompt len {}, budget {budget}): logit margin of token \
+                 {TOKEN}: target {margin:.2}, drafter {draft:.2}; per-step emitted {:?}",
                 p.len(),
                 run.per_step[i]
             );
@@ -348,7 +475,7 @@ pub fn check_cpu(what: &str, target: &Model, b: &SpecBundle, depth: usize, lanes
             .greedy_generate(&w, &plan.prompts[i], n, 256)
             .unwrap()
     };
-    plan.check(what, target, &mut s, &reference);
+    plan.check(what, target, b, &mut s, &reference);
 }
 
 /// [`Plan::check`] of `b` at `lanes` on the device; `plain` decodes with the target alone
@@ -371,5 +498,5 @@ pub fn check_cuda(
         CudaSpecSession::new(CudaSpecGraphs::of(b), &sources, lanes, plan.ctx as u64).unwrap();
     let greedy = plain(target, &plan.prompts, plan.ctx, 256);
     let reference = |i: usize, n: usize| greedy[i][..n].to_vec();
-    plan.check(what, target, &mut s, &reference);
+    plan.check(what, target, b, &mut s, &reference);
 }
