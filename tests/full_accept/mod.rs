@@ -6,7 +6,7 @@
 //! emitted tokens equal the target's plain greedy decode.
 //!
 //! Why the top-1 is [`TOKEN`] everywhere, through the real forward paths:
-//! - every token embedding gets `SHARED` on hidden dim 0 (embedding rows have RMS ≈ 1, the
+//! - hidden dim 0 of every token embedding is `SHARED` (the other dims have RMS ≈ 1; the
 //!   decoder layers add O(1) to the residual stream: they only see RMS-normed inputs through
 //!   small weights), so every residual stream is ≈ `SHARED · e0` and its RMS-normed value is
 //!   ≈ `√H · e0` (the final norms' dim-0 gains are set to 1);
@@ -19,9 +19,10 @@
 //!   maps to [`TOKEN`]; later chained steps read the head's own pre-norm output, still
 //!   ≈ `SHARED · e0`.
 //!
-//! The margin is measured on the interpreter ([`target_margin`]) and reported on failure.
-//! [`TOKEN`] is neither 0 nor the DFlash mask token, so no argmax tie-break (first index)
-//! can produce it: it must win by value.
+//! Both margins are measured on the interpreter ([`target_margin`], [`draft_margin`]) along
+//! every lane's sequence, must exceed 4, and are printed with every check. [`TOKEN`] is
+//! neither 0 nor the DFlash mask token and most ids lie below it, so an argmax tie (first
+//! index wins) would not pick it: it must win by value.
 
 #![allow(dead_code)]
 
@@ -111,6 +112,11 @@ impl Tensors {
     }
 }
 
+/// An edit for [`Tensors::edit`]: column 0 (element 0 of a vector) set to `v`.
+fn column0(v: f32) -> impl Fn(usize, usize, f32) -> f32 {
+    move |_, c, x| if c == 0 { v } else { x }
+}
+
 fn copy_config(from: &str, to: &Path, edit: impl Fn(&mut serde_json::Value)) {
     let text = std::fs::read_to_string(fixtures().join(from).join("config.json")).unwrap();
     let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -126,17 +132,8 @@ impl Family {
 
         copy_config("llama3_scaled_untied", &root.join("target"), |_| {});
         let mut t = Tensors::read(&fixtures().join("llama3_scaled_untied/model.safetensors"));
-        t.edit(
-            "model.embed_tokens.weight",
-            |_, c, x| {
-                if c == 0 {
-                    SHARED
-                } else {
-                    x
-                }
-            },
-        );
-        t.edit("model.norm.weight", |_, c, x| if c == 0 { 1.0 } else { x });
+        t.edit("model.embed_tokens.weight", column0(SHARED));
+        t.edit("model.norm.weight", column0(1.0));
         t.edit("lm_head.weight", |r, c, x| match (r as u32 == TOKEN, c) {
             (true, 0) => GAIN,
             (false, 0) => 0.0,
@@ -148,7 +145,7 @@ impl Family {
             v["block_size"] = BLOCK_SIZE.into();
         });
         let mut d = Tensors::read(&fixtures().join("dflash_random/model.safetensors"));
-        d.edit("norm.weight", |_, c, x| if c == 0 { 1.0 } else { x });
+        d.edit("norm.weight", column0(1.0));
         d.write(&root.join("dflash/model.safetensors"));
 
         copy_config("eagle3_random", &root.join("eagle3"), |_| {});
@@ -157,13 +154,13 @@ impl Family {
         let draft_id = (0..d2t.len())
             .find(|&i| i as i64 + d2t[i] == TOKEN as i64)
             .expect("TOKEN is in the head's draft vocabulary");
-        let h = 64;
+        let h = e.entry("fc.weight").2[0];
         e.edit("fc.weight", |r, c, x| match (r, c % h) {
             (0, 0) => 1.0 / 3.0,
             (_, 0) => 0.0,
             _ => x,
         });
-        e.edit("norm.weight", |_, c, x| if c == 0 { 1.0 } else { x });
+        e.edit("norm.weight", column0(1.0));
         e.edit("lm_head.weight", |r, c, x| match (r == draft_id, c) {
             (true, 0) => GAIN,
             (false, 0) => 0.0,
@@ -189,7 +186,7 @@ impl Family {
     }
 }
 
-/// `TOKEN`'s margin over the best other entry of each `width`-wide row of `logits`.
+/// `token`'s margin over the best other entry of each `width`-wide row of `logits`.
 fn row_margins(logits: &[f32], width: usize, token: usize) -> impl Iterator<Item = f32> + '_ {
     logits.chunks_exact(width).map(move |row| {
         let other = row
@@ -212,7 +209,7 @@ pub fn target_margin(target: &Model, ids: &[u32]) -> f32 {
 
 /// The smallest margin of [`TOKEN`] in the drafter's own logits after the context `ids`
 /// (interpreter forward of the bundle's pieces, from the target's taps over `ids`):
-/// - DFlash: the block `[TOKEN, MASK × 7]` after the context, draft rows 1..;
+/// - DFlash: the block `[TOKEN, MASK × (block_size − 1)]` after the context, draft rows;
 /// - EAGLE-3: the head at every position from `fc(taps)` (a step's first draft), and again
 ///   from its own output (a chained draft), in draft ids.
 pub fn draft_margin(target: &Model, b: &SpecBundle, ids: &[u32]) -> f32 {
@@ -478,8 +475,12 @@ pub fn check_cpu(what: &str, target: &Model, b: &SpecBundle, depth: usize, lanes
     plan.check(what, target, b, &mut s, &reference);
 }
 
-/// [`Plan::check`] of `b` at `lanes` on the device; `plain` decodes with the target alone
-/// on the device (`gpu_common::plain_cuda`: prompts, tokens, KV slots).
+/// Target-only greedy decoding on the device (`gpu_common::plain_cuda`): prompts, tokens
+/// per lane, KV slots.
+#[cfg(feature = "cuda")]
+pub type PlainDecode = fn(&Model, &[Vec<u32>], usize, u64) -> Vec<Vec<u32>>;
+
+/// [`Plan::check`] of `b` at `lanes` on the device against `plain`.
 #[cfg(feature = "cuda")]
 pub fn check_cuda(
     what: &str,
@@ -487,7 +488,7 @@ pub fn check_cuda(
     b: &SpecBundle,
     depth: usize,
     lanes: usize,
-    plain: fn(&Model, &[Vec<u32>], usize, u64) -> Vec<Vec<u32>>,
+    plain: PlainDecode,
 ) {
     use specc_runtime::cuda::{CudaSpecGraphs, CudaSpecSession, WeightSources};
     let plan = Plan::new(b, depth, lanes);
