@@ -36,9 +36,9 @@ use specc_ir::op::B;
 use specc_ir::{Bindings, DType, Dim, Graph, TensorType};
 use specc_models::dflash;
 use specc_models::eagle3::{self, EAGLE_PREFIX};
-use specc_models::lower::embed;
-use specc_models::spec_step::HIDDEN;
-use specc_models::{DraftSide, Model, SpecBundle, SpecConfig};
+use specc_models::lower::{embed, kv_state_names};
+use specc_models::spec_step::{lower_decode_step, lower_target_prefill, StepShape, HIDDEN, LEN};
+use specc_models::{Acceptance, DraftSide, Model, SpecBundle, SpecConfig};
 use specc_runtime::{SpecCpuSession, SpecGraphs, Speculator};
 
 /// The token every member of the family predicts (draft id 200 of the EAGLE-3 fixture).
@@ -461,7 +461,8 @@ impl Plan {
     }
 }
 
-/// [`Plan::check`] of `b` (deepest path `depth`) at `lanes` on the CPU interpreter.
+/// [`Plan::check`] of `b` (deepest path `depth`) at `lanes` on the CPU interpreter, then
+/// [`assert_target_kv_is_plain`] on the session's final states.
 pub fn check_cpu(what: &str, target: &Model, b: &SpecBundle, depth: usize, lanes: usize) {
     let plan = Plan::new(b, depth, lanes);
     let weights = b.load_weights_f32(target).unwrap();
@@ -473,6 +474,72 @@ pub fn check_cpu(what: &str, target: &Model, b: &SpecBundle, depth: usize, lanes
             .unwrap()
     };
     plan.check(what, target, b, &mut s, &reference);
+    assert_target_kv_is_plain(what, target, &plan, s.states());
+}
+
+/// KV-commit bookkeeping at full acceptance: every lane's committed length is
+/// `P + steps · (depth + 1)`, and the target's K/V caches at slots `0..len` equal those of
+/// plain greedy decoding (k = 0 step graph) over the same tokens. Every slot's row carries
+/// its position's RoPE and its own context, so a row committed to the wrong slot, a stale
+/// row, or a row from another tree node (another token) differs.
+fn assert_target_kv_is_plain(
+    what: &str,
+    target: &Model,
+    plan: &Plan,
+    spec: &HashMap<String, Tensor>,
+) {
+    let per = plan.depth + 1;
+    let lens = spec[LEN].as_i64().unwrap().to_vec();
+    for (i, p) in plan.prompts.iter().enumerate() {
+        let budget = plan.max_new.min(plan.ctx - p.len() - plan.margin - 2);
+        let want = p.len() + budget.div_ceil(per) * per;
+        assert_eq!(lens[i] as usize, want, "{what}: lane {i}: committed length");
+    }
+    let shape = StepShape {
+        num_steps: 0,
+        ring: 64,
+        acceptance: Acceptance::Greedy,
+    };
+    let prefill = lower_target_prefill(target.spec(), &[]).unwrap();
+    let step = lower_decode_step(target.spec(), &shape).unwrap();
+    let w = target.load_weights_f32();
+    let lanes = plan.prompts.len();
+    let mut plain = SpecCpuSession::new(
+        SpecGraphs::plain(&prefill, &step, 64),
+        &w,
+        lanes,
+        plan.ctx as u64,
+    );
+    let need = (0..lanes)
+        .map(|i| lens[i] as usize - plan.prompts[i].len())
+        .max()
+        .unwrap();
+    drive(&mut plain, &plan.prompts, need);
+    for l in 0..target.spec().layers {
+        let (k, v) = kv_state_names(l);
+        for name in [k, v] {
+            let (got, want) = (&spec[&name], &plain.states()[&name]);
+            let row = got.shape[2..].iter().product::<usize>();
+            for (i, &len) in lens.iter().enumerate() {
+                let at = |t: &Tensor| {
+                    t.as_f32().unwrap()[i * plan.ctx * row..][..len as usize * row].to_vec()
+                };
+                let err = rel_max(&at(got), &at(want));
+                assert!(err < 1e-4, "{what}: lane {i}: {name} slots 0..{len} differ from plain decoding by {err:.2e}");
+            }
+        }
+    }
+}
+
+/// max |got − want| / max |want|.
+fn rel_max(got: &[f32], want: &[f32]) -> f64 {
+    let diff = got
+        .iter()
+        .zip(want)
+        .map(|(&g, &w)| (g as f64 - w as f64).abs())
+        .fold(0.0, f64::max);
+    let scale = want.iter().map(|&w| (w as f64).abs()).fold(0.0, f64::max);
+    diff / scale.max(f64::MIN_POSITIVE)
 }
 
 /// Target-only greedy decoding on the device (`gpu_common::plain_cuda`): prompts, tokens
