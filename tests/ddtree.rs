@@ -1,9 +1,9 @@
 //! DDTree as a method: spec.toml knobs and their errors, and greedy exactness of the whole
 //! tree step graph on the interpreter (draft tree from the DFlash drafter's block, tree
 //! verify, greedy walk, KV-row commit) for several budgets — one above 64 nodes, so the
-//! ancestor masks take two words — with the trained drafter (partial acceptance) and a
-//! random drafter (near-zero acceptance), at batch 1 and batch 4 with different prompt
-//! lengths.
+//! ancestor masks take two words — with the trained drafter (partial acceptance), a
+//! random drafter (near-zero acceptance) and a target-derived one (full acceptance,
+//! tests/full_accept), at batch 1 and batch 4 with different prompt lengths.
 
 use std::path::Path;
 

@@ -3,8 +3,9 @@
 //! drafted by the head on device, `tree_select` of the best `num_draft_tokens` nodes, tree
 //! verify, greedy walk, KV-row commit) for topk 2 / 4 / 8 and several tree sizes — one above
 //! 64 nodes, so ancestor masks take two words — with the trained head (partial acceptance,
-//! at least the chain's) and a random head (near-zero acceptance), at batch 1 and batch 4
-//! with different prompt lengths.
+//! at least the chain's), a random head (near-zero acceptance) and a target-derived head
+//! (full acceptance, tests/full_accept), at batch 1 and batch 4 with different prompt
+//! lengths.
 
 use std::path::Path;
 

@@ -2,8 +2,9 @@
 //! `llama3_scaled_untied`, drafters `dflash_random` and `eagle3_random`) by overriding a few
 //! tensors, in which the target's greedy token AND every drafter's top-1 token are the same
 //! constant [`TOKEN`], whatever the context. Every speculative step must then accept its
-//! deepest draft path (k drafts + the bonus); the tests assert that per step, and that the
-//! emitted tokens equal the target's plain greedy decode.
+//! deepest draft path (k drafts + the bonus); the tests assert that per step, that the
+//! emitted tokens equal the target's plain greedy decode and, on the interpreter, that the
+//! committed target K/V rows equal plain decoding's.
 //!
 //! Why the top-1 is [`TOKEN`] everywhere, through the real forward paths:
 //! - hidden dim 0 of every token embedding is `SHARED` (the other dims have RMS ≈ 1; the
