@@ -1,9 +1,9 @@
 //! DDTree as a method: spec.toml knobs and their errors, and greedy exactness of the whole
 //! tree step graph on the interpreter (draft tree from the DFlash drafter's block, tree
 //! verify, greedy walk, KV-row commit) for several budgets — one above 64 nodes, so the
-//! ancestor masks take two words — with the trained drafter (partial acceptance) and a
-//! random drafter (near-zero acceptance), at batch 1 and batch 4 with different prompt
-//! lengths.
+//! ancestor masks take two words — with the trained drafter (partial acceptance), a
+//! random drafter (near-zero acceptance) and a target-derived one (full acceptance,
+//! tests/full_accept), at batch 1 and batch 4 with different prompt lengths.
 
 use std::path::Path;
 
@@ -11,8 +11,10 @@ use specc_models::spec_step::TREE;
 use specc_models::{Method, Model, SpecBundle, SpecConfig, TreeKnobs};
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
+mod full_accept;
 mod spec_common;
 
+use full_accept::{Family, BLOCK_SIZE};
 use spec_common::{default_model, fixture, python_prompts, random_prompts, Outcome};
 
 /// KV slots per sequence in these tests.
@@ -250,4 +252,30 @@ fn step_tree_is_well_formed() {
             );
         }
     }
+}
+
+/// Full acceptance (tests/full_accept): with the target-derived drafter the tree's top-1
+/// path is the target's greedy continuation, so every step accepts the deepest path
+/// (`BLOCK_SIZE − 1` nodes) plus the bonus, for a one-word budget and one above 64 nodes.
+fn target_derived(lanes: usize) {
+    let fam = Family::new();
+    let target = fam.target();
+    for budget in [16, 80] {
+        let b = fam.bundle(
+            &target,
+            &format!("method = \"ddtree\"\ndraft = \"../dflash\"\nbudget = {budget}"),
+        );
+        let what = format!("ddtree budget {budget} B={lanes}");
+        full_accept::check_cpu(&what, &target, &b, BLOCK_SIZE - 1, lanes);
+    }
+}
+
+#[test]
+fn target_derived_ddtree_accepts_the_deepest_path_batch1() {
+    target_derived(1);
+}
+
+#[test]
+fn target_derived_ddtree_accepts_the_deepest_path_batch4() {
+    target_derived(4);
 }

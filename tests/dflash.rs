@@ -1,7 +1,8 @@
 //! DFlash as a method: the drafter's lowering against the PyTorch reference of the trained
 //! drafter (models/default/dflash/reference.safetensors), config resolution, and greedy
 //! exactness of the whole step graph on the interpreter (trained drafter on the embedded
-//! default target; a random drafter on tests/fixtures/llama3_scaled_untied).
+//! default target; a random drafter on tests/fixtures/llama3_scaled_untied; a
+//! target-derived drafter that must accept every draft, tests/full_accept).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -14,8 +15,10 @@ use specc_models::dflash::{self, DFlashSpec, DFLASH_PREFIX};
 use specc_models::spec_step::{lower_dflash_prefill, lower_target_prefill, HIDDEN};
 use specc_models::{Method, Model, SpecBundle, SpecConfig};
 
+mod full_accept;
 mod spec_common;
 
+use full_accept::{Family, BLOCK_SIZE};
 use spec_common::{default_model, fixture, python_prompts, random_prompts, Outcome};
 
 /// KV slots per sequence in these tests.
@@ -431,4 +434,34 @@ fn trained_dflash_budgets_and_short_prompts() {
         let want = target.greedy_generate(&w, p, 9, 256).unwrap();
         assert_eq!(out.tokens[i], want, "lane {i}");
     }
+}
+
+/// Full acceptance (tests/full_accept): with the target-derived drafter every step accepts
+/// all `BLOCK_SIZE − 1` drafts plus the bonus; the lane runs to the KV capacity.
+#[test]
+fn target_derived_dflash_accepts_every_draft_batch1() {
+    let fam = Family::new();
+    let target = fam.target();
+    let b = fam.bundle(&target, "method = \"dflash\"\ndraft = \"../dflash\"");
+    full_accept::check_cpu("dflash B=1", &target, &b, BLOCK_SIZE - 1, 1);
+}
+
+/// [`target_derived_dflash_accepts_every_draft_batch1`] at B = 4: two lanes stop at
+/// `max_new`, two at the KV capacity, at different steps.
+#[test]
+fn target_derived_dflash_accepts_every_draft_batch4() {
+    let fam = Family::new();
+    let target = fam.target();
+    let b = fam.bundle(&target, "method = \"dflash\"\ndraft = \"../dflash\"");
+    full_accept::check_cpu("dflash B=4", &target, &b, BLOCK_SIZE - 1, 4);
+}
+
+/// The full-acceptance check is not vacuous: the random drafter on the untouched fixture
+/// target (near-zero acceptance, tokens still exact) fails it.
+#[test]
+#[should_panic(expected = "not full acceptance")]
+fn full_acceptance_check_rejects_a_random_drafter() {
+    let target = Model::open(fixture("llama3_scaled_untied")).unwrap();
+    let b = random_bundle(&target);
+    full_accept::check_cpu("random dflash", &target, &b, 3, 1);
 }

@@ -3,8 +3,9 @@
 //! drafted by the head on device, `tree_select` of the best `num_draft_tokens` nodes, tree
 //! verify, greedy walk, KV-row commit) for topk 2 / 4 / 8 and several tree sizes — one above
 //! 64 nodes, so ancestor masks take two words — with the trained head (partial acceptance,
-//! at least the chain's) and a random head (near-zero acceptance), at batch 1 and batch 4
-//! with different prompt lengths.
+//! at least the chain's), a random head (near-zero acceptance) and a target-derived head
+//! (full acceptance, tests/full_accept), at batch 1 and batch 4 with different prompt
+//! lengths.
 
 use std::path::Path;
 
@@ -12,8 +13,10 @@ use specc_models::spec_step::TREE;
 use specc_models::{Method, Model, SpecBundle, SpecConfig, TreeKnobs};
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
+mod full_accept;
 mod spec_common;
 
+use full_accept::Family;
 use spec_common::{default_model, fixture, python_prompts, random_prompts, Outcome};
 
 /// KV slots per sequence in these tests.
@@ -289,4 +292,32 @@ fn step_tree_is_prefix_closed() {
             );
         }
     }
+}
+
+/// Full acceptance (tests/full_accept): with the target-derived head every node's top-1
+/// is the target's greedy token, so every step accepts the deepest path (`num_steps`
+/// nodes) plus the bonus, for a one-word tree and one of 80 nodes (two ancestor words).
+fn target_derived(lanes: usize) {
+    let fam = Family::new();
+    let target = fam.target();
+    for (depth, topk, nodes) in [(5, 4, 16), (8, 8, 80)] {
+        let b = fam.bundle(
+            &target,
+            &format!(
+                "method = \"eagle3\"\ndraft = \"../eagle3\"\nnum_steps = {depth}\ntopk = {topk}\nnum_draft_tokens = {nodes}"
+            ),
+        );
+        let what = format!("eagle3 tree depth {depth} topk {topk} nodes {nodes} B={lanes}");
+        full_accept::check_cpu(&what, &target, &b, depth, lanes);
+    }
+}
+
+#[test]
+fn target_derived_tree_accepts_the_deepest_path_batch1() {
+    target_derived(1);
+}
+
+#[test]
+fn target_derived_tree_accepts_the_deepest_path_batch4() {
+    target_derived(4);
 }

@@ -6,11 +6,13 @@
 
 #![cfg(feature = "cuda")]
 
+mod full_accept;
 mod gpu_common;
 
 use std::path::Path;
 
-use gpu_common::{assert_exact, corpus_prompts, gpu, random_prompts, root};
+use full_accept::{Family, BLOCK_SIZE};
+use gpu_common::{assert_exact, corpus_prompts, gpu, plain_cuda, random_prompts, root};
 use specc_models::{Model, SpecBundle, SpecConfig};
 
 /// KV slots per sequence: room for the prompt, 48 tokens and a 256-node tree.
@@ -51,5 +53,27 @@ fn trained_ddtree_is_exact_on_cuda() {
         let m = check(&dir, "dflash", budget, &prompts[..lanes], 48);
         eprintln!("trained ddtree cuda budget {budget} B={lanes}: exact; mean acceptance {m:.2}");
         assert!(m > 1.5, "{m}");
+    }
+}
+
+/// Full acceptance on the device (tests/full_accept): with the target-derived drafter
+/// every step accepts the tree's deepest path (`BLOCK_SIZE − 1` nodes) plus the bonus, for
+/// a one-word budget and one above 64 nodes, at B = 1 and B = 4.
+#[test]
+fn target_derived_ddtree_accepts_the_deepest_path_on_cuda() {
+    if !gpu() {
+        return;
+    }
+    let fam = Family::new();
+    let target = fam.target();
+    for budget in [16, 80] {
+        let b = fam.bundle(
+            &target,
+            &format!("method = \"ddtree\"\ndraft = \"../dflash\"\nbudget = {budget}"),
+        );
+        for lanes in [1, 4] {
+            let what = format!("ddtree cuda budget {budget} B={lanes}");
+            full_accept::check_cuda(&what, &target, &b, BLOCK_SIZE - 1, lanes, plain_cuda);
+        }
     }
 }

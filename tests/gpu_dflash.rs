@@ -6,11 +6,13 @@
 
 #![cfg(feature = "cuda")]
 
+mod full_accept;
 mod gpu_common;
 
 use std::path::Path;
 
-use gpu_common::{assert_exact, corpus_prompts, gpu, random_prompts, root};
+use full_accept::{Family, BLOCK_SIZE};
+use gpu_common::{assert_exact, corpus_prompts, gpu, plain_cuda, random_prompts, root};
 use specc_models::{Model, SpecBundle, SpecConfig};
 
 /// KV slots per sequence.
@@ -87,5 +89,22 @@ fn trained_draft_model_is_exact_on_cuda() {
 fn trained_eagle3_is_exact_on_cuda() {
     if gpu() {
         check_trained("eagle3", "eagle3", "num_steps = 5\n");
+    }
+}
+
+/// Full acceptance on the device (tests/full_accept): with the target-derived drafter
+/// every step accepts all `BLOCK_SIZE − 1` drafts plus the bonus, at B = 1 (up to the KV
+/// capacity) and B = 4 (lanes stopping at `max_new` and at the capacity).
+#[test]
+fn target_derived_dflash_accepts_every_draft_on_cuda() {
+    if !gpu() {
+        return;
+    }
+    let fam = Family::new();
+    let target = fam.target();
+    let b = fam.bundle(&target, "method = \"dflash\"\ndraft = \"../dflash\"");
+    for lanes in [1, 4] {
+        let what = format!("dflash cuda B={lanes}");
+        full_accept::check_cuda(&what, &target, &b, BLOCK_SIZE - 1, lanes, plain_cuda);
     }
 }

@@ -8,11 +8,13 @@
 
 #![cfg(feature = "cuda")]
 
+mod full_accept;
 mod gpu_common;
 
 use std::path::Path;
 
-use gpu_common::{assert_exact, corpus_prompts, gpu, random_prompts, root};
+use full_accept::Family;
+use gpu_common::{assert_exact, corpus_prompts, gpu, plain_cuda, random_prompts, root};
 use specc_models::{Model, SpecBundle, SpecConfig};
 
 /// KV slots per sequence: room for the prompt, 48 tokens and a 256-node tree.
@@ -70,5 +72,30 @@ fn trained_eagle3_tree_is_exact_on_cuda() {
         let m = check(&dir, "eagle3", knobs, &prompts[..lanes], 48);
         eprintln!("trained eagle3 tree cuda {knobs:?} B={lanes}: exact; mean acceptance {m:.2}");
         assert!(m > 1.5, "{m}");
+    }
+}
+
+/// Full acceptance on the device (tests/full_accept): with the target-derived head every
+/// step accepts the tree's deepest path (`num_steps` nodes) plus the bonus, for a one-word
+/// tree and one of 80 nodes, at B = 1 and B = 4.
+#[test]
+fn target_derived_eagle3_tree_accepts_the_deepest_path_on_cuda() {
+    if !gpu() {
+        return;
+    }
+    let fam = Family::new();
+    let target = fam.target();
+    for (depth, topk, nodes) in [(5, 4, 16), (8, 8, 80)] {
+        let b = fam.bundle(
+            &target,
+            &format!(
+                "method = \"eagle3\"\ndraft = \"../eagle3\"\nnum_steps = {depth}\ntopk = {topk}\nnum_draft_tokens = {nodes}"
+            ),
+        );
+        for lanes in [1, 4] {
+            let what =
+                format!("eagle3 tree cuda depth {depth} topk {topk} nodes {nodes} B={lanes}");
+            full_accept::check_cuda(&what, &target, &b, depth, lanes, plain_cuda);
+        }
     }
 }
