@@ -95,6 +95,7 @@ fn gemv_case(
         residual: residual.then_some(out),
         out: (!am).then_some(out),
         argmax_partials: am.then_some(parts),
+        rope: None,
     };
     let (kernel, count, split) = match variant {
         Variant::Simt => {

@@ -26,7 +26,10 @@
 //! Kernel name dtype: the weight dtype.
 
 use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec};
-use crate::gemv::{emit_epilogue_value, emit_row_inv_rms, gemv, GemvParams, GemvWeights};
+use crate::gemv::{
+    emit_epilogue_value, emit_row_inv_rms, gemv, weight_row, GemvParams, GemvWeights,
+};
+use crate::qkv_rope;
 use crate::writer::{emit, Writer};
 use crate::Error;
 
@@ -37,6 +40,9 @@ pub const MMA_MIN_ROWS: u32 = 2;
 const TARGET_SMS: u64 = 132;
 /// Shared memory for one round of the split-K reduction.
 const RED_SMEM_MAX: u64 = 40 * 1024;
+/// Lane `(g, t)` holds columns `g` and `g + 8` of each 16-column tile: the RoPE
+/// epilogue's pair stride ([`crate::qkv_rope`]).
+pub const ROPE_PAIR_STRIDE: u32 = 8;
 /// The module items: mma, loads and the fused-norm fragment transform.
 const MMA_HELPERS: &str = include_str!("../cuda/mma.cuh");
 
@@ -88,6 +94,14 @@ pub fn select(p: &GemvParams) -> Result<KernelSource, Error> {
     } else {
         gemv(p)
     }
+}
+
+/// Whether the kernel [`select`] picks for `p` can carry the RoPE + KV-write epilogue of
+/// heads of `head_dim` with `rotary_dim` rotated features (the plan falls back to the
+/// two-kernel path otherwise).
+pub fn select_carries_rope(p: &GemvParams, head_dim: u32, rotary_dim: u32) -> bool {
+    let stride = if supports(p) { ROPE_PAIR_STRIDE } else { 1 };
+    qkv_rope::fusable(head_dim, rotary_dim, stride)
 }
 
 /// Argmax partials per row of the kernel [`select`] generates.
@@ -176,6 +190,9 @@ fn validate(p: &GemvParams, t: &MmaTiling) -> Result<(), Error> {
             "split-K reduction exceeds its shared memory budget",
         );
     }
+    if let Some(r) = &p.rope {
+        r.validate(FAMILY, p.n, ROPE_PAIR_STRIDE)?;
+    }
     Ok(())
 }
 
@@ -191,6 +208,9 @@ pub fn gemv_mma_tiled(p: &GemvParams, t: &MmaTiling) -> Result<KernelSource, Err
     let g = mats(p);
     let mut kb = KernelBuilder::new(FAMILY, p.w_dtype);
     kb.items.line(MMA_HELPERS.trim_end());
+    if let Some(r) = &p.rope {
+        qkv_rope::emit_items(&mut kb.items, r, ROPE_PAIR_STRIDE);
+    }
     let w = &mut kb.body;
 
     emit!(w, "constexpr int K = {};", p.k);
@@ -251,7 +271,21 @@ pub fn gemv_mma_tiled(p: &GemvParams, t: &MmaTiling) -> Result<KernelSource, Err
         "const {xt}* xg = x + (long long)(m0 + g) * {} + 8 * t;",
         p.x.row_stride
     );
-    w.line("const long long wrow = (long long)(nb + g) * K + 8 * t;");
+    if p.rope.is_some() {
+        w.comment("weight rows of the q|k|v features slots nb + 16 * tn + 8 * h + g compute");
+        w.line("long long wrow[TN][2];");
+        w.for_unrolled("tn", 0, "TN", |w| {
+            w.for_unrolled("h", 0, 2, |w| {
+                emit!(
+                    w,
+                    "wrow[tn][h] = (long long){} * K + 8 * t;",
+                    weight_row(p, "min(nb + 16 * tn + 8 * h + g, N - 1)")
+                );
+            });
+        });
+    } else {
+        w.line("const long long wrow = (long long)(nb + g) * K + 8 * t;");
+    }
     if let Some(nm) = &p.norm {
         emit!(
             w,
@@ -390,7 +424,13 @@ fn emit_load(w: &mut Writer, p: &GemvParams, t: &MmaTiling, unit: &str) {
         w.for_unrolled("tn", 0, "TN", |w| {
             w.for_unrolled("h", 0, 2, |w| {
                 w.line("const bool live = ok && nb + 16 * tn + 8 * h + g < N;");
-                w.line("const long long off = wrow + (long long)(16 * tn + 8 * h) * K + u * 32;");
+                if p.rope.is_some() {
+                    w.line("const long long off = wrow[tn][h] + u * 32;");
+                } else {
+                    w.line(
+                        "const long long off = wrow + (long long)(16 * tn + 8 * h) * K + u * 32;",
+                    );
+                }
                 w.line("wa[i][tn * G][h] = ld_stream_u4_if(w0 + off, live);");
                 if p.gate_up() {
                     w.line("wa[i][tn * G + 1][h] = ld_stream_u4_if(w1 + off, live);");
@@ -412,6 +452,31 @@ fn emit_load(w: &mut Writer, p: &GemvParams, t: &MmaTiling, unit: &str) {
 /// (the m16n8 D layout, transposed).
 fn epilogue(w: &mut Writer, p: &GemvParams) {
     let argmax = p.argmax_partials;
+    if let Some(r) = &p.rope {
+        let xt = p.x.dtype.c_type();
+        w.comment("RoPE epilogue: lane (g, t) owns rows 8 * mt + 2 * t + r of slots nb + 16 * tn + g and + 8 (acc d = r, r + 2)");
+        w.if_block("wk == 0", |w| {
+            w.for_unrolled("tn", 0, "TN", |w| {
+                w.for_unrolled("mt", 0, "MT8", |w| {
+                    w.for_unrolled("r", 0, 2, |w| {
+                        w.line("const int m = 8 * mt + 2 * t + r;");
+                        w.line("const int col = nb + 16 * tn + g;");
+                        w.line("const long long row = m0 + m;");
+                        w.line("const bool live = m < mr && col < N;");
+                        qkv_rope::emit_pair_epilogue(
+                            w,
+                            r,
+                            xt,
+                            "acc[tn][mt][r]",
+                            "acc[tn][mt][r + 2]",
+                            ROPE_PAIR_STRIDE,
+                        );
+                    });
+                });
+            });
+        });
+        return;
+    }
     w.if_block("wk == 0", |w| {
         if argmax.is_some() {
             w.line("ArgmaxPair best[MT8][2];");
@@ -487,6 +552,7 @@ mod tests {
             residual: None,
             out: Some(View::new(Loc::arena(1 << 20), dt, n as u64)),
             argmax_partials: None,
+            rope: None,
         }
     }
 

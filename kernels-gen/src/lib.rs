@@ -29,6 +29,7 @@ pub mod module;
 pub mod norm;
 pub mod nvrtc;
 pub mod plan;
+pub mod qkv_rope;
 pub mod rope;
 pub mod writer;
 

@@ -23,6 +23,7 @@ fn gemv_params() -> GemvParams {
         residual: None,
         out: Some(View::new(Loc::arena(4096), Dtype::BF16, 256)),
         argmax_partials: None,
+        rope: None,
     }
 }
 

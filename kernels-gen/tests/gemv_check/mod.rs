@@ -98,6 +98,7 @@ pub fn check_gemv(gpu: &Gpu, c: GemvCase) {
         residual: c.residual.then_some(res),
         out,
         argmax_partials: c.argmax.then_some(parts),
+        rope: None,
     };
     let (kernel, per_row): (KernelSource, u32) = match c.kernel {
         Kernel::Simt => (gemv(&p).unwrap(), p.partials_per_row()),
