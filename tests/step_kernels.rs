@@ -267,7 +267,8 @@ fn eagle3_tree_step(target: &Model) -> Graph {
 }
 
 /// Kernels only a DDTree step has: the tree ops, the tree commit, attention with
-/// multi-word masks and RoPE with separate cache slots.
+/// multi-word masks and RoPE with separate cache slots (`rope_kv`, or the q|k|v GEMV's
+/// RoPE epilogue).
 fn tree_kernel(name: &str) -> bool {
     [
         "tree_build",
@@ -277,6 +278,8 @@ fn tree_kernel(name: &str) -> bool {
         "attn_split",
         "attn_tile",
         "rope_kv",
+        "gemv_rope",
+        "gemv_mma_rope",
     ]
     .iter()
     .any(|p| name.starts_with(p))

@@ -22,7 +22,7 @@
 //! with bf16/f16 operands go to the tensor-core variant [`crate::gemv_mma`], which shares
 //! the RMS prologue (`emit_row_inv_rms`) and the epilogue (`emit_epilogue_value`).
 //!
-//! Kernel name dtype: the weight dtype.
+//! Kernel family `gemv` (`gemv_rope` with the RoPE epilogue); name dtype: the weight dtype.
 
 use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc, Rows, View};
 use crate::qkv_rope::{self, QkvRope};
@@ -225,7 +225,12 @@ pub fn gemv(p: &GemvParams) -> Result<KernelSource, Error> {
     let t = p.tiling();
     let (mt, cw, nw) = (p.row_tile, t.cols_per_warp, t.warps);
     let xt = p.x.dtype.c_type();
-    let mut kb = KernelBuilder::new(FAMILY, p.w_dtype);
+    let family = if p.rope.is_some() {
+        "gemv_rope"
+    } else {
+        FAMILY
+    };
+    let mut kb = KernelBuilder::new(family, p.w_dtype);
     let (w0, w1) = match p.weights {
         GemvWeights::Single(l) => (l, None),
         GemvWeights::GateUp { gate, up } => (gate, Some(up)),

@@ -23,7 +23,8 @@
 //! used by one warp of the block), with the per-row `1/rms` computed up front while the
 //! first weight loads are in flight.
 //!
-//! Kernel name dtype: the weight dtype.
+//! Kernel family `gemv_mma` (`gemv_mma_rope` with the RoPE epilogue); name dtype: the
+//! weight dtype.
 
 use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec};
 use crate::gemv::{
@@ -206,7 +207,12 @@ pub fn gemv_mma_tiled(p: &GemvParams, t: &MmaTiling) -> Result<KernelSource, Err
     validate(p, t)?;
     let (xt, wt) = (p.x.dtype.c_type(), p.w_dtype.c_type());
     let g = mats(p);
-    let mut kb = KernelBuilder::new(FAMILY, p.w_dtype);
+    let family = if p.rope.is_some() {
+        "gemv_mma_rope"
+    } else {
+        FAMILY
+    };
+    let mut kb = KernelBuilder::new(family, p.w_dtype);
     kb.items.line(MMA_HELPERS.trim_end());
     if let Some(r) = &p.rope {
         qkv_rope::emit_items(&mut kb.items, r, ROPE_PAIR_STRIDE);
