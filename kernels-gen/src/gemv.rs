@@ -3,8 +3,10 @@
 //!
 //! Fusions: an RMSNorm prologue on `x` (the norm's weight and eps; the kernel computes each
 //! row's RMS itself), a SwiGLU epilogue over two weight matrices (or two halves of one),
-//! a residual add, a cast of the stored result, and argmax partials (one `ArgmaxPair` per
-//! row and block, reduced by [`crate::argmax`] in `Partials` mode).
+//! a residual add, a cast of the stored result, argmax partials (one `ArgmaxPair` per
+//! row and block, reduced by [`crate::argmax`] in `Partials` mode), and the q|k|v
+//! projection's RoPE + KV write ([`crate::qkv_rope`]: a warp's columns `2j, 2j + 1` are the
+//! two features of a rotary pair, so `CW ≥ 2`).
 //!
 //! Numerics follow the interpreter: the matmul result is rounded to x's dtype; SwiGLU
 //! rounds gate and up, then `R(R(silu(g))·u)`; the residual add rounds once; the store converts to the

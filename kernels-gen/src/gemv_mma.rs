@@ -19,6 +19,11 @@
 //! two mma steps that consume it. Units past K load as zeros (no memory traffic), so K
 //! needs only the 16-byte granularity of [`crate::gemv`].
 //!
+//! The RoPE + KV-write epilogue ([`crate::qkv_rope`]) loads the weight rows of a permuted
+//! column order: half tile `h = 1` holds the rotary partners of the features in `h = 0`, so
+//! lane `(g, t)` rotates its accumulators `d` and `d + 2` as one pair (pair stride 8; head
+//! and rotary dims must be multiples of 16, else the plan keeps `rope_kv`).
+//!
 //! The fused RMSNorm is applied to each x fragment after its load (each x element is
 //! used by one warp of the block), with the per-row `1/rms` computed up front while the
 //! first weight loads are in flight.

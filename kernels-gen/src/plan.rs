@@ -4,8 +4,9 @@
 //!
 //! Invariants:
 //! - arena offsets come from the memory plan; group-local scratch (GEMV argmax partials,
-//!   attention split partials, the fused q/k/v product) lives in one region after the
-//!   planned arena, reused by every group (groups run one after another);
+//!   attention split partials, the q/k/v product of layers whose RoPE runs in `rope_kv`)
+//!   lives in one region after the planned arena, reused by every group (groups run one
+//!   after another);
 //! - table slot `i` is `slots[i]`: a checkpoint weight, a persistent state, or rows of
 //!   several weights concatenated at upload (the fused q/k/v projection);
 //! - each launch carries its own [`Bucket`]: inside a step graph an op's token count is its

@@ -15,6 +15,11 @@
 //!   `min(slots[m], Ctx − 1)` when separate slots are given: draft trees); a negative slot
 //!   (a padding lane) writes nothing. Rotated q is always written.
 //!
+//! The plan runs this kernel after the q|k|v GEMV only where the GEMV cannot do it in its
+//! epilogue ([`crate::qkv_rope`]): with the per-head norm (a whole head's sum of squares) or a
+//! head shape the GEMV's pair stride does not divide. The position / slot, cos / sin and
+//! rotation emitters below are shared with that epilogue, so both compute the same bits.
+//!
 //! `inv_freq` comes from the caller (codegen resolves default / llama3 / yarn scaling once
 //! for the interpreter and the kernels alike). Kernel name dtype: q's dtype.
 
