@@ -267,7 +267,8 @@ fn eagle3_tree_step(target: &Model) -> Graph {
 }
 
 /// Kernels only a DDTree step has: the tree ops, the tree commit, attention with
-/// multi-word masks and RoPE with separate cache slots.
+/// multi-word masks and RoPE with separate cache slots (`rope_kv`, or the q|k|v GEMV's
+/// RoPE epilogue).
 fn tree_kernel(name: &str) -> bool {
     [
         "tree_build",
@@ -277,6 +278,8 @@ fn tree_kernel(name: &str) -> bool {
         "attn_split",
         "attn_tile",
         "rope_kv",
+        "gemv_rope",
+        "gemv_mma_rope",
     ]
     .iter()
     .any(|p| name.starts_with(p))
@@ -417,4 +420,52 @@ fn matmuls_of_several_rows_run_on_tensor_cores() {
     }
     assert!(mma > 0, "no graph has a multi-row bf16 matmul");
     eprintln!("{mma} tensor-core GEMV launches");
+}
+
+/// A q|k|v group without per-head q/k norms (Llama) is ONE launch: the GEMV with the
+/// RoPE + KV-write epilogue (`gemv_rope` / `gemv_mma_rope`). With Qwen3's per-head norms
+/// it stays two: the GEMV into scratch, then `rope_kv`.
+#[test]
+fn qkv_rope_is_one_launch_without_head_norms() {
+    use specc_codegen::{Epilogue, GroupKind};
+    let (mut fused, mut split) = (0, 0);
+    for (name, g, bind) in graphs() {
+        let c = specc_codegen::compile(g, std::slice::from_ref(&bind)).unwrap();
+        let plan = plan_kernels(&c.graph, &c.groups, &c.plans[0]).unwrap();
+        for (i, gr) in c.groups.iter().enumerate() {
+            let GroupKind::MatMul {
+                epilogue: Epilogue::RopeKvWrite(r),
+                ..
+            } = &gr.kind
+            else {
+                continue;
+            };
+            let names: Vec<&str> = plan
+                .launches
+                .iter()
+                .filter(|l| l.group == i)
+                .map(|l| l.kernel.name.as_str())
+                .collect();
+            if r.q_norm.is_none() && r.k_norm.is_none() {
+                assert!(
+                    names.len() == 1
+                        && (names[0].starts_with("gemv_rope_")
+                            || names[0].starts_with("gemv_mma_rope_")),
+                    "{name}: group {i}: {names:?}"
+                );
+                fused += 1;
+            } else {
+                assert!(
+                    names.len() == 2 && names[1].starts_with("rope_kv_"),
+                    "{name}: group {i}: {names:?}"
+                );
+                split += 1;
+            }
+        }
+    }
+    assert!(
+        fused > 0 && split > 0,
+        "fused {fused}, with head norms {split}"
+    );
+    eprintln!("{fused} fused q|k|v groups, {split} with per-head norms on two kernels");
 }

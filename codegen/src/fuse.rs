@@ -7,7 +7,8 @@
 //! - one matmul whose sole reader is `add(other, mm)` or `add(mm, other)` absorbs the add;
 //! - two matmuls read only by one `silu_mul` become a gate/up pair with a SwiGLU epilogue;
 //! - three matmuls q/k/v reshaped to heads, (optionally per-head normed,) roped and written
-//!   to the KV cache become one group with a RoPE + KV-write epilogue;
+//!   to the KV cache become one group with a RoPE + KV-write epilogue (kernels-gen runs it
+//!   in the q/k/v GEMV's epilogue; with per-head norms as a second kernel, `rope_kv`);
 //! - one matmul read only by `cast<f32>` (itself read only by an `argmax` and/or the graph
 //!   outputs) becomes the lm-head with logits and argmax epilogue.
 //!

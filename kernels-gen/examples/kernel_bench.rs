@@ -11,7 +11,8 @@
 //! GEMVs run at M = 1, 8, 16, 64 on CUDA cores (`gemv`, "simt") and on tensor cores
 //! (`gemv_mma`, "mma", default tiling; M = 1 included to show where it would stand), and
 //! a summary adds up one Llama-3.1-8B forward's matmuls (32 layers of qkv, o, gate/up,
-//! down, then the lm-head) per M and kernel. `kernel_bench mma` (or `simt`, `attention`,
+//! down, then the lm-head) per M and kernel; `qkv_rope` times the q|k|v projection with
+//! RoPE + KV write fused in its epilogue against GEMV + `rope_kv`. `kernel_bench mma` (or `simt`, `qkv_rope`, `attention`,
 //! `tree`: DDTree verify attention at T = 1, 8, 64, 256 and ctx 1024, 8192, `attn_tile`
 //! against `attn_split`) runs one part only; `kernel_bench sweep` times every tensor-core work split (up to 8
 //! warps per block) of the 8B GEMVs at M = 8 and prints the fastest per shape.
@@ -31,10 +32,13 @@ use specc_kernels_gen::attention::{
 };
 use specc_kernels_gen::attention_mma;
 use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights, RmsNormPrologue};
+use specc_kernels_gen::gemv_mma;
 use specc_kernels_gen::gemv_mma::{
     gemv_mma_split, partials_per_row, split_needs, tiling, MmaTiling, SplitScratch,
 };
 use specc_kernels_gen::plan::attention_splits;
+use specc_kernels_gen::qkv_rope::QkvRope;
+use specc_kernels_gen::rope::{rope_kv, RopeKvParams, RopeStyle, RopeTable};
 
 /// Copy bandwidth of the H200 (read + write counted), BENCH.md.
 const CEILING_GBS: f64 = 4260.0;
@@ -97,6 +101,7 @@ fn gemv_case(
         residual: residual.then_some(out),
         out: (!am).then_some(out),
         argmax_partials: am.then_some(parts),
+        rope: None,
     };
     let (kernel, count, split) = match variant {
         Variant::Simt => {
@@ -154,6 +159,110 @@ fn gemv_case(
     );
     Row {
         label: format!("{} {label} M={m} [{split}]", variant.name()),
+        us,
+        bytes: wbytes as f64,
+    }
+}
+
+/// Llama-3.1-8B's normed q|k|v projection (48 heads of 128 over K = 4096) with RoPE and the
+/// KV write at M = B·T rows (B = 1, ctx 1024): the GEMV with the RoPE epilogue (`fused`),
+/// or the GEMV into scratch followed by `rope_kv` (the path of per-head-norm layers). The
+/// GEMV is the plan's choice (`gemv_mma::select`); bytes = the weights.
+fn qkv_rope_case(gpu: &Gpu, m: u32, fused: bool) -> Row {
+    let (k, hq, hkv, d, ctx) = (4096u32, 32u32, 8u32, 128u32, 1024u32);
+    let n = (hq + 2 * hkv) * d;
+    let mut plan = Plan::new();
+    let x = plan.view(m, k, BF);
+    let qkv = plan.view(m, n, BF);
+    let q_out = plan.view(m, hq * d, BF);
+    let pos = plan.alloc(m as u64 * 4);
+    let table = RopeTable {
+        style: RopeStyle::Half,
+        rotary_dim: d,
+        inv_freq: common::inv_freq(500000.0, d),
+        cos_sin_scale: 1.0,
+    };
+    let mut p = GemvParams {
+        rows: Rows::Tokens,
+        row_tile: m,
+        k,
+        n,
+        x,
+        weights: GemvWeights::Single(Loc::table(0)),
+        w_dtype: BF,
+        norm: Some(RmsNormPrologue {
+            weight: Loc::table(1),
+            dtype: BF,
+            eps: 1e-5,
+        }),
+        residual: None,
+        out: None,
+        argmax_partials: None,
+        rope: None,
+    };
+    let ks = if fused {
+        p.rope = Some(QkvRope {
+            q_heads: hq,
+            kv_heads: hkv,
+            head_dim: d,
+            q_out,
+            k_cache: Loc::table(2),
+            v_cache: Loc::table(3),
+            cache_dtype: BF,
+            pos,
+            pos_dtype: Dtype::I32,
+            slots: None,
+            rope: table,
+        });
+        vec![gemv_mma::select(&p, None).unwrap()]
+    } else {
+        p.out = Some(qkv);
+        let rope = RopeKvParams {
+            q_heads: hq,
+            kv_heads: hkv,
+            head_dim: d,
+            head_dim_v: d,
+            q: qkv,
+            k: qkv.cols_from((hq * d) as u64),
+            v: qkv.cols_from(((hq + hkv) * d) as u64),
+            q_out,
+            k_cache: Loc::table(2),
+            v_cache: Loc::table(3),
+            cache_dtype: BF,
+            pos,
+            pos_dtype: Dtype::I32,
+            slots: None,
+            rope: table,
+            qk_norm: None,
+        };
+        vec![gemv_mma::select(&p, None).unwrap(), rope_kv(&rope).unwrap()]
+    };
+    let wbytes = n as u64 * k as u64 * 2;
+    let cache = (ctx * hkv * d) as u64 * 2;
+    let mut mem = Mem::new(
+        plan.alloc(0).byte_offset(),
+        &[wbytes, k as u64 * 2, cache, cache],
+    );
+    let mut rng = gpu::Rng::new(1);
+    mem.put(x.loc, BF, &rng.vec((m * k) as usize, 1.0));
+    mem.put(Loc::table(1), BF, &vec![1.0; k as usize]);
+    let pv: Vec<f64> = (0..m).map(|i| (500 + i) as f64).collect();
+    mem.put(pos, Dtype::I32, &pv);
+    let copies = (400e6 / wbytes as f64).ceil().max(2.0) as usize;
+    let us = gpu.time(
+        &mem,
+        &ks.iter().collect::<Vec<_>>(),
+        Bucket { b: 1, t: m, ctx },
+        copies,
+        50,
+    );
+    let names: Vec<&str> = ks.iter().map(|k| k.name.as_str()).collect();
+    Row {
+        label: format!(
+            "qkv+rope {} M={m} [{}]",
+            if fused { "fused" } else { "two kernels" },
+            names.join(" + ")
+        ),
         us,
         bytes: wbytes as f64,
     }
@@ -365,6 +474,14 @@ fn main() {
         }
         print_rows(&rows);
     }
+    if want("qkv_rope") {
+        let mut rows = Vec::new();
+        for m in [1, 8, 16, 64] {
+            rows.push(qkv_rope_case(&gpu, m, false));
+            rows.push(qkv_rope_case(&gpu, m, true));
+        }
+        print_rows(&rows);
+    }
     if want("attention") {
         let mut rows = Vec::new();
         for (b, t) in [(1, 1), (1, 8), (4, 8)] {
@@ -430,17 +547,15 @@ fn sweep_wide(gpu: &Gpu, ms: &[u32]) {
             for tn in (1..=g).rev() {
                 for (wn, wk) in [(4, 2), (8, 1), (2, 4), (1, 8)] {
                     for ks in [1, 2, 4] {
-                        for roll_x in [true] {
-                            let t = MmaTiling {
-                                tn,
-                                wn,
-                                wk,
-                                unroll: if m <= 16 { 4 } else { 2 },
-                                roll_x,
-                                ks,
-                            };
-                            rows.push(gemv_case(gpu, label, m, k, n, shape, Variant::Mma(Some(t))));
-                        }
+                        let t = MmaTiling {
+                            tn,
+                            wn,
+                            wk,
+                            unroll: if m <= 16 { 4 } else { 2 },
+                            roll_x: true,
+                            ks,
+                        };
+                        rows.push(gemv_case(gpu, label, m, k, n, shape, Variant::Mma(Some(t))));
                     }
                 }
             }

@@ -3,8 +3,10 @@
 //!
 //! Fusions: an RMSNorm prologue on `x` (the norm's weight and eps; the kernel computes each
 //! row's RMS itself), a SwiGLU epilogue over two weight matrices (or two halves of one),
-//! a residual add, a cast of the stored result, and argmax partials (one `ArgmaxPair` per
-//! row and block, reduced by [`crate::argmax`] in `Partials` mode).
+//! a residual add, a cast of the stored result, argmax partials (one `ArgmaxPair` per
+//! row and block, reduced by [`crate::argmax`] in `Partials` mode), and the q|k|v
+//! projection's RoPE + KV write ([`crate::qkv_rope`]: a warp's columns `2j, 2j + 1` are the
+//! two features of a rotary pair, so `CW ≥ 2`).
 //!
 //! Numerics follow the interpreter: the matmul result is rounded to x's dtype; SwiGLU
 //! rounds gate and up, then `R(R(silu(g))·u)`; the residual add rounds once; the store converts to the
@@ -22,9 +24,10 @@
 //! with bf16/f16 operands go to the tensor-core variant [`crate::gemv_mma`], which shares
 //! the RMS prologue (`emit_row_inv_rms`) and the epilogue (`emit_epilogue_value`).
 //!
-//! Kernel name dtype: the weight dtype.
+//! Kernel family `gemv` (`gemv_rope` with the RoPE epilogue); name dtype: the weight dtype.
 
 use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc, Rows, View};
+use crate::qkv_rope::{self, QkvRope};
 use crate::writer::{emit, f32_lit, Writer};
 use crate::Error;
 
@@ -83,6 +86,9 @@ pub struct GemvParams {
     pub out: Option<View>,
     /// `ArgmaxPair[M, partials_per_row]` in the arena.
     pub argmax_partials: Option<Loc>,
+    /// The fused q|k|v projection's RoPE + KV write ([`crate::qkv_rope`]): the only
+    /// epilogue then (no `out`, residual, SwiGLU or argmax).
+    pub rope: Option<QkvRope>,
 }
 
 /// The work split the generator chose.
@@ -104,16 +110,19 @@ impl GemvParams {
     pub fn tiling(&self) -> GemvTiling {
         let g = if self.gate_up() { 2 } else { 1 };
         let mt = self.row_tile.clamp(1, MAX_ROW_TILE);
+        // The RoPE epilogue pairs a warp's columns 2j and 2j + 1: at least 2 per warp.
+        let min_cw = if self.rope.is_some() { 2 } else { 1 };
         let mut cw = [4u32, 2, 1]
             .into_iter()
             .find(|c| mt * c * g <= 32)
-            .unwrap_or(1);
+            .unwrap_or(1)
+            .max(min_cw);
         let blocks = |nw: u32, cw: u32| (self.n as u64).div_ceil((nw * cw) as u64);
         let mut nw = 8;
         while nw > 2 && blocks(nw, cw) < MIN_BLOCKS {
             nw /= 2;
         }
-        while cw > 1 && blocks(nw, cw) < MIN_BLOCKS {
+        while cw > min_cw && blocks(nw, cw) < MIN_BLOCKS {
             cw /= 2;
         }
         let vec = (16 / self.w_dtype.size()) as u32;
@@ -188,7 +197,18 @@ impl GemvParams {
                 return err(field, "must be a float type");
             }
         }
-        if self.out.is_none() && self.argmax_partials.is_none() {
+        if let Some(r) = &self.rope {
+            if self.gate_up() || self.residual.is_some() || self.out.is_some() {
+                return err(
+                    "rope",
+                    "the RoPE epilogue stores alone (no out, residual or SwiGLU)",
+                );
+            }
+            if self.argmax_partials.is_some() {
+                return err("rope", "no argmax with the RoPE epilogue");
+            }
+            r.validate(FAMILY, self.n, 1)?;
+        } else if self.out.is_none() && self.argmax_partials.is_none() {
             return err("out", "a gemv must store its result or argmax partials");
         }
         if self
@@ -207,11 +227,19 @@ pub fn gemv(p: &GemvParams) -> Result<KernelSource, Error> {
     let t = p.tiling();
     let (mt, cw, nw) = (p.row_tile, t.cols_per_warp, t.warps);
     let xt = p.x.dtype.c_type();
-    let mut kb = KernelBuilder::new(FAMILY, p.w_dtype);
+    let family = if p.rope.is_some() {
+        "gemv_rope"
+    } else {
+        FAMILY
+    };
+    let mut kb = KernelBuilder::new(family, p.w_dtype);
     let (w0, w1) = match p.weights {
         GemvWeights::Single(l) => (l, None),
         GemvWeights::GateUp { gate, up } => (gate, Some(up)),
     };
+    if let Some(r) = &p.rope {
+        qkv_rope::emit_items(&mut kb.items, r, 1);
+    }
     weight_prefetch_prologue(&mut kb.prologue, p, t, w0, w1);
     let w = &mut kb.body;
     emit!(w, "__shared__ __align__(16) {xt} xs[MT * KC];");
@@ -278,7 +306,11 @@ pub fn gemv(p: &GemvParams) -> Result<KernelSource, Error> {
         w.for_block("int kk = lane * VW", "kk < kn", "kk += 32 * VW", |w| {
             w.line("float wv[NA][VW];");
             w.for_unrolled("j", 0, "CW", |w| {
-                w.line("const long long row = (long long)min(n0 + j, N - 1) * K + k0 + kk;");
+                emit!(
+                    w,
+                    "const long long row = (long long){} * K + k0 + kk;",
+                    weight_row(p, "min(n0 + j, N - 1)")
+                );
                 w.line("ld_stream_vec<VW>(w0 + row, wv[j]);");
                 if w1.is_some() {
                     w.line("ld_stream_vec<VW>(w1 + row, wv[CW + j]);");
@@ -305,12 +337,27 @@ pub fn gemv(p: &GemvParams) -> Result<KernelSource, Error> {
         });
     });
 
-    w.comment("epilogue: lane (m * CW + j) % 32 owns (row m0 + m, column n0 + j)");
-    w.for_unrolled("m", 0, "MT", |w| {
-        w.for_unrolled("j", 0, "CW", |w| {
-            w.if_block("lane == (m * CW + j) % 32", |w| epilogue(w, p));
+    if let Some(r) = &p.rope {
+        w.comment("RoPE epilogue: lane (m * CW + j) % 32 owns (row m0 + m, slots n0 + j, n0 + j + 1), j even");
+        w.for_unrolled("m", 0, "MT", |w| {
+            w.line("#pragma unroll");
+            w.for_block("int j = 0", "j < CW", "j += 2", |w| {
+                w.if_block("lane == (m * CW + j) % 32", |w| {
+                    w.line("const int col = n0 + j;");
+                    w.line("const long long row = m0 + m;");
+                    w.line("const bool live = m < mr && col < N;");
+                    qkv_rope::emit_pair_epilogue(w, r, xt, "acc[m][j]", "acc[m][j + 1]", 1);
+                });
+            });
         });
-    });
+    } else {
+        w.comment("epilogue: lane (m * CW + j) % 32 owns (row m0 + m, column n0 + j)");
+        w.for_unrolled("m", 0, "MT", |w| {
+            w.for_unrolled("j", 0, "CW", |w| {
+                w.if_block("lane == (m * CW + j) % 32", |w| epilogue(w, p));
+            });
+        });
+    }
     if let Some(part) = p.argmax_partials {
         w.comment("argmax partial of this block for each row: columns ascend with (warp, j)");
         w.line("__syncthreads();");
@@ -391,7 +438,11 @@ fn weight_prefetch_prologue(
         w.line("const long long off = (long long)(lane % LINES) * 128;");
         let row_bytes = format!("off < (long long)K * {}", p.w_dtype.size());
         w.if_block(row_bytes, |w| {
-            w.line("const long long row = (long long)min(n0 + j % CW, N - 1) * K;");
+            emit!(
+                w,
+                "const long long row = (long long){} * K;",
+                weight_row(p, "min(n0 + j % CW, N - 1)")
+            );
             let rows = if w1.is_some() {
                 "(j < CW ? w0 : w1)"
             } else {
@@ -403,6 +454,16 @@ fn weight_prefetch_prologue(
             );
         });
     });
+}
+
+/// The weight row of output column (slot) `col`: itself, or its q|k|v feature under the
+/// RoPE epilogue's permutation ([`crate::qkv_rope`]).
+pub(crate) fn weight_row(p: &GemvParams, col: &str) -> String {
+    if p.rope.is_some() {
+        format!("qkv_feature({col})")
+    } else {
+        col.to_string()
+    }
 }
 
 /// The epilogue of one `(row m0 + m, column n0 + j)`, run by its owning lane.

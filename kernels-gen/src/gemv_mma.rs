@@ -19,14 +19,23 @@
 //! two mma steps that consume it. Units past K load as zeros (no memory traffic), so K
 //! needs only the 16-byte granularity of [`crate::gemv`].
 //!
+//! The RoPE + KV-write epilogue ([`crate::qkv_rope`]) loads the weight rows of a permuted
+//! column order: half tile `h = 1` holds the rotary partners of the features in `h = 0`, so
+//! lane `(g, t)` rotates its accumulators `d` and `d + 2` as one pair (pair stride 8; head
+//! and rotary dims must be multiples of 16, else the plan keeps `rope_kv`).
+//!
 //! The fused RMSNorm is applied to each x fragment after its load (each x element is
 //! used by one warp of the block), with the per-row `1/rms` computed up front while the
 //! first weight loads are in flight.
 //!
-//! Kernel name dtype: the weight dtype.
+//! Kernel family `gemv_mma` (`gemv_mma_rope` with the RoPE epilogue); name dtype: the
+//! weight dtype.
 
 use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc};
-use crate::gemv::{emit_epilogue_value, emit_row_inv_rms, gemv, GemvParams, GemvWeights};
+use crate::gemv::{
+    emit_epilogue_value, emit_row_inv_rms, gemv, weight_row, GemvParams, GemvWeights,
+};
+use crate::qkv_rope;
 use crate::writer::{emit, Writer};
 use crate::Error;
 
@@ -37,6 +46,9 @@ pub const MMA_MIN_ROWS: u32 = 2;
 const TARGET_SMS: u64 = 132;
 /// Shared memory for one round of the split-K reduction.
 const RED_SMEM_MAX: u64 = 40 * 1024;
+/// Lane `(g, t)` holds columns `g` and `g + 8` of each 16-column tile: the RoPE
+/// epilogue's pair stride ([`crate::qkv_rope`]).
+pub const ROPE_PAIR_STRIDE: u32 = 8;
 /// The module items: mma, loads and the fused-norm fragment transform.
 const MMA_HELPERS: &str = include_str!("../cuda/mma.cuh");
 
@@ -145,6 +157,14 @@ pub fn select(p: &GemvParams, split: Option<SplitScratch>) -> Result<KernelSourc
     }
 }
 
+/// Whether the kernel [`select`] picks for `p` can carry the RoPE + KV-write epilogue of
+/// heads of `head_dim` with `rotary_dim` rotated features (the plan falls back to the
+/// two-kernel path otherwise).
+pub fn select_carries_rope(p: &GemvParams, head_dim: u32, rotary_dim: u32) -> bool {
+    let stride = if supports(p) { ROPE_PAIR_STRIDE } else { 1 };
+    qkv_rope::fusable(head_dim, rotary_dim, stride)
+}
+
 /// Argmax partials per row of the kernel [`select`] generates.
 pub fn select_partials_per_row(p: &GemvParams) -> u32 {
     if supports(p) {
@@ -175,8 +195,10 @@ fn red_bytes(p: &GemvParams, t: &MmaTiling) -> u64 {
 ///
 /// Up to 16 rows: each x fragment feeds two weight tiles (gate and up, or two column
 /// tiles), halving the x traffic per weight byte, except at M ≤ 16 with few columns, where
-/// one tile per warp doubles the blocks. `wn` grows while there are still ≥ 2 blocks per
-/// SM; `wk` fills the block to 8 warps; K is not split across blocks.
+/// one tile per warp doubles the blocks. `wn` (warps sharing x) grows while there are
+/// still ≥ 2 blocks per SM, except where measured otherwise (gate/up, normed qkv); `wk`
+/// fills the block to 8 warps; K is not split across blocks (split-K across blocks was
+/// never faster at the 8B shapes, M = 1, 8 and 64: `kernel_bench wide`).
 ///
 /// Above 16 rows x traffic dominates (each weight byte meets M/8 x bytes): [`wide_tiling`].
 pub fn tiling(p: &GemvParams) -> MmaTiling {
@@ -193,10 +215,23 @@ pub fn tiling(p: &GemvParams) -> MmaTiling {
         2
     };
     let warp_tiles = tiles.div_ceil(tn as u64);
-    let wn = [4u32, 2, 1]
-        .into_iter()
-        .find(|&wn| warp_tiles.div_ceil(wn as u64) >= 2 * TARGET_SMS)
-        .unwrap_or(1);
+    let wn = if g == 2 {
+        // gate/up: as wide as WIDE_MIN_BLOCKS allows, K unsplit (M = 1 and 8, 8B: 8 warps
+        // across N, 81.8 % of copy bandwidth, vs 73.4 % for 2 × 4).
+        [8u32, 4, 2, 1]
+            .into_iter()
+            .find(|&wn| warp_tiles.div_ceil(wn as u64) >= WIDE_MIN_BLOCKS)
+            .unwrap_or(1)
+    } else if p.norm.is_some() && few_columns {
+        // A normed projection with few columns (qkv): 2 warps share each x fragment (M = 8,
+        // 8B: 62.1 vs 55.4 % for 1 × 8).
+        2
+    } else {
+        [4u32, 2, 1]
+            .into_iter()
+            .find(|&wn| warp_tiles.div_ceil(wn as u64) >= 2 * TARGET_SMS)
+            .unwrap_or(1)
+    };
     let mut t = MmaTiling {
         tn,
         wn,
@@ -281,6 +316,9 @@ fn validate(p: &GemvParams, t: &MmaTiling) -> Result<(), Error> {
             "split-K reduction exceeds its shared memory budget",
         );
     }
+    if let Some(r) = &p.rope {
+        r.validate(FAMILY, p.n, ROPE_PAIR_STRIDE)?;
+    }
     Ok(())
 }
 
@@ -328,8 +366,16 @@ pub fn gemv_mma_split(
     }
     let (xt, wt) = (p.x.dtype.c_type(), p.w_dtype.c_type());
     let g = mats(p);
-    let mut kb = KernelBuilder::new(FAMILY, p.w_dtype);
+    let family = if p.rope.is_some() {
+        "gemv_mma_rope"
+    } else {
+        FAMILY
+    };
+    let mut kb = KernelBuilder::new(family, p.w_dtype);
     kb.items.line(MMA_HELPERS.trim_end());
+    if let Some(r) = &p.rope {
+        qkv_rope::emit_items(&mut kb.items, r, ROPE_PAIR_STRIDE);
+    }
     let w = &mut kb.body;
 
     emit!(w, "constexpr int K = {};", p.k);
@@ -394,7 +440,21 @@ pub fn gemv_mma_split(
         "const {xt}* xg = x + (long long)(m0 + g) * {} + 8 * t;",
         p.x.row_stride
     );
-    w.line("const long long wrow = (long long)(nb + g) * K + 8 * t;");
+    if p.rope.is_some() {
+        w.comment("weight rows of the q|k|v features slots nb + 16 * tn + 8 * h + g compute");
+        w.line("long long wrow[TN][2];");
+        w.for_unrolled("tn", 0, "TN", |w| {
+            w.for_unrolled("h", 0, 2, |w| {
+                emit!(
+                    w,
+                    "wrow[tn][h] = (long long){} * K + 8 * t;",
+                    weight_row(p, "min(nb + 16 * tn + 8 * h + g, N - 1)")
+                );
+            });
+        });
+    } else {
+        w.line("const long long wrow = (long long)(nb + g) * K + 8 * t;");
+    }
     if let Some(nm) = &p.norm {
         emit!(
             w,
@@ -589,7 +649,13 @@ fn emit_load(w: &mut Writer, p: &GemvParams, t: &MmaTiling, unit: &str) {
         w.for_unrolled("tn", 0, "TN", |w| {
             w.for_unrolled("h", 0, 2, |w| {
                 w.line("const bool live = ok && nb + 16 * tn + 8 * h + g < N;");
-                w.line("const long long off = wrow + (long long)(16 * tn + 8 * h) * K + u * 32;");
+                if p.rope.is_some() {
+                    w.line("const long long off = wrow[tn][h] + u * 32;");
+                } else {
+                    w.line(
+                        "const long long off = wrow + (long long)(16 * tn + 8 * h) * K + u * 32;",
+                    );
+                }
                 w.line("wa[i][tn * G][h] = ld_stream_u4_if(w0 + off, live);");
                 if p.gate_up() {
                     w.line("wa[i][tn * G + 1][h] = ld_stream_u4_if(w1 + off, live);");
@@ -611,6 +677,31 @@ fn emit_load(w: &mut Writer, p: &GemvParams, t: &MmaTiling, unit: &str) {
 /// (the m16n8 D layout, transposed).
 fn epilogue(w: &mut Writer, p: &GemvParams) {
     let argmax = p.argmax_partials;
+    if let Some(r) = &p.rope {
+        let xt = p.x.dtype.c_type();
+        w.comment("RoPE epilogue: lane (g, t) owns rows 8 * mt + 2 * t + r of slots nb + 16 * tn + g and + 8 (acc d = r, r + 2)");
+        w.if_block("wk == 0", |w| {
+            w.for_unrolled("tn", 0, "TN", |w| {
+                w.for_unrolled("mt", 0, "MT8", |w| {
+                    w.for_unrolled("r", 0, 2, |w| {
+                        w.line("const int m = 8 * mt + 2 * t + r;");
+                        w.line("const int col = nb + 16 * tn + g;");
+                        w.line("const long long row = m0 + m;");
+                        w.line("const bool live = m < mr && col < N;");
+                        qkv_rope::emit_pair_epilogue(
+                            w,
+                            r,
+                            xt,
+                            "acc[tn][mt][r]",
+                            "acc[tn][mt][r + 2]",
+                            ROPE_PAIR_STRIDE,
+                        );
+                    });
+                });
+            });
+        });
+        return;
+    }
     w.if_block("wk == 0", |w| {
         if argmax.is_some() {
             w.line("ArgmaxPair best[MT8][2];");
@@ -686,6 +777,7 @@ mod tests {
             residual: None,
             out: Some(View::new(Loc::arena(1 << 20), dt, n as u64)),
             argmax_partials: None,
+            rope: None,
         }
     }
 

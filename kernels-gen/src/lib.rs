@@ -9,7 +9,7 @@
 //! parameters, through the structured [`writer`].
 //!
 //! Families: [`gemv::gemv`] (and its tensor-core variant [`gemv_mma::gemv_mma`] for
-//! row tiles of 2..=64), [`norm::rmsnorm`], [`elementwise::binary`] (add, mul,
+//! row tiles of 2..=64; both carry the q|k|v RoPE + KV-write epilogue of [`qkv_rope`]), [`norm::rmsnorm`], [`elementwise::binary`] (add, mul,
 //! silu_mul), [`elementwise::embedding`], [`rope::rope_kv`], [`attention::attention`]
 //! (split + combine; [`attention_mma`] on tensor cores for many rows per sequence), [`argmax::argmax`].
 //!
@@ -29,6 +29,7 @@ pub mod module;
 pub mod norm;
 pub mod nvrtc;
 pub mod plan;
+pub mod qkv_rope;
 pub mod rope;
 pub mod writer;
 

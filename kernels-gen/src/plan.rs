@@ -4,8 +4,9 @@
 //!
 //! Invariants:
 //! - arena offsets come from the memory plan; group-local scratch (GEMV argmax partials,
-//!   split-K partial sums, attention split partials, the fused q/k/v product) lives in one
-//!   region after the planned arena, reused by every group (groups run one after another);
+//!   split-K partial sums, attention split partials, the q/k/v product of layers whose
+//!   RoPE runs in `rope_kv`) lives in one region after the planned arena, reused by every
+//!   group (groups run one after another);
 //! - between the planned arena and the scratch, [`SPLIT_COUNTERS`] `i32` split-K counters:
 //!   zero when the arena is allocated (zeroed), and left zero by every kernel that uses
 //!   them, so all split-K launches share them;
@@ -29,6 +30,7 @@ use crate::gemv::{GemvParams, GemvWeights, RmsNormPrologue};
 use crate::gemv_mma::{self, select_partials_per_row};
 use crate::generic::{single, TensorArg};
 use crate::norm::{rmsnorm, RmsNormParams};
+use crate::qkv_rope::QkvRope;
 use crate::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
 use crate::Error;
 
@@ -476,6 +478,7 @@ fn matmul_kernels(
                 residual: None,
                 out: None,
                 argmax_partials: None,
+                rope: None,
             })
         };
     if mats.iter().any(|m| m.scale.is_some()) {
@@ -542,7 +545,7 @@ fn matmul_kernels(
             }
         }
         Epilogue::RopeKvWrite(r) => {
-            // One GEMV over the stacked [q; k; v] weight into scratch, then RoPE + KV write.
+            // One GEMV over the stacked [q; k; v] weight.
             let names: Vec<String> = mats
                 .iter()
                 .map(|m| match cx.g.node(m.weight).op.leaf_name() {
@@ -556,54 +559,94 @@ fn matmul_kernels(
             let ns: Vec<u64> = mats.iter().map(|m| n_of(cx, m)).collect::<Result<_, _>>()?;
             let n_total: u64 = ns.iter().sum();
             let slot = cx.slot(Slot::ConcatRows(names));
-            let act = xv.dtype;
-            let qkv = cx.scratch(rows * n_total * act.size());
-            let mut p = base(cx, &mats[0], GemvWeights::Single(Loc::table(slot)), n_total)?;
-            p.out = Some(View::new(qkv, act, n_total));
-            out.push((cx.gemv(&p, rows as u32)?, b));
-            let (hd, hq, hkv) = (r.head_dim as u32, r.q_heads as u32, r.kv_heads as u32);
-            let full = View::new(qkv, act, n_total);
-            let (f, scale, style) = inv_freq(&r.rope, rotary_dim(&r.rope, hd));
-            let qk_norm = match (&r.q_norm, &r.k_norm) {
-                (Some(qn), Some(kn)) => Some(QkNorm {
-                    q_weight: cx.loc(qn.weight)?,
-                    k_weight: cx.loc(kn.weight)?,
-                    dtype: dtype(cx.g.ty(qn.weight).dtype)?,
-                    eps: qn.eps as f32,
-                }),
-                _ => None,
-            };
-            let rp = RopeKvParams {
-                q_heads: hq,
-                kv_heads: hkv,
-                head_dim: hd,
-                head_dim_v: hd,
-                q: full,
-                k: full.cols_from(ns[0]),
-                v: full.cols_from(ns[0] + ns[1]),
-                q_out: View::new(cx.loc(r.q_out)?, act, (hq * hd) as u64),
-                k_cache: cx.loc(r.k_cache_out)?,
-                v_cache: cx.loc(r.v_cache_out)?,
-                cache_dtype: dtype(cx.g.ty(r.k_cache_out).dtype)?,
-                pos: cx.loc(r.positions)?,
-                pos_dtype: dtype(cx.g.ty(r.positions).dtype)?,
-                slots: if r.slots == r.positions {
-                    None
-                } else {
-                    Some((cx.loc(r.slots)?, dtype(cx.g.ty(r.slots).dtype)?))
-                },
-                rope: RopeTable {
-                    style,
-                    rotary_dim: rotary_dim(&r.rope, hd),
-                    inv_freq: f,
-                    cos_sin_scale: scale,
-                },
-                qk_norm,
-            };
-            out.push((rope_kv(&rp)?, b));
+            let p = base(cx, &mats[0], GemvWeights::Single(Loc::table(slot)), n_total)?;
+            for k in qkv_rope_kernels(cx, p, rows, &ns, r)? {
+                out.push((k, b));
+            }
         }
     }
     Ok(out)
+}
+
+/// The q|k|v projection `p` (no epilogue yet) with RoPE and the KV write: one GEMV with
+/// the [`crate::qkv_rope`] epilogue when the kernel can carry it (no per-head q/k norm,
+/// head shape fits its pair stride), else the GEMV into scratch and `rope_kv`.
+fn qkv_rope_kernels(
+    cx: &mut Ctx,
+    mut p: GemvParams,
+    rows: u64,
+    ns: &[u64],
+    r: &specc_codegen::RopeKvWrite,
+) -> Result<Vec<KernelSource>, Error> {
+    let (hd, hq, hkv) = (r.head_dim as u32, r.q_heads as u32, r.kv_heads as u32);
+    let act = p.x.dtype;
+    let rd = rotary_dim(&r.rope, hd);
+    let (f, scale, style) = inv_freq(&r.rope, rd);
+    let table = RopeTable {
+        style,
+        rotary_dim: rd,
+        inv_freq: f,
+        cos_sin_scale: scale,
+    };
+    let q_out = View::new(cx.loc(r.q_out)?, act, (hq * hd) as u64);
+    let (k_cache, v_cache) = (cx.loc(r.k_cache_out)?, cx.loc(r.v_cache_out)?);
+    let cache_dtype = dtype(cx.g.ty(r.k_cache_out).dtype)?;
+    let (pos, pos_dtype) = (cx.loc(r.positions)?, dtype(cx.g.ty(r.positions).dtype)?);
+    let slots = if r.slots == r.positions {
+        None
+    } else {
+        Some((cx.loc(r.slots)?, dtype(cx.g.ty(r.slots).dtype)?))
+    };
+    let head_norm = r.q_norm.is_some() || r.k_norm.is_some();
+    if !head_norm && gemv_mma::select_carries_rope(&p, hd, rd) {
+        p.rope = Some(QkvRope {
+            q_heads: hq,
+            kv_heads: hkv,
+            head_dim: hd,
+            q_out,
+            k_cache,
+            v_cache,
+            cache_dtype,
+            pos,
+            pos_dtype,
+            slots,
+            rope: table,
+        });
+        return Ok(vec![cx.gemv(&p, rows as u32)?]);
+    }
+    let n_total = p.n as u64;
+    let qkv = cx.scratch(rows * n_total * act.size());
+    let full = View::new(qkv, act, n_total);
+    p.out = Some(full);
+    let qk_norm = match (&r.q_norm, &r.k_norm) {
+        (Some(qn), Some(kn)) => Some(QkNorm {
+            q_weight: cx.loc(qn.weight)?,
+            k_weight: cx.loc(kn.weight)?,
+            dtype: dtype(cx.g.ty(qn.weight).dtype)?,
+            eps: qn.eps as f32,
+        }),
+        _ => None,
+    };
+    let rp = RopeKvParams {
+        q_heads: hq,
+        kv_heads: hkv,
+        head_dim: hd,
+        head_dim_v: hd,
+        q: full,
+        k: full.cols_from(ns[0]),
+        v: full.cols_from(ns[0] + ns[1]),
+        q_out,
+        k_cache,
+        v_cache,
+        cache_dtype,
+        pos,
+        pos_dtype,
+        slots,
+        rope: table,
+        qk_norm,
+    };
+    let gemv = cx.gemv(&p, rows as u32)?;
+    Ok(vec![gemv, rope_kv(&rp)?])
 }
 
 fn rotary_dim(op: &Op, head_dim: u32) -> u32 {

@@ -15,11 +15,16 @@
 //!   `min(slots[m], Ctx − 1)` when separate slots are given: draft trees); a negative slot
 //!   (a padding lane) writes nothing. Rotated q is always written.
 //!
+//! The plan runs this kernel after the q|k|v GEMV only where the GEMV cannot do it in its
+//! epilogue ([`crate::qkv_rope`]): with the per-head norm (a whole head's sum of squares) or a
+//! head shape the GEMV's pair stride does not divide. The position / slot, cos / sin and
+//! rotation emitters below are shared with that epilogue, so both compute the same bits.
+//!
 //! `inv_freq` comes from the caller (codegen resolves default / llama3 / yarn scaling once
 //! for the interpreter and the kernels alike). Kernel name dtype: q's dtype.
 
 use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc, Rows, View};
-use crate::writer::{emit, f32_lit};
+use crate::writer::{emit, f32_lit, Writer};
 use crate::Error;
 
 const FAMILY: &str = "rope_kv";
@@ -42,6 +47,28 @@ pub struct RopeTable {
     pub inv_freq: Vec<f32>,
     /// Multiplies cos and sin.
     pub cos_sin_scale: f32,
+}
+
+impl RopeTable {
+    /// The table's own invariants for heads of `head_dim` (errors name `family`).
+    pub(crate) fn validate(&self, family: &'static str, head_dim: u32) -> Result<(), Error> {
+        let err = |field, reason: &str| Err(Error::param(family, field, reason));
+        if !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > head_dim {
+            return err("rope.rotary_dim", "must be even and at most head_dim");
+        }
+        if self.inv_freq.len() != self.rotary_dim as usize / 2 {
+            return err("rope.inv_freq", "must hold rotary_dim / 2 values");
+        }
+        if !self
+            .inv_freq
+            .iter()
+            .chain([&self.cos_sin_scale])
+            .all(|x| x.is_finite())
+        {
+            return err("rope", "inv_freq and cos_sin_scale must be finite");
+        }
+        Ok(())
+    }
 }
 
 /// Per-head RMSNorm of q and k before rotation.
@@ -97,21 +124,7 @@ impl RopeKvParams {
         if !self.pos_dtype.is_int() || self.slots.is_some_and(|(_, d)| !d.is_int()) {
             return err("pos_dtype", "positions and slots must be i32 or i64");
         }
-        let r = &self.rope;
-        if !r.rotary_dim.is_multiple_of(2) || r.rotary_dim > self.head_dim {
-            return err("rope.rotary_dim", "must be even and at most head_dim");
-        }
-        if r.inv_freq.len() != r.rotary_dim as usize / 2 {
-            return err("rope.inv_freq", "must hold rotary_dim / 2 values");
-        }
-        if !r
-            .inv_freq
-            .iter()
-            .chain([&r.cos_sin_scale])
-            .all(|x| x.is_finite())
-        {
-            return err("rope", "inv_freq and cos_sin_scale must be finite");
-        }
+        self.rope.validate(FAMILY, self.head_dim)?;
         if let Some(n) = &self.qk_norm {
             if !n.dtype.is_float() || !n.eps.is_finite() || n.eps < 0.0 {
                 return err("qk_norm", "needs a float weight and a finite eps >= 0");
@@ -129,19 +142,7 @@ pub fn rope_kv(p: &RopeKvParams) -> Result<KernelSource, Error> {
     let ct = p.cache_dtype.c_type();
     let mut kb = KernelBuilder::new(FAMILY, p.q.dtype);
 
-    if half > 0 {
-        let items = &mut kb.items;
-        items.comment("inverse frequencies of the rotary pairs");
-        let vals: Vec<String> = p.rope.inv_freq.iter().map(|&x| f32_lit(x)).collect();
-        items.block_semi(
-            format_args!("static __device__ const float INV_FREQ[{half}] ="),
-            |w| {
-                for chunk in vals.chunks(4) {
-                    emit!(w, "{},", chunk.join(", "));
-                }
-            },
-        );
-    }
+    emit_inv_freq(&mut kb.items, &p.rope);
 
     let w = &mut kb.body;
     emit!(w, "constexpr int D = {d};");
@@ -160,24 +161,8 @@ pub fn rope_kv(p: &RopeKvParams) -> Result<KernelSource, Error> {
     w.line("if (u >= HQ + 2 * HKV) return;");
     w.line("const int m = blockIdx.y;");
     w.line("const int b = m / c.t;");
-    emit!(
-        w,
-        "const long long pl = (long long)({})[m];",
-        p.pos.ptr(p.pos_dtype, false)
-    );
-    match p.slots {
-        None => {
-            w.line("const int slot = cache_slot(pl, c.ctx);  // -1: padding lane, nothing written")
-        }
-        Some((loc, dt)) => {
-            emit!(
-                w,
-                "const int slot = cache_slot((long long)({})[m], c.ctx);  // -1: nothing written",
-                loc.ptr(dt, false)
-            );
-        }
-    }
-    let slot_base = "((long long)(b * c.ctx + max(slot, 0)) * HKV + h)";
+    emit_position_and_slot(w, p.pos, p.pos_dtype, p.slots, "m");
+    let slot_base = cache_row("b", "h", "HKV");
 
     w.comment("v heads: copy into the cache");
     w.if_block("u >= HQ + HKV", |w| {
@@ -277,23 +262,8 @@ pub fn rope_kv(p: &RopeKvParams) -> Result<KernelSource, Error> {
                         w.line("const float partner = (i & 1) ? hv[i - 1] : -hv[i + 1];");
                     }
                 }
-                w.line("double sd, cd;");
-                w.line("sincos((double)(fp * INV_FREQ[f]), &sd, &cd);");
-                let ms = f32_lit(p.rope.cos_sin_scale);
-                emit!(
-                    w,
-                    "const float cs = round_to<{xt}>(__fmul_rn((float)cd, {ms}));"
-                );
-                emit!(
-                    w,
-                    "const float sn = round_to<{xt}>(__fmul_rn((float)sd, {ms}));"
-                );
-                emit!(w, "const float xc = round_to<{xt}>(__fmul_rn(hv[i], cs));");
-                emit!(
-                    w,
-                    "const float ps = round_to<{xt}>(__fmul_rn(partner, sn));"
-                );
-                w.line("o = __fadd_rn(xc, ps);");
+                emit_cos_sin(w, &p.rope, xt, "f");
+                emit!(w, "o = {};", rotated(xt, "hv[i]", "partner"));
             });
         }
         emit!(w, "o = round_to<{xt}>(o);");
@@ -314,4 +284,84 @@ pub fn rope_kv(p: &RopeKvParams) -> Result<KernelSource, Error> {
         smem_bytes: 0,
     };
     Ok(kb.finish(launch))
+}
+
+/// Module items of a rotation: the `INV_FREQ[rotary_dim / 2]` table (nothing when no
+/// feature rotates).
+pub(crate) fn emit_inv_freq(items: &mut Writer, rope: &RopeTable) {
+    let half = rope.rotary_dim / 2;
+    if half == 0 {
+        return;
+    }
+    items.comment("inverse frequencies of the rotary pairs");
+    let vals: Vec<String> = rope.inv_freq.iter().map(|&x| f32_lit(x)).collect();
+    items.block_semi(
+        format_args!("static __device__ const float INV_FREQ[{half}] ="),
+        |w| {
+            for chunk in vals.chunks(4) {
+                emit!(w, "{},", chunk.join(", "));
+            }
+        },
+    );
+}
+
+/// Declares `pl` (the position of token row `row`, as `long long`) and `slot` (its KV cache
+/// slot: `min(pos, Ctx − 1)`, or `min(slots[row], Ctx − 1)` when separate slots are given;
+/// −1 for a negative one, which writes nothing). Needs the bucket constants `c`.
+pub(crate) fn emit_position_and_slot(
+    w: &mut Writer,
+    pos: Loc,
+    pos_dtype: Dtype,
+    slots: Option<(Loc, Dtype)>,
+    row: &str,
+) {
+    emit!(
+        w,
+        "const long long pl = (long long)({})[{row}];",
+        pos.ptr(pos_dtype, false)
+    );
+    match slots {
+        None => {
+            w.line("const int slot = cache_slot(pl, c.ctx);  // -1: padding lane, nothing written")
+        }
+        Some((loc, dt)) => {
+            emit!(
+                w,
+                "const int slot = cache_slot((long long)({})[{row}], c.ctx);  // -1: nothing written",
+                loc.ptr(dt, false)
+            );
+        }
+    }
+}
+
+/// The row of sequence `seq`, head `head` at `slot` in a `[B, Ctx, kv_heads, D]` cache (an
+/// expression; a negative slot reads row 0, callers write only when `slot >= 0`).
+pub(crate) fn cache_row(seq: &str, head: &str, kv_heads: &str) -> String {
+    format!("((long long)({seq} * c.ctx + max(slot, 0)) * {kv_heads} + {head})")
+}
+
+/// Declares `cs` and `sn`, the rounded cosine and sine of frequency `f` (an expression) at
+/// the f32 position `fp`: the angle in f32, cos and sin in f64, to f32, times
+/// `cos_sin_scale`, rounded to `xt`.
+pub(crate) fn emit_cos_sin(w: &mut Writer, rope: &RopeTable, xt: &str, f: &str) {
+    w.line("double sd, cd;");
+    emit!(w, "sincos((double)(fp * INV_FREQ[{f}]), &sd, &cd);");
+    let ms = f32_lit(rope.cos_sin_scale);
+    emit!(
+        w,
+        "const float cs = round_to<{xt}>(__fmul_rn((float)cd, {ms}));"
+    );
+    emit!(
+        w,
+        "const float sn = round_to<{xt}>(__fmul_rn((float)sd, {ms}));"
+    );
+}
+
+/// One rotated feature before its final rounding: `R(x·cs) + R(partner·sn)` with no FMA
+/// contraction, where `partner` is `−b` for the first feature of a pair `(a, b)` and `a`
+/// for the second. Needs `cs` and `sn` ([`emit_cos_sin`]).
+pub(crate) fn rotated(xt: &str, x: &str, partner: &str) -> String {
+    format!(
+        "__fadd_rn(round_to<{xt}>(__fmul_rn({x}, cs)), round_to<{xt}>(__fmul_rn({partner}, sn)))"
+    )
 }

@@ -7,6 +7,8 @@ use specc_kernels_gen::abi::{Dtype, Loc, Rows, View};
 use specc_kernels_gen::attention::{attention, attention_tiles, select, AttentionParams, AttnMask};
 use specc_kernels_gen::attention_mma;
 use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights};
+use specc_kernels_gen::gemv_mma::{gemv_mma, select_carries_rope};
+use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{rope_kv, RopeKvParams, RopeStyle, RopeTable};
 use specc_kernels_gen::Error;
 
@@ -23,6 +25,7 @@ fn gemv_params() -> GemvParams {
         residual: None,
         out: Some(View::new(Loc::arena(4096), Dtype::BF16, 256)),
         argmax_partials: None,
+        rope: None,
     }
 }
 
@@ -298,5 +301,76 @@ fn rope_rejects_bad_tables() {
     assert!(
         rope_kv(&partial).is_ok(),
         "partial rotary dims pass the rest through"
+    );
+}
+
+/// The q|k|v GEMV with the RoPE epilogue: `n` must be the heads' width, the epilogue stores
+/// alone, and head / rotary dims must fit the kernel's pair stride (1 on CUDA cores, 8 on
+/// tensor cores: multiples of 16 there).
+#[test]
+fn gemv_rope_epilogue_rejects_bad_parameters() {
+    // 4 q heads + 2 × 2 kv heads of 32 = 256 columns.
+    let rope = |head_dim: u32, rotary_dim: u32| QkvRope {
+        q_heads: 4,
+        kv_heads: 2,
+        head_dim,
+        q_out: View::new(Loc::arena(1 << 16), Dtype::BF16, 128),
+        k_cache: Loc::table(1),
+        v_cache: Loc::table(2),
+        cache_dtype: Dtype::BF16,
+        pos: Loc::arena(1 << 17),
+        pos_dtype: Dtype::I32,
+        slots: None,
+        rope: RopeTable {
+            style: RopeStyle::Half,
+            rotary_dim,
+            inv_freq: common::inv_freq(10000.0, rotary_dim),
+            cos_sin_scale: 1.0,
+        },
+    };
+    let fused = |head_dim, rotary_dim| GemvParams {
+        n: 8 * head_dim,
+        out: None,
+        rope: Some(rope(head_dim, rotary_dim)),
+        ..gemv_params()
+    };
+    assert!(gemv(&fused(32, 32)).is_ok());
+    assert!(gemv_mma(&fused(32, 32)).is_ok());
+    assert!(gemv(&fused(32, 8)).is_ok(), "partial rotary on CUDA cores");
+    assert_eq!(
+        field_of(gemv_mma(&fused(32, 8)).unwrap_err()),
+        ("gemv_mma", "rope.head_dim"),
+        "rotary dims not a multiple of 16 on tensor cores"
+    );
+    assert_eq!(
+        field_of(gemv_mma(&fused(24, 24)).unwrap_err()),
+        ("gemv_mma", "rope.head_dim")
+    );
+    // The plan asks before fusing: the tensor-core kernel (4 rows of bf16) needs 16 | dims.
+    assert!(select_carries_rope(&fused(32, 32), 32, 32));
+    assert!(!select_carries_rope(&fused(24, 24), 24, 24));
+    assert!(select_carries_rope(
+        &GemvParams {
+            x: View::new(Loc::arena(0), Dtype::F32, 128),
+            ..fused(24, 24)
+        },
+        24,
+        24
+    ));
+    let with_out = GemvParams {
+        out: gemv_params().out,
+        ..fused(32, 32)
+    };
+    assert_eq!(field_of(gemv(&with_out).unwrap_err()), ("gemv", "rope"));
+    let wrong_n = GemvParams {
+        n: 200,
+        ..fused(32, 32)
+    };
+    assert_eq!(field_of(gemv(&wrong_n).unwrap_err()), ("gemv", "n"));
+    let mut short = fused(32, 32);
+    short.rope.as_mut().unwrap().rope.inv_freq.pop();
+    assert_eq!(
+        field_of(gemv(&short).unwrap_err()),
+        ("gemv", "rope.inv_freq")
     );
 }

@@ -73,6 +73,19 @@ fn rope_kv_qk_norm() {
 }
 
 #[test]
+fn gemv_qkv_rope_kv() {
+    snap("gemv qkv +rmsnorm +rope_kv", "gemv_qkv_rmsnorm_rope_kv");
+}
+
+#[test]
+fn gemv_mma_qkv_rope_kv() {
+    snap(
+        "gemv_mma qkv +rmsnorm +rope_kv (interleaved, slots)",
+        "gemv_mma_qkv_rmsnorm_rope_kv_interleaved_slots",
+    );
+}
+
+#[test]
 fn attention_causal_split() {
     snap("attention causal: split", "attention_causal_split");
 }

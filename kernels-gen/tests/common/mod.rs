@@ -11,6 +11,7 @@ use specc_kernels_gen::elementwise::{binary, embedding, BinaryFn, BinaryParams, 
 use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights, RmsNormPrologue};
 use specc_kernels_gen::gemv_mma::gemv_mma_alloc;
 use specc_kernels_gen::norm::{rmsnorm, RmsNormParams};
+use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
 
 /// The model dimensions the fixtures need.
@@ -143,6 +144,7 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
         residual: None,
         out: Some(qkv),
         argmax_partials: None,
+        rope: None,
     };
     add("gemv qkv +rmsnorm", gemv(&base_gemv).unwrap());
     add(
@@ -269,6 +271,35 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
         qk_norm: None,
     };
     add("rope_kv", rope_kv(&rope).unwrap());
+    // The same rotation and KV write in the q|k|v projection's epilogue (one launch), on
+    // CUDA cores and on tensor cores; the tensor-core one with separate cache slots.
+    let fused = GemvParams {
+        out: None,
+        rope: Some(QkvRope {
+            q_heads: s.heads,
+            kv_heads: s.kv_heads,
+            head_dim: d,
+            q_out: q,
+            k_cache: Loc::table(t_kc),
+            v_cache: Loc::table(t_vc),
+            cache_dtype: bf,
+            pos,
+            pos_dtype: Dtype::I32,
+            slots: None,
+            rope: rope.rope.clone(),
+        }),
+        ..base_gemv.clone()
+    };
+    add("gemv qkv +rmsnorm +rope_kv", gemv(&fused).unwrap());
+    let mut fused_slots = fused.clone();
+    if let Some(r) = &mut fused_slots.rope {
+        r.slots = Some((ancestors, Dtype::I32));
+        r.rope.style = RopeStyle::Interleaved;
+    }
+    add(
+        "gemv_mma qkv +rmsnorm +rope_kv (interleaved, slots)",
+        gemv_mma_alloc(&fused_slots, fused_slots.row_tile, |b| plan.alloc(b)).unwrap(),
+    );
     add(
         "rope_kv +qk_norm (interleaved)",
         rope_kv(&RopeKvParams {

@@ -100,6 +100,7 @@ pub fn check_gemv(gpu: &Gpu, c: GemvCase) {
         residual: c.residual.then_some(res),
         out,
         argmax_partials: c.argmax.then_some(parts),
+        rope: None,
     };
     // Split-K scratch: partials, and counters that must be zero before and after.
     let mut counters = None;
