@@ -157,10 +157,21 @@ pub fn select(p: &GemvParams, split: Option<SplitScratch>) -> Result<KernelSourc
     }
 }
 
+/// The largest row tile whose q/k/v projection carries RoPE + KV write in its epilogue.
+/// Measured in the step graph (H200, 8B, ctx 1024, verify A/B in one call): fused at one
+/// row 5.250 vs 5.331 ms per decode; fused at 8 rows 6.184 vs 6.003 ms per verify-8 (the
+/// epilogue's per-pair f64 sincos at late positions sits on each warp's tail), although
+/// `kernel_bench qkv_rope` (early positions) times the kernel alone faster up to 16 rows.
+pub const ROPE_FUSED_MAX_ROWS: u32 = 1;
+
 /// Whether the kernel [`select`] picks for `p` can carry the RoPE + KV-write epilogue of
 /// heads of `head_dim` with `rotary_dim` rotated features (the plan falls back to the
-/// two-kernel path otherwise).
+/// two-kernel path otherwise). Row tiles above [`ROPE_FUSED_MAX_ROWS`] keep the two
+/// kernels (measured).
 pub fn select_carries_rope(p: &GemvParams, head_dim: u32, rotary_dim: u32) -> bool {
+    if p.row_tile > ROPE_FUSED_MAX_ROWS {
+        return false;
+    }
     let stride = if supports(p) { ROPE_PAIR_STRIDE } else { 1 };
     qkv_rope::fusable(head_dim, rotary_dim, stride)
 }
@@ -196,9 +207,11 @@ fn red_bytes(p: &GemvParams, t: &MmaTiling) -> u64 {
 /// Up to 16 rows: each x fragment feeds two weight tiles (gate and up, or two column
 /// tiles), halving the x traffic per weight byte, except at M ≤ 16 with few columns, where
 /// one tile per warp doubles the blocks. `wn` (warps sharing x) grows while there are
-/// still ≥ 2 blocks per SM, except where measured otherwise (gate/up, normed qkv); `wk`
-/// fills the block to 8 warps; K is not split across blocks (split-K across blocks was
-/// never faster at the 8B shapes, M = 1, 8 and 64: `kernel_bench wide`).
+/// still ≥ 2 blocks per SM; `wk` fills the block to 8 warps; K is not split across blocks
+/// (split-K across blocks was never faster at the 8B shapes, M = 1, 8 and 64:
+/// `kernel_bench wide`). Wider splits that `kernel_bench wide` times faster alone (gate/up
+/// 1×8×1 at M = 1 and 8) were slower inside the step graph (verify-8 6.518 vs 6.003 ms),
+/// so the plan keeps these.
 ///
 /// Above 16 rows x traffic dominates (each weight byte meets M/8 x bytes): [`wide_tiling`].
 pub fn tiling(p: &GemvParams) -> MmaTiling {
@@ -215,23 +228,10 @@ pub fn tiling(p: &GemvParams) -> MmaTiling {
         2
     };
     let warp_tiles = tiles.div_ceil(tn as u64);
-    let wn = if g == 2 {
-        // gate/up: as wide as WIDE_MIN_BLOCKS allows, K unsplit (M = 1 and 8, 8B: 8 warps
-        // across N, 81.8 % of copy bandwidth, vs 73.4 % for 2 × 4).
-        [8u32, 4, 2, 1]
-            .into_iter()
-            .find(|&wn| warp_tiles.div_ceil(wn as u64) >= WIDE_MIN_BLOCKS)
-            .unwrap_or(1)
-    } else if p.norm.is_some() && few_columns {
-        // A normed projection with few columns (qkv): 2 warps share each x fragment (M = 8,
-        // 8B: 62.1 vs 55.4 % for 1 × 8).
-        2
-    } else {
-        [4u32, 2, 1]
-            .into_iter()
-            .find(|&wn| warp_tiles.div_ceil(wn as u64) >= 2 * TARGET_SMS)
-            .unwrap_or(1)
-    };
+    let wn = [4u32, 2, 1]
+        .into_iter()
+        .find(|&wn| warp_tiles.div_ceil(wn as u64) >= 2 * TARGET_SMS)
+        .unwrap_or(1);
     let mut t = MmaTiling {
         tn,
         wn,

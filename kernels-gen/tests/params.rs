@@ -346,13 +346,20 @@ fn gemv_rope_epilogue_rejects_bad_parameters() {
         field_of(gemv_mma(&fused(24, 24)).unwrap_err()),
         ("gemv_mma", "rope.head_dim")
     );
-    // The plan asks before fusing: the tensor-core kernel (4 rows of bf16) needs 16 | dims.
-    assert!(select_carries_rope(&fused(32, 32), 32, 32));
-    assert!(!select_carries_rope(&fused(24, 24), 24, 24));
+    // The plan asks before fusing: only one-row tiles fuse (measured), and the tensor-core
+    // kernel (one row of bf16 without norm) needs 16 | dims.
+    let one_row = |head_dim, rotary_dim| GemvParams {
+        row_tile: 1,
+        norm: None,
+        ..fused(head_dim, rotary_dim)
+    };
+    assert!(select_carries_rope(&one_row(32, 32), 32, 32));
+    assert!(!select_carries_rope(&one_row(24, 24), 24, 24));
+    assert!(!select_carries_rope(&fused(32, 32), 32, 32), "4-row tile");
     assert!(select_carries_rope(
         &GemvParams {
             x: View::new(Loc::arena(0), Dtype::F32, 128),
-            ..fused(24, 24)
+            ..one_row(24, 24)
         },
         24,
         24
