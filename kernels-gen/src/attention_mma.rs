@@ -90,7 +90,6 @@ fn words(p: &AttentionParams) -> u64 {
 /// float type (the mma operands), head dims multiples of 16.
 pub fn supports(p: &AttentionParams) -> bool {
     p.q.dtype == p.cache_dtype
-        && !(p.head_dim == 64 && p.max_t.saturating_mul(p.group()) > MAX_ROWS_AT_HEAD_DIM_64)
         && matches!(p.cache_dtype, Dtype::BF16 | Dtype::F16)
         && p.head_dim.is_multiple_of(16)
         && p.head_dim_v.is_multiple_of(16)
@@ -98,14 +97,6 @@ pub fn supports(p: &AttentionParams) -> bool {
         && p.q_heads.is_multiple_of(p.kv_heads)
         && tiling(p).is_some()
 }
-
-/// Head dim 64 is used only up to this many rows per sequence and KV head (4 warps). On the
-/// H200 (2026-11-29) every case with head dim 128 (up to 1024 rows, 16 warps, 4 ancestor
-/// words) and head dim 32 (512 rows, inside the DDTree step graphs) matched the interpreter,
-/// as did head dim 64 at 40 rows; head dim 64 at 400 and 800 rows (8–16 warps) failed to
-/// launch with CUDA_ERROR_INVALID_VALUE. Until that is understood those shapes stay on
-/// `attn_split`.
-pub const MAX_ROWS_AT_HEAD_DIM_64: u32 = 64;
 
 /// Dynamic shared memory: the q tile and two stages of K and V tiles.
 fn smem_dynamic(p: &AttentionParams, t: TileTiling) -> u64 {

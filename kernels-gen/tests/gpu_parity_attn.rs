@@ -378,8 +378,9 @@ fn attention_matches_interpreter() {
     );
 }
 
-/// The tensor-core kernel: rows per sequence T·G = 40, 64, 256, 800 and 1024 (4, 4, 16 and
-/// 16 warps per block, 1024 in 4 row blocks), causal and tree with 1-, 2- and 4-word masks,
+/// The tensor-core kernel: rows per sequence T·G = 40, 64, 100, 256, 400 and 1024 (4, 4, 8,
+/// 16 and 16 warps per block, 400 in 2 and 1024 in 4 row blocks), causal and tree with 1-, 2-
+/// and 4-word masks,
 /// GQA groups 1, 4 and 8, head dims 64 and 128, contexts that are no multiple of the tile,
 /// one split and many.
 #[test]
@@ -430,6 +431,37 @@ fn attention_tiles_match_interpreter() {
             d: 64,
             splits: 3,
             tree: false,
+            ..llama
+        },
+    );
+    // Head dim 64 with many rows: 8 warps (G = 1, T·G = 100) and 16 warps in two row blocks
+    // (G = 4, T·G = 400, a 100-node tree: 2 ancestor words). Their dynamic shared memory is under 48 KiB but static +
+    // dynamic is not: the launch must opt in (it failed with CUDA_ERROR_INVALID_VALUE when
+    // only dynamic sizes above 48 KiB opted in).
+    check_attention(
+        &gpu,
+        AttnCase {
+            b: 1,
+            t: 100,
+            hq: 4,
+            hkv: 4,
+            d: 64,
+            splits: 2,
+            tree: false,
+            ..llama
+        },
+    );
+    check_attention(
+        &gpu,
+        AttnCase {
+            b: 1,
+            t: 100,
+            ctx: 700,
+            hq: 4,
+            hkv: 1,
+            d: 64,
+            splits: 3,
+            words: 2,
             ..llama
         },
     );

@@ -71,9 +71,16 @@ impl Gpu {
             .load_module(Ptx::from_binary(compiled.cubin))
             .unwrap();
         let f = module.load_function(&k.entry).unwrap();
-        // Above 48 KiB of dynamic shared memory a kernel must opt in (as the runtime does).
+        // Above its current limit (48 KiB minus its static shared memory by default) a
+        // kernel must opt in, as the runtime does.
         let smem = k.launch.smem_bytes;
-        if smem > 48 * 1024 {
+        let limit = f
+            .get_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            )
+            .unwrap_or(0)
+            .max(0) as u32;
+        if smem > limit {
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem as i32,

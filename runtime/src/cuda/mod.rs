@@ -64,7 +64,7 @@ pub use engine::{set_prebuilt, CudaEngine, LoadedGraph, Prebuilt, WeightSources}
 pub use error::CudaError;
 pub use graph::{Retained, StepGraph};
 pub use launch::{launch_all, KernelParam, PreparedLaunch};
-pub use module::{KernelImage, KernelModule, DEFAULT_DYNAMIC_SMEM};
+pub use module::{KernelImage, KernelModule};
 pub use ring::{TokenRing, DEFAULT_RING_DEPTH};
 pub use session::{prefill_bucket, CudaSpecGraphs, CudaSpecSession, MIN_PREFILL_T};
 pub use table::{operand_table, pointer_table, BufRef, TABLE_ENTRY_ALIGN};

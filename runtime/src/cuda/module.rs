@@ -10,9 +10,6 @@ use super::device::CudaDevice;
 use super::error::{CudaError, DriverResultExt};
 use crate::RuntimeError;
 
-/// Dynamic shared memory a kernel may use without opting in.
-pub const DEFAULT_DYNAMIC_SMEM: u32 = 48 * 1024;
-
 /// A compiled module image.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KernelImage {
@@ -93,8 +90,9 @@ impl KernelModule {
     }
 
     /// Kernel `kernel`, prepared to launch with `dynamic_smem` bytes of dynamic shared
-    /// memory: above 48 KiB the kernel opts in (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`,
-    /// never lowered), after checking static + dynamic fits the device.
+    /// memory: above the kernel's current limit (by default 48 KiB minus its static shared
+    /// memory) it opts in (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`, never lowered),
+    /// after checking static + dynamic fits the device.
     pub fn function(&self, kernel: &str, dynamic_smem: u32) -> Result<CudaFunction, RuntimeError> {
         let f = self
             .module
@@ -125,7 +123,9 @@ impl KernelModule {
                 "querying the dynamic shared memory limit of `{kernel}`"
             ))?
             .max(0) as u32;
-        if dynamic_smem > DEFAULT_DYNAMIC_SMEM && dynamic_smem > current {
+        // The default limit is 48 KiB minus the kernel's static shared memory, so a kernel
+        // with static arrays opts in below 48 KiB of dynamic memory too.
+        if dynamic_smem > current {
             f.set_attribute(
                 FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 dynamic_smem as i32,
