@@ -487,11 +487,7 @@ pub fn gemv_mma_split(
     }
 
     w.line("float acc[AT][MT8][4];");
-    w.for_unrolled("a", 0, "AT", |w| {
-        w.for_unrolled("mt", 0, "MT8", |w| {
-            w.for_unrolled("d", 0, 4, |w| w.line("acc[a][mt][d] = 0.0f;"));
-        });
-    });
+    for_each_acc(w, |w| w.line("acc[a][mt][d] = 0.0f;"));
     let mma = match p.w_dtype {
         Dtype::F16 => "mma_k32_f16",
         _ => "mma_k32_bf16",
@@ -585,12 +581,8 @@ fn emit_split_k_fixup(w: &mut Writer, sc: SplitScratch) {
     );
     w.line("float* mine = part + ((tile * KS + blockIdx.z) * WN + wn) * FRAG;");
     w.if_block("wk == 0", |w| {
-        w.for_unrolled("a", 0, "AT", |w| {
-            w.for_unrolled("mt", 0, "MT8", |w| {
-                w.for_unrolled("d", 0, 4, |w| {
-                    w.line("__stcg(mine + ((a * MT8 + mt) * 4 + d) * 32 + lane, acc[a][mt][d]);");
-                });
-            });
+        for_each_acc(w, |w| {
+            w.line("__stcg(mine + ((a * MT8 + mt) * 4 + d) * 32 + lane, acc[a][mt][d]);");
         });
     });
     w.line("__threadfence();");
@@ -606,16 +598,21 @@ fn emit_split_k_fixup(w: &mut Writer, sc: SplitScratch) {
     w.line("__threadfence();");
     w.if_block("wk == 0", |w| {
         w.line("const float* all = part + (tile * KS * WN + wn) * FRAG;");
-        w.for_unrolled("a", 0, "AT", |w| {
-            w.for_unrolled("mt", 0, "MT8", |w| {
-                w.for_unrolled("d", 0, 4, |w| {
-                    w.line("float s = 0.0f;");
-                    w.for_block("int j = 0", "j < KS", "++j", |w| {
-                        w.line("s += __ldcg(all + j * WN * FRAG + ((a * MT8 + mt) * 4 + d) * 32 + lane);");
-                    });
-                    w.line("acc[a][mt][d] = s;");
-                });
+        for_each_acc(w, |w| {
+            w.line("float s = 0.0f;");
+            w.for_block("int j = 0", "j < KS", "++j", |w| {
+                w.line("s += __ldcg(all + j * WN * FRAG + ((a * MT8 + mt) * 4 + d) * 32 + lane);");
             });
+            w.line("acc[a][mt][d] = s;");
+        });
+    });
+}
+
+/// `body` once per accumulator `acc[a][mt][d]` (unrolled loops over `a`, `mt`, `d`).
+fn for_each_acc(w: &mut Writer, body: impl Fn(&mut Writer)) {
+    w.for_unrolled("a", 0, "AT", |w| {
+        w.for_unrolled("mt", 0, "MT8", |w| {
+            w.for_unrolled("d", 0, 4, |w| body(w));
         });
     });
 }

@@ -8,7 +8,9 @@ mod common;
 
 use specc_kernels_gen::abi::{Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::gemv::{GemvParams, GemvWeights, RmsNormPrologue};
-use specc_kernels_gen::gemv_mma::{gemv_mma_alloc, tiling};
+use specc_kernels_gen::gemv_mma::{
+    gemv_mma_alloc, gemv_mma_split, split_needs, tiling, MmaTiling, SplitScratch,
+};
 use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{RopeStyle, RopeTable};
 use specc_kernels_gen::{Arch, Error, Nvrtc};
@@ -31,7 +33,7 @@ fn nvrtc_or_skip() -> Option<Nvrtc> {
 }
 
 /// Llama-3.1-8B gate/up (+norm +silu) and lm-head (+norm +argmax) at row tile `m`.
-fn row_tile_cases(m: u32) -> Vec<(String, KernelSource)> {
+fn row_tile_params(m: u32) -> Vec<(&'static str, GemvParams)> {
     let bf = Dtype::BF16;
     let (h, f, v) = (4096u32, 14336u32, 128256u32);
     let x = View::new(Loc::arena(0), bf, h as u64);
@@ -86,26 +88,55 @@ fn row_tile_cases(m: u32) -> Vec<(String, KernelSource)> {
         }),
         ..base.clone()
     };
-    [
+    vec![
         ("gate_up", base),
         ("lm_head", lm),
         ("qkv +rope_kv", qkv_rope),
     ]
-    .into_iter()
-    .map(|(l, p)| {
-        let t = tiling(&p);
-        let mut next = 1u64 << 26;
-        let alloc = |b: u64| {
-            let at = next;
-            next += b.next_multiple_of(256);
-            Loc::arena(at)
-        };
-        (
-            format!("{l} M={m} {t:?}"),
-            gemv_mma_alloc(&p, m, alloc).unwrap(),
-        )
-    })
-    .collect()
+}
+
+/// The default kernel of each [`row_tile_params`] fixture, its split-K scratch (if any)
+/// allocated past the fixtures' buffers.
+fn row_tile_cases(m: u32) -> Vec<(String, KernelSource)> {
+    row_tile_params(m)
+        .into_iter()
+        .map(|(l, p)| {
+            let t = tiling(&p);
+            let mut next = 1u64 << 26;
+            let alloc = |b: u64| {
+                let at = next;
+                next += b.next_multiple_of(256);
+                Loc::arena(at)
+            };
+            (
+                format!("{l} M={m} {t:?}"),
+                gemv_mma_alloc(&p, m, alloc).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// K split across blocks (no default tiling does it; the benchmarks sweep it): every
+/// [`row_tile_params`] fixture at 8 and 64 rows with 4 splits.
+fn split_k_cases() -> Vec<(String, KernelSource)> {
+    let mut out = Vec::new();
+    for m in [8, 64] {
+        for (l, p) in row_tile_params(m) {
+            let t = MmaTiling {
+                ks: 4,
+                ..tiling(&p)
+            };
+            let needs = split_needs(&p, &t, m).expect("ks > 1 needs scratch");
+            let scratch = SplitScratch {
+                partials: Loc::arena(1 << 26),
+                counters: Loc::arena(1 << 25),
+                tiles: needs.counters,
+            };
+            let k = gemv_mma_split(&p, &t, Some(scratch)).unwrap();
+            out.push((format!("split-K {l} M={m} {t:?}"), k));
+        }
+    }
+    out
 }
 
 #[test]
@@ -122,6 +153,7 @@ fn gemv_mma_compiles_for_every_arch_without_spills() {
     for m in [1, 2, 3, 8, 9, 16, 24, 33, 40, 48, 56, 64] {
         jobs.extend(row_tile_cases(m));
     }
+    jobs.extend(split_k_cases());
     let mut failures = Vec::new();
     println!(
         "{:<70} {:<8} {:>5} {:>7} {:>6} {:>7}",
