@@ -34,8 +34,9 @@ use crate::qkv_rope::QkvRope;
 use crate::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
 use crate::Error;
 
-/// Split-K tile counters reserved in every arena (the default tilings split K only below
-/// 132 output tiles).
+/// Split-K tile counters reserved in every arena: one per output tile of a launch whose
+/// tiling splits K across blocks (no default tiling does today — measured slower at the 8B
+/// shapes — but `Ctx::gemv` serves any tiling that asks, up to this many tiles).
 pub const SPLIT_COUNTERS: u32 = 512;
 
 /// A buffer outside the arena that kernels reach through the table.
