@@ -79,13 +79,6 @@ fn spec_toml_knobs_and_errors() {
     );
 }
 
-fn ddtree_kind(b: &SpecBundle) -> DraftKind {
-    DraftKind::DDTree {
-        taps_width: b.dflash_taps_width().unwrap(),
-        depth: b.num_steps(),
-    }
-}
-
 fn trained_bundle(target: &Model, budget: u32, topk: u32) -> SpecBundle {
     let cfg = spec_cfg(
         &default_model(),
@@ -215,15 +208,7 @@ fn step_tree_is_well_formed() {
     let target = Model::open(default_model()).unwrap();
     let b = trained_bundle(&target, 96, 8);
     let weights = b.load_weights_f32(&target).unwrap();
-    let graphs = SpecGraphs {
-        kind: ddtree_kind(&b),
-        target_prefill: &b.target_prefill,
-        draft_prefill: &b.draft_prefill,
-        step: &b.step,
-        num_steps: b.verify_margin(),
-        ring: b.shape.ring as usize,
-    };
-    let mut s = SpecCpuSession::new(graphs, &weights, 1, 512);
+    let mut s = SpecCpuSession::new(SpecGraphs::of(&b), &weights, 1, 512);
     let first = s.admit(&python_prompts(1), 20).unwrap();
     let mut states = s.states().clone();
     let mut env = Env {

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use specc_models::spec_step::TREE;
 use specc_models::{Method, Model, SpecBundle, SpecConfig, TreeKnobs};
-use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
+use specc_runtime::{SpecCpuSession, SpecGraphs};
 
 mod full_accept;
 mod spec_common;
@@ -110,29 +110,6 @@ fn spec_toml_knobs_and_errors() {
         &format!("{head}topk = 1\n[acceptance]\nmode = \"sample\""),
     )
     .unwrap();
-}
-
-fn kind(b: &SpecBundle) -> DraftKind {
-    match b.tree {
-        Some(_) => DraftKind::Eagle3Tree {
-            taps_width: b.taps_width().unwrap(),
-            depth: b.num_steps(),
-        },
-        None => DraftKind::Eagle3 {
-            taps_width: b.taps_width().unwrap(),
-        },
-    }
-}
-
-fn graphs(b: &SpecBundle) -> SpecGraphs<'_> {
-    SpecGraphs {
-        kind: kind(b),
-        target_prefill: &b.target_prefill,
-        draft_prefill: &b.draft_prefill,
-        step: &b.step,
-        num_steps: b.verify_margin(),
-        ring: b.shape.ring as usize,
-    }
 }
 
 fn trained_bundle(target: &Model, depth: u32, topk: u32, nodes: u32) -> SpecBundle {
@@ -258,7 +235,7 @@ fn step_tree_is_prefix_closed() {
     let target = Model::open(default_model()).unwrap();
     let b = trained_bundle(&target, 6, 4, 80);
     let weights = b.load_weights_f32(&target).unwrap();
-    let mut s = SpecCpuSession::new(graphs(&b), &weights, 1, 512);
+    let mut s = SpecCpuSession::new(SpecGraphs::of(&b), &weights, 1, 512);
     let first = s.admit(&python_prompts(1), 20).unwrap();
     let mut states = s.states().clone();
     let mut env = Env {

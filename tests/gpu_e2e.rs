@@ -13,7 +13,7 @@ use gpu_common::{drive, gpu};
 use safetensors::SafeTensors;
 use specc_models::eagle3::{Eagle3Spec, EAGLE_PREFIX};
 use specc_models::spec_step::{
-    lower_decode_step, lower_draft_model_step, lower_eagle3_prefill, lower_eagle3_step,
+    lower_draft_model_step, lower_eagle3_prefill, lower_eagle3_step, lower_plain_greedy,
     lower_target_prefill, StepShape, DRAFT_PREFIX,
 };
 use specc_models::{lower_dense_prefixed, Acceptance, Checkpoint, Model};
@@ -42,24 +42,11 @@ fn prompts(b: usize) -> Vec<Vec<u32>> {
 }
 
 fn decode_tokens(target: &Model, prompts: &[Vec<u32>], n: usize) -> (Vec<Vec<u32>>, u64, usize) {
-    let shape = StepShape {
-        num_steps: 0,
-        ring: 64,
-        acceptance: Acceptance::Greedy,
-    };
-    let prefill = lower_target_prefill(target.spec(), &[]).unwrap();
-    let step = lower_decode_step(target.spec(), &shape).unwrap();
+    let (prefill, step) = lower_plain_greedy(target.spec(), 64).unwrap();
     let sources = WeightSources {
         sources: vec![("", target.checkpoint())],
     };
-    let graphs = CudaSpecGraphs {
-        kind: DraftKind::None,
-        target_prefill: &prefill,
-        draft_prefill: &prefill,
-        step: &step,
-        num_steps: 0,
-        ring: 64,
-    };
+    let graphs = CudaSpecGraphs::plain(&prefill, &step, 64);
     let mut s = CudaSpecSession::new(graphs, &sources, prompts.len(), 256).unwrap();
     let toks = drive(&mut s, prompts, n);
     let launches = s.engine.dev.counters().graph_launches();
@@ -132,24 +119,11 @@ fn prefill_logits_match_hf_transformers() {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
             .collect();
-        let shape = StepShape {
-            num_steps: 0,
-            ring: 8,
-            acceptance: Acceptance::Greedy,
-        };
-        let prefill = lower_target_prefill(target.spec(), &[]).unwrap();
-        let step = lower_decode_step(target.spec(), &shape).unwrap();
+        let (prefill, step) = lower_plain_greedy(target.spec(), 8).unwrap();
         let sources = WeightSources {
             sources: vec![("", target.checkpoint())],
         };
-        let graphs = CudaSpecGraphs {
-            kind: DraftKind::None,
-            target_prefill: &prefill,
-            draft_prefill: &prefill,
-            step: &step,
-            num_steps: 0,
-            ring: 8,
-        };
+        let graphs = CudaSpecGraphs::plain(&prefill, &step, 8);
         let mut s = CudaSpecSession::new(graphs, &sources, 1, 256).unwrap();
         let got = s.prefill_logits(&ids).unwrap();
         assert_eq!(got.len(), want.len());
@@ -291,24 +265,11 @@ fn llama8b_shaped_first_step_logits_match_cpu() {
     let target = Model::open_random(&dir, 7).unwrap();
     let ids: Vec<u32> = vec![128000, 791, 4062, 14198, 39935, 35308, 927, 279];
     let (_, cpu) = target.logits(&target.load_weights_f32(), &ids).unwrap();
-    let shape = StepShape {
-        num_steps: 0,
-        ring: 8,
-        acceptance: Acceptance::Greedy,
-    };
-    let prefill = lower_target_prefill(target.spec(), &[]).unwrap();
-    let step = lower_decode_step(target.spec(), &shape).unwrap();
+    let (prefill, step) = lower_plain_greedy(target.spec(), 8).unwrap();
     let sources = WeightSources {
         sources: vec![("", target.checkpoint())],
     };
-    let graphs = CudaSpecGraphs {
-        kind: DraftKind::None,
-        target_prefill: &prefill,
-        draft_prefill: &prefill,
-        step: &step,
-        num_steps: 0,
-        ring: 8,
-    };
+    let graphs = CudaSpecGraphs::plain(&prefill, &step, 8);
     let mut s = CudaSpecSession::new(graphs, &sources, 1, 1024).unwrap();
     let gpu = s.prefill_logits(&ids).unwrap();
     let num: f64 = gpu

@@ -230,24 +230,11 @@ fn eagle3_taps_follow_the_config_order() {
 
 #[test]
 fn decode_step_graph_equals_target_greedy() {
-    use specc_models::spec_step::lower_decode_step;
+    use specc_models::spec_step::lower_plain_greedy;
     let target = Model::open(fixture("qwen3_headdim")).unwrap();
-    let shape = StepShape {
-        num_steps: 0,
-        ring: 8,
-        acceptance: Acceptance::Greedy,
-    };
-    let step = lower_decode_step(target.spec(), &shape).unwrap();
-    let prefill = lower_target_prefill(target.spec(), &[]).unwrap();
+    let (prefill, step) = lower_plain_greedy(target.spec(), 8).unwrap();
     let weights = target.load_weights_f32();
-    let graphs = SpecGraphs {
-        kind: DraftKind::None,
-        target_prefill: &prefill,
-        draft_prefill: &prefill,
-        step: &step,
-        num_steps: 0,
-        ring: 8,
-    };
+    let graphs = SpecGraphs::plain(&prefill, &step, 8);
     let ps = prompts(3);
     let out = run_session(graphs, &weights, &ps, 12, 128);
     for (b, p) in ps.iter().enumerate() {

@@ -279,14 +279,8 @@ pub fn engine_graphs(
     max_context: u64,
     random_seed: Option<u64>,
 ) -> Result<Vec<EngineGraph>, ModelError> {
-    let plain = StepShape {
-        num_steps: 0,
-        ring: DECODE_RING,
-        acceptance: crate::Acceptance::Greedy,
-    };
     let spec = model.spec();
-    let prefill = lower_target_prefill(spec, &[]).map_err(|e| lower_err(spec.arch.hf_name(), e))?;
-    let decode = crate::spec_step::lower_decode_step(spec, &plain)
+    let (prefill, decode) = crate::spec_step::lower_plain_greedy(spec, DECODE_RING)
         .map_err(|e| lower_err(spec.arch.hf_name(), e))?;
     let bundle = match cfg {
         Some(c) if c.method != Method::None => Some(SpecBundle::open_with(model, c, random_seed)?),

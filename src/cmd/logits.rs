@@ -46,14 +46,7 @@ pub fn logits(model: Source, ids: &[u32], backend: Backend, out: &Path) -> Resul
 /// One prefill over `ids` on the GPU (the same prefill graph `run --backend cuda` uses).
 #[cfg(feature = "cuda")]
 fn cuda_logits(r: &super::engine::Resolved, ids: &[u32]) -> Result<Vec<f32>> {
-    use specc_models::spec_step::{lower_decode_step, lower_target_prefill, StepShape};
-    let shape = StepShape {
-        num_steps: 0,
-        ring: 8,
-        acceptance: specc_models::Acceptance::Greedy,
-    };
-    let prefill = lower_target_prefill(r.model.spec(), &[])?;
-    let step = lower_decode_step(r.model.spec(), &shape)?;
+    let (prefill, step) = specc_models::spec_step::lower_plain_greedy(r.model.spec(), 8)?;
     let mut s = super::gpu::decode_session(&r.model, &prefill, &step, 1, r.max_context, 8)?;
     Ok(s.prefill_logits(ids)?)
 }

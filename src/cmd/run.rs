@@ -7,8 +7,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use specc_models::spec_step::{lower_decode_step, lower_target_prefill, StepShape};
-use specc_models::{Acceptance, Method, SpecBundle, SpecConfig};
+use specc_models::spec_step::lower_plain_greedy;
+use specc_models::{Method, SpecBundle, SpecConfig};
 use specc_runtime::{SpecCpuSession, SpecGraphs, Speculator};
 
 use super::engine::{resolve, Resolved, Source};
@@ -67,16 +67,8 @@ pub fn run(
         .as_ref()
         .map(|c| SpecBundle::open(&r.model, c))
         .transpose()?;
-    let shape = StepShape {
-        num_steps: 0,
-        ring: DECODE_RING,
-        acceptance: Acceptance::Greedy,
-    };
     let plain = match &bundle {
-        None => Some((
-            lower_target_prefill(spec, &[])?,
-            lower_decode_step(spec, &shape)?,
-        )),
+        None => Some(lower_plain_greedy(spec, DECODE_RING)?),
         Some(_) => None,
     };
     match backend {

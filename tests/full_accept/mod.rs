@@ -38,8 +38,8 @@ use specc_ir::{Bindings, DType, Dim, Graph, TensorType};
 use specc_models::dflash;
 use specc_models::eagle3::{self, EAGLE_PREFIX};
 use specc_models::lower::{embed, kv_state_names};
-use specc_models::spec_step::{lower_decode_step, lower_target_prefill, StepShape, HIDDEN, LEN};
-use specc_models::{Acceptance, DraftSide, Model, SpecBundle, SpecConfig};
+use specc_models::spec_step::{lower_plain_greedy, HIDDEN, LEN};
+use specc_models::{DraftSide, Model, SpecBundle, SpecConfig};
 use specc_runtime::{SpecCpuSession, SpecGraphs, Speculator};
 
 /// The token every member of the family predicts (draft id 200 of the EAGLE-3 fixture).
@@ -496,13 +496,7 @@ fn assert_target_kv_is_plain(
         let want = p.len() + budget.div_ceil(per) * per;
         assert_eq!(lens[i] as usize, want, "{what}: lane {i}: committed length");
     }
-    let shape = StepShape {
-        num_steps: 0,
-        ring: 64,
-        acceptance: Acceptance::Greedy,
-    };
-    let prefill = lower_target_prefill(target.spec(), &[]).unwrap();
-    let step = lower_decode_step(target.spec(), &shape).unwrap();
+    let (prefill, step) = lower_plain_greedy(target.spec(), 64).unwrap();
     let w = target.load_weights_f32();
     let lanes = plan.prompts.len();
     let mut plain = SpecCpuSession::new(

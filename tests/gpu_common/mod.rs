@@ -6,8 +6,8 @@
 
 use std::path::PathBuf;
 
-use specc_models::spec_step::{lower_decode_step, lower_target_prefill, StepShape};
-use specc_models::{Acceptance, Model, SpecBundle};
+use specc_models::spec_step::lower_plain_greedy;
+use specc_models::{Model, SpecBundle};
 use specc_runtime::cuda::{driver_present, CudaSpecGraphs, CudaSpecSession, WeightSources};
 use specc_runtime::Speculator;
 
@@ -63,13 +63,7 @@ pub fn run_bundle(
 
 /// Target-only greedy decoding on the device (the k = 0 step graph).
 pub fn plain_cuda(target: &Model, prompts: &[Vec<u32>], n: usize, ctx: u64) -> Vec<Vec<u32>> {
-    let shape = StepShape {
-        num_steps: 0,
-        ring: 64,
-        acceptance: Acceptance::Greedy,
-    };
-    let prefill = lower_target_prefill(target.spec(), &[]).unwrap();
-    let step = lower_decode_step(target.spec(), &shape).unwrap();
+    let (prefill, step) = lower_plain_greedy(target.spec(), 64).unwrap();
     let sources = WeightSources {
         sources: vec![("", target.checkpoint())],
     };

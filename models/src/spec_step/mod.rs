@@ -454,6 +454,20 @@ pub fn lower_draft_model_step(
     Ok(g)
 }
 
+/// Plain greedy decoding of `target`: its prefill (no taps) and its [`lower_decode_step`]
+/// with a ring of `ring` tokens per sequence — the graphs of `--spec none`.
+pub fn lower_plain_greedy(target: &ModelSpec, ring: u64) -> Result<(Graph, Graph), IrError> {
+    let shape = StepShape {
+        num_steps: 0,
+        ring,
+        acceptance: Acceptance::Greedy,
+    };
+    Ok((
+        lower_target_prefill(target, &[])?,
+        lower_decode_step(target, &shape)?,
+    ))
+}
+
 /// Plain decoding as a self-feeding step graph (k = 0): one target token per step, chosen
 /// on device and emitted into the ring, with the same states and host contract as the
 /// speculative steps. This is the graph the CUDA backend captures for `--spec none`.

@@ -12,8 +12,8 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use specc_ir::{Bindings, Graph};
-use specc_models::spec_step::{lower_decode_step, lower_target_prefill, StepShape};
-use specc_models::{Acceptance, SpecBundle, SpecConfig};
+use specc_models::spec_step::lower_plain_greedy;
+use specc_models::{SpecBundle, SpecConfig};
 use specc_runtime::cuda::bench::{copy_bandwidth, median, time_launches, time_replays};
 use specc_runtime::cuda::{CudaSpecSession, LoadedGraph};
 
@@ -70,13 +70,7 @@ pub fn measure(
         (Some(c), true) => Some(SpecBundle::open_with(&r.model, c, seed)?),
         _ => None,
     };
-    let shape = StepShape {
-        num_steps: 0,
-        ring: 64,
-        acceptance: Acceptance::Greedy,
-    };
-    let plain_prefill = lower_target_prefill(r.model.spec(), &[])?;
-    let plain_step = lower_decode_step(r.model.spec(), &shape)?;
+    let (plain_prefill, plain_step) = lower_plain_greedy(r.model.spec(), 64)?;
     let mut out: Vec<Option<Measured>> = plan.iter().map(|_| None).collect();
     let mut device = String::new();
     let mut pdl = false;
