@@ -9,15 +9,15 @@
 
 use std::path::Path;
 
-use specc_models::spec_step::TREE;
 use specc_models::{Method, Model, SpecBundle, SpecConfig, TreeKnobs};
-use specc_runtime::{SpecCpuSession, SpecGraphs};
 
 mod full_accept;
 mod spec_common;
 
 use full_accept::Family;
-use spec_common::{default_model, fixture, python_prompts, random_prompts, Outcome};
+use spec_common::{
+    default_model, first_step_tree, fixture, python_prompts, random_prompts, Outcome,
+};
 
 /// KV slots per sequence in these tests.
 const CTX: u64 = 512;
@@ -228,46 +228,18 @@ fn random_tree_is_exact_batch1_and_batch4() {
 /// num_steps, ancestors = parent's | own bit, and no two siblings share a token.
 #[test]
 fn step_tree_is_prefix_closed() {
-    use std::collections::{HashMap, HashSet};
+    use std::collections::HashSet;
 
-    use specc_ir::interp::{self, Env};
-    use specc_ir::Bindings;
     let target = Model::open(default_model()).unwrap();
     let b = trained_bundle(&target, 6, 4, 80);
-    let weights = b.load_weights_f32(&target).unwrap();
-    let mut s = SpecCpuSession::new(SpecGraphs::of(&b), &weights, 1, 512);
-    let first = s.admit(&python_prompts(1), 20).unwrap();
-    let mut states = s.states().clone();
-    let mut env = Env {
-        bind: Bindings::new(1, 1, 512),
-        inputs: HashMap::new(),
-        weights: &weights,
-        states: &mut states,
-    };
-    let out = interp::run(&b.step, &mut env).unwrap();
-    let tree = out[TREE].as_i64().unwrap();
-    let (n, cols) = (80usize, 5usize);
-    assert_eq!(tree.len(), n * cols);
-    let row = |i: usize| &tree[i * cols..][..cols];
-    assert_eq!(row(0)[..3], [first[0] as i64, -1, 0]);
+    let (_, tree, cols) = first_step_tree(&target, &b, 80, 2, 6);
     let mut children = HashSet::new();
-    for i in 1..n {
-        let (p, d) = (row(i)[1], row(i)[2]);
-        assert!(p >= 0 && (p as usize) < i, "node {i}: parent {p}");
-        assert_eq!(d, row(p as usize)[2] + 1, "node {i}");
-        assert!((1..=6).contains(&d));
+    for i in 1..80 {
+        let row = &tree[i * cols..][..cols];
         assert!(
-            children.insert((p, row(i)[0])),
+            children.insert((row[1], row[0])),
             "node {i}: duplicate sibling"
         );
-        for w in 0..2 {
-            let own = if i / 64 == w { 1i64 << (i % 64) } else { 0 };
-            assert_eq!(
-                row(i)[3 + w],
-                row(p as usize)[3 + w] | own,
-                "node {i} word {w}"
-            );
-        }
     }
 }
 

@@ -108,3 +108,56 @@ pub fn random_prompts(b: usize) -> Vec<Vec<u32>> {
         })
         .collect()
 }
+
+/// One step of a tree bundle after admitting one Python prompt on the interpreter: the
+/// bonus token and the step's `TREE` output (rows of `[token, parent, depth, ancestor
+/// words…]`), checked for the links every tree has: `n` rows, node 0 is the bonus token at
+/// depth 0 without a parent, every other node's parent precedes it, its depth is the
+/// parent's + 1 and at most `max_depth`, and its ancestor words are the parent's plus its
+/// own bit (`words` words). Returns `(bonus, tree, columns)`.
+pub fn first_step_tree(
+    target: &Model,
+    b: &SpecBundle,
+    n: usize,
+    words: usize,
+    max_depth: i64,
+) -> (u32, Vec<i64>, usize) {
+    use std::collections::HashMap;
+
+    use specc_ir::interp::{self, Env};
+    use specc_ir::Bindings;
+    let weights = b.load_weights_f32(target).unwrap();
+    let mut s = SpecCpuSession::new(SpecGraphs::of(b), &weights, 1, 512);
+    let first = s.admit(&python_prompts(1), 20).unwrap();
+    let mut states = s.states().clone();
+    let mut env = Env {
+        bind: Bindings::new(1, 1, 512),
+        inputs: HashMap::new(),
+        weights: &weights,
+        states: &mut states,
+    };
+    let out = interp::run(&b.step, &mut env).unwrap();
+    let tree = out[specc_models::spec_step::TREE]
+        .as_i64()
+        .unwrap()
+        .to_vec();
+    let cols = 3 + words;
+    assert_eq!(tree.len(), n * cols);
+    let row = |i: usize| &tree[i * cols..][..cols];
+    assert_eq!(row(0)[..3], [first[0] as i64, -1, 0]);
+    for i in 1..n {
+        let (p, d) = (row(i)[1], row(i)[2]);
+        assert!(p >= 0 && (p as usize) < i, "node {i}: parent {p}");
+        assert_eq!(d, row(p as usize)[2] + 1, "node {i}");
+        assert!((1..=max_depth).contains(&d), "node {i}: depth {d}");
+        for w in 0..words {
+            let own = if i / 64 == w { 1i64 << (i % 64) } else { 0 };
+            assert_eq!(
+                row(i)[3 + w],
+                row(p as usize)[3 + w] | own,
+                "node {i} word {w}"
+            );
+        }
+    }
+    (first[0], tree, cols)
+}
