@@ -218,21 +218,23 @@ fn qkv_rope_case(gpu: &Gpu, m: u32, fused: bool) -> Row {
     } else {
         p.out = Some(qkv);
         let rope = RopeKvParams {
-            q_heads: hq,
-            kv_heads: hkv,
-            head_dim: d,
+            out: QkvRope {
+                q_heads: hq,
+                kv_heads: hkv,
+                head_dim: d,
+                q_out,
+                k_cache: Loc::table(2),
+                v_cache: Loc::table(3),
+                cache_dtype: BF,
+                pos,
+                pos_dtype: Dtype::I32,
+                slots: None,
+                rope: table,
+            },
             head_dim_v: d,
             q: qkv,
             k: qkv.cols_from((hq * d) as u64),
             v: qkv.cols_from(((hq + hkv) * d) as u64),
-            q_out,
-            k_cache: Loc::table(2),
-            v_cache: Loc::table(3),
-            cache_dtype: BF,
-            pos,
-            pos_dtype: Dtype::I32,
-            slots: None,
-            rope: table,
             qk_norm: None,
         };
         vec![gemv_mma::select(&p, None).unwrap(), rope_kv(&rope).unwrap()]

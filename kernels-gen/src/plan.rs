@@ -583,12 +583,7 @@ fn qkv_rope_kernels(
     let act = p.x.dtype;
     let rd = rotary_dim(&r.rope, hd);
     let (f, scale, style) = inv_freq(&r.rope, rd);
-    let table = RopeTable {
-        style,
-        rotary_dim: rd,
-        inv_freq: f,
-        cos_sin_scale: scale,
-    };
+    // Locations in the order the table slots are handed out.
     let q_out = View::new(cx.loc(r.q_out)?, act, (hq * hd) as u64);
     let (k_cache, v_cache) = (cx.loc(r.k_cache_out)?, cx.loc(r.v_cache_out)?);
     let cache_dtype = dtype(cx.g.ty(r.k_cache_out).dtype)?;
@@ -598,21 +593,27 @@ fn qkv_rope_kernels(
     } else {
         Some((cx.loc(r.slots)?, dtype(cx.g.ty(r.slots).dtype)?))
     };
+    let out = QkvRope {
+        q_heads: hq,
+        kv_heads: hkv,
+        head_dim: hd,
+        q_out,
+        k_cache,
+        v_cache,
+        cache_dtype,
+        pos,
+        pos_dtype,
+        slots,
+        rope: RopeTable {
+            style,
+            rotary_dim: rd,
+            inv_freq: f,
+            cos_sin_scale: scale,
+        },
+    };
     let head_norm = r.q_norm.is_some() || r.k_norm.is_some();
     if !head_norm && gemv_mma::select_carries_rope(&p, hd, rd) {
-        p.rope = Some(QkvRope {
-            q_heads: hq,
-            kv_heads: hkv,
-            head_dim: hd,
-            q_out,
-            k_cache,
-            v_cache,
-            cache_dtype,
-            pos,
-            pos_dtype,
-            slots,
-            rope: table,
-        });
+        p.rope = Some(out);
         return Ok(vec![cx.gemv(&p, rows as u32)?]);
     }
     let n_total = p.n as u64;
@@ -629,21 +630,11 @@ fn qkv_rope_kernels(
         _ => None,
     };
     let rp = RopeKvParams {
-        q_heads: hq,
-        kv_heads: hkv,
-        head_dim: hd,
+        out,
         head_dim_v: hd,
         q: full,
         k: full.cols_from(ns[0]),
         v: full.cols_from(ns[0] + ns[1]),
-        q_out,
-        k_cache,
-        v_cache,
-        cache_dtype,
-        pos,
-        pos_dtype,
-        slots,
-        rope: table,
         qk_norm,
     };
     let gemv = cx.gemv(&p, rows as u32)?;

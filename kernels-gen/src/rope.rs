@@ -24,6 +24,7 @@
 //! for the interpreter and the kernels alike). Kernel name dtype: q's dtype.
 
 use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc, Rows, View};
+use crate::qkv_rope::QkvRope;
 use crate::writer::{emit, f32_lit, Writer};
 use crate::Error;
 
@@ -82,49 +83,40 @@ pub struct QkNorm {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeKvParams {
-    pub q_heads: u32,
-    pub kv_heads: u32,
-    pub head_dim: u32,
+    /// Heads, where rotated q and k/v go, positions and slots, the rotation: the same
+    /// description the fused q|k|v GEMV epilogue takes (v rows here are `head_dim_v` wide).
+    pub out: QkvRope,
     pub head_dim_v: u32,
     /// `[M, q_heads · head_dim]` (a view into the fused QKV output); k has q's dtype.
     pub q: View,
     pub k: View,
     pub v: View,
-    /// Rotated q, `[M, q_heads · head_dim]`; may be the same buffer as `q`.
-    pub q_out: View,
-    /// `[B, Ctx, kv_heads, head_dim]` and `[B, Ctx, kv_heads, head_dim_v]`.
-    pub k_cache: Loc,
-    pub v_cache: Loc,
-    pub cache_dtype: Dtype,
-    /// `[M]` positions (i32 or i64).
-    pub pos: Loc,
-    pub pos_dtype: Dtype,
-    /// `[M]` cache slots of k and v when they differ from `pos` (a draft tree's tokens
-    /// rotate at `prefix + depth` and are written at `prefix + node`); `None`: `pos`.
-    pub slots: Option<(Loc, Dtype)>,
-    pub rope: RopeTable,
     pub qk_norm: Option<QkNorm>,
 }
 
 impl RopeKvParams {
     fn validate(&self) -> Result<(), Error> {
         let err = |field, reason: &str| Err(Error::param(FAMILY, field, reason));
-        if self.q_heads == 0 || self.kv_heads == 0 || self.head_dim == 0 || self.head_dim_v == 0 {
+        if self.out.q_heads == 0
+            || self.out.kv_heads == 0
+            || self.out.head_dim == 0
+            || self.head_dim_v == 0
+        {
             return err("heads/head_dim", "must be positive");
         }
         if self.k.dtype != self.q.dtype || !self.q.dtype.is_float() {
             return err("k", "must have q's float dtype");
         }
-        if ![self.v.dtype, self.q_out.dtype, self.cache_dtype]
+        if ![self.v.dtype, self.out.q_out.dtype, self.out.cache_dtype]
             .iter()
             .all(|d| d.is_float())
         {
             return err("dtype", "v, q_out and the cache must be float types");
         }
-        if !self.pos_dtype.is_int() || self.slots.is_some_and(|(_, d)| !d.is_int()) {
+        if !self.out.pos_dtype.is_int() || self.out.slots.is_some_and(|(_, d)| !d.is_int()) {
             return err("pos_dtype", "positions and slots must be i32 or i64");
         }
-        self.rope.validate(FAMILY, self.head_dim)?;
+        self.out.rope.validate(FAMILY, self.out.head_dim)?;
         if let Some(n) = &self.qk_norm {
             if !n.dtype.is_float() || !n.eps.is_finite() || n.eps < 0.0 {
                 return err("qk_norm", "needs a float weight and a finite eps >= 0");
@@ -136,13 +128,13 @@ impl RopeKvParams {
 
 pub fn rope_kv(p: &RopeKvParams) -> Result<KernelSource, Error> {
     p.validate()?;
-    let (d, dv, hq, hkv) = (p.head_dim, p.head_dim_v, p.q_heads, p.kv_heads);
-    let half = p.rope.rotary_dim / 2;
+    let (d, dv, hq, hkv) = (p.out.head_dim, p.head_dim_v, p.out.q_heads, p.out.kv_heads);
+    let half = p.out.rope.rotary_dim / 2;
     let xt = p.q.dtype.c_type();
-    let ct = p.cache_dtype.c_type();
+    let ct = p.out.cache_dtype.c_type();
     let mut kb = KernelBuilder::new(FAMILY, p.q.dtype);
 
-    emit_inv_freq(&mut kb.items, &p.rope);
+    emit_inv_freq(&mut kb.items, &p.out.rope);
 
     let w = &mut kb.body;
     emit!(w, "constexpr int D = {d};");
@@ -152,7 +144,7 @@ pub fn rope_kv(p: &RopeKvParams) -> Result<KernelSource, Error> {
     emit!(
         w,
         "constexpr int RD = {};  // rotary dims",
-        p.rope.rotary_dim
+        p.out.rope.rotary_dim
     );
     emit!(w, "__shared__ float hb[{WARPS}][{}];", d.max(dv));
     w.line("const int lane = threadIdx.x & 31;");
@@ -161,7 +153,7 @@ pub fn rope_kv(p: &RopeKvParams) -> Result<KernelSource, Error> {
     w.line("if (u >= HQ + 2 * HKV) return;");
     w.line("const int m = blockIdx.y;");
     w.line("const int b = m / c.t;");
-    emit_position_and_slot(w, p.pos, p.pos_dtype, p.slots, "m");
+    emit_position_and_slot(w, p.out.pos, p.out.pos_dtype, p.out.slots, "m");
     let slot_base = cache_row("b", "h", "HKV");
 
     w.comment("v heads: copy into the cache");
@@ -178,7 +170,7 @@ pub fn rope_kv(p: &RopeKvParams) -> Result<KernelSource, Error> {
         emit!(
             w,
             "{ct}* dst = {} + {slot_base} * DV;",
-            p.v_cache.ptr(p.cache_dtype, true)
+            p.out.v_cache.ptr(p.out.cache_dtype, true)
         );
         w.for_block("int i = lane", "i < DV", "i += 32", |w| {
             emit!(w, "dst[i] = from_f32<{ct}>(to_f32(src[i]));");
@@ -237,20 +229,20 @@ pub fn rope_kv(p: &RopeKvParams) -> Result<KernelSource, Error> {
     emit!(
         w,
         "{}* qo = {} + (long long)m * {} + h * D;",
-        p.q_out.dtype.c_type(),
-        p.q_out.loc.ptr(p.q_out.dtype, true),
-        p.q_out.row_stride
+        p.out.q_out.dtype.c_type(),
+        p.out.q_out.loc.ptr(p.out.q_out.dtype, true),
+        p.out.q_out.row_stride
     );
     emit!(
         w,
         "{ct}* ko = {} + {slot_base} * D;",
-        p.k_cache.ptr(p.cache_dtype, true)
+        p.out.k_cache.ptr(p.out.cache_dtype, true)
     );
     w.for_block("int i = lane", "i < D", "i += 32", |w| {
         w.line("float o = hv[i];");
         if half > 0 {
             w.if_block("i < RD", |w| {
-                match p.rope.style {
+                match p.out.rope.style {
                     RopeStyle::Half => {
                         w.line("const int f = i < RD / 2 ? i : i - RD / 2;");
                         w.line(
@@ -262,14 +254,14 @@ pub fn rope_kv(p: &RopeKvParams) -> Result<KernelSource, Error> {
                         w.line("const float partner = (i & 1) ? hv[i - 1] : -hv[i + 1];");
                     }
                 }
-                emit_cos_sin(w, &p.rope, xt, "f");
+                emit_cos_sin(w, &p.out.rope, xt, "f");
                 emit!(w, "o = {};", rotated(xt, "hv[i]", "partner"));
             });
         }
         emit!(w, "o = round_to<{xt}>(o);");
         w.if_else(
             "is_q",
-            |w| emit!(w, "qo[i] = from_f32<{}>(o);", p.q_out.dtype.c_type()),
+            |w| emit!(w, "qo[i] = from_f32<{}>(o);", p.out.q_out.dtype.c_type()),
             |w| w.if_block("slot >= 0", |w| emit!(w, "ko[i] = from_f32<{ct}>(o);")),
         );
     });

@@ -13,6 +13,7 @@ use specc_ir::op::{AttnMask as IrMask, RopeScaling, RopeStyle as IrStyle};
 use specc_ir::Op;
 use specc_kernels_gen::abi::{Bucket, Dtype, Loc};
 use specc_kernels_gen::attention::{attention, attention_tiles, AttentionParams, AttnMask};
+use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
 
 const BF: Dtype = Dtype::BF16;
@@ -31,26 +32,28 @@ fn check_rope(gpu: &Gpu, style: RopeStyle, qk_norm: bool) {
     let vview = kview.cols_from((hkv * d) as u64);
     let inv_freq = specc_ir::interp::rope_inv_freq(theta, &RopeScaling::None, d);
     let kern = rope_kv(&RopeKvParams {
-        q_heads: hq as u32,
-        kv_heads: hkv as u32,
-        head_dim: d as u32,
+        out: QkvRope {
+            q_heads: hq as u32,
+            kv_heads: hkv as u32,
+            head_dim: d as u32,
+            q_out: q,
+            k_cache: Loc::table(0),
+            v_cache: Loc::table(1),
+            cache_dtype: BF,
+            pos,
+            pos_dtype: Dtype::I32,
+            slots: None,
+            rope: RopeTable {
+                style,
+                rotary_dim: d as u32,
+                inv_freq,
+                cos_sin_scale: 1.0,
+            },
+        },
         head_dim_v: d as u32,
         q,
         k: kview,
         v: vview,
-        q_out: q,
-        k_cache: Loc::table(0),
-        v_cache: Loc::table(1),
-        cache_dtype: BF,
-        pos,
-        pos_dtype: Dtype::I32,
-        slots: None,
-        rope: RopeTable {
-            style,
-            rotary_dim: d as u32,
-            inv_freq,
-            cos_sin_scale: 1.0,
-        },
         qk_norm: qk_norm.then_some(QkNorm {
             q_weight: Loc::table(2),
             k_weight: Loc::table(3),

@@ -136,21 +136,23 @@ fn check(gpu: &Gpu, c: Case) {
         ..base
     };
     let rope = RopeKvParams {
-        q_heads: hq as u32,
-        kv_heads: hkv as u32,
-        head_dim: d as u32,
+        out: QkvRope {
+            q_heads: hq as u32,
+            kv_heads: hkv as u32,
+            head_dim: d as u32,
+            q_out: q_out2,
+            k_cache: Loc::table(T_KC2),
+            v_cache: Loc::table(T_VC2),
+            cache_dtype: BF,
+            pos,
+            pos_dtype: Dtype::I32,
+            slots: slot_arg,
+            rope: table,
+        },
         head_dim_v: d as u32,
         q: qkv,
         k: qkv.cols_from(qn as u64),
         v: qkv.cols_from((qn + hkv * d) as u64),
-        q_out: q_out2,
-        k_cache: Loc::table(T_KC2),
-        v_cache: Loc::table(T_VC2),
-        cache_dtype: BF,
-        pos,
-        pos_dtype: Dtype::I32,
-        slots: slot_arg,
-        rope: table,
         qk_norm: None,
     };
     let kernels = [

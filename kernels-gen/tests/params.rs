@@ -264,41 +264,43 @@ fn attention_tile_splits_follow_the_cost_model() {
 fn rope_rejects_bad_tables() {
     let q = View::new(Loc::arena(0), Dtype::BF16, 256);
     let p = RopeKvParams {
-        q_heads: 4,
-        kv_heads: 2,
-        head_dim: 32,
+        out: QkvRope {
+            q_heads: 4,
+            kv_heads: 2,
+            head_dim: 32,
+            q_out: q,
+            k_cache: Loc::table(0),
+            v_cache: Loc::table(1),
+            cache_dtype: Dtype::BF16,
+            pos: Loc::arena(8192),
+            pos_dtype: Dtype::I32,
+            slots: None,
+            rope: RopeTable {
+                style: RopeStyle::Half,
+                rotary_dim: 32,
+                inv_freq: common::inv_freq(10000.0, 32),
+                cos_sin_scale: 1.0,
+            },
+        },
         head_dim_v: 32,
         q,
         k: q.cols_from(128),
         v: q.cols_from(192),
-        q_out: q,
-        k_cache: Loc::table(0),
-        v_cache: Loc::table(1),
-        cache_dtype: Dtype::BF16,
-        pos: Loc::arena(8192),
-        pos_dtype: Dtype::I32,
-        slots: None,
-        rope: RopeTable {
-            style: RopeStyle::Half,
-            rotary_dim: 32,
-            inv_freq: common::inv_freq(10000.0, 32),
-            cos_sin_scale: 1.0,
-        },
         qk_norm: None,
     };
     assert!(rope_kv(&p).is_ok());
     let mut short = p.clone();
-    short.rope.inv_freq.pop();
+    short.out.rope.inv_freq.pop();
     assert_eq!(
         field_of(rope_kv(&short).unwrap_err()),
         ("rope_kv", "rope.inv_freq")
     );
     let mut nan = p.clone();
-    nan.rope.inv_freq[3] = f32::NAN;
+    nan.out.rope.inv_freq[3] = f32::NAN;
     assert_eq!(field_of(rope_kv(&nan).unwrap_err()), ("rope_kv", "rope"));
     let mut partial = p.clone();
-    partial.rope.rotary_dim = 16;
-    partial.rope.inv_freq.truncate(8);
+    partial.out.rope.rotary_dim = 16;
+    partial.out.rope.inv_freq.truncate(8);
     assert!(
         rope_kv(&partial).is_ok(),
         "partial rotary dims pass the rest through"

@@ -248,34 +248,7 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
         .unwrap(),
     );
     let rope = RopeKvParams {
-        q_heads: s.heads,
-        kv_heads: s.kv_heads,
-        head_dim: d,
-        head_dim_v: d,
-        q,
-        k,
-        v,
-        q_out: q,
-        k_cache: Loc::table(t_kc),
-        v_cache: Loc::table(t_vc),
-        cache_dtype: bf,
-        pos,
-        pos_dtype: Dtype::I32,
-        slots: None,
-        rope: RopeTable {
-            style: RopeStyle::Half,
-            rotary_dim: d,
-            inv_freq: inv_freq(s.theta, d),
-            cos_sin_scale: 1.0,
-        },
-        qk_norm: None,
-    };
-    add("rope_kv", rope_kv(&rope).unwrap());
-    // The same rotation and KV write in the q|k|v projection's epilogue (one launch), on
-    // CUDA cores and on tensor cores; the tensor-core one with separate cache slots.
-    let fused = GemvParams {
-        out: None,
-        rope: Some(QkvRope {
+        out: QkvRope {
             q_heads: s.heads,
             kv_heads: s.kv_heads,
             head_dim: d,
@@ -286,8 +259,26 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
             pos,
             pos_dtype: Dtype::I32,
             slots: None,
-            rope: rope.rope.clone(),
-        }),
+            rope: RopeTable {
+                style: RopeStyle::Half,
+                rotary_dim: d,
+                inv_freq: inv_freq(s.theta, d),
+                cos_sin_scale: 1.0,
+            },
+        },
+        head_dim_v: d,
+        q,
+        k,
+        v,
+        qk_norm: None,
+    };
+    add("rope_kv", rope_kv(&rope).unwrap());
+    // The same rotation and KV write in the q|k|v projection's epilogue (one launch), on
+    // CUDA cores and on tensor cores; the tensor-core one with separate cache slots.
+    let fused = GemvParams {
+        out: None,
+        // The same heads, destinations and rotation as the `rope_kv` fixture.
+        rope: Some(rope.out.clone()),
         ..base_gemv.clone()
     };
     add("gemv qkv +rmsnorm +rope_kv", gemv(&fused).unwrap());
@@ -303,9 +294,12 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
     add(
         "rope_kv +qk_norm (interleaved)",
         rope_kv(&RopeKvParams {
-            rope: RopeTable {
-                style: RopeStyle::Interleaved,
-                ..rope.rope.clone()
+            out: QkvRope {
+                rope: RopeTable {
+                    style: RopeStyle::Interleaved,
+                    ..rope.out.rope.clone()
+                },
+                ..rope.out.clone()
             },
             qk_norm: Some(QkNorm {
                 q_weight: Loc::table(t_qn),
