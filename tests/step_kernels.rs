@@ -135,6 +135,12 @@ fn graphs() -> Vec<(String, Graph, Bindings)> {
     out
 }
 
+/// The row tile a generated GEMV kernel states (`constexpr int MT = …;`).
+fn row_tile_of(kernel: &str) -> Option<u32> {
+    let rest = kernel.split("constexpr int MT = ").nth(1)?;
+    rest.split(';').next()?.trim().parse().ok()
+}
+
 #[test]
 fn every_graph_plans_to_kernels() {
     for (name, g, bind) in graphs() {
@@ -146,6 +152,28 @@ fn every_graph_plans_to_kernels() {
             panic!("{name}: {e}")
         });
         assert!(!plan.launches.is_empty(), "{name}");
+        // Matmuls of more than NORM_FUSED_MAX_ROWS rows (the 80- and 100-node tree verifies)
+        // read x normalised by its own rmsnorm launch; smaller row tiles fuse the norm.
+        let max = specc_kernels_gen::gemv_mma::NORM_FUSED_MAX_ROWS;
+        let mut wide = 0;
+        for l in plan
+            .launches
+            .iter()
+            .filter(|l| l.kernel.name.starts_with("gemv"))
+        {
+            let mt = row_tile_of(&l.kernel.kernel).expect("gemv kernels state their row tile");
+            if mt > max {
+                wide += 1;
+                assert!(
+                    !l.kernel.kernel.contains("inv_rms"),
+                    "{name}: {} fuses a norm",
+                    l.kernel.name
+                );
+            }
+        }
+        if name.starts_with("ddtree step budget 80") || name.contains("nodes 100") {
+            assert!(wide > 0, "{name}: no matmul above {max} rows");
+        }
         eprintln!(
             "{name}: {} groups, {} launches, arena {} B",
             c.groups.len(),

@@ -21,10 +21,6 @@ SPECC_MMA_16816(mma16816_bf16, "bf16")
 SPECC_MMA_16816(mma16816_f16, "f16")
 #undef SPECC_MMA_16816
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return (unsigned)__cvta_generic_to_shared(p);
-}
-
 // Four 8×8 b16 matrices from shared memory; lane l supplies the row address of matrix l / 8.
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
@@ -36,23 +32,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* 
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(row)));
-}
-
-// 16 bytes global -> shared, asynchronously (L2 only: the tile is read once per block);
-// zero-filled without reading memory when `ok` is false (`src` must still be a valid address).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)),
-               "l"(__cvta_generic_to_global(src)), "r"(ok ? 16 : 0)
-               : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 // Two f32 rounded to T (bf16 or f16) and packed as one A/B operand register (lo = first).

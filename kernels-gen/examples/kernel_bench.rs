@@ -34,7 +34,7 @@ use specc_kernels_gen::attention_mma;
 use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights, RmsNormPrologue};
 use specc_kernels_gen::gemv_mma;
 use specc_kernels_gen::gemv_mma::{
-    gemv_mma_split, partials_per_row, split_needs, tiling, MmaTiling, SplitScratch,
+    gemv_mma_split, partials_per_row, split_needs, tiling, Feed, MmaTiling, SplitScratch,
 };
 use specc_kernels_gen::plan::attention_splits;
 use specc_kernels_gen::qkv_rope::QkvRope;
@@ -66,22 +66,13 @@ impl Variant {
     }
 }
 
-fn gemv_case(
-    gpu: &Gpu,
-    label: &str,
-    m: u32,
-    k: u32,
-    n: u32,
-    shape: Fusions,
-    variant: Variant,
-) -> Row {
+/// The GEMV of one bench case, its buffers allocated from `plan`.
+fn case_params(plan: &mut Plan, m: u32, k: u32, n: u32, shape: Fusions) -> GemvParams {
     let (norm, gate_up, residual, am) = shape;
-    let g = if gate_up { 2 } else { 1 };
-    let mut plan = Plan::new();
     let x = plan.view(m, k, BF);
     let out = plan.view(m, n, BF);
     let parts = plan.alloc(m as u64 * 8 * n as u64);
-    let p = GemvParams {
+    GemvParams {
         rows: Rows::Tokens,
         row_tile: m,
         k,
@@ -102,15 +93,32 @@ fn gemv_case(
         out: (!am).then_some(out),
         argmax_partials: am.then_some(parts),
         rope: None,
+    }
+}
+
+fn gemv_case(
+    gpu: &Gpu,
+    label: &str,
+    m: u32,
+    k: u32,
+    n: u32,
+    shape: Fusions,
+    variant: Variant,
+) -> Row {
+    let g = if shape.1 { 2 } else { 1 };
+    let mut plan = Plan::new();
+    let p = case_params(&mut plan, m, k, n, shape);
+    let mma_tiling = match variant {
+        Variant::Simt => None,
+        Variant::Mma(t) => Some(t.unwrap_or_else(|| tiling(&p))),
     };
-    let (kernel, count, split) = match variant {
-        Variant::Simt => {
+    let (kernel, count, split) = match mma_tiling {
+        None => {
             let t = p.tiling();
             let split = format!("{}w x {}c, kc {}", t.warps, t.cols_per_warp, t.k_chunk);
             (gemv(&p).unwrap(), p.partials_per_row(), split)
         }
-        Variant::Mma(t) => {
-            let t = t.unwrap_or_else(|| tiling(&p));
+        Some(t) => {
             let label = format!(
                 "tn {} wn {} wk {} u {} ks {}{}",
                 t.tn,
@@ -118,7 +126,11 @@ fn gemv_case(
                 t.wk,
                 t.unroll,
                 t.ks,
-                if t.roll_x { "" } else { " x@use" }
+                match t.feed {
+                    Feed::Prefetch => String::new(),
+                    Feed::XAtUse => " x@use".into(),
+                    Feed::Smem { stages } => format!(" smem{stages}"),
+                }
             );
             let scratch = split_needs(&p, &t, m).map(|nd| SplitScratch {
                 partials: plan.alloc(nd.partial_bytes),
@@ -133,7 +145,7 @@ fn gemv_case(
         }
     };
     let mut ks: Vec<KernelSource> = vec![kernel];
-    if am {
+    if let Some(parts) = p.argmax_partials {
         let tok = View::new(plan.alloc(m as u64 * 4), Dtype::I32, 1);
         let input = ArgmaxInput::Partials { loc: parts, count };
         ks.push(
@@ -148,7 +160,7 @@ fn gemv_case(
     let wbytes = (g * n as u64 * k as u64) * 2;
     let mut mem = Mem::new(plan.alloc(0).byte_offset(), &[wbytes, k as u64 * 2]);
     let mut rng = gpu::Rng::new(1);
-    mem.put(x.loc, BF, &rng.vec((m * k) as usize, 1.0));
+    mem.put(p.x.loc, BF, &rng.vec((m * k) as usize, 1.0));
     let copies = (400e6 / wbytes as f64).ceil().max(2.0) as usize;
     let us = gpu.time(
         &mem,
@@ -544,25 +556,71 @@ fn main() {
 fn sweep_wide(gpu: &Gpu, ms: &[u32]) {
     for &m in ms {
         for (label, k, n, shape, _) in LLAMA_8B_GEMVS {
+            // As the plan runs it: above NORM_FUSED_MAX_ROWS rows x arrives normalised.
+            let shape = (
+                shape.0 && m <= gemv_mma::NORM_FUSED_MAX_ROWS,
+                shape.1,
+                shape.2,
+                shape.3,
+            );
             let mut rows = vec![gemv_case(gpu, label, m, k, n, shape, Variant::Mma(None))];
-            let g = if shape.1 { 1 } else { 2 };
-            for tn in (1..=g).rev() {
-                for (wn, wk) in [(4, 2), (8, 1), (2, 4), (1, 8)] {
-                    for ks in [1, 2, 4] {
-                        let t = MmaTiling {
-                            tn,
-                            wn,
-                            wk,
-                            unroll: if m <= 16 { 4 } else { 2 },
-                            roll_x: true,
-                            ks,
-                        };
-                        rows.push(gemv_case(gpu, label, m, k, n, shape, Variant::Mma(Some(t))));
+            let (g, tn_max) = if shape.1 { (2, 1) } else { (1, 2) };
+            let mut tilings = Vec::new();
+            let push = |tilings: &mut Vec<MmaTiling>, t: MmaTiling| {
+                // Split-K only where the column blocks leave SMs idle.
+                if t.ks == 1 || n.div_ceil(16 * t.tn * t.wn) * g < 132 {
+                    tilings.push(t);
+                }
+            };
+            for tn in 1..=tn_max {
+                for (wn, wk) in [(8, 1), (4, 2), (2, 4), (1, 8)] {
+                    for unroll in [2, 3] {
+                        for ks in [1, 2] {
+                            let feed = Feed::Prefetch;
+                            push(
+                                &mut tilings,
+                                MmaTiling {
+                                    tn,
+                                    wn,
+                                    wk,
+                                    unroll,
+                                    feed,
+                                    ks,
+                                },
+                            );
+                        }
                     }
                 }
             }
+            // Operands staged in shared memory.
+            for (tn, wn, wk) in [(1, 8, 1), (1, 4, 2), (2, 4, 2)] {
+                for unroll in [1, 2] {
+                    for ks in [1, 2, 4] {
+                        let feed = Feed::Smem { stages: 4 };
+                        push(
+                            &mut tilings,
+                            MmaTiling {
+                                tn,
+                                wn,
+                                wk,
+                                unroll,
+                                feed,
+                                ks,
+                            },
+                        );
+                    }
+                }
+            }
+            for t in tilings {
+                if gemv_mma::validate(&case_params(&mut Plan::new(), m, k, n, shape), &t).is_ok() {
+                    rows.push(gemv_case(gpu, label, m, k, n, shape, Variant::Mma(Some(t))));
+                }
+            }
             rows[1..].sort_by(|a, b| a.us.total_cmp(&b.us));
-            println!("\nwide sweep {label} M={m} (default, then fastest first):");
+            println!(
+                "\nwide sweep {label} M={m} (norm fused: {}; default, then fastest first):",
+                shape.0
+            );
             print_rows(&rows[..rows.len().min(7)]);
         }
     }
@@ -584,7 +642,7 @@ fn sweep(gpu: &Gpu) {
                             wn,
                             wk,
                             unroll,
-                            roll_x: true,
+                            feed: Feed::Prefetch,
                             ks: 1,
                         };
                         rows.push(gemv_case(gpu, label, 8, k, n, shape, Variant::Mma(Some(t))));

@@ -245,6 +245,7 @@ pub(crate) fn split_kernel_tiled(
     };
     let words = words(p);
     let mut kb = KernelBuilder::new(FAMILY, p.cache_dtype);
+    kb.items.line(crate::CP_ASYNC_ITEMS.trim_end());
     kb.items.line(HELPERS.trim_end());
     let w = &mut kb.body;
     emit!(w, "constexpr int D = {};", p.head_dim);

@@ -46,6 +46,9 @@ pub const MMA_MIN_ROWS: u32 = 2;
 const TARGET_SMS: u64 = 132;
 /// Shared memory for one round of the split-K reduction.
 const RED_SMEM_MAX: u64 = 40 * 1024;
+/// Dynamic shared memory for the staged operand ring ([`Feed::Smem`]); with the static
+/// reduction and argmax buffers a block stays below the 227 KiB an H100/H200 SM offers.
+const STAGED_SMEM_MAX: u64 = 160 * 1024;
 /// Lane `(g, t)` holds columns `g` and `g + 8` of each 16-column tile: the RoPE
 /// epilogue's pair stride ([`crate::qkv_rope`]).
 pub const ROPE_PAIR_STRIDE: u32 = 8;
@@ -63,13 +66,28 @@ pub struct MmaTiling {
     pub wk: u32,
     /// Units of 32 k each warp keeps in flight.
     pub unroll: u32,
-    /// Whether x fragments are prefetched with the weights (else loaded at use: large
-    /// row tiles, where they would cost 4·MT8 registers per slot).
-    pub roll_x: bool,
+    /// Where each warp's x fragments come from.
+    pub feed: Feed,
     /// K splits across blocks (grid z). Above 1 each split stores its partial sums to
     /// [`SplitScratch::partials`] and the last split to arrive sums them in split order
     /// and runs the epilogue.
     pub ks: u32,
+}
+
+/// How the warps of a block get their operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Feed {
+    /// Weights and x fragments loaded from global memory into registers, `unroll` units
+    /// ahead (x: 4·MT8 registers per slot); the warps of a block that share x meet in L1.
+    Prefetch,
+    /// Weights prefetched into registers; x fragments loaded from global memory at use (no
+    /// registers held, latency exposed).
+    XAtUse,
+    /// Weights and x staged by the whole block in shared memory through a ring of `stages`
+    /// chunks of `WK · unroll` units (`cp.async`, `stages − 1` chunks in flight, so the bytes
+    /// in flight do not cost registers); the fused RMSNorm is applied once per x element
+    /// while staging. Each x byte leaves L2 once per block.
+    Smem { stages: u32 },
 }
 
 impl MmaTiling {
@@ -164,6 +182,15 @@ pub fn select(p: &GemvParams, split: Option<SplitScratch>) -> Result<KernelSourc
 /// `kernel_bench qkv_rope` (early positions) times the kernel alone faster up to 16 rows.
 pub const ROPE_FUSED_MAX_ROWS: u32 = 1;
 
+/// The largest row tile whose matmul applies the RMSNorm of its input itself (the
+/// [`GemvParams::norm`] prologue). Above it the plan normalises x once with `rmsnorm` and
+/// the matmul reads the result: every block of a wide tile would otherwise first read all
+/// of its rows to compute their RMS (a serial chain of L2 round trips per warp) and scale
+/// each x fragment per warp. Measured (`kernel_bench wide`, H200, 8B shapes at M = 64, same
+/// split with and without the prologue): qkv 71.3 → 42.7 µs, gate/up 219 → 140 µs, lm-head
+/// 681 → 493 µs, against ≈ 3 µs for the separate norm.
+pub const NORM_FUSED_MAX_ROWS: u32 = 16;
+
 /// Whether the kernel [`select`] picks for `p` can carry the RoPE + KV-write epilogue of
 /// heads of `head_dim` with `rotary_dim` rotated features (the plan falls back to the
 /// two-kernel path otherwise). Row tiles above [`ROPE_FUSED_MAX_ROWS`] keep the two
@@ -202,6 +229,19 @@ fn red_bytes(p: &GemvParams, t: &MmaTiling) -> u64 {
     (t.wk as u64 - 1) * t.wn as u64 * mt8(p) as u64 * 4 * 32 * 4
 }
 
+/// Dynamic shared memory of the staged operand ring ([`Feed::Smem`]): per unit of 32 k, 64
+/// bytes of each weight row of the block (`G · 16 · TN · WN` rows) and of each x row of
+/// the tile padded to 8; 0 for the register feeds.
+fn staged_bytes(p: &GemvParams, t: &MmaTiling) -> u64 {
+    match t.feed {
+        Feed::Smem { stages } => {
+            let rows = mats(p) * 16 * t.tn * t.wn + mt8(p) * 8;
+            stages as u64 * (t.wk * t.unroll) as u64 * rows as u64 * 64
+        }
+        _ => 0,
+    }
+}
+
 /// The default work split.
 ///
 /// Up to 16 rows: each x fragment feeds two weight tiles (gate and up, or two column
@@ -237,7 +277,7 @@ pub fn tiling(p: &GemvParams) -> MmaTiling {
         wn,
         wk: (8 / wn).min(units).max(1),
         unroll: 4,
-        roll_x: true,
+        feed: Feed::Prefetch,
         ks: 1,
     };
     while t.wk > 1 && red_bytes(p, &t) > RED_SMEM_MAX {
@@ -255,7 +295,10 @@ const WIDE_MIN_BLOCKS: u64 = 96;
 /// L1) while the grid keeps at least [`WIDE_MIN_BLOCKS`] blocks; the remaining warps of
 /// the 8 split K inside the block. x is prefetched with the weights (`kernel_bench wide`,
 /// H200, Llama-3.1-8B shapes at M = 64: qkv 2×2×4, o and down 1×2×4, gate/up 1×8×1,
-/// lm-head 2×8×1 as tn×wn×wk were the fastest of 48 splits each).
+/// lm-head 2×8×1 as tn×wn×wk were the fastest of 48 splits each). Re-swept with x
+/// normalised beforehand ([`NORM_FUSED_MAX_ROWS`]) against deeper prefetch, split-K and
+/// operands staged in shared memory ([`Feed::Smem`]): the same splits stayed fastest or
+/// within 1–2 % (qkv 34.5, o 26.5, gate/up 110, down 70, lm-head 430 µs).
 pub fn wide_tiling(p: &GemvParams) -> MmaTiling {
     let g = mats(p);
     let tiles = p.n.div_ceil(16) as u64;
@@ -274,12 +317,15 @@ pub fn wide_tiling(p: &GemvParams) -> MmaTiling {
         .copied()
         .find(|&(tn, wn)| tiles.div_ceil((tn * wn) as u64) * row_tiles >= WIDE_MIN_BLOCKS)
         .unwrap_or((1, 1));
+    let wk = (8 / wn).min(p.k.div_ceil(32)).max(1);
     let mut t = MmaTiling {
         tn,
         wn,
-        wk: (8 / wn).min(p.k.div_ceil(32)).max(1),
-        unroll: 2,
-        roll_x: true,
+        wk,
+        // Warps that own all of K keep 3 units in flight (gate/up 122 → 110 µs, lm-head
+        // 449 → 430 µs at M = 64); K-split warps 2 (qkv 34.5 vs 36.1 µs with 3).
+        unroll: if wk == 1 { 3 } else { 2 },
+        feed: Feed::Prefetch,
         ks: 1,
     };
     while t.wk > 1 && red_bytes(p, &t) > RED_SMEM_MAX {
@@ -293,7 +339,8 @@ pub fn partials_per_row(p: &GemvParams, t: &MmaTiling) -> u32 {
     p.n.div_ceil(16 * t.tn * t.wn)
 }
 
-fn validate(p: &GemvParams, t: &MmaTiling) -> Result<(), Error> {
+/// Whether `t` is a valid work split for `p` (what [`gemv_mma_split`] checks first).
+pub fn validate(p: &GemvParams, t: &MmaTiling) -> Result<(), Error> {
     p.validate()?;
     let err = |field, reason: &str| Err(Error::param(FAMILY, field, reason));
     // Any row tile works (M = 1 pads to 8 like the rest); `supports` decides where the
@@ -303,6 +350,9 @@ fn validate(p: &GemvParams, t: &MmaTiling) -> Result<(), Error> {
     }
     if !p.x.aligned(16) {
         return err("x", "rows must be 16-byte aligned");
+    }
+    if matches!(t.feed, Feed::Smem { stages } if stages < 2) {
+        return err("tiling", "a staged ring needs at least 2 stages");
     }
     if t.tn == 0 || t.wn == 0 || t.wk == 0 || t.unroll == 0 || t.ks == 0 || t.warps() > 32 {
         return err(
@@ -314,6 +364,12 @@ fn validate(p: &GemvParams, t: &MmaTiling) -> Result<(), Error> {
         return err(
             "tiling",
             "split-K reduction exceeds its shared memory budget",
+        );
+    }
+    if staged_bytes(p, t) > STAGED_SMEM_MAX {
+        return err(
+            "tiling",
+            "staged operand ring exceeds its shared memory budget (fewer stages, wk · unroll or columns)",
         );
     }
     if let Some(r) = &p.rope {
@@ -372,6 +428,9 @@ pub fn gemv_mma_split(
         FAMILY
     };
     let mut kb = KernelBuilder::new(family, p.w_dtype);
+    if matches!(t.feed, Feed::Smem { .. }) {
+        kb.items.line(crate::CP_ASYNC_ITEMS.trim_end());
+    }
     kb.items.line(MMA_HELPERS.trim_end());
     if let Some(r) = &p.rope {
         qkv_rope::emit_items(&mut kb.items, r, ROPE_PAIR_STRIDE);
@@ -463,64 +522,15 @@ pub fn gemv_mma_split(
             nm.weight.ptr(nm.dtype, false)
         );
     }
-    let gt = p.norm.map(|nm| nm.dtype.c_type());
-    emit!(
-        w,
-        "uint4 wa[U][AT][2];  // weight rows g, g + 8 of each tile"
-    );
-    if t.roll_x {
-        w.line("uint4 xb[U][MT8];  // x rows 8 * mt + g");
-    }
-    if let Some(gt) = gt {
-        emit!(w, "Raw8<{gt}> gn[U];  // norm weight");
-    }
-    w.comment("first group: units ub + wk + i * WK");
-    w.for_unrolled("i", 0, "U", |w| emit_load(w, p, t, "ub + wk + i * WK"));
-
-    if p.norm.is_some() {
-        emit_row_inv_rms(w, p, Some(8));
-        w.line("__syncthreads();");
-        w.line("float rr[MT8];  // 1/rms of rows 8 * mt + g (0 past the tile)");
-        w.for_unrolled("mt", 0, "MT8", |w| {
-            w.line("rr[mt] = 8 * mt + g < mr ? inv_rms[8 * mt + g] : 0.0f;");
-        });
-    }
-
-    w.line("float acc[AT][MT8][4];");
-    for_each_acc(w, |w| w.line("acc[a][mt][d] = 0.0f;"));
     let mma = match p.w_dtype {
         Dtype::F16 => "mma_k32_f16",
         _ => "mma_k32_bf16",
     };
-    // The rolling prefetch is the pipeline: unrolling this loop again only adds registers.
-    w.line("#pragma unroll 1");
-    w.for_block("int u0 = ub + wk", "u0 < ue", "u0 += WK * U", |w| {
-        w.for_unrolled("i", 0, "U", |w| {
-            w.comment("slot i holds unit u0 + i * WK (zeros past K)");
-            if !t.roll_x {
-                w.line("uint4 xc[MT8];");
-                w.scope(|w| {
-                    w.line("const int u = u0 + i * WK;");
-                    emit_unit_ok(w, p);
-                    emit_x_load(w, p, "xc");
-                });
-            }
-            let xsrc = if t.roll_x { "xb[i]" } else { "xc" };
-            w.for_unrolled("mt", 0, "MT8", |w| {
-                match gt {
-                    Some(gt) => emit!(
-                        w,
-                        "const uint4 xf = rms_scale8<{xt}, {gt}>({xsrc}[mt], gn[i], rr[mt]);"
-                    ),
-                    None => emit!(w, "const uint4 xf = {xsrc}[mt];"),
-                }
-                w.for_unrolled("a", 0, "AT", |w| {
-                    emit!(w, "{mma}(acc[a][mt], wa[i][a][0], wa[i][a][1], xf);");
-                });
-            });
-            emit_load(w, p, t, "u0 + WK * (U + i)");
-        });
-    });
+    if let Feed::Smem { stages } = t.feed {
+        emit_smem_main_loop(w, p, stages, mma);
+    } else {
+        emit_register_main_loop(w, p, t, mma);
+    }
 
     if t.wk > 1 {
         w.comment("split-K: warps wk > 0 hand their sums to warp wk = 0, one weight tile per round, in wk order");
@@ -558,9 +568,211 @@ pub fn gemv_mma_split(
             Extent::Fixed(t.ks),
         ],
         block: [t.warps() * 32, 1, 1],
-        smem_bytes: 0,
+        smem_bytes: staged_bytes(p, t) as u32,
     };
     Ok(kb.finish(launch))
+}
+
+/// The unit loop of the register feeds: each warp keeps `U` units of its weights (and of
+/// x with [`Feed::Prefetch`]) in flight; slot `i` reloads with the next group's unit right
+/// after the mma steps that consume it. The fused norm scales each x fragment at use.
+fn emit_register_main_loop(w: &mut Writer, p: &GemvParams, t: &MmaTiling, mma: &str) {
+    let xt = p.x.dtype.c_type();
+    let gt = p.norm.map(|nm| nm.dtype.c_type());
+    emit!(
+        w,
+        "uint4 wa[U][AT][2];  // weight rows g, g + 8 of each tile"
+    );
+    if t.feed == Feed::Prefetch {
+        w.line("uint4 xb[U][MT8];  // x rows 8 * mt + g");
+    }
+    if let Some(gt) = gt {
+        emit!(w, "Raw8<{gt}> gn[U];  // norm weight");
+    }
+    w.comment("first group: units ub + wk + i * WK");
+    w.for_unrolled("i", 0, "U", |w| emit_load(w, p, t, "ub + wk + i * WK"));
+    if p.norm.is_some() {
+        emit_row_inv_rms(w, p, Some(8));
+        w.line("__syncthreads();");
+        w.line("float rr[MT8];  // 1/rms of rows 8 * mt + g (0 past the tile)");
+        w.for_unrolled("mt", 0, "MT8", |w| {
+            w.line("rr[mt] = 8 * mt + g < mr ? inv_rms[8 * mt + g] : 0.0f;");
+        });
+    }
+    w.line("float acc[AT][MT8][4];");
+    for_each_acc(w, |w| w.line("acc[a][mt][d] = 0.0f;"));
+    // The rolling prefetch is the pipeline: unrolling this loop again only adds registers.
+    w.line("#pragma unroll 1");
+    w.for_block("int u0 = ub + wk", "u0 < ue", "u0 += WK * U", |w| {
+        w.for_unrolled("i", 0, "U", |w| {
+            w.comment("slot i holds unit u0 + i * WK (zeros past K)");
+            let xsrc = if t.feed == Feed::XAtUse {
+                w.line("uint4 xc[MT8];");
+                w.scope(|w| {
+                    w.line("const int u = u0 + i * WK;");
+                    emit_unit_ok(w, p);
+                    emit_x_load(w, p, "xc");
+                });
+                "xc[mt]"
+            } else {
+                "xb[i][mt]"
+            };
+            w.for_unrolled("mt", 0, "MT8", |w| {
+                match gt {
+                    Some(gt) => emit!(
+                        w,
+                        "const uint4 xf = rms_scale8<{xt}, {gt}>({xsrc}, gn[i], rr[mt]);"
+                    ),
+                    None => emit!(w, "const uint4 xf = {xsrc};"),
+                }
+                w.for_unrolled("a", 0, "AT", |w| {
+                    emit!(w, "{mma}(acc[a][mt], wa[i][a][0], wa[i][a][1], xf);");
+                });
+            });
+            emit_load(w, p, t, "u0 + WK * (U + i)");
+        });
+    });
+}
+
+/// The unit loop of [`Feed::Smem`]: the block stages chunks of `CH = WK · U` units of its
+/// weight rows and x rows in a ring of `NS` stages, `NS − 1` chunks ahead. Stage `s` holds
+/// `xs[s * STAGE + (j * ROWS + row) * 4 + tq]`: 16 bytes (8 k) of chunk unit `j`, staged row
+/// `row` (the block's `G · RB` weight rows, then the `MTP` x rows); a warp's fragment of 8
+/// rows is 512 contiguous bytes. One barrier per chunk: after it, every warp is done with
+/// the stage consumed last iteration, which is refilled then.
+fn emit_smem_main_loop(w: &mut Writer, p: &GemvParams, stages: u32, mma: &str) {
+    let (xt, stride) = (p.x.dtype.c_type(), p.x.row_stride);
+    emit!(w, "constexpr int NS = {stages};  // ring stages");
+    w.line("constexpr int CH = WK * U;  // units per chunk");
+    w.line("constexpr int MTP = MT8 * 8;  // staged x rows");
+    w.line("constexpr int RB = WN * 16 * TN;  // weight rows per matrix of the block");
+    w.line("constexpr int ROWS = G * RB + MTP;  // staged rows per unit");
+    w.line("constexpr int STAGE = CH * ROWS * 4;  // 16-byte pieces per stage");
+    w.line("extern __shared__ __align__(16) unsigned char smem[];");
+    w.line("uint4* xs = reinterpret_cast<uint4*>(smem);");
+    w.line("const int cb = blockIdx.x * RB;  // the block's first column");
+    emit!(
+        w,
+        "const {xt}* xg0 = x + (long long)m0 * {stride};  // the tile's first x row"
+    );
+    w.comment("chunks 0 .. NS - 2 (an empty group past the split keeps the count)");
+    w.for_unrolled("s", 0, "NS - 1", |w| {
+        w.if_block("ub + s * CH < ue", |w| emit_stage(w, p, "ub + s * CH", "s"));
+        w.line("cp_async_commit();");
+    });
+    if p.norm.is_some() {
+        emit_row_inv_rms(w, p, Some(8));
+        w.line("__syncthreads();");
+    }
+    w.line("float acc[AT][MT8][4];");
+    for_each_acc(w, |w| w.line("acc[a][mt][d] = 0.0f;"));
+    w.line("#pragma unroll 1");
+    w.for_block(
+        "int c0 = ub, s = 0",
+        "c0 < ue",
+        "c0 += CH, s = s + 1 == NS ? 0 : s + 1",
+        |w| {
+            w.line("cp_async_wait<NS - 2>();  // this thread's copies of chunk c0 have landed");
+            if let Some(nm) = &p.norm {
+                let gt = nm.dtype.c_type();
+                w.comment("fused RMSNorm on the x pieces this thread copied (no other thread reads them yet)");
+                emit_stage_pieces(w, p, "c0", |w| {
+                    w.if_block("row >= G * RB", |w| {
+                        w.line("const int r = row - G * RB;");
+                        w.line("uint4* e = xs + s * STAGE + q;");
+                        emit!(
+                            w,
+                            "const Raw8<{gt}> gw = ld_raw8_if<{gt}>(nw + u * 32 + 8 * tq, kin);"
+                        );
+                        emit!(
+                            w,
+                            "*e = rms_scale8<{xt}, {gt}>(*e, gw, r < mr ? inv_rms[r] : 0.0f);"
+                        );
+                    });
+                });
+            }
+            w.line("__syncthreads();");
+            w.scope(|w| {
+                w.comment("refill the stage every warp finished last iteration");
+                w.line("const int cn = c0 + (NS - 1) * CH;");
+                w.line("const int sn = s == 0 ? NS - 1 : s - 1;");
+                w.if_block("cn < ue", |w| emit_stage(w, p, "cn", "sn"));
+                w.line("cp_async_commit();");
+            });
+            w.line("const uint4* st = xs + s * STAGE;");
+            w.for_unrolled("i", 0, "U", |w| {
+                w.line("const int j = wk + i * WK;  // this warp's chunk unit (zeros past K)");
+                w.line("uint4 wa[AT][2];");
+                w.for_unrolled("tn", 0, "TN", |w| {
+                    w.for_unrolled("gm", 0, "G", |w| {
+                        w.for_unrolled("h", 0, 2, |w| {
+                            w.line("wa[tn * G + gm][h] = st[(j * ROWS + gm * RB + wn * 16 * TN + 16 * tn + 8 * h + g) * 4 + t];");
+                        });
+                    });
+                });
+                w.for_unrolled("mt", 0, "MT8", |w| {
+                    w.line("const uint4 xf = st[(j * ROWS + G * RB + 8 * mt + g) * 4 + t];");
+                    w.for_unrolled("a", 0, "AT", |w| {
+                        emit!(w, "{mma}(acc[a][mt], wa[a][0], wa[a][1], xf);");
+                    });
+                });
+            });
+        },
+    );
+}
+
+/// `body` once per 16-byte piece `q` of chunk `c0` this thread stages, with its chunk
+/// unit `j`, staged `row`, quarter `tq`, unit `u` and `kin` (the piece lies inside the
+/// split and K) in scope.
+fn emit_stage_pieces(w: &mut Writer, p: &GemvParams, c0: &str, body: impl Fn(&mut Writer)) {
+    w.line("#pragma unroll 2");
+    w.for_block("int q = threadIdx.x", "q < STAGE", "q += NW * 32", |w| {
+        w.line("const int j = q / (ROWS * 4), row = (q >> 2) % ROWS, tq = q & 3;");
+        emit!(w, "const int u = {c0} + j;");
+        if p.k.is_multiple_of(32) {
+            w.line("const bool kin = u < ue;");
+        } else {
+            w.line("const bool kin = u < ue && u * 32 + 8 * tq < K;");
+        }
+        body(w);
+    });
+}
+
+/// Issues the copies of chunk `c0` into stage `s`: weight rows of the block's columns
+/// (permuted for the RoPE epilogue), then x rows of the tile; zeros past N, the tile, the
+/// split and K.
+fn emit_stage(w: &mut Writer, p: &GemvParams, c0: &str, s: &str) {
+    let stride = p.x.row_stride;
+    let wrow = weight_row(p, "min(col, N - 1)");
+    emit_stage_pieces(w, p, c0, |w| {
+        w.line("const void* src;");
+        w.line("bool ok;");
+        w.if_else(
+            "row < G * RB",
+            |w| {
+                w.line("const int col = cb + row % RB;");
+                w.line("ok = kin && col < N;");
+                emit!(
+                    w,
+                    "const long long off = (long long){wrow} * K + u * 32 + 8 * tq;"
+                );
+                if p.gate_up() {
+                    w.line("src = (row < RB ? w0 : w1) + off;");
+                } else {
+                    w.line("src = w0 + off;");
+                }
+            },
+            |w| {
+                w.line("const int r = row - G * RB;");
+                w.line("ok = kin && r < mr;");
+                emit!(w, "src = xg0 + (long long)r * {stride} + u * 32 + 8 * tq;");
+            },
+        );
+        emit!(
+            w,
+            "cp_async16(xs + ({s}) * STAGE + q, ok ? src : (const void*)w0, ok);"
+        );
+    });
 }
 
 /// Split-K across blocks: warp wk = 0 of every split stores its sums, the last split of
@@ -659,10 +871,10 @@ fn emit_load(w: &mut Writer, p: &GemvParams, t: &MmaTiling, unit: &str) {
                 }
             });
         });
-        if t.roll_x {
+        if t.feed == Feed::Prefetch {
             emit_x_load(w, p, "xb[i]");
         }
-        if let Some(nm) = &p.norm {
+        if let (Some(nm), Feed::Prefetch | Feed::XAtUse) = (&p.norm, t.feed) {
             let gt = nm.dtype.c_type();
             emit!(w, "gn[i] = ld_raw8_if<{gt}>(nw + u * 32 + 8 * t, ok);");
         }
@@ -843,7 +1055,7 @@ mod tests {
             wn: 4,
             wk: 8,
             unroll: 2,
-            roll_x: false,
+            feed: Feed::XAtUse,
             ks: 1,
         };
         assert!(gemv_mma_tiled(&p, &bad).is_err(), "reduction over budget");

@@ -33,6 +33,9 @@ pub mod qkv_rope;
 pub mod rope;
 pub mod writer;
 
+/// `cp.async` helpers: module items of the families that stage tiles in shared memory.
+pub(crate) const CP_ASYNC_ITEMS: &str = include_str!("../cuda/cp_async.cuh");
+
 pub use abi::{
     Bucket, Dtype, KernelSource, LaunchGeometry, LaunchSpec, Loc, Rows, StepConsts, View,
 };

@@ -450,12 +450,13 @@ fn matmul_kernels(
     mats: &[MatOut],
     epilogue: &Epilogue,
 ) -> Result<Launches, Error> {
-    let (xv, rows, k) = cx.view(x)?;
+    let (mut xv, rows, k) = cx.view(x)?;
     let b = cx.bucket_for(x).unwrap_or(cx.bucket);
     // One row tile covers up to 64 rows: the weights stream once per tile. Tiles of 2+
     // rows run on tensor cores (`gemv_mma::select`).
     let row_tile = (rows as u32).clamp(1, crate::gemv::MAX_ROW_TILE);
-    let prologue = match norm {
+    let mut out = Vec::new();
+    let mut prologue = match norm {
         Some(n) => Some(RmsNormPrologue {
             weight: cx.loc(n.weight)?,
             dtype: dtype(cx.g.ty(n.weight).dtype)?,
@@ -463,6 +464,23 @@ fn matmul_kernels(
         }),
         None => None,
     };
+    if let Some(nm) = prologue.filter(|_| row_tile > gemv_mma::NORM_FUSED_MAX_ROWS) {
+        // Wide tiles: x is normalised once into scratch, the matmul reads the result.
+        let normed = View::new(cx.scratch(rows * k * xv.dtype.size()), xv.dtype, k);
+        let p = RmsNormParams {
+            rows: Rows::Fixed(rows as u32),
+            heads: 1,
+            dim: k as u32,
+            x: xv,
+            out: normed,
+            weight: nm.weight,
+            w_dtype: nm.dtype,
+            eps: nm.eps,
+        };
+        out.push((rmsnorm(&p)?, b));
+        xv = normed;
+        prologue = None;
+    }
     let w_dtype = |cx: &Ctx, m: &MatOut| dtype(cx.g.ty(m.weight).dtype);
     let n_of = |cx: &Ctx, m: &MatOut| -> Result<u64, Error> { Ok(cx.dims(m.weight)?[0]) };
     let base =
@@ -485,7 +503,6 @@ fn matmul_kernels(
     if mats.iter().any(|m| m.scale.is_some()) {
         return Err(unsupported("plan", "quantised matmul weights".to_string()));
     }
-    let mut out = Vec::new();
     match epilogue {
         Epilogue::Store => {
             for m in mats {

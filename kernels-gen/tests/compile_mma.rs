@@ -9,7 +9,7 @@ mod common;
 use specc_kernels_gen::abi::{Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::gemv::{GemvParams, GemvWeights, RmsNormPrologue};
 use specc_kernels_gen::gemv_mma::{
-    gemv_mma_alloc, gemv_mma_split, split_needs, tiling, MmaTiling, SplitScratch,
+    gemv_mma_alloc, gemv_mma_split, split_needs, tiling, Feed, MmaTiling, SplitScratch,
 };
 use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{RopeStyle, RopeTable};
@@ -139,6 +139,38 @@ fn split_k_cases() -> Vec<(String, KernelSource)> {
     out
 }
 
+/// Operands staged in shared memory ([`Feed::Smem`], 4 stages), one K range
+/// and split across blocks, for every [`row_tile_params`] fixture at 9, 40 and 64 rows.
+fn staged_cases() -> Vec<(String, KernelSource)> {
+    let mut out = Vec::new();
+    for m in [9, 40, 64] {
+        // The RoPE epilogue is fused only at one row, where no default uses this feed.
+        for (l, p) in row_tile_params(m)
+            .into_iter()
+            .filter(|(_, p)| p.rope.is_none())
+        {
+            for (tn, wn, wk, unroll, ks) in [(1, 4, 2, 1, 1), (2, 2, 2, 1, 2)] {
+                let t = MmaTiling {
+                    tn,
+                    wn,
+                    wk,
+                    unroll,
+                    feed: Feed::Smem { stages: 4 },
+                    ks,
+                };
+                let scratch = split_needs(&p, &t, m).map(|nd| SplitScratch {
+                    partials: Loc::arena(1 << 26),
+                    counters: Loc::arena(1 << 25),
+                    tiles: nd.counters,
+                });
+                let k = gemv_mma_split(&p, &t, scratch).unwrap();
+                out.push((format!("staged {l} M={m} {t:?}"), k));
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn gemv_mma_compiles_for_every_arch_without_spills() {
     let Some(nvrtc) = nvrtc_or_skip() else { return };
@@ -154,6 +186,7 @@ fn gemv_mma_compiles_for_every_arch_without_spills() {
         jobs.extend(row_tile_cases(m));
     }
     jobs.extend(split_k_cases());
+    jobs.extend(staged_cases());
     let mut failures = Vec::new();
     println!(
         "{:<70} {:<8} {:>5} {:>7} {:>6} {:>7}",

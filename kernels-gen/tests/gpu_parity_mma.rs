@@ -13,7 +13,7 @@ mod gpu;
 use gemv_check::{check_gemv, GemvCase, Kernel, BASE, BF};
 use gpu::Gpu;
 use specc_kernels_gen::abi::Dtype;
-use specc_kernels_gen::gemv_mma::MmaTiling;
+use specc_kernels_gen::gemv_mma::{Feed, MmaTiling};
 
 const MMA: GemvCase = GemvCase {
     kernel: Kernel::Mma(None),
@@ -135,7 +135,7 @@ fn gemv_mma_row_tiles_dtypes_and_tilings() {
                 wn: 4,
                 wk: 3,
                 unroll: 1,
-                roll_x: true,
+                feed: Feed::Prefetch,
                 ks: 1,
             })),
             ..MMA
@@ -152,7 +152,7 @@ fn gemv_mma_row_tiles_dtypes_and_tilings() {
                 wn: 1,
                 wk: 5,
                 unroll: 3,
-                roll_x: false,
+                feed: Feed::XAtUse,
                 ks: 1,
             })),
             ..MMA
@@ -211,7 +211,7 @@ fn gemv_mma_row_tiles_dtypes_and_tilings() {
                 wn: 4,
                 wk: 2,
                 unroll: 2,
-                roll_x: false,
+                feed: Feed::XAtUse,
                 ks: 3,
             })),
             ..MMA
@@ -229,7 +229,7 @@ fn gemv_mma_row_tiles_dtypes_and_tilings() {
                 wn: 4,
                 wk: 2,
                 unroll: 2,
-                roll_x: true,
+                feed: Feed::Prefetch,
                 ks: 5,
             })),
             ..MMA
@@ -276,5 +276,84 @@ fn gemv_simt_and_mma_share_epilogues() {
                 ..BASE
             },
         );
+    }
+}
+
+/// Operands staged in shared memory (`Feed::Smem`): the fused norm applied while staging,
+/// ragged row tiles, K past the last whole unit, chunks past the split's end, split-K
+/// across blocks, argmax partials, gate/up, f16.
+#[test]
+fn gemv_mma_staged_operands() {
+    let Some(gpu) = Gpu::new() else { return };
+    let staged = |tn, wn, wk, unroll, ks, stages| {
+        Kernel::Mma(Some(MmaTiling {
+            tn,
+            wn,
+            wk,
+            unroll,
+            feed: Feed::Smem { stages },
+            ks,
+        }))
+    };
+    let cases = [
+        GemvCase {
+            b: 1,
+            t: 40,
+            row_tile: 40,
+            k: 1000,
+            n: 520,
+            norm: true,
+            gate_up: true,
+            kernel: staged(1, 4, 2, 2, 1, 3),
+            ..MMA
+        },
+        GemvCase {
+            b: 3,
+            t: 20,
+            row_tile: 24,
+            k: 1064,
+            n: 1000,
+            norm: true,
+            argmax: true,
+            out: None,
+            kernel: staged(2, 2, 4, 3, 3, 2),
+            ..MMA
+        },
+        GemvCase {
+            b: 1,
+            t: 64,
+            row_tile: 64,
+            k: 4096,
+            n: 4096,
+            residual: true,
+            kernel: staged(4, 2, 1, 1, 2, 6),
+            ..MMA
+        },
+        GemvCase {
+            b: 1,
+            t: 9,
+            row_tile: 9,
+            k: 360,
+            n: 500,
+            x_dtype: Dtype::F16,
+            w_dtype: Dtype::F16,
+            out: Some(Dtype::F32),
+            norm: true,
+            kernel: staged(2, 8, 1, 2, 1, 4),
+            ..MMA
+        },
+        GemvCase {
+            b: 1,
+            t: 64,
+            row_tile: 64,
+            k: 4096,
+            n: 6144,
+            norm: true,
+            kernel: staged(2, 4, 2, 1, 1, 4),
+            ..MMA
+        },
+    ];
+    for c in cases {
+        check_gemv(&gpu, c);
     }
 }

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call after the wide-row-tile changes (norm unfused above 16 rows): GPU tests
+# through those paths, then old/new A/B of verify-64 and DDTree-64 and the budget sweep.
+# Binaries in .gpu/ (specc, specc_old, tests/*); tables to stdout and $OUT.
+set -uo pipefail
+export SPECC_CACHE_DIR=/tmp/specc-cache
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+t() { # name, timeout, binary
+  echo "== $1"
+  timeout "$2" "$3" --test-threads=1 > "$OUT/$1.log" 2>&1; echo "rc=$?"
+  grep -E "panicked|test result|FAILED" "$OUT/$1.log" | tail -4
+}
+t mma 60 .gpu/tests/gpu_parity_mma
+t ddtree 120 .gpu/tests/gpu_ddtree
+t eagle3_tree 120 .gpu/tests/gpu_eagle3_tree
+t e2e 90 .gpu/tests/gpu_e2e
+t dflash 90 .gpu/tests/gpu_dflash
+C=bench/configs
+b() { # binary, args...
+  local bin=$1; shift
+  echo "-- $bin $*"
+  timeout 60 .gpu/$bin bench $C/llama-3.1-8b/config.json --random-weights --iters 50 --batch 1 --context 1024 "$@" 2>&1 | grep "^| [a-zA-Z]" | grep -v "^| step" | tee -a "$OUT/bench.md"
+}
+for bin in specc_old specc; do
+  b $bin --tokens 64
+  b $bin --spec $C/ddtree-b64.toml
+done
+b specc
+b specc --tokens 8
+b specc --tokens 16
+b specc --tokens 32
+for n in 16 32 128 256; do b specc --spec $C/ddtree-b$n.toml; done
+b specc --spec $C/dflash-b16.toml
