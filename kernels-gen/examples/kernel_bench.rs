@@ -330,6 +330,8 @@ enum AttnVariant {
     Simt,
     /// `attn_tile` with p rounded once to bf16 (no hi/lo split of P).
     TileRoundedP,
+    /// `attn_tile` with the given KV splits instead of the cost model's.
+    TileSplits(u32),
 }
 
 /// Llama-3.1-8B attention (32 q heads, 8 kv heads, head dim 128) over a DDTree of `t`
@@ -367,12 +369,15 @@ fn tree_attention_case(gpu: &Gpu, t: u32, ctx: u32, variant: AttnVariant) -> Row
     };
     let tiles = variant != AttnVariant::Simt && uses_tiles(&p);
     if tiles {
-        p.splits = attention_mma::splits(&p, 1, t, ctx);
+        p.splits = match variant {
+            AttnVariant::TileSplits(s) => s,
+            _ => attention_mma::splits(&p, 1, t, ctx),
+        };
     }
     let m = t;
     p.scratch = plan.alloc(p.scratch_bytes(m));
     let ks: AttentionKernels = match variant {
-        AttnVariant::Planned => select(&p).unwrap(),
+        AttnVariant::Planned | AttnVariant::TileSplits(_) => select(&p).unwrap(),
         AttnVariant::Simt => attention(&p).unwrap(),
         AttnVariant::TileRoundedP => {
             let tl = attention_mma::tiling(&p).unwrap();
@@ -407,8 +412,8 @@ fn tree_attention_case(gpu: &Gpu, t: u32, ctx: u32, variant: AttnVariant) -> Row
     let bucket = Bucket { b: 1, t, ctx };
     let us = gpu.time(&mem, &[&ks.split, &ks.combine], bucket, copies, 50);
     let name = match variant {
-        AttnVariant::Planned if tiles => "attn_tile",
-        AttnVariant::Planned | AttnVariant::Simt => "attn_split",
+        AttnVariant::Planned | AttnVariant::TileSplits(_) if tiles => "attn_tile",
+        AttnVariant::Planned | AttnVariant::TileSplits(_) | AttnVariant::Simt => "attn_split",
         AttnVariant::TileRoundedP => "attn_tile (rounded P)",
     };
     Row {
@@ -517,6 +522,17 @@ fn main() {
             }
         }
         print_rows(&rows);
+    }
+    if only.as_deref() == Some("tree_splits") {
+        // `kernel_bench tree_splits`: the cost model's KV splits against fixed ones.
+        println!("\nDDTree verify attention, KV splits (cost model first):");
+        for (t, ctx) in [(64, 1024), (256, 1024), (64, 8192)] {
+            let mut rows = vec![tree_attention_case(&gpu, t, ctx, AttnVariant::Planned)];
+            for s in [1, 2, 4, 8, 16, 32] {
+                rows.push(tree_attention_case(&gpu, t, ctx, AttnVariant::TileSplits(s)));
+            }
+            print_rows(&rows);
+        }
     }
     if only.as_deref() == Some("sweep") {
         sweep(&gpu);
