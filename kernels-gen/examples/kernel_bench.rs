@@ -15,7 +15,12 @@
 //! RoPE + KV write fused in its epilogue against GEMV + `rope_kv`. `kernel_bench mma` (or `simt`, `qkv_rope`, `attention`,
 //! `tree`: DDTree verify attention at T = 1, 8, 64, 256 and ctx 1024, 8192, `attn_tile`
 //! against `attn_split`) runs one part only; `kernel_bench sweep` times every tensor-core work split (up to 8
-//! warps per block) of the 8B GEMVs at M = 8 and prints the fastest per shape.
+//! warps per block) of the 8B GEMVs at M = 8 and prints the fastest per shape; `kernel_bench
+//! wide [Ms]` sweeps the splits of row tiles above 16 (register prefetch, split-K, operands
+//! staged in shared memory) as the plan runs them; `kernel_bench wide_default [SHAPE]` times
+//! the plan's M = 64 kernel of the shapes whose label contains SHAPE (or the split
+//! `KB_TILING=tn,wn,wk,unroll,ks[,stages]` names; one kernel to put under `ncu`);
+//! `kernel_bench tree_splits` times tree attention's KV splits against the cost model's.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -523,13 +528,40 @@ fn main() {
         }
         print_rows(&rows);
     }
+    if only.as_deref() == Some("wide_default") {
+        // `kernel_bench wide_default [SHAPE]`: the plan's kernel of each 8B matmul at M = 64
+        // (those whose label contains SHAPE), e.g. one kernel to profile; `KB_TILING=tn,wn,
+        // wk,unroll,ks[,stages]` times that split instead (stages: operands staged in smem).
+        let filter = std::env::args().nth(2).unwrap_or_default();
+        let mut rows = Vec::new();
+        for (label, k, n, shape, _) in LLAMA_8B_GEMVS {
+            if label.contains(&filter) {
+                let shape = (false, shape.1, shape.2, shape.3);
+                rows.push(gemv_case(
+                    &gpu,
+                    label,
+                    64,
+                    k,
+                    n,
+                    shape,
+                    Variant::Mma(env_tiling()),
+                ));
+            }
+        }
+        print_rows(&rows);
+    }
     if only.as_deref() == Some("tree_splits") {
         // `kernel_bench tree_splits`: the cost model's KV splits against fixed ones.
         println!("\nDDTree verify attention, KV splits (cost model first):");
         for (t, ctx) in [(64, 1024), (256, 1024), (64, 8192)] {
             let mut rows = vec![tree_attention_case(&gpu, t, ctx, AttnVariant::Planned)];
             for s in [1, 2, 4, 8, 16, 32] {
-                rows.push(tree_attention_case(&gpu, t, ctx, AttnVariant::TileSplits(s)));
+                rows.push(tree_attention_case(
+                    &gpu,
+                    t,
+                    ctx,
+                    AttnVariant::TileSplits(s),
+                ));
             }
             print_rows(&rows);
         }
@@ -640,6 +672,26 @@ fn sweep_wide(gpu: &Gpu, ms: &[u32]) {
             print_rows(&rows[..rows.len().min(7)]);
         }
     }
+}
+
+/// The split `KB_TILING=tn,wn,wk,unroll,ks[,stages]` names (`None` when unset).
+fn env_tiling() -> Option<MmaTiling> {
+    let v: Vec<u32> = std::env::var("KB_TILING")
+        .ok()?
+        .split(',')
+        .map(|x| x.parse().expect("KB_TILING: comma-separated integers"))
+        .collect();
+    Some(MmaTiling {
+        tn: v[0],
+        wn: v[1],
+        wk: v[2],
+        unroll: v[3],
+        ks: v[4],
+        feed: match v.get(5) {
+            Some(&stages) => Feed::Smem { stages },
+            None => Feed::Prefetch,
+        },
+    })
 }
 
 /// Every `gemv_mma` work split with at most 8 warps per block, at M = 8, per 8B shape.
