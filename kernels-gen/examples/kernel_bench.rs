@@ -613,52 +613,13 @@ fn sweep_wide(gpu: &Gpu, ms: &[u32]) {
             );
             let mut rows = vec![gemv_case(gpu, label, m, k, n, shape, Variant::Mma(None))];
             let (g, tn_max) = if shape.1 { (2, 1) } else { (1, 2) };
-            let mut tilings = Vec::new();
-            let push = |tilings: &mut Vec<MmaTiling>, t: MmaTiling| {
-                // Split-K only where the column blocks leave SMs idle.
-                if t.ks == 1 || n.div_ceil(16 * t.tn * t.wn) * g < 132 {
-                    tilings.push(t);
-                }
-            };
-            for tn in 1..=tn_max {
-                for (wn, wk) in [(8, 1), (4, 2), (2, 4), (1, 8)] {
-                    for unroll in [2, 3] {
-                        for ks in [1, 2] {
-                            let feed = Feed::Prefetch;
-                            push(
-                                &mut tilings,
-                                MmaTiling {
-                                    tn,
-                                    wn,
-                                    wk,
-                                    unroll,
-                                    feed,
-                                    ks,
-                                },
-                            );
-                        }
-                    }
-                }
-            }
-            // Operands staged in shared memory.
-            for (tn, wn, wk) in [(1, 8, 1), (1, 4, 2), (2, 4, 2)] {
-                for unroll in [1, 2] {
-                    for ks in [1, 2, 4] {
-                        let feed = Feed::Smem { stages: 4 };
-                        push(
-                            &mut tilings,
-                            MmaTiling {
-                                tn,
-                                wn,
-                                wk,
-                                unroll,
-                                feed,
-                                ks,
-                            },
-                        );
-                    }
-                }
-            }
+            let tns: Vec<u32> = (1..=tn_max).collect();
+            let wide = [(8, 1), (4, 2), (2, 4), (1, 8)];
+            let mut tilings = splits(&tns, &wide, &[2, 3], &[1, 2], Feed::Prefetch);
+            let staged = Feed::Smem { stages: 4 };
+            tilings.extend(splits(&[1, 2], &wide[..2], &[1, 2], &[1, 2, 4], staged));
+            // Split-K only where the column blocks leave SMs idle.
+            tilings.retain(|t| t.ks == 1 || n.div_ceil(16 * t.tn * t.wn) * g < 132);
             for t in tilings {
                 if gemv_mma::validate(&case_params(&mut Plan::new(), m, k, n, shape), &t).is_ok() {
                     rows.push(gemv_case(gpu, label, m, k, n, shape, Variant::Mma(Some(t))));
@@ -672,6 +633,35 @@ fn sweep_wide(gpu: &Gpu, ms: &[u32]) {
             print_rows(&rows[..rows.len().min(7)]);
         }
     }
+}
+
+/// Every combination of the given tiles per warp, (warps across N, warps across K), units
+/// in flight and K splits, with one feed.
+fn splits(
+    tns: &[u32],
+    wnk: &[(u32, u32)],
+    unrolls: &[u32],
+    kss: &[u32],
+    feed: Feed,
+) -> Vec<MmaTiling> {
+    let mut out = Vec::new();
+    for &tn in tns {
+        for &(wn, wk) in wnk {
+            for &unroll in unrolls {
+                for &ks in kss {
+                    out.push(MmaTiling {
+                        tn,
+                        wn,
+                        wk,
+                        unroll,
+                        feed,
+                        ks,
+                    });
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The split `KB_TILING=tn,wn,wk,unroll,ks[,stages]` names (`None` when unset).

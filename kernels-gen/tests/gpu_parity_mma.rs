@@ -297,15 +297,12 @@ fn gemv_mma_staged_operands() {
     };
     let cases = [
         GemvCase {
-            b: 1,
-            t: 40,
-            row_tile: 40,
             k: 1000,
             n: 520,
             norm: true,
             gate_up: true,
             kernel: staged(1, 4, 2, 2, 1, 3),
-            ..MMA
+            ..rows(40)
         },
         GemvCase {
             b: 3,
@@ -320,19 +317,13 @@ fn gemv_mma_staged_operands() {
             ..MMA
         },
         GemvCase {
-            b: 1,
-            t: 64,
-            row_tile: 64,
             k: 4096,
             n: 4096,
             residual: true,
             kernel: staged(4, 2, 1, 1, 2, 6),
-            ..MMA
+            ..rows(64)
         },
         GemvCase {
-            b: 1,
-            t: 9,
-            row_tile: 9,
             k: 360,
             n: 500,
             x_dtype: Dtype::F16,
@@ -340,17 +331,14 @@ fn gemv_mma_staged_operands() {
             out: Some(Dtype::F32),
             norm: true,
             kernel: staged(2, 8, 1, 2, 1, 4),
-            ..MMA
+            ..rows(9)
         },
         GemvCase {
-            b: 1,
-            t: 64,
-            row_tile: 64,
             k: 4096,
             n: 6144,
             norm: true,
             kernel: staged(2, 4, 2, 1, 1, 4),
-            ..MMA
+            ..rows(64)
         },
     ];
     for c in cases {
