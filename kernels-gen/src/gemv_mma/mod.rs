@@ -29,15 +29,19 @@
 //! first weight loads are in flight.
 //!
 //! Kernel family `gemv_mma` (`gemv_mma_rope` with the RoPE epilogue); name dtype: the
-//! weight dtype.
+//! weight dtype. Here: the work splits, their policy and the kernel's frame; `feed` emits
+//! the unit loop (how operands reach the mma steps), `reduce` the split-K reductions,
+//! `epilogue` the per-element epilogues.
 
 use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc};
-use crate::gemv::{
-    emit_epilogue_value, emit_row_inv_rms, gemv, weight_row, GemvParams, GemvWeights,
-};
+use crate::gemv::{gemv, weight_row, GemvParams, GemvWeights};
 use crate::qkv_rope;
 use crate::writer::{emit, Writer};
 use crate::Error;
+
+mod epilogue;
+mod feed;
+mod reduce;
 
 const FAMILY: &str = "gemv_mma";
 /// Row tiles from this size use the tensor-core kernel (M = 1 stays on CUDA cores).
@@ -53,7 +57,7 @@ const STAGED_SMEM_MAX: u64 = 160 * 1024;
 /// epilogue's pair stride ([`crate::qkv_rope`]).
 pub const ROPE_PAIR_STRIDE: u32 = 8;
 /// The module items: mma, loads and the fused-norm fragment transform.
-const MMA_HELPERS: &str = include_str!("../cuda/mma.cuh");
+const MMA_HELPERS: &str = include_str!("../../cuda/mma.cuh");
 
 /// The work split of one kernel (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -527,39 +531,19 @@ pub fn gemv_mma_split(
         _ => "mma_k32_bf16",
     };
     if let Feed::Smem { stages } = t.feed {
-        emit_smem_main_loop(w, p, stages, mma);
+        feed::emit_smem_main_loop(w, p, stages, mma);
     } else {
-        emit_register_main_loop(w, p, t, mma);
+        feed::emit_register_main_loop(w, p, t, mma);
     }
 
     if t.wk > 1 {
-        w.comment("split-K: warps wk > 0 hand their sums to warp wk = 0, one weight tile per round, in wk order");
-        w.for_unrolled("a", 0, "AT", |w| {
-            w.if_block("wk > 0", |w| {
-                w.for_unrolled("mt", 0, "MT8", |w| {
-                    w.for_unrolled("d", 0, 4, |w| {
-                        w.line("red[(wk - 1) * WN + wn][mt * 4 + d][lane] = acc[a][mt][d];");
-                    });
-                });
-            });
-            w.line("__syncthreads();");
-            w.if_block("wk == 0", |w| {
-                w.for_block("int j = 0", "j < WK - 1", "++j", |w| {
-                    w.for_unrolled("mt", 0, "MT8", |w| {
-                        w.for_unrolled("d", 0, 4, |w| {
-                            w.line("acc[a][mt][d] += red[j * WN + wn][mt * 4 + d][lane];");
-                        });
-                    });
-                });
-            });
-            w.line("__syncthreads();");
-        });
+        reduce::emit_warp_reduction(w);
     }
 
     if let Some(sc) = split {
-        emit_split_k_fixup(w, sc);
+        reduce::emit_split_k_fixup(w, sc);
     }
-    epilogue(w, p);
+    epilogue::emit(w, p);
 
     let launch = LaunchSpec {
         grid: [
@@ -573,395 +557,13 @@ pub fn gemv_mma_split(
     Ok(kb.finish(launch))
 }
 
-/// The unit loop of the register feeds: each warp keeps `U` units of its weights (and of
-/// x with [`Feed::Prefetch`]) in flight; slot `i` reloads with the next group's unit right
-/// after the mma steps that consume it. The fused norm scales each x fragment at use.
-fn emit_register_main_loop(w: &mut Writer, p: &GemvParams, t: &MmaTiling, mma: &str) {
-    let xt = p.x.dtype.c_type();
-    let gt = p.norm.map(|nm| nm.dtype.c_type());
-    emit!(
-        w,
-        "uint4 wa[U][AT][2];  // weight rows g, g + 8 of each tile"
-    );
-    if t.feed == Feed::Prefetch {
-        w.line("uint4 xb[U][MT8];  // x rows 8 * mt + g");
-    }
-    if let Some(gt) = gt {
-        emit!(w, "Raw8<{gt}> gn[U];  // norm weight");
-    }
-    w.comment("first group: units ub + wk + i * WK");
-    w.for_unrolled("i", 0, "U", |w| emit_load(w, p, t, "ub + wk + i * WK"));
-    if p.norm.is_some() {
-        emit_row_inv_rms(w, p, Some(8));
-        w.line("__syncthreads();");
-        w.line("float rr[MT8];  // 1/rms of rows 8 * mt + g (0 past the tile)");
-        w.for_unrolled("mt", 0, "MT8", |w| {
-            w.line("rr[mt] = 8 * mt + g < mr ? inv_rms[8 * mt + g] : 0.0f;");
-        });
-    }
-    w.line("float acc[AT][MT8][4];");
-    for_each_acc(w, |w| w.line("acc[a][mt][d] = 0.0f;"));
-    // The rolling prefetch is the pipeline: unrolling this loop again only adds registers.
-    w.line("#pragma unroll 1");
-    w.for_block("int u0 = ub + wk", "u0 < ue", "u0 += WK * U", |w| {
-        w.for_unrolled("i", 0, "U", |w| {
-            w.comment("slot i holds unit u0 + i * WK (zeros past K)");
-            let xsrc = if t.feed == Feed::XAtUse {
-                w.line("uint4 xc[MT8];");
-                w.scope(|w| {
-                    w.line("const int u = u0 + i * WK;");
-                    emit_unit_ok(w, p);
-                    emit_x_load(w, p, "xc");
-                });
-                "xc[mt]"
-            } else {
-                "xb[i][mt]"
-            };
-            w.for_unrolled("mt", 0, "MT8", |w| {
-                match gt {
-                    Some(gt) => emit!(
-                        w,
-                        "const uint4 xf = rms_scale8<{xt}, {gt}>({xsrc}, gn[i], rr[mt]);"
-                    ),
-                    None => emit!(w, "const uint4 xf = {xsrc};"),
-                }
-                w.for_unrolled("a", 0, "AT", |w| {
-                    emit!(w, "{mma}(acc[a][mt], wa[i][a][0], wa[i][a][1], xf);");
-                });
-            });
-            emit_load(w, p, t, "u0 + WK * (U + i)");
-        });
-    });
-}
-
-/// The unit loop of [`Feed::Smem`]: the block stages chunks of `CH = WK · U` units of its
-/// weight rows and x rows in a ring of `NS` stages, `NS − 1` chunks ahead. Stage `s` holds
-/// `xs[s * STAGE + (j * ROWS + row) * 4 + tq]`: 16 bytes (8 k) of chunk unit `j`, staged row
-/// `row` (the block's `G · RB` weight rows, then the `MTP` x rows); a warp's fragment of 8
-/// rows is 512 contiguous bytes. One barrier per chunk: after it, every warp is done with
-/// the stage consumed last iteration, which is refilled then.
-fn emit_smem_main_loop(w: &mut Writer, p: &GemvParams, stages: u32, mma: &str) {
-    let (xt, stride) = (p.x.dtype.c_type(), p.x.row_stride);
-    emit!(w, "constexpr int NS = {stages};  // ring stages");
-    w.line("constexpr int CH = WK * U;  // units per chunk");
-    w.line("constexpr int MTP = MT8 * 8;  // staged x rows");
-    w.line("constexpr int RB = WN * 16 * TN;  // weight rows per matrix of the block");
-    w.line("constexpr int ROWS = G * RB + MTP;  // staged rows per unit");
-    w.line("constexpr int STAGE = CH * ROWS * 4;  // 16-byte pieces per stage");
-    w.line("extern __shared__ __align__(16) unsigned char smem[];");
-    w.line("uint4* xs = reinterpret_cast<uint4*>(smem);");
-    w.line("const int cb = blockIdx.x * RB;  // the block's first column");
-    emit!(
-        w,
-        "const {xt}* xg0 = x + (long long)m0 * {stride};  // the tile's first x row"
-    );
-    w.comment("chunks 0 .. NS - 2 (an empty group past the split keeps the count)");
-    w.for_unrolled("s", 0, "NS - 1", |w| {
-        w.if_block("ub + s * CH < ue", |w| emit_stage(w, p, "ub + s * CH", "s"));
-        w.line("cp_async_commit();");
-    });
-    if p.norm.is_some() {
-        emit_row_inv_rms(w, p, Some(8));
-        w.line("__syncthreads();");
-    }
-    w.line("float acc[AT][MT8][4];");
-    for_each_acc(w, |w| w.line("acc[a][mt][d] = 0.0f;"));
-    w.line("#pragma unroll 1");
-    w.for_block(
-        "int c0 = ub, s = 0",
-        "c0 < ue",
-        "c0 += CH, s = s + 1 == NS ? 0 : s + 1",
-        |w| {
-            w.line("cp_async_wait<NS - 2>();  // this thread's copies of chunk c0 have landed");
-            if let Some(nm) = &p.norm {
-                let gt = nm.dtype.c_type();
-                w.comment("fused RMSNorm on the x pieces this thread copied (no other thread reads them yet)");
-                emit_stage_pieces(w, p, "c0", |w| {
-                    w.if_block("row >= G * RB", |w| {
-                        w.line("const int r = row - G * RB;");
-                        w.line("uint4* e = xs + s * STAGE + q;");
-                        emit!(
-                            w,
-                            "const Raw8<{gt}> gw = ld_raw8_if<{gt}>(nw + u * 32 + 8 * tq, kin);"
-                        );
-                        emit!(
-                            w,
-                            "*e = rms_scale8<{xt}, {gt}>(*e, gw, r < mr ? inv_rms[r] : 0.0f);"
-                        );
-                    });
-                });
-            }
-            w.line("__syncthreads();");
-            w.scope(|w| {
-                w.comment("refill the stage every warp finished last iteration");
-                w.line("const int cn = c0 + (NS - 1) * CH;");
-                w.line("const int sn = s == 0 ? NS - 1 : s - 1;");
-                w.if_block("cn < ue", |w| emit_stage(w, p, "cn", "sn"));
-                w.line("cp_async_commit();");
-            });
-            w.line("const uint4* st = xs + s * STAGE;");
-            w.for_unrolled("i", 0, "U", |w| {
-                w.line("const int j = wk + i * WK;  // this warp's chunk unit (zeros past K)");
-                w.line("uint4 wa[AT][2];");
-                w.for_unrolled("tn", 0, "TN", |w| {
-                    w.for_unrolled("gm", 0, "G", |w| {
-                        w.for_unrolled("h", 0, 2, |w| {
-                            w.line("wa[tn * G + gm][h] = st[(j * ROWS + gm * RB + wn * 16 * TN + 16 * tn + 8 * h + g) * 4 + t];");
-                        });
-                    });
-                });
-                w.for_unrolled("mt", 0, "MT8", |w| {
-                    w.line("const uint4 xf = st[(j * ROWS + G * RB + 8 * mt + g) * 4 + t];");
-                    w.for_unrolled("a", 0, "AT", |w| {
-                        emit!(w, "{mma}(acc[a][mt], wa[a][0], wa[a][1], xf);");
-                    });
-                });
-            });
-        },
-    );
-}
-
-/// `body` once per 16-byte piece `q` of chunk `c0` this thread stages, with its chunk
-/// unit `j`, staged `row`, quarter `tq`, unit `u` and `kin` (the piece lies inside the
-/// split and K) in scope.
-fn emit_stage_pieces(w: &mut Writer, p: &GemvParams, c0: &str, body: impl Fn(&mut Writer)) {
-    w.line("#pragma unroll 2");
-    w.for_block("int q = threadIdx.x", "q < STAGE", "q += NW * 32", |w| {
-        w.line("const int j = q / (ROWS * 4), row = (q >> 2) % ROWS, tq = q & 3;");
-        emit!(w, "const int u = {c0} + j;");
-        if p.k.is_multiple_of(32) {
-            w.line("const bool kin = u < ue;");
-        } else {
-            w.line("const bool kin = u < ue && u * 32 + 8 * tq < K;");
-        }
-        body(w);
-    });
-}
-
-/// Issues the copies of chunk `c0` into stage `s`: weight rows of the block's columns
-/// (permuted for the RoPE epilogue), then x rows of the tile; zeros past N, the tile, the
-/// split and K.
-fn emit_stage(w: &mut Writer, p: &GemvParams, c0: &str, s: &str) {
-    let stride = p.x.row_stride;
-    let wrow = weight_row(p, "min(col, N - 1)");
-    emit_stage_pieces(w, p, c0, |w| {
-        w.line("const void* src;");
-        w.line("bool ok;");
-        w.if_else(
-            "row < G * RB",
-            |w| {
-                w.line("const int col = cb + row % RB;");
-                w.line("ok = kin && col < N;");
-                emit!(
-                    w,
-                    "const long long off = (long long){wrow} * K + u * 32 + 8 * tq;"
-                );
-                if p.gate_up() {
-                    w.line("src = (row < RB ? w0 : w1) + off;");
-                } else {
-                    w.line("src = w0 + off;");
-                }
-            },
-            |w| {
-                w.line("const int r = row - G * RB;");
-                w.line("ok = kin && r < mr;");
-                emit!(w, "src = xg0 + (long long)r * {stride} + u * 32 + 8 * tq;");
-            },
-        );
-        emit!(
-            w,
-            "cp_async16(xs + ({s}) * STAGE + q, ok ? src : (const void*)w0, ok);"
-        );
-    });
-}
-
-/// Split-K across blocks: warp wk = 0 of every split stores its sums, the last split of
-/// the tile to arrive (one counter per tile) resets the counter and reloads the sums of
-/// all splits in split order (the result does not depend on arrival order), then runs the
-/// epilogue; the other blocks are done.
-fn emit_split_k_fixup(w: &mut Writer, sc: SplitScratch) {
-    w.comment("split-K: publish this split's sums; the last split of the tile finishes it");
-    w.line("constexpr int FRAG = AT * MT8 * 4 * 32;  // floats of one warp's accumulators");
-    w.line("__shared__ int split_last;");
-    emit!(w, "float* part = {};", sc.partials.ptr_as("float", true));
-    emit!(w, "int* cnt = {};", sc.counters.ptr_as("int", true));
-    w.line("const long long tile = (long long)blockIdx.y * gridDim.x + blockIdx.x;");
-    emit!(
-        w,
-        "if (tile >= {}) __trap();  // more tiles than the scratch holds",
-        sc.tiles
-    );
-    w.line("float* mine = part + ((tile * KS + blockIdx.z) * WN + wn) * FRAG;");
-    w.if_block("wk == 0", |w| {
-        for_each_acc(w, |w| {
-            w.line("__stcg(mine + ((a * MT8 + mt) * 4 + d) * 32 + lane, acc[a][mt][d]);");
-        });
-    });
-    w.line("__threadfence();");
-    w.line("__syncthreads();");
-    w.if_block("threadIdx.x == 0", |w| {
-        w.line("const int arrived = atomicAdd(cnt + tile, 1);");
-        w.line("split_last = arrived == KS - 1;");
-        w.comment("every split has counted: back to zero for the next launch");
-        w.line("if (split_last) cnt[tile] = 0;");
-    });
-    w.line("__syncthreads();");
-    w.line("if (!split_last) return;");
-    w.line("__threadfence();");
-    w.if_block("wk == 0", |w| {
-        w.line("const float* all = part + (tile * KS * WN + wn) * FRAG;");
-        for_each_acc(w, |w| {
-            w.line("float s = 0.0f;");
-            w.for_block("int j = 0", "j < KS", "++j", |w| {
-                w.line("s += __ldcg(all + j * WN * FRAG + ((a * MT8 + mt) * 4 + d) * 32 + lane);");
-            });
-            w.line("acc[a][mt][d] = s;");
-        });
-    });
-}
-
 /// `body` once per accumulator `acc[a][mt][d]` (unrolled loops over `a`, `mt`, `d`).
-fn for_each_acc(w: &mut Writer, body: impl Fn(&mut Writer)) {
+pub(super) fn for_each_acc(w: &mut Writer, body: impl Fn(&mut Writer)) {
     w.for_unrolled("a", 0, "AT", |w| {
         w.for_unrolled("mt", 0, "MT8", |w| {
             w.for_unrolled("d", 0, 4, |w| body(w));
         });
     });
-}
-
-/// `ok`: whether this lane's 8 k of unit `u` lie inside K.
-fn emit_unit_ok(w: &mut Writer, p: &GemvParams) {
-    if p.k.is_multiple_of(32) {
-        w.line("const bool ok = u < ue;");
-    } else {
-        w.line("const bool ok = u < ue && u * 32 + 8 * t < K;");
-    }
-}
-
-/// `dst[mt]` = this lane's 8 k of unit `u` of x row `8·mt + g` (zeros outside the tile/K).
-fn emit_x_load(w: &mut Writer, p: &GemvParams, dst: &str) {
-    w.for_unrolled("mt", 0, "MT8", |w| {
-        emit!(
-            w,
-            "{dst}[mt] = ld_nc_u4_if(xg + (long long)mt * {} + u * 32, ok && 8 * mt + g < mr);",
-            8 * p.x.row_stride
-        );
-    });
-}
-
-/// Loads unit `unit` (an expression; `i` is the slot) into `wa[i]` (`xb[i]` when x is
-/// prefetched, `gn[i]` with the fused norm).
-fn emit_load(w: &mut Writer, p: &GemvParams, t: &MmaTiling, unit: &str) {
-    w.scope(|w| {
-        emit!(w, "const int u = {unit};");
-        emit_unit_ok(w, p);
-        w.for_unrolled("tn", 0, "TN", |w| {
-            w.for_unrolled("h", 0, 2, |w| {
-                w.line("const bool live = ok && nb + 16 * tn + 8 * h + g < N;");
-                if p.rope.is_some() {
-                    w.line("const long long off = wrow[tn][h] + u * 32;");
-                } else {
-                    w.line(
-                        "const long long off = wrow + (long long)(16 * tn + 8 * h) * K + u * 32;",
-                    );
-                }
-                w.line("wa[i][tn * G][h] = ld_stream_u4_if(w0 + off, live);");
-                if p.gate_up() {
-                    w.line("wa[i][tn * G + 1][h] = ld_stream_u4_if(w1 + off, live);");
-                }
-            });
-        });
-        if t.feed == Feed::Prefetch {
-            emit_x_load(w, p, "xb[i]");
-        }
-        if let (Some(nm), Feed::Prefetch | Feed::XAtUse) = (&p.norm, t.feed) {
-            let gt = nm.dtype.c_type();
-            emit!(w, "gn[i] = ld_raw8_if<{gt}>(nw + u * 32 + 8 * t, ok);");
-        }
-    });
-}
-
-/// Warp wk = 0 of each column range runs the shared epilogue on its accumulators: lane
-/// `(g, t)` owns rows `8·mt + 2t + {0, 1}` of columns `nb + 16·tn + g + {0, 8}`
-/// (the m16n8 D layout, transposed).
-fn epilogue(w: &mut Writer, p: &GemvParams) {
-    let argmax = p.argmax_partials;
-    if let Some(r) = &p.rope {
-        let xt = p.x.dtype.c_type();
-        w.comment("RoPE epilogue: lane (g, t) owns rows 8 * mt + 2 * t + r of slots nb + 16 * tn + g and + 8 (acc d = r, r + 2)");
-        w.if_block("wk == 0", |w| {
-            w.for_unrolled("tn", 0, "TN", |w| {
-                w.for_unrolled("mt", 0, "MT8", |w| {
-                    w.for_unrolled("r", 0, 2, |w| {
-                        w.line("const int m = 8 * mt + 2 * t + r;");
-                        w.line("const int col = nb + 16 * tn + g;");
-                        w.line("const long long row = m0 + m;");
-                        w.line("const bool live = m < mr && col < N;");
-                        qkv_rope::emit_pair_epilogue(
-                            w,
-                            r,
-                            xt,
-                            "acc[tn][mt][r]",
-                            "acc[tn][mt][r + 2]",
-                            ROPE_PAIR_STRIDE,
-                        );
-                    });
-                });
-            });
-        });
-        return;
-    }
-    w.if_block("wk == 0", |w| {
-        if argmax.is_some() {
-            w.line("ArgmaxPair best[MT8][2];");
-            w.for_unrolled("mt", 0, "MT8", |w| {
-                w.line("best[mt][0] = best[mt][1] = ArgmaxPair{neg_inf(), 0x7fffffff};");
-            });
-        }
-        w.for_unrolled("tn", 0, "TN", |w| {
-            w.for_unrolled("mt", 0, "MT8", |w| {
-                w.for_unrolled("d", 0, 4, |w| {
-                    w.line("const int m = 8 * mt + 2 * t + (d & 1);");
-                    w.line("const int n = nb + 16 * tn + g + 8 * (d >> 1);");
-                    w.line("const long long row = m0 + m;");
-                    w.line("const bool live = m < mr && n < N;");
-                    let up = p.gate_up().then_some("acc[tn * G + 1][mt][d]");
-                    emit_epilogue_value(w, p, "acc[tn * G][mt][d]", up);
-                    if argmax.is_some() {
-                        w.line("ArgmaxPair& b = best[mt][d & 1];");
-                        w.if_block("live && argmax_better(v, n, b.v, b.i)", |w| {
-                            w.line("b = ArgmaxPair{v, n};");
-                        });
-                    }
-                });
-            });
-        });
-        if argmax.is_some() {
-            w.comment("best of the warp's columns for each row, lanes g = 0 publish");
-            w.for_unrolled("mt", 0, "MT8", |w| {
-                w.for_unrolled("par", 0, 2, |w| {
-                    w.line("const ArgmaxPair b = quad_column_argmax(best[mt][par]);");
-                    w.line("if (g == 0) cand[wn][8 * mt + 2 * t + par] = b;");
-                });
-            });
-        }
-    });
-    if let Some(part) = argmax {
-        w.comment("argmax partial of this block for each row over its WN column ranges");
-        w.line("__syncthreads();");
-        w.for_block("int m = threadIdx.x", "m < mr", "m += NW * 32", |w| {
-            w.line("ArgmaxPair best = cand[0][m];");
-            w.for_block("int j = 1", "j < WN", "++j", |w| {
-                w.line("const ArgmaxPair a = cand[j][m];");
-                w.line("if (argmax_better(a.v, a.i, best.v, best.i)) best = a;");
-            });
-            emit!(
-                w,
-                "({})[(long long)(m0 + m) * gridDim.x + blockIdx.x] = best;",
-                part.ptr_as("ArgmaxPair", true)
-            );
-        });
-    }
 }
 
 #[cfg(test)]
