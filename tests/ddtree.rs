@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use specc_models::{Method, Model, SpecBundle, SpecConfig, TreeKnobs};
+use specc_models::{Acceptance, Method, Model, SpecBundle, SpecConfig, TreeKnobs};
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
 mod full_accept;
@@ -66,9 +66,11 @@ fn spec_toml_knobs_and_errors() {
     bad(&format!("{head}budget = 8"), &["budget", "16..=256", "8"]);
     bad(&format!("{head}budget = 257"), &["budget", "257"]);
     bad(&format!("{head}topk = 0"), &["topk", "1..=64"]);
-    bad(
-        &format!("{head}[acceptance]\nmode = \"sample\""),
-        &["acceptance.mode", "greedy", "ddtree"],
+    let sampled = spec_cfg(&dir, &format!("{head}[acceptance]\nmode = \"sample\"")).unwrap();
+    assert!(
+        matches!(sampled.acceptance, Acceptance::Sample { temperature, .. } if temperature == 1.0),
+        "{:?}",
+        sampled.acceptance
     );
     bad(
         &format!("{head}budget = 64\nmax_context = 100"),

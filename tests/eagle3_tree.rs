@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use specc_models::{Method, Model, SpecBundle, SpecConfig, TreeKnobs};
+use specc_models::{Acceptance, Method, Model, SpecBundle, SpecConfig, TreeKnobs};
 
 mod full_accept;
 mod spec_common;
@@ -82,10 +82,6 @@ fn spec_toml_knobs_and_errors() {
     bad("num_steps = 63\ntopk = 16", &["num_steps", "4096"]);
     bad("topk = 2\nbudget = 16", &["budget", "num_draft_tokens"]);
     bad(
-        "topk = 2\n[acceptance]\nmode = \"sample\"",
-        &["acceptance.mode", "greedy", "topk > 1"],
-    );
-    bad(
         "num_steps = 5\ntopk = 4\nnum_draft_tokens = 60\nmax_context = 100",
         &["max_context", "124", "num_draft_tokens = 60"],
     );
@@ -104,12 +100,19 @@ fn spec_toml_knobs_and_errors() {
         e.contains("num_draft_tokens") && e.contains("budget"),
         "{e}"
     );
-    // A chain keeps its old meaning and sampled acceptance.
-    spec_cfg(
-        &dir,
-        &format!("{head}topk = 1\n[acceptance]\nmode = \"sample\""),
-    )
-    .unwrap();
+    // A chain keeps its old meaning; chains and trees take sampled acceptance.
+    for topk in [1, 2] {
+        let cfg = spec_cfg(
+            &dir,
+            &format!("{head}topk = {topk}\n[acceptance]\nmode = \"sample\"\ntemperature = 0.7"),
+        )
+        .unwrap();
+        assert!(
+            matches!(cfg.acceptance, Acceptance::Sample { temperature, .. } if temperature == 0.7),
+            "{:?}",
+            cfg.acceptance
+        );
+    }
 }
 
 fn trained_bundle(target: &Model, depth: u32, topk: u32, nodes: u32) -> SpecBundle {

@@ -65,32 +65,37 @@ fn graphs() -> Vec<(String, Graph, Bindings)> {
                 lower_dflash_step(target.spec(), &dflash, &shape).unwrap(),
                 bind.clone(),
             ));
-            if acceptance == Acceptance::Greedy {
-                // 16 nodes (one ancestor word) and 80 (two words).
-                for budget in [16, 80] {
-                    let tree = TreeKnobs { budget, topk: 4 };
-                    out.push((
-                        format!("ddtree step budget {budget} B={lanes}"),
-                        lower_ddtree_step(target.spec(), &dflash, &shape, tree).unwrap(),
-                        bind.clone(),
-                    ));
-                }
-                // EAGLE-3 trees: topk 2 / 8 nodes (depth 3), and depth 10 topk 8 with 100
-                // nodes (two ancestor words in verify and 72 draft rows in the head).
-                for (depth, topk, budget) in [(3, 2, 8), (10, 8, 100)] {
-                    let tree = TreeKnobs { budget, topk };
-                    let deep = StepShape {
-                        num_steps: depth,
-                        ..shape.clone()
-                    };
-                    out.push((
-                        format!(
-                            "eagle3 tree step depth {depth} topk {topk} nodes {budget} B={lanes}"
-                        ),
-                        lower_eagle3_tree_step(target.spec(), &eagle, &deep, tree).unwrap(),
-                        bind.clone(),
-                    ));
-                }
+            // Sampled trees: one budget and one EAGLE-3 tree (the walk is DDTree's).
+            let (budgets, eagle_trees): (&[u32], &[(u64, u32, u32)]) =
+                if acceptance == Acceptance::Greedy {
+                    (&[16, 80], &[(3, 2, 8), (10, 8, 100)])
+                } else {
+                    (&[80], &[(3, 2, 8)])
+                };
+            // 16 nodes (one ancestor word) and 80 (two words).
+            for &budget in budgets {
+                let tree = TreeKnobs { budget, topk: 4 };
+                out.push((
+                    format!("ddtree step {tag} budget {budget} B={lanes}"),
+                    lower_ddtree_step(target.spec(), &dflash, &shape, tree).unwrap(),
+                    bind.clone(),
+                ));
+            }
+            // EAGLE-3 trees: topk 2 / 8 nodes (depth 3), and depth 10 topk 8 with 100
+            // nodes (two ancestor words in verify and 72 draft rows in the head).
+            for &(depth, topk, budget) in eagle_trees {
+                let tree = TreeKnobs { budget, topk };
+                let deep = StepShape {
+                    num_steps: depth,
+                    ..shape.clone()
+                };
+                out.push((
+                    format!(
+                        "eagle3 tree step {tag} depth {depth} topk {topk} nodes {budget} B={lanes}"
+                    ),
+                    lower_eagle3_tree_step(target.spec(), &eagle, &deep, tree).unwrap(),
+                    bind.clone(),
+                ));
             }
             let mut plain = shape.clone();
             plain.num_steps = 0;
@@ -171,7 +176,9 @@ fn every_graph_plans_to_kernels() {
                 );
             }
         }
-        if name.starts_with("ddtree step budget 80") || name.contains("nodes 100") {
+        if (name.starts_with("ddtree step") && name.contains("budget 80"))
+            || name.contains("nodes 100")
+        {
             assert!(wide > 0, "{name}: no matmul above {max} rows");
         }
         eprintln!(
@@ -243,7 +250,15 @@ fn shipped_graphs() -> Vec<(String, Graph, Bindings)> {
         ),
         (
             "default: ddtree step".into(),
-            ddtree_step(&dflt),
+            ddtree_step(&dflt, ""),
+            step.clone(),
+        ),
+        (
+            "default: ddtree sampled step".into(),
+            ddtree_step(
+                &dflt,
+                "[acceptance]\nmode = \"sample\"\ntemperature = 0.8\n",
+            ),
             step.clone(),
         ),
         (
@@ -275,11 +290,12 @@ fn dflash_step(target: &Model) -> Graph {
     specc_models::SpecBundle::open(target, &cfg).unwrap().step
 }
 
-/// The trained drafter as a DDTree step of 80 nodes (two ancestor words, greedy).
-fn ddtree_step(target: &Model) -> Graph {
+/// The trained drafter as a DDTree step of 80 nodes (two ancestor words; greedy unless
+/// `extra` holds an `[acceptance]` table).
+fn ddtree_step(target: &Model, extra: &str) -> Graph {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/default");
     let text = format!(
-        "method = \"ddtree\"\ndraft = \"{}\"\nbudget = 80\n",
+        "method = \"ddtree\"\ndraft = \"{}\"\nbudget = 80\n{extra}",
         root.join("dflash").display()
     );
     let cfg = specc_models::SpecConfig::from_toml(&root.join("ddtree.toml"), &text).unwrap();
@@ -337,6 +353,9 @@ fn every_step_kernel_compiles_for_every_arch() {
         // kernels are the same families as the draft_model step's at other offsets.
         let archs: &[Arch] = if name.contains("prefill") || name.contains("decode") {
             &Arch::ALL
+        } else if name.contains("ddtree sampled") {
+            // The draws at every tree node: the sampling kernels at the tree's shapes.
+            &[Arch::Sm90a]
         } else if name.contains("eagle3") || name.contains("dflash") || name.contains("ddtree") {
             &[]
         } else {

@@ -319,22 +319,6 @@ impl SpecConfig {
                     }
                     Acceptance::Greedy
                 }
-                AcceptMode::Sample if raw.method == Method::DDTree => {
-                    return Err(field(
-                        file,
-                        "acceptance.mode",
-                        "\"greedy\" with method = \"ddtree\" (sampled tree acceptance is not implemented)",
-                        "\"sample\"",
-                    ))
-                }
-                AcceptMode::Sample if raw.method == Method::Eagle3 && tree.is_some() => {
-                    return Err(field(
-                        file,
-                        "acceptance.mode",
-                        "\"greedy\" with method = \"eagle3\" and topk > 1 (sampled tree acceptance is not implemented)",
-                        "\"sample\"",
-                    ))
-                }
                 AcceptMode::Sample => {
                     let temperature = a.temperature.unwrap_or(1.0);
                     if !(temperature > 0.0 && temperature.is_finite()) {

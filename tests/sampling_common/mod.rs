@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use specc_ir::interp::{self, Data, Env, Tensor};
 use specc_ir::{Bindings, DType, Graph};
+use specc_models::dflash::DFlashSpec;
 use specc_models::ModelSpec;
 use std::path::Path;
 
@@ -73,4 +74,85 @@ pub fn tiny_spec() -> ModelSpec {
         "max_position_embeddings": 64, "tie_word_embeddings": false, "torch_dtype": "float32"}}"#
     );
     ModelSpec::from_json(Path::new("tiny/config.json"), &json).unwrap()
+}
+
+/// A two-layer Llama over the test vocabulary (f32): the target of the DFlash / DDTree tests.
+#[allow(dead_code)]
+pub fn tiny_dflash_target() -> ModelSpec {
+    let json = format!(
+        r#"{{"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "intermediate_size": 32,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 2,
+        "vocab_size": {VOCAB}, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "max_position_embeddings": 64, "tie_word_embeddings": false, "torch_dtype": "float32"}}"#
+    );
+    ModelSpec::from_json(Path::new("tiny/config.json"), &json).unwrap()
+}
+
+/// A one-layer DFlash drafter (block 4, mask token 7) tapping both target layers.
+#[allow(dead_code)]
+pub fn tiny_dflash(target: &ModelSpec) -> DFlashSpec {
+    let json = format!(
+        r#"{{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4,
+        "mask_token_id": 7, "target_layer_ids": [1, 0], "num_target_layers": 2,
+        "hidden_size": 16, "intermediate_size": 24, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "head_dim": 8, "num_hidden_layers": 1, "vocab_size": {VOCAB},
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 64,
+        "torch_dtype": "float32"}}"#
+    );
+    DFlashSpec::from_json(Path::new("tiny-dflash/config.json"), &json, target).unwrap()
+}
+
+/// Deterministic weights (every weight of `g`, by its full name) with enough spread that
+/// the distributions are far from uniform and far from one-hot.
+#[allow(dead_code)]
+pub fn fill_weights(g: &Graph, seed: u64, out: &mut HashMap<String, Tensor>) {
+    let mut state = seed;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 33) as f64 / (1u64 << 31) as f64) as f32 * 2.0 - 1.0
+    };
+    for (_, name, ty) in g.weights() {
+        if out.contains_key(name) {
+            continue;
+        }
+        let dims = ty.shape.resolve(&Bindings::default()).unwrap();
+        let n: usize = dims.iter().product();
+        if !ty.dtype.is_float() {
+            // Index tables (an EAGLE-3 head's d2t): zero offsets, the identity map.
+            out.insert(
+                name.to_string(),
+                Tensor::from_i64(ty.dtype, dims, vec![0; n]),
+            );
+            continue;
+        }
+        let norm = name.ends_with("norm.weight");
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                if norm {
+                    1.0 + 0.1 * next()
+                } else {
+                    0.8 * next()
+                }
+            })
+            .collect();
+        out.insert(name.to_string(), Tensor::from_f32(DType::F32, dims, v));
+    }
+}
+
+/// A one-layer EAGLE-3 head over the test vocabulary (draft vocab = target vocab), tapping
+/// layers 1, 0, 1 of [`tiny_dflash_target`].
+#[allow(dead_code)]
+pub fn tiny_eagle3(target: &ModelSpec) -> specc_models::eagle3::Eagle3Spec {
+    let json = format!(
+        r#"{{"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": {VOCAB},
+        "eagle_config": {{"eagle_aux_hidden_state_layer_ids": [1, 0, 1]}}, "head_dim": 8,
+        "hidden_size": 16, "intermediate_size": 24, "max_position_embeddings": 64,
+        "num_attention_heads": 2, "num_hidden_layers": 1, "num_key_value_heads": 1,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "vocab_size": {VOCAB},
+        "torch_dtype": "float32"}}"#
+    );
+    specc_models::eagle3::Eagle3Spec::from_json(Path::new("tiny-eagle3/config.json"), &json, target)
+        .unwrap()
 }

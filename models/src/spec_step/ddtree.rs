@@ -93,14 +93,13 @@ fn offset_or_neg(
     b.g.add(Op::Select, &[keep, p, neg])
 }
 
-/// Lowers one DDTree step (greedy acceptance only; [`crate::SpecConfig`] rejects
-/// `acceptance = sample` for trees).
+/// Lowers one DDTree step (greedy or sampled acceptance: see [`accept_and_commit`]).
 ///
 /// 1. Draft: the DFlash block forward (context catch-up + block `[x(n), MASK × L]`), rows
 ///    `1..=L` → log-softmax → top-K per depth → `tree_build` (node 0 = x(n)).
 /// 2. Verify: the target over the `budget` tree tokens (tree mask, RoPE at `n + depth`,
 ///    cache slots `n + node`), taps = the drafter's `target_layer_ids`.
-/// 3. Accept: `tree_accept` over the target's argmax at every node.
+/// 3. Accept: `tree_accept` over the target's token at every node (argmax, or a draw).
 /// 4. Commit: cache rows of the path moved to `n + depth` (`kv_move`), the path's taps
 ///    become the drafter's pending context (`count = a + 1`, `base = n`), tokens emitted.
 ///
@@ -116,11 +115,6 @@ pub fn lower_ddtree_step(
         l as usize,
         dflash.num_steps(),
         "a DDTree step's depth is the drafter's block_size - 1"
-    );
-    assert_eq!(
-        shape.acceptance,
-        Acceptance::Greedy,
-        "tree acceptance is greedy"
     );
     let (n, k) = (tree.budget as u64, tree.topk as u64);
     let w = dflash.taps_width() as u64;
@@ -209,9 +203,17 @@ pub(super) struct TreeCommit {
     pub commits: Vec<(ValueId, ValueId)>,
 }
 
-/// Greedy walk (`tree_accept`, at most `l` moves), then the commit: lengths, pending,
-/// emitted tokens, and the cache rows of the path moved from slot `n + path_d` to `n + d`
+/// The walk (`tree_accept`, at most `l` moves), then the commit: lengths, pending, emitted
+/// tokens, and the cache rows of the path moved from slot `n + path_d` to `n + d`
 /// (`kv_move`). Sets the `accepted`, `verify_tokens` and [`TREE`] outputs.
+///
+/// The target's token at each node is its argmax (greedy), or under sampled acceptance a
+/// draw from softmax(logits / temperature) with the node's own uniform. The walk descends
+/// while a child of the current node carries the current node's target token and emits that
+/// token when none does. Sampled, this is exact for any tree: each emitted token is a fresh
+/// draw from the target's distribution after the tokens emitted before it (the draws of
+/// nodes off the path are independent and discarded), whatever the drafter proposed — the
+/// tree's tokens are deterministic (top-K), so there is no draft distribution to correct.
 pub(super) fn accept_and_commit(
     b: &mut Builder,
     c: &Common,
@@ -222,7 +224,21 @@ pub(super) fn accept_and_commit(
 ) -> Result<TreeCommit, IrError> {
     let (tokens, v) = (v.tokens, v.forward);
     // accept: [a, bonus, path_0..path_L].
-    let target_next = b.g.add(Op::Argmax, &[v.logits])?;
+    let n = b.g.ty(tokens).shape.dims()[1];
+    let target_next = match &shape.acceptance {
+        Acceptance::Greedy => b.g.add(Op::Argmax, &[v.logits])?,
+        Acceptance::Sample {
+            temperature, seed, ..
+        } => {
+            let Dim::Static(nodes) = n else {
+                unreachable!("a tree's node count is a constant")
+            };
+            let counters = rng_counters(b, c.step, nodes)?;
+            let u = b.g.add(Op::RandomUniform { seed: *seed }, &[counters])?;
+            let p = probs(b, v.logits, *temperature)?;
+            b.g.add(Op::Sample, &[p, u])?
+        }
+    };
     let acc =
         b.g.add(Op::TreeAccept { max_depth: l }, &[tree_v, target_next])?;
     let a = b.slice_cols(acc, 0, 1)?;

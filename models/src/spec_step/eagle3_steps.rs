@@ -208,8 +208,8 @@ struct Frontier {
     parent_anc: Option<ValueId>,
 }
 
-/// Lowers one EAGLE-3 draft-tree step (greedy only; [`crate::SpecConfig`] rejects
-/// `acceptance = sample` with `topk > 1`). `shape.num_steps` is the depth D; `tree.budget`
+/// Lowers one EAGLE-3 draft-tree step (greedy or sampled acceptance, as DDTree's
+/// `accept_and_commit`). `shape.num_steps` is the depth D; `tree.budget`
 /// the verified nodes N (root included), `tree.topk` the K children per frontier node.
 pub fn lower_eagle3_tree_step(
     target: &ModelSpec,
@@ -217,11 +217,6 @@ pub fn lower_eagle3_tree_step(
     shape: &StepShape,
     tree: TreeKnobs,
 ) -> Result<Graph, IrError> {
-    assert_eq!(
-        shape.acceptance,
-        Acceptance::Greedy,
-        "tree acceptance is greedy"
-    );
     let depth = shape.num_steps;
     let (n, k) = (tree.budget as u64, tree.topk as u64);
     let words = tree_words(((depth - 1) * k).max(1));

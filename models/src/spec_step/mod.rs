@@ -600,7 +600,8 @@ fn sample_accept(
     Ok((a, tok))
 }
 
-/// Distinct RNG counters `((step · 2^20 + lane) · 64 + column)` as i64 `[B, cols]`.
+/// Distinct RNG counters `((step · 2^20 + lane) · S + column)` as i64 `[B, cols]`, `S` = 64
+/// or the next power of two of `cols` (so columns never reach the next lane's counters).
 fn rng_counters(b: &mut Builder, step: ValueId, cols: u64) -> Result<ValueId, IrError> {
     let i64_ty = TensorType::new(DType::I64, [B, s(cols)]);
     let step64 = b.g.add(Op::Cast { to: DType::I64 }, &[step])?;
@@ -631,10 +632,11 @@ fn rng_counters(b: &mut Builder, step: ValueId, cols: u64) -> Result<ValueId, Ir
         )
     };
     let c20 = fill(b, (1u64 << 20) as f64)?;
-    let c64 = fill(b, 64.0)?;
+    // Columns per (step, lane): 64, or the next power of two for wider draws (tree nodes).
+    let stride = fill(b, cols.next_power_of_two().max(64) as f64)?;
     let x = b.bin(BinaryOp::Mul, st, c20)?;
     let x = b.bin(BinaryOp::Add, x, lane)?;
-    let x = b.bin(BinaryOp::Mul, x, c64)?;
+    let x = b.bin(BinaryOp::Mul, x, stride)?;
     b.bin(BinaryOp::Add, x, col)
 }
 
