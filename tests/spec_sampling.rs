@@ -5,44 +5,23 @@
 use std::collections::HashMap;
 
 use specc_ir::interp::Tensor;
-use specc_ir::{Bindings, DType, Graph};
+use specc_ir::Graph;
 use specc_models::spec_step::{lower_draft_model_step, StepShape, DRAFT_PREFIX};
 use specc_models::{lower_dense, lower_dense_prefixed, Acceptance};
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
 mod sampling_common;
 
-use sampling_common::{chi_square, target_probs, tiny_spec, CRITICAL_7DF, TEMPERATURE, VOCAB};
+use sampling_common::{
+    chi_square, fill_weights, target_probs, tiny_spec, CRITICAL_7DF, TEMPERATURE, VOCAB,
+};
 
-/// Deterministic weights with enough spread that the next-token distribution is far from
-/// uniform and far from one-hot.
+/// [`fill_weights`] of `g` under `prefix` (the draft's weights next to the target's).
 fn random_weights(g: &Graph, seed: u64, prefix: &str) -> HashMap<String, Tensor> {
-    let mut state = seed;
-    let mut next = move || {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((state >> 33) as f64 / (1u64 << 31) as f64) as f32 * 2.0 - 1.0
-    };
-    g.weights()
-        .map(|(_, name, ty)| {
-            let dims = ty.shape.resolve(&Bindings::default()).unwrap();
-            let n: usize = dims.iter().product();
-            let norm = name.ends_with("norm.weight");
-            let v: Vec<f32> = (0..n)
-                .map(|_| {
-                    if norm {
-                        1.0 + 0.1 * next()
-                    } else {
-                        0.8 * next()
-                    }
-                })
-                .collect();
-            (
-                format!("{prefix}{name}"),
-                Tensor::from_f32(DType::F32, dims, v),
-            )
-        })
+    let mut m = HashMap::new();
+    fill_weights(g, seed, &mut m);
+    m.into_iter()
+        .map(|(name, t)| (format!("{prefix}{name}"), t))
         .collect()
 }
 

@@ -67,9 +67,14 @@ pub const CRITICAL_7DF: f64 = 24.32;
 /// A one-layer Llama over the test vocabulary (f32), the target and draft of these tests.
 #[allow(dead_code)] // not every test crate that includes this module uses it
 pub fn tiny_spec() -> ModelSpec {
+    tiny_llama(1)
+}
+
+/// A Llama of `layers` layers over the test vocabulary (f32).
+fn tiny_llama(layers: usize) -> ModelSpec {
     let json = format!(
         r#"{{"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "intermediate_size": 32,
-        "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": {layers},
         "vocab_size": {VOCAB}, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
         "max_position_embeddings": 64, "tie_word_embeddings": false, "torch_dtype": "float32"}}"#
     );
@@ -79,13 +84,7 @@ pub fn tiny_spec() -> ModelSpec {
 /// A two-layer Llama over the test vocabulary (f32): the target of the DFlash / DDTree tests.
 #[allow(dead_code)]
 pub fn tiny_dflash_target() -> ModelSpec {
-    let json = format!(
-        r#"{{"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "intermediate_size": 32,
-        "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 2,
-        "vocab_size": {VOCAB}, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        "max_position_embeddings": 64, "tie_word_embeddings": false, "torch_dtype": "float32"}}"#
-    );
-    ModelSpec::from_json(Path::new("tiny/config.json"), &json).unwrap()
+    tiny_llama(2)
 }
 
 /// A one-layer DFlash drafter (block 4, mask token 7) tapping both target layers.
