@@ -422,6 +422,26 @@ fn launches_are_tagged_with_their_part_of_the_step() {
         if name.contains("decode") || name.starts_with("target prefill") {
             assert_eq!(d, 0, "{name}");
         }
+        // Attention belongs to the model whose q it reads, never to the bookkeeping.
+        for l in &plan.launches {
+            if l.kernel.name.starts_with("attn_") {
+                assert_ne!(l.phase, Phase::Bookkeeping, "{name}: {}", l.kernel.name);
+                if name.contains("decode") || name.starts_with("target prefill") {
+                    assert_eq!(l.phase, Phase::Target, "{name}: {}", l.kernel.name);
+                }
+            }
+        }
+        let attn_in = |p: Phase| {
+            plan.launches
+                .iter()
+                .any(|l| l.kernel.name.starts_with("attn_") && l.phase == p)
+        };
+        if name.contains("step") && !name.contains("decode") {
+            assert!(attn_in(Phase::Draft) && attn_in(Phase::Target), "{name}");
+        }
+        if name.starts_with("draft prefill") {
+            assert!(attn_in(Phase::Draft), "{name}: the draft's attention");
+        }
     }
 }
 

@@ -62,8 +62,9 @@ pub struct PlannedLaunch {
     pub phase: Phase,
 }
 
-/// The parts of a step: kernels reading a draft's weights, kernels reading the target's,
-/// and the weightless rest (positions, acceptance, commit, emit).
+/// The parts of a step: kernels reading a draft's weights (with the draft's attention),
+/// kernels reading the target's (with its attention), and the weightless rest (positions,
+/// acceptance, commit, emit).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Phase {
     Draft,
@@ -85,6 +86,13 @@ impl Phase {
 const DRAFT_PREFIXES: [&str; 3] = ["draft/", "eagle/", "dflash/"];
 
 fn phase_of(g: &Graph, gr: &Group) -> Phase {
+    let model_of = |name: &str| {
+        if DRAFT_PREFIXES.iter().any(|p| name.starts_with(p)) {
+            Phase::Draft
+        } else {
+            Phase::Target
+        }
+    };
     let mut weights = gr
         .inputs
         .iter()
@@ -93,14 +101,43 @@ fn phase_of(g: &Graph, gr: &Group) -> Phase {
             _ => None,
         })
         .peekable();
-    if weights.peek().is_none() {
-        return Phase::Bookkeeping;
+    if weights.peek().is_some() {
+        return if weights.any(|n| model_of(n) == Phase::Draft) {
+            Phase::Draft
+        } else {
+            Phase::Target
+        };
     }
-    if weights.any(|n| DRAFT_PREFIXES.iter().any(|p| n.starts_with(p))) {
-        Phase::Draft
-    } else {
-        Phase::Target
+    // Attention reads no weight: it belongs to the model whose projection produced its q.
+    if let GroupKind::Single(v) = gr.kind {
+        if matches!(g.node(v).op, Op::Attention { .. }) {
+            if let Some(name) = nearest_weight(g, g.node(v).args[0]) {
+                return model_of(name);
+            }
+        }
     }
+    Phase::Bookkeeping
+}
+
+/// The name of the weight nearest to `v` among its producers (breadth first, a bounded
+/// search): for an attention's q, the q projection.
+fn nearest_weight(g: &Graph, v: ValueId) -> Option<&str> {
+    let mut queue = std::collections::VecDeque::from([v]);
+    let mut seen = std::collections::HashSet::new();
+    while let Some(u) = queue.pop_front() {
+        if seen.len() >= 256 {
+            return None;
+        }
+        if !seen.insert(u) {
+            continue;
+        }
+        let node = g.node(u);
+        if let Op::Weight { name, .. } = &node.op {
+            return Some(name);
+        }
+        queue.extend(node.args.iter().copied());
+    }
+    None
 }
 
 #[derive(Clone, Debug, PartialEq)]
