@@ -14,7 +14,10 @@ mod gpu_common;
 use std::path::Path;
 
 use full_accept::Family;
-use gpu_common::{assert_exact, corpus_prompts, gpu, plain_cuda, random_prompts, root};
+use gpu_common::{
+    assert_draws_match_interpreter, assert_exact, corpus_prompts, gpu, plain_cuda, random_prompts,
+    root,
+};
 use specc_models::{Model, SpecBundle, SpecConfig};
 
 /// KV slots per sequence: room for the prompt, 48 tokens and a 256-node tree.
@@ -98,4 +101,25 @@ fn target_derived_eagle3_tree_accepts_the_deepest_path_on_cuda() {
             full_accept::check_cuda(&what, &target, &b, depth, lanes, plain_cuda);
         }
     }
+}
+
+/// Sampled acceptance on the device: the captured EAGLE-3 tree step draws the interpreter's
+/// tokens (the distribution itself is tested on the interpreter, tests/tree_sampling.rs).
+#[test]
+fn sampled_eagle3_tree_draws_the_interpreters_tokens_on_cuda() {
+    if !gpu() {
+        return;
+    }
+    let dir = root().join("tests/fixtures/llama3_scaled_untied");
+    let target = Model::open(&dir).unwrap();
+    let cfg = SpecConfig::from_toml(
+        &dir.join("spec.eagle3-tree-test.toml"),
+        "method = \"eagle3\"\ndraft = \"../eagle3_random\"\nnum_steps = 5\ntopk = 4\n\
+         num_draft_tokens = 60\n[acceptance]\nmode = \"sample\"\ntemperature = 1.0\nseed = 5\n",
+    )
+    .unwrap();
+    let b = SpecBundle::open(&target, &cfg).unwrap();
+    let what = "sampled eagle3 tree cuda (5, 4, 60) B=4";
+    let mean = assert_draws_match_interpreter(&target, &b, &random_prompts(4), 32, CTX, what);
+    eprintln!("{what}: the interpreter's tokens; mean acceptance {mean:.2}");
 }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use specc_models::spec_step::lower_plain_greedy;
 use specc_models::{Model, SpecBundle};
 use specc_runtime::cuda::{driver_present, CudaSpecGraphs, CudaSpecSession, WeightSources};
-use specc_runtime::Speculator;
+use specc_runtime::{SpecCpuSession, SpecGraphs, Speculator};
 
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -127,6 +127,28 @@ pub fn assert_exact(
         if target.greedy_generate(&w, p, n, ctx as usize).ok().as_ref() != Some(&plain[i]) {
             eprintln!("note: lane {i}: CUDA greedy differs from the CPU interpreter's (numerics)");
         }
+    }
+    mean
+}
+
+/// Sampled acceptance: `b`'s step graph on the device draws the interpreter's tokens (the
+/// same counter-based uniforms; on f32 fixtures the logits agree to ~5e-7, so a draw falls
+/// on the other side of a CDF boundary with negligible probability). Returns the device's
+/// mean acceptance length.
+pub fn assert_draws_match_interpreter(
+    target: &Model,
+    b: &SpecBundle,
+    prompts: &[Vec<u32>],
+    n: usize,
+    ctx: u64,
+    what: &str,
+) -> f64 {
+    let (cuda, mean) = run_bundle(target, b, prompts, n, ctx);
+    let weights = b.load_weights_f32(target).unwrap();
+    let mut cpu = SpecCpuSession::new(SpecGraphs::of(b), &weights, prompts.len(), ctx);
+    let cpu = drive(&mut cpu, prompts, n);
+    for (i, (g, c)) in cuda.iter().zip(&cpu).enumerate() {
+        assert_eq!(g, c, "{what}: lane {i}: CUDA vs interpreter draws");
     }
     mean
 }
