@@ -217,37 +217,27 @@ fn qkv_rope_case(gpu: &Gpu, m: u32, fused: bool) -> Row {
         argmax_partials: None,
         rope: None,
     };
+    // The heads, destinations and rotation: the fused epilogue's, or `rope_kv`'s.
+    let out = QkvRope {
+        q_heads: hq,
+        kv_heads: hkv,
+        head_dim: d,
+        q_out,
+        k_cache: Loc::table(2),
+        v_cache: Loc::table(3),
+        cache_dtype: BF,
+        pos,
+        pos_dtype: Dtype::I32,
+        slots: None,
+        rope: table,
+    };
     let ks = if fused {
-        p.rope = Some(QkvRope {
-            q_heads: hq,
-            kv_heads: hkv,
-            head_dim: d,
-            q_out,
-            k_cache: Loc::table(2),
-            v_cache: Loc::table(3),
-            cache_dtype: BF,
-            pos,
-            pos_dtype: Dtype::I32,
-            slots: None,
-            rope: table,
-        });
+        p.rope = Some(out);
         vec![gemv_mma::select(&p, None).unwrap()]
     } else {
         p.out = Some(qkv);
         let rope = RopeKvParams {
-            out: QkvRope {
-                q_heads: hq,
-                kv_heads: hkv,
-                head_dim: d,
-                q_out,
-                k_cache: Loc::table(2),
-                v_cache: Loc::table(3),
-                cache_dtype: BF,
-                pos,
-                pos_dtype: Dtype::I32,
-                slots: None,
-                rope: table,
-            },
+            out,
             head_dim_v: d,
             q: qkv,
             k: qkv.cols_from((hq * d) as u64),

@@ -115,39 +115,34 @@ fn check(gpu: &Gpu, c: Case) {
         argmax_partials: None,
         rope: None,
     };
+    let fused_out = QkvRope {
+        q_heads: hq as u32,
+        kv_heads: hkv as u32,
+        head_dim: d as u32,
+        q_out,
+        k_cache: Loc::table(T_KC),
+        v_cache: Loc::table(T_VC),
+        cache_dtype: BF,
+        pos,
+        pos_dtype: Dtype::I32,
+        slots: slot_arg,
+        rope: table,
+    };
     let fused = GemvParams {
-        rope: Some(QkvRope {
-            q_heads: hq as u32,
-            kv_heads: hkv as u32,
-            head_dim: d as u32,
-            q_out,
-            k_cache: Loc::table(T_KC),
-            v_cache: Loc::table(T_VC),
-            cache_dtype: BF,
-            pos,
-            pos_dtype: Dtype::I32,
-            slots: slot_arg,
-            rope: table.clone(),
-        }),
+        rope: Some(fused_out.clone()),
         ..base.clone()
     };
     let unfused = GemvParams {
         out: Some(qkv),
         ..base
     };
+    // The two-kernel path writes its own q and caches.
     let rope = RopeKvParams {
         out: QkvRope {
-            q_heads: hq as u32,
-            kv_heads: hkv as u32,
-            head_dim: d as u32,
             q_out: q_out2,
             k_cache: Loc::table(T_KC2),
             v_cache: Loc::table(T_VC2),
-            cache_dtype: BF,
-            pos,
-            pos_dtype: Dtype::I32,
-            slots: slot_arg,
-            rope: table,
+            ..fused_out
         },
         head_dim_v: d as u32,
         q: qkv,
