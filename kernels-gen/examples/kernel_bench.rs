@@ -19,7 +19,7 @@
 //! wide [Ms]` sweeps the splits of row tiles above 16 (register prefetch, split-K, operands
 //! staged in shared memory) as the plan runs them; `kernel_bench wide_default [SHAPE]` times
 //! the plan's M = 64 kernel of the shapes whose label contains SHAPE (or the split
-//! `KB_TILING=tn,wn,wk,unroll,ks[,stages]` names; one kernel to put under `ncu`);
+//! `KB_TILING=tn,wn,wk,unroll,ks[,stages[,bulk|xbulk]]` names; one kernel to put under `ncu`);
 //! `kernel_bench tree_splits` times tree attention's KV splits against the cost model's.
 
 #[path = "../tests/common/mod.rs"]
@@ -135,6 +135,8 @@ fn gemv_case(
                     Feed::Prefetch => String::new(),
                     Feed::XAtUse => " x@use".into(),
                     Feed::Smem { stages } => format!(" smem{stages}"),
+                    Feed::Bulk { stages } => format!(" bulk{stages}"),
+                    Feed::XBulk { stages } => format!(" xbulk{stages}"),
                 }
             );
             let scratch = split_needs(&p, &t, m).map(|nd| SplitScratch {
@@ -569,7 +571,9 @@ fn main() {
                     .collect()
             })
             .unwrap_or(vec![64]);
-        sweep_wide(&gpu, &ms);
+        // A third argument `bulk` sweeps the row-staged (bulk copy) splits only.
+        let bulk_only = std::env::args().nth(3).as_deref() == Some("bulk");
+        sweep_wide(&gpu, &ms, bulk_only);
     }
     if !summary.is_empty() {
         println!("\nLlama-3.1-8B forward, matmuls only (sum of the kernels above, launch gaps excluded):");
@@ -590,8 +594,9 @@ fn main() {
 }
 
 /// Tensor-core work splits incl. K split across blocks, at the given row counts (default
-/// M = 64, tree verify), per 8B shape: the default tiling first, then the fastest.
-fn sweep_wide(gpu: &Gpu, ms: &[u32]) {
+/// M = 64, tree verify), per 8B shape: the default tiling first, then the fastest
+/// (`bulk_only`: the row-staged splits only).
+fn sweep_wide(gpu: &Gpu, ms: &[u32], bulk_only: bool) {
     for &m in ms {
         for (label, k, n, shape, _) in LLAMA_8B_GEMVS {
             // As the plan runs it: above NORM_FUSED_MAX_ROWS rows x arrives normalised.
@@ -605,9 +610,20 @@ fn sweep_wide(gpu: &Gpu, ms: &[u32]) {
             let (g, tn_max) = if shape.1 { (2, 1) } else { (1, 2) };
             let tns: Vec<u32> = (1..=tn_max).collect();
             let wide = [(8, 1), (4, 2), (2, 4), (1, 8)];
-            let mut tilings = splits(&tns, &wide, &[2, 3], &[1, 2], Feed::Prefetch);
-            let staged = Feed::Smem { stages: 4 };
-            tilings.extend(splits(&[1, 2], &wide[..2], &[1, 2], &[1, 2, 4], staged));
+            let mut tilings = Vec::new();
+            if !bulk_only {
+                tilings = splits(&tns, &wide, &[2, 3], &[1, 2], Feed::Prefetch);
+                let staged = Feed::Smem { stages: 4 };
+                tilings.extend(splits(&[1, 2], &wide[..2], &[1, 2], &[1, 2, 4], staged));
+            }
+            tilings.extend(xbulk_splits(
+                &case_params(&mut Plan::new(), m, k, n, shape),
+                &tns,
+            ));
+            tilings.extend(bulk_splits(
+                &case_params(&mut Plan::new(), m, k, n, shape),
+                &tns,
+            ));
             // Split-K only where the column blocks leave SMs idle.
             tilings.retain(|t| t.ks == 1 || n.div_ceil(16 * t.tn * t.wn) * g < 132);
             for t in tilings {
@@ -623,6 +639,73 @@ fn sweep_wide(gpu: &Gpu, ms: &[u32]) {
             print_rows(&rows[..rows.len().min(7)]);
         }
     }
+}
+
+/// Row-staged (bulk copy) splits: per block shape, 3 stages and the deepest ring (≤ 8) that
+/// fits (where K allows the chunks), K split across blocks while the column blocks leave SMs idle twice over.
+fn bulk_splits(p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
+    let g = if matches!(p.weights, GemvWeights::GateUp { .. }) {
+        2
+    } else {
+        1
+    };
+    let mut out = Vec::new();
+    for t in splits(
+        tns,
+        &[(2, 4), (4, 2), (1, 8), (2, 2)],
+        &[1, 2],
+        &[1, 2, 4],
+        Feed::Prefetch,
+    ) {
+        if t.ks > 1 && p.n.div_ceil(16 * t.tn * t.wn) * g >= 264 {
+            continue;
+        }
+        let bulk = |stages| MmaTiling {
+            feed: Feed::Bulk { stages },
+            ..t
+        };
+        if let Some(deepest) = (2..=8)
+            .rev()
+            .find(|&s| gemv_mma::validate(p, &bulk(s)).is_ok())
+        {
+            let mut depths = vec![deepest.min(3), deepest];
+            depths.dedup();
+            out.extend(depths.into_iter().map(bulk));
+        }
+    }
+    out
+}
+
+/// x-staged (bulk copy) splits with weights prefetched 4 or 8 units deep per warp, 2 and 4
+/// stages, K split across blocks while the column blocks leave SMs idle twice over.
+fn xbulk_splits(p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
+    let g = if matches!(p.weights, GemvWeights::GateUp { .. }) {
+        2
+    } else {
+        1
+    };
+    let mut out = Vec::new();
+    for t in splits(
+        tns,
+        &[(8, 1), (4, 2), (2, 4)],
+        &[4, 8],
+        &[1, 2, 4],
+        Feed::Prefetch,
+    ) {
+        if t.ks > 1 && p.n.div_ceil(16 * t.tn * t.wn) * g >= 264 {
+            continue;
+        }
+        for stages in [2, 4] {
+            let x = MmaTiling {
+                feed: Feed::XBulk { stages },
+                ..t
+            };
+            if gemv_mma::validate(p, &x).is_ok() {
+                out.push(x);
+            }
+        }
+    }
+    out
 }
 
 /// Every combination of the given tiles per warp, (warps across N, warps across K), units
@@ -654,10 +737,15 @@ fn splits(
     out
 }
 
-/// The split `KB_TILING=tn,wn,wk,unroll,ks[,stages]` names (`None` when unset).
+/// The split `KB_TILING=tn,wn,wk,unroll,ks[,stages[,bulk|xbulk]]` names (`None` when unset);
+/// a seventh field `bulk` stages rows with the copy engine ([`Feed::Bulk`]), `xbulk` x rows
+/// only ([`Feed::XBulk`]).
 fn env_tiling() -> Option<MmaTiling> {
-    let v: Vec<u32> = std::env::var("KB_TILING")
-        .ok()?
+    let spec = std::env::var("KB_TILING").ok()?;
+    let (bulk, xbulk) = (spec.ends_with(",bulk"), spec.ends_with(",xbulk"));
+    let v: Vec<u32> = spec
+        .trim_end_matches(",bulk")
+        .trim_end_matches(",xbulk")
         .split(',')
         .map(|x| x.parse().expect("KB_TILING: comma-separated integers"))
         .collect();
@@ -668,6 +756,8 @@ fn env_tiling() -> Option<MmaTiling> {
         unroll: v[3],
         ks: v[4],
         feed: match v.get(5) {
+            Some(&stages) if bulk => Feed::Bulk { stages },
+            Some(&stages) if xbulk => Feed::XBulk { stages },
             Some(&stages) => Feed::Smem { stages },
             None => Feed::Prefetch,
         },

@@ -243,14 +243,10 @@ impl Ctx<'_> {
     fn gemv(&mut self, p: &GemvParams, rows: u32) -> Result<KernelSource, Error> {
         let split = match gemv_mma::select_split_needs(p, rows) {
             None => None,
+            // More output tiles than counters (long prefill row counts): the same split
+            // without K split across blocks (enough blocks from the row tiles).
             Some(needs) if needs.counters > SPLIT_COUNTERS => {
-                return Err(unsupported(
-                    "matmul",
-                    format!(
-                        "split-K over {} tiles exceeds the {SPLIT_COUNTERS} counters",
-                        needs.counters
-                    ),
-                ))
+                return gemv_mma::select_unsplit(p)
             }
             Some(needs) => Some(gemv_mma::SplitScratch {
                 partials: self.scratch(needs.partial_bytes),

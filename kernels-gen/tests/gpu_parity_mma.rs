@@ -345,3 +345,123 @@ fn gemv_mma_staged_operands() {
         check_gemv(&gpu, c);
     }
 }
+
+/// Rows staged by the copy engine (`Feed::Bulk`): ragged row tiles (x rows past the tile
+/// clamped), N past the last whole block (weight rows clamped), several row tiles, split-K
+/// across blocks, argmax partials, gate/up, residual, f16 with an f32 output.
+#[test]
+fn gemv_mma_bulk_operands() {
+    let Some(gpu) = Gpu::new() else { return };
+    let bulk = |tn, wn, wk, unroll, ks, stages| {
+        Kernel::Mma(Some(MmaTiling {
+            tn,
+            wn,
+            wk,
+            unroll,
+            feed: Feed::Bulk { stages },
+            ks,
+        }))
+    };
+    let cases = [
+        GemvCase {
+            k: 1024,
+            n: 520,
+            gate_up: true,
+            kernel: bulk(1, 4, 2, 2, 1, 2),
+            ..rows(40)
+        },
+        GemvCase {
+            b: 3,
+            t: 20,
+            row_tile: 24,
+            k: 1536,
+            n: 1000,
+            argmax: true,
+            out: None,
+            kernel: bulk(2, 2, 4, 1, 3, 2),
+            ..MMA
+        },
+        GemvCase {
+            k: 4096,
+            n: 4096,
+            residual: true,
+            kernel: bulk(2, 2, 4, 1, 2, 4),
+            ..rows(64)
+        },
+        GemvCase {
+            k: 384,
+            n: 500,
+            x_dtype: Dtype::F16,
+            w_dtype: Dtype::F16,
+            out: Some(Dtype::F32),
+            kernel: bulk(2, 8, 1, 3, 1, 3),
+            ..rows(9)
+        },
+        GemvCase {
+            k: 4096,
+            n: 6144,
+            kernel: bulk(1, 2, 4, 2, 1, 2),
+            ..rows(64)
+        },
+    ];
+    for c in cases {
+        check_gemv(&gpu, c);
+    }
+}
+
+/// x rows staged by the copy engine, weights prefetched into registers (`Feed::XBulk`):
+/// the ring wraps several times, ragged row tiles, split-K across blocks, argmax partials,
+/// gate/up, residual, f16 with an f32 output.
+#[test]
+fn gemv_mma_xbulk_operands() {
+    let Some(gpu) = Gpu::new() else { return };
+    let xbulk = |tn, wn, wk, unroll, ks, stages| {
+        Kernel::Mma(Some(MmaTiling {
+            tn,
+            wn,
+            wk,
+            unroll,
+            feed: Feed::XBulk { stages },
+            ks,
+        }))
+    };
+    let cases = [
+        GemvCase {
+            k: 1024,
+            n: 520,
+            gate_up: true,
+            kernel: xbulk(1, 4, 2, 4, 1, 2),
+            ..rows(40)
+        },
+        GemvCase {
+            b: 3,
+            t: 20,
+            row_tile: 24,
+            k: 1536,
+            n: 1000,
+            argmax: true,
+            out: None,
+            kernel: xbulk(2, 2, 4, 4, 3, 2),
+            ..MMA
+        },
+        GemvCase {
+            k: 4096,
+            n: 4096,
+            residual: true,
+            kernel: xbulk(1, 8, 1, 8, 2, 3),
+            ..rows(64)
+        },
+        GemvCase {
+            k: 384,
+            n: 500,
+            x_dtype: Dtype::F16,
+            w_dtype: Dtype::F16,
+            out: Some(Dtype::F32),
+            kernel: xbulk(2, 8, 1, 4, 1, 3),
+            ..rows(9)
+        },
+    ];
+    for c in cases {
+        check_gemv(&gpu, c);
+    }
+}

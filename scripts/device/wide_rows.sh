@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call after the wide-row-tile changes (norm unfused above 16 rows): GPU tests
-# through those paths, then old/new A/B of verify-64 and DDTree-64 and the budget sweep.
+# One device call after a change to the wide row tiles (above 16 rows): old/new A/B of
+# verify-64 and DDTree-64, GPU tests through those paths, then the budget sweep.
 # Binaries in .gpu/ (specc, specc_old, tests/*); tables to stdout and $OUT.
 set -uo pipefail
 export SPECC_CACHE_DIR=/tmp/specc-cache
@@ -10,11 +10,6 @@ t() { # name, timeout, binary
   timeout "$2" "$3" --test-threads=1 > "$OUT/$1.log" 2>&1; echo "rc=$?"
   grep -E "panicked|test result|FAILED" "$OUT/$1.log" | tail -4
 }
-t mma 60 .gpu/tests/gpu_parity_mma
-t ddtree 120 .gpu/tests/gpu_ddtree
-t eagle3_tree 120 .gpu/tests/gpu_eagle3_tree
-t e2e 90 .gpu/tests/gpu_e2e
-t dflash 90 .gpu/tests/gpu_dflash
 C=bench/configs
 b() { # binary, args...
   local bin=$1; shift
@@ -25,6 +20,11 @@ for bin in specc_old specc; do
   b $bin --tokens 64
   b $bin --spec $C/ddtree-b64.toml
 done
+t mma 60 .gpu/tests/gpu_parity_mma
+t ddtree 120 .gpu/tests/gpu_ddtree
+t eagle3_tree 120 .gpu/tests/gpu_eagle3_tree
+t e2e 90 .gpu/tests/gpu_e2e
+t dflash 90 .gpu/tests/gpu_dflash
 b specc
 b specc --tokens 8
 b specc --tokens 16

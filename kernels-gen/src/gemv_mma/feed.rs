@@ -230,7 +230,7 @@ fn emit_x_load(w: &mut Writer, p: &GemvParams, dst: &str) {
 
 /// Loads unit `unit` (an expression; `i` is the slot) into `wa[i]` (`xb[i]` when x is
 /// prefetched, `gn[i]` with the fused norm).
-fn emit_load(w: &mut Writer, p: &GemvParams, t: &MmaTiling, unit: &str) {
+pub(super) fn emit_load(w: &mut Writer, p: &GemvParams, t: &MmaTiling, unit: &str) {
     w.scope(|w| {
         emit!(w, "const int u = {unit};");
         emit_unit_ok(w, p);

@@ -39,6 +39,7 @@ use crate::qkv_rope;
 use crate::writer::{emit, Writer};
 use crate::Error;
 
+mod bulk;
 mod epilogue;
 mod feed;
 mod reduce;
@@ -58,6 +59,8 @@ const STAGED_SMEM_MAX: u64 = 160 * 1024;
 pub const ROPE_PAIR_STRIDE: u32 = 8;
 /// The module items: mma, loads and the fused-norm fragment transform.
 const MMA_HELPERS: &str = include_str!("../../cuda/mma.cuh");
+/// Module items of [`Feed::Bulk`]: mbarriers and bulk copies.
+const BULK_HELPERS: &str = include_str!("../../cuda/bulk_copy.cuh");
 
 /// The work split of one kernel (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,6 +95,16 @@ pub enum Feed {
     /// in flight do not cost registers); the fused RMSNorm is applied once per x element
     /// while staging. Each x byte leaves L2 once per block.
     Smem { stages: u32 },
+    /// Whole rows (weights of the block's columns, x rows of the tile) staged in shared
+    /// memory by the copy engine (`cp.async.bulk`, one copy per row and chunk of `WK ·
+    /// unroll` units, completing on a per-stage mbarrier), `stages − 1` chunks ahead. No
+    /// fused norm; K must be tiled exactly by the chunks of every split.
+    Bulk { stages: u32 },
+    /// x rows staged by the copy engine as in [`Feed::Bulk`] (one copy per row and chunk,
+    /// shared by every warp of the block), weights prefetched into registers `unroll` units
+    /// ahead per warp as in [`Feed::XAtUse`]: no x registers held, so deeper weight
+    /// prefetch. Same conditions as [`Feed::Bulk`].
+    XBulk { stages: u32 },
 }
 
 impl MmaTiling {
@@ -179,6 +192,20 @@ pub fn select(p: &GemvParams, split: Option<SplitScratch>) -> Result<KernelSourc
     }
 }
 
+/// [`select`] with K not split across blocks (the plan's fallback where split-K would need
+/// more counters than it has).
+pub fn select_unsplit(p: &GemvParams) -> Result<KernelSource, Error> {
+    if supports(p) {
+        let t = MmaTiling {
+            ks: 1,
+            ..tiling(p)
+        };
+        gemv_mma_split(p, &t, None)
+    } else {
+        gemv(p)
+    }
+}
+
 /// The largest row tile whose q/k/v projection carries RoPE + KV write in its epilogue.
 /// Measured in the step graph (H200, 8B, ctx 1024, verify A/B in one call): fused at one
 /// row 5.250 vs 5.331 ms per decode; fused at 8 rows 6.184 vs 6.003 ms per verify-8 (the
@@ -237,10 +264,13 @@ fn red_bytes(p: &GemvParams, t: &MmaTiling) -> u64 {
 /// bytes of each weight row of the block (`G · 16 · TN · WN` rows) and of each x row of
 /// the tile padded to 8; 0 for the register feeds.
 fn staged_bytes(p: &GemvParams, t: &MmaTiling) -> u64 {
+    let rows = (mats(p) * 16 * t.tn * t.wn + mt8(p) * 8) as u64;
+    let units = t.wk * t.unroll;
     match t.feed {
-        Feed::Smem { stages } => {
-            let rows = mats(p) * 16 * t.tn * t.wn + mt8(p) * 8;
-            stages as u64 * (t.wk * t.unroll) as u64 * rows as u64 * 64
+        Feed::Smem { stages } => stages as u64 * units as u64 * rows * 64,
+        Feed::Bulk { stages } => stages as u64 * rows * bulk::row_stride_bytes(units) as u64,
+        Feed::XBulk { stages } => {
+            stages as u64 * (mt8(p) * 8) as u64 * bulk::row_stride_bytes(units) as u64
         }
         _ => 0,
     }
@@ -304,6 +334,9 @@ const WIDE_MIN_BLOCKS: u64 = 96;
 /// operands staged in shared memory ([`Feed::Smem`]): the same splits stayed fastest or
 /// within 1–2 % (qkv 34.5, o 26.5, gate/up 110, down 70, lm-head 430 µs).
 pub fn wide_tiling(p: &GemvParams) -> MmaTiling {
+    if let Some(t) = wide_xbulk_tiling(p) {
+        return t;
+    }
     let g = mats(p);
     let tiles = p.n.div_ceil(16) as u64;
     let row_tiles = match p.rows {
@@ -338,6 +371,47 @@ pub fn wide_tiling(p: &GemvParams) -> MmaTiling {
     t
 }
 
+/// Above 16 rows where x arrives normalised and whole chunks tile K: x rows staged by the
+/// copy engine in 2 stages, weights prefetched into registers ([`Feed::XBulk`]), one 16-column
+/// tile per warp. The first of these that reaches [`WIDE_MIN_BLOCKS`] blocks (and is valid):
+/// 8 warps across N owning all of K 8 units deep; the same with K split across 2 or 4 blocks
+/// where each split keeps more than 64 units (long K); 4 × 2 warps 8 units deep; 2 × 4 warps
+/// 4 units deep. Measured (`kernel_bench wide 64 bulk`, H200, Llama-3.1-8B shapes at M = 64,
+/// µs, register prefetch → this): qkv 35.2 → 25.6 (4 × 2), o 26.5 → 23.5 (2 × 4), gate/up
+/// 110.8 → 81.1, down 70.6 → 50.0 (K split 4 ways), lm-head 432.5 → 291.5 (85 % of copy
+/// bandwidth); each the fastest of its sweep (70 x-staged splits per shape, 2 or 4 stages,
+/// 4 or 8 units). At M = 64 and 16-unit chunks the ring needs 139 KiB of shared memory: more
+/// than an sm_120 block may use (99 KiB), where loading the plan fails with that message.
+fn wide_xbulk_tiling(p: &GemvParams) -> Option<MmaTiling> {
+    let tiles = p.n.div_ceil(16) as u64;
+    let row_tiles = match p.rows {
+        crate::abi::Rows::Fixed(r) => r.div_ceil(p.row_tile).max(1) as u64,
+        _ => 1,
+    };
+    let blocks = |wn: u32, ks: u32| tiles.div_ceil(wn as u64) * row_tiles * ks as u64;
+    let split = |wn, wk, unroll, ks| MmaTiling {
+        tn: 1,
+        wn,
+        wk,
+        unroll,
+        feed: Feed::XBulk { stages: 2 },
+        ks,
+    };
+    let units = p.k / 32;
+    let mut candidates = vec![split(8, 1, 8, 1)];
+    candidates.extend(
+        [2, 4]
+            .into_iter()
+            .filter(|&ks| units / ks > 64)
+            .map(|ks| split(8, 1, 8, ks)),
+    );
+    candidates.extend([split(4, 2, 8, 1), split(2, 4, 4, 1)]);
+    candidates
+        .into_iter()
+        .filter(|t| validate(p, t).is_ok())
+        .find(|t| blocks(t.wn, t.ks) >= WIDE_MIN_BLOCKS)
+}
+
 /// Argmax partials each row gets (the grid's x extent).
 pub fn partials_per_row(p: &GemvParams, t: &MmaTiling) -> u32 {
     p.n.div_ceil(16 * t.tn * t.wn)
@@ -355,8 +429,23 @@ pub fn validate(p: &GemvParams, t: &MmaTiling) -> Result<(), Error> {
     if !p.x.aligned(16) {
         return err("x", "rows must be 16-byte aligned");
     }
-    if matches!(t.feed, Feed::Smem { stages } if stages < 2) {
+    if matches!(t.feed, Feed::Smem { stages } | Feed::Bulk { stages } | Feed::XBulk { stages } if stages < 2)
+    {
         return err("tiling", "a staged ring needs at least 2 stages");
+    }
+    if let Feed::Bulk { .. } | Feed::XBulk { .. } = t.feed {
+        if p.norm.is_some() {
+            return err(
+                "norm",
+                "the bulk-copy feeds stage x as stored: no fused norm",
+            );
+        }
+        if !bulk::chunks_cover_k(p.k, t.ks, t.wk * t.unroll) {
+            return err(
+                "k",
+                "the bulk-copy feeds need K / 32 to be a multiple of ks · wk · unroll",
+            );
+        }
     }
     if t.tn == 0 || t.wn == 0 || t.wk == 0 || t.unroll == 0 || t.ks == 0 || t.warps() > 32 {
         return err(
@@ -432,8 +521,12 @@ pub fn gemv_mma_split(
         FAMILY
     };
     let mut kb = KernelBuilder::new(family, p.w_dtype);
-    if matches!(t.feed, Feed::Smem { .. }) {
+    let bulk_feed = matches!(t.feed, Feed::Bulk { .. } | Feed::XBulk { .. });
+    if bulk_feed || matches!(t.feed, Feed::Smem { .. }) {
         kb.items.line(crate::CP_ASYNC_ITEMS.trim_end());
+    }
+    if bulk_feed {
+        kb.items.line(BULK_HELPERS.trim_end());
     }
     kb.items.line(MMA_HELPERS.trim_end());
     if let Some(r) = &p.rope {
@@ -530,10 +623,11 @@ pub fn gemv_mma_split(
         Dtype::F16 => "mma_k32_f16",
         _ => "mma_k32_bf16",
     };
-    if let Feed::Smem { stages } = t.feed {
-        feed::emit_smem_main_loop(w, p, stages, mma);
-    } else {
-        feed::emit_register_main_loop(w, p, t, mma);
+    match t.feed {
+        Feed::Smem { stages } => feed::emit_smem_main_loop(w, p, stages, mma),
+        Feed::Bulk { stages } => bulk::emit_bulk_main_loop(w, p, stages, mma),
+        Feed::XBulk { stages } => bulk::emit_xbulk_main_loop(w, p, t, stages, mma),
+        Feed::Prefetch | Feed::XAtUse => feed::emit_register_main_loop(w, p, t, mma),
     }
 
     if t.wk > 1 {
