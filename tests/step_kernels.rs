@@ -364,7 +364,9 @@ fn every_step_kernel_compiles_for_every_arch() {
         for l in plan.launches {
             // The tree steps' own kernels (every arch); the rest as the DFlash step's.
             let tree_step = name.contains("ddtree") || name.contains("eagle3 tree");
-            let archs = if tree_step && tree_kernel(&l.kernel.name) {
+            // Wide matmuls that stage x by bulk copies (mbarrier + cp.async.bulk PTX): every arch.
+            let x_staged = l.kernel.kernel.contains("bulk_copy_g2s(");
+            let archs = if (tree_step && tree_kernel(&l.kernel.name)) || x_staged {
                 &Arch::ALL[..]
             } else {
                 archs
@@ -395,6 +397,36 @@ fn every_step_kernel_compiles_for_every_arch() {
         "{} NVRTC compiles (dense graphs for {:?}, the speculative steps for sm_90a)",
         jobs.len(),
         Arch::ALL
+    );
+}
+
+/// The embedded default's 80-node DDTree verify (81 rows: row tiles of 64) runs its wide
+/// bf16 matmuls whose K is tiled by whole chunks with x staged by bulk copies
+/// (`gemv_mma::Feed::XBulk`), the path the device tests of that step then exercise.
+#[test]
+fn default_tree_verify_stages_x_by_bulk_copies() {
+    let (name, g, bind) = shipped_graphs()
+        .into_iter()
+        .find(|(n, ..)| n == "default: ddtree step")
+        .unwrap();
+    let c = specc_codegen::compile(g, &[bind]).unwrap();
+    let plan = plan_kernels(&c.graph, &c.groups, &c.plans[0]).unwrap();
+    let staged: Vec<&str> = plan
+        .launches
+        .iter()
+        .filter(|l| l.kernel.kernel.contains("bulk_copy_g2s("))
+        .map(|l| l.kernel.name.as_str())
+        .collect();
+    assert!(
+        staged.iter().all(|n| n.starts_with("gemv_mma_bf16")),
+        "{name}: {staged:?}"
+    );
+    // q|k|v, o and gate/up of every target layer (K = hidden = 256) and the lm-head.
+    let layers = 6;
+    assert!(
+        staged.len() > 3 * layers,
+        "{name}: {} launches",
+        staged.len()
     );
 }
 

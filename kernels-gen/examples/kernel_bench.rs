@@ -137,6 +137,7 @@ fn gemv_case(
                     Feed::Smem { stages } => format!(" smem{stages}"),
                     Feed::Bulk { stages } => format!(" bulk{stages}"),
                     Feed::XBulk { stages } => format!(" xbulk{stages}"),
+                    Feed::XAsync { stages } => format!(" xasync{stages}"),
                 }
             );
             let scratch = split_needs(&p, &t, m).map(|nd| SplitScratch {
@@ -571,9 +572,11 @@ fn main() {
                     .collect()
             })
             .unwrap_or(vec![64]);
-        // A third argument `bulk` sweeps the row-staged (bulk copy) splits only.
-        let bulk_only = std::env::args().nth(3).as_deref() == Some("bulk");
-        sweep_wide(&gpu, &ms, bulk_only);
+        // A third argument `bulk` sweeps the copy-engine splits only (`xbulk`: the x-staged
+        // ones only); a fourth keeps the shapes whose label contains it.
+        let feeds = std::env::args().nth(3).unwrap_or_default();
+        let filter = std::env::args().nth(4).unwrap_or_default();
+        sweep_wide(&gpu, &ms, &feeds, &filter);
     }
     if !summary.is_empty() {
         println!("\nLlama-3.1-8B forward, matmuls only (sum of the kernels above, launch gaps excluded):");
@@ -596,9 +599,13 @@ fn main() {
 /// Tensor-core work splits incl. K split across blocks, at the given row counts (default
 /// M = 64, tree verify), per 8B shape: the default tiling first, then the fastest
 /// (`bulk_only`: the row-staged splits only).
-fn sweep_wide(gpu: &Gpu, ms: &[u32], bulk_only: bool) {
+fn sweep_wide(gpu: &Gpu, ms: &[u32], feeds: &str, filter: &str) {
+    let bulk_only = feeds == "bulk" || feeds == "xbulk";
     for &m in ms {
         for (label, k, n, shape, _) in LLAMA_8B_GEMVS {
+            if !label.contains(filter) {
+                continue;
+            }
             // As the plan runs it: above NORM_FUSED_MAX_ROWS rows x arrives normalised.
             let shape = (
                 shape.0 && m <= gemv_mma::NORM_FUSED_MAX_ROWS,
@@ -620,10 +627,12 @@ fn sweep_wide(gpu: &Gpu, ms: &[u32], bulk_only: bool) {
                 &case_params(&mut Plan::new(), m, k, n, shape),
                 &tns,
             ));
-            tilings.extend(bulk_splits(
-                &case_params(&mut Plan::new(), m, k, n, shape),
-                &tns,
-            ));
+            if feeds != "xbulk" {
+                tilings.extend(bulk_splits(
+                    &case_params(&mut Plan::new(), m, k, n, shape),
+                    &tns,
+                ));
+            }
             // Split-K only where the column blocks leave SMs idle.
             tilings.retain(|t| t.ks == 1 || n.div_ceil(16 * t.tn * t.wn) * g < 132);
             for t in tilings {
@@ -687,15 +696,15 @@ fn xbulk_splits(p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
     let mut out = Vec::new();
     for t in splits(
         tns,
-        &[(8, 1), (4, 2), (2, 4)],
-        &[4, 8],
+        &[(8, 1), (4, 2), (2, 4), (1, 8)],
+        &[2, 4, 8],
         &[1, 2, 4],
         Feed::Prefetch,
     ) {
         if t.ks > 1 && p.n.div_ceil(16 * t.tn * t.wn) * g >= 264 {
             continue;
         }
-        for stages in [2, 4] {
+        for stages in [2, 3] {
             let x = MmaTiling {
                 feed: Feed::XBulk { stages },
                 ..t
@@ -743,9 +752,11 @@ fn splits(
 fn env_tiling() -> Option<MmaTiling> {
     let spec = std::env::var("KB_TILING").ok()?;
     let (bulk, xbulk) = (spec.ends_with(",bulk"), spec.ends_with(",xbulk"));
+    let xasync = spec.ends_with(",xasync");
     let v: Vec<u32> = spec
         .trim_end_matches(",bulk")
         .trim_end_matches(",xbulk")
+        .trim_end_matches(",xasync")
         .split(',')
         .map(|x| x.parse().expect("KB_TILING: comma-separated integers"))
         .collect();
@@ -758,6 +769,7 @@ fn env_tiling() -> Option<MmaTiling> {
         feed: match v.get(5) {
             Some(&stages) if bulk => Feed::Bulk { stages },
             Some(&stages) if xbulk => Feed::XBulk { stages },
+            Some(&stages) if xasync => Feed::XAsync { stages },
             Some(&stages) => Feed::Smem { stages },
             None => Feed::Prefetch,
         },

@@ -245,9 +245,7 @@ impl Ctx<'_> {
             None => None,
             // More output tiles than counters (long prefill row counts): the same split
             // without K split across blocks (enough blocks from the row tiles).
-            Some(needs) if needs.counters > SPLIT_COUNTERS => {
-                return gemv_mma::select_unsplit(p)
-            }
+            Some(needs) if needs.counters > SPLIT_COUNTERS => return gemv_mma::select_unsplit(p),
             Some(needs) => Some(gemv_mma::SplitScratch {
                 partials: self.scratch(needs.partial_bytes),
                 counters: self.counters,

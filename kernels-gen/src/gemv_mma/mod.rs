@@ -196,10 +196,7 @@ pub fn select(p: &GemvParams, split: Option<SplitScratch>) -> Result<KernelSourc
 /// more counters than it has).
 pub fn select_unsplit(p: &GemvParams) -> Result<KernelSource, Error> {
     if supports(p) {
-        let t = MmaTiling {
-            ks: 1,
-            ..tiling(p)
-        };
+        let t = MmaTiling { ks: 1, ..tiling(p) };
         gemv_mma_split(p, &t, None)
     } else {
         gemv(p)
@@ -373,7 +370,8 @@ pub fn wide_tiling(p: &GemvParams) -> MmaTiling {
 
 /// Above 16 rows where x arrives normalised and whole chunks tile K: x rows staged by the
 /// copy engine in 2 stages, weights prefetched into registers ([`Feed::XBulk`]), one 16-column
-/// tile per warp. The first of these that reaches [`WIDE_MIN_BLOCKS`] blocks (and is valid):
+/// tile per warp. The first of these that reaches [`WIDE_MIN_BLOCKS`] blocks (and is valid;
+/// where none does, small models, the valid one with the most blocks):
 /// 8 warps across N owning all of K 8 units deep; the same with K split across 2 or 4 blocks
 /// where each split keeps more than 64 units (long K); 4 × 2 warps 8 units deep; 2 × 4 warps
 /// 4 units deep. Measured (`kernel_bench wide 64 bulk`, H200, Llama-3.1-8B shapes at M = 64,
@@ -406,10 +404,15 @@ fn wide_xbulk_tiling(p: &GemvParams) -> Option<MmaTiling> {
             .map(|ks| split(8, 1, 8, ks)),
     );
     candidates.extend([split(4, 2, 8, 1), split(2, 4, 4, 1)]);
-    candidates
+    let valid: Vec<MmaTiling> = candidates
         .into_iter()
         .filter(|t| validate(p, t).is_ok())
+        .collect();
+    let most_blocks = valid.iter().copied().max_by_key(|t| blocks(t.wn, t.ks));
+    valid
+        .into_iter()
         .find(|t| blocks(t.wn, t.ks) >= WIDE_MIN_BLOCKS)
+        .or(most_blocks)
 }
 
 /// Argmax partials each row gets (the grid's x extent).
