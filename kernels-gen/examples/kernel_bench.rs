@@ -137,7 +137,6 @@ fn gemv_case(
                     Feed::Smem { stages } => format!(" smem{stages}"),
                     Feed::Bulk { stages } => format!(" bulk{stages}"),
                     Feed::XBulk { stages } => format!(" xbulk{stages}"),
-                    Feed::XAsync { stages } => format!(" xasync{stages}"),
                 }
             );
             let scratch = split_needs(&p, &t, m).map(|nd| SplitScratch {
@@ -752,11 +751,9 @@ fn splits(
 fn env_tiling() -> Option<MmaTiling> {
     let spec = std::env::var("KB_TILING").ok()?;
     let (bulk, xbulk) = (spec.ends_with(",bulk"), spec.ends_with(",xbulk"));
-    let xasync = spec.ends_with(",xasync");
     let v: Vec<u32> = spec
         .trim_end_matches(",bulk")
         .trim_end_matches(",xbulk")
-        .trim_end_matches(",xasync")
         .split(',')
         .map(|x| x.parse().expect("KB_TILING: comma-separated integers"))
         .collect();
@@ -769,7 +766,6 @@ fn env_tiling() -> Option<MmaTiling> {
         feed: match v.get(5) {
             Some(&stages) if bulk => Feed::Bulk { stages },
             Some(&stages) if xbulk => Feed::XBulk { stages },
-            Some(&stages) if xasync => Feed::XAsync { stages },
             Some(&stages) => Feed::Smem { stages },
             None => Feed::Prefetch,
         },
