@@ -30,6 +30,18 @@ fn rows(m: u32) -> GemvCase {
     }
 }
 
+/// An explicit work split: `(tn, wn, wk, unroll, ks)` and the operand feed.
+fn tiled((tn, wn, wk, unroll, ks): (u32, u32, u32, u32, u32), feed: Feed) -> Kernel {
+    Kernel::Mma(Some(MmaTiling {
+        tn,
+        wn,
+        wk,
+        unroll,
+        feed,
+        ks,
+    }))
+}
+
 #[test]
 fn gemv_mma_row_counts_and_epilogues() {
     let Some(gpu) = Gpu::new() else { return };
@@ -285,23 +297,13 @@ fn gemv_simt_and_mma_share_epilogues() {
 #[test]
 fn gemv_mma_staged_operands() {
     let Some(gpu) = Gpu::new() else { return };
-    let staged = |tn, wn, wk, unroll, ks, stages| {
-        Kernel::Mma(Some(MmaTiling {
-            tn,
-            wn,
-            wk,
-            unroll,
-            feed: Feed::Smem { stages },
-            ks,
-        }))
-    };
     let cases = [
         GemvCase {
             k: 1000,
             n: 520,
             norm: true,
             gate_up: true,
-            kernel: staged(1, 4, 2, 2, 1, 3),
+            kernel: tiled((1, 4, 2, 2, 1), Feed::Smem { stages: 3 }),
             ..rows(40)
         },
         GemvCase {
@@ -313,14 +315,14 @@ fn gemv_mma_staged_operands() {
             norm: true,
             argmax: true,
             out: None,
-            kernel: staged(2, 2, 4, 3, 3, 2),
+            kernel: tiled((2, 2, 4, 3, 3), Feed::Smem { stages: 2 }),
             ..MMA
         },
         GemvCase {
             k: 4096,
             n: 4096,
             residual: true,
-            kernel: staged(4, 2, 1, 1, 2, 6),
+            kernel: tiled((4, 2, 1, 1, 2), Feed::Smem { stages: 6 }),
             ..rows(64)
         },
         GemvCase {
@@ -330,14 +332,14 @@ fn gemv_mma_staged_operands() {
             w_dtype: Dtype::F16,
             out: Some(Dtype::F32),
             norm: true,
-            kernel: staged(2, 8, 1, 2, 1, 4),
+            kernel: tiled((2, 8, 1, 2, 1), Feed::Smem { stages: 4 }),
             ..rows(9)
         },
         GemvCase {
             k: 4096,
             n: 6144,
             norm: true,
-            kernel: staged(2, 4, 2, 1, 1, 4),
+            kernel: tiled((2, 4, 2, 1, 1), Feed::Smem { stages: 4 }),
             ..rows(64)
         },
     ];
@@ -352,22 +354,12 @@ fn gemv_mma_staged_operands() {
 #[test]
 fn gemv_mma_bulk_operands() {
     let Some(gpu) = Gpu::new() else { return };
-    let bulk = |tn, wn, wk, unroll, ks, stages| {
-        Kernel::Mma(Some(MmaTiling {
-            tn,
-            wn,
-            wk,
-            unroll,
-            feed: Feed::Bulk { stages },
-            ks,
-        }))
-    };
     let cases = [
         GemvCase {
             k: 1024,
             n: 520,
             gate_up: true,
-            kernel: bulk(1, 4, 2, 2, 1, 2),
+            kernel: tiled((1, 4, 2, 2, 1), Feed::Bulk { stages: 2 }),
             ..rows(40)
         },
         GemvCase {
@@ -378,14 +370,14 @@ fn gemv_mma_bulk_operands() {
             n: 1000,
             argmax: true,
             out: None,
-            kernel: bulk(2, 2, 4, 1, 3, 2),
+            kernel: tiled((2, 2, 4, 1, 3), Feed::Bulk { stages: 2 }),
             ..MMA
         },
         GemvCase {
             k: 4096,
             n: 4096,
             residual: true,
-            kernel: bulk(2, 2, 4, 1, 2, 4),
+            kernel: tiled((2, 2, 4, 1, 2), Feed::Bulk { stages: 4 }),
             ..rows(64)
         },
         GemvCase {
@@ -394,13 +386,13 @@ fn gemv_mma_bulk_operands() {
             x_dtype: Dtype::F16,
             w_dtype: Dtype::F16,
             out: Some(Dtype::F32),
-            kernel: bulk(2, 8, 1, 3, 1, 3),
+            kernel: tiled((2, 8, 1, 3, 1), Feed::Bulk { stages: 3 }),
             ..rows(9)
         },
         GemvCase {
             k: 4096,
             n: 6144,
-            kernel: bulk(1, 2, 4, 2, 1, 2),
+            kernel: tiled((1, 2, 4, 2, 1), Feed::Bulk { stages: 2 }),
             ..rows(64)
         },
     ];
@@ -415,22 +407,12 @@ fn gemv_mma_bulk_operands() {
 #[test]
 fn gemv_mma_xbulk_operands() {
     let Some(gpu) = Gpu::new() else { return };
-    let xbulk = |tn, wn, wk, unroll, ks, stages| {
-        Kernel::Mma(Some(MmaTiling {
-            tn,
-            wn,
-            wk,
-            unroll,
-            feed: Feed::XBulk { stages },
-            ks,
-        }))
-    };
     let cases = [
         GemvCase {
             k: 1024,
             n: 520,
             gate_up: true,
-            kernel: xbulk(1, 4, 2, 4, 1, 2),
+            kernel: tiled((1, 4, 2, 4, 1), Feed::XBulk { stages: 2 }),
             ..rows(40)
         },
         GemvCase {
@@ -441,14 +423,14 @@ fn gemv_mma_xbulk_operands() {
             n: 1000,
             argmax: true,
             out: None,
-            kernel: xbulk(2, 2, 4, 4, 3, 2),
+            kernel: tiled((2, 2, 4, 4, 3), Feed::XBulk { stages: 2 }),
             ..MMA
         },
         GemvCase {
             k: 4096,
             n: 4096,
             residual: true,
-            kernel: xbulk(1, 8, 1, 8, 2, 3),
+            kernel: tiled((1, 8, 1, 8, 2), Feed::XBulk { stages: 3 }),
             ..rows(64)
         },
         GemvCase {
@@ -457,7 +439,7 @@ fn gemv_mma_xbulk_operands() {
             x_dtype: Dtype::F16,
             w_dtype: Dtype::F16,
             out: Some(Dtype::F32),
-            kernel: xbulk(2, 8, 1, 4, 1, 3),
+            kernel: tiled((2, 8, 1, 4, 1), Feed::XBulk { stages: 3 }),
             ..rows(9)
         },
     ];

@@ -41,23 +41,16 @@ pub(super) fn row_stride_bytes(units_per_chunk: u32) -> u32 {
 /// [`super::Feed::Bulk`]: weight rows and x rows from the ring.
 pub(super) fn emit_bulk_main_loop(w: &mut Writer, p: &GemvParams, stages: u32, mma: &str) {
     emit_ring_setup(w, p, stages, true);
-    w.line("float acc[AT][MT8][4];");
-    for_each_acc(w, |w| w.line("acc[a][mt][d] = 0.0f;"));
-    w.line("#pragma unroll 1");
-    w.for_block("int c0 = ub, n = 0", "c0 < ue", "c0 += CH, ++n", |w| {
-        emit_ring_advance(w, p, true);
-        w.for_unrolled("i", 0, "U", |w| {
-            w.line("const int jb = (wk + i * WK) * 64 + 16 * t;  // this lane's bytes of its chunk unit");
-            w.line("uint4 wa[AT][2];");
-            w.for_unrolled("tn", 0, "TN", |w| {
-                w.for_unrolled("gm", 0, "G", |w| {
-                    w.for_unrolled("h", 0, 2, |w| {
-                        w.line("wa[tn * G + gm][h] = *reinterpret_cast<const uint4*>(st + (gm * RB + wn * 16 * TN + 16 * tn + 8 * h + g) * RSTR + jb);");
-                    });
+    emit_chunk_loop(w, p, true, |w| {
+        w.line("uint4 wa[AT][2];");
+        w.for_unrolled("tn", 0, "TN", |w| {
+            w.for_unrolled("gm", 0, "G", |w| {
+                w.for_unrolled("h", 0, 2, |w| {
+                    w.line("wa[tn * G + gm][h] = *reinterpret_cast<const uint4*>(st + (gm * RB + wn * 16 * TN + 16 * tn + 8 * h + g) * RSTR + jb);");
                 });
             });
-            emit_x_fragments(w, mma, "wa[a][0], wa[a][1]");
         });
+        emit_x_fragments(w, mma, "wa[a][0], wa[a][1]");
     });
 }
 
@@ -78,15 +71,24 @@ pub(super) fn emit_xbulk_main_loop(
     w.for_unrolled("i", 0, "U", |w| {
         feed::emit_load(w, p, t, "ub + wk + i * WK")
     });
+    emit_chunk_loop(w, p, false, |w| {
+        emit_x_fragments(w, mma, "wa[i][a][0], wa[i][a][1]");
+        feed::emit_load(w, p, t, "c0 + wk + WK * (U + i)");
+    });
+}
+
+/// Zeroes the accumulators and loops over the split's chunks: advances the ring, then runs
+/// `unit` for each of the warp's `U` units of the chunk (`i`, and `jb`: the lane's byte
+/// offset of that unit in a staged row).
+fn emit_chunk_loop(w: &mut Writer, p: &GemvParams, with_weights: bool, unit: impl Fn(&mut Writer)) {
     w.line("float acc[AT][MT8][4];");
     for_each_acc(w, |w| w.line("acc[a][mt][d] = 0.0f;"));
     w.line("#pragma unroll 1");
     w.for_block("int c0 = ub, n = 0", "c0 < ue", "c0 += CH, ++n", |w| {
-        emit_ring_advance(w, p, false);
+        emit_ring_advance(w, p, with_weights);
         w.for_unrolled("i", 0, "U", |w| {
             w.line("const int jb = (wk + i * WK) * 64 + 16 * t;  // this lane's bytes of its chunk unit");
-            emit_x_fragments(w, mma, "wa[i][a][0], wa[i][a][1]");
-            feed::emit_load(w, p, t, "c0 + wk + WK * (U + i)");
+            unit(w);
         });
     });
 }
