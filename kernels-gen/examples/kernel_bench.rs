@@ -44,6 +44,7 @@ use specc_kernels_gen::gemv_mma::{
 use specc_kernels_gen::plan::attention_splits;
 use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{rope_kv, RopeKvParams, RopeStyle, RopeTable};
+use specc_kernels_gen::Arch;
 
 /// Copy bandwidth of the H200 (read + write counted), BENCH.md.
 const CEILING_GBS: f64 = 4260.0;
@@ -235,7 +236,7 @@ fn qkv_rope_case(gpu: &Gpu, m: u32, fused: bool) -> Row {
     };
     let ks = if fused {
         p.rope = Some(out);
-        vec![gemv_mma::select(&p, None).unwrap()]
+        vec![gemv_mma::select(&p, None, Arch::Sm90a.max_smem_per_block()).unwrap()]
     } else {
         p.out = Some(qkv);
         let rope = RopeKvParams {
@@ -246,7 +247,10 @@ fn qkv_rope_case(gpu: &Gpu, m: u32, fused: bool) -> Row {
             v: qkv.cols_from(((hq + hkv) * d) as u64),
             qk_norm: None,
         };
-        vec![gemv_mma::select(&p, None).unwrap(), rope_kv(&rope).unwrap()]
+        vec![
+            gemv_mma::select(&p, None, Arch::Sm90a.max_smem_per_block()).unwrap(),
+            rope_kv(&rope).unwrap(),
+        ]
     };
     let wbytes = n as u64 * k as u64 * 2;
     let cache = (ctx * hkv * d) as u64 * 2;

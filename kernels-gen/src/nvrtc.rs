@@ -43,6 +43,15 @@ impl Arch {
             Arch::Sm120 => "sm_120",
         }
     }
+
+    /// Shared memory (static + dynamic) one block may opt into: 227 KiB on H100/H200 and
+    /// B200, 99 KiB on the sm_120 parts (CUDA programming guide, compute capabilities).
+    pub fn max_smem_per_block(self) -> u32 {
+        match self {
+            Arch::Sm90a | Arch::Sm100a => 227 * 1024,
+            Arch::Sm120 => 99 * 1024,
+        }
+    }
 }
 
 impl std::fmt::Display for Arch {

@@ -30,6 +30,7 @@ use crate::gemv::{GemvParams, GemvWeights, RmsNormPrologue};
 use crate::gemv_mma::{self, select_partials_per_row};
 use crate::generic::{single, TensorArg};
 use crate::norm::{rmsnorm, RmsNormParams};
+use crate::nvrtc::Arch;
 use crate::qkv_rope::QkvRope;
 use crate::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
 use crate::Error;
@@ -161,6 +162,32 @@ struct Ctx<'a> {
     /// The split-K counter region (see the module docs).
     counters: Loc,
     bucket: Bucket,
+    limits: DeviceLimits,
+}
+
+/// What one block of the plan's kernels may use on every device the plan targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceLimits {
+    /// Shared memory (static + dynamic) per block, bytes.
+    pub smem_per_block: u32,
+}
+
+impl DeviceLimits {
+    /// The limits every one of `archs` meets (all supported archs when empty).
+    pub fn of_archs(archs: &[Arch]) -> DeviceLimits {
+        let archs = if archs.is_empty() {
+            &Arch::ALL[..]
+        } else {
+            archs
+        };
+        DeviceLimits {
+            smem_per_block: archs
+                .iter()
+                .map(|a| a.max_smem_per_block())
+                .min()
+                .unwrap_or(0),
+        }
+    }
 }
 
 fn unsupported(op: &'static str, reason: String) -> Error {
@@ -241,18 +268,21 @@ impl Ctx<'_> {
     /// The matmul kernel for `p` over `rows` rows, with split-K scratch when its tiling
     /// asks for it.
     fn gemv(&mut self, p: &GemvParams, rows: u32) -> Result<KernelSource, Error> {
-        let split = match gemv_mma::select_split_needs(p, rows) {
+        let smem = self.limits.smem_per_block;
+        let split = match gemv_mma::select_split_needs(p, rows, smem) {
             None => None,
             // More output tiles than counters (long prefill row counts): the same split
             // without K split across blocks (enough blocks from the row tiles).
-            Some(needs) if needs.counters > SPLIT_COUNTERS => return gemv_mma::select_unsplit(p),
+            Some(needs) if needs.counters > SPLIT_COUNTERS => {
+                return gemv_mma::select_unsplit(p, smem)
+            }
             Some(needs) => Some(gemv_mma::SplitScratch {
                 partials: self.scratch(needs.partial_bytes),
                 counters: self.counters,
                 tiles: needs.counters,
             }),
         };
-        gemv_mma::select(p, split)
+        gemv_mma::select(p, split, smem)
     }
 
     /// Bucket constants for an op whose tensors are `[B, t, ...]`.
@@ -266,8 +296,20 @@ impl Ctx<'_> {
     }
 }
 
-/// Generates every launch of one bucket's plan.
+/// [`plan_kernels_for`] for every supported arch (the kernels load on any of them).
 pub fn plan_kernels(g: &Graph, groups: &[Group], plan: &LaunchPlan) -> Result<KernelPlan, Error> {
+    plan_kernels_for(g, groups, plan, DeviceLimits::of_archs(&Arch::ALL))
+}
+
+/// Generates every launch of one bucket's plan for devices with `limits` (kernels pick
+/// their work splits within them, e.g. how many stages of operands to stage in shared
+/// memory).
+pub fn plan_kernels_for(
+    g: &Graph,
+    groups: &[Group],
+    plan: &LaunchPlan,
+    limits: DeviceLimits,
+) -> Result<KernelPlan, Error> {
     let get = |d| plan.bind.get(d).unwrap_or(1) as u32;
     let bucket = Bucket {
         b: get(BucketDim::B),
@@ -285,6 +327,7 @@ pub fn plan_kernels(g: &Graph, groups: &[Group], plan: &LaunchPlan) -> Result<Ke
         scratch_max: scratch_base,
         counters: Loc::arena(counters),
         bucket,
+        limits,
     };
     let mut launches = Vec::new();
     for (i, gr) in groups.iter().enumerate() {
@@ -573,7 +616,7 @@ fn matmul_kernels(
                 View::new(cx.scratch(rows * n * dt.size()), dt, n)
             });
             let parts = if am.is_some() {
-                let per_row = select_partials_per_row(&p) as u64;
+                let per_row = select_partials_per_row(&p, cx.limits.smem_per_block) as u64;
                 let loc = cx.scratch(rows * per_row * 8);
                 p.argmax_partials = Some(loc);
                 Some((loc, per_row))

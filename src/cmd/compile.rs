@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use specc_codegen::{describe_groups, H200};
-use specc_kernels_gen::plan::plan_kernels;
+use specc_kernels_gen::plan::{plan_kernels_for, DeviceLimits};
 use specc_kernels_gen::{Arch, KernelSource, Nvrtc, PtxasStats};
 use specc_models::spec_bundle::engine_graphs;
 use specc_models::{Method, SpecConfig};
@@ -71,7 +71,10 @@ pub fn compile(a: CompileArgs) -> Result<()> {
     for eg in graphs {
         let name = eg.name;
         let c = specc_codegen::compile(eg.graph, &[eg.bind]).with_context(|| name.clone())?;
-        let kplan = plan_kernels(&c.graph, &c.groups, &c.plans[0]).with_context(|| name.clone())?;
+        // Work splits every target arch can run (e.g. shared memory per block).
+        let limits = DeviceLimits::of_archs(&archs);
+        let kplan = plan_kernels_for(&c.graph, &c.groups, &c.plans[0], limits)
+            .with_context(|| name.clone())?;
         let _ = writeln!(
             per_graph,
             "{name}: {} launches, arena {} bytes",

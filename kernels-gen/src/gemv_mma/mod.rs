@@ -155,9 +155,9 @@ pub fn split_needs(p: &GemvParams, t: &MmaTiling, rows: u32) -> Option<SplitNeed
 }
 
 /// [`split_needs`] of the kernel [`select`] generates (`None` for the CUDA-core kernel).
-pub fn select_split_needs(p: &GemvParams, rows: u32) -> Option<SplitNeeds> {
+pub fn select_split_needs(p: &GemvParams, rows: u32, smem_per_block: u32) -> Option<SplitNeeds> {
     if supports(p) {
-        split_needs(p, &tiling(p), rows)
+        split_needs(p, &tiling_within(p, smem_per_block), rows)
     } else {
         None
     }
@@ -182,11 +182,16 @@ pub fn one_row_prefers_mma(p: &GemvParams) -> bool {
     p.argmax_partials.is_none() && (p.gate_up() || p.norm.is_none())
 }
 
-/// The kernel the plan uses: [`gemv_mma`] where [`supports`] holds, else [`gemv`].
-/// `split` is the scratch [`select_split_needs`] asked for (`None` where it asked none).
-pub fn select(p: &GemvParams, split: Option<SplitScratch>) -> Result<KernelSource, Error> {
+/// The kernel the plan uses on devices whose blocks may use `smem_per_block` bytes of shared
+/// memory: [`gemv_mma`] where [`supports`] holds, else [`gemv`]. `split` is the scratch
+/// [`select_split_needs`] asked for (`None` where it asked none).
+pub fn select(
+    p: &GemvParams,
+    split: Option<SplitScratch>,
+    smem_per_block: u32,
+) -> Result<KernelSource, Error> {
     if supports(p) {
-        gemv_mma_split(p, &tiling(p), split)
+        gemv_mma_split(p, &tiling_within(p, smem_per_block), split)
     } else {
         gemv(p)
     }
@@ -194,9 +199,12 @@ pub fn select(p: &GemvParams, split: Option<SplitScratch>) -> Result<KernelSourc
 
 /// [`select`] with K not split across blocks (the plan's fallback where split-K would need
 /// more counters than it has).
-pub fn select_unsplit(p: &GemvParams) -> Result<KernelSource, Error> {
+pub fn select_unsplit(p: &GemvParams, smem_per_block: u32) -> Result<KernelSource, Error> {
     if supports(p) {
-        let t = MmaTiling { ks: 1, ..tiling(p) };
+        let t = MmaTiling {
+            ks: 1,
+            ..tiling_within(p, smem_per_block)
+        };
         gemv_mma_split(p, &t, None)
     } else {
         gemv(p)
@@ -232,9 +240,9 @@ pub fn select_carries_rope(p: &GemvParams, head_dim: u32, rotary_dim: u32) -> bo
 }
 
 /// Argmax partials per row of the kernel [`select`] generates.
-pub fn select_partials_per_row(p: &GemvParams) -> u32 {
+pub fn select_partials_per_row(p: &GemvParams, smem_per_block: u32) -> u32 {
     if supports(p) {
-        partials_per_row(p, &tiling(p))
+        partials_per_row(p, &tiling_within(p, smem_per_block))
     } else {
         p.partials_per_row()
     }
@@ -285,10 +293,19 @@ fn staged_bytes(p: &GemvParams, t: &MmaTiling) -> u64 {
 /// so the plan keeps these.
 ///
 /// Above 16 rows x traffic dominates (each weight byte meets M/8 x bytes): [`wide_tiling`].
+/// For an H100/H200-class block (227 KiB of shared memory); [`tiling_within`] for others.
 pub fn tiling(p: &GemvParams) -> MmaTiling {
+    tiling_within(p, HOPPER_SMEM_PER_BLOCK)
+}
+
+/// Shared memory an H100/H200 block may opt into.
+const HOPPER_SMEM_PER_BLOCK: u32 = 227 * 1024;
+
+/// [`tiling`] for blocks that may use `smem_per_block` bytes of shared memory.
+pub fn tiling_within(p: &GemvParams, smem_per_block: u32) -> MmaTiling {
     let (mt8, g) = (mt8(p), mats(p));
     if mt8 > 2 {
-        return wide_tiling(p);
+        return wide_tiling(p, smem_per_block);
     }
     let units = p.k.div_ceil(32);
     let tiles = p.n.div_ceil(16) as u64;
@@ -330,8 +347,8 @@ const WIDE_MIN_BLOCKS: u64 = 96;
 /// normalised beforehand ([`NORM_FUSED_MAX_ROWS`]) against deeper prefetch, split-K and
 /// operands staged in shared memory ([`Feed::Smem`]): the same splits stayed fastest or
 /// within 1–2 % (qkv 34.5, o 26.5, gate/up 110, down 70, lm-head 430 µs).
-pub fn wide_tiling(p: &GemvParams) -> MmaTiling {
-    if let Some(t) = wide_xbulk_tiling(p) {
+pub fn wide_tiling(p: &GemvParams, smem_per_block: u32) -> MmaTiling {
+    if let Some(t) = wide_xbulk_tiling(p, smem_per_block) {
         return t;
     }
     let g = mats(p);
@@ -374,13 +391,14 @@ pub fn wide_tiling(p: &GemvParams) -> MmaTiling {
 /// where none does, small models, the valid one with the most blocks):
 /// 8 warps across N owning all of K 8 units deep; the same with K split across 2 or 4 blocks
 /// where each split keeps more than 64 units (long K); 4 × 2 warps 8 units deep; 2 × 4 warps
-/// 4 units deep. Measured (`kernel_bench wide 64 bulk`, H200, Llama-3.1-8B shapes at M = 64,
+/// 4 units deep; K split across blocks with 8-unit chunks where the 16-unit ones exceed the
+/// block's shared memory. Measured (`kernel_bench wide 64 bulk`, H200, Llama-3.1-8B shapes at M = 64,
 /// µs, register prefetch → this): qkv 35.2 → 25.6 (4 × 2), o 26.5 → 23.5 (2 × 4), gate/up
 /// 110.8 → 81.1, down 70.6 → 50.0 (K split 4 ways), lm-head 432.5 → 291.5 (85 % of copy
 /// bandwidth); each the fastest of its sweep (70 x-staged splits per shape, 2 or 4 stages,
-/// 4 or 8 units). At M = 64 and 16-unit chunks the ring needs 139 KiB of shared memory: more
-/// than an sm_120 block may use (99 KiB), where loading the plan fails with that message.
-fn wide_xbulk_tiling(p: &GemvParams) -> Option<MmaTiling> {
+/// 4 or 8 units). Only splits whose block fits `smem_per_block` (static + dynamic) are
+/// candidates: at M = 64 the 16-unit rings need 139 KiB, more than an sm_120 block may use.
+fn wide_xbulk_tiling(p: &GemvParams, smem_per_block: u32) -> Option<MmaTiling> {
     let tiles = p.n.div_ceil(16) as u64;
     let row_tiles = match p.rows {
         crate::abi::Rows::Fixed(r) => r.div_ceil(p.row_tile).max(1) as u64,
@@ -404,15 +422,43 @@ fn wide_xbulk_tiling(p: &GemvParams) -> Option<MmaTiling> {
             .map(|ks| split(8, 1, 8, ks)),
     );
     candidates.extend([split(4, 2, 8, 1), split(2, 4, 4, 1)]);
+    // Where the 16-unit chunks above do not fit (sm_120's 99 KiB at 64 rows): K split
+    // across blocks with 8-unit chunks (74 KiB; H200 at M = 64: qkv 27.1, o 24.9 µs).
+    candidates.extend(
+        [2, 4]
+            .into_iter()
+            .filter(|&ks| units / ks <= 64)
+            .map(|ks| split(8, 1, 8, ks)),
+    );
     let valid: Vec<MmaTiling> = candidates
         .into_iter()
-        .filter(|t| validate(p, t).is_ok())
+        .filter(|t| validate(p, t).is_ok() && block_smem_bytes(p, t) <= smem_per_block as u64)
         .collect();
     let most_blocks = valid.iter().copied().max_by_key(|t| blocks(t.wn, t.ks));
     valid
         .into_iter()
         .find(|t| blocks(t.wn, t.ks) >= WIDE_MIN_BLOCKS)
         .or(most_blocks)
+}
+
+/// Shared memory one block of the kernel uses, static and dynamic, with 1 KiB of slack for
+/// the compiler's own and alignment.
+fn block_smem_bytes(p: &GemvParams, t: &MmaTiling) -> u64 {
+    let inv_rms = if p.norm.is_some() {
+        p.row_tile as u64 * 4
+    } else {
+        0
+    };
+    let cand = if p.argmax_partials.is_some() {
+        (t.wn * mt8(p) * 8 * 8) as u64
+    } else {
+        0
+    };
+    let barriers = match t.feed {
+        Feed::Bulk { stages } | Feed::XBulk { stages } => stages as u64 * 8,
+        _ => 0,
+    };
+    staged_bytes(p, t) + red_bytes(p, t) + inv_rms + cand + barriers + 1024
 }
 
 /// Argmax partials each row gets (the grid's x extent).
@@ -691,7 +737,7 @@ mod tests {
 
     #[test]
     fn select_uses_tensor_cores_for_several_rows_of_16_bit_operands() {
-        let name = |p: &GemvParams| select(p, None).unwrap().name;
+        let name = |p: &GemvParams| select(p, None, HOPPER_SMEM_PER_BLOCK).unwrap().name;
         assert!(name(&params(8, 256, 512, false, Dtype::BF16)).starts_with("gemv_mma_bf16_"));
         assert!(name(&params(2, 256, 512, true, Dtype::F16)).starts_with("gemv_mma_f16_"));
         // One row: tensor cores for a plain (or residual) projection, CUDA cores for a normed
@@ -742,6 +788,30 @@ mod tests {
                 });
                 let k = gemv_mma_split(&p, &t, split).unwrap_or_else(|e| panic!("{label}: {e}"));
                 assert_eq!(k.launch.threads(), t.warps() * 32, "{label}");
+            }
+        }
+    }
+
+    /// The x-staged defaults at the 8B shapes and 64 rows (x normalised beforehand): the
+    /// measured H200 choices within 227 KiB, and splits that fit sm_120's 99 KiB there.
+    #[test]
+    fn wide_defaults_fit_the_block_budget() {
+        let hopper = crate::Arch::Sm90a.max_smem_per_block();
+        let sm120 = crate::Arch::Sm120.max_smem_per_block();
+        let shapes = [
+            ("qkv", 4096, 6144, false, (4, 2, 8, 1), (8, 1, 8, 2)),
+            ("o", 4096, 4096, false, (2, 4, 4, 1), (8, 1, 8, 4)),
+            ("gate_up", 4096, 14336, true, (8, 1, 8, 1), (8, 1, 8, 1)),
+            ("down", 14336, 4096, false, (8, 1, 8, 4), (8, 1, 8, 4)),
+            ("lm_head", 4096, 128256, false, (8, 1, 8, 1), (8, 1, 8, 1)),
+        ];
+        for (label, k, n, gu, on_hopper, on_sm120) in shapes {
+            let p = params(64, k, n, gu, Dtype::BF16);
+            for (budget, want) in [(hopper, on_hopper), (sm120, on_sm120)] {
+                let t = tiling_within(&p, budget);
+                assert!(matches!(t.feed, Feed::XBulk { stages: 2 }), "{label}: {t:?}");
+                assert_eq!((t.wn, t.wk, t.unroll, t.ks), want, "{label} within {budget}");
+                assert!(block_smem_bytes(&p, &t) <= budget as u64, "{label}: {t:?}");
             }
         }
     }

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use specc_ir::{Bindings, DType, Graph};
 use specc_kernels_gen::abi::Loc;
-use specc_kernels_gen::plan::{plan_kernels, KernelPlan, Slot};
+use specc_kernels_gen::plan::{plan_kernels_for, DeviceLimits, KernelPlan, Slot};
 use specc_kernels_gen::{Arch, Nvrtc};
 use specc_models::Checkpoint;
 
@@ -239,12 +239,16 @@ impl CudaEngine {
         Ok(())
     }
 
-    /// Codegen + kernel generation for `graph` at `bind` (no device work).
-    pub fn plan(graph: &Graph, bind: Bindings) -> Result<(KernelPlan, f64), RuntimeError> {
+    /// Codegen + kernel generation for `graph` at `bind` within this device's limits (no
+    /// device work).
+    pub fn plan(&self, graph: &Graph, bind: Bindings) -> Result<(KernelPlan, f64), RuntimeError> {
         let t = Instant::now();
         let c = specc_codegen::compile(graph.clone(), &[bind])
             .map_err(|e| RuntimeError::Kernel(e.to_string()))?;
-        let plan = plan_kernels(&c.graph, &c.groups, &c.plans[0]).map_err(kerr)?;
+        let limits = DeviceLimits {
+            smem_per_block: self.dev.info().max_smem_per_block_optin,
+        };
+        let plan = plan_kernels_for(&c.graph, &c.groups, &c.plans[0], limits).map_err(kerr)?;
         Ok((plan, t.elapsed().as_secs_f64()))
     }
 

@@ -72,14 +72,14 @@ impl<'a> CudaSpecSession<'a> {
             (graphs.target_prefill, pre_bind.clone()),
             (graphs.draft_prefill, pre_bind.clone()),
         ])?;
-        let (step_plan, step_s) = CudaEngine::plan(graphs.step, step_bind)?;
+        let (step_plan, step_s) = engine.plan(graphs.step, step_bind)?;
         // Prefill plans name the same weights at every T: the smallest bucket's slots are
         // enough to know what to upload.
-        let (tp, tp_s) = CudaEngine::plan(graphs.target_prefill, pre_bind.clone())?;
+        let (tp, tp_s) = engine.plan(graphs.target_prefill, pre_bind.clone())?;
         let mut plans = vec![&step_plan, &tp];
         let dp = match graphs.kind {
             DraftKind::None => None,
-            _ => Some(CudaEngine::plan(graphs.draft_prefill, pre_bind)?),
+            _ => Some(engine.plan(graphs.draft_prefill, pre_bind)?),
         };
         if let Some((p, _)) = &dp {
             plans.push(p);
@@ -132,7 +132,7 @@ impl<'a> CudaSpecSession<'a> {
                 self.graphs.draft_prefill
             };
             let bind = Bindings::new(self.lanes as u64, t as u64, self.max_context);
-            let (plan, s) = CudaEngine::plan(g, bind)?;
+            let (plan, s) = self.engine.plan(g, bind)?;
             let loaded = self.engine.load(plan, s)?;
             self.prefills.insert((target, t), loaded);
         }
@@ -273,7 +273,7 @@ impl<'a> CudaSpecSession<'a> {
         len: usize,
     ) -> Result<(LoadedGraph, StepGraph), RuntimeError> {
         let bind = Bindings::new(self.lanes as u64, t as u64, self.max_context);
-        let (plan, s) = CudaEngine::plan(self.graphs.target_prefill, bind)?;
+        let (plan, s) = self.engine.plan(self.graphs.target_prefill, bind)?;
         let g = self.engine.load(plan, s)?;
         let tokens: Vec<i64> = (0..self.lanes * t).map(|i| (i % 7) as i64 + 1).collect();
         let pos: Vec<i64> = (0..self.lanes)
