@@ -21,13 +21,17 @@ t smoke 60 .gpu/tests/cuda_smoke
 t e2e 240 .gpu/tests/gpu_e2e
 t dflash 240 .gpu/tests/gpu_dflash
 t ddtree 240 .gpu/tests/gpu_ddtree
+t eagle3_tree 240 .gpu/tests/gpu_eagle3_tree
 t sampling 120 .gpu/tests/gpu_sampling
 echo "== HF parity"
 timeout 120 python3 scripts/device/hf_parity.py .gpu/specc models/default tests/fixtures/llama_tied 2>&1 | grep -v Warning | grep -E "models|fixtures|PARITY|Error|error" | tee "$OUT/hf_parity.log"
-echo "== memcheck: DDTree step graph (PDL on)"
+echo "== memcheck: DDTree step graphs (PDL on; trained: tree verifies through the x-staged matmuls)"
 timeout 120 compute-sanitizer --tool memcheck --print-limit 10 .gpu/tests/gpu_ddtree --test-threads=1 random 2>&1 | tail -3
+timeout 150 compute-sanitizer --tool memcheck --print-limit 10 .gpu/tests/gpu_ddtree --test-threads=1 trained 2>&1 | tail -3
 echo "== CLI per method (trained family, CUDA, 200 tokens)"
 for m in none default eagle3 dflash ddtree; do
   case $m in none) a="--no-spec";; default) a="--spec models/default/spec.toml";; ddtree) a="--spec models/default/ddtree.toml";; *) a="--spec models/default/spec.$m.toml";; esac
   echo "-- $m"; timeout 60 .gpu/specc run models/default $a --backend cuda --prompt 'def __init__(self' --max-tokens 200 2>&1 >/dev/null | grep -E "tok/s|acceptance|launches|rror"
 done
+echo "== racecheck: trained DDTree step graphs (x-staged matmuls; slow: > 150 s)"
+timeout 500 compute-sanitizer --tool racecheck --print-limit 5 .gpu/tests/gpu_ddtree --test-threads=1 trained 2>&1 | grep -v uploading | tail -4
