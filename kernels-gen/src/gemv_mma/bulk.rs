@@ -107,6 +107,8 @@ fn emit_x_fragments(w: &mut Writer, mma: &str, weights: &str) {
 /// weight rows are staged before the x rows (`WROWS` of them), else x rows only.
 fn emit_ring_setup(w: &mut Writer, p: &GemvParams, stages: u32, with_weights: bool) {
     let (xt, stride) = (p.x.dtype.c_type(), p.x.row_stride);
+    w.comment("x rows are clamped to the tile's last one: a tile without rows copies nothing (block-uniform; every K split of it returns alike, so split-K counters stay zero)");
+    w.line("if (mr <= 0) return;");
     emit!(w, "constexpr int NS = {stages};  // ring stages");
     w.line("constexpr int CH = WK * U;  // units per chunk");
     w.line("constexpr int MTP = MT8 * 8;  // staged x rows");

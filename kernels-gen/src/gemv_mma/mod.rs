@@ -809,8 +809,15 @@ mod tests {
             let p = params(64, k, n, gu, Dtype::BF16);
             for (budget, want) in [(hopper, on_hopper), (sm120, on_sm120)] {
                 let t = tiling_within(&p, budget);
-                assert!(matches!(t.feed, Feed::XBulk { stages: 2 }), "{label}: {t:?}");
-                assert_eq!((t.wn, t.wk, t.unroll, t.ks), want, "{label} within {budget}");
+                assert!(
+                    matches!(t.feed, Feed::XBulk { stages: 2 }),
+                    "{label}: {t:?}"
+                );
+                assert_eq!(
+                    (t.wn, t.wk, t.unroll, t.ks),
+                    want,
+                    "{label} within {budget}"
+                );
                 assert!(block_smem_bytes(&p, &t) <= budget as u64, "{label}: {t:?}");
             }
         }
