@@ -33,5 +33,3 @@ for m in none default eagle3 dflash ddtree; do
   case $m in none) a="--no-spec";; default) a="--spec models/default/spec.toml";; ddtree) a="--spec models/default/ddtree.toml";; *) a="--spec models/default/spec.$m.toml";; esac
   echo "-- $m"; timeout 60 .gpu/specc run models/default $a --backend cuda --prompt 'def __init__(self' --max-tokens 200 2>&1 >/dev/null | grep -E "tok/s|acceptance|launches|rror"
 done
-echo "== racecheck: trained DDTree step graphs (x-staged matmuls; slow: > 150 s)"
-timeout 500 compute-sanitizer --tool racecheck --print-limit 5 .gpu/tests/gpu_ddtree --test-threads=1 trained 2>&1 | grep -v uploading | tail -4

@@ -2,10 +2,14 @@
 //! [`super::Feed::XBulk`] (x rows staged, weights prefetched into registers).
 //!
 //! The block stages chunks of `CH = WK · U` units (32 k each) of its `G · RB` weight rows
-//! (`Bulk` only) and its `MTP` x rows in a ring of `NS` stages, `NS − 1` chunks ahead. Each staged row is
-//! one `cp.async.bulk` of `CH · 64` contiguous bytes (the block's threads issue them row by row), all of
-//! a stage completing on the stage's mbarrier, so the bytes in flight cost no registers and
-//! no per-piece index math (the limits of the register and `cp.async` feeds at M = 64).
+//! (`Bulk` only) and its `MTP` x rows in a ring of `NS` stages, `NS − 1` chunks ahead. Each
+//! staged row is one `cp.async.bulk` of `CH · 64` contiguous bytes (the block's threads issue
+//! them row by row), all of a stage completing on the stage's mbarrier: the bytes in flight
+//! cost no registers and no per-piece index math. Measured at the 8B shapes and M = 64
+//! (bench/NOTES.md, fifth session): staging x this way while each warp prefetches its weights
+//! 8 units deep (`XBulk`) is the fastest feed; staging the weights too (`Bulk`) is slower than
+//! register prefetch, as the copy engine then handles one 256–512-byte copy per weight row
+//! and chunk.
 //!
 //! Layout: stage `s`, row `row` starts at byte `s · STAGE + row · RSTR`; `RSTR ≡ 64 (mod 128)`
 //! so the 16-byte reads of a quarter warp (rows `g`, `g + 1`, 4 lanes `t` each) fall in
