@@ -734,14 +734,7 @@ fn splits(
         for &(wn, wk) in wnk {
             for &unroll in unrolls {
                 for &ks in kss {
-                    out.push(MmaTiling {
-                        tn,
-                        wn,
-                        wk,
-                        unroll,
-                        feed,
-                        ks,
-                    });
+                    out.push(common::mma_split((tn, wn, wk, unroll, ks), feed));
                 }
             }
         }

@@ -181,17 +181,9 @@ fn bulk_cases() -> Vec<(String, KernelSource)> {
             .filter(|(_, p)| p.rope.is_none())
         {
             p.norm = None;
-            let explicit = |tn, wn, wk, unroll, ks, feed| MmaTiling {
-                tn,
-                wn,
-                wk,
-                unroll,
-                feed,
-                ks,
-            };
             let mut cases = vec![
-                explicit(2, 2, 4, 1, 2, Feed::Bulk { stages: 2 }),
-                explicit(1, 4, 2, 4, 2, Feed::XBulk { stages: 2 }),
+                common::mma_split((2, 2, 4, 1, 2), Feed::Bulk { stages: 2 }),
+                common::mma_split((1, 4, 2, 4, 2), Feed::XBulk { stages: 2 }),
             ];
             // The default split where it stages x (above 16 rows).
             cases.extend(Some(tiling(&p)).filter(|t| matches!(t.feed, Feed::XBulk { .. })));

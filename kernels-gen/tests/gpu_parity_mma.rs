@@ -31,15 +31,8 @@ fn rows(m: u32) -> GemvCase {
 }
 
 /// An explicit work split: `(tn, wn, wk, unroll, ks)` and the operand feed.
-fn tiled((tn, wn, wk, unroll, ks): (u32, u32, u32, u32, u32), feed: Feed) -> Kernel {
-    Kernel::Mma(Some(MmaTiling {
-        tn,
-        wn,
-        wk,
-        unroll,
-        feed,
-        ks,
-    }))
+fn tiled(split: (u32, u32, u32, u32, u32), feed: Feed) -> Kernel {
+    Kernel::Mma(Some(common::mma_split(split, feed)))
 }
 
 #[test]
@@ -348,18 +341,17 @@ fn gemv_mma_staged_operands() {
     }
 }
 
-/// Rows staged by the copy engine (`Feed::Bulk`): ragged row tiles (x rows past the tile
-/// clamped), N past the last whole block (weight rows clamped), several row tiles, split-K
-/// across blocks, argmax partials, gate/up, residual, f16 with an f32 output.
-#[test]
-fn gemv_mma_bulk_operands() {
-    let Some(gpu) = Gpu::new() else { return };
-    let cases = [
+/// The shapes both copy-engine feeds run, one kernel each: gate/up over a ragged 40-row tile
+/// and N past the last whole block; 3 sequences of 20 rows in 24-row tiles with argmax
+/// partials; a residual 64-row tile at the 8B o shape; f16 operands with an f32 output.
+fn copy_engine_cases(kernels: [Kernel; 4]) -> [GemvCase; 4] {
+    let [gate_up, argmax, residual, f16] = kernels;
+    [
         GemvCase {
             k: 1024,
             n: 520,
             gate_up: true,
-            kernel: tiled((1, 4, 2, 2, 1), Feed::Bulk { stages: 2 }),
+            kernel: gate_up,
             ..rows(40)
         },
         GemvCase {
@@ -370,14 +362,14 @@ fn gemv_mma_bulk_operands() {
             n: 1000,
             argmax: true,
             out: None,
-            kernel: tiled((2, 2, 4, 1, 3), Feed::Bulk { stages: 2 }),
+            kernel: argmax,
             ..MMA
         },
         GemvCase {
             k: 4096,
             n: 4096,
             residual: true,
-            kernel: tiled((2, 2, 4, 1, 2), Feed::Bulk { stages: 4 }),
+            kernel: residual,
             ..rows(64)
         },
         GemvCase {
@@ -386,64 +378,47 @@ fn gemv_mma_bulk_operands() {
             x_dtype: Dtype::F16,
             w_dtype: Dtype::F16,
             out: Some(Dtype::F32),
-            kernel: tiled((2, 8, 1, 3, 1), Feed::Bulk { stages: 3 }),
+            kernel: f16,
             ..rows(9)
         },
-        GemvCase {
-            k: 4096,
-            n: 6144,
-            kernel: tiled((1, 2, 4, 2, 1), Feed::Bulk { stages: 2 }),
-            ..rows(64)
-        },
-    ];
-    for c in cases {
+    ]
+}
+
+/// Rows staged by the copy engine (`Feed::Bulk`): x rows past the tile and weight rows past
+/// N clamped, several row tiles, split-K across blocks, every epilogue; and the 8B q|k|v shape.
+#[test]
+fn gemv_mma_bulk_operands() {
+    let Some(gpu) = Gpu::new() else { return };
+    let bulk = |stages| Feed::Bulk { stages };
+    let cases = copy_engine_cases([
+        tiled((1, 4, 2, 2, 1), bulk(2)),
+        tiled((2, 2, 4, 1, 3), bulk(2)),
+        tiled((2, 2, 4, 1, 2), bulk(4)),
+        tiled((2, 8, 1, 3, 1), bulk(3)),
+    ]);
+    let qkv = GemvCase {
+        k: 4096,
+        n: 6144,
+        kernel: tiled((1, 2, 4, 2, 1), bulk(2)),
+        ..rows(64)
+    };
+    for c in cases.into_iter().chain([qkv]) {
         check_gemv(&gpu, c);
     }
 }
 
-/// x rows staged by the copy engine, weights prefetched into registers (`Feed::XBulk`):
-/// the ring wraps several times, ragged row tiles, split-K across blocks, argmax partials,
-/// gate/up, residual, f16 with an f32 output.
+/// x rows staged by the copy engine, weights prefetched into registers (`Feed::XBulk`): the
+/// ring wraps several times, split-K across blocks, every epilogue.
 #[test]
 fn gemv_mma_xbulk_operands() {
     let Some(gpu) = Gpu::new() else { return };
-    let cases = [
-        GemvCase {
-            k: 1024,
-            n: 520,
-            gate_up: true,
-            kernel: tiled((1, 4, 2, 4, 1), Feed::XBulk { stages: 2 }),
-            ..rows(40)
-        },
-        GemvCase {
-            b: 3,
-            t: 20,
-            row_tile: 24,
-            k: 1536,
-            n: 1000,
-            argmax: true,
-            out: None,
-            kernel: tiled((2, 2, 4, 4, 3), Feed::XBulk { stages: 2 }),
-            ..MMA
-        },
-        GemvCase {
-            k: 4096,
-            n: 4096,
-            residual: true,
-            kernel: tiled((1, 8, 1, 8, 2), Feed::XBulk { stages: 3 }),
-            ..rows(64)
-        },
-        GemvCase {
-            k: 384,
-            n: 500,
-            x_dtype: Dtype::F16,
-            w_dtype: Dtype::F16,
-            out: Some(Dtype::F32),
-            kernel: tiled((2, 8, 1, 4, 1), Feed::XBulk { stages: 3 }),
-            ..rows(9)
-        },
-    ];
-    for c in cases {
+    let xbulk = |stages| Feed::XBulk { stages };
+    for c in copy_engine_cases([
+        tiled((1, 4, 2, 4, 1), xbulk(2)),
+        tiled((2, 2, 4, 4, 3), xbulk(2)),
+        tiled((1, 8, 1, 8, 2), xbulk(3)),
+        tiled((2, 8, 1, 4, 1), xbulk(3)),
+    ]) {
         check_gemv(&gpu, c);
     }
 }

@@ -9,10 +9,22 @@ use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
 use specc_kernels_gen::attention::{attention, attention_tiles, AttentionParams, AttnMask};
 use specc_kernels_gen::elementwise::{binary, embedding, BinaryFn, BinaryParams, EmbeddingParams};
 use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights, RmsNormPrologue};
-use specc_kernels_gen::gemv_mma::gemv_mma_alloc;
+use specc_kernels_gen::gemv_mma::{gemv_mma_alloc, Feed, MmaTiling};
 use specc_kernels_gen::norm::{rmsnorm, RmsNormParams};
 use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
+
+/// An explicit `gemv_mma` work split: `(tn, wn, wk, unroll, ks)` and the operand feed.
+pub fn mma_split((tn, wn, wk, unroll, ks): (u32, u32, u32, u32, u32), feed: Feed) -> MmaTiling {
+    MmaTiling {
+        tn,
+        wn,
+        wk,
+        unroll,
+        feed,
+        ks,
+    }
+}
 
 /// The model dimensions the fixtures need.
 #[derive(Clone, Debug)]
