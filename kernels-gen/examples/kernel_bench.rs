@@ -16,8 +16,9 @@
 //! `tree`: DDTree verify attention at T = 1, 8, 64, 256 and ctx 1024, 8192, `attn_tile`
 //! against `attn_split`) runs one part only; `kernel_bench sweep` times every tensor-core work split (up to 8
 //! warps per block) of the 8B GEMVs at M = 8 and prints the fastest per shape; `kernel_bench
-//! wide [Ms]` sweeps the splits of row tiles above 16 (register prefetch, split-K, operands
-//! staged in shared memory) as the plan runs them; `kernel_bench wide_default [SHAPE]` times
+//! wide [Ms] [bulk|xbulk] [SHAPE]` sweeps the splits of row tiles above 16 (register prefetch,
+//! split-K, operands staged in shared memory; `bulk`: only the copy-engine feeds, `xbulk`: only
+//! x staged by the copy engine; SHAPE: the shapes whose label contains it) as the plan runs them; `kernel_bench wide_default [SHAPE]` times
 //! the plan's M = 64 kernel of the shapes whose label contains SHAPE (or the split
 //! `KB_TILING=tn,wn,wk,unroll,ks[,stages[,bulk|xbulk]]` names; one kernel to put under `ncu`);
 //! `kernel_bench tree_splits` times tree attention's KV splits against the cost model's.
