@@ -654,14 +654,19 @@ fn sweep_wide(gpu: &Gpu, ms: &[u32], feeds: &str, filter: &str) {
     }
 }
 
-/// Row-staged (bulk copy) splits: per block shape, 3 stages and the deepest ring (≤ 8) that
-/// fits (where K allows the chunks), K split across blocks while the column blocks leave SMs idle twice over.
-fn bulk_splits(p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
+/// Column blocks of a split (per matrix pair for gate/up, as the K-split filters count them).
+fn column_blocks(p: &GemvParams, t: &MmaTiling) -> u32 {
     let g = if matches!(p.weights, GemvWeights::GateUp { .. }) {
         2
     } else {
         1
     };
+    p.n.div_ceil(16 * t.tn * t.wn) * g
+}
+
+/// Row-staged (bulk copy) splits: per block shape, 3 stages and the deepest ring (≤ 8) that
+/// fits (where K allows the chunks), K split across blocks while the column blocks leave SMs idle twice over.
+fn bulk_splits(p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
     let mut out = Vec::new();
     for t in splits(
         tns,
@@ -670,7 +675,7 @@ fn bulk_splits(p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
         &[1, 2, 4],
         Feed::Prefetch,
     ) {
-        if t.ks > 1 && p.n.div_ceil(16 * t.tn * t.wn) * g >= 264 {
+        if t.ks > 1 && column_blocks(p, &t) >= 264 {
             continue;
         }
         let bulk = |stages| MmaTiling {
@@ -689,14 +694,9 @@ fn bulk_splits(p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
     out
 }
 
-/// x-staged (bulk copy) splits with weights prefetched 4 or 8 units deep per warp, 2 and 4
+/// x-staged (bulk copy) splits with weights prefetched 2, 4 or 8 units deep per warp, 2 and 3
 /// stages, K split across blocks while the column blocks leave SMs idle twice over.
 fn xbulk_splits(p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
-    let g = if matches!(p.weights, GemvWeights::GateUp { .. }) {
-        2
-    } else {
-        1
-    };
     let mut out = Vec::new();
     for t in splits(
         tns,
@@ -705,7 +705,7 @@ fn xbulk_splits(p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
         &[1, 2, 4],
         Feed::Prefetch,
     ) {
-        if t.ks > 1 && p.n.div_ceil(16 * t.tn * t.wn) * g >= 264 {
+        if t.ks > 1 && column_blocks(p, &t) >= 264 {
             continue;
         }
         for stages in [2, 3] {

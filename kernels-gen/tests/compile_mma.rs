@@ -139,6 +139,16 @@ fn split_k_cases() -> Vec<(String, KernelSource)> {
     out
 }
 
+/// The kernel of split `t` over `m` rows, with split-K scratch where `t` asks for it.
+fn with_split_scratch(p: &GemvParams, t: &MmaTiling, m: u32) -> KernelSource {
+    let scratch = split_needs(p, t, m).map(|nd| SplitScratch {
+        partials: Loc::arena(1 << 26),
+        counters: Loc::arena(1 << 25),
+        tiles: nd.counters,
+    });
+    gemv_mma_split(p, t, scratch).unwrap()
+}
+
 /// Operands staged in shared memory ([`Feed::Smem`], 4 stages), one K range
 /// and split across blocks, for every [`row_tile_params`] fixture at 9, 40 and 64 rows.
 fn staged_cases() -> Vec<(String, KernelSource)> {
@@ -158,12 +168,7 @@ fn staged_cases() -> Vec<(String, KernelSource)> {
                     feed: Feed::Smem { stages: 4 },
                     ks,
                 };
-                let scratch = split_needs(&p, &t, m).map(|nd| SplitScratch {
-                    partials: Loc::arena(1 << 26),
-                    counters: Loc::arena(1 << 25),
-                    tiles: nd.counters,
-                });
-                let k = gemv_mma_split(&p, &t, scratch).unwrap();
+                let k = with_split_scratch(&p, &t, m);
                 out.push((format!("staged {l} M={m} {t:?}"), k));
             }
         }
@@ -188,12 +193,7 @@ fn bulk_cases() -> Vec<(String, KernelSource)> {
             // The default split where it stages x (above 16 rows).
             cases.extend(Some(tiling(&p)).filter(|t| matches!(t.feed, Feed::XBulk { .. })));
             for t in cases {
-                let scratch = split_needs(&p, &t, m).map(|nd| SplitScratch {
-                    partials: Loc::arena(1 << 26),
-                    counters: Loc::arena(1 << 25),
-                    tiles: nd.counters,
-                });
-                let k = gemv_mma_split(&p, &t, scratch).unwrap();
+                let k = with_split_scratch(&p, &t, m);
                 out.push((format!("bulk {l} M={m} {t:?}"), k));
             }
         }

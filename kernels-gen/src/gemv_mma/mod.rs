@@ -334,6 +334,14 @@ pub fn tiling_within(p: &GemvParams, smem_per_block: u32) -> MmaTiling {
     t
 }
 
+/// Row tiles of a launch over a fixed row count (1 where rows vary with the bucket).
+fn fixed_row_tiles(p: &GemvParams) -> u64 {
+    match p.rows {
+        crate::abi::Rows::Fixed(r) => r.div_ceil(p.row_tile).max(1) as u64,
+        _ => 1,
+    }
+}
+
 /// Blocks of 8 warps the row tiles above 16 aim at (measured at M = 64 on the H200: 96–128
 /// blocks beat both fewer, wider blocks and split-K across blocks).
 const WIDE_MIN_BLOCKS: u64 = 96;
@@ -353,10 +361,7 @@ pub fn wide_tiling(p: &GemvParams, smem_per_block: u32) -> MmaTiling {
     }
     let g = mats(p);
     let tiles = p.n.div_ceil(16) as u64;
-    let row_tiles = match p.rows {
-        crate::abi::Rows::Fixed(r) => r.div_ceil(p.row_tile).max(1) as u64,
-        _ => 1,
-    };
+    let row_tiles = fixed_row_tiles(p);
     // (tn, wn) by columns per block, widest first; gate/up pairs its two matrices already.
     let splits: &[(u32, u32)] = if g == 2 {
         &[(1, 8), (1, 4), (1, 2), (1, 1)]
@@ -400,10 +405,7 @@ pub fn wide_tiling(p: &GemvParams, smem_per_block: u32) -> MmaTiling {
 /// candidates: at M = 64 the 16-unit rings need 139 KiB, more than an sm_120 block may use.
 fn wide_xbulk_tiling(p: &GemvParams, smem_per_block: u32) -> Option<MmaTiling> {
     let tiles = p.n.div_ceil(16) as u64;
-    let row_tiles = match p.rows {
-        crate::abi::Rows::Fixed(r) => r.div_ceil(p.row_tile).max(1) as u64,
-        _ => 1,
-    };
+    let row_tiles = fixed_row_tiles(p);
     let blocks = |wn: u32, ks: u32| tiles.div_ceil(wn as u64) * row_tiles * ks as u64;
     let split = |wn, wk, unroll, ks| MmaTiling {
         tn: 1,
