@@ -22,6 +22,7 @@
 //! the plan's M = 64 kernel of the shapes whose label contains SHAPE (or the split
 //! `KB_TILING=tn,wn,wk,unroll,ks[,stages[,bulk|xbulk]]` names; one kernel to put under `ncu`);
 //! `kernel_bench tree_splits` times tree attention's KV splits against the cost model's.
+//! `kernel_bench tree_tilings [T,..]` times every `attn_tile` block shape and split (ctx 1024).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -334,6 +335,10 @@ enum AttnVariant {
     TileRoundedP,
     /// `attn_tile` with the given KV splits instead of the cost model's.
     TileSplits(u32),
+    /// `attn_tile` with the given block shape and KV splits.
+    Tiled(attention_mma::TileTiling, u32),
+    /// `attn_combine` alone after `attn_tile` with the given KV splits.
+    CombineOnly(u32),
 }
 
 /// Llama-3.1-8B attention (32 q heads, 8 kv heads, head dim 128) over a DDTree of `t`
@@ -372,14 +377,28 @@ fn tree_attention_case(gpu: &Gpu, t: u32, ctx: u32, variant: AttnVariant) -> Row
     let tiles = variant != AttnVariant::Simt && uses_tiles(&p);
     if tiles {
         p.splits = match variant {
-            AttnVariant::TileSplits(s) => s,
+            AttnVariant::TileSplits(s) | AttnVariant::Tiled(_, s) | AttnVariant::CombineOnly(s) => {
+                s
+            }
             _ => attention_mma::splits(&p, 1, t, ctx),
         };
     }
     let m = t;
     p.scratch = plan.alloc(p.scratch_bytes(m));
     let ks: AttentionKernels = match variant {
-        AttnVariant::Planned | AttnVariant::TileSplits(_) => select(&p).unwrap(),
+        AttnVariant::Planned | AttnVariant::TileSplits(_) | AttnVariant::CombineOnly(_) => {
+            select(&p).unwrap()
+        }
+        AttnVariant::Tiled(tl, _) => match attention_tiles_tiled(&p, tl) {
+            Ok(ks) => ks,
+            Err(e) => {
+                return Row {
+                    label: format!("attn_tile tree T={t} ctx={ctx} {tl:?}: {e}"),
+                    us: f64::NAN,
+                    bytes: 0.0,
+                }
+            }
+        },
         AttnVariant::Simt => attention(&p).unwrap(),
         AttnVariant::TileRoundedP => {
             let tl = attention_mma::tiling(&p).unwrap();
@@ -412,20 +431,67 @@ fn tree_attention_case(gpu: &Gpu, t: u32, ctx: u32, variant: AttnVariant) -> Row
     mem.put(ancestors, Dtype::I64, &av);
     let copies = (200e6 / (2 * cache) as f64).ceil().max(2.0) as usize;
     let bucket = Bucket { b: 1, t, ctx };
-    let us = gpu.time(&mem, &[&ks.split, &ks.combine], bucket, copies, 50);
+    let kernels: Vec<&KernelSource> = match variant {
+        AttnVariant::CombineOnly(_) => vec![&ks.combine],
+        _ => vec![&ks.split, &ks.combine],
+    };
+    let us = gpu.time(&mem, &kernels, bucket, copies, 50);
     let name = match variant {
         AttnVariant::Planned | AttnVariant::TileSplits(_) if tiles => "attn_tile",
         AttnVariant::Planned | AttnVariant::TileSplits(_) | AttnVariant::Simt => "attn_split",
         AttnVariant::TileRoundedP => "attn_tile (rounded P)",
+        AttnVariant::Tiled(..) => "attn_tile (tiled)",
+        AttnVariant::CombineOnly(_) => "attn_combine alone",
+    };
+    let shape = match variant {
+        AttnVariant::Tiled(tl, _) => format!(" w{} ts{}", tl.warps, tl.tile_slots),
+        _ => String::new(),
     };
     Row {
         label: format!(
-            "{name} tree T={t} ctx={ctx} splits={} [{}]",
+            "{name} tree T={t} ctx={ctx} splits={}{shape} [{}]",
             p.splits, ks.split.name
         ),
         us,
         bytes: (ctx * hkv * d * 2 * 2) as f64,
     }
+}
+
+/// `attn_tile` at T nodes × G = 4 rows over `ctx` slots: blocks of 4 / 8 / 16 warps,
+/// tiles of 16 / 32 / 64 slots, 1..16 KV splits (each with `attn_combine`); the plan's
+/// first, then the ten fastest, then the combine alone per split count.
+fn sweep_tree_tilings(gpu: &Gpu, t: u32, ctx: u32) {
+    println!("\nattn_tile block shapes, T = {t}, ctx = {ctx} (plan first, then the fastest):");
+    let planned = tree_attention_case(gpu, t, ctx, AttnVariant::Planned);
+    let mut rows = Vec::new();
+    for warps in [4u32, 8, 16] {
+        if 16 * warps > (4 * t).next_multiple_of(64) {
+            continue;
+        }
+        for tile_slots in [16u32, 32, 64] {
+            let tl = attention_mma::TileTiling {
+                warps,
+                tile_slots,
+                split_p: true,
+            };
+            for s in [1u32, 2, 4, 8, 16] {
+                rows.push(tree_attention_case(gpu, t, ctx, AttnVariant::Tiled(tl, s)));
+            }
+        }
+    }
+    rows.retain(|r| r.us.is_finite());
+    rows.sort_by(|a, b| a.us.total_cmp(&b.us));
+    rows.truncate(10);
+    rows.insert(0, planned);
+    for s in [4u32, 8, 16] {
+        rows.push(tree_attention_case(
+            gpu,
+            t,
+            ctx,
+            AttnVariant::CombineOnly(s),
+        ));
+    }
+    print_rows(&rows);
 }
 
 /// Fusions of a GEMV case: (norm, gate_up, residual, argmax).
@@ -563,6 +629,21 @@ fn main() {
             print_rows(&rows);
         }
     }
+    if only.as_deref() == Some("tree_tilings") {
+        // `kernel_bench tree_tilings [T,..]`: every attn_tile block shape and KV split at
+        // ctx 1024 (default T = 64), the fastest ten after the plan's, and the combine alone.
+        let ts: Vec<u32> = std::env::args()
+            .nth(2)
+            .map(|a| {
+                a.split(',')
+                    .map(|t| t.parse().expect("node counts"))
+                    .collect()
+            })
+            .unwrap_or(vec![64]);
+        for t in ts {
+            sweep_tree_tilings(&gpu, t, 1024);
+        }
+    }
     if only.as_deref() == Some("sweep") {
         sweep(&gpu);
     }
@@ -697,14 +778,32 @@ fn bulk_splits(p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
 /// x-staged (bulk copy) splits with weights prefetched 2, 4 or 8 units deep per warp, 2 and 3
 /// stages, K split across blocks while the column blocks leave SMs idle twice over.
 fn xbulk_splits(p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
-    let mut out = Vec::new();
-    for t in splits(
+    let mut candidates = splits(
         tns,
         &[(8, 1), (4, 2), (2, 4), (1, 8)],
         &[2, 4, 8],
         &[1, 2, 4],
         Feed::Prefetch,
-    ) {
+    );
+    // More weight bytes in flight per SM: 4-warp blocks (several resident per SM), 16 units
+    // per warp, K split 8 ways.
+    candidates.extend(splits(
+        tns,
+        &[(4, 1), (2, 2)],
+        &[8, 16],
+        &[1, 2, 4, 8],
+        Feed::Prefetch,
+    ));
+    candidates.extend(splits(
+        tns,
+        &[(8, 1), (4, 2)],
+        &[16],
+        &[1, 2, 4, 8],
+        Feed::Prefetch,
+    ));
+    candidates.extend(splits(tns, &[(8, 1), (4, 2)], &[8], &[8], Feed::Prefetch));
+    let mut out = Vec::new();
+    for t in candidates {
         if t.ks > 1 && column_blocks(p, &t) >= 264 {
             continue;
         }

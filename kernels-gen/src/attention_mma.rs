@@ -13,27 +13,23 @@
 //! per row, f32) and `O += P·V` (`ldmatrix.trans` for V) against it: every row of the block
 //! reads each tile from shared memory, none from global memory a second time.
 //!
-//! Row capacity (bytes arithmetic): the f32 `O` accumulators of a row take `DV · 4` bytes
-//! (512 B at DV = 128) and must live for the whole pass over the context, so a block holds
-//! at most [`MAX_BLOCK_ROWS`] = 256 rows (16 warps × 64 accumulators per lane = 128 KiB,
-//! half the register file; the other half holds scores, fragments and addresses). 256
-//! nodes × G = 4 = 1024 rows need 512 KiB of accumulators, more than the register file
-//! (256 KiB) and shared memory (228 KiB) together, so rows past 256 are split across
-//! blocks: the row blocks are grid x, the fastest-varying index, so the blocks that read
-//! one (kv head, split) range are scheduled together and the second to fourth read each
-//! tile from L2 while the first brings it from HBM (HBM traffic stays one pass over the
-//! prefix; L2 traffic is `ceil(rows / 256)` passes, 4 × 4 MiB per kv head at ctx 8192,
-//! far below L2 bandwidth at the ~70 µs that 1024 rows × 8192 slots of mma take). The
-//! alternative, looping row chunks inside the block, re-streams the range from L2 just the
-//! same (its tiles cannot stay resident: a split of 2048 slots is 1 MiB of K and V) with
-//! a quarter of the parallelism.
+//! Block shape (measured, `kernel_bench tree_tilings`, H200, T = 32 / 64 / 128 nodes × G = 4
+//! at ctx 1024): blocks of 4 warps (64 rows) with 64-slot tiles beat 8- and 16-warp blocks
+//! of 16–32-slot tiles by 15–26 %. A row's f32 `O` accumulators (`DV · 4` bytes) live for
+//! the whole pass, so a 16-warp block is held to 128 registers per thread and 16-slot tiles,
+//! and pays its per-tile fixed work (O rescale, barriers) 4 times as often; a 4-warp block
+//! may use up to 255 registers per thread, room for 64-slot tiles. Rows past 64 go to further blocks (grid
+//! x, the fastest-varying index, so the row blocks of one (kv head, split) range run
+//! together and all but the first read its tiles from L2: HBM traffic stays one pass over
+//! the prefix). Splits fill the GPU ([`splits`]).
 //!
 //! Numerics: scores are exact bf16 products summed in f32, the softmax is f32 (`l` sums the
 //! f32 `p`), and `P·V` runs on two 16-bit halves of `p` (see [`TileTiling::split_p`]), so
 //! the kernel matches the interpreter's f32 `Σ p·v` up to summation order.
 //!
 //! Masks are applied per (row, slot) as in [`crate::attention`]: causal `slot ≤ pos`;
-//! tree `slot < prefix_len`, or bit `slot − prefix_len` of the row's ancestor words.
+//! tree `slot < prefix_len`, or bit `slot − prefix_len` of the row's ancestor words (a tile
+//! wholly inside the prefix and the split skips the per-slot test: every row attends it).
 
 use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Unit};
 use crate::attention::{emit_block_operands, AttentionParams, AttnMask, PARTIAL_ROW};
@@ -45,8 +41,6 @@ const HELPERS: &str = include_str!("../cuda/attn_mma.cuh");
 /// Static + dynamic shared memory per block: fits sm_120's 99 KiB opt-in, and two blocks
 /// of the 4- and 8-warp tilings per H100/H200 SM (228 KiB).
 const SMEM_BUDGET: u64 = 96 * 1024;
-/// Rows (t, g) one block holds: 16 warps × 16 rows (see the module docs).
-pub const MAX_BLOCK_ROWS: u32 = 256;
 /// Shared-memory row padding in elements: 16 bytes, so the 8 rows an `ldmatrix` reads
 /// start on 8 distinct 4-bank groups (row strides of 2·(D + 8) bytes, D a multiple of 16).
 const PAD: u64 = 8;
@@ -106,30 +100,23 @@ fn smem_dynamic(p: &AttentionParams, t: TileTiling) -> u64 {
     (rb * (d + PAD) + 2 * ts * (d + PAD + dv + PAD)) * es
 }
 
-/// Static shared memory: per-row positions and ancestor words, the context length.
+/// Static shared memory: per-row positions (causal) or ancestor words (tree), the
+/// context length.
 fn smem_static(p: &AttentionParams, t: TileTiling) -> u64 {
     let rb = t.rows() as u64;
-    rb * 4 + rb * words(p) * 8 + 16
+    match words(p) {
+        0 => rb * 4 + 16,
+        w => rb * w * 8 + 16,
+    }
 }
 
-/// Warps from the rows of one sequence (`max_t · G`, capped at [`MAX_BLOCK_ROWS`]); the
-/// largest tile that fits [`SMEM_BUDGET`], 16 slots from 8 warps up (ptxas keeps 8- and
-/// 16-warp blocks to 128 registers per thread: 64 accumulators of O leave room for 8 of
-/// scores and 16 of split P, not twice that; larger tiles spill on sm_100a).
+/// Warps per block: 4 (64 rows; see the module docs), fewer where one sequence has fewer
+/// rows. Tiles: the largest of 64, 32, 16 slots that fits [`SMEM_BUDGET`].
 pub fn tiling(p: &AttentionParams) -> Option<TileTiling> {
     let rows = p.max_t.saturating_mul(group(p).max(1));
-    let warps = match rows {
-        0..=64 => 4,
-        65..=128 => 8,
-        _ => 16,
-    };
-    let max_ts = match warps {
-        16 | 8 => 16,
-        _ => 64,
-    };
+    let warps = rows.div_ceil(16).clamp(1, 4);
     [64u32, 32, 16]
         .into_iter()
-        .filter(|&ts| ts <= max_ts)
         .map(|tile_slots| TileTiling {
             warps,
             tile_slots,
@@ -138,40 +125,22 @@ pub fn tiling(p: &AttentionParams) -> Option<TileTiling> {
         .find(|&t| smem_dynamic(p, t) + smem_static(p, t) <= SMEM_BUDGET)
 }
 
-/// Blocks resident per SM the split heuristic counts on, and the device figures it uses
-/// (H200): SMs, sustained `mma.sync` bf16 rate per SM, L2 and HBM bandwidth.
-const SMS: u64 = 132;
-const SM_FLOPS: f64 = 3.5e12;
-const L2_BYTES_PER_S: f64 = 7e12;
-const HBM_BYTES_PER_S: f64 = 4e12;
+/// SMs of the device the split count aims at (H200), and blocks resident per SM: shared
+/// memory within [`SMEM_BUDGET`] fits two per 228 KiB H100/H200 SM, and two 4-warp blocks
+/// at up to 255 registers per thread fill the register file.
+const SMS: u32 = 132;
+const RESIDENT_PER_SM: u32 = 2;
 
-/// Context splits for `b` sequences of `t` rows... at context `ctx`: the count minimising
-/// a cost model of this kernel plus its combine,
-/// `max(compute per block × waves, KV bytes / HBM) + partial bytes written and re-read / L2`:
-/// more splits fill more SMs but every split adds `rows · (DV + 2) · 4` bytes of partials
-/// (with 256 rows and DV = 128 that is 130 KiB per split per kv head, against 32 KiB of K
-/// and V per 64 slots), so many-row buckets use few splits.
+/// Context splits for `b` sequences of `t` rows each at context `ctx`: as many as one wave
+/// of resident blocks holds (`SMS · RESIDENT_PER_SM` over the blocks of one split), at most
+/// one per 64 slots and 64 in all. Measured (`kernel_bench tree_tilings`, ctx 1024): T = 32 /
+/// 64 / 128 nodes were fastest at 16 / 8 / 4 splits, the counts this gives.
 pub fn splits(p: &AttentionParams, b: u32, t: u32, ctx: u32) -> u32 {
     let Some(tl) = tiling(p) else { return 1 };
-    let (b, ctx) = (b.max(1) as u64, ctx.max(1) as u64);
-    let rows = (t.max(1) * group(p)) as u64;
-    let row_blocks = rows.div_ceil(tl.rows() as u64);
-    let block_rows = rows.min(tl.rows() as u64) as f64;
-    let (d, dv) = (p.head_dim as f64, p.head_dim_v as f64);
-    let kv_bytes = (b * ctx * p.kv_heads as u64) as f64 * (d + dv) * p.cache_dtype.size() as f64;
-    let max_s = ctx.div_ceil(64).clamp(1, 64);
-    (1..=max_s)
-        .map(|s| {
-            let blocks = b * p.kv_heads as u64 * row_blocks * s;
-            let slots = ctx.div_ceil(s) as f64;
-            let block_s = 2.0 * block_rows * slots * (d + dv) / SM_FLOPS;
-            let compute = blocks.div_ceil(SMS) as f64 * block_s;
-            let partials = (b * rows * p.kv_heads as u64 * s) as f64 * (dv + 2.0) * 4.0;
-            let cost = compute.max(kv_bytes / HBM_BYTES_PER_S) + 2.0 * partials / L2_BYTES_PER_S;
-            (s as u32, cost)
-        })
-        .min_by(|a, b| a.1.total_cmp(&b.1))
-        .map_or(1, |(s, _)| s)
+    let rows = t.max(1).saturating_mul(group(p));
+    let per_split = b.max(1) * p.kv_heads * rows.div_ceil(tl.rows());
+    let fill = (SMS * RESIDENT_PER_SM / per_split.max(1)).max(1);
+    fill.min(ctx.div_ceil(64)).clamp(1, 64)
 }
 
 fn validate(p: &AttentionParams) -> Result<TileTiling, Error> {
@@ -284,11 +253,11 @@ pub(crate) fn split_kernel_tiled(
     emit!(w, "{ct}* qs = reinterpret_cast<{ct}*>(smem);");
     emit!(w, "{ct}* ks = qs + RB * QST;");
     emit!(w, "{ct}* vs = ks + 2 * TS * KST;");
-    w.line("__shared__ int row_pos[RB];  // last attended slot (causal) or 0 (tree); -1: none");
     if words > 0 {
         emit!(w, "constexpr int AW = {words};  // ancestor words per row");
         w.line("__shared__ long long row_anc[RB][AW];");
     } else {
+        w.line("__shared__ int row_pos[RB];  // last attended slot; -1: none");
         w.line("__shared__ int s_len;");
     }
     w.line("const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;");
@@ -360,25 +329,26 @@ pub(crate) fn split_kernel_tiled(
     Ok(kb.finish(launch))
 }
 
-/// `row_pos` and `row_anc` of every block row (rows past `nrows` attend nothing).
+/// Per-row state of every block row: `row_pos` (causal: the last attended slot, -1 past
+/// `nrows`) or `row_anc` (tree: the ancestor words, 0 past `nrows`). Rows past `nrows`
+/// have zero q and unwritten partials, so the tree mask need not tell them apart.
 fn emit_row_state(w: &mut Writer, p: &AttentionParams) {
-    let tree = words(p) > 0;
-    if !tree {
-        w.if_block("tid == 0", |w| w.line("s_len = 0;"));
-    }
     w.comment("per-row state (NT >= RB: one thread per row)");
+    if words(p) > 0 {
+        w.if_block("tid < RB", |w| {
+            w.line("const long long m = b * c.t + (r0 + min(tid, nrows - 1)) / G;");
+            w.line(
+                "for (int j = 0; j < AW; ++j) row_anc[tid][j] = tid < nrows ? anc[m * AW + j] : 0;",
+            );
+        });
+        return;
+    }
+    w.if_block("tid == 0", |w| w.line("s_len = 0;"));
     w.if_block("tid < RB", |w| {
         w.line("int rp = -1;");
         w.if_block("tid < nrows", |w| {
             w.line("const int m = b * c.t + (r0 + tid) / G;");
-            if tree {
-                w.line("rp = 0;");
-                w.line(
-                    "for (int j = 0; j < AW; ++j) row_anc[tid][j] = anc[(long long)m * AW + j];",
-                );
-            } else {
-                w.line("rp = cache_slot((long long)pos[m], c.ctx);");
-            }
+            w.line("rp = cache_slot((long long)pos[m], c.ctx);");
         });
         w.line("row_pos[tid] = rp;");
     });
@@ -459,6 +429,11 @@ fn emit_scores(w: &mut Writer, mma: &str) {
 
 fn emit_mask(w: &mut Writer, p: &AttentionParams) {
     w.comment("masks per (row, slot), then the log2-domain scale");
+    if words(p) > 0 {
+        w.comment("a tile wholly inside the prefix and the split is allowed for every row; rows");
+        w.comment("past nrows need no mask (their q is zero-filled and their partials unwritten)");
+        w.line("const bool all_prefix = s0 + TS <= min(prefix, s_end);  // block-uniform");
+    }
     w.for_unrolled("j", 0, "TS / 8", |w| {
         w.for_unrolled("e", 0, 4, |w| {
             w.line("const int slot = s0 + 8 * j + 2 * tq + (e & 1);");
@@ -466,8 +441,8 @@ fn emit_mask(w: &mut Writer, p: &AttentionParams) {
                 w.line("const int r = e < 2 ? ra : rb;");
                 w.line("const int u = slot - prefix;");
                 w.line(
-                    "const bool ok = slot < s_end && row_pos[r] >= 0 && \
-                     (u < 0 || (u < tree_n && ((row_anc[r][u >> 6] >> (u & 63)) & 1)));",
+                    "const bool ok = all_prefix || (slot < s_end && \
+                     (u < 0 || (u < tree_n && ((row_anc[r][u >> 6] >> (u & 63)) & 1))));",
                 );
             } else {
                 w.line("const bool ok = slot < s_end && slot <= (e < 2 ? lim_a : lim_b);");

@@ -12,7 +12,10 @@ use gpu::{assert_close, bf16_tol, tensor, Gpu, Mem, Reference, Rng};
 use specc_ir::op::{AttnMask as IrMask, RopeScaling, RopeStyle as IrStyle};
 use specc_ir::Op;
 use specc_kernels_gen::abi::{Bucket, Dtype, Loc};
-use specc_kernels_gen::attention::{attention, attention_tiles, AttentionParams, AttnMask};
+use specc_kernels_gen::attention::{
+    attention, attention_tiles, attention_tiles_tiled, AttentionParams, AttnMask,
+};
+use specc_kernels_gen::attention_mma::TileTiling;
 use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
 
@@ -181,6 +184,8 @@ struct AttnCase {
     words: usize,
     /// The tensor-core kernel (`attn_tile`) instead of `attn_split`.
     tiles: bool,
+    /// `attn_tile` with this block shape instead of the plan's.
+    tiling: Option<TileTiling>,
 }
 
 fn check_attention(gpu: &Gpu, c: AttnCase) {
@@ -195,6 +200,7 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
         tree,
         words,
         tiles,
+        tiling,
     } = c;
     let m = b * t;
     let mut rng = Rng::new((b * 1000 + t * 10 + d) as u64);
@@ -232,8 +238,12 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
         scratch: Loc::arena(0),
     };
     let scratch = plan.alloc(params.scratch_bytes(m as u32));
-    let generate = if tiles { attention_tiles } else { attention };
-    let ks = generate(&AttentionParams { scratch, ..params }).unwrap();
+    let params = AttentionParams { scratch, ..params };
+    let ks = match (tiles, tiling) {
+        (_, Some(tl)) => attention_tiles_tiled(&params, tl).unwrap(),
+        (true, None) => attention_tiles(&params).unwrap(),
+        (false, None) => attention(&params).unwrap(),
+    };
     // Sequence b's prefix is 300 + 137·b slots (clamped to the cache), its last lane padding.
     let prefixes: Vec<usize> = (0..b).map(|s| (300 + 137 * s).min(ctx - t)).collect();
     let mut pv = Vec::new();
@@ -331,6 +341,7 @@ fn attention_matches_interpreter() {
         tree: false,
         words: 1,
         tiles: false,
+        tiling: None,
     };
     check_attention(&gpu, tiny);
     check_attention(&gpu, AttnCase { splits: 1, ..tiny });
@@ -359,6 +370,7 @@ fn attention_matches_interpreter() {
         tree: false,
         words: 1,
         tiles: false,
+        tiling: None,
     };
     check_attention(&gpu, llama);
     check_attention(&gpu, AttnCase { t: 1, ..llama });
@@ -381,11 +393,10 @@ fn attention_matches_interpreter() {
     );
 }
 
-/// The tensor-core kernel: rows per sequence T·G = 40, 64, 100, 256, 400 and 1024 (4, 4, 8,
-/// 16 and 16 warps per block, 400 in 2 and 1024 in 4 row blocks), causal and tree with 1-, 2-
-/// and 4-word masks,
-/// GQA groups 1, 4 and 8, head dims 64 and 128, contexts that are no multiple of the tile,
-/// one split and many.
+/// The tensor-core kernel as the plan makes it (blocks of up to 4 warps, 64 rows): rows
+/// per sequence T·G = 40, 64, 100, 256, 400 and 1024 (1 to 16 row blocks), causal and
+/// tree with 1-, 2- and 4-word masks, GQA groups 1, 4 and 8, head dims 64 and 128,
+/// contexts that are no multiple of the tile, one split and many.
 #[test]
 fn attention_tiles_match_interpreter() {
     let Some(gpu) = Gpu::new() else { return };
@@ -400,6 +411,7 @@ fn attention_tiles_match_interpreter() {
         tree: true,
         words: 1,
         tiles: true,
+        tiling: None,
     };
     // T·G = 40: one 4-warp block, tree.
     check_attention(&gpu, llama);
@@ -413,7 +425,7 @@ fn attention_tiles_match_interpreter() {
             ..llama
         },
     );
-    // T·G = 256: one 16-warp block.
+    // T·G = 256: four row blocks.
     check_attention(
         &gpu,
         AttnCase {
@@ -437,8 +449,8 @@ fn attention_tiles_match_interpreter() {
             ..llama
         },
     );
-    // Head dim 64 with many rows: 8 warps (G = 1, T·G = 100) and 16 warps in two row blocks
-    // (G = 4, T·G = 400, a 100-node tree: 2 ancestor words). Their dynamic shared memory is under 48 KiB but static +
+    // Head dim 64 with many rows: G = 1, T·G = 100 (2 row blocks) and G = 4, T·G = 400 (7
+    // row blocks, a 100-node tree: 2 ancestor words). Their dynamic shared memory is under 48 KiB but static +
     // dynamic is not: the launch must opt in (it failed with CUDA_ERROR_INVALID_VALUE when
     // only dynamic sizes above 48 KiB opted in).
     check_attention(
@@ -471,7 +483,7 @@ fn attention_tiles_match_interpreter() {
     if std::env::var_os("SPECC_GPU_QUICK").is_some() {
         return;
     }
-    // A 256-node tree (4 words), G = 4: T·G = 1024 in 4 row blocks of 256.
+    // A 256-node tree (4 words), G = 4: T·G = 1024 in 16 row blocks.
     check_attention(
         &gpu,
         AttnCase {
@@ -499,4 +511,47 @@ fn attention_tiles_match_interpreter() {
             ..llama
         },
     );
+}
+
+/// `attn_tile` block shapes other than the plan's (the bench's alternatives): 2 to 16 warps
+/// over several row blocks, tiles of 16 to 64 slots, tree and causal masks (tiles wholly
+/// inside the prefix skip the per-slot mask), one split and several.
+#[test]
+fn attention_tile_shapes_match_interpreter() {
+    let Some(gpu) = Gpu::new() else { return };
+    let base = AttnCase {
+        b: 2,
+        t: 64,
+        ctx: 1100,
+        hq: 32,
+        hkv: 8,
+        d: 128,
+        splits: 4,
+        tree: true,
+        words: 1,
+        tiles: true,
+        tiling: None,
+    };
+    for (warps, tile_slots, splits, tree) in [
+        (4, 32, 1, true),
+        (4, 16, 3, false),
+        (8, 32, 2, true),
+        (2, 64, 5, false),
+        (16, 16, 7, true),
+    ] {
+        let tiling = Some(TileTiling {
+            warps,
+            tile_slots,
+            split_p: true,
+        });
+        check_attention(
+            &gpu,
+            AttnCase {
+                splits,
+                tree,
+                tiling,
+                ..base
+            },
+        );
+    }
 }

@@ -10,7 +10,7 @@ B=".gpu/specc bench $C/llama-3.1-8b/config.json --random-weights --iters 60"
 run() { echo "## $*" | tee -a "$OUT/bench.md"; timeout 150 "$@" 2>&1 | grep -v "^\s*$" | tee -a "$OUT/bench.md"; }
 run $B --batch 1 --context 1024 --per-kernel --json "$OUT/decode_b1_c1024.json"
 # A/B of programmatic dependent launch (the report's "PDL ..." line says which).
-SPECC_PDL=0 run $B --batch 1 --context 1024 --json "$OUT/decode_b1_c1024_nopdl.json"
+SPECC_PDL=1 run $B --batch 1 --context 1024 --json "$OUT/decode_b1_c1024_pdl.json"
 run $B --batch 1 --context 1024 --tokens 8 --json "$OUT/verify8_b1_c1024.json"
 run $B --batch 1 --context 1024 --spec $C/draft-1b-k7.toml --json "$OUT/draft1b_k7.json"
 run $B --batch 1 --context 1024 --spec $C/eagle3-k7.toml --json "$OUT/eagle3_k7.json"

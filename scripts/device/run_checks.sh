@@ -9,7 +9,7 @@ echo "== GPU end-to-end tests"
 timeout 300 .gpu/tests/gpu_e2e --test-threads=1 --nocapture 2>&1 | tee "$OUT/gpu_e2e.log" | grep -E "test |rel L2|exact|identical|panicked|result" 
 echo "== runtime smoke tests"
 timeout 60 .gpu/tests/cuda_smoke --test-threads=1 2>&1 | tail -3
-echo "== PDL: captured / eager chains over reused arena offsets (SPECC_PDL=0 to compare)"
+echo "== PDL: captured / eager chains over reused arena offsets (the tests turn PDL on themselves)"
 timeout 120 .gpu/tests/cuda_pdl --test-threads=1 --nocapture 2>&1 | tee "$OUT/cuda_pdl.log" | grep -E "test |PDL|graph:|replay of|control|panicked|result"
 echo "== CLI: cuda vs cpu on the embedded model"
 .gpu/specc run --prompt "def main(" --max-tokens 32 --backend cuda --ids-out "$OUT/cuda_ids.json" > "$OUT/run_cuda.txt" 2> "$OUT/run_cuda.err"

@@ -373,8 +373,8 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
     })
     .unwrap();
     add("attention tree (T<=256, 4 words): split", tree256.split);
-    // The tensor-core kernel at 4, 8 and 16 warps per block (the 8B's G = 4: 64, 128 and
-    // 256+ rows), causal and tree with 1 and 4 ancestor words.
+    // The tensor-core kernel (4-warp blocks; 3 at T <= 12 with G = 4), causal and tree
+    // with 1 and 4 ancestor words.
     let tiles = |mask, max_t| {
         attention_tiles(&AttentionParams {
             scratch,
@@ -391,7 +391,7 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
         words,
     };
     add("attn_tile causal (T<=16)", tiles(AttnMask::Causal, 16));
-    add("attn_tile tree (T<=32)", tiles(tree_mask(1), 32));
+    add("attn_tile tree (T<=12)", tiles(tree_mask(1), 12));
     add("attn_tile tree (T<=64)", tiles(tree_mask(1), 64));
     add("attn_tile tree (T<=256, 4 words)", tiles(tree_mask(4), 256));
     add(

@@ -70,22 +70,24 @@ pub fn pick_arch<'a>(device_arch: &str, available: &[&'a str]) -> Option<&'a str
         .copied()
 }
 
-/// The environment variable that switches programmatic dependent launch off (`0`, `off`,
-/// `false` or `no`) for A/B measurements.
+/// The environment variable that switches programmatic dependent launch on (`1`, `on`,
+/// `true` or `yes`) for A/B measurements.
 pub const PDL_ENV: &str = "SPECC_PDL";
 
-/// Whether launches use programmatic dependent launch (PDL) by default: on a device of compute
-/// capability 9.0 or later (where `griddepcontrol` exists) with a driver of CUDA 12.3 or
-/// later (programmatic edges in captured graphs), unless `env` (the value of [`PDL_ENV`])
-/// switches it off.
+/// Whether launches use programmatic dependent launch (PDL): off unless `env` (the value of
+/// [`PDL_ENV`]) switches it on, and then only on a device of compute capability 9.0 or later
+/// (where `griddepcontrol` exists) with a driver of CUDA 12.3 or later (programmatic edges
+/// in captured graphs). Off by default because it was measured slower in every step graph
+/// (H200, Llama-3.1-8B shape, `bench/NOTES.md`): decode 5.277 → 5.038 ms and verify of 64
+/// tokens 7.966 → 6.832 ms with it off.
 pub fn pdl_default(compute_capability: (u32, u32), driver_version: i32, env: Option<&str>) -> bool {
-    let off = env.is_some_and(|v| {
+    let on = env.is_some_and(|v| {
         matches!(
             v.trim().to_ascii_lowercase().as_str(),
-            "0" | "off" | "false" | "no"
+            "1" | "on" | "true" | "yes"
         )
     });
-    pdl_supported(compute_capability, driver_version) && !off
+    pdl_supported(compute_capability, driver_version) && on
 }
 
 fn pdl_supported(compute_capability: (u32, u32), driver_version: i32) -> bool {
@@ -194,8 +196,8 @@ impl CudaDevice {
     }
 
     /// Whether launches marked PDL-safe ([`PreparedLaunch::with_pdl`]) are issued with
-    /// programmatic stream serialization: on by default from compute capability 9.0, off
-    /// with `SPECC_PDL=0`.
+    /// programmatic stream serialization: off by default, on with `SPECC_PDL=1` from
+    /// compute capability 9.0 ([`pdl_default`]).
     ///
     /// [`PreparedLaunch::with_pdl`]: super::PreparedLaunch::with_pdl
     pub fn pdl_enabled(&self) -> bool {
@@ -316,19 +318,22 @@ mod tests {
     }
 
     #[test]
-    fn pdl_defaults_on_from_sm90_and_switches_off_by_env() {
-        assert!(pdl_default((9, 0), 13000, None));
+    fn pdl_defaults_off_and_switches_on_by_env_from_sm90() {
+        assert!(!pdl_default((9, 0), 13000, None), "off unless asked for");
         assert!(pdl_default((12, 0), 12030, Some("1")));
+        for on in ["1", "on", "TRUE", " yes "] {
+            assert!(pdl_default((9, 0), 13000, Some(on)), "{on}");
+        }
         assert!(
-            !pdl_default((8, 9), 13000, None),
+            !pdl_default((8, 9), 13000, Some("1")),
             "no griddepcontrol before sm_90"
         );
         assert!(
-            !pdl_default((9, 0), 12020, None),
+            !pdl_default((9, 0), 12020, Some("1")),
             "driver too old for PDL graph edges"
         );
-        for off in ["0", "off", "FALSE", " no "] {
-            assert!(!pdl_default((9, 0), 13000, Some(off)), "{off}");
+        for off in ["0", "off", "FALSE", " no ", ""] {
+            assert!(!pdl_default((9, 0), 13000, Some(off)), "{off:?}");
         }
     }
 

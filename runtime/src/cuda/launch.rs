@@ -12,7 +12,8 @@
 //! issued, when the device has PDL on ([`CudaDevice::pdl_enabled`]), through
 //! `cuLaunchKernelEx` with `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`: its blocks
 //! may start while the previous kernel in the stream still runs (under capture this becomes a
-//! programmatic graph edge), hiding the launch gap. Only kernels that execute
+//! programmatic graph edge). Off unless `SPECC_PDL=1` (measured slower in every step graph:
+//! [`super::device::pdl_default`]). Only kernels that execute
 //! `griddepcontrol.wait` before touching memory an earlier kernel writes or reads may be
 //! marked: every generated kernel does (`pdl_enter` in kernels-gen's `cuda/common.cuh`).
 //! The attribute only relaxes an edge from a preceding kernel; after a copy or memset, or as

@@ -35,7 +35,7 @@ pub struct Measured {
 
 pub struct Measurement {
     pub device: String,
-    /// Whether launches used programmatic dependent launch (`SPECC_PDL=0` turns it off).
+    /// Whether launches used programmatic dependent launch (off unless `SPECC_PDL=1`).
     pub pdl: bool,
     /// The target's config.json (what the PyTorch reference reads).
     pub config: PathBuf,

@@ -114,9 +114,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     println!(
         "PDL (programmatic dependent launch): {}; programmatic edges per timed graph: {}",
         if m.pdl {
-            "on (SPECC_PDL=0 turns it off)"
+            "on (SPECC_PDL=1)"
         } else {
-            "off"
+            "off (SPECC_PDL=1 turns it on)"
         },
         edges.join(", ")
     );
