@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Its own device call (slow: the trained DDTree test under racecheck takes more than 150 s):
-# compute-sanitizer racecheck on the captured DDTree step graphs, random drafter (f32 fixtures)
-# and trained family (bf16: the tree verifies run the x-staged matmuls, mbarrier + bulk copies).
-# After scripts/gpu-build. Usage on the device: bash scripts/device/racecheck.sh
+# Its own device call (slow: the trained DDTree test under racecheck took more than 300 s):
+# compute-sanitizer racecheck on the captured DDTree step graphs of the trained family (bf16:
+# the tree verifies run the x-staged matmuls, mbarrier + bulk copies, and the 4-warp tree
+# attention blocks), then, if asked with `random`, the random drafter's (f32 fixtures: CUDA-core
+# kernels only). After scripts/gpu-build. Usage on the device: bash scripts/device/racecheck.sh [random]
 set -uo pipefail
 export SPECC_CACHE_DIR=/tmp/specc-cache
-for which in random trained; do
+for which in trained ${1:-}; do
   echo "== racecheck: $which DDTree step graphs"
-  timeout 280 compute-sanitizer --tool racecheck --print-limit 5 .gpu/tests/gpu_ddtree \
+  timeout 540 compute-sanitizer --tool racecheck --print-limit 5 .gpu/tests/gpu_ddtree \
     --test-threads=1 "${which}_ddtree_is_exact" 2>&1 | grep -v uploading | tail -4
 done
