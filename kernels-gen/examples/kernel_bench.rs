@@ -447,14 +447,28 @@ fn tree_attention_case(gpu: &Gpu, t: u32, ctx: u32, variant: AttnVariant) -> Row
         AttnVariant::Tiled(tl, _) => format!(" w{} ts{}", tl.warps, tl.tile_slots),
         _ => String::new(),
     };
+    let kernel = match variant {
+        AttnVariant::CombineOnly(_) => &ks.combine.name,
+        _ => &ks.split.name,
+    };
     Row {
         label: format!(
-            "{name} tree T={t} ctx={ctx} splits={}{shape} [{}]",
-            p.splits, ks.split.name
+            "{name} tree T={t} ctx={ctx} splits={}{shape} [{kernel}]",
+            p.splits
         ),
         us,
         bytes: (ctx * hkv * d * 2 * 2) as f64,
     }
+}
+
+/// The comma-separated counts of command-line argument `n` (`what` names them in the panic
+/// on a bad one); 64 when absent.
+fn counts_arg(n: usize, what: &str) -> Vec<u32> {
+    std::env::args().nth(n).map_or(vec![64], |a| {
+        a.split(',')
+            .map(|c| c.parse().unwrap_or_else(|_| panic!("{what}: {a:?}")))
+            .collect()
+    })
 }
 
 /// `attn_tile` at T nodes × G = 4 rows over `ctx` slots: blocks of 4 / 8 / 16 warps,
@@ -632,15 +646,7 @@ fn main() {
     if only.as_deref() == Some("tree_tilings") {
         // `kernel_bench tree_tilings [T,..]`: every attn_tile block shape and KV split at
         // ctx 1024 (default T = 64), the fastest ten after the plan's, and the combine alone.
-        let ts: Vec<u32> = std::env::args()
-            .nth(2)
-            .map(|a| {
-                a.split(',')
-                    .map(|t| t.parse().expect("node counts"))
-                    .collect()
-            })
-            .unwrap_or(vec![64]);
-        for t in ts {
+        for t in counts_arg(2, "node counts") {
             sweep_tree_tilings(&gpu, t, 1024);
         }
     }
@@ -649,14 +655,7 @@ fn main() {
     }
     if only.as_deref() == Some("wide") {
         // `kernel_bench wide 1,8,64`: the row counts to sweep (default 64).
-        let ms: Vec<u32> = std::env::args()
-            .nth(2)
-            .map(|a| {
-                a.split(',')
-                    .map(|m| m.parse().expect("row counts"))
-                    .collect()
-            })
-            .unwrap_or(vec![64]);
+        let ms = counts_arg(2, "row counts");
         // A third argument `bulk` sweeps the copy-engine splits only (`xbulk`: the x-staged
         // ones only); a fourth keeps the shapes whose label contains it.
         let feeds = std::env::args().nth(3).unwrap_or_default();

@@ -18,10 +18,10 @@
 //! of 16–32-slot tiles by 15–26 %. A row's f32 `O` accumulators (`DV · 4` bytes) live for
 //! the whole pass, so a 16-warp block is held to 128 registers per thread and 16-slot tiles,
 //! and pays its per-tile fixed work (O rescale, barriers) 4 times as often; a 4-warp block
-//! may use up to 255 registers per thread, room for 64-slot tiles. Rows past 64 go to further blocks (grid
-//! x, the fastest-varying index, so the row blocks of one (kv head, split) range run
-//! together and all but the first read its tiles from L2: HBM traffic stays one pass over
-//! the prefix). Splits fill the GPU ([`splits`]).
+//! may use up to 255 registers per thread, room for 64-slot tiles. Rows past 64 go to
+//! further blocks (grid x, the fastest-varying index, so the row blocks of one (kv head,
+//! split) range run together and all but the first read its tiles from L2: HBM traffic
+//! stays one pass over the prefix). Splits fill the GPU ([`splits`]).
 //!
 //! Numerics: scores are exact bf16 products summed in f32, the softmax is f32 (`l` sums the
 //! f32 `p`), and `P·V` runs on two 16-bit halves of `p` (see [`TileTiling::split_p`]), so
@@ -125,21 +125,20 @@ pub fn tiling(p: &AttentionParams) -> Option<TileTiling> {
         .find(|&t| smem_dynamic(p, t) + smem_static(p, t) <= SMEM_BUDGET)
 }
 
-/// SMs of the device the split count aims at (H200), and blocks resident per SM: shared
-/// memory within [`SMEM_BUDGET`] fits two per 228 KiB H100/H200 SM, and two 4-warp blocks
-/// at up to 255 registers per thread fill the register file.
-const SMS: u32 = 132;
+/// Blocks resident per SM the split count assumes: shared memory within [`SMEM_BUDGET`]
+/// fits two per 228 KiB H100/H200 SM, and two 4-warp blocks at up to 255 registers per
+/// thread fill the register file.
 const RESIDENT_PER_SM: u32 = 2;
 
 /// Context splits for `b` sequences of `t` rows each at context `ctx`: as many as one wave
-/// of resident blocks holds (`SMS · RESIDENT_PER_SM` over the blocks of one split), at most
+/// of resident blocks holds (`TARGET_SMS · RESIDENT_PER_SM` over the blocks of one split), at most
 /// one per 64 slots and 64 in all. Measured (`kernel_bench tree_tilings`, ctx 1024): T = 32 /
 /// 64 / 128 nodes were fastest at 16 / 8 / 4 splits, the counts this gives.
 pub fn splits(p: &AttentionParams, b: u32, t: u32, ctx: u32) -> u32 {
     let Some(tl) = tiling(p) else { return 1 };
     let rows = t.max(1).saturating_mul(group(p));
     let per_split = b.max(1) * p.kv_heads * rows.div_ceil(tl.rows());
-    let fill = (SMS * RESIDENT_PER_SM / per_split.max(1)).max(1);
+    let fill = (crate::TARGET_SMS * RESIDENT_PER_SM / per_split.max(1)).max(1);
     fill.min(ctx.div_ceil(64)).clamp(1, 64)
 }
 

@@ -433,7 +433,7 @@ fn single_kernels(cx: &mut Ctx, v: ValueId) -> Result<Launches, Error> {
 /// Context splits of `attn_split`: enough blocks to fill the GPU at batch 1, each split
 /// ≥ 64 slots (`attn_tile` uses [`attention_mma::splits`]).
 pub fn attention_splits(ctx: u32, b: u32, kv_heads: u32) -> u32 {
-    let want = (264 / (b * kv_heads).max(1)).max(1);
+    let want = (2 * crate::TARGET_SMS / (b * kv_heads).max(1)).max(1);
     want.min(ctx.div_ceil(64)).clamp(1, 64)
 }
 

@@ -47,8 +47,8 @@ mod reduce;
 const FAMILY: &str = "gemv_mma";
 /// Row tiles from this size use the tensor-core kernel (M = 1 stays on CUDA cores).
 pub const MMA_MIN_ROWS: u32 = 2;
-/// SM count the block-count heuristics aim at (H200: 132).
-const TARGET_SMS: u64 = 132;
+/// SM count the block-count heuristics aim at ([`crate::TARGET_SMS`]).
+const TARGET_SMS: u64 = crate::TARGET_SMS as u64;
 /// Shared memory for one round of the split-K reduction.
 const RED_SMEM_MAX: u64 = 40 * 1024;
 /// Dynamic shared memory for the staged operand ring ([`Feed::Smem`]); with the static
