@@ -46,7 +46,7 @@ fn random_ddtree_is_exact_on_cuda() {
 }
 
 /// Budgets 32 and 96 at B = 1, 64 and 256 at B = 4, 48 tokens each; with `SPECC_GPU_QUICK`
-/// (runs under compute-sanitizer, `scripts/device/racecheck.sh`) budget 64 at B = 4 for 16
+/// (runs under compute-sanitizer, `scripts/device/sanitize.sh`) budget 64 at B = 4 for 16
 /// tokens: one many-row tree verify graph, captured and replayed a few times.
 #[test]
 fn trained_ddtree_is_exact_on_cuda() {

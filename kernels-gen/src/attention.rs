@@ -221,11 +221,15 @@ pub fn attention_tiles_tiled(
     })
 }
 
-/// Whether [`select`] picks the tensor-core kernel: more rows `(t, g)` per sequence than
-/// one block of the CUDA-core kernel holds (each extra block re-reads the context), and
-/// shapes the tensor-core kernel supports.
+/// Whether [`select`] picks the tensor-core kernel: more than one token per sequence
+/// (verify, tree and drafter blocks) and shapes the tensor-core kernel supports. Measured
+/// in the step graph (H200, Llama-3.1-8B, ctx 1024, one call, 2026-11-30): verify T = 8
+/// (32 rows per KV head, which the CUDA-core kernel held in one block) 5.981 → 5.293 ms, the
+/// EAGLE-3 k = 7 chain step 7.754 → 7.021. Decode (one token) keeps the CUDA-core kernel:
+/// the tensor-core one was faster there too at ctx 1024 (4.984 vs 5.163 ms) but has not been
+/// measured at long contexts or batch 8.
 pub fn uses_tiles(p: &AttentionParams) -> bool {
-    p.max_t.saturating_mul(p.group()) > MAX_ROWS && crate::attention_mma::supports(p)
+    p.max_t > 1 && crate::attention_mma::supports(p)
 }
 
 /// The kernels the plan launches: [`attention_tiles`] where [`uses_tiles`], else [`attention`].

@@ -2,7 +2,7 @@
 //! (tree verify: T = 8..256 nodes × G query heads per kv head), FlashAttention-2 style.
 //! Same parameters, masks, numerics and partials layout as [`crate::attention`]; its
 //! `attn_combine` merges the splits. The plan picks it through [`crate::attention::select`]
-//! when `max_t · G` exceeds the 32 rows the CUDA-core kernel handles per block.
+//! from two tokens per sequence (`attention::uses_tiles`; decode keeps the CUDA-core kernel).
 //!
 //! Grid `(row blocks, kv_heads · splits, B)`; a block of `NW` warps owns `RB = 16 · NW` query
 //! rows `(t, g)` of one sequence (row `r = t · G + g`), one kv head and one context split.

@@ -189,16 +189,17 @@ fn llama_tree(max_t: u32) -> AttentionParams {
     }
 }
 
-/// Up to 32 rows per sequence stay on `attn_split`; more go to `attn_tile`, in blocks of up
-/// to 4 warps (64 rows; T = 64 nodes × G = 4 take 4 row blocks).
+/// One token per sequence (decode) stays on `attn_split`; from two on `attn_tile` runs, in
+/// blocks of up to 4 warps (64 rows; T = 2 × G = 4 take one warp, T = 64 nodes × G = 4 take 4
+/// row blocks).
 #[test]
 fn attention_selects_tiles_for_many_rows() {
-    assert!(select(&llama_tree(8))
+    assert!(select(&llama_tree(1))
         .unwrap()
         .split
         .name
         .starts_with("attn_split"));
-    for (t, warps) in [(9, 3), (32, 4), (64, 4), (256, 4)] {
+    for (t, warps) in [(2, 1), (8, 2), (9, 3), (32, 4), (64, 4), (256, 4)] {
         let p = llama_tree(t);
         let k = select(&p).unwrap().split;
         assert!(k.name.starts_with("attn_tile"), "T = {t}: {}", k.name);

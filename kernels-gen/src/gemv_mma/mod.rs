@@ -224,8 +224,13 @@ pub const ROPE_FUSED_MAX_ROWS: u32 = 1;
 /// of its rows to compute their RMS (a serial chain of L2 round trips per warp) and scale
 /// each x fragment per warp. Measured (`kernel_bench wide`, H200, 8B shapes at M = 64, same
 /// split with and without the prologue): qkv 71.3 → 42.7 µs, gate/up 219 → 140 µs, lm-head
-/// 681 → 493 µs, against ≈ 3 µs for the separate norm.
-pub const NORM_FUSED_MAX_ROWS: u32 = 16;
+/// 681 → 493 µs, against ≈ 3 µs for the separate norm. Row tiles above it also take the
+/// x-staged splits of [`wide_tiling`]: in the step graph (H200, 8B, ctx 1024, one call,
+/// 2026-11-30) that made verify T = 16 5.341 ms against 6.327 with the norm fused into the
+/// 16-row register-prefetch split, the DDTree budget-16 step 6.916 vs 8.040 and the DFlash
+/// block-16 step 6.776 vs 7.890; at 8 rows the fused split stays faster (verify T = 8 5.828
+/// vs 5.919).
+pub const NORM_FUSED_MAX_ROWS: u32 = 8;
 
 /// Whether the kernel [`select`] picks for `p` can carry the RoPE + KV-write epilogue of
 /// heads of `head_dim` with `rotary_dim` rotated features (the plan falls back to the
@@ -283,8 +288,8 @@ fn staged_bytes(p: &GemvParams, t: &MmaTiling) -> u64 {
 
 /// The default work split.
 ///
-/// Up to 16 rows: each x fragment feeds two weight tiles (gate and up, or two column
-/// tiles), halving the x traffic per weight byte, except at M ≤ 16 with few columns, where
+/// Up to [`NORM_FUSED_MAX_ROWS`] (8) rows: each x fragment feeds two weight tiles (gate and
+/// up, or two column tiles), halving the x traffic per weight byte, except with few columns, where
 /// one tile per warp doubles the blocks. `wn` (warps sharing x) grows while there are
 /// still ≥ 2 blocks per SM; `wk` fills the block to 8 warps; K is not split across blocks
 /// (split-K across blocks was never faster at the 8B shapes, M = 1, 8 and 64:
@@ -292,7 +297,7 @@ fn staged_bytes(p: &GemvParams, t: &MmaTiling) -> u64 {
 /// 1×8×1 at M = 1 and 8) were slower inside the step graph (verify-8 6.518 vs 6.003 ms),
 /// so the plan keeps these.
 ///
-/// Above 16 rows x traffic dominates (each weight byte meets M/8 x bytes): [`wide_tiling`].
+/// Above 8 rows x traffic dominates (each weight byte meets M/8 x bytes): [`wide_tiling`].
 /// For an H100/H200-class block (227 KiB of shared memory); [`tiling_within`] for others.
 pub fn tiling(p: &GemvParams) -> MmaTiling {
     tiling_within(p, HOPPER_SMEM_PER_BLOCK)
@@ -304,7 +309,7 @@ const HOPPER_SMEM_PER_BLOCK: u32 = 227 * 1024;
 /// [`tiling`] for blocks that may use `smem_per_block` bytes of shared memory.
 pub fn tiling_within(p: &GemvParams, smem_per_block: u32) -> MmaTiling {
     let (mt8, g) = (mt8(p), mats(p));
-    if mt8 > 2 {
+    if p.row_tile > NORM_FUSED_MAX_ROWS {
         return wide_tiling(p, smem_per_block);
     }
     let units = p.k.div_ceil(32);
@@ -342,11 +347,11 @@ fn fixed_row_tiles(p: &GemvParams) -> u64 {
     }
 }
 
-/// Blocks of 8 warps the row tiles above 16 aim at (measured at M = 64 on the H200: 96–128
+/// Blocks of 8 warps the row tiles above 8 aim at (measured at M = 64 on the H200: 96–128
 /// blocks beat both fewer, wider blocks and split-K across blocks).
 const WIDE_MIN_BLOCKS: u64 = 96;
 
-/// Above 16 rows: each x fragment is loaded by every warp that uses it, so a block should
+/// Above 8 rows: each x fragment is loaded by every warp that uses it, so a block should
 /// cover as many weight columns as possible (`16 · TN · WN · G` share one x read through
 /// L1) while the grid keeps at least [`WIDE_MIN_BLOCKS`] blocks; the remaining warps of
 /// the 8 split K inside the block. x is prefetched with the weights (`kernel_bench wide`,
@@ -390,7 +395,7 @@ pub fn wide_tiling(p: &GemvParams, smem_per_block: u32) -> MmaTiling {
     t
 }
 
-/// Above 16 rows where x arrives normalised and whole chunks tile K: x rows staged by the
+/// Above 8 rows where x arrives normalised and whole chunks tile K: x rows staged by the
 /// copy engine in 2 stages, weights prefetched into registers ([`Feed::XBulk`]), one 16-column
 /// tile per warp. The first of these that reaches [`WIDE_MIN_BLOCKS`] blocks (and is valid;
 /// where none does, small models, the valid one with the most blocks):
