@@ -1,5 +1,5 @@
 //! `attn_tile`: split-context attention on tensor cores for many query rows per sequence
-//! (tree verify: T = 8..256 nodes × G query heads per kv head), FlashAttention-2 style.
+//! (verify, drafter blocks and trees: T = 2..256 tokens × G query heads per kv head), FlashAttention-2 style.
 //! Same parameters, masks, numerics and partials layout as [`crate::attention`]; its
 //! `attn_combine` merges the splits. The plan picks it through [`crate::attention::select`]
 //! from two tokens per sequence (`attention::uses_tiles`; decode keeps the CUDA-core kernel).
