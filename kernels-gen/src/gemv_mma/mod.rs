@@ -308,18 +308,15 @@ const HOPPER_SMEM_PER_BLOCK: u32 = 227 * 1024;
 
 /// [`tiling`] for blocks that may use `smem_per_block` bytes of shared memory.
 pub fn tiling_within(p: &GemvParams, smem_per_block: u32) -> MmaTiling {
-    let (mt8, g) = (mt8(p), mats(p));
+    let g = mats(p);
     if p.row_tile > NORM_FUSED_MAX_ROWS {
         return wide_tiling(p, smem_per_block);
     }
+    // From here on a row tile is one 8-row x fragment.
     let units = p.k.div_ceil(32);
     let tiles = p.n.div_ceil(16) as u64;
     let few_columns = tiles.div_ceil(2) < 2 * TARGET_SMS;
-    let tn = if g == 2 || (mt8 <= 2 && few_columns) {
-        1
-    } else {
-        2
-    };
+    let tn = if g == 2 || few_columns { 1 } else { 2 };
     let warp_tiles = tiles.div_ceil(tn as u64);
     let wn = [4u32, 2, 1]
         .into_iter()
