@@ -764,6 +764,30 @@ mod tests {
         assert!(gemv_mma(&mixed).is_err());
     }
 
+    /// The row policy (measured, see [`NORM_FUSED_MAX_ROWS`]): up to 8 rows the register
+    /// prefetch split with the norm fused; from 9 rows (verify of 16 tokens, DFlash blocks) the
+    /// x-staged split that the 64-row verify uses, at the 8B shapes.
+    #[test]
+    fn row_tiles_above_8_take_the_x_staged_split() {
+        for (k, n, gu) in [
+            (4096, 6144, false),
+            (4096, 14336, true),
+            (14336, 4096, false),
+        ] {
+            for m in [1, 2, 8] {
+                let t = tiling(&params(m, k, n, gu, Dtype::BF16));
+                assert_eq!(t.feed, Feed::Prefetch, "M={m} K={k} N={n}");
+            }
+            for m in [9, 16, 32, 64] {
+                let t = tiling(&params(m, k, n, gu, Dtype::BF16));
+                assert!(
+                    matches!(t.feed, Feed::XBulk { .. }),
+                    "M={m} K={k} N={n}: {t:?}"
+                );
+            }
+        }
+    }
+
     /// Every default tiling covers N with its grid, fits its reduction in shared memory and
     /// its block in 8 warps, for the Llama-3.1-8B shapes and odd ones at every row tile.
     #[test]
