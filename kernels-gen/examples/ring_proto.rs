@@ -8,14 +8,14 @@
 //! cargo build --release -p specc-kernels-gen --features cuda --example ring_proto
 //! # on the device: target/release/examples/ring_proto [STAGES,..]
 //! ```
-//! The kernel: 8 consumer warps own 16 weight rows each (a block owns 128 output columns),
-//! one producer warp streams K in chunks of 64 k: per chunk one 16 KiB copy of the block's
+//! The kernel: 8 (or 4) consumer warps own 16 weight rows each (a block owns 128 or 64 output columns),
+//! one producer warp streams K in chunks of 64 k: per chunk one 16 (or 8) KiB copy of the block's
 //! weight tile and one 8 KiB copy of the x tile (`cp.async.bulk`, completing on the stage's
 //! `full` mbarrier), `STAGES` chunks in flight; consumers release a stage on its `empty`
 //! mbarrier. K is split across blocks (grid z) and each split stores f32 partials; their
 //! reduction is not timed (the planned kernels' split-K reduction is a few µs).
 //!
-//! Operand layout (what a load-time re-layout of the weights would store): `W[NB][KC][128
+//! Operand layout (what a load-time re-layout of the weights would store): `W[NB][KC][BN
 //! rows][128 B]`, `x[KC][64 rows][128 B]`, every 128-byte row holding 64 k as eight 16-byte
 //! pieces, piece `c` stored at `c ^ 4·(row & 1)` so that the lanes of a quarter warp (rows
 //! `g`, `g + 1`, pieces `t`) hit distinct banks. Lane `(g, t)` reads pieces `4h + t`, h = 0, 1,
@@ -32,12 +32,11 @@ use specc_kernels_gen::abi::{Bucket, Extent, KernelSource, LaunchSpec, Loc, PARA
 /// Copy bandwidth of the H200 (read + write counted), BENCH.md.
 const CEILING_GBS: f64 = 4260.0;
 const M: usize = 64;
-/// Output columns per block (8 consumer warps × 16).
-const BN: usize = 128;
 /// k per chunk: one 128-byte row of bf16.
 const KCH: usize = 64;
 
-/// One case: a weight of `n` rows by `k`, split across `ks` blocks along K, `stages` deep.
+/// One case: a weight of `n` rows by `k`, split across `ks` blocks along K, `stages` deep,
+/// `cw` consumer warps of 16 output columns each per block.
 #[derive(Clone, Copy)]
 struct Case {
     label: &'static str,
@@ -45,11 +44,28 @@ struct Case {
     k: usize,
     ks: usize,
     stages: usize,
+    cw: usize,
+}
+
+impl Case {
+    /// Output columns (weight rows) per block.
+    fn bn(&self) -> usize {
+        16 * self.cw
+    }
+
+    /// Dynamic shared memory: `stages` × (weight tile + x tile).
+    fn smem(&self) -> usize {
+        self.stages * (self.bn() + M) * 128
+    }
 }
 
 fn kernel(c: &Case) -> KernelSource {
-    let (nb, kc) = (c.n / BN, c.k / KCH);
-    let name = format!("ring_proto_bf16_{}x{}_ks{}_s{}", c.n, c.k, c.ks, c.stages);
+    let (nb, kc, bn, cw) = (c.n / c.bn(), c.k / KCH, c.bn(), c.cw);
+    let threads = 32 * (cw + 1);
+    let name = format!(
+        "ring_proto_bf16_{}x{}_ks{}_s{}_w{}",
+        c.n, c.k, c.ks, c.stages, c.cw
+    );
     let text = format!(
         r#"
 __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {{
@@ -57,7 +73,7 @@ __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {{
                ::"r"(smem_addr(bar)) : "memory");
 }}
 
-extern "C" __global__ void __launch_bounds__(288) {name}({PARAMS}) {{
+extern "C" __global__ void __launch_bounds__({threads}) {name}({PARAMS}) {{
   constexpr int NS = {ns}, KC = {kc}, KS = {ks}, N = {n}, NB = {nb};
   constexpr unsigned WT = {bn} * 128, XT = {m} * 128, ST = WT + XT;  // bytes per stage
   const unsigned char* wt = reinterpret_cast<const unsigned char*>(ops[0]);
@@ -69,11 +85,11 @@ extern "C" __global__ void __launch_bounds__(288) {name}({PARAMS}) {{
   const int cb = blockIdx.x, z = blockIdx.z;
   const int k0 = z * (KC / KS), k1 = k0 + KC / KS;
   if (threadIdx.x == 0) {{
-    for (int s = 0; s < NS; ++s) {{ mbar_init(&full[s], 1); mbar_init(&empty[s], 8); }}
+    for (int s = 0; s < NS; ++s) {{ mbar_init(&full[s], 1); mbar_init(&empty[s], {cw}); }}
   }}
   __syncthreads();
-  if (warp == 8) {{
-    // producer: chunk n lives in stage n % NS; it waits until the 8 consumer warps have
+  if (warp == {cw}) {{
+    // producer: chunk n lives in stage n % NS; it waits until the consumer warps have
     // released that stage's previous chunk (phase (n / NS - 1) & 1 of empty).
     if (lane == 0) {{
       for (int kc = k0, n = 0; kc < k1; ++kc, ++n) {{
@@ -126,7 +142,6 @@ extern "C" __global__ void __launch_bounds__(288) {name}({PARAMS}) {{
         ns = c.stages,
         ks = c.ks,
         n = c.n,
-        bn = BN,
         m = M,
     );
     let helpers = concat!(
@@ -147,8 +162,8 @@ extern "C" __global__ void __launch_bounds__(288) {name}({PARAMS}) {{
                 Extent::Fixed(1),
                 Extent::Fixed(c.ks as u32),
             ],
-            block: [288, 1, 1],
-            smem_bytes: (c.stages * (BN + M) * 128) as u32,
+            block: [threads as u32, 1, 1],
+            smem_bytes: c.smem() as u32,
         },
         operands: vec![Loc::table(0), Loc::table(1), Loc::arena(0)],
     }
@@ -212,8 +227,10 @@ fn check(c: &Case, gpu: &Gpu, w: &[half::bf16], x: &[half::bf16], mem: &mut Mem)
     err / scale
 }
 
-/// The cases: the 8B matmuls at M = 64 with K splits that give 96–256 blocks, at each depth.
+/// The cases: the 8B matmuls at M = 64, blocks of 8 and of 4 consumer warps, with K splits
+/// that give 96–256 blocks, at each depth that fits a block's shared memory.
 fn cases(stages: &[usize]) -> Vec<Case> {
+    // K splits for 8 consumer warps (128 columns per block); 4 warps take half as many.
     let shapes: [(&'static str, usize, usize, &[usize]); 4] = [
         ("o_proj", 4096, 4096, &[4, 8]),
         ("qkv", 6144, 4096, &[2, 4]),
@@ -222,17 +239,22 @@ fn cases(stages: &[usize]) -> Vec<Case> {
     ];
     let mut out = Vec::new();
     for (label, n, k, kss) in shapes {
-        for &ks in kss {
-            for &s in stages {
-                // 8 stages (192 KiB) fill a block's shared memory; 4 let two blocks share an SM.
-                if (k / KCH).is_multiple_of(ks) && s * (BN + M) * 128 <= 227 * 1024 - 1024 {
-                    out.push(Case {
+        for cw in [8, 4] {
+            let mut kss: Vec<usize> = kss.iter().map(|&ks| (ks * cw / 8).max(1)).collect();
+            kss.dedup();
+            for ks in kss {
+                for &stages in stages {
+                    let c = Case {
                         label,
                         n,
                         k,
                         ks,
-                        stages: s,
-                    });
+                        stages,
+                        cw,
+                    };
+                    if (k / KCH).is_multiple_of(ks) && c.smem() <= 227 * 1024 - 1024 {
+                        out.push(c);
+                    }
                 }
             }
         }
@@ -278,14 +300,17 @@ fn main() {
     );
     let mut rng = gpu::Rng::new(7);
     let all = cases(&stages);
-    let mut shape = None;
+    let mut shape = None; // (n, k, block columns) of the tiled operands
     let (mut w, mut x, mut wt, mut xt) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for c in all {
-        if shape != Some((c.n, c.k)) {
-            shape = Some((c.n, c.k));
+        if shape.map(|(n, k, _)| (n, k)) != Some((c.n, c.k)) {
             w = random_bf16(&mut rng, c.n * c.k);
             x = random_bf16(&mut rng, M * c.k);
-            (wt, xt) = (tiled(&w, c.n, c.k, BN), tiled(&x, M, c.k, M));
+            xt = tiled(&x, M, c.k, M);
+        }
+        if shape != Some((c.n, c.k, c.bn())) {
+            shape = Some((c.n, c.k, c.bn()));
+            wt = tiled(&w, c.n, c.k, c.bn());
         }
         let wbytes = (c.n * c.k * 2) as f64;
         let mut mem = Mem::new(
