@@ -33,10 +33,10 @@ pub mod qkv_rope;
 pub mod rope;
 pub mod writer;
 
-/// `cp.async` helpers: module items of the families that stage tiles in shared memory.
 /// SMs of the device the work-split heuristics fill (H200: 132); kernels are correct on any
 /// count, only their block counts aim at this one.
 pub(crate) const TARGET_SMS: u32 = 132;
+/// `cp.async` helpers: module items of the families that stage tiles in shared memory.
 pub(crate) const CP_ASYNC_ITEMS: &str = include_str!("../cuda/cp_async.cuh");
 
 pub use abi::{
