@@ -140,6 +140,7 @@ fn gemv_case(
                     Feed::Smem { stages } => format!(" smem{stages}"),
                     Feed::Bulk { stages } => format!(" bulk{stages}"),
                     Feed::XBulk { stages } => format!(" xbulk{stages}"),
+                    Feed::Tma { stages } => format!(" tma{stages}"),
                 }
             );
             let scratch = split_needs(&p, &t, m).map(|nd| SplitScratch {
@@ -653,6 +654,14 @@ fn main() {
     if only.as_deref() == Some("sweep") {
         sweep(&gpu);
     }
+    if only.as_deref() == Some("tma") {
+        // `kernel_bench tma [Ms] [SHAPE]`: the tensor-map splits (default M = 16, 64).
+        let ms = std::env::args()
+            .nth(2)
+            .map_or(vec![16, 64], |_| counts_arg(2, "row counts"));
+        let filter = std::env::args().nth(3).unwrap_or_default();
+        sweep_tma(&gpu, &ms, &filter);
+    }
     if only.as_deref() == Some("wide") {
         // `kernel_bench wide 1,8,64`: the row counts to sweep (default 64).
         let ms = counts_arg(2, "row counts");
@@ -730,6 +739,47 @@ fn sweep_wide(gpu: &Gpu, ms: &[u32], feeds: &str, filter: &str) {
                 shape.0
             );
             print_rows(&rows[..rows.len().min(7)]);
+        }
+    }
+}
+
+/// Tensor-map splits ([`Feed::Tma`]) per 8B shape (x normalised beforehand, as the plan runs
+/// row tiles above 8): the default first, then the fastest of 4 or 8 consumer warps, K split
+/// 1–8 ways, 3, 4 or 6 stages where they fit an H200 block.
+fn sweep_tma(gpu: &Gpu, ms: &[u32], filter: &str) {
+    for &m in ms {
+        for (label, k, n, shape, _) in LLAMA_8B_GEMVS {
+            if !label.contains(filter) {
+                continue;
+            }
+            let shape = (false, shape.1, shape.2, shape.3);
+            let p = case_params(&mut Plan::new(), m, k, n, shape);
+            let mut rows = vec![gemv_case(gpu, label, m, k, n, shape, Variant::Mma(None))];
+            for wn in [8, 4] {
+                for ks in [1, 2, 4, 8] {
+                    for stages in [3, 4, 6] {
+                        let t = MmaTiling {
+                            tn: 1,
+                            wn,
+                            wk: 1,
+                            unroll: 1,
+                            feed: Feed::Tma { stages },
+                            ks,
+                        };
+                        let blocks = column_blocks(&p, &t) as u64 / if shape.1 { 2 } else { 1 };
+                        let few = blocks * (ks as u64) < 512 || ks == 1;
+                        if few
+                            && gemv_mma::validate(&p, &t).is_ok()
+                            && gemv_mma::block_smem(&p, &t) <= 227 * 1024
+                        {
+                            rows.push(gemv_case(gpu, label, m, k, n, shape, Variant::Mma(Some(t))));
+                        }
+                    }
+                }
+            }
+            rows[1..].sort_by(|a, b| a.us.total_cmp(&b.us));
+            println!("\ntma sweep {label} M={m} (default, then fastest first):");
+            print_rows(&rows[..rows.len().min(6)]);
         }
     }
 }
@@ -847,9 +897,11 @@ fn splits(
 fn env_tiling() -> Option<MmaTiling> {
     let spec = std::env::var("KB_TILING").ok()?;
     let (bulk, xbulk) = (spec.ends_with(",bulk"), spec.ends_with(",xbulk"));
+    let tma = spec.ends_with(",tma");
     let v: Vec<u32> = spec
         .trim_end_matches(",bulk")
         .trim_end_matches(",xbulk")
+        .trim_end_matches(",tma")
         .split(',')
         .map(|x| x.parse().expect("KB_TILING: comma-separated integers"))
         .collect();
@@ -862,6 +914,7 @@ fn env_tiling() -> Option<MmaTiling> {
         feed: match v.get(5) {
             Some(&stages) if bulk => Feed::Bulk { stages },
             Some(&stages) if xbulk => Feed::XBulk { stages },
+            Some(&stages) if tma => Feed::Tma { stages },
             Some(&stages) => Feed::Smem { stages },
             None => Feed::Prefetch,
         },

@@ -332,8 +332,8 @@ fn main() {
         println!(
             "{:<58} {us:>9.1} {gbs:>8.0} {:>7.1}% {rel:>10.2e}",
             format!(
-                "{} N={} K={} ks {} stages {}",
-                c.label, c.n, c.k, c.ks, c.stages
+                "{} N={} K={} ks {} stages {} warps {}",
+                c.label, c.n, c.k, c.ks, c.stages, c.cw
             ),
             100.0 * gbs / CEILING_GBS
         );

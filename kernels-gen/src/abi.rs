@@ -59,6 +59,7 @@
 //! (`h · head_dim + d`), so Q/K/V slices of one fused QKV output are views of the same
 //! buffer. KV caches are `[B, Ctx, H_kv, D]` with `Ctx` from `c.ctx`.
 
+pub use crate::tensor_map::TensorMap;
 use crate::writer::Writer;
 use sha2::{Digest, Sha256};
 
@@ -119,6 +120,9 @@ pub enum Loc {
     Arena { offset: u64 },
     /// `(char*)bufs[slot] + offset` (bytes).
     Table { slot: u32, offset: u64 },
+    /// The 128-byte TMA descriptor of a tensor at an arena or table location
+    /// ([`crate::tensor_map`]): the host encodes it per launch and the table entry points at it.
+    TensorMap(TensorMap),
 }
 
 impl Loc {
@@ -140,13 +144,19 @@ impl Loc {
                 slot,
                 offset: offset + bytes,
             },
+            Loc::TensorMap(m) => Loc::TensorMap(TensorMap {
+                offset: m.offset + bytes,
+                ..m
+            }),
         }
     }
 
-    /// Byte offset from a base that is itself at least 16-byte aligned.
+    /// Byte offset from a base that is itself at least 16-byte aligned (a descriptor is
+    /// 128-byte aligned: 0).
     pub fn byte_offset(self) -> u64 {
         match self {
             Loc::Arena { offset } | Loc::Table { offset, .. } => offset,
+            Loc::TensorMap(_) => 0,
         }
     }
 
@@ -167,6 +177,7 @@ impl Loc {
         match self {
             Loc::Arena { offset } => format!("{OPERAND_MARK}a,{offset})"),
             Loc::Table { slot, offset } => format!("{OPERAND_MARK}t,{slot},{offset})"),
+            Loc::TensorMap(m) => format!("{OPERAND_MARK}{})", m.placeholder_args()),
         }
     }
 
@@ -180,6 +191,7 @@ impl Loc {
                 slot: it.next()?.parse().ok()?,
                 offset: it.next()?.parse().ok()?,
             },
+            "m" => return TensorMap::parse_args(it).map(Loc::TensorMap),
             _ => return None,
         };
         it.next().is_none().then_some(loc)
@@ -437,15 +449,28 @@ pub struct KernelSource {
 
 impl KernelSource {
     /// The operand table of one launch: entry `i` = the address of `operands[i]`, given the
-    /// arena's base address and each slot's base address.
+    /// arena's base address and each slot's base address. A [`Loc::TensorMap`] entry gets
+    /// its tensor's address here; the caller must replace it by the address of the
+    /// descriptor it encodes ([`TensorMap::encode`]).
     pub fn operand_addresses(&self, arena: u64, slots: &[u64]) -> Vec<u64> {
         self.operands
             .iter()
-            .map(|loc| match *loc {
-                Loc::Arena { offset } => arena + offset,
-                Loc::Table { slot, offset } => slots[slot as usize] + offset,
-            })
+            .map(|loc| resolve(*loc, arena, slots))
             .collect()
+    }
+
+    /// Whether any operand is a tensor map (its table needs encoded descriptors).
+    pub fn uses_tensor_maps(&self) -> bool {
+        self.operands.iter().any(|l| matches!(l, Loc::TensorMap(_)))
+    }
+}
+
+/// The address of `loc` (of the tensor, for a tensor map) given the arena's and slots' bases.
+fn resolve(loc: Loc, arena: u64, slots: &[u64]) -> u64 {
+    match loc {
+        Loc::Arena { offset } => arena + offset,
+        Loc::Table { slot, offset } => slots[slot as usize] + offset,
+        Loc::TensorMap(m) => resolve(m.tensor(), arena, slots),
     }
 }
 

@@ -472,7 +472,7 @@ fn epilogue(w: &mut Writer, p: &GemvParams) {
     w.line("const long long row = m0 + m;");
     w.line("const bool live = m < mr && n < N;");
     let up = p.gate_up().then_some("acc[m][CW + j]");
-    emit_epilogue_value(w, p, "acc[m][j]", up);
+    emit_epilogue_value(w, p, "acc[m][j]", up, None);
     if p.argmax_partials.is_some() {
         w.line("const ArgmaxPair a = {live ? v : neg_inf(), live ? n : 0x7fffffff};");
         w.line("cand[(warp * MT + m) * CW + j] = a;");
@@ -511,8 +511,15 @@ pub(crate) fn emit_row_inv_rms(w: &mut Writer, p: &GemvParams, unroll: Option<u3
 /// `float v` from the accumulator expression `acc` (SwiGLU when `up` is the up
 /// accumulator), then adds the residual and stores when `live`. Needs `n` (column),
 /// `row` (the token row as `long long`) and `live` in scope; argmax candidates are the
-/// caller's (they read `v` and `live`).
-pub(crate) fn emit_epilogue_value(w: &mut Writer, p: &GemvParams, acc: &str, up: Option<&str>) {
+/// caller's (they read `v` and `live`). `res_loaded`: an expression holding the element's
+/// residual as f32, loaded earlier by the caller (else it is loaded here).
+pub(crate) fn emit_epilogue_value(
+    w: &mut Writer,
+    p: &GemvParams,
+    acc: &str,
+    up: Option<&str>,
+    res_loaded: Option<&str>,
+) {
     let xt = p.x.dtype.c_type();
     match up {
         Some(up) => {
@@ -528,12 +535,15 @@ pub(crate) fn emit_epilogue_value(w: &mut Writer, p: &GemvParams, acc: &str, up:
     if p.residual.is_some() || p.out.is_some() {
         w.if_block("live", |w| {
             if let Some(r) = p.residual {
-                let ptr = r.loc.ptr(r.dtype, false);
-                emit!(
-                    w,
-                    "const float res = to_f32(({ptr})[row * {} + n]);",
-                    r.row_stride
-                );
+                match res_loaded {
+                    Some(res) => emit!(w, "const float res = {res};"),
+                    None => emit!(
+                        w,
+                        "const float res = to_f32(({})[row * {} + n]);",
+                        r.loc.ptr(r.dtype, false),
+                        r.row_stride
+                    ),
+                }
                 emit!(w, "v = round_to<{xt}>(v + res);");
             }
             if let Some(o) = p.out {

@@ -31,6 +31,7 @@ pub mod nvrtc;
 pub mod plan;
 pub mod qkv_rope;
 pub mod rope;
+pub mod tensor_map;
 pub mod writer;
 
 /// SMs of the device the work-split heuristics fill (H200: 132); kernels are correct on any

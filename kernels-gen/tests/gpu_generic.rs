@@ -96,6 +96,7 @@ fn region(mem: &mut Mem, loc: Loc) -> &mut [u8] {
     match loc {
         Loc::Arena { offset } => &mut mem.arena[offset as usize..],
         Loc::Table { slot, offset } => &mut mem.bufs[slot as usize][offset as usize..],
+        Loc::TensorMap(m) => region(mem, m.tensor()),
     }
 }
 

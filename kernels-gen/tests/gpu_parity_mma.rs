@@ -422,3 +422,27 @@ fn gemv_mma_xbulk_operands() {
         check_gemv(&gpu, c);
     }
 }
+
+/// Weights and x as tensor-map boxes (`Feed::Tma`): weight rows past N and x rows past the
+/// tokens read as zeros, the ring wraps, split-K across blocks, every epilogue; and the 8B
+/// q|k|v shape at 64 rows as the plan splits it.
+#[test]
+fn gemv_mma_tma_operands() {
+    let Some(gpu) = Gpu::new() else { return };
+    let tma = |stages| Feed::Tma { stages };
+    let cases = copy_engine_cases([
+        tiled((1, 4, 1, 1, 2), tma(3)),
+        tiled((1, 8, 1, 1, 3), tma(2)),
+        tiled((1, 8, 1, 1, 4), tma(4)),
+        tiled((1, 2, 1, 1, 1), tma(4)),
+    ]);
+    let qkv = GemvCase {
+        k: 4096,
+        n: 6144,
+        kernel: tiled((1, 8, 1, 1, 4), tma(4)),
+        ..rows(64)
+    };
+    for c in cases.into_iter().chain([qkv]) {
+        check_gemv(&gpu, c);
+    }
+}

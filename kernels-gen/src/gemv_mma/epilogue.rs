@@ -43,15 +43,39 @@ pub(super) fn emit(w: &mut Writer, p: &GemvParams) {
                 w.line("best[mt][0] = best[mt][1] = ArgmaxPair{neg_inf(), 0x7fffffff};");
             });
         }
+        let element = |w: &mut Writer| {
+            w.line("const int m = 8 * mt + 2 * t + (d & 1);");
+            w.line("const int n = nb + 16 * tn + g + 8 * (d >> 1);");
+            w.line("const long long row = m0 + m;");
+            w.line("const bool live = m < mr && n < N;");
+        };
+        if let Some(r) = p.residual {
+            // Every residual load is issued before the first store: the stores go to the same
+            // buffer (in place), so the compiler could not move a later load above an earlier
+            // store, and each of the lane's elements would wait a full L2 round trip.
+            w.comment("residuals first (independent loads in flight together), then the stores");
+            w.line("float resv[TN][MT8][4];");
+            w.for_unrolled("tn", 0, "TN", |w| {
+                w.for_unrolled("mt", 0, "MT8", |w| {
+                    w.for_unrolled("d", 0, 4, |w| {
+                        element(w);
+                        emit!(
+                            w,
+                            "resv[tn][mt][d] = live ? to_f32(({})[row * {} + n]) : 0.0f;",
+                            r.loc.ptr(r.dtype, false),
+                            r.row_stride
+                        );
+                    });
+                });
+            });
+        }
+        let res = p.residual.map(|_| "resv[tn][mt][d]");
         w.for_unrolled("tn", 0, "TN", |w| {
             w.for_unrolled("mt", 0, "MT8", |w| {
                 w.for_unrolled("d", 0, 4, |w| {
-                    w.line("const int m = 8 * mt + 2 * t + (d & 1);");
-                    w.line("const int n = nb + 16 * tn + g + 8 * (d >> 1);");
-                    w.line("const long long row = m0 + m;");
-                    w.line("const bool live = m < mr && n < N;");
+                    element(w);
                     let up = p.gate_up().then_some("acc[tn * G + 1][mt][d]");
-                    emit_epilogue_value(w, p, "acc[tn * G][mt][d]", up);
+                    emit_epilogue_value(w, p, "acc[tn * G][mt][d]", up, res);
                     if argmax.is_some() {
                         w.line("ArgmaxPair& b = best[mt][d & 1];");
                         w.if_block("live && argmax_better(v, n, b.v, b.i)", |w| {

@@ -43,6 +43,7 @@ mod bulk;
 mod epilogue;
 mod feed;
 mod reduce;
+mod tma;
 
 const FAMILY: &str = "gemv_mma";
 /// Row tiles from this size use the tensor-core kernel (M = 1 stays on CUDA cores).
@@ -54,6 +55,9 @@ const RED_SMEM_MAX: u64 = 40 * 1024;
 /// Dynamic shared memory for the staged operand ring ([`Feed::Smem`]); with the static
 /// reduction and argmax buffers a block stays below the 227 KiB an H100/H200 SM offers.
 const STAGED_SMEM_MAX: u64 = 160 * 1024;
+/// Dynamic shared memory of [`Feed::Tma`]'s ring (no reduction buffers beside it; argmax
+/// candidates and barriers fit the rest of a 227 KiB block).
+const TMA_SMEM_MAX: u64 = 220 * 1024;
 /// Lane `(g, t)` holds columns `g` and `g + 8` of each 16-column tile: the RoPE
 /// epilogue's pair stride ([`crate::qkv_rope`]).
 pub const ROPE_PAIR_STRIDE: u32 = 8;
@@ -61,6 +65,10 @@ pub const ROPE_PAIR_STRIDE: u32 = 8;
 const MMA_HELPERS: &str = include_str!("../../cuda/mma.cuh");
 /// Module items of [`Feed::Bulk`]: mbarriers and bulk copies.
 const BULK_HELPERS: &str = include_str!("../../cuda/bulk_copy.cuh");
+/// Module items of [`Feed::Tma`]: tensor-map box copies (with [`BULK_HELPERS`]).
+const TMA_HELPERS: &str = include_str!("../../cuda/tma.cuh");
+/// Module items of [`Feed::Tma`]: `ldmatrix` and the plain m16n8k16 step.
+const FRAGMENT_HELPERS: &str = include_str!("../../cuda/attn_mma.cuh");
 
 /// The work split of one kernel (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,11 +113,22 @@ pub enum Feed {
     /// ahead per warp as in [`Feed::XAtUse`]: no x registers held, so deeper weight
     /// prefetch. Same conditions as [`Feed::Bulk`].
     XBulk { stages: u32 },
+    /// Weights and x as 2-D boxes of tensor-map copies into a ring of `stages` chunks of 64 k
+    /// (128-byte swizzle), issued by one extra producer warp; the `wn` consumer warps read
+    /// fragments with `ldmatrix` (`tma.rs`). Needs `tn = wk = 1`, no fused norm or RoPE,
+    /// K / 64 a multiple of `ks`.
+    Tma { stages: u32 },
 }
 
 impl MmaTiling {
+    /// Warps that own accumulators (`wn × wk`).
     pub fn warps(&self) -> u32 {
         self.wn * self.wk
+    }
+
+    /// Threads per block: the accumulating warps plus [`Feed::Tma`]'s producer warp.
+    pub fn threads(&self) -> u32 {
+        32 * (self.warps() + u32::from(matches!(self.feed, Feed::Tma { .. })))
     }
 }
 
@@ -282,6 +301,7 @@ fn staged_bytes(p: &GemvParams, t: &MmaTiling) -> u64 {
         Feed::XBulk { stages } => {
             stages as u64 * (mt8(p) * 8) as u64 * bulk::row_stride_bytes(units) as u64
         }
+        Feed::Tma { stages } => tma::ring_bytes(p, t, stages),
         _ => 0,
     }
 }
@@ -357,7 +377,14 @@ const WIDE_MIN_BLOCKS: u64 = 96;
 /// normalised beforehand ([`NORM_FUSED_MAX_ROWS`]) against deeper prefetch, split-K and
 /// operands staged in shared memory ([`Feed::Smem`]): the same splits stayed fastest or
 /// within 1–2 % (qkv 34.5, o 26.5, gate/up 110, down 70, lm-head 430 µs).
+///
+/// Those register splits are the last resort: where the tensor-map feed applies (x
+/// normalised, K in 64-k chunks, a block's ring fits) it is used ([`wide_tma_tiling`]), then
+/// the x-staged splits ([`wide_xbulk_tiling`]).
 pub fn wide_tiling(p: &GemvParams, smem_per_block: u32) -> MmaTiling {
+    if let Some(t) = wide_tma_tiling(p, smem_per_block) {
+        return t;
+    }
     if let Some(t) = wide_xbulk_tiling(p, smem_per_block) {
         return t;
     }
@@ -390,6 +417,42 @@ pub fn wide_tiling(p: &GemvParams, smem_per_block: u32) -> MmaTiling {
         t.wk /= 2;
     }
     t
+}
+
+/// Blocks the tensor-map splits aim at (`kernel_bench tma`, H200, 8B shapes at M = 64, µs):
+/// qkv split 2 ways (96 blocks) 24.2 vs 4 ways 27.3; o and down 4 ways (128 blocks) 20.6
+/// and 42.1, the fastest of their sweeps within 3 %.
+const TMA_MIN_BLOCKS: u64 = 96;
+
+/// Above 8 rows where x arrives normalised and K is whole 64-k chunks: weights and x as
+/// tensor-map boxes ([`Feed::Tma`]), 8 consumer warps (4 for gate/up: 128 weight rows per
+/// stage either way), 4 stages (fewer where the block's shared memory is smaller), K split across the
+/// fewest blocks (1, 2, 4, 8) that reach [`TMA_MIN_BLOCKS`]. `None` where no such split is
+/// valid (the x-staged splits then).
+fn wide_tma_tiling(p: &GemvParams, smem_per_block: u32) -> Option<MmaTiling> {
+    let row_tiles = fixed_row_tiles(p);
+    let split = |ks, stages| MmaTiling {
+        tn: 1,
+        wn: 8 / mats(p),
+        wk: 1,
+        unroll: 1,
+        feed: Feed::Tma { stages },
+        ks,
+    };
+    let fits =
+        |t: &MmaTiling| validate(p, t).is_ok() && block_smem_bytes(p, t) <= smem_per_block as u64;
+    let stages = (2..=4).rev().find(|&s| fits(&split(1, s)))?;
+    let valid: Vec<MmaTiling> = [1, 2, 4, 8]
+        .into_iter()
+        .map(|ks| split(ks, stages))
+        .filter(|t| fits(t))
+        .collect();
+    let blocks = |t: &MmaTiling| p.n.div_ceil(16 * t.wn) as u64 * row_tiles * t.ks as u64;
+    valid
+        .iter()
+        .copied()
+        .find(|t| blocks(t) >= TMA_MIN_BLOCKS)
+        .or(valid.last().copied())
 }
 
 /// Above 8 rows where x arrives normalised and whole chunks tile K: x rows staged by the
@@ -445,6 +508,11 @@ fn wide_xbulk_tiling(p: &GemvParams, smem_per_block: u32) -> Option<MmaTiling> {
         .or(most_blocks)
 }
 
+/// [`block_smem_bytes`] for benchmarks sweeping splits.
+pub fn block_smem(p: &GemvParams, t: &MmaTiling) -> u64 {
+    block_smem_bytes(p, t)
+}
+
 /// Shared memory one block of the kernel uses, static and dynamic, with 1 KiB of slack for
 /// the compiler's own and alignment.
 fn block_smem_bytes(p: &GemvParams, t: &MmaTiling) -> u64 {
@@ -460,6 +528,7 @@ fn block_smem_bytes(p: &GemvParams, t: &MmaTiling) -> u64 {
     };
     let barriers = match t.feed {
         Feed::Bulk { stages } | Feed::XBulk { stages } => stages as u64 * 8,
+        Feed::Tma { stages } => stages as u64 * 16,
         _ => 0,
     };
     staged_bytes(p, t) + red_bytes(p, t) + inv_rms + cand + barriers + 1024
@@ -482,7 +551,7 @@ pub fn validate(p: &GemvParams, t: &MmaTiling) -> Result<(), Error> {
     if !p.x.aligned(16) {
         return err("x", "rows must be 16-byte aligned");
     }
-    if matches!(t.feed, Feed::Smem { stages } | Feed::Bulk { stages } | Feed::XBulk { stages } if stages < 2)
+    if matches!(t.feed, Feed::Smem { stages } | Feed::Bulk { stages } | Feed::XBulk { stages } | Feed::Tma { stages } if stages < 2)
     {
         return err("tiling", "a staged ring needs at least 2 stages");
     }
@@ -500,7 +569,21 @@ pub fn validate(p: &GemvParams, t: &MmaTiling) -> Result<(), Error> {
             );
         }
     }
-    if t.tn == 0 || t.wn == 0 || t.wk == 0 || t.unroll == 0 || t.ks == 0 || t.warps() > 32 {
+    if let Feed::Tma { .. } = t.feed {
+        if p.norm.is_some() {
+            return err(
+                "norm",
+                "the tensor-map feed copies x as stored: no fused norm",
+            );
+        }
+        if let Some(why) = tma::unsupported(p, t) {
+            return err("tiling", why);
+        }
+        if staged_bytes(p, t) > TMA_SMEM_MAX {
+            return err("tiling", "tensor-map ring exceeds its shared memory budget");
+        }
+    }
+    if t.tn == 0 || t.wn == 0 || t.wk == 0 || t.unroll == 0 || t.ks == 0 || t.threads() > 1024 {
         return err(
             "tiling",
             "tn, wn, wk, unroll, ks positive and at most 32 warps",
@@ -512,7 +595,7 @@ pub fn validate(p: &GemvParams, t: &MmaTiling) -> Result<(), Error> {
             "split-K reduction exceeds its shared memory budget",
         );
     }
-    if staged_bytes(p, t) > STAGED_SMEM_MAX {
+    if !matches!(t.feed, Feed::Tma { .. }) && staged_bytes(p, t) > STAGED_SMEM_MAX {
         return err(
             "tiling",
             "staged operand ring exceeds its shared memory budget (fewer stages, wk · unroll or columns)",
@@ -574,12 +657,17 @@ pub fn gemv_mma_split(
         FAMILY
     };
     let mut kb = KernelBuilder::new(family, p.w_dtype);
-    let bulk_feed = matches!(t.feed, Feed::Bulk { .. } | Feed::XBulk { .. });
+    let tma_feed = matches!(t.feed, Feed::Tma { .. });
+    let bulk_feed = tma_feed || matches!(t.feed, Feed::Bulk { .. } | Feed::XBulk { .. });
     if bulk_feed || matches!(t.feed, Feed::Smem { .. }) {
         kb.items.line(crate::CP_ASYNC_ITEMS.trim_end());
     }
     if bulk_feed {
         kb.items.line(BULK_HELPERS.trim_end());
+    }
+    if tma_feed {
+        kb.items.line(TMA_HELPERS.trim_end());
+        kb.items.line(FRAGMENT_HELPERS.trim_end());
     }
     kb.items.line(MMA_HELPERS.trim_end());
     if let Some(r) = &p.rope {
@@ -680,6 +768,13 @@ pub fn gemv_mma_split(
         Feed::Smem { stages } => feed::emit_smem_main_loop(w, p, stages, mma),
         Feed::Bulk { stages } => bulk::emit_bulk_main_loop(w, p, stages, mma),
         Feed::XBulk { stages } => bulk::emit_xbulk_main_loop(w, p, t, stages, mma),
+        Feed::Tma { stages } => {
+            let k16 = match p.w_dtype {
+                Dtype::F16 => "mma16816_f16",
+                _ => "mma16816_bf16",
+            };
+            tma::emit_tma_main_loop(w, p, t, stages, k16)
+        }
         Feed::Prefetch | Feed::XAtUse => feed::emit_register_main_loop(w, p, t, mma),
     }
 
@@ -698,7 +793,7 @@ pub fn gemv_mma_split(
             p.rows.extent(1, p.row_tile),
             Extent::Fixed(t.ks),
         ],
-        block: [t.warps() * 32, 1, 1],
+        block: [t.threads(), 1, 1],
         smem_bytes: staged_bytes(p, t) as u32,
     };
     Ok(kb.finish(launch))
@@ -766,9 +861,9 @@ mod tests {
 
     /// The row policy (measured, see [`NORM_FUSED_MAX_ROWS`]): up to 8 rows the register
     /// prefetch split with the norm fused; from 9 rows (verify of 16 tokens, DFlash blocks) the
-    /// x-staged split that the 64-row verify uses, at the 8B shapes.
+    /// tensor-map split that the 64-row verify uses, at the 8B shapes.
     #[test]
-    fn row_tiles_above_8_take_the_x_staged_split() {
+    fn row_tiles_above_8_take_the_tensor_map_split() {
         for (k, n, gu) in [
             (4096, 6144, false),
             (4096, 14336, true),
@@ -781,7 +876,7 @@ mod tests {
             for m in [9, 16, 32, 64] {
                 let t = tiling(&params(m, k, n, gu, Dtype::BF16));
                 assert!(
-                    matches!(t.feed, Feed::XBulk { .. }),
+                    matches!(t.feed, Feed::Tma { stages: 4 }),
                     "M={m} K={k} N={n}: {t:?}"
                 );
             }
@@ -815,39 +910,50 @@ mod tests {
                     tiles: nd.counters,
                 });
                 let k = gemv_mma_split(&p, &t, split).unwrap_or_else(|e| panic!("{label}: {e}"));
-                assert_eq!(k.launch.threads(), t.warps() * 32, "{label}");
+                assert_eq!(k.launch.threads(), t.threads(), "{label}");
+                assert!(
+                    block_smem_bytes(&p, &t) <= HOPPER_SMEM_PER_BLOCK as u64,
+                    "{label}"
+                );
             }
         }
     }
 
-    /// The x-staged defaults at the 8B shapes and 64 rows (x normalised beforehand): the
-    /// measured H200 choices within 227 KiB, and splits that fit sm_120's 99 KiB there.
+    /// The tensor-map defaults at the 8B shapes and 64 rows (x normalised beforehand): the
+    /// measured H200 choices, which also fit sm_120's 99 KiB; where
+    /// K is not whole 64-k chunks or no ring fits, a split of another feed.
     #[test]
     fn wide_defaults_fit_the_block_budget() {
         let hopper = crate::Arch::Sm90a.max_smem_per_block();
         let sm120 = crate::Arch::Sm120.max_smem_per_block();
+        // (wn, ks, stages) within 227 KiB and within 99 KiB.
         let shapes = [
-            ("qkv", 4096, 6144, false, (4, 2, 8, 1), (8, 1, 8, 2)),
-            ("o", 4096, 4096, false, (2, 4, 4, 1), (8, 1, 8, 4)),
-            ("gate_up", 4096, 14336, true, (8, 1, 8, 1), (8, 1, 8, 1)),
-            ("down", 14336, 4096, false, (8, 1, 8, 4), (8, 1, 8, 4)),
-            ("lm_head", 4096, 128256, false, (8, 1, 8, 1), (8, 1, 8, 1)),
+            ("qkv", 4096, 6144, false, (8, 2, 4), (8, 2, 4)),
+            ("o", 4096, 4096, false, (8, 4, 4), (8, 4, 4)),
+            ("gate_up", 4096, 14336, true, (4, 1, 4), (4, 1, 4)),
+            ("down", 14336, 4096, false, (8, 4, 4), (8, 4, 4)),
+            ("lm_head", 4096, 128256, false, (8, 1, 4), (8, 1, 4)),
         ];
         for (label, k, n, gu, on_hopper, on_sm120) in shapes {
             let p = params(64, k, n, gu, Dtype::BF16);
             for (budget, want) in [(hopper, on_hopper), (sm120, on_sm120)] {
                 let t = tiling_within(&p, budget);
-                assert!(
-                    matches!(t.feed, Feed::XBulk { stages: 2 }),
-                    "{label}: {t:?}"
-                );
-                assert_eq!(
-                    (t.wn, t.wk, t.unroll, t.ks),
-                    want,
-                    "{label} within {budget}"
-                );
+                let Feed::Tma { stages } = t.feed else {
+                    panic!("{label}: {t:?}")
+                };
+                assert_eq!((t.wn, t.ks, stages), want, "{label} within {budget}");
+                assert_eq!((t.tn, t.wk), (1, 1), "{label}");
                 assert!(block_smem_bytes(&p, &t) <= budget as u64, "{label}: {t:?}");
             }
+        }
+        for (k, budget) in [(4128, hopper), (4096, 48 * 1024)] {
+            let p = params(64, k, 4096, false, Dtype::BF16);
+            let t = tiling_within(&p, budget);
+            assert!(
+                !matches!(t.feed, Feed::Tma { .. }),
+                "K={k} within {budget}: {t:?}"
+            );
+            assert!(validate(&p, &t).is_ok() && block_smem_bytes(&p, &t) <= budget as u64);
         }
     }
 

@@ -9,7 +9,8 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use specc_ir::interp::{run, Env, Tensor};
 use specc_ir::{Bindings, DType, Dim, Graph, Op, TensorType, ValueId};
-use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc};
+use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, TensorMap};
+use specc_kernels_gen::tensor_map::DESCRIPTOR_BYTES;
 use specc_kernels_gen::{Arch, Error, Nvrtc};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -123,7 +124,7 @@ impl Gpu {
                 let slots: Vec<u64> = set.iter().map(|b| b.device_ptr(s).0).collect();
                 kernels
                     .iter()
-                    .map(|k| s.clone_htod(&operand_table(k, arena_ptr, &slots)).unwrap())
+                    .map(|k| operand_table(s, k, arena_ptr, &slots, bucket))
                     .collect()
             })
             .collect();
@@ -164,7 +165,7 @@ impl Gpu {
         for k in kernels {
             let f = self.load(k);
             let cfg = Self::config(k, bucket);
-            let table: CudaSlice<u64> = s.clone_htod(&operand_table(k, arena_ptr, &slots)).unwrap();
+            let table = operand_table(s, k, arena_ptr, &slots, bucket);
             let mut b = s.launch_builder(&f);
             b.arg(&table).arg(&consts);
             // SAFETY: every kernel takes exactly (void* const*, StepConsts); its operand
@@ -179,14 +180,46 @@ impl Gpu {
     }
 }
 
-/// `k`'s operand table for this arena and these buffers (never empty: a kernel without
-/// operands still gets a valid pointer).
-fn operand_table(k: &KernelSource, arena: u64, slots: &[u64]) -> Vec<u64> {
+/// `k`'s operand table for this arena and these buffers on the device (never empty: a
+/// kernel without operands still gets a valid pointer). Tensor-map operands point at
+/// descriptors encoded for `bucket` and stored past the addresses, 128-byte aligned.
+fn operand_table(
+    s: &Arc<CudaStream>,
+    k: &KernelSource,
+    arena: u64,
+    slots: &[u64],
+    bucket: Bucket,
+) -> CudaSlice<u64> {
     let mut t = k.operand_addresses(arena, slots);
     if t.is_empty() {
         t.push(arena);
     }
-    t
+    let maps: Vec<(usize, TensorMap)> = k
+        .operands
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| match l {
+            Loc::TensorMap(m) => Some((i, *m)),
+            _ => None,
+        })
+        .collect();
+    let words = DESCRIPTOR_BYTES as usize / 8;
+    let first = t.len().next_multiple_of(words);
+    let mut table: CudaSlice<u64> = s.alloc_zeros(first + maps.len() * words).unwrap();
+    let base = table.device_ptr(s).0;
+    t.resize(first, 0);
+    for (j, (i, m)) in maps.into_iter().enumerate() {
+        let desc = m
+            .encode(t[i], &bucket)
+            .unwrap_or_else(|e| panic!("{}: {e}", k.name));
+        t[i] = base + ((first + j * words) * 8) as u64;
+        t.extend(
+            desc.chunks(8)
+                .map(|w| u64::from_le_bytes(w.try_into().unwrap())),
+        );
+    }
+    s.memcpy_htod(&t, &mut table).unwrap();
+    table
 }
 
 /// Host images of the arena and of the table's buffers.
@@ -207,6 +240,7 @@ impl Mem {
         match loc {
             Loc::Arena { offset } => &mut self.arena[offset as usize..],
             Loc::Table { slot, offset } => &mut self.bufs[slot as usize][offset as usize..],
+            Loc::TensorMap(m) => self.bytes_mut(m.tensor()),
         }
     }
 
@@ -214,6 +248,7 @@ impl Mem {
         match loc {
             Loc::Arena { offset } => &self.arena[offset as usize..],
             Loc::Table { slot, offset } => &self.bufs[slot as usize][offset as usize..],
+            Loc::TensorMap(m) => self.bytes(m.tensor()),
         }
     }
 

@@ -14,6 +14,7 @@ use std::time::Instant;
 use specc_ir::{Bindings, DType, Graph};
 use specc_kernels_gen::abi::Loc;
 use specc_kernels_gen::plan::{plan_kernels_for, DeviceLimits, KernelPlan, Slot};
+use specc_kernels_gen::tensor_map::DESCRIPTOR_BYTES as TENSOR_MAP_BYTES;
 use specc_kernels_gen::{Arch, Nvrtc};
 use specc_models::Checkpoint;
 
@@ -302,23 +303,64 @@ impl CudaEngine {
         let arena = DeviceArena::new(&self.dev, plan.arena_bytes.max(256))?;
         // Every launch's operand table, concatenated into one device array: launch `i` reads
         // entries `starts[i]..`. The table holds every buffer it points into.
+        let resolve = |loc: Loc| match loc {
+            Loc::Table { slot, offset } => {
+                let base = &slots[slot as usize];
+                BufRef {
+                    buf: base.buf.clone(),
+                    offset: base.offset + offset,
+                }
+            }
+            Loc::Arena { offset } => BufRef {
+                buf: arena.buffer().clone(),
+                offset,
+            },
+            Loc::TensorMap(m) => unreachable!("tensor map {m:?} resolved as a tensor"),
+        };
+        // Tensor-map operands point into one buffer of descriptors, each encoded for its
+        // launch's bucket after checking that every row it may read lies in the tensor's buffer.
+        let mut descriptors: Vec<u8> = Vec::new();
+        let mut described: Vec<BufRef> = Vec::new();
+        for l in &plan.launches {
+            for loc in &l.kernel.operands {
+                if let Loc::TensorMap(m) = *loc {
+                    let at = resolve(m.tensor());
+                    let addr = at.buf.addr(at.offset, m.span_bytes(&l.bucket))?;
+                    let d = m
+                        .encode(addr, &l.bucket)
+                        .map_err(|e| RuntimeError::Kernel(format!("{}: {e}", l.kernel.name)))?;
+                    descriptors.extend_from_slice(&d);
+                    described.push(at);
+                }
+            }
+        }
+        let descriptor_buf = if descriptors.is_empty() {
+            None
+        } else {
+            let deps = described.into_iter().map(|r| r.buf).collect();
+            let buf = DeviceBuffer::alloc_uninit(
+                self.dev.stream(),
+                "tensor-map descriptors",
+                descriptors.len() as u64,
+            )?
+            .with_deps(deps);
+            buf.write(0, &descriptors)?;
+            Some(Arc::new(buf))
+        };
         let mut entries = Vec::new();
         let mut starts = Vec::with_capacity(plan.launches.len());
+        let mut next_descriptor = 0u64;
         for l in &plan.launches {
             starts.push(entries.len() as u64);
             for loc in &l.kernel.operands {
                 entries.push(match *loc {
-                    Loc::Arena { offset } => BufRef {
-                        buf: arena.buffer().clone(),
-                        offset,
-                    },
-                    Loc::Table { slot, offset } => {
-                        let base = &slots[slot as usize];
-                        BufRef {
-                            buf: base.buf.clone(),
-                            offset: base.offset + offset,
-                        }
+                    Loc::TensorMap(_) => {
+                        let buf = descriptor_buf.clone().expect("descriptors were encoded");
+                        let offset = next_descriptor;
+                        next_descriptor += TENSOR_MAP_BYTES;
+                        BufRef { buf, offset }
                     }
+                    other => resolve(other),
                 });
             }
         }
