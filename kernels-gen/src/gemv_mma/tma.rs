@@ -149,8 +149,6 @@ pub(super) fn emit_tma_main_loop(
             if let Some(up) = w1 {
                 emit!(w, "const void* wmap1 = {};", up.ptr_as("void", false));
             }
-            w.comment("column blocks start their K range at different chunks (and wrap): in lockstep they would all read the same 128-byte column of 8 KiB-strided rows at once, which maps to few DRAM channels");
-            w.line("const int stagger = blockIdx.x % CPS;");
             w.if_block("lane == 0", |w| {
                 w.line("#pragma unroll 1");
                 w.for_block("int n = 0", "n < CPS", "++n", |w| {
@@ -158,7 +156,7 @@ pub(super) fn emit_tma_main_loop(
                     w.line("if (n >= NS) mbar_wait(&empty[s], (n / NS - 1) & 1);");
                     w.line("mbar_arrive_expect_tx(&full[s], STAGE);");
                     w.line("unsigned char* st = smem + s * STAGE;");
-                    w.line("const int kx = (kc0 + (n + stagger) % CPS) * 64;");
+                    w.line("const int kx = (kc0 + n) * 64;");
                     w.line("tma_load_2d(st, wmap0, kx, blockIdx.x * RB, &full[s]);");
                     if w1.is_some() {
                         w.line("tma_load_2d(st + WBOX, wmap1, kx, blockIdx.x * RB, &full[s]);");
