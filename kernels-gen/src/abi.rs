@@ -11,7 +11,9 @@
 //!   the address of the kernel's operand `i` ([`KernelSource::operands`], in order of first
 //!   use in the source). An operand is a [`Loc`]: a byte offset in the step's arena (every
 //!   activation and scratch buffer, placed by the static memory plan) or a byte offset in a
-//!   *slot* (a weight or a persistent buffer such as a KV pool). The host resolves them per
+//!   *slot* (a weight or a persistent buffer such as a KV pool), or a [`Loc::TensorMap`] of such
+//!   a tensor, whose entry points at a 128-byte TMA descriptor the host encodes for the launch's
+//!   bucket ([`crate::tensor_map`]). The host resolves them per
 //!   launch ([`KernelSource::operand_addresses`]). Every entry must be 16-byte aligned
 //!   (vector widths are chosen from the locations' offsets, whose bases are 256-byte
 //!   aligned). Weights are only read.
