@@ -168,7 +168,7 @@ impl Loc {
     }
 
     /// The same with any C++ element type (e.g. `ArgmaxPair`). Generators write an operand
-    /// placeholder; [`KernelBuilder::finish`] numbers the distinct locations and turns each
+    /// placeholder; `KernelBuilder::finish` numbers the distinct locations and turns each
     /// into `ops[i]`.
     pub fn ptr_as(self, c_type: &str, mutable: bool) -> String {
         let cv = if mutable { "" } else { "const " };

@@ -111,7 +111,7 @@ fn smem_static(p: &AttentionParams, t: TileTiling) -> u64 {
 }
 
 /// Warps per block: 4 (64 rows; see the module docs), fewer where one sequence has fewer
-/// rows. Tiles: the largest of 64, 32, 16 slots that fits [`SMEM_BUDGET`].
+/// rows. Tiles: the largest of 64, 32, 16 slots that fits `SMEM_BUDGET`.
 pub fn tiling(p: &AttentionParams) -> Option<TileTiling> {
     let rows = p.max_t.saturating_mul(group(p).max(1));
     let warps = rows.div_ceil(16).clamp(1, 4);

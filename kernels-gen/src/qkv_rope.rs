@@ -5,7 +5,7 @@
 //!
 //! Column permutation. Both features of a rotary pair must reach the thread that stores
 //! them, so the GEMV computes its `N = (HQ + 2·HKV)·D` columns in *slot* order: slot `s`
-//! computes the feature [`qkv_feature`]`(s)` (it loads that weight row). Within the rotary
+//! computes the feature `qkv_feature``(s)` (it loads that weight row). Within the rotary
 //! part (`i < rotary_dim`) of a q or k head, slots come in blocks of `2P` where slot
 //! `base + g` and `base + P + g` (`g < P`) hold the two features of one pair; the pair
 //! stride `P` is the kernel's: 1 for the CUDA-core GEMV (a warp owns consecutive columns,

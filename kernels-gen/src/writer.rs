@@ -1,7 +1,7 @@
 //! A structured CUDA C++ emitter: an indenting writer whose blocks open and close braces
 //! themselves, so generated code is built from structure and never edited after printing.
 //!
-//! Every statement goes through [`Writer::line`] (usually via the [`emit!`] macro) at the
+//! Every statement goes through [`Writer::line`] (usually via the `emit!` macro) at the
 //! current depth; every brace pair comes from a `*_block` method taking a closure for the
 //! body, so braces always balance and indentation always matches nesting.
 

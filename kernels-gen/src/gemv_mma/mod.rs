@@ -370,7 +370,7 @@ const WIDE_MIN_BLOCKS: u64 = 96;
 
 /// Above 8 rows: each x fragment is loaded by every warp that uses it, so a block should
 /// cover as many weight columns as possible (`16 · TN · WN · G` share one x read through
-/// L1) while the grid keeps at least [`WIDE_MIN_BLOCKS`] blocks; the remaining warps of
+/// L1) while the grid keeps at least `WIDE_MIN_BLOCKS` blocks; the remaining warps of
 /// the 8 split K inside the block. x is prefetched with the weights (`kernel_bench wide`,
 /// H200, Llama-3.1-8B shapes at M = 64: qkv 2×2×4, o and down 1×2×4, gate/up 1×8×1,
 /// lm-head 2×8×1 as tn×wn×wk were the fastest of 48 splits each). Re-swept with x
@@ -379,8 +379,8 @@ const WIDE_MIN_BLOCKS: u64 = 96;
 /// within 1–2 % (qkv 34.5, o 26.5, gate/up 110, down 70, lm-head 430 µs).
 ///
 /// Those register splits are the last resort: where the tensor-map feed applies (x
-/// normalised, K in 64-k chunks, a block's ring fits) it is used ([`wide_tma_tiling`]), then
-/// the x-staged splits ([`wide_xbulk_tiling`]).
+/// normalised, K in 64-k chunks, a block's ring fits) it is used (`wide_tma_tiling`), then
+/// the x-staged splits (`wide_xbulk_tiling`).
 pub fn wide_tiling(p: &GemvParams, smem_per_block: u32) -> MmaTiling {
     if let Some(t) = wide_tma_tiling(p, smem_per_block) {
         return t;
@@ -508,7 +508,7 @@ fn wide_xbulk_tiling(p: &GemvParams, smem_per_block: u32) -> Option<MmaTiling> {
         .or(most_blocks)
 }
 
-/// [`block_smem_bytes`] for benchmarks sweeping splits.
+/// `block_smem_bytes` for benchmarks sweeping splits.
 pub fn block_smem(p: &GemvParams, t: &MmaTiling) -> u64 {
     block_smem_bytes(p, t)
 }
