@@ -64,6 +64,14 @@ fn gemv_mma_residual_row_tile_64() {
     );
 }
 
+/// The tensor-map feed (`Feed::Tma`): producer warp, ring, `ldmatrix` fragments, split-K.
+#[test]
+fn gemv_mma_tensor_map_row_tile_64() {
+    let label = "gemv_mma o_proj +residual (row tile 64, tensor maps)";
+    assert!(tiny(label).kernel.contains("tma_load_2d(st"), "{label}");
+    snap(label, "gemv_mma_o_proj_residual_tensor_maps");
+}
+
 #[test]
 fn rope_kv_qk_norm() {
     snap(

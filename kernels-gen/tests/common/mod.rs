@@ -450,7 +450,8 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
 }
 
 /// The tensor-core GEMV at every fusion of the SIMT fixtures (`base`: qkv + norm at the
-/// shape's M; `lm`: lm-head + norm + argmax), at M and at row tile 64 for the down_proj.
+/// shape's M; `lm`: lm-head + norm + argmax), at M and at row tile 64 for the o_proj and
+/// down_proj.
 fn mma_fixtures(
     base: &GemvParams,
     lm: &GemvParams,
@@ -479,6 +480,21 @@ fn mma_fixtures(
                 n: s.ffn,
                 weights: GemvWeights::gate_up_concat(Loc::table(4), s.ffn, h, Dtype::BF16),
                 out: Some(act),
+                ..base.clone()
+            },
+        ),
+        (
+            // K = 128: whole 64-k chunks, so the tensor-map feed (split 2 ways: one column block).
+            "gemv_mma o_proj +residual (row tile 64, tensor maps)".into(),
+            GemvParams {
+                row_tile: 64,
+                k: s.heads * s.head_dim,
+                n: h,
+                x: attn,
+                weights: GemvWeights::Single(Loc::table(3)),
+                norm: None,
+                residual: Some(x),
+                out: Some(x),
                 ..base.clone()
             },
         ),
