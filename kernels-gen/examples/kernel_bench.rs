@@ -770,7 +770,7 @@ fn sweep_tma(gpu: &Gpu, ms: &[u32], filter: &str) {
                         let few = blocks * (ks as u64) < 512 || ks == 1;
                         if few
                             && gemv_mma::validate(&p, &t).is_ok()
-                            && gemv_mma::block_smem(&p, &t) <= 227 * 1024
+                            && gemv_mma::block_smem_bytes(&p, &t) <= 227 * 1024
                         {
                             rows.push(gemv_case(gpu, label, m, k, n, shape, Variant::Mma(Some(t))));
                         }

@@ -460,11 +460,6 @@ impl KernelSource {
             .map(|loc| resolve(*loc, arena, slots))
             .collect()
     }
-
-    /// Whether any operand is a tensor map (its table needs encoded descriptors).
-    pub fn uses_tensor_maps(&self) -> bool {
-        self.operands.iter().any(|l| matches!(l, Loc::TensorMap(_)))
-    }
 }
 
 /// The address of `loc` (of the tensor, for a tensor map) given the arena's and slots' bases.

@@ -508,14 +508,9 @@ fn wide_xbulk_tiling(p: &GemvParams, smem_per_block: u32) -> Option<MmaTiling> {
         .or(most_blocks)
 }
 
-/// `block_smem_bytes` for benchmarks sweeping splits.
-pub fn block_smem(p: &GemvParams, t: &MmaTiling) -> u64 {
-    block_smem_bytes(p, t)
-}
-
 /// Shared memory one block of the kernel uses, static and dynamic, with 1 KiB of slack for
 /// the compiler's own and alignment.
-fn block_smem_bytes(p: &GemvParams, t: &MmaTiling) -> u64 {
+pub fn block_smem_bytes(p: &GemvParams, t: &MmaTiling) -> u64 {
     let inv_rms = if p.norm.is_some() {
         p.row_tile as u64 * 4
     } else {

@@ -459,21 +459,19 @@ fn mma_fixtures(
     [attn, act, logits]: [View; 3],
 ) -> Vec<(String, GemvParams)> {
     let (h, x) = (s.hidden, base.x);
+    let o_proj = GemvParams {
+        k: s.heads * s.head_dim,
+        n: h,
+        x: attn,
+        weights: GemvWeights::Single(Loc::table(3)),
+        norm: None,
+        residual: Some(x),
+        out: Some(x),
+        ..base.clone()
+    };
     vec![
         ("gemv_mma qkv +rmsnorm".into(), base.clone()),
-        (
-            "gemv_mma o_proj +residual".into(),
-            GemvParams {
-                k: s.heads * s.head_dim,
-                n: h,
-                x: attn,
-                weights: GemvWeights::Single(Loc::table(3)),
-                norm: None,
-                residual: Some(x),
-                out: Some(x),
-                ..base.clone()
-            },
-        ),
+        ("gemv_mma o_proj +residual".into(), o_proj.clone()),
         (
             "gemv_mma gate_up +rmsnorm +silu_mul".into(),
             GemvParams {
@@ -488,14 +486,7 @@ fn mma_fixtures(
             "gemv_mma o_proj +residual (row tile 64, tensor maps)".into(),
             GemvParams {
                 row_tile: 64,
-                k: s.heads * s.head_dim,
-                n: h,
-                x: attn,
-                weights: GemvWeights::Single(Loc::table(3)),
-                norm: None,
-                residual: Some(x),
-                out: Some(x),
-                ..base.clone()
+                ..o_proj
             },
         ),
         (
