@@ -12,8 +12,6 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
-    #[cfg(feature = "cuda")]
-    specc_runtime::cuda::set_prebuilt(baked::PREBUILT);
     match cmd::dispatch(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -1,34 +1,12 @@
 //! The `specc` binary end to end on the CPU backend.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
 use safetensors::SafeTensors;
 
-fn specc(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_specc"))
-        .args(args)
-        .env(
-            "SPECC_CACHE_DIR",
-            std::env::temp_dir().join("specc-cli-cache"),
-        )
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "specc {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+mod cli_common;
+mod common;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn tmp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("specc-cli-{name}-{}", std::process::id()))
-}
+use cli_common::{s as path_str, specc, tmp};
+use common::{default_model, fixture};
 
 #[test]
 fn run_the_embedded_default() {
@@ -43,38 +21,51 @@ fn run_the_embedded_default() {
 #[test]
 fn compile_inspect_and_run_an_engine() {
     let engine = tmp("engine");
-    specc(&[
-        "compile",
-        "-o",
-        engine.to_str().unwrap(),
-        "--max-context",
-        "256",
-    ]);
-    for f in ["engine.json", "graph.ir", "plan.txt"] {
+    specc(&["compile", "-o", path_str(&engine), "--max-context", "256"]);
+    for f in ["engine.json", "plan.txt"] {
         assert!(engine.join(f).is_file(), "{f} missing");
     }
-    let out = specc(&["inspect", engine.to_str().unwrap()]);
+    // Every cubin the manifest lists lies beside it.
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(engine.join("engine.json")).unwrap())
+            .unwrap();
+    assert_eq!(manifest["max_context"], 256);
+    for m in manifest["modules"].as_array().unwrap() {
+        for c in m["cubins"].as_array().unwrap() {
+            let f = c["file"].as_str().unwrap();
+            assert!(f.starts_with("kernels/") && f.ends_with(".cubin"), "{f}");
+            assert!(engine.join(f).is_file(), "{f} missing");
+        }
+    }
+    let out = specc(&["inspect", path_str(&engine)]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("parameters:"), "{text}");
-    assert!(text.contains("kv cache: 3072 bytes per token"), "{text}");
-    assert!(text.contains("attention"), "{text}");
+    for part in [
+        "architecture: LlamaForCausalLM",
+        "max context: 256",
+        "parameters:",
+        "kv cache: 3072 bytes per token",
+        "attention",
+    ] {
+        assert!(text.contains(part), "inspect should print {part:?}: {text}");
+    }
     let direct = specc(&["run", "--prompt", "def f", "--max-tokens", "8"]);
     let via_engine = specc(&[
         "run",
-        engine.to_str().unwrap(),
+        path_str(&engine),
         "--prompt",
         "def f",
         "--max-tokens",
         "8",
     ]);
     assert_eq!(direct.stdout, via_engine.stdout);
+    std::fs::remove_dir_all(&engine).ok();
 }
 
 /// `specc logits` on an HF fixture reproduces the transformers logits.
 #[test]
 fn logits_match_hf_fixture() {
     for name in ["llama3_scaled_untied", "llama_tied", "qwen3_headdim"] {
-        let dir = root().join("tests/fixtures").join(name);
+        let dir = fixture(name);
         let reference = std::fs::read(dir.join("reference.safetensors")).unwrap();
         let reference = SafeTensors::deserialize(&reference).unwrap();
         let ids: Vec<i64> = [
@@ -97,11 +88,11 @@ fn logits_match_hf_fixture() {
         let out_file = tmp(&format!("logits-{name}.safetensors"));
         specc(&[
             "logits",
-            dir.to_str().unwrap(),
+            path_str(&dir),
             "--ids",
             &ids_arg,
             "--out",
-            out_file.to_str().unwrap(),
+            path_str(&out_file),
         ]);
         let got = std::fs::read(&out_file).unwrap();
         let got = SafeTensors::deserialize(&got).unwrap();
@@ -124,6 +115,6 @@ fn logits_match_hf_fixture() {
 #[test]
 fn default_model_files_exist() {
     for f in ["config.json", "model.safetensors", "tokenizer.json"] {
-        assert!(Path::new(&root()).join("models/default").join(f).is_file());
+        assert!(default_model().join(f).is_file(), "{f}");
     }
 }

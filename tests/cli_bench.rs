@@ -1,19 +1,18 @@
 //! `specc bench` argument errors through the binary: each exits non-zero with an `error:` line
 //! naming the flag, before any device is touched, and never panics.
 
-use std::path::Path;
 use std::process::Command;
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+mod common;
+
+use common::repo_path;
 
 /// Runs `specc bench args...`, asserts failure without a panic, returns stderr.
 fn bench_fails(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_specc"))
         .arg("bench")
         .args(args)
-        .current_dir(root())
+        .current_dir(repo_path("."))
         .env(
             "SPECC_CACHE_DIR",
             std::env::temp_dir().join("specc-cli-cache"),

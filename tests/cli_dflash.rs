@@ -4,37 +4,21 @@
 //! method's knobs in the run's label.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
-fn specc(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_specc"))
-        .args(args)
-        .env(
-            "SPECC_CACHE_DIR",
-            std::env::temp_dir().join("specc-cli-cache"),
-        )
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "specc {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+mod cli_common;
+mod common;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use cli_common::specc;
+use common::default_model;
 
 fn tmp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("specc-cli-dflash-{name}-{}", std::process::id()))
+    cli_common::tmp(&format!("dflash-{name}"))
 }
 
 /// Runs the default target with a spec of `method_lines` + the trained drafter, and plain;
 /// asserts identical text and ids and that stderr names `label`.
 fn spec_run_equals_plain(tag: &str, method_lines: &str, label: &str) {
-    let model = root().join("models/default");
+    let model = default_model();
     let spec = tmp(&format!("{tag}-spec.toml"));
     std::fs::write(
         &spec,
@@ -89,7 +73,7 @@ fn spec_run_equals_plain(tag: &str, method_lines: &str, label: &str) {
 #[test]
 fn run_with_the_trained_dflash_drafter_equals_plain_decoding() {
     // k comes from the drafter's block_size (8 → 7 drafts per step).
-    spec_run_equals_plain("dflash", "method = \"dflash\"\n", "DFlash k=7");
+    spec_run_equals_plain("dflash", "method = \"dflash\"\n", "dflash k=7");
 }
 
 #[test]
@@ -98,6 +82,6 @@ fn run_with_ddtree_trees_equals_plain_decoding() {
     spec_run_equals_plain(
         "ddtree",
         "method = \"ddtree\"\nbudget = 48\n",
-        "DDTree depth=7 budget=48 topk=8",
+        "ddtree depth=7 budget=48 topk=8",
     );
 }

@@ -4,50 +4,24 @@
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 
-fn default_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("models/default")
-}
+mod cli_common;
+mod common;
+
+use cli_common::{assert_mentions, fails};
+use common::default_model;
 
 /// A scratch copy of the embedded model that a test may break.
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("specc-cli-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
+    let dir = cli_common::tmp(name);
     fs::create_dir_all(&dir).unwrap();
     for f in ["config.json", "model.safetensors", "tokenizer.json"] {
-        fs::copy(default_dir().join(f), dir.join(f)).unwrap();
+        fs::copy(default_model().join(f), dir.join(f)).unwrap();
     }
     dir
-}
-
-/// Runs `specc args...` and returns stderr, asserting failure without a panic.
-fn fails(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_specc"))
-        .args(args)
-        .env(
-            "SPECC_CACHE_DIR",
-            std::env::temp_dir().join("specc-cli-cache"),
-        )
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(
-        !out.status.success(),
-        "expected failure for {args:?}, stderr: {err}"
-    );
-    assert!(!err.contains("panicked"), "panic for {args:?}: {err}");
-    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(
-        lines.len(),
-        1,
-        "expected one error line for {args:?}, got: {err}"
-    );
-    assert!(lines[0].starts_with("error: "), "{err}");
-    err
 }
 
 fn run_on(dir: &Path) -> String {
@@ -59,12 +33,6 @@ fn run_on(dir: &Path) -> String {
         "--max-tokens",
         "2",
     ])
-}
-
-fn assert_mentions(err: &str, parts: &[&str]) {
-    for p in parts {
-        assert!(err.contains(p), "error should mention {p:?}: {err}");
-    }
 }
 
 /// Rewrites model.safetensors through `edit`, which gets (name, dtype, shape, bytes).

@@ -10,6 +10,7 @@ use std::path::Path;
 use specc_models::{Acceptance, Method, Model, SpecBundle, SpecConfig, TreeKnobs};
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
+mod common;
 mod full_accept;
 mod spec_common;
 
@@ -149,16 +150,14 @@ fn trained_tree_accepts_at_least_the_chain() {
     let cfg = spec_cfg(&default_model(), "method = \"dflash\"\ndraft = \"dflash\"").unwrap();
     let chain_b = SpecBundle::open(&target, &cfg).unwrap();
     let weights = chain_b.load_weights_f32(&target).unwrap();
-    let graphs = SpecGraphs {
-        kind: DraftKind::DFlash {
+    let graphs = SpecGraphs::of(&chain_b);
+    assert_eq!(
+        graphs.contract.kind,
+        DraftKind::DFlash {
             taps_width: chain_b.dflash_taps_width().unwrap(),
-        },
-        target_prefill: &chain_b.target_prefill,
-        draft_prefill: &chain_b.draft_prefill,
-        step: &chain_b.step,
-        num_steps: chain_b.num_steps(),
-        ring: chain_b.shape.ring as usize,
-    };
+        }
+    );
+    assert_eq!(graphs.contract.num_steps, chain_b.num_steps());
     let mut s = SpecCpuSession::new(graphs, &weights, 1, 512);
     s.admit(&python_prompts(1), 40).unwrap();
     while s.live()[0] {

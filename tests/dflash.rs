@@ -15,6 +15,7 @@ use specc_models::dflash::{self, DFlashSpec, DFLASH_PREFIX};
 use specc_models::spec_step::{lower_dflash_prefill, lower_target_prefill, HIDDEN};
 use specc_models::{Method, Model, SpecBundle, SpecConfig};
 
+mod common;
 mod full_accept;
 mod spec_common;
 

@@ -12,7 +12,10 @@ use specc_models::spec_step::{
 use specc_models::{lower_dense, Acceptance};
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
+mod common;
 mod sampling_common;
+
+use common::spec_contract;
 
 use sampling_common::{
     chi_square, fill_weights, target_probs, tiny_dflash, tiny_dflash_target, CRITICAL_7DF,
@@ -46,15 +49,14 @@ fn dflash_sampling_matches_target_distribution() {
         fill_weights(&dense, 7, &mut w);
         fill_weights(&step, 99, &mut w);
         fill_weights(&dpre, 99, &mut w);
+        let kind = DraftKind::DFlash {
+            taps_width: d.taps_width(),
+        };
         let graphs = SpecGraphs {
-            kind: DraftKind::DFlash {
-                taps_width: d.taps_width(),
-            },
+            contract: spec_contract(kind, 3, 16),
             target_prefill: &prefill,
             draft_prefill: &dpre,
             step: &step,
-            num_steps: 3,
-            ring: 16,
         };
         let mut s = SpecCpuSession::new(graphs, &w, lanes, 64);
         let first = s.admit(&vec![prompt.clone(); lanes], 8).unwrap();

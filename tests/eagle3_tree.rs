@@ -11,6 +11,7 @@ use std::path::Path;
 
 use specc_models::{Acceptance, Method, Model, SpecBundle, SpecConfig, TreeKnobs};
 
+mod common;
 mod full_accept;
 mod spec_common;
 

@@ -6,6 +6,7 @@
 
 #![cfg(feature = "cuda")]
 
+mod common;
 mod full_accept;
 mod gpu_common;
 
@@ -13,10 +14,10 @@ use std::path::Path;
 
 use full_accept::{Family, BLOCK_SIZE};
 use gpu_common::{
-    assert_draws_match_interpreter, assert_exact, corpus_prompts, gpu, plain_cuda, random_prompts,
-    root,
+    assert_draws_match_interpreter, assert_exact, build_engine, corpus_prompts, default_model,
+    fixture, gpu, plain_cuda, random_prompts,
 };
-use specc_models::{Model, SpecBundle, SpecConfig};
+use specc_models::{Model, SpecConfig};
 
 /// KV slots per sequence: room for the prompt, 48 tokens and a 256-node tree.
 const CTX: u64 = 512;
@@ -28,8 +29,7 @@ fn check(target_dir: &Path, draft: &str, budget: u32, prompts: &[Vec<u32>], n: u
         &format!("method = \"ddtree\"\ndraft = {draft:?}\nbudget = {budget}\ntopk = 8\n"),
     )
     .unwrap();
-    let b = SpecBundle::open(&target, &cfg).unwrap();
-    assert_exact(&target, &b, prompts, n, CTX, &format!("budget {budget}"))
+    assert_exact(&target, &cfg, prompts, n, CTX, &format!("budget {budget}"))
 }
 
 #[test]
@@ -37,7 +37,7 @@ fn random_ddtree_is_exact_on_cuda() {
     if !gpu() {
         return;
     }
-    let dir = root().join("tests/fixtures/llama3_scaled_untied");
+    let dir = fixture("llama3_scaled_untied");
     for (budget, lanes) in [(16, 1), (80, 4)] {
         let m = check(&dir, "../dflash_random", budget, &random_prompts(lanes), 20);
         eprintln!("random ddtree cuda budget {budget} B={lanes}: exact; mean acceptance {m:.2}");
@@ -53,7 +53,7 @@ fn trained_ddtree_is_exact_on_cuda() {
     if !gpu() {
         return;
     }
-    let dir = root().join("models/default");
+    let dir = default_model();
     let prompts = corpus_prompts();
     let quick = std::env::var_os("SPECC_GPU_QUICK").is_some();
     let (cases, n): (&[(u32, usize)], usize) = if quick {
@@ -79,13 +79,13 @@ fn target_derived_ddtree_accepts_the_deepest_path_on_cuda() {
     let fam = Family::new();
     let target = fam.target();
     for budget in [16, 80] {
-        let b = fam.bundle(
-            &target,
-            &format!("method = \"ddtree\"\ndraft = \"../dflash\"\nbudget = {budget}"),
-        );
+        let cfg = fam.config(&format!(
+            "method = \"ddtree\"\ndraft = \"../dflash\"\nbudget = {budget}"
+        ));
         for lanes in [1, 4] {
             let what = format!("ddtree cuda budget {budget} B={lanes}");
-            full_accept::check_cuda(&what, &target, &b, BLOCK_SIZE - 1, lanes, plain_cuda);
+            let depth = BLOCK_SIZE - 1;
+            full_accept::check_cuda(&what, &target, &cfg, depth, lanes, build_engine, plain_cuda);
         }
     }
 }
@@ -98,7 +98,7 @@ fn sampled_ddtree_draws_the_interpreters_tokens_on_cuda() {
     if !gpu() {
         return;
     }
-    let dir = root().join("tests/fixtures/llama3_scaled_untied");
+    let dir = fixture("llama3_scaled_untied");
     let target = Model::open(&dir).unwrap();
     let cfg = SpecConfig::from_toml(
         &dir.join("spec.ddtree-test.toml"),
@@ -106,8 +106,7 @@ fn sampled_ddtree_draws_the_interpreters_tokens_on_cuda() {
          [acceptance]\nmode = \"sample\"\ntemperature = 1.0\nseed = 11\n",
     )
     .unwrap();
-    let b = SpecBundle::open(&target, &cfg).unwrap();
     let what = "sampled ddtree cuda budget 80 B=4";
-    let mean = assert_draws_match_interpreter(&target, &b, &random_prompts(4), 32, CTX, what);
+    let mean = assert_draws_match_interpreter(&target, &cfg, &random_prompts(4), 32, CTX, what);
     eprintln!("{what}: the interpreter's tokens; mean acceptance {mean:.2}");
 }

@@ -6,14 +6,18 @@
 
 #![cfg(feature = "cuda")]
 
+mod common;
 mod full_accept;
 mod gpu_common;
 
 use std::path::Path;
 
 use full_accept::{Family, BLOCK_SIZE};
-use gpu_common::{assert_exact, corpus_prompts, gpu, plain_cuda, random_prompts, root};
-use specc_models::{Model, SpecBundle, SpecConfig};
+use gpu_common::{
+    assert_exact, build_engine, corpus_prompts, default_model, fixture, gpu, plain_cuda,
+    random_prompts,
+};
+use specc_models::{Model, SpecConfig};
 
 /// KV slots per sequence.
 const CTX: u64 = 256;
@@ -33,8 +37,7 @@ fn check_with(
         &format!("method = {method:?}\ndraft = {draft:?}\n{extra}"),
     )
     .unwrap();
-    let b = SpecBundle::open(&target, &cfg).unwrap();
-    assert_exact(&target, &b, prompts, n, CTX, method)
+    assert_exact(&target, &cfg, prompts, n, CTX, method)
 }
 
 fn check(target_dir: &Path, method: &str, draft: &str, prompts: &[Vec<u32>], n: usize) -> f64 {
@@ -46,7 +49,7 @@ fn random_dflash_is_exact_on_cuda() {
     if !gpu() {
         return;
     }
-    let dir = root().join("tests/fixtures/llama3_scaled_untied");
+    let dir = fixture("llama3_scaled_untied");
     for lanes in [1, 4] {
         let m = check(
             &dir,
@@ -64,7 +67,7 @@ fn random_dflash_is_exact_on_cuda() {
 /// and 4, 48 tokens; with `SPECC_GPU_QUICK` (runs under compute-sanitizer,
 /// `scripts/device/sanitize.sh`) B = 4 for 16 tokens: one step graph, replayed a few times.
 fn check_trained(method: &str, draft: &str, extra: &str) {
-    let dir = root().join("models/default");
+    let dir = default_model();
     let prompts = corpus_prompts();
     let quick = std::env::var_os("SPECC_GPU_QUICK").is_some();
     let (lanes_list, n): (&[usize], usize) = if quick { (&[4], 16) } else { (&[1, 4], 48) };
@@ -106,9 +109,10 @@ fn target_derived_dflash_accepts_every_draft_on_cuda() {
     }
     let fam = Family::new();
     let target = fam.target();
-    let b = fam.bundle(&target, "method = \"dflash\"\ndraft = \"../dflash\"");
+    let cfg = fam.config("method = \"dflash\"\ndraft = \"../dflash\"");
     for lanes in [1, 4] {
         let what = format!("dflash cuda B={lanes}");
-        full_accept::check_cuda(&what, &target, &b, BLOCK_SIZE - 1, lanes, plain_cuda);
+        let depth = BLOCK_SIZE - 1;
+        full_accept::check_cuda(&what, &target, &cfg, depth, lanes, build_engine, plain_cuda);
     }
 }

@@ -4,27 +4,13 @@
 
 #![cfg(feature = "cuda")]
 
+mod common;
 mod gpu_common;
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-
-use gpu_common::{drive, gpu};
+use gpu_common::{build_engine, build_engine_with, default_model, drive, fixture, gpu, session};
 use safetensors::SafeTensors;
-use specc_models::eagle3::{Eagle3Spec, EAGLE_PREFIX};
-use specc_models::spec_step::{
-    lower_draft_model_step, lower_eagle3_prefill, lower_eagle3_step, lower_plain_greedy,
-    lower_target_prefill, StepShape, DRAFT_PREFIX,
-};
-use specc_models::{lower_dense_prefixed, Acceptance, Checkpoint, Model};
-use specc_runtime::cuda::{CudaSpecGraphs, CudaSpecSession, WeightSources};
+use specc_models::{Model, SpecConfig};
 use specc_runtime::DraftKind;
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
 
 fn greedy_cpu(target: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
     let w = target.load_weights_f32();
@@ -41,13 +27,12 @@ fn prompts(b: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// Plain decoding (the engine's k = 0 contract) of `prompts` on the device, KV capacity 256:
+/// tokens, graph launches and steps.
 fn decode_tokens(target: &Model, prompts: &[Vec<u32>], n: usize) -> (Vec<Vec<u32>>, u64, usize) {
-    let (prefill, step) = lower_plain_greedy(target.spec(), 64).unwrap();
-    let sources = WeightSources {
-        sources: vec![("", target.checkpoint())],
-    };
-    let graphs = CudaSpecGraphs::plain(&prefill, &step, 64);
-    let mut s = CudaSpecSession::new(graphs, &sources, prompts.len(), 256).unwrap();
+    let (engine, _) = build_engine(target, None, &[prompts.len() as u32], 256);
+    let mut s = session(&engine, target, None, prompts.len());
+    assert_eq!(s.contract().kind, DraftKind::None);
     let toks = drive(&mut s, prompts, n);
     let launches = s.engine.dev.counters().graph_launches();
     (toks, launches, s.stats.steps)
@@ -62,7 +47,7 @@ fn decode_matches_cpu_on_every_fixture_and_the_default_model() {
         fixture("llama3_scaled_untied"),
         fixture("llama_tied"),
         fixture("qwen3_headdim"),
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("models/default"),
+        default_model(),
     ];
     for dir in dirs {
         let target = Model::open(&dir).unwrap();
@@ -119,12 +104,8 @@ fn prefill_logits_match_hf_transformers() {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
             .collect();
-        let (prefill, step) = lower_plain_greedy(target.spec(), 8).unwrap();
-        let sources = WeightSources {
-            sources: vec![("", target.checkpoint())],
-        };
-        let graphs = CudaSpecGraphs::plain(&prefill, &step, 8);
-        let mut s = CudaSpecSession::new(graphs, &sources, 1, 256).unwrap();
+        let (engine, _) = build_engine(&target, None, &[1], 256);
+        let mut s = session(&engine, &target, None, 1);
         let got = s.prefill_logits(&ids).unwrap();
         assert_eq!(got.len(), want.len());
         let num: f64 = got
@@ -139,40 +120,25 @@ fn prefill_logits_match_hf_transformers() {
     }
 }
 
-fn draft_session<'a>(
-    target: &'a Model,
-    draft_ck: &'a Checkpoint,
-    graphs: CudaSpecGraphs<'a>,
-    lanes: usize,
-    prefix: &'a str,
-) -> CudaSpecSession<'a> {
-    let sources = WeightSources {
-        sources: vec![("", target.checkpoint()), (prefix, draft_ck)],
-    };
-    CudaSpecSession::new(graphs, &sources, lanes, 256).unwrap()
+/// A spec next to the target (nothing is written) naming `draft` by its absolute path.
+fn spec_cfg(target_dir: &std::path::Path, body: &str) -> SpecConfig {
+    SpecConfig::from_toml(&target_dir.join("spec.gpu-e2e.toml"), body).unwrap()
 }
 
 fn check_draft_model(target_name: &str, draft_name: &str, lanes: usize, k: u64) -> f64 {
     let target = Model::open(fixture(target_name)).unwrap();
-    let draft = Model::open(fixture(draft_name)).unwrap();
-    let shape = StepShape {
-        num_steps: k,
-        ring: 64,
-        acceptance: Acceptance::Greedy,
-    };
-    let step = lower_draft_model_step(target.spec(), draft.spec(), &shape).unwrap();
-    let prefill = lower_target_prefill(target.spec(), &[]).unwrap();
-    let dprefill = lower_dense_prefixed(draft.spec(), DRAFT_PREFIX).unwrap();
-    let ck = Checkpoint::open(&fixture(draft_name)).unwrap();
-    let graphs = CudaSpecGraphs {
-        kind: DraftKind::Model,
-        target_prefill: &prefill,
-        draft_prefill: &dprefill,
-        step: &step,
-        num_steps: k as usize,
-        ring: 64,
-    };
-    let mut s = draft_session(&target, &ck, graphs, lanes, DRAFT_PREFIX);
+    let cfg = spec_cfg(
+        &fixture(target_name),
+        &format!(
+            "method = \"draft_model\"\ndraft = {:?}\nnum_steps = {k}\n",
+            fixture(draft_name)
+        ),
+    );
+    let (engine, bundle) = build_engine(&target, Some(&cfg), &[lanes as u32], 256);
+    let bundle = bundle.unwrap();
+    let mut s = session(&engine, &target, Some(&bundle), lanes);
+    assert_eq!(s.contract().kind, DraftKind::Model);
+    assert_eq!(s.contract().num_steps, k as usize);
     let ps = prompts(lanes);
     let n = 24;
     let got = drive(&mut s, &ps, n);
@@ -215,27 +181,21 @@ fn eagle3_head_is_exact() {
     }
     for lanes in [1, 4] {
         let target = Model::open(fixture("llama3_scaled_untied")).unwrap();
-        let eagle = Eagle3Spec::from_dir(&fixture("eagle3_random"), target.spec()).unwrap();
-        let shape = StepShape {
-            num_steps: 3,
-            ring: 64,
-            acceptance: Acceptance::Greedy,
-        };
-        let step = lower_eagle3_step(target.spec(), &eagle, &shape).unwrap();
-        let prefill = lower_target_prefill(target.spec(), &eagle.taps).unwrap();
-        let head = lower_eagle3_prefill(target.spec(), &eagle).unwrap();
-        let ck = Checkpoint::open(&fixture("eagle3_random")).unwrap();
-        let graphs = CudaSpecGraphs {
-            kind: DraftKind::Eagle3 {
-                taps_width: 3 * eagle.hidden(),
-            },
-            target_prefill: &prefill,
-            draft_prefill: &head,
-            step: &step,
-            num_steps: 3,
-            ring: 64,
-        };
-        let mut s = draft_session(&target, &ck, graphs, lanes, EAGLE_PREFIX);
+        let cfg = spec_cfg(
+            &fixture("llama3_scaled_untied"),
+            &format!(
+                "method = \"eagle3\"\ndraft = {:?}\nnum_steps = 3\n",
+                fixture("eagle3_random")
+            ),
+        );
+        let (engine, bundle) = build_engine(&target, Some(&cfg), &[lanes as u32], 256);
+        let bundle = bundle.unwrap();
+        let mut s = session(&engine, &target, Some(&bundle), lanes);
+        assert!(
+            matches!(s.contract().kind, DraftKind::Eagle3 { .. }),
+            "{:?}",
+            s.contract().kind
+        );
         let ps = prompts(lanes);
         let got = drive(&mut s, &ps, 20);
         for (b, p) in ps.iter().enumerate() {
@@ -265,12 +225,8 @@ fn llama8b_shaped_first_step_logits_match_cpu() {
     let target = Model::open_random(&dir, 7).unwrap();
     let ids: Vec<u32> = vec![128000, 791, 4062, 14198, 39935, 35308, 927, 279];
     let (_, cpu) = target.logits(&target.load_weights_f32(), &ids).unwrap();
-    let (prefill, step) = lower_plain_greedy(target.spec(), 8).unwrap();
-    let sources = WeightSources {
-        sources: vec![("", target.checkpoint())],
-    };
-    let graphs = CudaSpecGraphs::plain(&prefill, &step, 8);
-    let mut s = CudaSpecSession::new(graphs, &sources, 1, 1024).unwrap();
+    let (engine, _) = build_engine_with(&target, None, &[1], 1024, &[], Some(7));
+    let mut s = session(&engine, &target, None, 1);
     let gpu = s.prefill_logits(&ids).unwrap();
     let num: f64 = gpu
         .iter()
@@ -281,5 +237,4 @@ fn llama8b_shaped_first_step_logits_match_cpu() {
     let rel = (num / den).sqrt();
     eprintln!("8B-shaped (2 layers) logits: CUDA vs CPU interpreter rel L2 = {rel:.2e}");
     assert!(rel < 2e-2, "{rel}");
-    let _ = HashMap::<u8, u8>::new();
 }

@@ -8,6 +8,7 @@
 
 #![cfg(feature = "cuda")]
 
+mod common;
 mod full_accept;
 mod gpu_common;
 
@@ -15,10 +16,10 @@ use std::path::Path;
 
 use full_accept::Family;
 use gpu_common::{
-    assert_draws_match_interpreter, assert_exact, corpus_prompts, gpu, plain_cuda, random_prompts,
-    root,
+    assert_draws_match_interpreter, assert_exact, build_engine, corpus_prompts, default_model,
+    fixture, gpu, plain_cuda, random_prompts,
 };
-use specc_models::{Model, SpecBundle, SpecConfig};
+use specc_models::{Model, SpecConfig};
 
 /// KV slots per sequence: room for the prompt, 48 tokens and a 256-node tree.
 const CTX: u64 = 512;
@@ -40,9 +41,8 @@ fn check(
         ),
     )
     .unwrap();
-    let b = SpecBundle::open(&target, &cfg).unwrap();
     let what = format!("(depth, topk, nodes) {knobs:?}");
-    assert_exact(&target, &b, prompts, n, CTX, &what)
+    assert_exact(&target, &cfg, prompts, n, CTX, &what)
 }
 
 #[test]
@@ -50,7 +50,7 @@ fn random_eagle3_tree_is_exact_on_cuda() {
     if !gpu() {
         return;
     }
-    let dir = root().join("tests/fixtures/llama3_scaled_untied");
+    let dir = fixture("llama3_scaled_untied");
     for (knobs, lanes) in [((4, 2, 8), 1), ((5, 4, 60), 4), ((10, 8, 100), 4)] {
         let m = check(&dir, "../eagle3_random", knobs, &random_prompts(lanes), 20);
         eprintln!("random eagle3 tree cuda {knobs:?} B={lanes}: exact; mean acceptance {m:.2}");
@@ -63,7 +63,7 @@ fn trained_eagle3_tree_is_exact_on_cuda() {
     if !gpu() {
         return;
     }
-    let dir = root().join("models/default");
+    let dir = default_model();
     let prompts = corpus_prompts();
     for (knobs, lanes) in [
         ((5, 2, 8), 1),
@@ -89,16 +89,13 @@ fn target_derived_eagle3_tree_accepts_the_deepest_path_on_cuda() {
     let fam = Family::new();
     let target = fam.target();
     for (depth, topk, nodes) in [(5, 4, 16), (8, 8, 80)] {
-        let b = fam.bundle(
-            &target,
-            &format!(
-                "method = \"eagle3\"\ndraft = \"../eagle3\"\nnum_steps = {depth}\ntopk = {topk}\nnum_draft_tokens = {nodes}"
-            ),
-        );
+        let cfg = fam.config(&format!(
+            "method = \"eagle3\"\ndraft = \"../eagle3\"\nnum_steps = {depth}\ntopk = {topk}\nnum_draft_tokens = {nodes}"
+        ));
         for lanes in [1, 4] {
             let what =
                 format!("eagle3 tree cuda depth {depth} topk {topk} nodes {nodes} B={lanes}");
-            full_accept::check_cuda(&what, &target, &b, depth, lanes, plain_cuda);
+            full_accept::check_cuda(&what, &target, &cfg, depth, lanes, build_engine, plain_cuda);
         }
     }
 }
@@ -110,7 +107,7 @@ fn sampled_eagle3_tree_draws_the_interpreters_tokens_on_cuda() {
     if !gpu() {
         return;
     }
-    let dir = root().join("tests/fixtures/llama3_scaled_untied");
+    let dir = fixture("llama3_scaled_untied");
     let target = Model::open(&dir).unwrap();
     let cfg = SpecConfig::from_toml(
         &dir.join("spec.eagle3-tree-test.toml"),
@@ -118,8 +115,7 @@ fn sampled_eagle3_tree_draws_the_interpreters_tokens_on_cuda() {
          num_draft_tokens = 60\n[acceptance]\nmode = \"sample\"\ntemperature = 1.0\nseed = 5\n",
     )
     .unwrap();
-    let b = SpecBundle::open(&target, &cfg).unwrap();
     let what = "sampled eagle3 tree cuda (5, 4, 60) B=4";
-    let mean = assert_draws_match_interpreter(&target, &b, &random_prompts(4), 32, CTX, what);
+    let mean = assert_draws_match_interpreter(&target, &cfg, &random_prompts(4), 32, CTX, what);
     eprintln!("{what}: the interpreter's tokens; mean acceptance {mean:.2}");
 }

@@ -8,60 +8,61 @@
 use std::collections::HashMap;
 
 use specc_ir::interp::Tensor;
-use specc_models::spec_step::{
-    lower_draft_model_step, lower_target_prefill, StepShape, DRAFT_PREFIX,
-};
-use specc_models::{lower_dense, lower_dense_prefixed, Acceptance, Checkpoint};
-use specc_runtime::cuda::{driver_present, CudaSpecGraphs, CudaSpecSession, WeightSources};
+use specc_models::spec_step::DRAFT_PREFIX;
+use specc_models::{Checkpoint, Model, SpecConfig};
+use specc_runtime::cuda::{driver_present, CudaSpecSession, WeightSources};
 use specc_runtime::{DraftKind, Speculator};
 
+mod common;
+mod gpu_common;
 mod sampling_common;
 
-use sampling_common::{chi_square, target_probs, tiny_spec, CRITICAL_7DF, TEMPERATURE, VOCAB};
+use gpu_common::build_engine_with;
+use sampling_common::{
+    chi_square, target_probs, tiny_llama_json, CRITICAL_7DF, TEMPERATURE, VOCAB,
+};
 
 /// Lanes per step graph; four seeds give 2048 samples of the first emitted token.
 const LANES: usize = 512;
 
 /// Counts of the first token emitted by each lane's first step, and the target's
-/// distribution at that point (the prompt plus the shared prefill token).
+/// distribution at that point (the prompt plus the shared prefill token). The target's
+/// weights are random (seed 7), the draft's random with `draft_seed` (7: the target's own).
 fn first_step_tokens(draft_seed: u64, seeds: &[u64]) -> (Vec<usize>, Vec<f64>) {
-    let spec = tiny_spec();
-    let target_g = lower_dense(&spec).unwrap();
-    let dir = std::env::temp_dir().join("specc-gpu-sampling");
-    let target_ck = Checkpoint::random(&dir, &target_g, 7);
-    let draft_ck = Checkpoint::random(&dir, &target_g, draft_seed);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), tiny_llama_json(1)).unwrap();
+    let target = Model::open_random(dir.path(), 7).unwrap();
+    let target_g = target.graph();
+    let draft_ck = Checkpoint::random(dir.path(), target_g, draft_seed);
     let weights: HashMap<String, Tensor> = target_g
         .weights()
-        .map(|(_, name, _)| (name.to_string(), target_ck.load_f32(name).unwrap()))
+        .map(|(_, name, _)| {
+            (
+                name.to_string(),
+                target.checkpoint().load_f32(name).unwrap(),
+            )
+        })
         .collect();
     let prompt: Vec<u32> = vec![1, 5, 2, 7];
     let mut counts = vec![0usize; VOCAB];
     let mut first_bonus = None;
     for &seed in seeds {
-        let shape = StepShape {
-            num_steps: 3,
-            ring: 16,
-            acceptance: Acceptance::Sample {
-                temperature: TEMPERATURE,
-                top_p: 1.0,
-                seed,
-            },
-        };
-        let step = lower_draft_model_step(&spec, &spec, &shape).unwrap();
-        let prefill = lower_target_prefill(&spec, &[]).unwrap();
-        let dprefill = lower_dense_prefixed(&spec, DRAFT_PREFIX).unwrap();
-        let graphs = CudaSpecGraphs {
-            kind: DraftKind::Model,
-            target_prefill: &prefill,
-            draft_prefill: &dprefill,
-            step: &step,
-            num_steps: 3,
-            ring: 16,
-        };
+        // The draft is the target's config; its engine-side weights are replaced below.
+        let cfg = SpecConfig::from_toml(
+            &dir.path().join("spec.toml"),
+            &format!(
+                "method = \"draft_model\"\ndraft = \".\"\nnum_steps = 3\n\
+                 [acceptance]\nmode = \"sample\"\ntemperature = {TEMPERATURE}\ntop_p = 1.0\nseed = {seed}\n"
+            ),
+        )
+        .unwrap();
+        let (engine, _) = build_engine_with(&target, Some(&cfg), &[LANES as u32], 64, &[], Some(7));
         let sources = WeightSources {
-            sources: vec![("", &target_ck), (DRAFT_PREFIX, &draft_ck)],
+            sources: vec![("", target.checkpoint()), (DRAFT_PREFIX, &draft_ck)],
         };
-        let mut s = CudaSpecSession::new(graphs, &sources, LANES, 64).unwrap();
+        let mut s = CudaSpecSession::new(&engine, true, &sources, LANES).unwrap();
+        assert_eq!(s.contract().kind, DraftKind::Model);
+        assert_eq!(s.contract().num_steps, 3);
         let first = Speculator::admit(&mut s, &vec![prompt.clone(); LANES], 8).unwrap();
         assert!(first.iter().all(|&t| t == first[0]), "prefill is greedy");
         first_bonus = Some(first[0]);
@@ -72,7 +73,7 @@ fn first_step_tokens(draft_seed: u64, seeds: &[u64]) -> (Vec<usize>, Vec<f64>) {
     }
     let mut ctx = prompt;
     ctx.push(first_bonus.unwrap());
-    (counts, target_probs(&target_g, &weights, &ctx))
+    (counts, target_probs(target_g, &weights, &ctx))
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! equal the target's own greedy tokens exactly, whatever the draft proposes.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use specc_ir::interp::{Data, Tensor};
 use specc_models::eagle3::{Eagle3Spec, EAGLE_PREFIX};
@@ -12,11 +12,9 @@ use specc_models::Checkpoint;
 use specc_models::{lower_dense, lower_dense_prefixed, Acceptance, Model};
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
+mod common;
+
+use common::{default_model, fixture, spec_contract};
 
 /// Draft weights under the step graph's draft prefix, optionally perturbed.
 fn draft_weights(draft: &Model, noise: f32) -> HashMap<String, Tensor> {
@@ -61,12 +59,10 @@ fn speculate(
     let mut weights = target.load_weights_f32();
     weights.extend(draft_weights(draft, noise));
     let graphs = SpecGraphs {
-        kind: DraftKind::Model,
+        contract: spec_contract(DraftKind::Model, k as usize, 64),
         target_prefill: &target_prefill,
         draft_prefill: &draft_prefill,
         step: &step,
-        num_steps: k as usize,
-        ring: 64,
     };
     run_session(graphs, &weights, prompts, max_new, ctx)
 }
@@ -189,15 +185,14 @@ fn check_eagle(lanes: usize, k: u64) -> f64 {
     let head_prefill = lower_eagle3_prefill(target.spec(), &eagle).unwrap();
     let mut weights = target.load_weights_f32();
     weights.extend(eagle_weights(&fixture("eagle3_random"), &step));
+    let kind = DraftKind::Eagle3 {
+        taps_width: 3 * eagle.hidden(),
+    };
     let graphs = SpecGraphs {
-        kind: DraftKind::Eagle3 {
-            taps_width: 3 * eagle.hidden(),
-        },
+        contract: spec_contract(kind, k as usize, 64),
         target_prefill: &prefill,
         draft_prefill: &head_prefill,
         step: &step,
-        num_steps: k as usize,
-        ring: 64,
     };
     let ps = prompts(lanes);
     let n = 20;
@@ -245,7 +240,7 @@ fn decode_step_graph_equals_target_greedy() {
 
 /// The trained family (models/default): real partial acceptance, still exact.
 fn trained_eagle(lanes: usize, k: u64) -> f64 {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/default");
+    let root = default_model();
     let target = Model::open(&root).unwrap();
     let eagle = Eagle3Spec::from_dir(&root.join("eagle3"), target.spec()).unwrap();
     let shape = StepShape {
@@ -258,15 +253,14 @@ fn trained_eagle(lanes: usize, k: u64) -> f64 {
     let head_prefill = lower_eagle3_prefill(target.spec(), &eagle).unwrap();
     let mut weights = target.load_weights_f32();
     weights.extend(eagle_weights(&root.join("eagle3"), &step));
+    let kind = DraftKind::Eagle3 {
+        taps_width: 3 * eagle.hidden(),
+    };
     let graphs = SpecGraphs {
-        kind: DraftKind::Eagle3 {
-            taps_width: 3 * eagle.hidden(),
-        },
+        contract: spec_contract(kind, k as usize, 64),
         target_prefill: &prefill,
         draft_prefill: &head_prefill,
         step: &step,
-        num_steps: k as usize,
-        ring: 64,
     };
     // Python-like prompts in the tokenizer's id space (BOS + a few common tokens).
     let ps: Vec<Vec<u32>> = (0..lanes)

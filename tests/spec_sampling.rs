@@ -10,7 +10,10 @@ use specc_models::spec_step::{lower_draft_model_step, StepShape, DRAFT_PREFIX};
 use specc_models::{lower_dense, lower_dense_prefixed, Acceptance};
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
+mod common;
 mod sampling_common;
+
+use common::spec_contract;
 
 use sampling_common::{
     chi_square, fill_weights, target_probs, tiny_spec, CRITICAL_7DF, TEMPERATURE, VOCAB,
@@ -47,12 +50,10 @@ fn first_step_tokens(draft_seed: u64, seeds: &[u64]) -> (Vec<usize>, Vec<f64>) {
         };
         let step = lower_draft_model_step(&spec, &spec, &shape).unwrap();
         let graphs = SpecGraphs {
-            kind: DraftKind::Model,
+            contract: spec_contract(DraftKind::Model, 3, 16),
             target_prefill: &target,
             draft_prefill: &draft,
             step: &step,
-            num_steps: 3,
-            ring: 16,
         };
         let mut s = SpecCpuSession::new(graphs, &w, lanes, 64);
         let first = s.admit(&vec![prompt.clone(); lanes], 8).unwrap();

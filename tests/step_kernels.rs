@@ -1,13 +1,21 @@
 //! Every graph the CUDA backend runs (prefills and step graphs of every method) goes through
-//! codegen and kernel generation, and every generated kernel compiles with NVRTC for sm_90a,
-//! sm_100a and sm_120 — no GPU needed. Skips when NVRTC is absent unless
+//! the one build (`specc_codegen::build`: the pass pipeline, kernel choices, kernel
+//! generation) into an engine whose plans are asserted on here as values: each fused
+//! group's family and kernel choice ([`GroupCost`]), each launch's group, phase and
+//! geometry. With NVRTC present every generated kernel also compiles for sm_90a, sm_100a
+//! and sm_120 — no GPU needed; the compile test skips when NVRTC is absent unless
 //! `SPECC_REQUIRE_NVRTC=1`.
 
-use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-use specc_ir::{Bindings, Graph};
-use specc_kernels_gen::plan::plan_kernels;
-use specc_kernels_gen::{Arch, Nvrtc};
+use specc_codegen::{build, BuildOptions, Built, Compiled, Cubins, Epilogue, GroupKind};
+use specc_ir::engine::{
+    Arch, BucketPlan, BuildInput, GraphRole, GroupCost, Launch, Phase, RoleGraph, StepContract,
+    Target,
+};
+use specc_ir::{Bindings, BucketDim, DType, Graph};
+use specc_kernels_gen::gemv_mma::{NORM_FUSED_MAX_ROWS, ROPE_FUSED_MAX_ROWS};
+use specc_kernels_gen::Nvrtc;
 use specc_models::dflash::DFlashSpec;
 use specc_models::eagle3::Eagle3Spec;
 use specc_models::spec_step::{
@@ -17,12 +25,12 @@ use specc_models::spec_step::{
 };
 use specc_models::{lower_dense_prefixed, Acceptance, Model, TreeKnobs};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
+mod common;
 
+use common::{default_model, fixture, repo_path};
+
+/// The fixtures' graphs: every method's step (greedy and sampled, B = 1 and 4), plain
+/// decoding and the prefills.
 fn graphs() -> Vec<(String, Graph, Bindings)> {
     let target = Model::open(fixture("llama3_scaled_untied")).unwrap();
     let qwen = Model::open(fixture("qwen3_headdim")).unwrap();
@@ -140,64 +148,14 @@ fn graphs() -> Vec<(String, Graph, Bindings)> {
     out
 }
 
-/// The row tile a generated GEMV kernel states (`constexpr int MT = …;`).
-fn row_tile_of(kernel: &str) -> Option<u32> {
-    let rest = kernel.split("constexpr int MT = ").nth(1)?;
-    rest.split(';').next()?.trim().parse().ok()
-}
-
-#[test]
-fn every_graph_plans_to_kernels() {
-    for (name, g, bind) in graphs() {
-        let c = specc_codegen::compile(g, &[bind]).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let plan = plan_kernels(&c.graph, &c.groups, &c.plans[0]).unwrap_or_else(|e| {
-            let text = specc_ir::text::print(&c.graph);
-            let groups = specc_codegen::describe_groups(&c.graph, &c.groups);
-            std::fs::write("/tmp/failed_plan.txt", format!("{text}\n{groups}")).ok();
-            panic!("{name}: {e}")
-        });
-        assert!(!plan.launches.is_empty(), "{name}");
-        // Matmuls of more than NORM_FUSED_MAX_ROWS rows (the 80- and 100-node tree verifies)
-        // read x normalised by its own rmsnorm launch; smaller row tiles fuse the norm.
-        let max = specc_kernels_gen::gemv_mma::NORM_FUSED_MAX_ROWS;
-        let mut wide = 0;
-        for l in plan
-            .launches
-            .iter()
-            .filter(|l| l.kernel.name.starts_with("gemv"))
-        {
-            let mt = row_tile_of(&l.kernel.kernel).expect("gemv kernels state their row tile");
-            if mt > max {
-                wide += 1;
-                assert!(
-                    !l.kernel.kernel.contains("inv_rms"),
-                    "{name}: {} fuses a norm",
-                    l.kernel.name
-                );
-            }
-        }
-        if (name.starts_with("ddtree step") && name.contains("budget 80"))
-            || name.contains("nodes 100")
-        {
-            assert!(wide > 0, "{name}: no matmul above {max} rows");
-        }
-        eprintln!(
-            "{name}: {} groups, {} launches, arena {} B",
-            c.groups.len(),
-            plan.launches.len(),
-            plan.arena_bytes
-        );
-    }
-}
-
 /// What the CUDA backend generates for the embedded default (its spec's draft_model step, an
 /// EAGLE-3 step with sampled acceptance, plain decoding, prefills) and for a Llama-3.1-8B shape.
 fn shipped_graphs() -> Vec<(String, Graph, Bindings)> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dflt = Model::open(root.join("models/default")).unwrap();
-    let cfg = specc_models::SpecConfig::from_file(&root.join("models/default/spec.toml")).unwrap();
+    let root = default_model();
+    let dflt = Model::open(&root).unwrap();
+    let cfg = specc_models::SpecConfig::from_file(&root.join("spec.toml")).unwrap();
     let bundle = specc_models::SpecBundle::open(&dflt, &cfg).unwrap();
-    let eagle = Eagle3Spec::from_dir(&root.join("models/default/eagle3"), dflt.spec()).unwrap();
+    let eagle = Eagle3Spec::from_dir(&root.join("eagle3"), dflt.spec()).unwrap();
     let sample = StepShape {
         num_steps: 3,
         ring: 32,
@@ -215,7 +173,7 @@ fn shipped_graphs() -> Vec<(String, Graph, Bindings)> {
     let ctx = 1024;
     let step = Bindings::new(1, 1, ctx);
     let pre = Bindings::new(1, 16, ctx);
-    let cfg8b = root.join("bench/configs/llama-3.1-8b/config.json");
+    let cfg8b = repo_path("bench/configs/llama-3.1-8b/config.json");
     let spec8b = specc_models::ModelSpec::from_file(&cfg8b).unwrap();
     vec![
         (
@@ -281,7 +239,7 @@ fn shipped_graphs() -> Vec<(String, Graph, Bindings)> {
 
 /// The trained DFlash drafter's step graph (k = block_size − 1, greedy).
 fn dflash_step(target: &Model) -> Graph {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/default");
+    let root = default_model();
     let text = format!(
         "method = \"dflash\"\ndraft = \"{}\"\n",
         root.join("dflash").display()
@@ -293,7 +251,7 @@ fn dflash_step(target: &Model) -> Graph {
 /// The trained drafter as a DDTree step of 80 nodes (two ancestor words; greedy unless
 /// `extra` holds an `[acceptance]` table).
 fn ddtree_step(target: &Model, extra: &str) -> Graph {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/default");
+    let root = default_model();
     let text = format!(
         "method = \"ddtree\"\ndraft = \"{}\"\nbudget = 80\n{extra}",
         root.join("dflash").display()
@@ -304,7 +262,7 @@ fn ddtree_step(target: &Model, extra: &str) -> Graph {
 
 /// The trained EAGLE-3 head as a draft tree (models/default/spec.eagle3-tree.toml).
 fn eagle3_tree_step(target: &Model) -> Graph {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/default");
+    let root = default_model();
     let cfg = specc_models::SpecConfig::from_file(&root.join("spec.eagle3-tree.toml")).unwrap();
     assert!(cfg.tree.is_some(), "topk > 1");
     specc_models::SpecBundle::open(target, &cfg).unwrap().step
@@ -313,7 +271,7 @@ fn eagle3_tree_step(target: &Model) -> Graph {
 /// Kernels only a DDTree step has: the tree ops, the tree commit, attention with
 /// multi-word masks and RoPE with separate cache slots (`rope_kv`, or the q|k|v GEMV's
 /// RoPE epilogue).
-fn tree_kernel(name: &str) -> bool {
+fn is_tree_family(family: &str) -> bool {
     [
         "tree_build",
         "tree_select",
@@ -325,79 +283,336 @@ fn tree_kernel(name: &str) -> bool {
         "gemv_rope",
         "gemv_mma_rope",
     ]
-    .iter()
-    .any(|p| name.starts_with(p))
+    .contains(&family)
+}
+
+/// The role a graph of these lists plays in an engine (by its name).
+fn role_of(name: &str) -> GraphRole {
+    if name.contains("decode step") {
+        GraphRole::Decode
+    } else if name.contains("step") {
+        GraphRole::SpecStep
+    } else if name.contains("target prefill +") {
+        GraphRole::SpecTargetPrefill
+    } else if name.contains("draft prefill")
+        || name.contains("eagle3 prefill")
+        || name.contains("dflash prefill")
+    {
+        GraphRole::DraftPrefill
+    } else {
+        GraphRole::Prefill
+    }
+}
+
+/// One graph at its bucket: its name and the pass pipeline's output (the group kinds the
+/// kernel choices are asserted against).
+struct Case {
+    name: String,
+    compiled: Compiled,
+}
+
+/// The engine of a list of graphs (each at its one bucket) for `target`: `plans[i]` is
+/// the plan of `cases[i]`.
+struct Planned {
+    target: Target,
+    built: Built,
+    cases: Vec<Case>,
+}
+
+fn input_of(list: &[(String, Graph, Bindings)]) -> BuildInput {
+    BuildInput {
+        architecture: "step_kernels".into(),
+        max_context: list
+            .iter()
+            .map(|(_, _, b)| b.get(BucketDim::Ctx).unwrap_or(1))
+            .max()
+            .unwrap_or(1),
+        graphs: list
+            .iter()
+            .map(|(name, g, bind)| RoleGraph {
+                role: role_of(name),
+                graph: g.clone(),
+                buckets: vec![bind.clone()],
+            })
+            .collect(),
+        plain: StepContract::plain(64),
+        spec: None,
+        spec_toml: None,
+        checkpoints: Vec::new(),
+        random_seed: None,
+    }
+}
+
+impl Planned {
+    fn build(list: Vec<(String, Graph, Bindings)>, target: Target) -> Planned {
+        let opts = BuildOptions {
+            cubins: Cubins::IfAvailable,
+            ..BuildOptions::default()
+        };
+        let built = match build(input_of(&list), &target, &opts) {
+            Ok(b) => b,
+            Err(e) => {
+                // Name the graph: the first that fails alone.
+                for one in &list {
+                    if let Err(e) = build(input_of(std::slice::from_ref(one)), &target, &opts) {
+                        panic!("{}: {e}", one.0);
+                    }
+                }
+                panic!("the graphs build alone but not together: {e}")
+            }
+        };
+        let cases: Vec<Case> = list
+            .into_iter()
+            .map(|(name, g, bind)| {
+                let compiled = specc_codegen::compile(g, std::slice::from_ref(&bind))
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+                Case { name, compiled }
+            })
+            .collect();
+        assert_eq!(
+            built.engine.plans.len(),
+            cases.len(),
+            "one plan per graph and bucket, in build order"
+        );
+        for (c, p) in cases.iter().zip(&built.engine.plans) {
+            assert_eq!(p.role, role_of(&c.name), "{}", c.name);
+            assert_eq!(
+                p.groups.len(),
+                c.compiled.groups.len(),
+                "{}: one cost per fused group",
+                c.name
+            );
+        }
+        Planned {
+            target,
+            built,
+            cases,
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&str, &Compiled, &BucketPlan)> {
+        self.cases
+            .iter()
+            .zip(&self.built.engine.plans)
+            .map(|(c, p)| (c.name.as_str(), &c.compiled, p))
+    }
+
+    fn plan(&self, name: &str) -> (&Compiled, &BucketPlan) {
+        self.iter()
+            .find(|(n, ..)| *n == name)
+            .map(|(_, c, p)| (c, p))
+            .unwrap_or_else(|| panic!("no graph {name:?}"))
+    }
+
+    fn kernel_name(&self, plan: &BucketPlan, i: usize) -> &str {
+        &self.built.engine.kernels[plan.launches[i].kernel as usize].name
+    }
+
+    /// The kernel family of launch `i` of `plan` (kernels are named
+    /// `{family}_{dtype}_{hash8}`).
+    fn family(&self, plan: &BucketPlan, i: usize) -> &str {
+        let name = self.kernel_name(plan, i);
+        name.rsplitn(3, '_').last().unwrap_or(name)
+    }
+
+    /// The generated text of launch `i`'s kernel.
+    fn text(&self, plan: &BucketPlan, i: usize) -> &str {
+        &self.built.sources[plan.launches[i].kernel as usize].kernel
+    }
+
+    /// The launches of group `g` of `plan`, in order.
+    fn group_launches(&self, plan: &BucketPlan, g: usize) -> Vec<usize> {
+        (0..plan.launches.len())
+            .filter(|&i| plan.launches[i].group as usize == g)
+            .collect()
+    }
+}
+
+/// The fixtures' graphs of every method, built for sm_90a.
+fn every_graph() -> &'static Planned {
+    static P: OnceLock<Planned> = OnceLock::new();
+    P.get_or_init(|| Planned::build(graphs(), Target::for_archs(&[Arch::Sm90a])))
+}
+
+/// The embedded default's and the 8B shape's graphs, built for sm_90a.
+fn shipped() -> &'static Planned {
+    static P: OnceLock<Planned> = OnceLock::new();
+    P.get_or_init(|| Planned::build(shipped_graphs(), Target::for_archs(&[Arch::Sm90a])))
+}
+
+/// Token rows of a matmul group's x at its plan's bucket.
+fn rows_of(c: &Compiled, x: specc_ir::ValueId) -> usize {
+    let dims = c.graph.ty(x).shape.resolve(&c.plans[0].bind).unwrap();
+    dims.iter().product::<usize>() / dims.last().unwrap()
+}
+
+/// The row tile a generated GEMV kernel states (`constexpr int MT = …;`).
+fn row_tile_of(kernel: &str) -> Option<u32> {
+    let rest = kernel.split("constexpr int MT = ").nth(1)?;
+    rest.split(';').next()?.trim().parse().ok()
+}
+
+/// The kernel families a group's choice names, in launch order.
+fn choice_families(cost: &GroupCost) -> Vec<&str> {
+    cost.choice.split(" + ").collect()
+}
+
+#[test]
+fn every_graph_plans_to_kernels() {
+    let p = every_graph();
+    let smem = p.target.smem_per_block;
+    for (name, c, plan) in p.iter() {
+        assert!(!plan.launches.is_empty(), "{name}");
+        // Launches in schedule order of their groups, with a geometry the target runs.
+        let mut last = 0;
+        for (i, l) in plan.launches.iter().enumerate() {
+            assert!(l.group >= last, "{name}: launch {i} out of schedule order");
+            last = l.group;
+            assert!(
+                l.grid.iter().chain(&l.block).all(|&d| d >= 1),
+                "{name}: launch {i}: grid {:?} block {:?}",
+                l.grid,
+                l.block
+            );
+            let threads: u32 = l.block.iter().product();
+            assert!(threads <= 1024, "{name}: launch {i}: {threads} threads");
+            assert!(
+                l.smem_bytes <= smem,
+                "{name}: launch {i}: {} B of shared memory, the target allows {smem}",
+                l.smem_bytes
+            );
+        }
+        // Every group launched; its cost names the group's own family, and its choice the
+        // families of its launches.
+        for (g, (gr, cost)) in c.groups.iter().zip(&plan.groups).enumerate() {
+            assert_eq!(cost.family, gr.family(&c.graph), "{name}: group {g}");
+            let launched: Vec<&str> = p
+                .group_launches(plan, g)
+                .into_iter()
+                .map(|i| p.family(plan, i))
+                .collect();
+            assert!(
+                !launched.is_empty(),
+                "{name}: group {g} ({}) never launches",
+                cost.family
+            );
+            assert_eq!(choice_families(cost), launched, "{name}: group {g}");
+        }
+        // Matmuls of more than NORM_FUSED_MAX_ROWS rows read x normalised by their own
+        // rmsnorm launch; smaller row tiles fuse the norm.
+        let mut wide = 0;
+        for (g, gr) in c.groups.iter().enumerate() {
+            let GroupKind::MatMul { x, norm, .. } = &gr.kind else {
+                continue;
+            };
+            let families = choice_families(&plan.groups[g]);
+            if norm.is_some() && rows_of(c, *x) > NORM_FUSED_MAX_ROWS as usize {
+                assert_eq!(families[0], "rmsnorm", "{name}: group {g}: {families:?}");
+            }
+            for i in p.group_launches(plan, g) {
+                if !p.family(plan, i).starts_with("gemv") {
+                    continue;
+                }
+                let text = p.text(plan, i);
+                let mt = row_tile_of(text).expect("gemv kernels state their row tile");
+                if mt > NORM_FUSED_MAX_ROWS {
+                    wide += 1;
+                    assert!(
+                        !text.contains("inv_rms"),
+                        "{name}: {} fuses a norm",
+                        p.kernel_name(plan, i)
+                    );
+                }
+            }
+        }
+        if (name.starts_with("ddtree step") && name.contains("budget 80"))
+            || name.contains("nodes 100")
+        {
+            assert!(
+                wide > 0,
+                "{name}: no matmul above {NORM_FUSED_MAX_ROWS} rows"
+            );
+        }
+        eprintln!(
+            "{name}: {} groups, {} launches, arena {} B",
+            plan.groups.len(),
+            plan.launches.len(),
+            plan.arena_bytes
+        );
+    }
+}
+
+/// The dense graphs (prefill, decode) and the DDTree / EAGLE-3 tree steps of the embedded
+/// default (tree ops, tree commit, multi-word attention masks, x staged by bulk copies)
+/// built for every arch at once; the other speculative steps' kernels (the same families
+/// at other shapes and offsets) for sm_90a only, which keeps a cold-cache CI run within
+/// minutes.
+fn every_arch() -> Planned {
+    let list: Vec<_> = shipped_graphs()
+        .into_iter()
+        .filter(|(n, ..)| {
+            n.contains("prefill")
+                || n.contains("decode")
+                || n == "default: ddtree step"
+                || n == "default: eagle3 tree step"
+        })
+        .collect();
+    Planned::build(list, Target::for_archs(&Arch::ALL))
+}
+
+/// Every module of `p` holds a cubin for every arch of its target, and every kernel its
+/// ptxas figures for each.
+fn assert_compiled(what: &str, p: &Planned) {
+    let e = &p.built.engine;
+    assert!(e.uncompiled.is_none(), "{what}: {:?}", e.uncompiled);
+    assert!(!e.modules.is_empty(), "{what}: no modules");
+    for (m, module) in e.modules.iter().enumerate() {
+        for &arch in &p.target.archs {
+            assert!(
+                module.cubins.iter().any(|c| c.arch == arch && c.bytes > 0),
+                "{what}: module {} has no {arch} cubin",
+                module.name
+            );
+            assert!(e.cubin(m as u32, arch).is_some(), "{what}: {}", module.name);
+        }
+    }
+    for k in &e.kernels {
+        for &arch in &p.target.archs {
+            assert!(
+                k.stats.iter().any(|s| s.arch == arch),
+                "{what}: kernel {} not compiled for {arch}",
+                k.name
+            );
+        }
+    }
+    eprintln!(
+        "{what}: {} kernels in {} modules for {:?}",
+        e.kernels.len(),
+        e.modules.len(),
+        p.target.archs
+    );
 }
 
 #[test]
 fn every_step_kernel_compiles_for_every_arch() {
-    let nvrtc = match Nvrtc::new() {
-        Ok(n) => n,
-        Err(e) => {
-            if std::env::var("SPECC_REQUIRE_NVRTC").as_deref() == Ok("1") {
-                panic!("NVRTC required but unavailable: {e}");
-            }
-            eprintln!("SKIPPED: {e} (source scripts/nvrtc-env.sh)");
-            return;
+    if let Err(e) = Nvrtc::new() {
+        if std::env::var("SPECC_REQUIRE_NVRTC").as_deref() == Ok("1") {
+            panic!("NVRTC required but unavailable: {e}");
         }
-    };
-    let mut seen = std::collections::HashSet::new();
-    let mut jobs = Vec::new();
-    for (name, g, bind) in shipped_graphs() {
-        let c = specc_codegen::compile(g, &[bind]).unwrap();
-        let plan = plan_kernels(&c.graph, &c.groups, &c.plans[0]).unwrap();
-        // Every arch for the dense graphs (prefill, decode); the speculative steps' extra
-        // kernels (the same families at other shapes and offsets, ~900 of them) for the
-        // device's sm_90a only, which keeps a cold-cache CI run within minutes.
-        // The EAGLE-3 and DFlash steps only plan here (every_graph_plans_to_kernels): their
-        // kernels are the same families as the draft_model step's at other offsets.
-        let archs: &[Arch] = if name.contains("prefill") || name.contains("decode") {
-            &Arch::ALL
-        } else if name.contains("ddtree sampled") {
-            // The draws at every tree node: the sampling kernels at the tree's shapes.
-            &[Arch::Sm90a]
-        } else if name.contains("eagle3") || name.contains("dflash") || name.contains("ddtree") {
-            &[]
-        } else {
-            &[Arch::Sm90a]
-        };
-        for l in plan.launches {
-            // The tree steps' own kernels (every arch); the rest as the DFlash step's.
-            let tree_step = name.contains("ddtree") || name.contains("eagle3 tree");
-            // Wide matmuls that stage x by bulk copies (mbarrier + cp.async.bulk PTX): every arch.
-            let x_staged = l.kernel.kernel.contains("bulk_copy_g2s(");
-            let archs = if (tree_step && tree_kernel(&l.kernel.name)) || x_staged {
-                &Arch::ALL[..]
-            } else {
-                archs
-            };
-            for &arch in archs {
-                if seen.insert((l.kernel.name.clone(), arch)) {
-                    jobs.push((name.clone(), l.kernel.clone(), arch));
-                }
-            }
-        }
+        eprintln!("SKIPPED: {e} (source scripts/nvrtc-env.sh)");
+        return;
     }
-    // NVRTC programs are independent: compile on every core.
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let chunk = jobs.len().div_ceil(threads).max(1);
-    std::thread::scope(|sc| {
-        for part in jobs.chunks(chunk) {
-            let nvrtc = nvrtc.clone();
-            sc.spawn(move || {
-                for (name, k, arch) in part {
-                    nvrtc
-                        .compile(k, *arch)
-                        .unwrap_or_else(|e| panic!("{name}: {} for {arch}: {e}", k.name));
-                }
-            });
-        }
-    });
-    eprintln!(
-        "{} NVRTC compiles (dense graphs for {:?}, the speculative steps for sm_90a)",
-        jobs.len(),
-        Arch::ALL
-    );
+    assert_compiled("shipped graphs (sm_90a)", shipped());
+    let all = every_arch();
+    assert_compiled("dense graphs and tree steps (every arch)", &all);
+    // The tree steps' own kernels are among those compiled for every arch.
+    for name in ["default: ddtree step", "default: eagle3 tree step"] {
+        let (_, plan) = all.plan(name);
+        let tree = (0..plan.launches.len())
+            .filter(|&i| is_tree_family(all.family(plan, i)))
+            .count();
+        assert!(tree > 0, "{name}: no tree kernels");
+    }
 }
 
 /// The embedded default's 80-node DDTree verify (81 rows: row tiles of 64) runs its wide
@@ -405,22 +620,28 @@ fn every_step_kernel_compiles_for_every_arch() {
 /// (`gemv_mma::Feed::XBulk`), the path the device tests of that step then exercise.
 #[test]
 fn default_tree_verify_stages_x_by_bulk_copies() {
-    let (name, g, bind) = shipped_graphs()
-        .into_iter()
-        .find(|(n, ..)| n == "default: ddtree step")
-        .unwrap();
-    let c = specc_codegen::compile(g, &[bind]).unwrap();
-    let plan = plan_kernels(&c.graph, &c.groups, &c.plans[0]).unwrap();
-    let staged: Vec<&str> = plan
-        .launches
-        .iter()
-        .filter(|l| l.kernel.kernel.contains("bulk_copy_g2s("))
-        .map(|l| l.kernel.name.as_str())
+    let p = shipped();
+    let name = "default: ddtree step";
+    let (c, plan) = p.plan(name);
+    let staged: Vec<usize> = (0..plan.launches.len())
+        .filter(|&i| p.text(plan, i).contains("bulk_copy_g2s("))
         .collect();
-    assert!(
-        staged.iter().all(|n| n.starts_with("gemv_mma_bf16")),
-        "{name}: {staged:?}"
-    );
+    for &i in &staged {
+        let g = plan.launches[i].group as usize;
+        let GroupKind::MatMul { x, mats, .. } = &c.groups[g].kind else {
+            panic!(
+                "{name}: {} stages x outside a matmul",
+                p.kernel_name(plan, i)
+            );
+        };
+        assert_eq!(p.family(plan, i), "gemv_mma", "{name}: launch {i}");
+        let (xd, wd) = (c.graph.ty(*x).dtype, c.graph.ty(mats[0].weight).dtype);
+        assert_eq!((xd, wd), (DType::BF16, DType::BF16), "{name}: launch {i}");
+        assert!(
+            rows_of(c, *x) > NORM_FUSED_MAX_ROWS as usize,
+            "{name}: launch {i}"
+        );
+    }
     // q|k|v, o and gate/up of every target layer (K = hidden = 256) and the lm-head.
     let layers = 6;
     assert!(
@@ -432,11 +653,9 @@ fn default_tree_verify_stages_x_by_bulk_copies() {
 
 #[test]
 fn launches_are_tagged_with_their_part_of_the_step() {
-    use specc_kernels_gen::plan::Phase;
-    for (name, g, bind) in graphs() {
-        let c = specc_codegen::compile(g, &[bind]).unwrap();
-        let plan = plan_kernels(&c.graph, &c.groups, &c.plans[0]).unwrap();
-        let count = |p: Phase| plan.launches.iter().filter(|l| l.phase == p).count();
+    let p = every_graph();
+    for (name, _, plan) in p.iter() {
+        let count = |ph: Phase| plan.launches.iter().filter(|l| l.phase == ph).count();
         let (d, t, b) = (
             count(Phase::Draft),
             count(Phase::Target),
@@ -455,19 +674,17 @@ fn launches_are_tagged_with_their_part_of_the_step() {
             assert_eq!(d, 0, "{name}");
         }
         // Attention belongs to the model whose q it reads, never to the bookkeeping.
-        for l in &plan.launches {
-            if l.kernel.name.starts_with("attn_") {
-                assert_ne!(l.phase, Phase::Bookkeeping, "{name}: {}", l.kernel.name);
+        let attention = |l: &Launch| plan.groups[l.group as usize].family == "attention";
+        for (i, l) in plan.launches.iter().enumerate() {
+            if attention(l) {
+                let k = p.kernel_name(plan, i);
+                assert_ne!(l.phase, Phase::Bookkeeping, "{name}: {k}");
                 if name.contains("decode") || name.starts_with("target prefill") {
-                    assert_eq!(l.phase, Phase::Target, "{name}: {}", l.kernel.name);
+                    assert_eq!(l.phase, Phase::Target, "{name}: {k}");
                 }
             }
         }
-        let attn_in = |p: Phase| {
-            plan.launches
-                .iter()
-                .any(|l| l.kernel.name.starts_with("attn_") && l.phase == p)
-        };
+        let attn_in = |ph: Phase| plan.launches.iter().any(|l| attention(l) && l.phase == ph);
         if name.contains("step") && !name.contains("decode") {
             assert!(attn_in(Phase::Draft) && attn_in(Phase::Target), "{name}");
         }
@@ -482,39 +699,39 @@ fn launches_are_tagged_with_their_part_of_the_step() {
 /// lm-head's argmax (measured faster on CUDA cores); f32 models stay on the CUDA-core one.
 #[test]
 fn matmuls_of_several_rows_run_on_tensor_cores() {
-    use specc_codegen::GroupKind;
     let mut mma = 0;
-    for (name, g, bind) in graphs().into_iter().chain(shipped_graphs()) {
-        let c = specc_codegen::compile(g, std::slice::from_ref(&bind)).unwrap();
-        let plan = plan_kernels(&c.graph, &c.groups, &c.plans[0]).unwrap();
-        for l in &plan.launches {
-            let GroupKind::MatMul {
-                x,
-                mats,
-                norm,
-                epilogue,
-            } = &c.groups[l.group].kind
-            else {
-                continue;
-            };
-            if !l.kernel.name.starts_with("gemv") {
-                continue; // the argmax / rope_kv launches of the group
+    for p in [every_graph(), shipped()] {
+        for (name, c, plan) in p.iter() {
+            for (i, l) in plan.launches.iter().enumerate() {
+                let GroupKind::MatMul {
+                    x,
+                    mats,
+                    norm,
+                    epilogue,
+                } = &c.groups[l.group as usize].kind
+                else {
+                    continue;
+                };
+                let family = p.family(plan, i);
+                if !family.starts_with("gemv") {
+                    continue; // the rmsnorm / argmax / rope_kv launches of the group
+                }
+                let rows = rows_of(c, *x);
+                let (xd, wd) = (c.graph.ty(*x).dtype, c.graph.ty(mats[0].weight).dtype);
+                let one_row_mma = !matches!(epilogue, Epilogue::LogitsArgmax { .. })
+                    && (mats.len() == 2 || norm.is_none());
+                let want_mma = (rows >= 2 || one_row_mma)
+                    && xd == wd
+                    && matches!(xd, DType::BF16 | DType::F16);
+                assert_eq!(
+                    family.starts_with("gemv_mma"),
+                    want_mma,
+                    "{name}: {} (group choice {}) for {rows} rows of {xd} x {wd}",
+                    p.kernel_name(plan, i),
+                    plan.groups[l.group as usize].choice
+                );
+                mma += want_mma as usize;
             }
-            let dims = c.graph.ty(*x).shape.resolve(&c.plans[0].bind).unwrap();
-            let rows: usize = dims.iter().product::<usize>() / dims.last().unwrap();
-            let (xd, wd) = (c.graph.ty(*x).dtype, c.graph.ty(mats[0].weight).dtype);
-            let one_row_mma = !matches!(epilogue, specc_codegen::Epilogue::LogitsArgmax { .. })
-                && (mats.len() == 2 || norm.is_none());
-            let want_mma = (rows >= 2 || one_row_mma)
-                && xd == wd
-                && matches!(xd, specc_ir::DType::BF16 | specc_ir::DType::F16);
-            assert_eq!(
-                l.kernel.name.starts_with("gemv_mma_"),
-                want_mma,
-                "{name}: {} for {rows} rows of {xd} x {wd}",
-                l.kernel.name
-            );
-            mma += want_mma as usize;
         }
     }
     assert!(mma > 0, "no graph has a multi-row bf16 matmul");
@@ -527,12 +744,10 @@ fn matmuls_of_several_rows_run_on_tensor_cores() {
 /// stays two: the GEMV into scratch, then `rope_kv`.
 #[test]
 fn qkv_rope_is_one_launch_without_head_norms() {
-    use specc_codegen::{Epilogue, GroupKind};
     let (mut fused, mut split) = (0, 0);
-    for (name, g, bind) in graphs() {
-        let c = specc_codegen::compile(g, std::slice::from_ref(&bind)).unwrap();
-        let plan = plan_kernels(&c.graph, &c.groups, &c.plans[0]).unwrap();
-        for (i, gr) in c.groups.iter().enumerate() {
+    let p = every_graph();
+    for (name, c, plan) in p.iter() {
+        for (g, gr) in c.groups.iter().enumerate() {
             let GroupKind::MatMul {
                 x,
                 norm,
@@ -542,35 +757,23 @@ fn qkv_rope_is_one_launch_without_head_norms() {
             else {
                 continue;
             };
-            let dims = c.graph.ty(*x).shape.resolve(&c.plans[0].bind).unwrap();
-            let rows: usize = dims.iter().product::<usize>() / dims.last().unwrap();
-            let mut names: Vec<&str> = plan
-                .launches
-                .iter()
-                .filter(|l| l.group == i)
-                .map(|l| l.kernel.name.as_str())
-                .collect();
+            let rows = rows_of(c, *x);
+            let mut families = choice_families(&plan.groups[g]);
             // Wide tiles first normalise x with their own launch.
-            if norm.is_some() && rows > specc_kernels_gen::gemv_mma::NORM_FUSED_MAX_ROWS as usize {
-                assert!(
-                    names[0].starts_with("rmsnorm_"),
-                    "{name}: group {i}: {names:?}"
-                );
-                names.remove(0);
+            if norm.is_some() && rows > NORM_FUSED_MAX_ROWS as usize {
+                assert_eq!(families[0], "rmsnorm", "{name}: group {g}: {families:?}");
+                families.remove(0);
             }
-            let max_rows = specc_kernels_gen::gemv_mma::ROPE_FUSED_MAX_ROWS as usize;
-            if r.q_norm.is_none() && r.k_norm.is_none() && rows <= max_rows {
+            if r.q_norm.is_none() && r.k_norm.is_none() && rows <= ROPE_FUSED_MAX_ROWS as usize {
                 assert!(
-                    names.len() == 1
-                        && (names[0].starts_with("gemv_rope_")
-                            || names[0].starts_with("gemv_mma_rope_")),
-                    "{name}: group {i}: {names:?}"
+                    families == ["gemv_rope"] || families == ["gemv_mma_rope"],
+                    "{name}: group {g}: {families:?}"
                 );
                 fused += 1;
             } else {
                 assert!(
-                    names.len() == 2 && names[1].starts_with("rope_kv_"),
-                    "{name}: group {i}: {names:?}"
+                    families.len() == 2 && families[1] == "rope_kv",
+                    "{name}: group {g}: {families:?}"
                 );
                 split += 1;
             }

@@ -9,16 +9,21 @@
 
 use std::collections::HashMap;
 
+use specc_ir::engine::StepContract;
 use specc_ir::interp::Tensor;
 use specc_ir::Graph;
+use specc_models::spec_config::verify_margin;
 use specc_models::spec_step::{
     lower_ddtree_step, lower_dflash_prefill, lower_eagle3_prefill, lower_eagle3_tree_step,
     lower_target_prefill, StepShape,
 };
-use specc_models::{lower_dense, Acceptance, TreeKnobs};
+use specc_models::{lower_dense, Acceptance, Method, TreeKnobs};
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
+mod common;
 mod sampling_common;
+
+use common::spec_contract;
 
 use sampling_common::{
     chi_square, fill_weights, target_probs, tiny_dflash, tiny_dflash_target, tiny_eagle3,
@@ -34,8 +39,8 @@ enum TreeMethod {
     Eagle3(u64, TreeKnobs),
 }
 
-/// A method's graphs for one seed: (draft kind, draft prefill, step, depth).
-fn graphs(m: TreeMethod, shape_seed: u64) -> (DraftKind, Graph, Graph, u64) {
+/// A method's graphs for one seed: (its step contract, draft prefill, step).
+fn graphs(m: TreeMethod, shape_seed: u64) -> (StepContract, Graph, Graph) {
     let spec = tiny_dflash_target();
     let sample = |depth| StepShape {
         num_steps: depth,
@@ -51,18 +56,24 @@ fn graphs(m: TreeMethod, shape_seed: u64) -> (DraftKind, Graph, Graph, u64) {
             let d = tiny_dflash(&spec);
             let depth = d.num_steps() as u64;
             let step = lower_ddtree_step(&spec, &d, &sample(depth), tree).unwrap();
-            let kind = DraftKind::DFlash {
+            let kind = DraftKind::DDTree {
                 taps_width: d.taps_width(),
+                depth: depth as usize,
             };
-            (kind, lower_dflash_prefill(&spec, &d).unwrap(), step, depth)
+            let margin = verify_margin(Method::DDTree, Some(tree), depth as u32);
+            let contract = spec_contract(kind, margin, 16);
+            (contract, lower_dflash_prefill(&spec, &d).unwrap(), step)
         }
         TreeMethod::Eagle3(depth, tree) => {
             let e = tiny_eagle3(&spec);
             let step = lower_eagle3_tree_step(&spec, &e, &sample(depth), tree).unwrap();
-            let kind = DraftKind::Eagle3 {
+            let kind = DraftKind::Eagle3Tree {
                 taps_width: 3 * e.hidden(),
+                depth: depth as usize,
             };
-            (kind, lower_eagle3_prefill(&spec, &e).unwrap(), step, depth)
+            let margin = verify_margin(Method::Eagle3, Some(tree), depth as u32);
+            let contract = spec_contract(kind, margin, 16);
+            (contract, lower_eagle3_prefill(&spec, &e).unwrap(), step)
         }
     }
 }
@@ -96,17 +107,15 @@ fn draws(m: TreeMethod, lanes: usize, seeds: &[u64]) -> (Draws, HashMap<String, 
         accepted: 0,
     };
     for &seed in seeds {
-        let (kind, dpre, step, depth) = graphs(m, seed);
+        let (contract, dpre, step) = graphs(m, seed);
         fill_weights(&dense, 7, &mut w);
         fill_weights(&step, 99, &mut w);
         fill_weights(&dpre, 99, &mut w);
         let g = SpecGraphs {
-            kind,
+            contract,
             target_prefill: &prefill,
             draft_prefill: &dpre,
             step: &step,
-            num_steps: depth as usize,
-            ring: 16,
         };
         let mut s = SpecCpuSession::new(g, &w, lanes, 256);
         let first = s.admit(&vec![PROMPT.to_vec(); lanes], 8).unwrap();

@@ -24,22 +24,6 @@ impl Cost {
     }
 }
 
-/// A named GPU's ceilings for the roofline column of the report.
-#[derive(Clone, Copy, Debug)]
-pub struct GpuCeilings {
-    pub name: &'static str,
-    /// Measured device-to-device copy bandwidth (read + write), bytes/s.
-    pub bytes_per_s: f64,
-    pub bf16_flops_per_s: f64,
-}
-
-/// Measured on the device's H200 (shared/BENCH.md): 4.26 TB/s copy, ≈790 TFLOP/s bf16.
-pub const H200: GpuCeilings = GpuCeilings {
-    name: "H200",
-    bytes_per_s: 4.26e12,
-    bf16_flops_per_s: 790e12,
-};
-
 fn numel(g: &Graph, v: specc_ir::ValueId, bind: &Bindings) -> u64 {
     g.ty(v)
         .shape

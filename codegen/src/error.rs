@@ -16,6 +16,14 @@ pub enum CodegenError {
     Unbound { value: ValueId, ty: String },
     #[error("memory plan overlaps live values {a} and {b}")]
     Overlap { a: ValueId, b: ValueId },
+    #[error("{graph}: {source}")]
+    Kernels {
+        graph: String,
+        #[source]
+        source: specc_kernels_gen::Error,
+    },
+    #[error("{0}")]
+    Nvrtc(specc_kernels_gen::Error),
     #[error("folding constant {value} failed: {source}")]
     Fold {
         value: ValueId,

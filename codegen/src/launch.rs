@@ -2,9 +2,10 @@
 
 use std::fmt::Write;
 
+use specc_ir::engine::Target;
 use specc_ir::{Bindings, Graph, ValueId};
 
-use crate::cost::{group_cost, Cost, GpuCeilings};
+use crate::cost::{group_cost, Cost};
 use crate::group::{Group, GroupId};
 use crate::memory::{Home, MemoryPlan};
 
@@ -72,8 +73,9 @@ impl LaunchPlan {
         })
     }
 
-    pub fn report(&self, _g: &Graph, gpu: &GpuCeilings) -> String {
+    pub fn report(&self, _g: &Graph, target: &Target) -> String {
         let mut s = String::new();
+        let (bw, fl) = (target.bytes_per_s as f64, target.flops_per_s as f64);
         let b = |d| self.bind.get(d).unwrap_or(0);
         let _ = writeln!(
             s,
@@ -99,7 +101,7 @@ impl LaunchPlan {
                 l.cost.weight_bytes,
                 l.cost.act_bytes,
                 l.cost.flops,
-                l.cost.roofline_us(gpu.bytes_per_s, gpu.bf16_flops_per_s)
+                l.cost.roofline_us(bw, fl)
             );
         }
         let t = self.total_cost();
@@ -108,9 +110,9 @@ impl LaunchPlan {
             "  total: {} bytes, {} flops, roofline {:.3} us on {} ({:.2} TB/s)",
             t.bytes(),
             t.flops,
-            t.roofline_us(gpu.bytes_per_s, gpu.bf16_flops_per_s),
-            gpu.name,
-            gpu.bytes_per_s / 1e12
+            t.roofline_us(bw, fl),
+            target.device,
+            bw / 1e12
         );
         s
     }

@@ -1,14 +1,17 @@
 //! specc's pass pipeline: IR graph → fused, scheduled groups → static memory plan →
 //! launch plan. [`compile`] lists every pass in order.
 
+mod build;
 mod consts;
 mod cost;
 mod dce;
 mod error;
 mod fuse;
 mod group;
+pub mod kernels;
 mod launch;
 mod memory;
+mod report;
 mod schedule;
 mod uses;
 
@@ -17,13 +20,15 @@ use std::time::Instant;
 
 use specc_ir::{Bindings, Graph};
 
+pub use build::{build, BuildOptions, Built, Cubins};
 pub use consts::{constant_nodes, tensor_bytes, MAX_STATIC_ELEMS};
-pub use cost::{group_cost, Cost, GpuCeilings, H200};
+pub use cost::{group_cost, Cost};
 pub use error::CodegenError;
 pub use fuse::is_view;
 pub use group::{Epilogue, Group, GroupId, GroupKind, HeadNorm, MatOut, NormPrologue, RopeKvWrite};
 pub use launch::{ArgSlot, Launch, LaunchPlan};
 pub use memory::{check as check_memory, root, Home, MemoryPlan, ALIGN};
+pub use report::plan_report;
 
 /// Environment variable naming a pass after which the IR (or the groups) is printed to
 /// stderr, e.g. `SPECC_DUMP_IR=dce`; `all` dumps after every pass.
@@ -160,8 +165,8 @@ pub fn describe_groups(g: &Graph, groups: &[Group]) -> String {
 
 impl Compiled {
     /// The plan report: pass timings, memory, and the per-kernel bytes/FLOPs/roofline table
-    /// for each bucket on `gpu`.
-    pub fn report(&self, gpu: &GpuCeilings) -> String {
+    /// for each bucket, with the roofline ceilings of `target`.
+    pub fn report(&self, target: &specc_ir::engine::Target) -> String {
         let mut s = String::new();
         let _ = writeln!(
             s,
@@ -176,7 +181,7 @@ impl Compiled {
             let _ = writeln!(s, "  {:<10} {:>8} us", p.pass, p.micros);
         }
         for plan in &self.plans {
-            s.push_str(&plan.report(&self.graph, gpu));
+            s.push_str(&plan.report(&self.graph, target));
         }
         s
     }

@@ -18,5 +18,6 @@ pub use op::{
 pub use shape::{Bindings, BucketDim, Dim, Shape, TensorType};
 pub use verify::verify;
 
+pub mod engine;
 pub mod interp;
 pub mod text;

@@ -31,6 +31,7 @@ mod gpu;
 
 use common::Plan;
 use gpu::{Gpu, Mem};
+use specc_codegen::kernels::attention_splits;
 use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
 use specc_kernels_gen::attention::{
@@ -43,14 +44,16 @@ use specc_kernels_gen::gemv_mma;
 use specc_kernels_gen::gemv_mma::{
     gemv_mma_split, partials_per_row, split_needs, tiling, Feed, MmaTiling, SplitScratch,
 };
-use specc_kernels_gen::plan::attention_splits;
 use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{rope_kv, RopeKvParams, RopeStyle, RopeTable};
-use specc_kernels_gen::Arch;
 
-/// Copy bandwidth of the H200 (read + write counted), BENCH.md.
-const CEILING_GBS: f64 = 4260.0;
 const BF: Dtype = Dtype::BF16;
+
+/// Copy bandwidth (read + write counted) of the device's reference part, GB/s: the ceiling
+/// the tables print percentages of.
+fn ceiling_gbs(gpu: &Gpu) -> f64 {
+    gpu.target().bytes_per_s as f64 / 1e9
+}
 
 struct Row {
     label: String,
@@ -118,7 +121,7 @@ fn gemv_case(
     let p = case_params(&mut plan, m, k, n, shape);
     let mma_tiling = match variant {
         Variant::Simt => None,
-        Variant::Mma(t) => Some(t.unwrap_or_else(|| tiling(&p))),
+        Variant::Mma(t) => Some(t.unwrap_or_else(|| tiling(&p, gpu.target()))),
     };
     let (kernel, count, split) = match mma_tiling {
         None => {
@@ -239,7 +242,7 @@ fn qkv_rope_case(gpu: &Gpu, m: u32, fused: bool) -> Row {
     };
     let ks = if fused {
         p.rope = Some(out);
-        vec![gemv_mma::select(&p, None, Arch::Sm90a.max_smem_per_block()).unwrap()]
+        vec![gemv_mma::select(&p, None, gpu.target()).unwrap()]
     } else {
         p.out = Some(qkv);
         let rope = RopeKvParams {
@@ -251,7 +254,7 @@ fn qkv_rope_case(gpu: &Gpu, m: u32, fused: bool) -> Row {
             qk_norm: None,
         };
         vec![
-            gemv_mma::select(&p, None, Arch::Sm90a.max_smem_per_block()).unwrap(),
+            gemv_mma::select(&p, None, gpu.target()).unwrap(),
             rope_kv(&rope).unwrap(),
         ]
     };
@@ -372,23 +375,23 @@ fn tree_attention_case(gpu: &Gpu, t: u32, ctx: u32, variant: AttnVariant) -> Row
         out,
         scale: 0.088,
         max_t: t,
-        splits: attention_splits(ctx, 1, hkv),
+        splits: attention_splits(ctx, 1, hkv, gpu.target().sms),
         scratch: Loc::arena(0),
     };
-    let tiles = variant != AttnVariant::Simt && uses_tiles(&p);
+    let tiles = variant != AttnVariant::Simt && uses_tiles(&p, gpu.target());
     if tiles {
         p.splits = match variant {
             AttnVariant::TileSplits(s) | AttnVariant::Tiled(_, s) | AttnVariant::CombineOnly(s) => {
                 s
             }
-            _ => attention_mma::splits(&p, 1, t, ctx),
+            _ => attention_mma::splits(&p, 1, t, ctx, gpu.target()),
         };
     }
     let m = t;
     p.scratch = plan.alloc(p.scratch_bytes(m));
     let ks: AttentionKernels = match variant {
         AttnVariant::Planned | AttnVariant::TileSplits(_) | AttnVariant::CombineOnly(_) => {
-            select(&p).unwrap()
+            select(&p, gpu.target()).unwrap()
         }
         AttnVariant::Tiled(tl, _) => match attention_tiles_tiled(&p, tl) {
             Ok(ks) => ks,
@@ -402,7 +405,7 @@ fn tree_attention_case(gpu: &Gpu, t: u32, ctx: u32, variant: AttnVariant) -> Row
         },
         AttnVariant::Simt => attention(&p).unwrap(),
         AttnVariant::TileRoundedP => {
-            let tl = attention_mma::tiling(&p).unwrap();
+            let tl = attention_mma::tiling(&p, gpu.target()).unwrap();
             attention_tiles_tiled(
                 &p,
                 attention_mma::TileTiling {
@@ -506,7 +509,7 @@ fn sweep_tree_tilings(gpu: &Gpu, t: u32, ctx: u32) {
             AttnVariant::CombineOnly(s),
         ));
     }
-    print_rows(&rows);
+    print_rows(gpu, &rows);
 }
 
 /// Fusions of a GEMV case: (norm, gate_up, residual, argmax).
@@ -533,7 +536,8 @@ const LLAMA_8B_GEMVS: [(&str, u32, u32, Fusions, u32); 5] = [
     ),
 ];
 
-fn print_rows(rows: &[Row]) {
+fn print_rows(gpu: &Gpu, rows: &[Row]) {
+    let ceiling = ceiling_gbs(gpu);
     println!(
         "{:<64} {:>10} {:>10} {:>8}",
         "kernel", "us", "GB/s", "% ceil"
@@ -545,7 +549,7 @@ fn print_rows(rows: &[Row]) {
             r.label,
             r.us,
             gbs,
-            100.0 * gbs / CEILING_GBS
+            100.0 * gbs / ceiling
         );
     }
 }
@@ -554,9 +558,14 @@ fn main() {
     let Some(gpu) = Gpu::new() else { return };
     let only = std::env::args().nth(1);
     let want = |part: &str| only.as_deref().is_none_or(|o| o == part);
+    let t = gpu.target();
     println!(
-        "device arch {}; ceiling {CEILING_GBS} GB/s (copy, BENCH.md)",
-        gpu.arch()
+        "device {} ({}, {} SMs, {} KiB smem per block); ceiling {} GB/s (copy)",
+        t.device,
+        gpu.arch(),
+        t.sms,
+        t.smem_per_block / 1024,
+        ceiling_gbs(&gpu)
     );
     let mut summary = Vec::new();
     for variant in [Variant::Simt, Variant::Mma(None)] {
@@ -574,7 +583,7 @@ fn main() {
             }
             summary.push((variant, m, forward_us, forward_bytes));
         }
-        print_rows(&rows);
+        print_rows(&gpu, &rows);
     }
     if want("qkv_rope") {
         let mut rows = Vec::new();
@@ -582,7 +591,7 @@ fn main() {
             rows.push(qkv_rope_case(&gpu, m, false));
             rows.push(qkv_rope_case(&gpu, m, true));
         }
-        print_rows(&rows);
+        print_rows(&gpu, &rows);
     }
     if want("attention") {
         let mut rows = Vec::new();
@@ -590,7 +599,7 @@ fn main() {
             rows.push(attention_case(&gpu, b, t, 1024, 16));
             rows.push(attention_case(&gpu, b, t, 4000, 32));
         }
-        print_rows(&rows);
+        print_rows(&gpu, &rows);
     }
     if want("attention") || only.as_deref() == Some("tree") {
         println!("\nDDTree verify attention, Llama-3.1-8B shapes (GB/s: K and V bytes / time):");
@@ -604,7 +613,7 @@ fn main() {
                 }
             }
         }
-        print_rows(&rows);
+        print_rows(&gpu, &rows);
     }
     if only.as_deref() == Some("wide_default") {
         // `kernel_bench wide_default [SHAPE]`: the plan's kernel of each 8B matmul at M = 64
@@ -626,7 +635,7 @@ fn main() {
                 ));
             }
         }
-        print_rows(&rows);
+        print_rows(&gpu, &rows);
     }
     if only.as_deref() == Some("tree_splits") {
         // `kernel_bench tree_splits`: the cost model's KV splits against fixed ones.
@@ -641,7 +650,7 @@ fn main() {
                     AttnVariant::TileSplits(s),
                 ));
             }
-            print_rows(&rows);
+            print_rows(&gpu, &rows);
         }
     }
     if only.as_deref() == Some("tree_tilings") {
@@ -683,7 +692,7 @@ fn main() {
                 "{:<8} {m:>4} {:>10.3} {gbs:>10.0} {:>7.1}%",
                 variant.name(),
                 us / 1e3,
-                100.0 * gbs / CEILING_GBS
+                100.0 * gbs / ceiling_gbs(&gpu)
             );
         }
     }
@@ -717,19 +726,23 @@ fn sweep_wide(gpu: &Gpu, ms: &[u32], feeds: &str, filter: &str) {
                 tilings.extend(splits(&[1, 2], &wide[..2], &[1, 2], &[1, 2, 4], staged));
             }
             tilings.extend(xbulk_splits(
+                gpu,
                 &case_params(&mut Plan::new(), m, k, n, shape),
                 &tns,
             ));
             if feeds != "xbulk" {
                 tilings.extend(bulk_splits(
+                    gpu,
                     &case_params(&mut Plan::new(), m, k, n, shape),
                     &tns,
                 ));
             }
             // Split-K only where the column blocks leave SMs idle.
-            tilings.retain(|t| t.ks == 1 || n.div_ceil(16 * t.tn * t.wn) * g < 132);
+            let sms = gpu.target().sms;
+            tilings.retain(|t| t.ks == 1 || n.div_ceil(16 * t.tn * t.wn) * g < sms);
+            let p = case_params(&mut Plan::new(), m, k, n, shape);
             for t in tilings {
-                if gemv_mma::validate(&case_params(&mut Plan::new(), m, k, n, shape), &t).is_ok() {
+                if gemv_mma::fits(&p, &t, gpu.target()) {
                     rows.push(gemv_case(gpu, label, m, k, n, shape, Variant::Mma(Some(t))));
                 }
             }
@@ -738,14 +751,14 @@ fn sweep_wide(gpu: &Gpu, ms: &[u32], feeds: &str, filter: &str) {
                 "\nwide sweep {label} M={m} (norm fused: {}; default, then fastest first):",
                 shape.0
             );
-            print_rows(&rows[..rows.len().min(7)]);
+            print_rows(gpu, &rows[..rows.len().min(7)]);
         }
     }
 }
 
 /// Tensor-map splits ([`Feed::Tma`]) per 8B shape (x normalised beforehand, as the plan runs
 /// row tiles above 8): the default first, then the fastest of 4 or 8 consumer warps, K split
-/// 1–8 ways, 3, 4 or 6 stages where they fit an H200 block.
+/// 1–8 ways, 3, 4 or 6 stages where they fit the device's blocks.
 fn sweep_tma(gpu: &Gpu, ms: &[u32], filter: &str) {
     for &m in ms {
         for (label, k, n, shape, _) in LLAMA_8B_GEMVS {
@@ -768,10 +781,7 @@ fn sweep_tma(gpu: &Gpu, ms: &[u32], filter: &str) {
                         };
                         let blocks = column_blocks(&p, &t) as u64 / if shape.1 { 2 } else { 1 };
                         let few = blocks * (ks as u64) < 512 || ks == 1;
-                        if few
-                            && gemv_mma::validate(&p, &t).is_ok()
-                            && gemv_mma::block_smem_bytes(&p, &t) <= 227 * 1024
-                        {
+                        if few && gemv_mma::fits(&p, &t, gpu.target()) {
                             rows.push(gemv_case(gpu, label, m, k, n, shape, Variant::Mma(Some(t))));
                         }
                     }
@@ -779,7 +789,7 @@ fn sweep_tma(gpu: &Gpu, ms: &[u32], filter: &str) {
             }
             rows[1..].sort_by(|a, b| a.us.total_cmp(&b.us));
             println!("\ntma sweep {label} M={m} (default, then fastest first):");
-            print_rows(&rows[..rows.len().min(6)]);
+            print_rows(gpu, &rows[..rows.len().min(6)]);
         }
     }
 }
@@ -795,8 +805,10 @@ fn column_blocks(p: &GemvParams, t: &MmaTiling) -> u32 {
 }
 
 /// Row-staged (bulk copy) splits: per block shape, 3 stages and the deepest ring (≤ 8) that
-/// fits (where K allows the chunks), K split across blocks while the column blocks leave SMs idle twice over.
-fn bulk_splits(p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
+/// fits the device's blocks (where K allows the chunks), K split across blocks while the
+/// column blocks leave SMs idle twice over.
+fn bulk_splits(gpu: &Gpu, p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
+    let two_per_sm = 2 * gpu.target().sms;
     let mut out = Vec::new();
     for t in splits(
         tns,
@@ -805,7 +817,7 @@ fn bulk_splits(p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
         &[1, 2, 4],
         Feed::Prefetch,
     ) {
-        if t.ks > 1 && column_blocks(p, &t) >= 264 {
+        if t.ks > 1 && column_blocks(p, &t) >= two_per_sm {
             continue;
         }
         let bulk = |stages| MmaTiling {
@@ -814,7 +826,7 @@ fn bulk_splits(p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
         };
         if let Some(deepest) = (2..=8)
             .rev()
-            .find(|&s| gemv_mma::validate(p, &bulk(s)).is_ok())
+            .find(|&s| gemv_mma::fits(p, &bulk(s), gpu.target()))
         {
             let mut depths = vec![deepest.min(3), deepest];
             depths.dedup();
@@ -825,8 +837,10 @@ fn bulk_splits(p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
 }
 
 /// x-staged (bulk copy) splits with weights prefetched 2, 4 or 8 units deep per warp, 2 and 3
-/// stages, K split across blocks while the column blocks leave SMs idle twice over.
-fn xbulk_splits(p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
+/// stages, K split across blocks while the column blocks leave SMs idle twice over; those
+/// whose block fits the device.
+fn xbulk_splits(gpu: &Gpu, p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
+    let two_per_sm = 2 * gpu.target().sms;
     let mut candidates = splits(
         tns,
         &[(8, 1), (4, 2), (2, 4), (1, 8)],
@@ -853,7 +867,7 @@ fn xbulk_splits(p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
     candidates.extend(splits(tns, &[(8, 1), (4, 2)], &[8], &[8], Feed::Prefetch));
     let mut out = Vec::new();
     for t in candidates {
-        if t.ks > 1 && column_blocks(p, &t) >= 264 {
+        if t.ks > 1 && column_blocks(p, &t) >= two_per_sm {
             continue;
         }
         for stages in [2, 3] {
@@ -861,7 +875,7 @@ fn xbulk_splits(p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
                 feed: Feed::XBulk { stages },
                 ..t
             };
-            if gemv_mma::validate(p, &x).is_ok() {
+            if gemv_mma::fits(p, &x, gpu.target()) {
                 out.push(x);
             }
         }
@@ -947,6 +961,6 @@ fn sweep(gpu: &Gpu) {
         }
         rows.sort_by(|a, b| a.us.total_cmp(&b.us));
         println!("\nsweep {label} M=8 (fastest first):");
-        print_rows(&rows[..rows.len().min(8)]);
+        print_rows(gpu, &rows[..rows.len().min(8)]);
     }
 }

@@ -1,13 +1,13 @@
 //! Experiment, not used by the plan: does a 64-row matmul whose weights reach shared memory
 //! through a deep ring of large copy-engine transfers (no register prefetch) stream faster
 //! than the x-staged `gemv_mma` splits? Those are latency-bound inside the SM at 64 rows
-//! (bench/NOTES.md, seventh session: o takes 23.6 µs from HBM and from L2 alike, with or
-//! without its mma and x reads), and only the per-warp weight prefetch depth moved them.
+//! (the same time from HBM and from L2, with or without their mma and x reads), and only the
+//! per-warp weight prefetch depth moved them.
 //!
-//! Answer (H200, 2026-11-30, 4 stages, 8 consumer warps): yes — o 13.7, q|k|v 20.2, gate/up
-//! 64.8, down 35.4 µs against 23.7, 25.7, 81.3, 49.9. The generator's version is
-//! `gemv_mma::Feed::Tma` (`src/gemv_mma/tma.rs`): the same ring and producer warp, with the
-//! weights read in place through tensor-map boxes instead of a pre-tiled copy.
+//! Answer: yes, at every 8B shape (4 stages, 8 consumer warps; the figures are in
+//! bench/NOTES.md, "Measurements behind the kernel-choice heuristics"). The generator's
+//! version is `gemv_mma::Feed::Tma` (`src/gemv_mma/tma.rs`): the same ring and producer
+//! warp, with the weights read in place through tensor-map boxes instead of a pre-tiled copy.
 //!
 //! ```text
 //! cargo build --release -p specc-kernels-gen --features cuda --example ring_proto
@@ -33,9 +33,8 @@ mod gpu;
 
 use gpu::{Gpu, Mem};
 use specc_kernels_gen::abi::{Bucket, Extent, KernelSource, LaunchSpec, Loc, PARAMS, PRELUDE};
+use specc_kernels_gen::{Arch, Target};
 
-/// Copy bandwidth of the H200 (read + write counted), BENCH.md.
-const CEILING_GBS: f64 = 4260.0;
 const M: usize = 64;
 /// k per chunk: one 128-byte row of bf16.
 const KCH: usize = 64;
@@ -233,8 +232,10 @@ fn check(c: &Case, gpu: &Gpu, w: &[half::bf16], x: &[half::bf16], mem: &mut Mem)
 }
 
 /// The cases: the 8B matmuls at M = 64, blocks of 8 and of 4 consumer warps, with K splits
-/// that give 96–256 blocks, at each depth that fits a block's shared memory.
-fn cases(stages: &[usize]) -> Vec<Case> {
+/// that give 96–256 blocks, at each depth whose block (with 1 KiB of slack) fits `target`'s
+/// shared memory per block.
+fn cases(stages: &[usize], target: &Target) -> Vec<Case> {
+    let budget = target.smem_per_block as usize - 1024;
     // K splits for 8 consumer warps (128 columns per block); 4 warps take half as many.
     let shapes: [(&'static str, usize, usize, &[usize]); 4] = [
         ("o_proj", 4096, 4096, &[4, 8]),
@@ -257,7 +258,7 @@ fn cases(stages: &[usize]) -> Vec<Case> {
                         stages,
                         cw,
                     };
-                    if (k / KCH).is_multiple_of(ks) && c.smem() <= 227 * 1024 - 1024 {
+                    if (k / KCH).is_multiple_of(ks) && c.smem() <= budget {
                         out.push(c);
                     }
                 }
@@ -273,7 +274,7 @@ fn compile_only(cases: &[Case]) {
     for c in cases {
         let k = kernel(c);
         let out = nvrtc
-            .compile(&k, specc_kernels_gen::Arch::Sm90a)
+            .compile(&k, Arch::Sm90a)
             .unwrap_or_else(|e| panic!("{}: {e}", k.name));
         println!("{}: {:?}", k.name, out.stats);
     }
@@ -282,7 +283,7 @@ fn compile_only(cases: &[Case]) {
 fn main() {
     let arg = std::env::args().nth(1).unwrap_or_default();
     if arg == "compile" {
-        compile_only(&cases(&[4, 6, 8]));
+        compile_only(&cases(&[4, 6, 8], &Target::for_archs(&[Arch::Sm90a])));
         return;
     }
     let Some(gpu) = Gpu::new() else {
@@ -295,8 +296,11 @@ fn main() {
             .map(|v| v.parse().expect("STAGES: integers"))
             .collect()
     };
+    // Copy bandwidth (read + write counted) of the device's reference part.
+    let ceiling_gbs = gpu.target().bytes_per_s as f64 / 1e9;
     println!(
-        "device arch {:?}; ceiling {CEILING_GBS} GB/s (copy, BENCH.md); M = {M}",
+        "device {} ({:?}); ceiling {ceiling_gbs} GB/s (copy); M = {M}",
+        gpu.target().device,
         gpu.arch()
     );
     println!(
@@ -304,7 +308,7 @@ fn main() {
         "case", "us", "GB/s", "% ceil", "rel err"
     );
     let mut rng = gpu::Rng::new(7);
-    let all = cases(&stages);
+    let all = cases(&stages, gpu.target());
     let mut shape = None; // (n, k, block columns) of the tiled operands
     let (mut w, mut x, mut wt, mut xt) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for c in all {
@@ -340,7 +344,7 @@ fn main() {
                 "{} N={} K={} ks {} stages {} warps {}",
                 c.label, c.n, c.k, c.ks, c.stages, c.cw
             ),
-            100.0 * gbs / CEILING_GBS
+            100.0 * gbs / ceiling_gbs
         );
     }
 }

@@ -61,148 +61,12 @@
 //! (`h · head_dim + d`), so Q/K/V slices of one fused QKV output are views of the same
 //! buffer. KV caches are `[B, Ctx, H_kv, D]` with `Ctx` from `c.ctx`.
 
-pub use crate::tensor_map::TensorMap;
+pub use specc_ir::engine::abi::{
+    Bucket, Dtype, Extent, LaunchGeometry, LaunchSpec, Loc, Rows, TensorMap, Unit, OPERAND_MARK,
+};
+
 use crate::writer::Writer;
 use sha2::{Digest, Sha256};
-
-/// Element types a kernel reads or writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Dtype {
-    BF16,
-    F16,
-    F32,
-    I32,
-    I64,
-}
-
-impl Dtype {
-    pub fn size(self) -> u64 {
-        match self {
-            Dtype::BF16 | Dtype::F16 => 2,
-            Dtype::F32 | Dtype::I32 => 4,
-            Dtype::I64 => 8,
-        }
-    }
-
-    /// The C++ type in the prelude.
-    pub fn c_type(self) -> &'static str {
-        match self {
-            Dtype::BF16 => "bf16",
-            Dtype::F16 => "f16",
-            Dtype::F32 => "float",
-            Dtype::I32 => "int",
-            Dtype::I64 => "long long",
-        }
-    }
-
-    /// The name used in kernel names and reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            Dtype::BF16 => "bf16",
-            Dtype::F16 => "f16",
-            Dtype::F32 => "f32",
-            Dtype::I32 => "i32",
-            Dtype::I64 => "i64",
-        }
-    }
-
-    pub fn is_float(self) -> bool {
-        matches!(self, Dtype::BF16 | Dtype::F16 | Dtype::F32)
-    }
-
-    pub fn is_int(self) -> bool {
-        matches!(self, Dtype::I32 | Dtype::I64)
-    }
-}
-
-/// Where a tensor starts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Loc {
-    /// `arena + offset` (bytes).
-    Arena { offset: u64 },
-    /// `(char*)bufs[slot] + offset` (bytes).
-    Table { slot: u32, offset: u64 },
-    /// The 128-byte TMA descriptor of a tensor at an arena or table location
-    /// ([`crate::tensor_map`]): the host encodes it per launch and the table entry points at it.
-    TensorMap(TensorMap),
-}
-
-impl Loc {
-    pub fn arena(offset: u64) -> Loc {
-        Loc::Arena { offset }
-    }
-
-    pub fn table(slot: u32) -> Loc {
-        Loc::Table { slot, offset: 0 }
-    }
-
-    /// The same location moved by `bytes`.
-    pub fn offset_by(self, bytes: u64) -> Loc {
-        match self {
-            Loc::Arena { offset } => Loc::Arena {
-                offset: offset + bytes,
-            },
-            Loc::Table { slot, offset } => Loc::Table {
-                slot,
-                offset: offset + bytes,
-            },
-            Loc::TensorMap(m) => Loc::TensorMap(TensorMap {
-                offset: m.offset + bytes,
-                ..m
-            }),
-        }
-    }
-
-    /// Byte offset from a base that is itself at least 16-byte aligned (a descriptor is
-    /// 128-byte aligned: 0).
-    pub fn byte_offset(self) -> u64 {
-        match self {
-            Loc::Arena { offset } | Loc::Table { offset, .. } => offset,
-            Loc::TensorMap(_) => 0,
-        }
-    }
-
-    /// A C++ expression of type `const T*` / `T*` for this location.
-    pub fn ptr(self, dtype: Dtype, mutable: bool) -> String {
-        self.ptr_as(dtype.c_type(), mutable)
-    }
-
-    /// The same with any C++ element type (e.g. `ArgmaxPair`). Generators write an operand
-    /// placeholder; `KernelBuilder::finish` numbers the distinct locations and turns each
-    /// into `ops[i]`.
-    pub fn ptr_as(self, c_type: &str, mutable: bool) -> String {
-        let cv = if mutable { "" } else { "const " };
-        format!("reinterpret_cast<{cv}{c_type}*>({})", self.placeholder())
-    }
-
-    fn placeholder(self) -> String {
-        match self {
-            Loc::Arena { offset } => format!("{OPERAND_MARK}a,{offset})"),
-            Loc::Table { slot, offset } => format!("{OPERAND_MARK}t,{slot},{offset})"),
-            Loc::TensorMap(m) => format!("{OPERAND_MARK}{})", m.placeholder_args()),
-        }
-    }
-
-    fn parse_placeholder(args: &str) -> Option<Loc> {
-        let mut it = args.split(',');
-        let loc = match it.next()? {
-            "a" => Loc::Arena {
-                offset: it.next()?.parse().ok()?,
-            },
-            "t" => Loc::Table {
-                slot: it.next()?.parse().ok()?,
-                offset: it.next()?.parse().ok()?,
-            },
-            "m" => return TensorMap::parse_args(it).map(Loc::TensorMap),
-            _ => return None,
-        };
-        it.next().is_none().then_some(loc)
-    }
-}
-
-/// Opens an operand placeholder in generated text: `@operand(a,OFFSET)` or
-/// `@operand(t,SLOT,OFFSET)`. Never valid C++, so a leftover one fails compilation loudly.
-const OPERAND_MARK: &str = "@operand(";
 
 /// Replaces every operand placeholder of `texts` by `ops[i]`, numbering distinct locations in
 /// order of first appearance; returns the rewritten texts and the operand list.
@@ -288,66 +152,6 @@ pub(crate) fn pick_vec(cols: u64, views: &[View], extra: &[(Loc, Dtype)]) -> u32
         .unwrap_or(1) as u32
 }
 
-/// How many rows a row-wise kernel processes, as a function of the bucket.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Rows {
-    /// One row per token: `M = B·T` (`c.m`).
-    Tokens,
-    /// One row per sequence: `B` (`c.b`).
-    Seqs,
-    /// A fixed count.
-    Fixed(u32),
-}
-
-impl Rows {
-    /// The C++ expression of the count inside a kernel.
-    pub fn expr(self) -> String {
-        match self {
-            Rows::Tokens => "c.m".into(),
-            Rows::Seqs => "c.b".into(),
-            Rows::Fixed(n) => n.to_string(),
-        }
-    }
-
-    pub fn eval(self, bucket: &Bucket) -> u32 {
-        match self {
-            Rows::Tokens => bucket.b * bucket.t,
-            Rows::Seqs => bucket.b,
-            Rows::Fixed(n) => n,
-        }
-    }
-
-    /// `ceil(rows · mul / div)` as a grid extent.
-    pub fn extent(self, mul: u32, div: u32) -> Extent {
-        let unit = match self {
-            Rows::Tokens => Unit::BT,
-            Rows::Seqs => Unit::B,
-            Rows::Fixed(n) => return Extent::Fixed((n * mul).div_ceil(div)),
-        };
-        Extent::Scaled { unit, mul, div }
-    }
-}
-
-/// The bucket sizes of one captured graph.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Bucket {
-    pub b: u32,
-    pub t: u32,
-    pub ctx: u32,
-}
-
-impl Bucket {
-    /// The kernel parameter for this bucket.
-    pub fn consts(&self) -> StepConsts {
-        StepConsts {
-            b: self.b as i32,
-            t: self.t as i32,
-            ctx: self.ctx as i32,
-            m: (self.b * self.t) as i32,
-        }
-    }
-}
-
 /// The last kernel parameter; mirrors `struct StepConsts` in `cuda/common.cuh`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -362,73 +166,11 @@ pub struct StepConsts {
 // exactly the C struct the kernels take by value.
 unsafe impl cudarc::driver::DeviceRepr for StepConsts {}
 
-/// A bucket quantity a grid extent scales with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Unit {
-    B,
-    T,
-    BT,
-}
-
-/// One grid dimension as a formula of the bucket.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Extent {
-    Fixed(u32),
-    /// `ceil(unit · mul / div)`.
-    Scaled {
-        unit: Unit,
-        mul: u32,
-        div: u32,
-    },
-}
-
-impl Extent {
-    pub fn eval(self, bucket: &Bucket) -> u32 {
-        match self {
-            Extent::Fixed(n) => n,
-            Extent::Scaled { unit, mul, div } => {
-                let u = match unit {
-                    Unit::B => bucket.b,
-                    Unit::T => bucket.t,
-                    Unit::BT => bucket.b * bucket.t,
-                } as u64;
-                (u * mul as u64).div_ceil(div as u64) as u32
-            }
-        }
-    }
-}
-
-/// Launch geometry as formulas of the bucket: the grid may scale with B, T or B·T; the
-/// block and shared memory are fixed at generation time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct LaunchSpec {
-    pub grid: [Extent; 3],
-    pub block: [u32; 3],
-    /// Dynamic shared memory; generated kernels use static `__shared__` arrays (< 48 KiB),
-    /// so this is 0 unless a family says otherwise.
-    pub smem_bytes: u32,
-}
-
-/// Concrete launch geometry for one bucket.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct LaunchGeometry {
-    pub grid: [u32; 3],
-    pub block: [u32; 3],
-    pub smem_bytes: u32,
-}
-
-impl LaunchSpec {
-    pub fn resolve(&self, bucket: &Bucket) -> LaunchGeometry {
-        LaunchGeometry {
-            grid: self.grid.map(|e| e.eval(bucket)),
-            block: self.block,
-            smem_bytes: self.smem_bytes,
-        }
-    }
-
-    /// Threads per block.
-    pub fn threads(&self) -> u32 {
-        self.block.iter().product()
+impl StepConsts {
+    /// The constants of `bucket`.
+    pub fn of(bucket: &Bucket) -> StepConsts {
+        let [b, t, ctx, m] = bucket.consts();
+        StepConsts { b, t, ctx, m }
     }
 }
 
@@ -453,7 +195,7 @@ impl KernelSource {
     /// The operand table of one launch: entry `i` = the address of `operands[i]`, given the
     /// arena's base address and each slot's base address. A [`Loc::TensorMap`] entry gets
     /// its tensor's address here; the caller must replace it by the address of the
-    /// descriptor it encodes ([`TensorMap::encode`]).
+    /// descriptor it encodes (the runtime's `encode_tensor_map`).
     pub fn operand_addresses(&self, arena: u64, slots: &[u64]) -> Vec<u64> {
         self.operands
             .iter()
@@ -588,7 +330,31 @@ mod tests {
         assert_eq!(Rows::Tokens.extent(1, 4).eval(&bk), 4);
         assert_eq!(Rows::Seqs.extent(2, 1).eval(&bk), 6);
         assert_eq!(Rows::Fixed(10).extent(1, 3).eval(&bk), 4);
-        assert_eq!(bk.consts().m, 15);
+        assert_eq!(StepConsts::of(&bk).m, 15);
+    }
+
+    #[test]
+    fn placeholders_round_trip_and_share_an_operand_per_map() {
+        let x = TensorMap::of(Loc::arena(4096), Dtype::BF16, 4096, Rows::Tokens, 4096, 64);
+        let w = TensorMap::of(
+            Loc::table(3),
+            Dtype::F16,
+            4096,
+            Rows::Fixed(6144),
+            4096,
+            128,
+        );
+        let text = format!(
+            "{} {} {}",
+            x.ptr_as("void", false),
+            w.ptr_as("void", false),
+            x.ptr_as("void", false)
+        );
+        let (out, ops) = relocate(&[&text]);
+        assert_eq!(ops, vec![x, w]);
+        assert!(
+            out[0].contains("ops[0]") && out[0].contains("ops[1]") && !out[0].contains("ops[2]")
+        );
     }
 
     #[test]

@@ -22,9 +22,12 @@
 use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc, Rows, Unit, View};
 use crate::writer::{emit, f32_lit, Writer};
 use crate::Error;
+use specc_ir::engine::Target;
 
 const FAMILY: &str = "attn_split";
 const THREADS: u32 = 128;
+/// Static shared memory of a block: CUDA caps static `__shared__` arrays at 48 KiB on every
+/// arch.
 const SMEM_LIMIT: u64 = 48 * 1024;
 /// Upper bound on query rows per block.
 const MAX_ROWS: u32 = 32;
@@ -201,11 +204,11 @@ pub fn attention(p: &AttentionParams) -> Result<AttentionKernels, Error> {
     })
 }
 
-/// The tensor-core kernels (`attn_tile` + `attn_combine`, [`crate::attention_mma`]): up to
-/// 256 rows per block.
-pub fn attention_tiles(p: &AttentionParams) -> Result<AttentionKernels, Error> {
+/// The tensor-core kernels (`attn_tile` + `attn_combine`, [`crate::attention_mma`]) with
+/// the block shape chosen for `target`: up to 256 rows per block.
+pub fn attention_tiles(p: &AttentionParams, target: &Target) -> Result<AttentionKernels, Error> {
     Ok(AttentionKernels {
-        split: crate::attention_mma::split_kernel(p)?,
+        split: crate::attention_mma::split_kernel(p, target)?,
         combine: combine_kernel(p),
     })
 }
@@ -221,21 +224,21 @@ pub fn attention_tiles_tiled(
     })
 }
 
-/// Whether [`select`] picks the tensor-core kernel: more than one token per sequence
-/// (verify, tree and drafter blocks) and shapes the tensor-core kernel supports. Measured
-/// in the step graph (H200, Llama-3.1-8B, ctx 1024, one call, 2026-11-30): verify T = 8
-/// (32 rows per KV head, which the CUDA-core kernel held in one block) 5.981 → 5.293 ms, the
-/// EAGLE-3 k = 7 chain step 7.754 → 7.021. Decode (one token) keeps the CUDA-core kernel:
-/// the tensor-core one was faster there too at ctx 1024 (4.984 vs 5.163 ms) but has not been
-/// measured at long contexts or batch 8.
-pub fn uses_tiles(p: &AttentionParams) -> bool {
-    p.max_t > 1 && crate::attention_mma::supports(p)
+/// Whether [`select`] picks the tensor-core kernel for `target`: more than one token per
+/// sequence (verify, tree and drafter blocks) and shapes the tensor-core kernel supports
+/// there (measured faster in the step graph for verify and chain steps at the 8B shapes,
+/// bench/NOTES.md). Decode (one token) keeps the CUDA-core kernel: the tensor-core one was
+/// faster there too at a short context but has not been measured at long contexts or
+/// batch 8.
+pub fn uses_tiles(p: &AttentionParams, target: &Target) -> bool {
+    p.max_t > 1 && crate::attention_mma::supports(p, target)
 }
 
-/// The kernels the plan launches: [`attention_tiles`] where [`uses_tiles`], else [`attention`].
-pub fn select(p: &AttentionParams) -> Result<AttentionKernels, Error> {
-    if uses_tiles(p) {
-        attention_tiles(p)
+/// The kernels the plan launches for `target`: [`attention_tiles`] where [`uses_tiles`],
+/// else [`attention`].
+pub fn select(p: &AttentionParams, target: &Target) -> Result<AttentionKernels, Error> {
+    if uses_tiles(p, target) {
+        attention_tiles(p, target)
     } else {
         attention(p)
     }

@@ -13,15 +13,15 @@
 //! per row, f32) and `O += P·V` (`ldmatrix.trans` for V) against it: every row of the block
 //! reads each tile from shared memory, none from global memory a second time.
 //!
-//! Block shape (measured, `kernel_bench tree_tilings`, H200, T = 32 / 64 / 128 nodes × G = 4
-//! at ctx 1024): blocks of 4 warps (64 rows) with 64-slot tiles beat 8- and 16-warp blocks
-//! of 16–32-slot tiles by 15–26 %. A row's f32 `O` accumulators (`DV · 4` bytes) live for
-//! the whole pass, so a 16-warp block is held to 128 registers per thread and 16-slot tiles,
-//! and pays its per-tile fixed work (O rescale, barriers) 4 times as often; a 4-warp block
-//! may use up to 255 registers per thread, room for 64-slot tiles. Rows past 64 go to
-//! further blocks (grid x, the fastest-varying index, so the row blocks of one (kv head,
-//! split) range run together and all but the first read its tiles from L2: HBM traffic
-//! stays one pass over the prefix). Splits fill the GPU ([`splits`]).
+//! Block shape: blocks of 4 warps (64 rows) with 64-slot tiles (measured fastest for trees
+//! of 32–128 nodes, against 8- and 16-warp blocks of 16–32-slot tiles; bench/NOTES.md). A
+//! row's f32 `O` accumulators (`DV · 4` bytes) live for the whole pass, so a 16-warp block
+//! is held to 128 registers per thread and 16-slot tiles, and pays its per-tile fixed work
+//! (O rescale, barriers) 4 times as often; a 4-warp block may use up to 255 registers per
+//! thread, room for 64-slot tiles. Rows past 64 go to further blocks (grid x, the
+//! fastest-varying index, so the row blocks of one (kv head, split) range run together and
+//! all but the first read its tiles from L2: HBM traffic stays one pass over the prefix).
+//! Splits fill the target's SMs ([`splits`]).
 //!
 //! Numerics: scores are exact bf16 products summed in f32, the softmax is f32 (`l` sums the
 //! f32 `p`), and `P·V` runs on two 16-bit halves of `p` (see [`TileTiling::split_p`]), so
@@ -35,11 +35,13 @@ use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Unit};
 use crate::attention::{emit_block_operands, AttentionParams, AttnMask, PARTIAL_ROW};
 use crate::writer::{emit, f32_lit, Writer};
 use crate::Error;
+use specc_ir::engine::Target;
 
 const FAMILY: &str = "attn_tile";
 const HELPERS: &str = include_str!("../cuda/attn_mma.cuh");
-/// Static + dynamic shared memory per block: fits sm_120's 99 KiB opt-in, and two blocks
-/// of the 4- and 8-warp tilings per H100/H200 SM (228 KiB).
+/// Static + dynamic shared memory per block the tiles aim at: [`RESIDENT_PER_SM`] blocks of
+/// the 4- and 8-warp tilings share the 228 KiB of an sm_90a / sm_100a SM. A target with less
+/// per block lowers it ([`smem_budget`]); an explicit tiling may not exceed it.
 const SMEM_BUDGET: u64 = 96 * 1024;
 /// Shared-memory row padding in elements: 16 bytes, so the 8 rows an `ldmatrix` reads
 /// start on 8 distinct 4-bank groups (row strides of 2·(D + 8) bytes, D a multiple of 16).
@@ -81,15 +83,22 @@ fn words(p: &AttentionParams) -> u64 {
 }
 
 /// Whether the shapes and dtypes suit the tensor-core kernel: q and cache of one 16-bit
-/// float type (the mma operands), head dims multiples of 16.
-pub fn supports(p: &AttentionParams) -> bool {
+/// float type (the mma operands), head dims multiples of 16, and a tile that fits
+/// `target`'s shared memory ([`tiling`]).
+pub fn supports(p: &AttentionParams, target: &Target) -> bool {
     p.q.dtype == p.cache_dtype
         && matches!(p.cache_dtype, Dtype::BF16 | Dtype::F16)
         && p.head_dim.is_multiple_of(16)
         && p.head_dim_v.is_multiple_of(16)
         && p.kv_heads > 0
         && p.q_heads.is_multiple_of(p.kv_heads)
-        && tiling(p).is_some()
+        && tiling(p, target).is_some()
+}
+
+/// The shared memory a block of the tiles chosen for `target` may use: [`SMEM_BUDGET`], or
+/// less where `target`'s blocks have less.
+fn smem_budget(target: &Target) -> u64 {
+    SMEM_BUDGET.min(target.smem_per_block as u64)
 }
 
 /// Dynamic shared memory: the q tile and two stages of K and V tiles.
@@ -111,8 +120,10 @@ fn smem_static(p: &AttentionParams, t: TileTiling) -> u64 {
 }
 
 /// Warps per block: 4 (64 rows; see the module docs), fewer where one sequence has fewer
-/// rows. Tiles: the largest of 64, 32, 16 slots that fits `SMEM_BUDGET`.
-pub fn tiling(p: &AttentionParams) -> Option<TileTiling> {
+/// rows. Tiles: the largest of 64, 32, 16 slots within [`smem_budget`] of `target`; `None`
+/// where none fits.
+pub fn tiling(p: &AttentionParams, target: &Target) -> Option<TileTiling> {
+    let budget = smem_budget(target);
     let rows = p.max_t.saturating_mul(group(p).max(1));
     let warps = rows.div_ceil(16).clamp(1, 4);
     [64u32, 32, 16]
@@ -122,27 +133,30 @@ pub fn tiling(p: &AttentionParams) -> Option<TileTiling> {
             tile_slots,
             split_p: true,
         })
-        .find(|&t| smem_dynamic(p, t) + smem_static(p, t) <= SMEM_BUDGET)
+        .find(|&t| smem_dynamic(p, t) + smem_static(p, t) <= budget)
 }
 
 /// Blocks resident per SM the split count assumes: shared memory within [`SMEM_BUDGET`]
-/// fits two per 228 KiB H100/H200 SM, and two 4-warp blocks at up to 255 registers per
-/// thread fill the register file.
+/// fits two per SM, and two 4-warp blocks at up to 255 registers per thread fill the 64 K
+/// registers of an SM.
 const RESIDENT_PER_SM: u32 = 2;
 
-/// Context splits for `b` sequences of `t` rows each at context `ctx`: as many as one wave
-/// of resident blocks holds (`TARGET_SMS · RESIDENT_PER_SM` over the blocks of one split), at most
-/// one per 64 slots and 64 in all. Measured (`kernel_bench tree_tilings`, ctx 1024): T = 32 /
-/// 64 / 128 nodes were fastest at 16 / 8 / 4 splits, the counts this gives.
-pub fn splits(p: &AttentionParams, b: u32, t: u32, ctx: u32) -> u32 {
-    let Some(tl) = tiling(p) else { return 1 };
+/// Context splits for `b` sequences of `t` rows each at context `ctx` on `target`: as many
+/// as one wave of resident blocks holds (`target.sms · RESIDENT_PER_SM` over the blocks of
+/// one split), at most one per 64 slots and 64 in all (the counts measured fastest for
+/// trees of 32–128 nodes, bench/NOTES.md).
+pub fn splits(p: &AttentionParams, b: u32, t: u32, ctx: u32, target: &Target) -> u32 {
+    let Some(tl) = tiling(p, target) else {
+        return 1;
+    };
     let rows = t.max(1).saturating_mul(group(p));
     let per_split = b.max(1) * p.kv_heads * rows.div_ceil(tl.rows());
-    let fill = (crate::TARGET_SMS * RESIDENT_PER_SM / per_split.max(1)).max(1);
+    let fill = (target.sms * RESIDENT_PER_SM / per_split.max(1)).max(1);
     fill.min(ctx.div_ceil(64)).clamp(1, 64)
 }
 
-fn validate(p: &AttentionParams) -> Result<TileTiling, Error> {
+/// The parameters' own checks (no tiling).
+fn validate(p: &AttentionParams) -> Result<(), Error> {
     let err = |field, reason: &str| Err(Error::param(FAMILY, field, reason));
     if p.kv_heads == 0 || p.q_heads == 0 || !p.q_heads.is_multiple_of(p.kv_heads) {
         return err("q_heads", "must be a positive multiple of kv_heads");
@@ -173,15 +187,15 @@ fn validate(p: &AttentionParams) -> Result<TileTiling, Error> {
             "scale finite, max_t and splits positive",
         );
     }
-    tiling(p).map_or_else(
-        || err("head_dim", "no tile fits the shared memory budget"),
-        Ok,
-    )
+    Ok(())
 }
 
-/// The split kernel ([`crate::attention::attention`] pairs it with the combine kernel).
-pub(crate) fn split_kernel(p: &AttentionParams) -> Result<KernelSource, Error> {
-    let t = validate(p)?;
+/// The split kernel with the [`tiling`] for `target` ([`crate::attention::attention`] pairs
+/// it with the combine kernel).
+pub(crate) fn split_kernel(p: &AttentionParams, target: &Target) -> Result<KernelSource, Error> {
+    validate(p)?;
+    let t = tiling(p, target)
+        .ok_or_else(|| Error::param(FAMILY, "head_dim", "no tile fits the shared memory budget"))?;
     split_kernel_tiled(p, t)
 }
 

@@ -23,9 +23,6 @@ pub enum Error {
         op: &'static str,
         reason: String,
     },
-    /// An architecture name outside the supported set.
-    #[error("unknown GPU architecture `{0}` (expected sm_90a, sm_100a or sm_120)")]
-    UnknownArch(String),
     /// `libnvrtc` could not be loaded (cudarc would panic; this is checked first).
     #[error("NVRTC is not available: {reason}")]
     NvrtcUnavailable { reason: String },
@@ -35,21 +32,27 @@ pub enum Error {
     /// An NVRTC API call other than the compilation itself failed.
     #[error("NVRTC {call} failed: {status}")]
     Nvrtc { call: &'static str, status: String },
-    /// The compilation failed; carries the program log and the numbered source.
-    #[error("NVRTC could not compile `{name}` for {arch} ({status}):\n{log}\n--- source ---\n{numbered_source}")]
-    Compile {
-        name: String,
-        arch: String,
-        status: String,
-        log: String,
-        numbered_source: String,
-    },
+    /// The compilation failed; carries the program log and the numbered source (boxed: the
+    /// texts would make every `Result` of this crate, and of those that wrap it, large).
+    #[error("{0}")]
+    Compile(Box<CompileFailure>),
     /// Reading or writing the on-disk kernel cache.
     #[error("kernel cache at {path}: {source}")]
     Cache {
         path: PathBuf,
         source: std::io::Error,
     },
+}
+
+/// What NVRTC said about a program it could not compile.
+#[derive(Debug, thiserror::Error)]
+#[error("NVRTC could not compile `{name}` for {arch} ({status}):\n{log}\n--- source ---\n{numbered_source}")]
+pub struct CompileFailure {
+    pub name: String,
+    pub arch: String,
+    pub status: String,
+    pub log: String,
+    pub numbered_source: String,
 }
 
 impl Error {

@@ -15,6 +15,10 @@
 //!
 //! [`module`] groups kernels into NVRTC programs of several entries (one prelude parse per
 //! program); [`Nvrtc::compile_many`] compiles those groups on a worker pool.
+//!
+//! No device constant lives here: every choice that depends on the device (work splits that
+//! fill its SMs, shared-memory stages that fit its blocks) takes the build's [`Target`], and
+//! every kernel is correct on any device that can launch it.
 
 pub mod abi;
 pub mod argmax;
@@ -28,21 +32,18 @@ pub mod generic;
 pub mod module;
 pub mod norm;
 pub mod nvrtc;
-pub mod plan;
 pub mod qkv_rope;
 pub mod rope;
 pub mod tensor_map;
 pub mod writer;
 
-/// SMs of the device the work-split heuristics fill (H200: 132); kernels are correct on any
-/// count, only their block counts aim at this one.
-pub(crate) const TARGET_SMS: u32 = 132;
 /// `cp.async` helpers: module items of the families that stage tiles in shared memory.
 pub(crate) const CP_ASYNC_ITEMS: &str = include_str!("../cuda/cp_async.cuh");
 
 pub use abi::{
     Bucket, Dtype, KernelSource, LaunchGeometry, LaunchSpec, Loc, Rows, StepConsts, View,
 };
-pub use error::{number_lines, Error};
+pub use error::{number_lines, CompileFailure, Error};
 pub use module::{group_modules, ModuleSource};
 pub use nvrtc::{Arch, Compiled, CompiledModule, Nvrtc, PtxasStats};
+pub use specc_ir::engine::Target;

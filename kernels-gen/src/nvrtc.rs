@@ -12,63 +12,16 @@
 //! (`scripts/nvrtc-env.sh` sets the first for the pip-installed toolkit).
 
 use crate::abi::KernelSource;
-use crate::error::{number_lines, Error};
+use crate::error::{number_lines, CompileFailure, Error};
 use crate::module::{group_modules, ModuleSource};
 use cudarc::nvrtc::sys;
 use sha2::{Digest, Sha256};
 use std::ffi::{c_char, CString};
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// A GPU architecture kernels are compiled for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Arch {
-    /// Hopper (H100/H200) with the arch-specific features (wgmma, setmaxnreg).
-    Sm90a,
-    /// Blackwell datacenter (B200).
-    Sm100a,
-    /// Blackwell workstation (RTX PRO 6000).
-    Sm120,
-}
-
-impl Arch {
-    pub const ALL: [Arch; 3] = [Arch::Sm90a, Arch::Sm100a, Arch::Sm120];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Sm90a => "sm_90a",
-            Arch::Sm100a => "sm_100a",
-            Arch::Sm120 => "sm_120",
-        }
-    }
-
-    /// Shared memory (static + dynamic) one block may opt into: 227 KiB on H100/H200 and
-    /// B200, 99 KiB on the sm_120 parts (CUDA programming guide, compute capabilities).
-    pub fn max_smem_per_block(self) -> u32 {
-        match self {
-            Arch::Sm90a | Arch::Sm100a => 227 * 1024,
-            Arch::Sm120 => 99 * 1024,
-        }
-    }
-}
-
-impl std::fmt::Display for Arch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Arch {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Arch, Error> {
-        Arch::ALL
-            .into_iter()
-            .find(|a| a.name() == s)
-            .ok_or_else(|| Error::UnknownArch(s.to_string()))
-    }
-}
+pub use specc_ir::engine::Arch;
 
 /// Resource figures from the `-Xptxas=-v` log (summed / maxed over the module's entries).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -374,12 +327,14 @@ impl Nvrtc {
         source: &str,
         arch: Arch,
     ) -> Result<(Vec<u8>, String), Error> {
-        let compile_err = |status: String, log: String| Error::Compile {
-            name: name.to_string(),
-            arch: arch.name().to_string(),
-            status,
-            log,
-            numbered_source: number_lines(source),
+        let compile_err = |status: String, log: String| {
+            Error::Compile(Box::new(CompileFailure {
+                name: name.to_string(),
+                arch: arch.name().to_string(),
+                status,
+                log,
+                numbered_source: number_lines(source),
+            }))
         };
         let src = CString::new(source)
             .map_err(|_| compile_err("source contains NUL".into(), String::new()))?;
@@ -482,7 +437,7 @@ mod tests {
         }
         assert!(matches!(
             "sm_80".parse::<Arch>(),
-            Err(Error::UnknownArch(_))
+            Err(specc_ir::engine::UnknownArch(_))
         ));
     }
 

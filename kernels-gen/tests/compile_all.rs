@@ -124,7 +124,7 @@ fn compile_errors_carry_log_and_numbered_source() {
         .compile_source("broken", src, Arch::Sm90a)
         .unwrap_err();
     let text = err.to_string();
-    assert!(matches!(err, Error::Compile { .. }), "{text}");
+    assert!(matches!(err, Error::Compile(_)), "{text}");
     assert!(text.contains("undefined_name"), "log missing: {text}");
     assert!(
         text.contains("2 |   int x = undefined_name;"),

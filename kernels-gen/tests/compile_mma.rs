@@ -101,7 +101,7 @@ fn row_tile_cases(m: u32) -> Vec<(String, KernelSource)> {
     row_tile_params(m)
         .into_iter()
         .map(|(l, p)| {
-            let t = tiling(&p);
+            let t = tiling(&p, &common::target());
             let mut next = 1u64 << 26;
             let alloc = |b: u64| {
                 let at = next;
@@ -110,7 +110,7 @@ fn row_tile_cases(m: u32) -> Vec<(String, KernelSource)> {
             };
             (
                 format!("{l} M={m} {t:?}"),
-                gemv_mma_alloc(&p, m, alloc).unwrap(),
+                gemv_mma_alloc(&p, m, &common::target(), alloc).unwrap(),
             )
         })
         .collect()
@@ -124,7 +124,7 @@ fn split_k_cases() -> Vec<(String, KernelSource)> {
         for (l, p) in row_tile_params(m) {
             let t = MmaTiling {
                 ks: 4,
-                ..tiling(&p)
+                ..tiling(&p, &common::target())
             };
             let needs = split_needs(&p, &t, m).expect("ks > 1 needs scratch");
             let scratch = SplitScratch {
@@ -193,7 +193,10 @@ fn bulk_cases() -> Vec<(String, KernelSource)> {
                 common::mma_split((1, 4, 1, 1, 2), Feed::Tma { stages: 3 }),
             ];
             // The default split where it stages x (above 16 rows).
-            cases.extend(Some(tiling(&p)).filter(|t| matches!(t.feed, Feed::XBulk { .. })));
+            cases.extend(
+                Some(tiling(&p, &common::target()))
+                    .filter(|t| matches!(t.feed, Feed::XBulk { .. })),
+            );
             for t in cases {
                 let k = with_split_scratch(&p, &t, m);
                 out.push((format!("bulk {l} M={m} {t:?}"), k));

@@ -212,34 +212,14 @@ fn generic_ops_match_interpreter() {
     );
 }
 
-/// Device time per launch of every fixture's kernel (CUDA events around 200 launches after
-/// 20 warm-ups, inputs as in the parity test). Run explicitly:
+/// Device time per launch of every fixture's kernel (the mean of 200 launches after a
+/// warm-up, inputs as in the parity test, through the kernel ABI's operand tables). Run
+/// explicitly:
 /// `cargo test -p specc-kernels-gen --features cuda --test gpu_generic -- --ignored --nocapture`
 #[test]
 #[ignore = "timing, not a check; run with --ignored on a GPU"]
 fn generic_kernel_timings() {
-    use cudarc::driver::{CudaContext, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
-    use cudarc::nvrtc::Ptx;
-    use specc_kernels_gen::{Arch, Nvrtc};
-
-    // SAFETY: probing the driver library (CudaContext::new panics without it).
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        eprintln!("SKIPPED: no CUDA driver library");
-        return;
-    }
-    let Ok(nvrtc) = Nvrtc::new() else {
-        eprintln!("SKIPPED: no NVRTC");
-        return;
-    };
-    let nvrtc = nvrtc.with_cache_dir(None);
-    let ctx = CudaContext::new(0).unwrap();
-    let arch = match ctx.compute_capability().unwrap().0 {
-        9 => Arch::Sm90a,
-        10 => Arch::Sm100a,
-        _ => Arch::Sm120,
-    };
-    let s = ctx.default_stream();
-    const WARM: usize = 20;
+    let Some(gpu) = Gpu::new() else { return };
     const REPS: usize = 200;
     println!("{:<52} {:>10}  kernel", "fixture", "us/launch");
     for (i, c) in cases().iter().enumerate() {
@@ -250,40 +230,8 @@ fn generic_kernel_timings() {
             let bytes = encode(&o.tensor(&mut rng));
             region(&mut mem, a.loc)[..bytes.len()].copy_from_slice(&bytes);
         }
-        let arena: CudaSlice<u8> = s.clone_htod(&mem.arena).unwrap();
-        let bufs: Vec<CudaSlice<u8>> = mem.bufs.iter().map(|b| s.clone_htod(b).unwrap()).collect();
-        let ptrs: Vec<u64> = bufs.iter().map(|b| b.device_ptr(&s).0).collect();
-        let table: CudaSlice<u64> = s.clone_htod(&ptrs).unwrap();
-        let consts = Bucket { b: 1, t: 1, ctx: 1 }.consts();
         let k = single(&c.op, &laid.inputs, &laid.output).unwrap().remove(0);
-        let module = ctx
-            .load_module(Ptx::from_binary(nvrtc.compile(&k, arch).unwrap().cubin))
-            .unwrap();
-        let f = module.load_function(&k.entry).unwrap();
-        let g = k.launch.resolve(&Bucket { b: 1, t: 1, ctx: 1 });
-        let cfg = LaunchConfig {
-            grid_dim: (g.grid[0], g.grid[1], g.grid[2]),
-            block_dim: (g.block[0], g.block[1], g.block[2]),
-            shared_mem_bytes: g.smem_bytes,
-        };
-        let launch = || {
-            let mut b = s.launch_builder(&f);
-            b.arg(&arena).arg(&table).arg(&consts);
-            // SAFETY: the kernel takes (char*, void* const*, StepConsts); arena and table are
-            // laid out for this fixture.
-            unsafe { b.launch(cfg) }.unwrap();
-        };
-        for _ in 0..WARM {
-            launch();
-        }
-        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let start = s.record_event(flags).unwrap();
-        for _ in 0..REPS {
-            launch();
-        }
-        let end = s.record_event(flags).unwrap();
-        end.synchronize().unwrap();
-        let us = start.elapsed_ms(&end).unwrap() as f64 * 1e3 / REPS as f64;
+        let us = gpu.time(&mem, &[&k], Bucket { b: 1, t: 1, ctx: 1 }, 1, REPS);
         println!("{:<52} {us:>10.2}  {}", c.label, k.name);
     }
 }

@@ -241,7 +241,7 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
     let params = AttentionParams { scratch, ..params };
     let ks = match (tiles, tiling) {
         (_, Some(tl)) => attention_tiles_tiled(&params, tl).unwrap(),
-        (true, None) => attention_tiles(&params).unwrap(),
+        (true, None) => attention_tiles(&params, gpu.target()).unwrap(),
         (false, None) => attention(&params).unwrap(),
     };
     // Sequence b's prefix is 300 + 137·b slots (clamped to the cache), its last lane padding.

@@ -62,9 +62,9 @@ const BASE: Case = Case {
     slots: false,
 };
 
-fn gemv_kernel(p: &GemvParams, mma: bool) -> KernelSource {
+fn gemv_kernel(gpu: &Gpu, p: &GemvParams, mma: bool) -> KernelSource {
     if mma {
-        gemv_mma(p).unwrap()
+        gemv_mma(p, gpu.target()).unwrap()
     } else {
         gemv(p).unwrap()
     }
@@ -151,8 +151,8 @@ fn check(gpu: &Gpu, c: Case) {
         qk_norm: None,
     };
     let kernels = [
-        gemv_kernel(&fused, c.mma),
-        gemv_kernel(&unfused, c.mma),
+        gemv_kernel(gpu, &fused, c.mma),
+        gemv_kernel(gpu, &unfused, c.mma),
         rope_kv(&rope).unwrap(),
     ];
     let want_family = if c.mma {

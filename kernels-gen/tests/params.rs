@@ -10,7 +10,9 @@ use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights};
 use specc_kernels_gen::gemv_mma::{gemv_mma, select_carries_rope};
 use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{rope_kv, RopeKvParams, RopeStyle, RopeTable};
-use specc_kernels_gen::Error;
+use specc_kernels_gen::{Error, Target};
+
+use common::target;
 
 fn gemv_params() -> GemvParams {
     GemvParams {
@@ -194,16 +196,16 @@ fn llama_tree(max_t: u32) -> AttentionParams {
 /// row blocks).
 #[test]
 fn attention_selects_tiles_for_many_rows() {
-    assert!(select(&llama_tree(1))
+    assert!(select(&llama_tree(1), &target())
         .unwrap()
         .split
         .name
         .starts_with("attn_split"));
     for (t, warps) in [(2, 1), (8, 2), (9, 3), (32, 4), (64, 4), (256, 4)] {
         let p = llama_tree(t);
-        let k = select(&p).unwrap().split;
+        let k = select(&p, &target()).unwrap().split;
         assert!(k.name.starts_with("attn_tile"), "T = {t}: {}", k.name);
-        let tl = attention_mma::tiling(&p).unwrap();
+        let tl = attention_mma::tiling(&p, &target()).unwrap();
         assert_eq!(tl.warps, warps, "T = {t}");
         assert_eq!(k.launch.block[0], 32 * warps);
         assert!(
@@ -219,12 +221,12 @@ fn attention_selects_tiles_for_many_rows() {
         q: View::new(Loc::arena(0), Dtype::BF16, 32 * 64),
         ..llama_tree(t)
     };
-    assert!(select(&d64(16))
+    assert!(select(&d64(16), &target())
         .unwrap()
         .split
         .name
         .starts_with("attn_tile"));
-    assert!(select(&d64(100))
+    assert!(select(&d64(100), &target())
         .unwrap()
         .split
         .name
@@ -235,23 +237,23 @@ fn attention_selects_tiles_for_many_rows() {
         cache_dtype: Dtype::F32,
         ..llama_tree(64)
     };
-    assert!(select(&f32_cache)
+    assert!(select(&f32_cache, &target())
         .unwrap()
         .split
         .name
         .starts_with("attn_split"));
     assert_eq!(
-        field_of(attention_tiles(&f32_cache).unwrap_err()),
+        field_of(attention_tiles(&f32_cache, &target()).unwrap_err()),
         ("attn_tile", "dtype")
     );
 }
 
-/// Splits fill one wave of resident blocks (2 per SM of 132) and give each split ≥ 64
-/// slots: at ctx 1024, T = 32 / 64 / 128 nodes × G = 4 take the 16 / 8 / 4 splits measured
-/// fastest (`kernel_bench tree_tilings`); a long context with few rows spreads wider.
+/// Splits fill one wave of resident blocks (2 per SM of the target's 132) and give each
+/// split ≥ 64 slots: at ctx 1024, T = 32 / 64 / 128 nodes × G = 4 take the 16 / 8 / 4 splits
+/// measured fastest (bench/NOTES.md); a long context with few rows spreads wider.
 #[test]
 fn attention_tile_splits_fill_one_wave() {
-    let at = |t: u32, b: u32, ctx: u32| attention_mma::splits(&llama_tree(t), b, t, ctx);
+    let at = |t: u32, b: u32, ctx: u32| attention_mma::splits(&llama_tree(t), b, t, ctx, &target());
     assert_eq!(
         [at(32, 1, 1024), at(64, 1, 1024), at(128, 1, 1024)],
         [16, 8, 4]
@@ -261,6 +263,15 @@ fn attention_tile_splits_fill_one_wave() {
     assert_eq!(at(16, 1, 8192), 33);
     assert_eq!(at(16, 1, 128), 2, "at most one split per 64 slots");
     assert_eq!(at(256, 8, 1024), 1);
+    // The wave is the target's: half the SMs, half the splits.
+    let half = Target {
+        sms: 66,
+        ..target()
+    };
+    assert_eq!(
+        attention_mma::splits(&llama_tree(32), 1, 32, 1024, &half),
+        8
+    );
 }
 
 #[test]
@@ -341,15 +352,15 @@ fn gemv_rope_epilogue_rejects_bad_parameters() {
         ..gemv_params()
     };
     assert!(gemv(&fused(32, 32)).is_ok());
-    assert!(gemv_mma(&fused(32, 32)).is_ok());
+    assert!(gemv_mma(&fused(32, 32), &target()).is_ok());
     assert!(gemv(&fused(32, 8)).is_ok(), "partial rotary on CUDA cores");
     assert_eq!(
-        field_of(gemv_mma(&fused(32, 8)).unwrap_err()),
+        field_of(gemv_mma(&fused(32, 8), &target()).unwrap_err()),
         ("gemv_mma", "rope.head_dim"),
         "rotary dims not a multiple of 16 on tensor cores"
     );
     assert_eq!(
-        field_of(gemv_mma(&fused(24, 24)).unwrap_err()),
+        field_of(gemv_mma(&fused(24, 24), &target()).unwrap_err()),
         ("gemv_mma", "rope.head_dim")
     );
     // The plan asks before fusing: only one-row tiles fuse (measured), and the tensor-core

@@ -14,6 +14,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
+use specc_ir::engine::{CheckpointRef, FileRef, TensorRef};
 use safetensors::tensor::Metadata;
 use safetensors::Dtype;
 use specc_ir::interp::Tensor;
@@ -38,6 +39,8 @@ pub struct TensorEntry {
 struct SafetensorsFile {
     path: PathBuf,
     mmap: Backing,
+    /// SHA-256 of the header (length prefix + JSON); empty for synthesised files.
+    header_sha256: String,
 }
 
 /// The bytes of a file: mapped from disk, or synthesised in memory on first read
@@ -243,6 +246,7 @@ impl Checkpoint {
             root: dir.join("(random weights)"),
             files: vec![SafetensorsFile {
                 path: dir.join("(random weights)"),
+                header_sha256: String::new(),
                 mmap: Backing::Random(Box::new(RandomFile {
                     seed,
                     len,
@@ -252,6 +256,90 @@ impl Checkpoint {
             }],
             tensors,
         }
+    }
+
+    /// What an engine records of this checkpoint: its files (relative to `dir`, the model
+    /// directory, as `dir_ref` names it) with header hashes, and every tensor's name, dtype
+    /// and shape.
+    pub fn reference(&self, prefix: &str, dir: &Path, dir_ref: PathBuf) -> CheckpointRef {
+        CheckpointRef {
+            prefix: prefix.to_string(),
+            dir: dir_ref,
+            config: None,
+            files: self
+                .files
+                .iter()
+                .filter(|f| !f.header_sha256.is_empty())
+                .map(|f| FileRef {
+                    name: f
+                        .path
+                        .strip_prefix(dir)
+                        .unwrap_or(&f.path)
+                        .display()
+                        .to_string(),
+                    header_sha256: f.header_sha256.clone(),
+                })
+                .collect(),
+            tensors: self
+                .tensors
+                .iter()
+                .map(|(n, e)| TensorRef {
+                    name: n.clone(),
+                    dtype: dtype_name(e.dtype),
+                    shape: e.shape.iter().map(|&d| d as u64).collect(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Checks this checkpoint is the one `r` was recorded from: the same files with the same
+    /// headers, or else the same tensors (names, dtypes, shapes) — the first difference is
+    /// the error, naming the file and the tensor.
+    pub fn matches(&self, r: &CheckpointRef) -> Result<(), ModelError> {
+        let changed = |file: PathBuf, what: String| ModelError::Changed { file, what };
+        for f in &r.files {
+            let Some(have) = self
+                .files
+                .iter()
+                .find(|x| x.path.ends_with(&f.name))
+            else {
+                return Err(changed(
+                    self.root.clone(),
+                    format!("the engine was built from `{}`, which this checkpoint lacks", f.name),
+                ));
+            };
+            if have.header_sha256 != f.header_sha256 {
+                // Name the first tensor that differs when there is one.
+                for t in &r.tensors {
+                    let now = self.tensors.get(&t.name).map(|e| {
+                        (dtype_name(e.dtype), e.shape.iter().map(|&d| d as u64).collect::<Vec<_>>())
+                    });
+                    match now {
+                        None => {
+                            return Err(changed(
+                                have.path.clone(),
+                                format!("tensor `{}` is gone", t.name),
+                            ))
+                        }
+                        Some((d, s)) if d != t.dtype || s != t.shape => {
+                            return Err(changed(
+                                have.path.clone(),
+                                format!(
+                                    "tensor `{}` is now {d} {s:?}, the engine was built for {} {:?}",
+                                    t.name, t.dtype, t.shape
+                                ),
+                            ))
+                        }
+                        _ => {}
+                    }
+                }
+                return Err(changed(
+                    have.path.clone(),
+                    "the safetensors header differs from the one the engine was built from".into(),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// `model.safetensors` or the index file.
@@ -471,6 +559,7 @@ fn read_file(path: &Path) -> Result<(SafetensorsFile, BTreeMap<String, TensorEnt
     Ok((
         SafetensorsFile {
             path: path.to_path_buf(),
+            header_sha256: specc_ir::engine::sha256_hex(&mmap[..header_end]),
             mmap: Backing::Mapped(mmap),
         },
         entries,

@@ -13,6 +13,9 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum ModelError {
+    /// A checkpoint differs from the one an engine was built from.
+    #[error("{}: {what} (rebuild the engine)", file.display())]
+    Changed { file: PathBuf, what: String },
     /// The file cannot be opened or read.
     #[error("{}: cannot read: {source}", file.display())]
     Io {

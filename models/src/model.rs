@@ -20,6 +20,8 @@ pub const CONFIG_FILE: &str = "config.json";
 /// a bf16/f16/f32 dtype (checked by [`Model::open`]).
 pub struct Model {
     dir: PathBuf,
+    /// The config.json the spec was resolved from.
+    config: PathBuf,
     spec: ModelSpec,
     graph: Graph,
     checkpoint: Checkpoint,
@@ -35,6 +37,7 @@ impl Model {
         let checkpoint = Checkpoint::open(&dir)?;
         checkpoint.validate(&graph)?;
         Ok(Model {
+            config: dir.join(CONFIG_FILE),
             dir,
             spec,
             graph,
@@ -56,11 +59,21 @@ impl Model {
         let graph = lower::lower_dense(&spec)?;
         let checkpoint = Checkpoint::random(&dir, &graph, seed);
         Ok(Model {
+            config,
             dir,
             spec,
             graph,
             checkpoint,
         })
+    }
+
+    /// The checkpoint, given up by the model (an engine keeps its weights' sources).
+    pub fn into_checkpoint(self) -> Checkpoint {
+        self.checkpoint
+    }
+
+    pub fn config_file(&self) -> &Path {
+        &self.config
     }
 
     pub fn dir(&self) -> &Path {

@@ -3,6 +3,9 @@
 
 use std::collections::HashMap;
 
+use std::path::PathBuf;
+
+use specc_ir::engine::{BuildInput, DraftKind, GraphRole, RoleGraph, StepContract};
 use specc_ir::interp::Tensor;
 use specc_ir::{Bindings, Graph};
 
@@ -41,7 +44,7 @@ pub struct SpecBundle {
 
 /// A random checkpoint holding the weights of `step` named `prefix` + name (prefix
 /// stripped), as the draft's own checkpoint would.
-fn random_draft(dir: &std::path::Path, step: &Graph, prefix: &str, seed: u64) -> Checkpoint {
+pub fn random_draft(dir: &std::path::Path, step: &Graph, prefix: &str, seed: u64) -> Checkpoint {
     let mut g = Graph::new("draft weights");
     for (_, name, ty) in step.weights() {
         if let Some(n) = name.strip_prefix(prefix) {
@@ -261,24 +264,101 @@ impl SpecBundle {
     }
 }
 
-/// One graph of an engine and the bucket it is planned for.
-pub struct EngineGraph {
-    /// What it is, e.g. `spec step B=4`.
-    pub name: String,
-    pub graph: Graph,
-    pub bind: Bindings,
+/// Prompt-chunk token counts an engine plans its prefills at: powers of two from
+/// [`MIN_PREFILL_T`] up to `max_context` (a prompt is padded to the next one).
+pub fn prefill_buckets(max_context: u64) -> Vec<u32> {
+    let mut ts = Vec::new();
+    let mut t = MIN_PREFILL_T as u64;
+    while t <= max_context {
+        ts.push(t as u32);
+        t *= 2;
+    }
+    ts
 }
 
-/// Every graph an engine runs, per batch bucket of `cfg` (bucket 1 without one): the target
-/// prefill and the plain decode step, and with a speculative method its step, the target
-/// prefill that records the draft's inputs, and the draft prefill. Prefills are planned at
-/// their smallest chunk ([`MIN_PREFILL_T`]); `random_seed` synthesises the draft's weights.
-pub fn engine_graphs(
+/// The method's name as spec.toml spells it.
+pub fn method_name(m: Method) -> &'static str {
+    match m {
+        Method::None => "none",
+        Method::DraftModel => "draft_model",
+        Method::Eagle3 => "eagle3",
+        Method::DFlash => "dflash",
+        Method::DDTree => "ddtree",
+    }
+}
+
+impl SpecBundle {
+    /// How the draft of this bundle is primed at admission.
+    pub fn draft_kind(&self) -> DraftKind {
+        match &self.draft {
+            DraftSide::Model(_) => DraftKind::Model,
+            DraftSide::Eagle3(e) if self.tree.is_some() => DraftKind::Eagle3Tree {
+                taps_width: 3 * e.hidden(),
+                depth: self.num_steps(),
+            },
+            DraftSide::Eagle3(e) => DraftKind::Eagle3 {
+                taps_width: 3 * e.hidden(),
+            },
+            DraftSide::DFlash(d) if self.tree.is_some() => DraftKind::DDTree {
+                taps_width: d.taps_width(),
+                depth: d.num_steps(),
+            },
+            DraftSide::DFlash(d) => DraftKind::DFlash {
+                taps_width: d.taps_width(),
+            },
+        }
+    }
+
+    /// The step contract of this bundle's method.
+    pub fn contract(&self) -> StepContract {
+        let name = method_name(self.method);
+        let k = self.num_steps();
+        let label = match self.tree {
+            Some(t) if self.method == Method::Eagle3 => format!(
+                "{name} tree depth={k} num_draft_tokens={} topk={}",
+                t.budget, t.topk
+            ),
+            Some(t) => format!("{name} depth={k} budget={} topk={}", t.budget, t.topk),
+            None => format!("{name} k={k}"),
+        };
+        StepContract {
+            method: name.to_string(),
+            label,
+            kind: self.draft_kind(),
+            num_steps: self.verify_margin(),
+            ring: self.shape.ring as usize,
+            step: GraphRole::SpecStep,
+            target_prefill: GraphRole::SpecTargetPrefill,
+            draft_prefill: Some(GraphRole::DraftPrefill),
+        }
+    }
+}
+
+/// What else an engine is built for beyond a spec's own buckets.
+#[derive(Clone, Debug, Default)]
+pub struct EngineExtras {
+    /// Batch buckets instead of the spec's (bench, tests).
+    pub batch_buckets: Option<Vec<u32>>,
+    /// Further token counts of the target prefill (verify-width timings).
+    pub verify_tokens: Vec<u32>,
+}
+
+/// How the engine names a model directory: relative to the engine directory where it lies
+/// below it, else as given.
+pub type DirRef<'a> = &'a dyn Fn(&std::path::Path) -> PathBuf;
+
+/// The build input of an engine for `model` and (optionally) a speculative `cfg`: the plain
+/// prefill and decode step, and with a method its step, the target prefill that records the
+/// draft's inputs and the draft prefill; prefills at every [`prefill_buckets`] of
+/// `max_context`, steps at each batch bucket. `random_seed` synthesises every weight.
+pub fn engine_input(
     model: &Model,
     cfg: Option<&SpecConfig>,
     max_context: u64,
     random_seed: Option<u64>,
-) -> Result<Vec<EngineGraph>, ModelError> {
+    extras: &EngineExtras,
+    dir_ref: DirRef,
+) -> Result<(BuildInput, Option<SpecBundle>), ModelError> {
     let spec = model.spec();
     let (prefill, decode) = crate::spec_step::lower_plain_greedy(spec, DECODE_RING)
         .map_err(|e| lower_err(spec.arch.hf_name(), e))?;
@@ -286,30 +366,82 @@ pub fn engine_graphs(
         Some(c) if c.method != Method::None => Some(SpecBundle::open_with(model, c, random_seed)?),
         _ => None,
     };
-    let buckets = cfg.map_or(vec![1], |c| c.batch_buckets.clone());
-    let mut out = Vec::new();
-    let mut push = |name: String, graph: &Graph, bind: &Bindings| {
-        out.push(EngineGraph {
-            name,
-            graph: graph.clone(),
-            bind: bind.clone(),
-        })
+    let batches = extras
+        .batch_buckets
+        .clone()
+        .or_else(|| cfg.map(|c| c.batch_buckets.clone()))
+        .unwrap_or_else(|| vec![1]);
+    let chunk_ts = prefill_buckets(max_context);
+    let mut prefill_ts = chunk_ts.clone();
+    prefill_ts.extend(extras.verify_tokens.iter().copied());
+    prefill_ts.sort_unstable();
+    prefill_ts.dedup();
+    let at = |ts: &[u32]| -> Vec<Bindings> {
+        batches
+            .iter()
+            .flat_map(|&b| {
+                ts.iter()
+                    .map(move |&t| Bindings::new(b as u64, t as u64, max_context))
+            })
+            .collect()
     };
-    for b in buckets {
-        let b = b as u64;
-        let pre = Bindings::new(b, MIN_PREFILL_T as u64, max_context);
-        let step = Bindings::new(b, 1, max_context);
-        push(format!("prefill B={b}"), &prefill, &pre);
-        push(format!("decode step B={b}"), &decode, &step);
-        if let Some(bu) = &bundle {
-            push(format!("spec step B={b}"), &bu.step, &step);
-            push(
-                format!("spec target prefill B={b}"),
-                &bu.target_prefill,
-                &pre,
-            );
-            push(format!("draft prefill B={b}"), &bu.draft_prefill, &pre);
-        }
+    let mut graphs = vec![
+        RoleGraph {
+            role: GraphRole::Prefill,
+            graph: prefill,
+            buckets: at(&prefill_ts),
+        },
+        RoleGraph {
+            role: GraphRole::Decode,
+            graph: decode,
+            buckets: at(&[1]),
+        },
+    ];
+    let target_dir = model.dir();
+    let mut target_ref = model
+        .checkpoint()
+        .reference("", target_dir, dir_ref(target_dir));
+    let mut checkpoints = Vec::new();
+    let mut contract = None;
+    if let Some(bu) = &bundle {
+        contract = Some(bu.contract());
+        graphs.push(RoleGraph {
+            role: GraphRole::SpecStep,
+            graph: bu.step.clone(),
+            buckets: at(&[1]),
+        });
+        graphs.push(RoleGraph {
+            role: GraphRole::SpecTargetPrefill,
+            graph: bu.target_prefill.clone(),
+            buckets: at(&prefill_ts),
+        });
+        graphs.push(RoleGraph {
+            role: GraphRole::DraftPrefill,
+            graph: bu.draft_prefill.clone(),
+            buckets: at(&chunk_ts),
+        });
     }
-    Ok(out)
+    if random_seed.is_some() {
+        target_ref.config = Some(dir_ref(&model.config_file()));
+    }
+    checkpoints.push(target_ref);
+    if let (Some(bu), Some(c)) = (&bundle, cfg) {
+        let dir = c.draft.clone().unwrap_or_default();
+        let mut r = bu.draft_checkpoint.reference(bu.prefix, &dir, dir_ref(&dir));
+        if random_seed.is_some() {
+            r.config = Some(dir_ref(&dir));
+        }
+        checkpoints.push(r);
+    }
+    let input = BuildInput {
+        architecture: spec.arch.hf_name().to_string(),
+        max_context,
+        graphs,
+        plain: StepContract::plain(DECODE_RING as usize),
+        spec: contract,
+        spec_toml: cfg.filter(|c| c.method != Method::None).map(|c| c.text.clone()),
+        checkpoints,
+        random_seed,
+    };
+    Ok((input, bundle))
 }

@@ -145,6 +145,8 @@ pub struct SpecConfig {
     /// `Some` exactly when `method = "ddtree"`, or `method = "eagle3"` with `topk > 1`
     /// (then `budget` = `num_draft_tokens`).
     pub tree: Option<TreeKnobs>,
+    /// The file's text as read (an engine records it).
+    pub text: String,
 }
 
 /// Largest k: tree masks hold 64 nodes, and k + 1 verify tokens must fit.
@@ -360,6 +362,7 @@ impl SpecConfig {
             max_context: raw.max_context,
             acceptance,
             tree,
+            text: text.to_string(),
         })
     }
 

@@ -12,9 +12,9 @@ pub enum RuntimeError {
     MissingOutput(&'static str),
     #[error("lane {lane}: more than {capacity} tokens emitted since the last drain (the ring overran; drain more often)")]
     RingOverrun { lane: usize, capacity: usize },
-    /// Code generation, kernel generation or NVRTC failed for a graph.
-    #[error("kernel generation: {0}")]
-    Kernel(String),
+    /// The engine cannot be loaded or lacks what was asked of it (a bucket, a cubin, a graph).
+    #[error("engine: {0}")]
+    Engine(String),
     #[error(transparent)]
     Ir(#[from] specc_ir::IrError),
     #[cfg(feature = "cuda")]

@@ -15,4 +15,4 @@ pub use cpu::{CpuSession, StepOutput};
 pub use cuda::{CudaDevice, CudaError};
 pub use error::RuntimeError;
 pub use session::Speculator;
-pub use spec_cpu::{DraftKind, SpecCpuSession, SpecGraphs, SpecStats};
+pub use spec_cpu::{DraftKind, EngineGraphs, SpecCpuSession, SpecGraphs, SpecStats};

@@ -7,121 +7,86 @@ use std::collections::HashMap;
 use specc_ir::interp::{self, Data, Env, Tensor, WeightSource};
 use specc_ir::{Bindings, DType, Graph};
 use specc_models::spec_step::{BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, HIDDEN, RING};
-use specc_models::{DraftSide, SpecBundle};
+use specc_ir::engine::{Engine, GraphRole, StepContract};
+use specc_models::SpecBundle;
 
 use crate::admission;
 
 use crate::RuntimeError;
 
-/// How the draft is primed at admission.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DraftKind {
-    /// No draft (k = 0): the step graph is plain decoding; `draft_prefill` is not run.
-    None,
-    /// A standalone model: its prefill reads the prompt like the target's.
-    Model,
-    /// An EAGLE-3 head: its prefill reads (target taps, next token) pairs; `taps_width`
-    /// is 3 × hidden.
-    Eagle3 { taps_width: usize },
-    /// An EAGLE-3 draft tree (topk > 1): primed like `Eagle3`; `depth` = `num_steps`, the
-    /// most draft tokens one step accepts (the graphs' `num_steps` is then the context
-    /// margin, `SpecBundle::verify_margin`).
-    Eagle3Tree { taps_width: usize, depth: usize },
-    /// A DFlash drafter: its prefill writes the context of every prompt position (target
-    /// taps, `taps_width` = n_tap × hidden) into its KV cache.
-    DFlash { taps_width: usize },
-    /// A DDTree step over a DFlash drafter: primed like `DFlash`; `depth` = the drafter's
-    /// `block_size − 1`, the most draft tokens one step accepts (the graphs' `num_steps` is
-    /// then the verify margin, `budget − 1`).
-    DDTree { taps_width: usize, depth: usize },
-}
+pub use specc_ir::engine::DraftKind;
 
-impl DraftKind {
-    /// How the draft of `b` is primed at admission.
-    pub fn of(b: &SpecBundle) -> DraftKind {
-        match &b.draft {
-            DraftSide::Model(_) => DraftKind::Model,
-            DraftSide::Eagle3(e) if b.tree.is_some() => DraftKind::Eagle3Tree {
-                taps_width: 3 * e.hidden(),
-                depth: b.num_steps(),
-            },
-            DraftSide::Eagle3(e) => DraftKind::Eagle3 {
-                taps_width: 3 * e.hidden(),
-            },
-            DraftSide::DFlash(d) if b.tree.is_some() => DraftKind::DDTree {
-                taps_width: d.taps_width(),
-                depth: d.num_steps(),
-            },
-            DraftSide::DFlash(d) => DraftKind::DFlash {
-                taps_width: d.taps_width(),
-            },
-        }
-    }
-}
-
-/// The graphs of one method: prefill of target and draft, and the step.
+/// The graphs of one method and its contract: prefill of target and draft, and the step.
 pub struct SpecGraphs<'a> {
-    pub kind: DraftKind,
-    /// Outputs `next_token` (and `taps` for EAGLE-3).
+    pub contract: StepContract,
+    /// Outputs `next_token` (and `taps` when the draft reads them).
     pub target_prefill: &'a Graph,
+    /// The target prefill again for plain decoding (no draft prefill runs).
     pub draft_prefill: &'a Graph,
     pub step: &'a Graph,
-    /// k: draft tokens per step; for trees, the verify margin (`budget − 1`): verify
-    /// writes cache slots `len ..= len + num_steps`.
-    pub num_steps: usize,
-    /// Ring capacity per lane, in tokens.
-    pub ring: usize,
 }
 
 impl<'a> SpecGraphs<'a> {
-    /// The graphs of a speculative bundle (`num_steps` = its verify margin).
+    /// The graphs of a speculative bundle.
     pub fn of(b: &'a SpecBundle) -> SpecGraphs<'a> {
         SpecGraphs {
-            kind: DraftKind::of(b),
+            contract: b.contract(),
             target_prefill: &b.target_prefill,
             draft_prefill: &b.draft_prefill,
             step: &b.step,
-            num_steps: b.verify_margin(),
-            ring: b.shape.ring as usize,
         }
     }
 
     /// Plain decoding (k = 0): `prefill` and the decode `step`, no draft.
     pub fn plain(prefill: &'a Graph, step: &'a Graph, ring: usize) -> SpecGraphs<'a> {
         SpecGraphs {
-            kind: DraftKind::None,
+            contract: StepContract::plain(ring),
             target_prefill: prefill,
             draft_prefill: prefill,
             step,
-            num_steps: 0,
-            ring,
         }
     }
 
-    /// The most draft tokens one step accepts (the acceptance histogram spans `0..=` it).
-    pub fn max_accept(&self) -> usize {
-        match self.kind {
-            DraftKind::DDTree { depth, .. } | DraftKind::Eagle3Tree { depth, .. } => depth,
-            _ => self.num_steps,
+    /// The graphs of `contract` among `graphs` (parsed from an engine).
+    pub fn from_engine(
+        contract: &StepContract,
+        graphs: &'a EngineGraphs,
+    ) -> Result<SpecGraphs<'a>, RuntimeError> {
+        let target_prefill = graphs.get(contract.target_prefill)?;
+        Ok(SpecGraphs {
+            contract: contract.clone(),
+            target_prefill,
+            draft_prefill: match contract.draft_prefill {
+                Some(r) => graphs.get(r)?,
+                None => target_prefill,
+            },
+            step: graphs.get(contract.step)?,
+        })
+    }
+}
+
+/// An engine's graphs, parsed from their IR text once (what the CPU backend executes).
+pub struct EngineGraphs {
+    graphs: Vec<(GraphRole, Graph)>,
+}
+
+impl EngineGraphs {
+    pub fn parse(engine: &Engine) -> Result<EngineGraphs, RuntimeError> {
+        let mut graphs = Vec::new();
+        for g in &engine.graphs {
+            let parsed = specc_ir::text::parse(&g.ir)
+                .map_err(|e| RuntimeError::Engine(format!("graph `{}`: {e}", g.role)))?;
+            graphs.push((g.role, parsed));
         }
+        Ok(EngineGraphs { graphs })
     }
 
-    /// EAGLE-3 priming: (taps width, pending pairs − 1 = the chain's k or the tree's depth).
-    pub fn eagle_priming(&self) -> Option<(usize, usize)> {
-        match self.kind {
-            DraftKind::Eagle3 { taps_width } => Some((taps_width, self.num_steps)),
-            DraftKind::Eagle3Tree { taps_width, depth } => Some((taps_width, depth)),
-            _ => None,
-        }
-    }
-
-    /// DFlash-style priming: (taps width, rows of the pending-context state).
-    pub fn dflash_priming(&self) -> Option<(usize, usize)> {
-        match self.kind {
-            DraftKind::DFlash { taps_width } => Some((taps_width, self.num_steps + 1)),
-            DraftKind::DDTree { taps_width, depth } => Some((taps_width, depth + 1)),
-            _ => None,
-        }
+    pub fn get(&self, role: GraphRole) -> Result<&Graph, RuntimeError> {
+        self.graphs
+            .iter()
+            .find(|(r, _)| *r == role)
+            .map(|(_, g)| g)
+            .ok_or_else(|| RuntimeError::Engine(format!("the engine has no `{role}` graph")))
     }
 }
 
@@ -173,7 +138,7 @@ impl<'a> SpecCpuSession<'a> {
         lanes: usize,
         max_context: u64,
     ) -> Self {
-        let k = graphs.max_accept();
+        let k = graphs.contract.max_accept();
         SpecCpuSession {
             graphs,
             weights,
@@ -211,7 +176,7 @@ impl<'a> SpecCpuSession<'a> {
         max_new: usize,
     ) -> Result<Vec<u32>, RuntimeError> {
         assert_eq!(prompts.len(), self.lanes, "one prompt per lane");
-        let k = self.graphs.num_steps;
+        let k = self.graphs.contract.num_steps;
         let pre = admission::prefill_inputs(prompts, k, self.max_context)?;
         let t = pre.t;
         let lanes = self.lanes;
@@ -226,13 +191,13 @@ impl<'a> SpecCpuSession<'a> {
                 .ok_or(RuntimeError::MissingOutput("next_token"))?,
         )?;
         let first = admission::first_tokens(next, prompts, t);
-        match self.graphs.kind {
+        match self.graphs.contract.kind {
             DraftKind::None => {}
             DraftKind::Model => {
                 self.run(self.graphs.draft_prefill, t as u64, inputs)?;
             }
             DraftKind::Eagle3 { .. } | DraftKind::Eagle3Tree { .. } => {
-                let (taps_width, k) = self.graphs.eagle_priming().expect("an EAGLE-3 draft");
+                let (taps_width, k) = self.graphs.contract.eagle_priming().expect("an EAGLE-3 draft");
                 let taps = out.get("taps").ok_or(RuntimeError::MissingOutput("taps"))?;
                 let taps = taps.as_f32()?.to_vec();
                 let prime = admission::eagle_prime(prompts, &first, t, k);
@@ -275,7 +240,7 @@ impl<'a> SpecCpuSession<'a> {
             }
             DraftKind::DFlash { .. } | DraftKind::DDTree { .. } => {
                 let (taps_width, rows) =
-                    self.graphs.dflash_priming().expect("a DFlash-primed draft");
+                    self.graphs.contract.dflash_priming().expect("a DFlash-primed draft");
                 let taps = out.get("taps").ok_or(RuntimeError::MissingOutput("taps"))?;
                 let head_inputs = HashMap::from([
                     (HIDDEN.to_string(), taps.clone()),
@@ -302,7 +267,7 @@ impl<'a> SpecCpuSession<'a> {
         }
         self.states.insert(
             RING.into(),
-            Tensor::zeros(DType::I32, vec![lanes, self.graphs.ring, 1, 1]),
+            Tensor::zeros(DType::I32, vec![lanes, self.graphs.contract.ring, 1, 1]),
         );
         self.drained = vec![0; lanes];
         Ok(first)
@@ -338,7 +303,7 @@ impl<'a> SpecCpuSession<'a> {
         )?;
         for (b, &a) in acc.iter().enumerate() {
             if live[b] {
-                self.stats.histogram[(a as usize).min(self.graphs.max_accept())] += 1;
+                self.stats.histogram[(a as usize).min(self.graphs.contract.max_accept())] += 1;
             }
         }
         self.stats.steps += 1;
@@ -359,7 +324,7 @@ impl<'a> SpecCpuSession<'a> {
                 .get(RING)
                 .ok_or(RuntimeError::MissingOutput(RING))?,
         )?;
-        let r = self.graphs.ring;
+        let r = self.graphs.contract.ring;
         let mut out = Vec::with_capacity(self.lanes);
         for b in 0..self.lanes {
             let upto = emitted[b] as usize;

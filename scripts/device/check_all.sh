@@ -16,8 +16,8 @@ t kernels 240 .gpu/tests/gpu_parity_mma
 t gemv 120 .gpu/tests/gpu_parity
 t attn 120 .gpu/tests/gpu_parity_attn
 t generic 120 .gpu/tests/gpu_generic
-t pdl 60 .gpu/tests/cuda_pdl
-t smoke 60 .gpu/tests/cuda_smoke
+t pdl 60 .gpu/tests/runtime_pdl
+t smoke 60 .gpu/tests/runtime_smoke
 t e2e 240 .gpu/tests/gpu_e2e
 t dflash 240 .gpu/tests/gpu_dflash
 t ddtree 240 .gpu/tests/gpu_ddtree

@@ -20,7 +20,7 @@ t methods 200 .gpu/tests/gpu_dflash
 t ddtree 200 .gpu/tests/gpu_ddtree
 t eagle_tree 200 .gpu/tests/gpu_eagle3_tree
 t sampling 100 .gpu/tests/gpu_sampling
-t smoke 60 .gpu/tests/cuda_smoke
+t smoke 60 .gpu/tests/runtime_smoke
 echo "== CLI: EAGLE-3 tree and DDTree on the trained family (CUDA, 200 tokens)"
 for f in spec.eagle3-tree.toml ddtree.toml spec.toml; do
   timeout 60 .gpu/specc run models/default --spec models/default/$f --backend cuda --prompt 'def __init__(self' --max-tokens 200 2>&1 >/dev/null | grep -E "tok/s|acceptance|launches|rror" | sed "s/^/$f: /"

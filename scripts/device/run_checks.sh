@@ -8,9 +8,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "== GPU end-to-end tests"
 timeout 300 .gpu/tests/gpu_e2e --test-threads=1 --nocapture 2>&1 | tee "$OUT/gpu_e2e.log" | grep -E "test |rel L2|exact|identical|panicked|result" 
 echo "== runtime smoke tests"
-timeout 60 .gpu/tests/cuda_smoke --test-threads=1 2>&1 | tail -3
+timeout 60 .gpu/tests/runtime_smoke --test-threads=1 2>&1 | tail -3
 echo "== PDL: captured / eager chains over reused arena offsets (the tests turn PDL on themselves)"
-timeout 120 .gpu/tests/cuda_pdl --test-threads=1 --nocapture 2>&1 | tee "$OUT/cuda_pdl.log" | grep -E "test |PDL|graph:|replay of|control|panicked|result"
+timeout 120 .gpu/tests/runtime_pdl --test-threads=1 --nocapture 2>&1 | tee "$OUT/runtime_pdl.log" | grep -E "test |PDL|graph:|replay of|control|panicked|result"
 echo "== CLI: cuda vs cpu on the embedded model"
 .gpu/specc run --prompt "def main(" --max-tokens 32 --backend cuda --ids-out "$OUT/cuda_ids.json" > "$OUT/run_cuda.txt" 2> "$OUT/run_cuda.err"
 .gpu/specc run --prompt "def main(" --max-tokens 32 --backend cpu --ids-out "$OUT/cpu_ids.json" > "$OUT/run_cpu.txt" 2>/dev/null

@@ -1,22 +1,20 @@
-//! `specc compile`: a model (and optionally a spec.toml) → an engine directory: every graph
-//! the engine runs through the pass pipeline and kernel generation, the distinct kernels'
-//! sources, and their cubins for the requested archs (NVRTC modules of several kernels on all
-//! cores, disk cache): `kernels/{module}.{arch}.cubin`, the kernel → module map in plan.txt.
+//! `specc compile`: a model (and optionally a spec.toml) → an engine directory, through the
+//! one build (`specc_models::spec_bundle::engine_input` + `specc_codegen::build`):
+//! `engine.json` (every plan, launch, slot, state, contract and checkpoint reference),
+//! `kernels/{module}.{arch}.cubin` for every requested arch (when NVRTC is available),
+//! `plan.txt` (the plan report) and `kernels/{kernel}.cu` (the generated sources).
 
-use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
-use anyhow::{Context, Result};
-use specc_codegen::{describe_groups, H200};
-use specc_kernels_gen::plan::{plan_kernels_for, DeviceLimits};
-use specc_kernels_gen::{Arch, KernelSource, Nvrtc, PtxasStats};
-use specc_models::spec_bundle::engine_graphs;
-use specc_models::{Method, SpecConfig};
+use anyhow::{anyhow, bail, Context, Result};
+use specc_codegen::{build, plan_report, BuildOptions, Built, CodegenError, Cubins};
+use specc_ir::engine::{Arch, Engine, GraphRole, Target, ENGINE_FILE, PLAN_FILE};
+use specc_models::spec_bundle::{engine_input, EngineExtras};
+use specc_models::{Model, SpecConfig};
 
-use super::engine::{resolve, EngineManifest, Source, FORMAT_VERSION, RANDOM_SEED};
-use super::inspect::summary;
+use super::engine::{dir_ref, RANDOM_SEED};
+use crate::embedded;
 
 pub struct CompileArgs<'a> {
     pub model: Option<PathBuf>,
@@ -27,163 +25,245 @@ pub struct CompileArgs<'a> {
     pub spec: Option<&'a Path>,
 }
 
-pub fn compile(a: CompileArgs) -> Result<()> {
-    let t_all = Instant::now();
-    let archs: Vec<Arch> = a
-        .archs
-        .iter()
-        .map(|a| a.parse::<Arch>())
-        .collect::<Result<_, _>>()
-        .map_err(|e| anyhow::anyhow!("--arch: {e}"))?;
-    let cfg = a.spec.map(SpecConfig::from_file).transpose()?;
-    let max_context = a.max_context.or(cfg.as_ref().and_then(|c| c.max_context));
-    let r = resolve(Source::new(a.model, a.random_weights), max_context)?;
-    let out = a.out;
-    fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    let model_dir = r
-        .model_dir
-        .canonicalize()
-        .with_context(|| format!("{}", r.model_dir.display()))?;
-    let manifest = EngineManifest {
-        format_version: FORMAT_VERSION,
-        model_dir,
-        max_context: r.max_context,
-        architecture: r.model.spec().arch.hf_name().to_string(),
-        random_weights: a.random_weights,
-        config: r.source_path.as_ref().and_then(|p| p.canonicalize().ok()),
-    };
-    let write = |name: &str, text: String| -> Result<()> {
-        let p = out.join(name);
-        fs::write(&p, text).with_context(|| format!("writing {}", p.display()))
-    };
-    write("engine.json", serde_json::to_string_pretty(&manifest)?)?;
-    write("graph.ir", specc_ir::text::print(r.model.graph()))?;
+/// `--arch` names → archs, in order, each once.
+fn parse_archs(names: &[String]) -> Result<Vec<Arch>> {
+    let mut archs = Vec::new();
+    for n in names {
+        let a: Arch = n.trim().parse().map_err(|e| anyhow!("--arch: {e}"))?;
+        if !archs.contains(&a) {
+            archs.push(a);
+        }
+    }
+    if archs.is_empty() {
+        bail!("--arch: expected at least one of sm_90a, sm_100a, sm_120");
+    }
+    Ok(archs)
+}
 
-    // Every graph of the engine through codegen and kernel generation.
-    let t_plan = Instant::now();
-    let seed = a.random_weights.then_some(RANDOM_SEED);
-    let graphs = engine_graphs(&r.model, cfg.as_ref(), r.max_context, seed)?;
-    let mut plan = summary(r.model.graph(), r.max_context);
-    let mut kernels: Vec<KernelSource> = Vec::new();
-    let mut launches = 0;
-    let mut per_graph = String::new();
-    let mut reported = false;
-    for eg in graphs {
-        let name = eg.name;
-        let c = specc_codegen::compile(eg.graph, &[eg.bind]).with_context(|| name.clone())?;
-        // Work splits every target arch can run (e.g. shared memory per block).
-        let limits = DeviceLimits::of_archs(&archs);
-        let kplan = plan_kernels_for(&c.graph, &c.groups, &c.plans[0], limits)
-            .with_context(|| name.clone())?;
-        let _ = writeln!(
-            per_graph,
-            "{name}: {} launches, arena {} bytes",
-            kplan.launches.len(),
-            kplan.arena_bytes
-        );
-        if !reported && name.starts_with("decode step") {
-            // The first plain decode step: the report a reader of plan.txt looks for first.
-            reported = true;
-            plan.push_str(&c.report(&H200));
-            plan.push_str(&format!("groups ({name}):\n"));
-            plan.push_str(&describe_groups(&c.graph, &c.groups));
+/// The KV capacity: `--max-context`, else the spec's `max_context`, else the model's
+/// `max_position_embeddings`; 1..= the latter.
+fn max_context(model: &Model, flag: Option<u64>, cfg: Option<&SpecConfig>) -> Result<u64> {
+    let limit = model.spec().max_position as u64;
+    let expected = format!(
+        "expected 1..={limit} (max_position_embeddings of {})",
+        model.config_file().display()
+    );
+    if let Some(m) = flag {
+        if m == 0 || m > limit {
+            bail!("--max-context {m}: {expected}");
         }
-        launches += kplan.launches.len();
-        for l in kplan.launches {
-            if !kernels.iter().any(|k| k.name == l.kernel.name) {
-                kernels.push(l.kernel);
-            }
-        }
+        return Ok(m);
     }
-    let plan_s = t_plan.elapsed().as_secs_f64();
-    plan.push_str(&per_graph);
+    if let Some((c, m)) = cfg.and_then(|c| c.max_context.map(|m| (c, m))) {
+        if m == 0 || m > limit {
+            bail!(
+                "{}: field \"max_context\": {expected}, found {m}",
+                c.file.display()
+            );
+        }
+        return Ok(m);
+    }
+    Ok(limit)
+}
+
+/// Removes what an earlier compile into `out` left in `out/kernels` (cubins and sources of
+/// kernels this engine may no longer have).
+fn clear_previous(out: &Path) -> Result<()> {
     let kdir = out.join("kernels");
-    fs::create_dir_all(&kdir).with_context(|| format!("creating {}", kdir.display()))?;
-    for k in &kernels {
-        write(&format!("kernels/{}.cu", k.name), k.source.clone())?;
+    if !out.join(ENGINE_FILE).is_file() || !kdir.is_dir() {
+        return Ok(());
     }
-    let _ = writeln!(
-        plan,
-        "engine: {launches} launches over all graphs, {} distinct kernels in kernels/*.cu",
-        kernels.len()
-    );
-    let method = cfg.as_ref().map_or(Method::None, |c| c.method);
-    println!(
-        "{method:?} engine: {launches} launches, {} distinct kernels; IR → kernels {plan_s:.2} s",
-        kernels.len()
-    );
-    match Nvrtc::new() {
-        Ok(nvrtc) => {
-            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let t = Instant::now();
-            let refs: Vec<&KernelSource> = kernels.iter().collect();
-            let compiled = nvrtc.compile_many(&refs, &archs, threads)?;
-            let nvrtc_s = t.elapsed().as_secs_f64();
-            let _ = writeln!(
-                plan,
-                "| kernel | module | arch | registers | spill stores | spill loads | stack | smem |"
-            );
-            let _ = writeln!(plan, "|---|---|---|---|---|---|---|---|");
-            for m in &compiled {
-                for e in &m.entries {
-                    let st = PtxasStats::parse_entry(&m.compiled.log, e);
-                    let _ = writeln!(
-                        plan,
-                        "| {e} | {} | {} | {} | {} | {} | {} | {} |",
-                        m.name,
-                        m.compiled.arch.name(),
-                        st.registers,
-                        st.spill_stores,
-                        st.spill_loads,
-                        st.stack_bytes,
-                        st.smem_bytes,
-                    );
-                }
-            }
-            let _ = writeln!(plan, "| module | arch | kernels | compile ms |");
-            let _ = writeln!(plan, "|---|---|---|---|");
-            let mut cached = 0;
-            for m in &compiled {
-                let c = &m.compiled;
-                fs::write(
-                    kdir.join(format!("{}.{}.cubin", m.name, c.arch.name())),
-                    &c.cubin,
-                )?;
-                cached += c.cached as usize;
-                let _ = writeln!(
-                    plan,
-                    "| {} | {} | {} | {:.0}{} |",
-                    m.name,
-                    c.arch.name(),
-                    m.entries.len(),
-                    c.elapsed.as_secs_f64() * 1e3,
-                    if c.cached { " (cache)" } else { "" }
-                );
-            }
-            println!(
-                "compiled {} kernels as {} modules for {:?} in {nvrtc_s:.1} s on {threads} threads ({cached} from the cache; NVRTC {}.{})",
-                kernels.len(),
-                compiled.len(),
-                archs.iter().map(|a| a.name()).collect::<Vec<_>>(),
-                nvrtc.version().0,
-                nvrtc.version().1
-            );
-        }
-        Err(e) => {
-            let _ = writeln!(plan, "cubins not compiled: {e}");
-            println!("kernel sources written; cubins not compiled ({e})");
+    for entry in fs::read_dir(&kdir).with_context(|| format!("{}: cannot read", kdir.display()))? {
+        let p = entry
+            .with_context(|| format!("{}: cannot read", kdir.display()))?
+            .path();
+        let ours = p.extension().is_some_and(|e| e == "cubin" || e == "cu");
+        if ours && p.is_file() {
+            fs::remove_file(&p).with_context(|| format!("{}: cannot remove", p.display()))?;
         }
     }
-    write("plan.txt", plan)?;
-    print!("{}", summary(r.model.graph(), r.max_context));
+    Ok(())
+}
+
+fn canonical(p: &Path) -> PathBuf {
+    p.canonicalize().unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// Sorted, distinct token counts of `role` over every batch bucket.
+fn token_buckets(e: &Engine, role: GraphRole) -> Vec<u32> {
+    let mut ts: Vec<u32> = e
+        .plans
+        .iter()
+        .filter(|p| p.role == role)
+        .map(|p| p.bucket.t)
+        .collect();
+    ts.sort_unstable();
+    ts.dedup();
+    ts
+}
+
+fn list(xs: &[u32]) -> String {
+    xs.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub fn compile(a: CompileArgs) -> Result<()> {
+    let archs = parse_archs(a.archs)?;
+    let embedded_default = a.model.is_none();
+    let path = match a.model {
+        Some(p) => p,
+        None => embedded::default_model_dir()?,
+    };
+    // The embedded default compiles with its own spec (as `specc run` runs it) unless a
+    // spec is named; random weights build plain decoding, as `specc run` does.
+    let spec_file = match a.spec {
+        Some(s) => Some(s.to_path_buf()),
+        None if embedded_default && !a.random_weights => Some(path.join(embedded::SPEC_FILE)),
+        None => None,
+    };
+    let model = if a.random_weights {
+        Model::open_random(&path, RANDOM_SEED)?
+    } else {
+        if path.join(ENGINE_FILE).is_file() {
+            bail!(
+                "{}: an engine directory, not a model (compile a model directory)",
+                path.display()
+            );
+        }
+        if !path.is_dir() {
+            bail!("{}: no such model directory", path.display());
+        }
+        Model::open(&path)?
+    };
+    let cfg = spec_file
+        .as_deref()
+        .map(SpecConfig::from_file)
+        .transpose()?;
+    let max_context = max_context(&model, a.max_context, cfg.as_ref())?;
+
+    let out = a.out;
+    if out.exists() && !out.is_dir() {
+        bail!("{}: exists and is not a directory", out.display());
+    }
+    fs::create_dir_all(out).with_context(|| format!("{}: cannot create", out.display()))?;
+    // Checkpoint directories as the engine names them: the embedded default's materialised
+    // copy as `embedded/...`, others relative to the engine where they lie below it.
+    let default_dir = embedded_default.then(|| canonical(&path));
+    let relative = dir_ref(out);
+    let name_dir = |dir: &Path| -> PathBuf {
+        if let Some(d) = &default_dir {
+            if let Ok(rest) = canonical(dir).strip_prefix(d) {
+                return match rest.as_os_str().is_empty() {
+                    true => PathBuf::from("embedded"),
+                    false => Path::new("embedded").join(rest),
+                };
+            }
+        }
+        relative(dir)
+    };
+    let seed = a.random_weights.then_some(RANDOM_SEED);
+    let (input, _bundle) = engine_input(
+        &model,
+        cfg.as_ref(),
+        max_context,
+        seed,
+        &EngineExtras::default(),
+        &name_dir,
+    )?;
+    let target = Target::for_archs(&archs);
+    let require = std::env::var("SPECC_REQUIRE_NVRTC").as_deref() == Ok("1");
+    let opts = BuildOptions {
+        cubins: if require {
+            Cubins::Require
+        } else {
+            Cubins::IfAvailable
+        },
+        ..BuildOptions::default()
+    };
+    let Built {
+        engine,
+        sources,
+        plan_s,
+        nvrtc_s,
+        cached_modules,
+        nvrtc_version,
+    } = match build(input, &target, &opts) {
+        Err(CodegenError::Nvrtc(e)) if require => bail!("SPECC_REQUIRE_NVRTC=1: {e}"),
+        r => r?,
+    };
+
+    clear_previous(out)?;
+    engine.write_dir(out)?;
+    let plan = out.join(PLAN_FILE);
+    fs::write(&plan, plan_report(&engine, Some(&sources)))
+        .with_context(|| format!("{}: cannot write", plan.display()))?;
+    for k in &sources {
+        let p = out.join("kernels").join(format!("{}.cu", k.name));
+        fs::write(&p, &k.source).with_context(|| format!("{}: cannot write", p.display()))?;
+    }
+
+    let mut methods = vec![engine.plain.label.clone()];
+    methods.extend(engine.spec.as_ref().map(|c| c.label.clone()));
+    let what = match embedded_default {
+        true => "the embedded default model".to_string(),
+        false => path.display().to_string(),
+    };
     println!(
-        "engine compiled in {:.1} s (IR → cubins); wrote {}",
-        t_all.elapsed().as_secs_f64(),
-        out.display()
+        "compiled {what} ({}) for {}: {}",
+        engine.architecture,
+        archs
+            .iter()
+            .map(|a| a.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+        methods.join(" + ")
     );
-    print!(
-        "engine baked into this binary at build time:\n{}",
-        crate::baked::SUMMARY
+    println!("max context: {}", engine.max_context);
+    println!("batch buckets: {}", list(&engine.batch_buckets()));
+    let mut roles: Vec<GraphRole> = Vec::new();
+    for c in [Some(&engine.plain), engine.spec.as_ref()]
+        .into_iter()
+        .flatten()
+    {
+        for r in [c.target_prefill, c.step]
+            .into_iter()
+            .chain(c.draft_prefill)
+        {
+            if !roles.contains(&r) {
+                roles.push(r);
+            }
+        }
+    }
+    let per_role: Vec<String> = roles
+        .iter()
+        .map(|&r| format!("{r} [{}]", list(&token_buckets(&engine, r))))
+        .collect();
+    println!("token buckets: {}", per_role.join("; "));
+    let launches: usize = engine.plans.iter().map(|p| p.launches.len()).sum();
+    let cubins: usize = engine.modules.iter().map(|m| m.cubins.len()).sum();
+    println!(
+        "{} bucket plans, {launches} launches; {} kernels, {} modules, {cubins} cubins",
+        engine.plans.len(),
+        engine.kernels.len(),
+        engine.modules.len()
     );
+    let nvrtc = match nvrtc_version {
+        Some((major, minor)) => format!(
+            "NVRTC {nvrtc_s:.2} s ({cached_modules} of {} modules from its cache; NVRTC {major}.{minor})",
+            engine.modules.len()
+        ),
+        None => "NVRTC not run".to_string(),
+    };
+    println!("timings: IR → kernels {plan_s:.2} s, {nvrtc}");
+    println!("wrote {}", out.display());
+    if cubins == 0 {
+        let why = engine
+            .uncompiled
+            .as_deref()
+            .unwrap_or("no kernels were compiled");
+        eprintln!("warning: the engine has no cubins ({why}): it will run on the CPU backend only");
+    }
     Ok(())
 }

@@ -1,52 +1,27 @@
-//! The engine directory: what `specc compile` writes and `run`/`inspect` read.
-//!
-//! Layout: `engine.json` (format version, model directory, max context), `graph.ir` (the IR
-//! text after lowering) and `plan.txt` (a human-readable summary).
+//! How the CLI obtains an engine and the checkpoints its weights come from: an engine
+//! directory (`specc compile`'s output), the engine baked into this binary (the embedded
+//! default), or one built in memory by the same build for the device (or the CPU) that
+//! runs it. Everything downstream executes the engine; nothing re-lowers or re-plans.
 
-use std::fs;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
-use serde::{Deserialize, Serialize};
-use specc_models::Model;
+use specc_codegen::{build, BuildOptions, Built, Cubins};
+use specc_ir::engine::{CheckpointRef, Engine, GraphRole, Target, ENGINE_FILE};
+use specc_ir::interp::Tensor;
+use specc_models::spec_bundle::{engine_input, random_draft, EngineExtras};
+use specc_models::{Checkpoint, Model, ModelSpec, SpecConfig};
+use specc_runtime::EngineGraphs;
 
 use crate::embedded;
 
-pub const FORMAT_VERSION: u32 = 1;
+/// Seed of `--random-weights`.
+pub const RANDOM_SEED: u64 = 0x5eed;
 
-#[derive(Serialize, Deserialize, Debug)]
-pub struct EngineManifest {
-    pub format_version: u32,
-    /// Absolute path of the model directory the engine was compiled from (weights and
-    /// tokenizer are read from there).
-    pub model_dir: PathBuf,
-    pub max_context: u64,
-    pub architecture: String,
-    /// Compiled with `--random-weights`: running it synthesises the same weights.
-    #[serde(default)]
-    pub random_weights: bool,
-    /// The config the engine was compiled from (a directory's config.json, or a file).
-    #[serde(default)]
-    pub config: Option<PathBuf>,
-}
-
-impl EngineManifest {
-    pub fn read(engine: &Path) -> Result<Self> {
-        let path = engine.join("engine.json");
-        let text = fs::read_to_string(&path)
-            .with_context(|| format!("{}: not an engine directory", path.display()))?;
-        let m: EngineManifest = serde_json::from_str(&text)
-            .map_err(|e| anyhow!("{}: malformed engine manifest: {e}", path.display()))?;
-        if m.format_version != FORMAT_VERSION {
-            bail!(
-                "{}: field \"format_version\": expected {FORMAT_VERSION}, found {} (recompile the engine)",
-                path.display(),
-                m.format_version
-            );
-        }
-        Ok(m)
-    }
-}
+/// The name an engine gives the embedded default model's directory.
+const EMBEDDED: &str = "embedded";
 
 /// What the user named on the command line: a model or engine directory (or the embedded
 /// default when absent), and whether to synthesise its weights.
@@ -63,92 +38,301 @@ impl Source {
             random_weights,
         }
     }
-}
 
-/// Seed of `--random-weights`.
-pub const RANDOM_SEED: u64 = 0x5eed;
-
-/// A model resolved from a CLI argument: a model dir, an engine dir, or the embedded default.
-pub struct Resolved {
-    pub model: Model,
-    /// The path the model was read from (a directory, or a config file with
-    /// `--random-weights`).
-    pub source_path: Option<PathBuf>,
-    pub model_dir: PathBuf,
-    pub max_context: u64,
-}
-
-/// Opens what the user named. An engine's IR is checked against a fresh lowering of its
-/// model so a stale engine is an error rather than silently different.
-pub fn resolve(src: Source, max_context: Option<u64>) -> Result<Resolved> {
-    if src.random_weights {
-        let path = match src.path {
-            Some(p) => p,
-            None => embedded::default_model_dir()?,
-        };
-        let model = Model::open_random(&path, RANDOM_SEED)?;
-        let model_dir = model.dir().to_path_buf();
-        let mut r = finish(model, model_dir, max_context, None)?;
-        r.source_path = Some(path);
-        return Ok(r);
+    /// Whether the path is an engine directory.
+    pub fn is_engine(&self) -> bool {
+        self.path
+            .as_ref()
+            .is_some_and(|p| p.join(ENGINE_FILE).is_file())
     }
-    let (model_dir, engine_ctx, engine_ir) = match src.path {
-        None => (embedded::default_model_dir()?, None, None),
-        Some(p) if p.join("engine.json").is_file() => {
-            let m = EngineManifest::read(&p)?;
-            if m.random_weights {
-                let cfg = m.config.clone().unwrap_or_else(|| m.model_dir.clone());
-                let model = Model::open_random(&cfg, RANDOM_SEED)?;
-                let ir = fs::read_to_string(p.join("graph.ir"))
-                    .with_context(|| format!("{}: cannot read", p.join("graph.ir").display()))?;
-                return finish(
-                    model,
-                    m.model_dir,
-                    max_context.or(Some(m.max_context)),
-                    Some(ir),
-                );
-            }
-            let ir_path = p.join("graph.ir");
-            let ir = fs::read_to_string(&ir_path)
-                .with_context(|| format!("{}: cannot read", ir_path.display()))?;
-            (m.model_dir, Some(m.max_context), Some(ir))
-        }
-        Some(p) => {
-            if !p.is_dir() {
-                bail!("{}: no such model or engine directory", p.display());
-            }
-            (p, None, None)
-        }
-    };
-    let model = Model::open(&model_dir)?;
-    finish(model, model_dir, max_context.or(engine_ctx), engine_ir)
 }
 
-fn finish(
-    model: Model,
-    model_dir: PathBuf,
-    max_context: Option<u64>,
-    engine_ir: Option<String>,
-) -> Result<Resolved> {
-    if let Some(ir) = engine_ir {
-        if specc_ir::text::print(model.graph()) != ir {
+/// What an in-memory build is asked for.
+pub struct Want<'a> {
+    pub spec: Option<&'a SpecConfig>,
+    pub max_context: Option<u64>,
+    pub target: Target,
+    pub extras: EngineExtras,
+}
+
+/// An engine ready to run, and the checkpoints its weights come from.
+pub struct Ready {
+    pub engine: Engine,
+    /// The target's directory (config.json, tokenizer).
+    pub model_dir: PathBuf,
+    /// The target's resolved config (BOS/EOS, vocabulary).
+    pub spec: ModelSpec,
+    /// Checkpoints by graph-name prefix (`""` for the target).
+    pub checkpoints: Vec<(String, Checkpoint)>,
+    /// Where the engine came from, for the run's first line.
+    pub origin: String,
+}
+
+impl Ready {
+    /// Every weight of `roles`' graphs as interpreter tensors.
+    pub fn cpu_weights(
+        &self,
+        graphs: &EngineGraphs,
+        roles: &[GraphRole],
+    ) -> Result<HashMap<String, Tensor>> {
+        let mut out = HashMap::new();
+        for &r in roles {
+            for (_, name, _) in graphs.get(r)?.weights() {
+                if out.contains_key(name) {
+                    continue;
+                }
+                let (prefix, ck) = self.source_of(name)?;
+                out.insert(name.to_string(), ck.load_f32(&name[prefix.len()..])?);
+            }
+        }
+        Ok(out)
+    }
+
+    fn source_of(&self, name: &str) -> Result<(&str, &Checkpoint)> {
+        self.checkpoints
+            .iter()
+            .filter(|(p, _)| name.starts_with(p.as_str()))
+            .max_by_key(|(p, _)| p.len())
+            .map(|(p, c)| (p.as_str(), c))
+            .ok_or_else(|| anyhow!("weight `{name}` is in no checkpoint of the engine"))
+    }
+
+    #[cfg(feature = "cuda")]
+    pub fn weight_sources(&self) -> specc_runtime::cuda::WeightSources<'_> {
+        specc_runtime::cuda::WeightSources {
+            sources: self
+                .checkpoints
+                .iter()
+                .map(|(p, c)| (p.as_str(), c))
+                .collect(),
+        }
+    }
+}
+
+/// The target of the device that will run the engine (GPU 0), or the CPU.
+pub fn target_for(cuda: bool) -> Result<Target> {
+    if !cuda {
+        return Ok(Target::cpu());
+    }
+    #[cfg(feature = "cuda")]
+    {
+        let dev = specc_runtime::cuda::CudaDevice::open(0)?;
+        let info = dev.info();
+        let (major, minor) = info.compute_capability;
+        let arch = specc_ir::engine::Arch::of_capability(major, minor).ok_or_else(|| {
+            anyhow!(
+                "{} (compute capability {major}.{minor}) is not a GPU specc compiles for (sm_90a, sm_100a, sm_120)",
+                info.name
+            )
+        })?;
+        Ok(Target::for_device(
+            arch,
+            info.sm_count,
+            info.max_smem_per_block_optin,
+            &info.name,
+        ))
+    }
+    #[cfg(not(feature = "cuda"))]
+    Err(super::gpu::unavailable())
+}
+
+/// The engine named by `src`, or built for `want`.
+pub fn ready(src: Source, want: Want) -> Result<Ready> {
+    if src.is_engine() {
+        let dir = src.path.clone().expect("an engine source has a path");
+        if let Some(c) = want.spec {
             bail!(
-                "engine graph.ir differs from a fresh lowering of {} (recompile the engine)",
-                model_dir.display()
+                "--spec {}: an engine carries the spec it was built from; pass a model directory to speculate otherwise",
+                c.file.display()
             );
         }
+        let engine = Engine::read_dir(&dir)?;
+        if let Some(m) = want.max_context.filter(|&m| m != engine.max_context) {
+            bail!(
+                "--max-context {m}: {} was built for a context of {} tokens (rebuild it with --max-context {m})",
+                dir.display(),
+                engine.max_context
+            );
+        }
+        return open_engine(engine, &dir, format!("engine {}", dir.display()));
     }
-    let limit = model.spec().max_position as u64;
-    let max_context = max_context.unwrap_or(limit);
-    if max_context == 0 || max_context > limit {
-        bail!(
-            "--max-context {max_context}: expected 1..={limit} (the model's max_position_embeddings)"
-        );
+    if src.path.is_none() && !src.random_weights {
+        if let Some(e) = baked_fits(&want)? {
+            let what = crate::baked::SUMMARY.lines().next().unwrap_or_default();
+            return open_engine(e, Path::new("."), format!("baked into this binary: {what}"));
+        }
     }
-    Ok(Resolved {
-        source_path: None,
-        model,
-        model_dir,
+    build_for(src, want)
+}
+
+/// The baked engine, when it is what `want` asks for.
+fn baked_fits(want: &Want) -> Result<Option<Engine>> {
+    let Some(engine) = crate::baked::engine()? else {
+        return Ok(None);
+    };
+    let default_spec = std::fs::read_to_string(
+        embedded::default_model_dir()?.join(embedded::SPEC_FILE),
+    )
+    .ok();
+    let spec_ok = match want.spec {
+        None => true,
+        Some(c) => Some(&c.text) == default_spec.as_ref() && engine.spec_toml == default_spec,
+    };
+    let ctx_ok = want.max_context.is_none_or(|m| m == engine.max_context);
+    let target_ok = !want.target.has_kernels()
+        || want.target.archs.iter().all(|a| {
+            engine.target.archs.contains(a)
+                && engine.uncompiled.is_none()
+                && engine.target.sms == want.target.sms
+                && engine.target.smem_per_block <= want.target.smem_per_block
+        });
+    Ok((spec_ok && ctx_ok && target_ok && want.extras.verify_tokens.is_empty()).then_some(engine))
+}
+
+/// A model directory (or config, with random weights) built in memory for `want`.
+pub fn build_for(src: Source, want: Want) -> Result<Ready> {
+    let seed = src.random_weights.then_some(RANDOM_SEED);
+    let path = match src.path {
+        Some(p) => p,
+        None => embedded::default_model_dir()?,
+    };
+    let model = match seed {
+        Some(s) => Model::open_random(&path, s)?,
+        None => {
+            if !path.is_dir() {
+                bail!("{}: no such model or engine directory", path.display());
+            }
+            Model::open(&path)?
+        }
+    };
+    let max_context = max_context_for(&model, want.max_context.or(want.spec.and_then(|c| c.max_context)))?;
+    let t = Instant::now();
+    let (input, bundle) = engine_input(
+        &model,
+        want.spec,
         max_context,
+        seed,
+        &want.extras,
+        &|p: &Path| p.to_path_buf(),
+    )?;
+    let opts = BuildOptions {
+        cubins: Cubins::Require,
+        ..BuildOptions::default()
+    };
+    let Built { engine, .. } = build(input, &want.target, &opts)?;
+    let origin = if want.target.has_kernels() {
+        format!(
+            "built in memory for {} in {:.2} s",
+            want.target.device,
+            t.elapsed().as_secs_f64()
+        )
+    } else {
+        "built in memory".to_string()
+    };
+    let model_dir = model.dir().to_path_buf();
+    let spec = model.spec().clone();
+    let mut checkpoints = vec![(String::new(), model.into_checkpoint())];
+    if let Some(b) = bundle {
+        checkpoints.push((b.prefix.to_string(), b.draft_checkpoint));
+    }
+    Ok(Ready {
+        engine,
+        model_dir,
+        spec,
+        checkpoints,
+        origin,
     })
+}
+
+fn max_context_for(model: &Model, asked: Option<u64>) -> Result<u64> {
+    let limit = model.spec().max_position as u64;
+    let m = asked.unwrap_or(limit);
+    if m == 0 || m > limit {
+        bail!("--max-context {m}: expected 1..={limit} (the model's max_position_embeddings)");
+    }
+    Ok(m)
+}
+
+/// Where a recorded checkpoint directory is now: relative to the engine directory, or the
+/// embedded default's materialised copy.
+fn locate(r: &Path, engine_dir: &Path) -> Result<PathBuf> {
+    if let Ok(rest) = r.strip_prefix(EMBEDDED) {
+        return Ok(embedded::default_model_dir()?.join(rest));
+    }
+    Ok(if r.is_absolute() {
+        r.to_path_buf()
+    } else {
+        engine_dir.join(r)
+    })
+}
+
+/// The name an engine in `engine_dir` records for `dir`: relative where it lies below the
+/// engine directory, absolute otherwise.
+pub fn dir_ref(engine_dir: &Path) -> impl Fn(&Path) -> PathBuf + '_ {
+    move |dir: &Path| {
+        let abs = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+        let base = engine_dir
+            .canonicalize()
+            .unwrap_or_else(|_| engine_dir.to_path_buf());
+        match abs.strip_prefix(&base) {
+            Ok(rel) => rel.to_path_buf(),
+            Err(_) => abs,
+        }
+    }
+}
+
+/// Opens the checkpoints an engine records and checks they are the ones it was built from.
+fn open_engine(engine: Engine, engine_dir: &Path, origin: String) -> Result<Ready> {
+    let target_ref = engine
+        .checkpoints
+        .iter()
+        .find(|c| c.prefix.is_empty())
+        .ok_or_else(|| anyhow!("{}: the engine names no target checkpoint", engine_dir.join(ENGINE_FILE).display()))?;
+    let model_dir = locate(&target_ref.dir, engine_dir)?;
+    let mut checkpoints = Vec::new();
+    let spec = match engine.random_seed {
+        Some(seed) => {
+            let config = target_ref
+                .config
+                .as_ref()
+                .map(|c| locate(c, engine_dir))
+                .transpose()?
+                .unwrap_or_else(|| model_dir.join("config.json"));
+            let model = Model::open_random(&config, seed)?;
+            let spec = model.spec().clone();
+            checkpoints.push((String::new(), model.into_checkpoint()));
+            for r in engine.checkpoints.iter().filter(|c| !c.prefix.is_empty()) {
+                checkpoints.push((r.prefix.clone(), random_for(&engine, r, engine_dir, seed)?));
+            }
+            spec
+        }
+        None => {
+            let spec = ModelSpec::from_file(&model_dir.join("config.json"))?;
+            for r in &engine.checkpoints {
+                let dir = locate(&r.dir, engine_dir)?;
+                let ck = Checkpoint::open(&dir)
+                    .with_context(|| format!("checkpoint of {}", engine_dir.display()))?;
+                ck.matches(r)?;
+                checkpoints.push((r.prefix.clone(), ck));
+            }
+            spec
+        }
+    };
+    Ok(Ready {
+        engine,
+        model_dir,
+        spec,
+        checkpoints,
+        origin,
+    })
+}
+
+/// A draft's random checkpoint, synthesised as the build did (from the graphs' weights).
+fn random_for(engine: &Engine, r: &CheckpointRef, engine_dir: &Path, seed: u64) -> Result<Checkpoint> {
+    let dir = locate(&r.dir, engine_dir)?;
+    let step = engine
+        .graph_ir(GraphRole::SpecStep)
+        .ok_or_else(|| anyhow!("the engine has a draft but no spec step"))?;
+    let g = specc_ir::text::parse(step)?;
+    Ok(random_draft(&dir, &g, &r.prefix, seed))
 }

@@ -1,12 +1,14 @@
+//! `specc inspect`: an engine directory's plan report (what `plan.txt` holds), then every
+//! graph's op counts, parameter and KV bytes, and IR text.
+
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::fs;
 use std::path::Path;
 
-use anyhow::{Context, Result};
-use specc_ir::{Bindings, Graph, Op};
-
-use super::engine::EngineManifest;
+use anyhow::{anyhow, Result};
+use specc_codegen::plan_report;
+use specc_ir::engine::{Engine, ENGINE_FILE};
+use specc_ir::{Bindings, Graph};
 
 /// Op counts, parameter bytes and KV bytes of a graph, for one sequence of `max_context`.
 pub fn summary(g: &Graph, max_context: u64) -> String {
@@ -34,36 +36,27 @@ pub fn summary(g: &Graph, max_context: u64) -> String {
     s
 }
 
+/// Prints the engine's plan report, then each graph's summary and IR text.
 pub fn inspect(engine: &Path) -> Result<()> {
-    let m = EngineManifest::read(engine)?;
-    let ir_path = engine.join("graph.ir");
-    let ir = fs::read_to_string(&ir_path)
-        .with_context(|| format!("{}: cannot read", ir_path.display()))?;
-    let g = specc_ir::text::parse(&ir).with_context(|| format!("{}", ir_path.display()))?;
-    specc_ir::verify(&g).with_context(|| format!("{}", ir_path.display()))?;
-    println!("engine {} ({})", engine.display(), m.architecture);
-    println!("model: {}", m.model_dir.display());
-    println!("max context: {}", m.max_context);
-    print!("{}", summary(&g, m.max_context));
-    println!(
-        "per-op shapes and bytes at B=1, T=1, Ctx={}:",
-        m.max_context
-    );
-    let bind = Bindings::new(1, 1, m.max_context);
-    for (id, n) in g.nodes() {
-        let what = match &n.op {
-            Op::Input { name, .. } | Op::Weight { name, .. } | Op::State { name, .. } => {
-                format!("{} \"{name}\"", n.op.info().name)
-            }
-            op => op.info().name.to_string(),
-        };
-        let bytes = n.ty.bytes(&bind).unwrap_or(0);
-        println!(
-            "  {id:<6} {what:<58} {:<24} {bytes:>12} B",
-            n.ty.to_string()
-        );
+    let e = Engine::read_dir(engine)?;
+    println!("engine {}", engine.display());
+    print!("{}", plan_report(&e, None));
+    for g in &e.graphs {
+        let parsed = specc_ir::text::parse(&g.ir).map_err(|err| {
+            anyhow!(
+                "{}: graph `{}`: {err}",
+                engine.join(ENGINE_FILE).display(),
+                g.role
+            )
+        })?;
+        println!();
+        println!("== graph {} ==", g.role);
+        print!("{}", summary(&parsed, e.max_context));
+        println!("IR:");
+        print!("{}", g.ir);
+        if !g.ir.ends_with('\n') {
+            println!();
+        }
     }
-    println!("IR:");
-    print!("{ir}");
     Ok(())
 }

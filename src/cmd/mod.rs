@@ -78,15 +78,16 @@ pub fn dispatch(cli: Cli) -> Result<()> {
                 (_, spec, _) => spec,
             };
             let src = engine::Source::new(model, random_weights);
-            run::run(
-                src,
-                spec.as_deref(),
-                &prompt,
+            run::run(run::RunArgs {
+                model: src,
+                spec_file: spec.as_deref(),
+                no_spec,
+                prompt: &prompt,
                 max_tokens,
                 backend,
                 max_context,
-                ids_out.as_deref(),
-            )
+                ids_out: ids_out.as_deref(),
+            })
         }
         Command::Logits {
             model,

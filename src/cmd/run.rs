@@ -1,118 +1,97 @@
 //! `specc run`: generate text from a prompt, plain or speculative, on either backend. Both
-//! backends run the same graphs: a prefill, then one step graph per step (k draft tokens
-//! + verify + accept + commit + emit; k = 0 without `--spec`).
+//! backends execute the same engine: its prefill, then one step graph per step (k draft
+//! tokens + verify + accept + commit + emit; k = 0 without a spec or with `--no-spec`).
 
 use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use specc_models::spec_step::lower_plain_greedy;
-use specc_models::{Method, SpecBundle, SpecConfig};
-use specc_runtime::{SpecCpuSession, SpecGraphs, Speculator};
+use specc_models::spec_bundle::EngineExtras;
+use specc_models::{Method, SpecConfig};
+use specc_runtime::{EngineGraphs, SpecCpuSession, SpecGraphs, Speculator};
 
-use super::engine::{resolve, Resolved, Source};
+use super::engine::{ready, target_for, Ready, Source, Want};
 use crate::cli::Backend;
 use crate::text::{Streamer, TextCodec};
 
-use specc_models::spec_bundle::DECODE_RING;
+pub struct RunArgs<'a> {
+    pub model: Source,
+    pub spec_file: Option<&'a Path>,
+    /// Decode plainly even when the engine has a speculative method.
+    pub no_spec: bool,
+    pub prompt: &'a str,
+    pub max_tokens: usize,
+    pub backend: Backend,
+    pub max_context: Option<u64>,
+    pub ids_out: Option<&'a Path>,
+}
 
-pub fn run(
-    model: Source,
-    spec_file: Option<&Path>,
-    prompt: &str,
-    max_tokens: usize,
-    backend: Backend,
-    max_context: Option<u64>,
-    ids_out: Option<&Path>,
-) -> Result<()> {
-    let cfg = spec_file.map(SpecConfig::from_file).transpose()?;
+pub fn run(a: RunArgs) -> Result<()> {
+    let cfg = a.spec_file.map(SpecConfig::from_file).transpose()?;
     let cfg = cfg.filter(|c| c.method != Method::None);
-    let r = resolve(
-        model,
-        max_context.or(cfg.as_ref().and_then(|c| c.max_context)),
+    let cuda = a.backend == Backend::Cuda;
+    let r = ready(
+        a.model,
+        Want {
+            spec: cfg.as_ref(),
+            max_context: a.max_context,
+            target: target_for(cuda)?,
+            extras: EngineExtras::default(),
+        },
     )?;
+    let speculative = r.engine.spec.is_some() && !a.no_spec;
+    let contract = r.engine.contract(speculative).clone();
     let codec = TextCodec::open(&r.model_dir)?;
-    let spec = r.model.spec();
     let mut ids = Vec::new();
-    if let Some(bos) = spec.bos_token_id {
+    if let Some(bos) = r.spec.bos_token_id {
         ids.push(bos);
     }
-    ids.extend(codec.encode(prompt)?);
-    // Cache slots one verify writes past the sequence, minus one.
-    let k = cfg.as_ref().map_or(0, SpecConfig::verify_margin);
-    if ids.len() + k + 3 > r.max_context as usize {
+    ids.extend(codec.encode(a.prompt)?);
+    let k = contract.num_steps;
+    let max_context = r.engine.max_context;
+    if ids.len() + k + 3 > max_context as usize {
         bail!(
             "--prompt: {} tokens (+{} for drafting) exceed the maximum context of {} tokens",
             ids.len(),
             k + 3,
-            r.max_context
+            max_context
         );
     }
-    let label = match &cfg {
-        Some(c) => match c.tree {
-            Some(t) if c.method == Method::Eagle3 => format!(
-                "{backend:?}, {:?} tree depth={} num_draft_tokens={} topk={}",
-                c.method, c.num_steps, t.budget, t.topk
-            ),
-            Some(t) => format!(
-                "{backend:?}, {:?} depth={} budget={} topk={}",
-                c.method, c.num_steps, t.budget, t.topk
-            ),
-            None => format!("{backend:?}, {:?} k={k}", c.method),
-        },
-        None => format!("{backend:?}"),
+    let backend = match a.backend {
+        Backend::Cpu => "cpu",
+        Backend::Cuda => "cuda",
     };
-    let bundle = cfg
-        .as_ref()
-        .map(|c| SpecBundle::open(&r.model, c))
-        .transpose()?;
-    let plain = match &bundle {
-        None => Some(lower_plain_greedy(spec, DECODE_RING)?),
-        Some(_) => None,
+    let label = format!("{backend}, {}", contract.label);
+    eprintln!("[{label}] engine: {}", r.origin);
+    let out = Out {
+        r: &r,
+        codec: &codec,
+        ids: &ids,
+        prompt: a.prompt,
+        max_tokens: a.max_tokens,
+        label: &label,
+        ids_out: a.ids_out,
     };
-    match backend {
+    match a.backend {
         Backend::Cpu => {
-            let weights = match &bundle {
-                Some(b) => b.load_weights_f32(&r.model)?,
-                None => r.model.load_weights_f32(),
-            };
-            let graphs = match (&bundle, &plain) {
-                (Some(b), _) => SpecGraphs::of(b),
-                (None, Some((pre, step))) => SpecGraphs::plain(pre, step, DECODE_RING as usize),
-                (None, None) => unreachable!("plain graphs exist without a bundle"),
-            };
-            let mut s = SpecCpuSession::new(graphs, &weights, 1, r.max_context);
-            generate(
-                &mut s, &r, &codec, &ids, prompt, max_tokens, &label, ids_out,
-            )
+            let graphs = EngineGraphs::parse(&r.engine)?;
+            let sg = SpecGraphs::from_engine(&contract, &graphs)?;
+            let weights = r.cpu_weights(&graphs, &contract.roles())?;
+            let mut s = SpecCpuSession::new(sg, &weights, 1, max_context);
+            generate(&mut s, &out)
         }
         Backend::Cuda => {
             #[cfg(feature = "cuda")]
             {
-                use super::gpu;
-                let mut s = match (&bundle, &plain) {
-                    (Some(b), _) => gpu::spec_session(&r.model, b, 1, r.max_context)?,
-                    (None, Some((prefill, step))) => gpu::decode_session(
-                        &r.model,
-                        prefill,
-                        step,
-                        1,
-                        r.max_context,
-                        DECODE_RING as usize,
-                    )?,
-                    (None, None) => unreachable!("plain graphs exist without a bundle"),
-                };
+                let sources = r.weight_sources();
+                let mut s =
+                    specc_runtime::cuda::CudaSpecSession::new(&r.engine, speculative, &sources, 1)?;
                 eprintln!(
-                    "[cuda] {} cubins baked into this binary; step graph: {} kernels in one captured graph (codegen {:.2} s, nvrtc/cache {:.2} s)",
-                    crate::baked::PREBUILT.len(),
+                    "[cuda] step graph: {} kernels in one captured graph",
                     s.step_plan().launches.len(),
-                    s.step_compile_s.0,
-                    s.step_compile_s.1
                 );
-                let res = generate(
-                    &mut s, &r, &codec, &ids, prompt, max_tokens, &label, ids_out,
-                );
+                let res = generate(&mut s, &out);
                 eprintln!(
                     "[cuda] graph launches: {} for {} steps",
                     s.engine.dev.counters().graph_launches(),
@@ -128,20 +107,23 @@ pub fn run(
     }
 }
 
-/// The host loop: admit, then step / drain / print until EOS, the budget or the context ends.
-#[allow(clippy::too_many_arguments)]
-fn generate(
-    s: &mut dyn Speculator,
-    r: &Resolved,
-    codec: &TextCodec,
-    ids: &[u32],
-    prompt: &str,
+/// What the host loop prints and where.
+struct Out<'a> {
+    r: &'a Ready,
+    codec: &'a TextCodec,
+    ids: &'a [u32],
+    prompt: &'a str,
     max_tokens: usize,
-    label: &str,
-    ids_out: Option<&Path>,
-) -> Result<()> {
+    label: &'a str,
+    ids_out: Option<&'a Path>,
+}
+
+/// The host loop: admit, then step / drain / print until EOS, the budget or the context ends.
+fn generate(s: &mut dyn Speculator, o: &Out) -> Result<()> {
+    let (codec, ids, prompt, max_tokens, label, ids_out) =
+        (o.codec, o.ids, o.prompt, o.max_tokens, o.label, o.ids_out);
     let mut all = Vec::new();
-    let eos = &r.model.spec().eos_token_ids;
+    let eos = &o.r.spec.eos_token_ids;
     let mut streamer = Streamer::new(codec);
     let mut out = std::io::stdout().lock();
     write!(out, "{prompt}")?;

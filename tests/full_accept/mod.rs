@@ -53,7 +53,7 @@ const GAIN: f32 = 2.0;
 pub const BLOCK_SIZE: usize = 8;
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+    crate::common::repo_path("tests/fixtures")
 }
 
 /// The family in a temporary directory: `target/`, `dflash/`, `eagle3/`.
@@ -179,11 +179,15 @@ impl Family {
         Model::open(self.target_dir()).unwrap()
     }
 
-    /// A bundle from spec.toml `body` (drafts are `../dflash` and `../eagle3`).
+    /// The spec.toml `body` (drafts are `../dflash` and `../eagle3`), as if next to the
+    /// target.
+    pub fn config(&self, body: &str) -> SpecConfig {
+        SpecConfig::from_toml(&self.target_dir().join("spec.full-accept.toml"), body).unwrap()
+    }
+
+    /// A bundle from spec.toml `body` ([`Family::config`]).
     pub fn bundle(&self, target: &Model, body: &str) -> SpecBundle {
-        let cfg =
-            SpecConfig::from_toml(&self.target_dir().join("spec.full-accept.toml"), body).unwrap();
-        SpecBundle::open(target, &cfg).unwrap()
+        SpecBundle::open(target, &self.config(body)).unwrap()
     }
 }
 
@@ -380,8 +384,8 @@ pub struct Plan {
 
 impl Plan {
     pub fn new(b: &SpecBundle, depth: usize, lanes: usize) -> Plan {
-        let graphs = SpecGraphs::of(b);
-        assert_eq!(graphs.max_accept(), depth, "the bundle's deepest path");
+        let contract = b.contract();
+        assert_eq!(contract.max_accept(), depth, "the bundle's deepest path");
         let prompts: Vec<Vec<u32>> = (0..lanes)
             .map(|i| {
                 (0..5 + 14 * i)
@@ -397,9 +401,9 @@ impl Plan {
         Plan {
             prompts,
             depth,
-            margin: graphs.num_steps,
+            margin: contract.num_steps,
             max_new,
-            ctx: graphs.num_steps + 81,
+            ctx: contract.num_steps + 81,
             at_capacity,
         }
     }
@@ -542,24 +546,42 @@ fn rel_max(got: &[f32], want: &[f32]) -> f64 {
 #[cfg(feature = "cuda")]
 pub type PlainDecode = fn(&Model, &[Vec<u32>], usize, u64) -> Vec<Vec<u32>>;
 
-/// [`Plan::check`] of `b` at `lanes` on the device against `plain`.
+/// An engine for the detected GPU (`gpu_common::build_engine`): target, spec, batch
+/// buckets, KV slots; the engine and the bundle it opened.
+#[cfg(feature = "cuda")]
+pub type BuildEngine =
+    fn(&Model, Option<&SpecConfig>, &[u32], u64) -> (specc_ir::engine::Engine, Option<SpecBundle>);
+
+/// [`Plan::check`] of the method of `cfg` (deepest path `depth`) at `lanes` on the device:
+/// an engine built by `build` for the plan's KV capacity at batch `lanes`, against `plain`.
 #[cfg(feature = "cuda")]
 pub fn check_cuda(
     what: &str,
     target: &Model,
-    b: &SpecBundle,
+    cfg: &SpecConfig,
     depth: usize,
     lanes: usize,
+    build: BuildEngine,
     plain: PlainDecode,
 ) {
-    use specc_runtime::cuda::{CudaSpecGraphs, CudaSpecSession, WeightSources};
-    let plan = Plan::new(b, depth, lanes);
+    use specc_runtime::cuda::{CudaSpecSession, WeightSources};
+    let b = SpecBundle::open(target, cfg).unwrap();
+    let plan = Plan::new(&b, depth, lanes);
+    let (engine, bundle) = build(target, Some(cfg), &[lanes as u32], plan.ctx as u64);
+    let bundle = bundle.expect("a speculative engine opens its draft");
+    assert_eq!(
+        engine.contract(true),
+        &b.contract(),
+        "{what}: the engine's contract"
+    );
     let sources = WeightSources {
-        sources: vec![("", target.checkpoint()), (b.prefix, &b.draft_checkpoint)],
+        sources: vec![
+            ("", target.checkpoint()),
+            (bundle.prefix, &bundle.draft_checkpoint),
+        ],
     };
-    let mut s =
-        CudaSpecSession::new(CudaSpecGraphs::of(b), &sources, lanes, plan.ctx as u64).unwrap();
+    let mut s = CudaSpecSession::new(&engine, true, &sources, lanes).unwrap();
     let greedy = plain(target, &plan.prompts, plan.ctx, 256);
     let reference = |i: usize, n: usize| greedy[i][..n].to_vec();
-    plan.check(what, target, b, &mut s, &reference);
+    plan.check(what, target, &b, &mut s, &reference);
 }

@@ -1,19 +1,23 @@
-//! What the device tests of speculative steps share: the driver check, a session driven to
-//! the end, a bundle's step graph run on the device, and the target's own greedy tokens
-//! under the same kernels (the k = 0 step graph) that speculative output must equal.
+//! What the device tests share: the driver check, an engine built in memory for the GPU
+//! the tests run on (the one build every engine comes from), sessions over it driven to
+//! the end, and the target's own greedy tokens under the same kernels (the engine's plain
+//! contract: the k = 0 step graph) that speculative output must equal.
+//! (A test crate that includes it declares `mod common;` too.)
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::Path;
+use std::sync::OnceLock;
 
-use specc_models::spec_step::lower_plain_greedy;
-use specc_models::{Model, SpecBundle};
-use specc_runtime::cuda::{driver_present, CudaSpecGraphs, CudaSpecSession, WeightSources};
+use specc_codegen::{build, BuildOptions, Cubins};
+use specc_ir::engine::{Arch, Engine, Target};
+use specc_models::spec_bundle::{engine_input, EngineExtras};
+use specc_models::{Model, SpecBundle, SpecConfig};
+use specc_runtime::cuda::{driver_present, CudaDevice, CudaSpecSession, WeightSources};
 use specc_runtime::{SpecCpuSession, SpecGraphs, Speculator};
 
-pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+#[allow(unused_imports)]
+pub use crate::common::{default_model, fixture, repo_path};
 
 /// Whether a driver is present (otherwise prints why the test skips).
 pub fn gpu() -> bool {
@@ -22,6 +26,98 @@ pub fn gpu() -> bool {
         return false;
     }
     true
+}
+
+/// The build target of GPU 0, as the driver reports it (arch, SMs, shared memory per
+/// block, name): what `specc run --backend cuda` builds for.
+pub fn device_target() -> Target {
+    static TARGET: OnceLock<Target> = OnceLock::new();
+    TARGET
+        .get_or_init(|| {
+            let dev = CudaDevice::open(0).expect("GPU 0 opens");
+            let info = dev.info();
+            let (major, minor) = info.compute_capability;
+            let arch = Arch::of_capability(major, minor).unwrap_or_else(|| {
+                panic!(
+                    "{} (compute capability {major}.{minor}) is not a GPU specc compiles for",
+                    info.name
+                )
+            });
+            Target::for_device(
+                arch,
+                info.sm_count,
+                info.max_smem_per_block_optin,
+                &info.name,
+            )
+        })
+        .clone()
+}
+
+/// The engine of `model` (plain decoding, and `spec`'s method when given) for the detected
+/// GPU with its cubins (`Cubins::Require`), at `batch_buckets` and KV capacity
+/// `max_context`, with further target-prefill token counts `verify_tokens`; `random_seed`
+/// as `specc --random-weights` (the draft's weights synthesised). Returns the engine and
+/// the bundle that opened the draft (its checkpoint feeds the draft's weights).
+pub fn build_engine_with(
+    model: &Model,
+    spec: Option<&SpecConfig>,
+    batch_buckets: &[u32],
+    max_context: u64,
+    verify_tokens: &[u32],
+    random_seed: Option<u64>,
+) -> (Engine, Option<SpecBundle>) {
+    let extras = EngineExtras {
+        batch_buckets: Some(batch_buckets.to_vec()),
+        verify_tokens: verify_tokens.to_vec(),
+    };
+    let (input, bundle) = engine_input(
+        model,
+        spec,
+        max_context,
+        random_seed,
+        &extras,
+        &|p: &Path| p.to_path_buf(),
+    )
+    .unwrap_or_else(|e| panic!("{}: engine input: {e}", model.dir().display()));
+    let opts = BuildOptions {
+        cubins: Cubins::Require,
+        ..BuildOptions::default()
+    };
+    let built = build(input, &device_target(), &opts)
+        .unwrap_or_else(|e| panic!("{}: build: {e}", model.dir().display()));
+    (built.engine, bundle)
+}
+
+/// [`build_engine_with`] without extra verify widths or random weights.
+pub fn build_engine(
+    model: &Model,
+    spec: Option<&SpecConfig>,
+    batch_buckets: &[u32],
+    max_context: u64,
+) -> (Engine, Option<SpecBundle>) {
+    build_engine_with(model, spec, batch_buckets, max_context, &[], None)
+}
+
+/// The checkpoints of `target` and (when speculating) the bundle's draft, by graph prefix.
+pub fn weight_sources<'a>(target: &'a Model, bundle: Option<&'a SpecBundle>) -> WeightSources<'a> {
+    let mut sources = vec![("", target.checkpoint())];
+    if let Some(b) = bundle {
+        sources.push((b.prefix, &b.draft_checkpoint));
+    }
+    WeightSources { sources }
+}
+
+/// A session over `engine` at batch `lanes`: its speculative method when `bundle` is given
+/// (whose draft checkpoint it reads), else plain decoding.
+pub fn session<'a>(
+    engine: &'a Engine,
+    target: &Model,
+    bundle: Option<&SpecBundle>,
+    lanes: usize,
+) -> CudaSpecSession<'a> {
+    let sources = weight_sources(target, bundle);
+    CudaSpecSession::new(engine, bundle.is_some(), &sources, lanes)
+        .unwrap_or_else(|e| panic!("{}: session: {e}", target.dir().display()))
 }
 
 /// Admits `prompts` and steps until every lane finished; each lane's tokens (first +
@@ -44,32 +140,38 @@ pub fn drive(s: &mut dyn Speculator, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<
     out
 }
 
-/// `b`'s step graph on the device over `prompts` (KV capacity `ctx`): tokens and the mean
-/// acceptance length.
-pub fn run_bundle(
+/// The engine of `cfg` (batch = `prompts.len()`, KV capacity `ctx`), its speculative step
+/// on the device over `prompts`: tokens, the mean acceptance length, the engine and the
+/// bundle (the plain contract of the same engine is the reference).
+pub fn run_spec(
     target: &Model,
-    b: &SpecBundle,
+    cfg: &SpecConfig,
     prompts: &[Vec<u32>],
     n: usize,
     ctx: u64,
-) -> (Vec<Vec<u32>>, f64) {
-    let sources = WeightSources {
-        sources: vec![("", target.checkpoint()), (b.prefix, &b.draft_checkpoint)],
+) -> (Vec<Vec<u32>>, f64, Engine, SpecBundle) {
+    let (engine, bundle) = build_engine(target, Some(cfg), &[prompts.len() as u32], ctx);
+    let bundle = bundle.expect("a speculative spec opens its draft");
+    let (out, mean) = {
+        let mut s = session(&engine, target, Some(&bundle), prompts.len());
+        assert_eq!(s.contract(), &bundle.contract(), "the engine's contract");
+        let out = drive(&mut s, prompts, n);
+        (out, s.stats.mean_accept_len())
     };
-    let mut s = CudaSpecSession::new(CudaSpecGraphs::of(b), &sources, prompts.len(), ctx).unwrap();
-    let out = drive(&mut s, prompts, n);
-    (out, s.stats.mean_accept_len())
+    (out, mean, engine, bundle)
 }
 
-/// Target-only greedy decoding on the device (the k = 0 step graph).
-pub fn plain_cuda(target: &Model, prompts: &[Vec<u32>], n: usize, ctx: u64) -> Vec<Vec<u32>> {
-    let (prefill, step) = lower_plain_greedy(target.spec(), 64).unwrap();
-    let sources = WeightSources {
-        sources: vec![("", target.checkpoint())],
-    };
-    let graphs = CudaSpecGraphs::plain(&prefill, &step, 64);
-    let mut s = CudaSpecSession::new(graphs, &sources, prompts.len(), ctx).unwrap();
+/// Target-only greedy decoding on the device: the plain contract of `engine` (the k = 0
+/// step graph) at batch `prompts.len()`.
+pub fn plain_of(engine: &Engine, target: &Model, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
+    let mut s = session(engine, target, None, prompts.len());
     drive(&mut s, prompts, n)
+}
+
+/// Target-only greedy decoding on the device: a plain engine of KV capacity `ctx`.
+pub fn plain_cuda(target: &Model, prompts: &[Vec<u32>], n: usize, ctx: u64) -> Vec<Vec<u32>> {
+    let (engine, _) = build_engine(target, None, &[prompts.len() as u32], ctx);
+    plain_of(&engine, target, prompts, n)
 }
 
 /// `b` prompts of different lengths over the first 300 token ids.
@@ -85,7 +187,7 @@ pub fn random_prompts(b: usize) -> Vec<Vec<u32>> {
 
 /// Prompts from the trained default's corpus (Python source), BOS + its tokenizer's ids.
 pub fn corpus_prompts() -> Vec<Vec<u32>> {
-    let dir = root().join("models/default");
+    let dir = default_model();
     let tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
     let texts = [
         "import os\n\ndef main(argv):\n    ",
@@ -103,19 +205,19 @@ pub fn corpus_prompts() -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// Runs `b` and plain decoding on the device and asserts every lane's tokens are equal
-/// (`what` labels failures); notes where CUDA greedy differs from the CPU interpreter's.
-/// Returns the mean acceptance length.
+/// Runs the method of `cfg` and plain decoding of the same engine on the device and
+/// asserts every lane's tokens are equal (`what` labels failures); notes where CUDA greedy
+/// differs from the CPU interpreter's. Returns the mean acceptance length.
 pub fn assert_exact(
     target: &Model,
-    b: &SpecBundle,
+    cfg: &SpecConfig,
     prompts: &[Vec<u32>],
     n: usize,
     ctx: u64,
     what: &str,
 ) -> f64 {
-    let (got, mean) = run_bundle(target, b, prompts, n, ctx);
-    let plain = plain_cuda(target, prompts, n, ctx);
+    let (got, mean, engine, _) = run_spec(target, cfg, prompts, n, ctx);
+    let plain = plain_of(&engine, target, prompts, n);
     let w = target.load_weights_f32();
     for (i, p) in prompts.iter().enumerate() {
         assert_eq!(
@@ -131,21 +233,21 @@ pub fn assert_exact(
     mean
 }
 
-/// Sampled acceptance: `b`'s step graph on the device draws the interpreter's tokens (the
-/// same counter-based uniforms; on f32 fixtures the logits agree to ~5e-7, so a draw falls
-/// on the other side of a CDF boundary with negligible probability). Returns the device's
-/// mean acceptance length.
+/// Sampled acceptance: the method of `cfg` on the device draws the interpreter's tokens
+/// (the same counter-based uniforms; on f32 fixtures the logits agree to ~5e-7, so a draw
+/// falls on the other side of a CDF boundary with negligible probability). Returns the
+/// device's mean acceptance length.
 pub fn assert_draws_match_interpreter(
     target: &Model,
-    b: &SpecBundle,
+    cfg: &SpecConfig,
     prompts: &[Vec<u32>],
     n: usize,
     ctx: u64,
     what: &str,
 ) -> f64 {
-    let (cuda, mean) = run_bundle(target, b, prompts, n, ctx);
+    let (cuda, mean, _, b) = run_spec(target, cfg, prompts, n, ctx);
     let weights = b.load_weights_f32(target).unwrap();
-    let mut cpu = SpecCpuSession::new(SpecGraphs::of(b), &weights, prompts.len(), ctx);
+    let mut cpu = SpecCpuSession::new(SpecGraphs::of(&b), &weights, prompts.len(), ctx);
     let cpu = drive(&mut cpu, prompts, n);
     for (i, (g, c)) in cuda.iter().zip(&cpu).enumerate() {
         assert_eq!(g, c, "{what}: lane {i}: CUDA vs interpreter draws");

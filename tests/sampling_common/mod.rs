@@ -70,15 +70,20 @@ pub fn tiny_spec() -> ModelSpec {
     tiny_llama(1)
 }
 
-/// A Llama of `layers` layers over the test vocabulary (f32).
-fn tiny_llama(layers: usize) -> ModelSpec {
-    let json = format!(
+/// The config.json of a Llama of `layers` layers over the test vocabulary (f32).
+#[allow(dead_code)]
+pub fn tiny_llama_json(layers: usize) -> String {
+    format!(
         r#"{{"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "intermediate_size": 32,
         "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": {layers},
         "vocab_size": {VOCAB}, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
         "max_position_embeddings": 64, "tie_word_embeddings": false, "torch_dtype": "float32"}}"#
-    );
-    ModelSpec::from_json(Path::new("tiny/config.json"), &json).unwrap()
+    )
+}
+
+/// A Llama of `layers` layers over the test vocabulary (f32).
+fn tiny_llama(layers: usize) -> ModelSpec {
+    ModelSpec::from_json(Path::new("tiny/config.json"), &tiny_llama_json(layers)).unwrap()
 }
 
 /// A two-layer Llama over the test vocabulary (f32): the target of the DFlash / DDTree tests.

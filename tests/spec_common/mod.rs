@@ -1,26 +1,14 @@
 //! What the interpreter's speculative exactness tests share: a bundle's step graph run to the
 //! end on the CPU backend, the check against the target's own greedy tokens, and prompts.
+//! (A test crate that includes it declares `mod common;` too.)
 
 #![allow(dead_code)]
-
-use std::path::PathBuf;
 
 use specc_models::{Model, SpecBundle};
 use specc_runtime::{SpecCpuSession, SpecGraphs};
 
-pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// A committed test checkpoint under `tests/fixtures/`.
-pub fn fixture(name: &str) -> PathBuf {
-    root().join("tests/fixtures").join(name)
-}
-
-/// The embedded default family (`models/default/`).
-pub fn default_model() -> PathBuf {
-    root().join("models/default")
-}
+#[allow(unused_imports)]
+pub use crate::common::{default_model, fixture};
 
 /// Tokens per lane (first + emitted, truncated), mean acceptance length and its histogram.
 pub struct Outcome {

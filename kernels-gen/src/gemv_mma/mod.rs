@@ -38,6 +38,7 @@ use crate::gemv::{gemv, weight_row, GemvParams, GemvWeights};
 use crate::qkv_rope;
 use crate::writer::{emit, Writer};
 use crate::Error;
+use specc_ir::engine::Target;
 
 mod bulk;
 mod epilogue;
@@ -48,16 +49,10 @@ mod tma;
 const FAMILY: &str = "gemv_mma";
 /// Row tiles from this size use the tensor-core kernel (M = 1 stays on CUDA cores).
 pub const MMA_MIN_ROWS: u32 = 2;
-/// SM count the block-count heuristics aim at ([`crate::TARGET_SMS`]).
-const TARGET_SMS: u64 = crate::TARGET_SMS as u64;
-/// Shared memory for one round of the split-K reduction.
+/// Shared memory for one round of the split-K reduction: a static `__shared__` array, and
+/// CUDA caps a block's static shared memory at 48 KiB on every arch (the rest is left to
+/// `inv_rms` and the argmax candidates).
 const RED_SMEM_MAX: u64 = 40 * 1024;
-/// Dynamic shared memory for the staged operand ring ([`Feed::Smem`]); with the static
-/// reduction and argmax buffers a block stays below the 227 KiB an H100/H200 SM offers.
-const STAGED_SMEM_MAX: u64 = 160 * 1024;
-/// Dynamic shared memory of [`Feed::Tma`]'s ring (no reduction buffers beside it; argmax
-/// candidates and barriers fit the rest of a 227 KiB block).
-const TMA_SMEM_MAX: u64 = 220 * 1024;
 /// Lane `(g, t)` holds columns `g` and `g + 8` of each 16-column tile: the RoPE
 /// epilogue's pair stride ([`crate::qkv_rope`]).
 pub const ROPE_PAIR_STRIDE: u32 = 8;
@@ -173,10 +168,11 @@ pub fn split_needs(p: &GemvParams, t: &MmaTiling, rows: u32) -> Option<SplitNeed
     })
 }
 
-/// [`split_needs`] of the kernel [`select`] generates (`None` for the CUDA-core kernel).
-pub fn select_split_needs(p: &GemvParams, rows: u32, smem_per_block: u32) -> Option<SplitNeeds> {
+/// [`split_needs`] of the kernel [`select`] generates for `target` (`None` for the
+/// CUDA-core kernel).
+pub fn select_split_needs(p: &GemvParams, rows: u32, target: &Target) -> Option<SplitNeeds> {
     if supports(p) {
-        split_needs(p, &tiling_within(p, smem_per_block), rows)
+        split_needs(p, &tiling(p, target), rows)
     } else {
         None
     }
@@ -191,26 +187,24 @@ pub fn supports(p: &GemvParams) -> bool {
         && (p.row_tile >= MMA_MIN_ROWS || (p.row_tile == 1 && one_row_prefers_mma(p)))
 }
 
-/// At one row (decode) the choice is measured, not derived (`kernel_bench`, H200,
-/// Llama-3.1-8B shapes, 2026-11-29): the tensor-core kernel wins on the o / down projections
-/// with a residual epilogue (62.8 vs 52.5 %, 83.3 vs 80.1 % of copy bandwidth) and on the
-/// normed gate/up pair (74.0 vs 68.1 %); the CUDA-core kernel wins on the normed single
-/// projection (qkv: 63.8 vs 60.8 %) and on the lm-head with its argmax partials (99.4 vs
-/// 90.0 %).
+/// At one row (decode) the choice is measured, not derived: the tensor-core kernel for the
+/// projections with a residual epilogue and for the normed gate/up pair, the CUDA-core
+/// kernel for a normed single projection (q|k|v) and for the lm-head with its argmax
+/// partials (measured fastest at the 8B shapes, bench/NOTES.md).
 pub fn one_row_prefers_mma(p: &GemvParams) -> bool {
     p.argmax_partials.is_none() && (p.gate_up() || p.norm.is_none())
 }
 
-/// The kernel the plan uses on devices whose blocks may use `smem_per_block` bytes of shared
-/// memory: [`gemv_mma`] where [`supports`] holds, else [`gemv`]. `split` is the scratch
-/// [`select_split_needs`] asked for (`None` where it asked none).
+/// The kernel the plan uses for `target`: [`gemv_mma`] with the work split of [`tiling`]
+/// where [`supports`] holds, else [`gemv`]. `split` is the scratch [`select_split_needs`]
+/// asked for (`None` where it asked none).
 pub fn select(
     p: &GemvParams,
     split: Option<SplitScratch>,
-    smem_per_block: u32,
+    target: &Target,
 ) -> Result<KernelSource, Error> {
     if supports(p) {
-        gemv_mma_split(p, &tiling_within(p, smem_per_block), split)
+        gemv_mma_split(p, &tiling(p, target), split)
     } else {
         gemv(p)
     }
@@ -218,11 +212,11 @@ pub fn select(
 
 /// [`select`] with K not split across blocks (the plan's fallback where split-K would need
 /// more counters than it has).
-pub fn select_unsplit(p: &GemvParams, smem_per_block: u32) -> Result<KernelSource, Error> {
+pub fn select_unsplit(p: &GemvParams, target: &Target) -> Result<KernelSource, Error> {
     if supports(p) {
         let t = MmaTiling {
             ks: 1,
-            ..tiling_within(p, smem_per_block)
+            ..tiling(p, target)
         };
         gemv_mma_split(p, &t, None)
     } else {
@@ -231,30 +225,25 @@ pub fn select_unsplit(p: &GemvParams, smem_per_block: u32) -> Result<KernelSourc
 }
 
 /// The largest row tile whose q/k/v projection carries RoPE + KV write in its epilogue.
-/// Measured in the step graph (H200, 8B, ctx 1024, verify A/B in one call): fused at one
-/// row 5.250 vs 5.331 ms per decode; fused at 8 rows 6.184 vs 6.003 ms per verify-8 (the
-/// epilogue's per-pair f64 sincos at late positions sits on each warp's tail), although
-/// `kernel_bench qkv_rope` (early positions) times the kernel alone faster up to 16 rows.
+/// Above it the epilogue's per-pair f64 sincos (late positions) sits on each warp's tail
+/// and the two-kernel path is faster inside the step graph, although the fused kernel alone
+/// times faster at early positions (measured at the 8B shapes, bench/NOTES.md).
 pub const ROPE_FUSED_MAX_ROWS: u32 = 1;
 
 /// The largest row tile whose matmul applies the RMSNorm of its input itself (the
 /// [`GemvParams::norm`] prologue). Above it the plan normalises x once with `rmsnorm` and
 /// the matmul reads the result: every block of a wide tile would otherwise first read all
 /// of its rows to compute their RMS (a serial chain of L2 round trips per warp) and scale
-/// each x fragment per warp. Measured (`kernel_bench wide`, H200, 8B shapes at M = 64, same
-/// split with and without the prologue): qkv 71.3 → 42.7 µs, gate/up 219 → 140 µs, lm-head
-/// 681 → 493 µs, against ≈ 3 µs for the separate norm. Row tiles above it also take the
-/// x-staged splits of [`wide_tiling`]: in the step graph (H200, 8B, ctx 1024, one call,
-/// 2026-11-30) that made verify T = 16 5.341 ms against 6.327 with the norm fused into the
-/// 16-row register-prefetch split, the DDTree budget-16 step 6.916 vs 8.040 and the DFlash
-/// block-16 step 6.776 vs 7.890; at 8 rows the fused split stays faster (verify T = 8 5.828
-/// vs 5.919).
+/// each x fragment per warp, which costs far more than the separate norm. Row tiles above
+/// it also take the x-staged splits of [`wide_tiling`]; at 8 rows the fused split stays
+/// faster (measured at the 8B shapes, bench/NOTES.md).
 pub const NORM_FUSED_MAX_ROWS: u32 = 8;
 
 /// Whether the kernel [`select`] picks for `p` can carry the RoPE + KV-write epilogue of
 /// heads of `head_dim` with `rotary_dim` rotated features (the plan falls back to the
 /// two-kernel path otherwise). Row tiles above [`ROPE_FUSED_MAX_ROWS`] keep the two
-/// kernels (measured).
+/// kernels. No device fact enters: the pair stride depends only on which kernel
+/// [`supports`] picks.
 pub fn select_carries_rope(p: &GemvParams, head_dim: u32, rotary_dim: u32) -> bool {
     if p.row_tile > ROPE_FUSED_MAX_ROWS {
         return false;
@@ -263,10 +252,10 @@ pub fn select_carries_rope(p: &GemvParams, head_dim: u32, rotary_dim: u32) -> bo
     qkv_rope::fusable(head_dim, rotary_dim, stride)
 }
 
-/// Argmax partials per row of the kernel [`select`] generates.
-pub fn select_partials_per_row(p: &GemvParams, smem_per_block: u32) -> u32 {
+/// Argmax partials per row of the kernel [`select`] generates for `target`.
+pub fn select_partials_per_row(p: &GemvParams, target: &Target) -> u32 {
     if supports(p) {
-        partials_per_row(p, &tiling_within(p, smem_per_block))
+        partials_per_row(p, &tiling(p, target))
     } else {
         p.partials_per_row()
     }
@@ -306,41 +295,32 @@ fn staged_bytes(p: &GemvParams, t: &MmaTiling) -> u64 {
     }
 }
 
-/// The default work split.
+/// The work split for `target`: the one [`select`] uses.
 ///
 /// Up to [`NORM_FUSED_MAX_ROWS`] (8) rows: each x fragment feeds two weight tiles (gate and
-/// up, or two column tiles), halving the x traffic per weight byte, except with few columns, where
-/// one tile per warp doubles the blocks. `wn` (warps sharing x) grows while there are
-/// still ≥ 2 blocks per SM; `wk` fills the block to 8 warps; K is not split across blocks
-/// (split-K across blocks was never faster at the 8B shapes, M = 1, 8 and 64:
-/// `kernel_bench wide`). Wider splits that `kernel_bench wide` times faster alone (gate/up
-/// 1×8×1 at M = 1 and 8) were slower inside the step graph (verify-8 6.518 vs 6.003 ms),
-/// so the plan keeps these.
+/// up, or two column tiles), halving the x traffic per weight byte, except with few columns,
+/// where one tile per warp doubles the blocks. `wn` (warps sharing x) grows while there are
+/// still ≥ 2 blocks per SM of `target`; `wk` fills the block to 8 warps; K is not split
+/// across blocks. Split-K across blocks, and wider splits that are faster as one kernel
+/// alone, were slower in the step graph (measured at the 8B shapes, bench/NOTES.md).
 ///
-/// Above 8 rows x traffic dominates (each weight byte meets M/8 x bytes): [`wide_tiling`].
-/// For an H100/H200-class block (227 KiB of shared memory); [`tiling_within`] for others.
-pub fn tiling(p: &GemvParams) -> MmaTiling {
-    tiling_within(p, HOPPER_SMEM_PER_BLOCK)
-}
-
-/// Shared memory an H100/H200 block may opt into.
-const HOPPER_SMEM_PER_BLOCK: u32 = 227 * 1024;
-
-/// [`tiling`] for blocks that may use `smem_per_block` bytes of shared memory.
-pub fn tiling_within(p: &GemvParams, smem_per_block: u32) -> MmaTiling {
+/// Above 8 rows x traffic dominates (each weight byte meets M/8 x bytes): [`wide_tiling`],
+/// within `target`'s shared memory per block.
+pub fn tiling(p: &GemvParams, target: &Target) -> MmaTiling {
     let g = mats(p);
     if p.row_tile > NORM_FUSED_MAX_ROWS {
-        return wide_tiling(p, smem_per_block);
+        return wide_tiling(p, target);
     }
     // From here on a row tile is one 8-row x fragment.
     let units = p.k.div_ceil(32);
     let tiles = p.n.div_ceil(16) as u64;
-    let few_columns = tiles.div_ceil(2) < 2 * TARGET_SMS;
+    let two_per_sm = 2 * target.sms as u64;
+    let few_columns = tiles.div_ceil(2) < two_per_sm;
     let tn = if g == 2 || few_columns { 1 } else { 2 };
     let warp_tiles = tiles.div_ceil(tn as u64);
     let wn = [4u32, 2, 1]
         .into_iter()
-        .find(|&wn| warp_tiles.div_ceil(wn as u64) >= 2 * TARGET_SMS)
+        .find(|&wn| warp_tiles.div_ceil(wn as u64) >= two_per_sm)
         .unwrap_or(1);
     let mut t = MmaTiling {
         tn,
@@ -364,33 +344,34 @@ fn fixed_row_tiles(p: &GemvParams) -> u64 {
     }
 }
 
-/// Blocks of 8 warps the row tiles above 8 aim at (measured at M = 64 on the H200: 96–128
-/// blocks beat both fewer, wider blocks and split-K across blocks).
-const WIDE_MIN_BLOCKS: u64 = 96;
+/// Blocks of 8 warps the row tiles above 8 aim at: at least 8 of every 11 SMs of `target`
+/// busy (96 on the 132-SM H200, where 96–128 blocks beat both fewer, wider blocks and
+/// split-K across blocks; bench/NOTES.md). The tensor-map splits aim at the same count.
+fn wide_min_blocks(target: &Target) -> u64 {
+    (target.sms as u64 * 8).div_ceil(11)
+}
 
 /// Above 8 rows: each x fragment is loaded by every warp that uses it, so a block should
 /// cover as many weight columns as possible (`16 · TN · WN · G` share one x read through
-/// L1) while the grid keeps at least `WIDE_MIN_BLOCKS` blocks; the remaining warps of
-/// the 8 split K inside the block. x is prefetched with the weights (`kernel_bench wide`,
-/// H200, Llama-3.1-8B shapes at M = 64: qkv 2×2×4, o and down 1×2×4, gate/up 1×8×1,
-/// lm-head 2×8×1 as tn×wn×wk were the fastest of 48 splits each). Re-swept with x
-/// normalised beforehand ([`NORM_FUSED_MAX_ROWS`]) against deeper prefetch, split-K and
-/// operands staged in shared memory ([`Feed::Smem`]): the same splits stayed fastest or
-/// within 1–2 % (qkv 34.5, o 26.5, gate/up 110, down 70, lm-head 430 µs).
+/// L1) while the grid keeps at least [`wide_min_blocks`] blocks; the remaining warps of the
+/// 8 split K inside the block, and x is prefetched with the weights (measured fastest at the
+/// 8B shapes, also against deeper prefetch, split-K and operands staged in shared memory;
+/// bench/NOTES.md).
 ///
 /// Those register splits are the last resort: where the tensor-map feed applies (x
-/// normalised, K in 64-k chunks, a block's ring fits) it is used (`wide_tma_tiling`), then
-/// the x-staged splits (`wide_xbulk_tiling`).
-pub fn wide_tiling(p: &GemvParams, smem_per_block: u32) -> MmaTiling {
-    if let Some(t) = wide_tma_tiling(p, smem_per_block) {
+/// normalised, K in 64-k chunks, a block's ring fits `target.smem_per_block`) it is used
+/// (`wide_tma_tiling`), then the x-staged splits (`wide_xbulk_tiling`).
+pub fn wide_tiling(p: &GemvParams, target: &Target) -> MmaTiling {
+    if let Some(t) = wide_tma_tiling(p, target) {
         return t;
     }
-    if let Some(t) = wide_xbulk_tiling(p, smem_per_block) {
+    if let Some(t) = wide_xbulk_tiling(p, target) {
         return t;
     }
     let g = mats(p);
     let tiles = p.n.div_ceil(16) as u64;
     let row_tiles = fixed_row_tiles(p);
+    let min_blocks = wide_min_blocks(target);
     // (tn, wn) by columns per block, widest first; gate/up pairs its two matrices already.
     let splits: &[(u32, u32)] = if g == 2 {
         &[(1, 8), (1, 4), (1, 2), (1, 1)]
@@ -400,15 +381,15 @@ pub fn wide_tiling(p: &GemvParams, smem_per_block: u32) -> MmaTiling {
     let (tn, wn) = splits
         .iter()
         .copied()
-        .find(|&(tn, wn)| tiles.div_ceil((tn * wn) as u64) * row_tiles >= WIDE_MIN_BLOCKS)
+        .find(|&(tn, wn)| tiles.div_ceil((tn * wn) as u64) * row_tiles >= min_blocks)
         .unwrap_or((1, 1));
     let wk = (8 / wn).min(p.k.div_ceil(32)).max(1);
     let mut t = MmaTiling {
         tn,
         wn,
         wk,
-        // Warps that own all of K keep 3 units in flight (gate/up 122 → 110 µs, lm-head
-        // 449 → 430 µs at M = 64); K-split warps 2 (qkv 34.5 vs 36.1 µs with 3).
+        // Warps that own all of K keep 3 units in flight, K-split warps 2 (measured fastest
+        // at the 8B shapes, bench/NOTES.md).
         unroll: if wk == 1 { 3 } else { 2 },
         feed: Feed::Prefetch,
         ks: 1,
@@ -419,17 +400,19 @@ pub fn wide_tiling(p: &GemvParams, smem_per_block: u32) -> MmaTiling {
     t
 }
 
-/// Blocks the tensor-map splits aim at (`kernel_bench tma`, H200, 8B shapes at M = 64, µs):
-/// qkv split 2 ways (96 blocks) 24.2 vs 4 ways 27.3; o and down 4 ways (128 blocks) 20.6
-/// and 42.1, the fastest of their sweeps within 3 %.
-const TMA_MIN_BLOCKS: u64 = 96;
+/// Whether `t` is valid for `p` and its block fits `target`'s shared memory (static +
+/// dynamic): the candidates of the staged splits.
+pub fn fits(p: &GemvParams, t: &MmaTiling, target: &Target) -> bool {
+    validate(p, t).is_ok() && block_smem_bytes(p, t) <= target.smem_per_block as u64
+}
 
 /// Above 8 rows where x arrives normalised and K is whole 64-k chunks: weights and x as
 /// tensor-map boxes ([`Feed::Tma`]), 8 consumer warps (4 for gate/up: 128 weight rows per
-/// stage either way), 4 stages (fewer where the block's shared memory is smaller), K split across the
-/// fewest blocks (1, 2, 4, 8) that reach [`TMA_MIN_BLOCKS`]. `None` where no such split is
-/// valid (the x-staged splits then).
-fn wide_tma_tiling(p: &GemvParams, smem_per_block: u32) -> Option<MmaTiling> {
+/// stage either way), 4 stages (fewer where `target`'s blocks have less shared memory), K
+/// split across the fewest blocks (1, 2, 4, 8) that reach [`wide_min_blocks`] (measured
+/// fastest at the 8B shapes, bench/NOTES.md). `None` where no such split fits (the x-staged
+/// splits then).
+fn wide_tma_tiling(p: &GemvParams, target: &Target) -> Option<MmaTiling> {
     let row_tiles = fixed_row_tiles(p);
     let split = |ks, stages| MmaTiling {
         tn: 1,
@@ -439,36 +422,32 @@ fn wide_tma_tiling(p: &GemvParams, smem_per_block: u32) -> Option<MmaTiling> {
         feed: Feed::Tma { stages },
         ks,
     };
-    let fits =
-        |t: &MmaTiling| validate(p, t).is_ok() && block_smem_bytes(p, t) <= smem_per_block as u64;
-    let stages = (2..=4).rev().find(|&s| fits(&split(1, s)))?;
+    let stages = (2..=4).rev().find(|&s| fits(p, &split(1, s), target))?;
     let valid: Vec<MmaTiling> = [1, 2, 4, 8]
         .into_iter()
         .map(|ks| split(ks, stages))
-        .filter(|t| fits(t))
+        .filter(|t| fits(p, t, target))
         .collect();
     let blocks = |t: &MmaTiling| p.n.div_ceil(16 * t.wn) as u64 * row_tiles * t.ks as u64;
+    let min_blocks = wide_min_blocks(target);
     valid
         .iter()
         .copied()
-        .find(|t| blocks(t) >= TMA_MIN_BLOCKS)
+        .find(|t| blocks(t) >= min_blocks)
         .or(valid.last().copied())
 }
 
 /// Above 8 rows where x arrives normalised and whole chunks tile K: x rows staged by the
-/// copy engine in 2 stages, weights prefetched into registers ([`Feed::XBulk`]), one 16-column
-/// tile per warp. The first of these that reaches [`WIDE_MIN_BLOCKS`] blocks (and is valid;
-/// where none does, small models, the valid one with the most blocks):
-/// 8 warps across N owning all of K 8 units deep; the same with K split across 2 or 4 blocks
-/// where each split keeps more than 64 units (long K); 4 × 2 warps 8 units deep; 2 × 4 warps
-/// 4 units deep; K split across blocks with 8-unit chunks where the 16-unit ones exceed the
-/// block's shared memory. Measured (`kernel_bench wide 64 bulk`, H200, Llama-3.1-8B shapes at M = 64,
-/// µs, register prefetch → this): qkv 35.2 → 25.6 (4 × 2), o 26.5 → 23.5 (2 × 4), gate/up
-/// 110.8 → 81.1, down 70.6 → 50.0 (K split 4 ways), lm-head 432.5 → 291.5 (85 % of copy
-/// bandwidth); each the fastest of its sweep (70 x-staged splits per shape, 2 or 4 stages,
-/// 4 or 8 units). Only splits whose block fits `smem_per_block` (static + dynamic) are
-/// candidates: at M = 64 the 16-unit rings need 139 KiB, more than an sm_120 block may use.
-fn wide_xbulk_tiling(p: &GemvParams, smem_per_block: u32) -> Option<MmaTiling> {
+/// copy engine in 2 stages, weights prefetched into registers ([`Feed::XBulk`]), one
+/// 16-column tile per warp. The first of these that reaches [`wide_min_blocks`] blocks (and
+/// fits; where none does, small models, the fitting one with the most blocks): 8 warps
+/// across N owning all of K 8 units deep; the same with K split across 2 or 4 blocks where
+/// each split keeps more than 64 units (long K); 4 × 2 warps 8 units deep; 2 × 4 warps 4
+/// units deep; K split across blocks with 8-unit chunks where the 16-unit ones exceed the
+/// block's shared memory (each the fastest of its sweep at the 8B shapes, bench/NOTES.md).
+/// Only splits whose block fits `target.smem_per_block` (static + dynamic) are candidates:
+/// at M = 64 the 16-unit rings need 139 KiB.
+fn wide_xbulk_tiling(p: &GemvParams, target: &Target) -> Option<MmaTiling> {
     let tiles = p.n.div_ceil(16) as u64;
     let row_tiles = fixed_row_tiles(p);
     let blocks = |wn: u32, ks: u32| tiles.div_ceil(wn as u64) * row_tiles * ks as u64;
@@ -489,8 +468,8 @@ fn wide_xbulk_tiling(p: &GemvParams, smem_per_block: u32) -> Option<MmaTiling> {
             .map(|ks| split(8, 1, 8, ks)),
     );
     candidates.extend([split(4, 2, 8, 1), split(2, 4, 4, 1)]);
-    // Where the 16-unit chunks above do not fit (sm_120's 99 KiB at 64 rows): K split
-    // across blocks with 8-unit chunks (74 KiB; H200 at M = 64: qkv 27.1, o 24.9 µs).
+    // Where the 16-unit chunks above do not fit (a 99 KiB block at 64 rows): K split across
+    // blocks with 8-unit chunks (74 KiB).
     candidates.extend(
         [2, 4]
             .into_iter()
@@ -499,12 +478,13 @@ fn wide_xbulk_tiling(p: &GemvParams, smem_per_block: u32) -> Option<MmaTiling> {
     );
     let valid: Vec<MmaTiling> = candidates
         .into_iter()
-        .filter(|t| validate(p, t).is_ok() && block_smem_bytes(p, t) <= smem_per_block as u64)
+        .filter(|t| fits(p, t, target))
         .collect();
     let most_blocks = valid.iter().copied().max_by_key(|t| blocks(t.wn, t.ks));
+    let min_blocks = wide_min_blocks(target);
     valid
         .into_iter()
-        .find(|t| blocks(t.wn, t.ks) >= WIDE_MIN_BLOCKS)
+        .find(|t| blocks(t.wn, t.ks) >= min_blocks)
         .or(most_blocks)
 }
 
@@ -534,7 +514,10 @@ pub fn partials_per_row(p: &GemvParams, t: &MmaTiling) -> u32 {
     p.n.div_ceil(16 * t.tn * t.wn)
 }
 
-/// Whether `t` is a valid work split for `p` (what [`gemv_mma_split`] checks first).
+/// Whether `t` is a valid work split for `p` (what [`gemv_mma_split`] checks first). No
+/// device fact enters: whether the block's shared memory ([`block_smem_bytes`]) fits a
+/// device is [`fits`], which every choice of a staged split asks, and a launch beyond the
+/// device's opt-in fails when the runtime loads it.
 pub fn validate(p: &GemvParams, t: &MmaTiling) -> Result<(), Error> {
     p.validate()?;
     let err = |field, reason: &str| Err(Error::param(FAMILY, field, reason));
@@ -574,9 +557,6 @@ pub fn validate(p: &GemvParams, t: &MmaTiling) -> Result<(), Error> {
         if let Some(why) = tma::unsupported(p, t) {
             return err("tiling", why);
         }
-        if staged_bytes(p, t) > TMA_SMEM_MAX {
-            return err("tiling", "tensor-map ring exceeds its shared memory budget");
-        }
     }
     if t.tn == 0 || t.wn == 0 || t.wk == 0 || t.unroll == 0 || t.ks == 0 || t.threads() > 1024 {
         return err(
@@ -590,10 +570,10 @@ pub fn validate(p: &GemvParams, t: &MmaTiling) -> Result<(), Error> {
             "split-K reduction exceeds its shared memory budget",
         );
     }
-    if !matches!(t.feed, Feed::Tma { .. }) && staged_bytes(p, t) > STAGED_SMEM_MAX {
+    if block_smem_bytes(p, t) > u32::MAX as u64 {
         return err(
             "tiling",
-            "staged operand ring exceeds its shared memory budget (fewer stages, wk · unroll or columns)",
+            "shared memory beyond a launch's 32-bit byte count",
         );
     }
     if let Some(r) = &p.rope {
@@ -602,20 +582,21 @@ pub fn validate(p: &GemvParams, t: &MmaTiling) -> Result<(), Error> {
     Ok(())
 }
 
-/// Generates the kernel with the default [`tiling`] (an error where it splits K across
-/// blocks: use [`select`] with scratch).
-pub fn gemv_mma(p: &GemvParams) -> Result<KernelSource, Error> {
-    gemv_mma_split(p, &tiling(p), None)
+/// Generates the kernel with the [`tiling`] for `target` (an error where it splits K
+/// across blocks: use [`select`] with scratch).
+pub fn gemv_mma(p: &GemvParams, target: &Target) -> Result<KernelSource, Error> {
+    gemv_mma_split(p, &tiling(p, target), None)
 }
 
-/// The default kernel over at most `rows` rows, its split-K scratch (partials, then
-/// zeroed counters) taken from `alloc(bytes)`.
+/// The kernel with the [`tiling`] for `target` over at most `rows` rows, its split-K
+/// scratch (partials, then zeroed counters) taken from `alloc(bytes)`.
 pub fn gemv_mma_alloc(
     p: &GemvParams,
     rows: u32,
+    target: &Target,
     mut alloc: impl FnMut(u64) -> Loc,
 ) -> Result<KernelSource, Error> {
-    let t = tiling(p);
+    let t = tiling(p, target);
     let split = split_needs(p, &t, rows).map(|nd| SplitScratch {
         partials: alloc(nd.partial_bytes),
         counters: alloc(nd.counters as u64 * 4),
@@ -807,6 +788,12 @@ pub(super) fn for_each_acc(w: &mut Writer, body: impl Fn(&mut Writer)) {
 mod tests {
     use super::*;
     use crate::abi::{Loc, Rows, View};
+    use specc_ir::engine::Arch;
+
+    /// The H200-class build target (132 SMs, 227 KiB per block).
+    fn hopper() -> Target {
+        Target::for_archs(&[Arch::Sm90a])
+    }
 
     fn params(m: u32, k: u32, n: u32, gate_up: bool, dt: Dtype) -> GemvParams {
         GemvParams {
@@ -831,7 +818,7 @@ mod tests {
 
     #[test]
     fn select_uses_tensor_cores_for_several_rows_of_16_bit_operands() {
-        let name = |p: &GemvParams| select(p, None, HOPPER_SMEM_PER_BLOCK).unwrap().name;
+        let name = |p: &GemvParams| select(p, None, &hopper()).unwrap().name;
         assert!(name(&params(8, 256, 512, false, Dtype::BF16)).starts_with("gemv_mma_bf16_"));
         assert!(name(&params(2, 256, 512, true, Dtype::F16)).starts_with("gemv_mma_f16_"));
         // One row: tensor cores for a plain (or residual) projection, CUDA cores for a normed
@@ -851,7 +838,7 @@ mod tests {
         let mut mixed = params(8, 256, 512, false, Dtype::BF16);
         mixed.x.dtype = Dtype::F32;
         assert!(!supports(&mixed));
-        assert!(gemv_mma(&mixed).is_err());
+        assert!(gemv_mma(&mixed, &hopper()).is_err());
     }
 
     /// The row policy (measured, see [`NORM_FUSED_MAX_ROWS`]): up to 8 rows the register
@@ -865,11 +852,11 @@ mod tests {
             (14336, 4096, false),
         ] {
             for m in [1, 2, 8] {
-                let t = tiling(&params(m, k, n, gu, Dtype::BF16));
+                let t = tiling(&params(m, k, n, gu, Dtype::BF16), &hopper());
                 assert_eq!(t.feed, Feed::Prefetch, "M={m} K={k} N={n}");
             }
             for m in [9, 16, 32, 64] {
-                let t = tiling(&params(m, k, n, gu, Dtype::BF16));
+                let t = tiling(&params(m, k, n, gu, Dtype::BF16), &hopper());
                 assert!(
                     matches!(t.feed, Feed::Tma { stages: 4 }),
                     "M={m} K={k} N={n}: {t:?}"
@@ -894,7 +881,7 @@ mod tests {
         for m in 1..=64 {
             for (k, n, gu) in shapes {
                 let p = params(m, k, n, gu, Dtype::BF16);
-                let t = tiling(&p);
+                let t = tiling(&p, &hopper());
                 let label = format!("M={m} K={k} N={n} {t:?}");
                 assert!(t.warps() <= 8 && t.wk >= 1, "{label}");
                 assert!(red_bytes(&p, &t) <= RED_SMEM_MAX, "{label}");
@@ -906,10 +893,7 @@ mod tests {
                 });
                 let k = gemv_mma_split(&p, &t, split).unwrap_or_else(|e| panic!("{label}: {e}"));
                 assert_eq!(k.launch.threads(), t.threads(), "{label}");
-                assert!(
-                    block_smem_bytes(&p, &t) <= HOPPER_SMEM_PER_BLOCK as u64,
-                    "{label}"
-                );
+                assert!(fits(&p, &t, &hopper()), "{label}");
             }
         }
     }
@@ -919,8 +903,12 @@ mod tests {
     /// K is not whole 64-k chunks or no ring fits, a split of another feed.
     #[test]
     fn wide_defaults_fit_the_block_budget() {
-        let hopper = crate::Arch::Sm90a.max_smem_per_block();
-        let sm120 = crate::Arch::Sm120.max_smem_per_block();
+        let hopper = hopper();
+        // The same SMs with sm_120's 99 KiB per block: only the budget differs.
+        let sm120 = Target {
+            smem_per_block: Arch::Sm120.max_smem_per_block(),
+            ..hopper.clone()
+        };
         // (wn, ks, stages) within 227 KiB and within 99 KiB.
         let shapes = [
             ("qkv", 4096, 6144, false, (8, 2, 4), (8, 2, 4)),
@@ -931,8 +919,9 @@ mod tests {
         ];
         for (label, k, n, gu, on_hopper, on_sm120) in shapes {
             let p = params(64, k, n, gu, Dtype::BF16);
-            for (budget, want) in [(hopper, on_hopper), (sm120, on_sm120)] {
-                let t = tiling_within(&p, budget);
+            for (target, want) in [(&hopper, on_hopper), (&sm120, on_sm120)] {
+                let budget = target.smem_per_block;
+                let t = tiling(&p, target);
                 let Feed::Tma { stages } = t.feed else {
                     panic!("{label}: {t:?}")
                 };
@@ -941,15 +930,37 @@ mod tests {
                 assert!(block_smem_bytes(&p, &t) <= budget as u64, "{label}: {t:?}");
             }
         }
-        for (k, budget) in [(4128, hopper), (4096, 48 * 1024)] {
+        let small = Target {
+            smem_per_block: 48 * 1024,
+            ..hopper.clone()
+        };
+        for (k, target) in [(4128, &hopper), (4096, &small)] {
+            let budget = target.smem_per_block;
             let p = params(64, k, 4096, false, Dtype::BF16);
-            let t = tiling_within(&p, budget);
+            let t = tiling(&p, target);
             assert!(
                 !matches!(t.feed, Feed::Tma { .. }),
                 "K={k} within {budget}: {t:?}"
             );
             assert!(validate(&p, &t).is_ok() && block_smem_bytes(&p, &t) <= budget as u64);
         }
+    }
+
+    /// The block-count heuristics aim at the target's SMs: with half the H200's, the q|k|v
+    /// projection at 8 rows already has 2 blocks per SM with two column tiles per warp, and
+    /// the 64-row down projection reaches its block count with K split 2 ways, not 4.
+    #[test]
+    fn tilings_follow_the_targets_sms() {
+        let half = Target {
+            sms: 66,
+            ..hopper()
+        };
+        let qkv = params(8, 4096, 6144, false, Dtype::BF16);
+        assert_eq!(tiling(&qkv, &hopper()).tn, 1);
+        assert_eq!(tiling(&qkv, &half).tn, 2);
+        let down = params(64, 14336, 4096, false, Dtype::BF16);
+        assert_eq!(tiling(&down, &hopper()).ks, 4);
+        assert_eq!(tiling(&down, &half).ks, 2);
     }
 
     #[test]

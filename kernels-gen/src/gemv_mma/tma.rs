@@ -3,11 +3,8 @@
 //! `NS` chunks of 64 k in flight, and `WN` consumer warps read their fragments with
 //! `ldmatrix`. Nothing in flight costs registers and one instruction moves a whole
 //! `16·WN`-row weight box, so an SM keeps far more weight bytes in flight than the register
-//! prefetch of [`super::Feed::XBulk`]. Measured (H200, Llama-3.1-8B shapes at M = 64, 4
-//! stages, µs, x-staged → this feed with its epilogues, `kernel_bench wide_default`): q|k|v
-//! 25.7 → 24.2, o 23.7 → 20.7, gate/up 81.3 → 72.4, down 49.9 → 42.3, lm-head 292 → 267; the
-//! prototype without epilogue or split-K fix-up (`examples/ring_proto.rs`): o 13.7, q|k|v
-//! 20.2, gate/up 64.8, down 35.4.
+//! prefetch of [`super::Feed::XBulk`]; measured faster than the x-staged feed at every 8B
+//! shape at M = 64 (bench/NOTES.md).
 //!
 //! Stage `s` (1024-byte aligned, [`crate::tensor_map::BOX_SMEM_ALIGN`]): the block's `RB`
 //! rows of each of the `G` weights, then the tile's `MTP` x rows, each row the 128 bytes of

@@ -50,8 +50,9 @@ const FAMILY: &str = "generic";
 /// The hand-written helpers of this family, appended to the common prelude.
 pub const GENERIC_PRELUDE: &str = include_str!("../../cuda/generic.cuh");
 
-/// Blocks of a grid-stride kernel, at most (8 resident blocks of 256 threads on each of
-/// 128+ SMs); larger tensors loop.
+/// Blocks of a grid-stride kernel, at most; larger tensors loop. A bound on the grid, not a
+/// device fact: several blocks per SM on every supported GPU, and the kernels are correct
+/// at any grid (the loop covers what the grid does not).
 const MAX_BLOCKS: u64 = 1024;
 
 /// One operand or the result of an op.

@@ -13,6 +13,13 @@ use specc_kernels_gen::gemv_mma::{gemv_mma_alloc, Feed, MmaTiling};
 use specc_kernels_gen::norm::{rmsnorm, RmsNormParams};
 use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
+use specc_kernels_gen::{Arch, Target};
+
+/// The build target the fixtures' kernel choices are made for: an sm_90a build (the H200's
+/// 132 SMs, 227 KiB of shared memory per block), the target the snapshots were taken at.
+pub fn target() -> Target {
+    Target::for_archs(&[Arch::Sm90a])
+}
 
 /// An explicit `gemv_mma` work split: `(tn, wn, wk, unroll, ks)` and the operand feed.
 pub fn mma_split((tn, wn, wk, unroll, ks): (u32, u32, u32, u32, u32), feed: Feed) -> MmaTiling {
@@ -233,7 +240,10 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
     );
     for (label, p) in mma_fixtures(&base_gemv, &lm, s, [attn, act, logits]) {
         let rows = p.row_tile;
-        add(&label, gemv_mma_alloc(&p, rows, |b| plan.alloc(b)).unwrap());
+        add(
+            &label,
+            gemv_mma_alloc(&p, rows, &target(), |b| plan.alloc(b)).unwrap(),
+        );
     }
     add(
         "argmax partials",
@@ -301,7 +311,10 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
     }
     add(
         "gemv_mma qkv +rmsnorm +rope_kv (interleaved, slots)",
-        gemv_mma_alloc(&fused_slots, fused_slots.row_tile, |b| plan.alloc(b)).unwrap(),
+        gemv_mma_alloc(&fused_slots, fused_slots.row_tile, &target(), |b| {
+            plan.alloc(b)
+        })
+        .unwrap(),
     );
     add(
         "rope_kv +qk_norm (interleaved)",
@@ -376,12 +389,15 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
     // The tensor-core kernel (4-warp blocks; 3 at T <= 12 with G = 4), causal and tree
     // with 1 and 4 ancestor words.
     let tiles = |mask, max_t| {
-        attention_tiles(&AttentionParams {
-            scratch,
-            mask,
-            max_t,
-            ..att.clone()
-        })
+        attention_tiles(
+            &AttentionParams {
+                scratch,
+                mask,
+                max_t,
+                ..att.clone()
+            },
+            &target(),
+        )
         .unwrap()
         .split
     };

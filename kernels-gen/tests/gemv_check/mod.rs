@@ -107,7 +107,7 @@ pub fn check_gemv(gpu: &Gpu, c: GemvCase) {
     let (kernel, per_row): (KernelSource, u32) = match c.kernel {
         Kernel::Simt => (gemv(&p).unwrap(), p.partials_per_row()),
         Kernel::Mma(t) => {
-            let t = t.unwrap_or_else(|| tiling(&p));
+            let t = t.unwrap_or_else(|| tiling(&p, gpu.target()));
             let split = split_needs(&p, &t, m as u32).map(|nd| SplitScratch {
                 partials: plan.alloc(nd.partial_bytes),
                 counters: plan.alloc(nd.counters as u64 * 4),

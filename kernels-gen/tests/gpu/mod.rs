@@ -9,9 +9,10 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use specc_ir::interp::{run, Env, Tensor};
 use specc_ir::{Bindings, DType, Dim, Graph, Op, TensorType, ValueId};
-use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, TensorMap};
+use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, StepConsts, TensorMap};
 use specc_kernels_gen::tensor_map::DESCRIPTOR_BYTES;
-use specc_kernels_gen::{Arch, Error, Nvrtc};
+use specc_kernels_gen::{Arch, Error, Nvrtc, Target};
+use specc_runtime::cuda::encode_tensor_map;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -20,6 +21,7 @@ pub struct Gpu {
     stream: Arc<CudaStream>,
     nvrtc: Nvrtc,
     arch: Arch,
+    target: Target,
 }
 
 impl Gpu {
@@ -46,6 +48,14 @@ impl Gpu {
             12 => Arch::Sm120,
             other => panic!("no supported arch for compute capability {other}.x"),
         };
+        let attr = |a| ctx.attribute(a).expect("device attribute") as u32;
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let target = Target::for_device(
+            arch,
+            attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+            attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+            &ctx.name().unwrap_or_else(|_| arch.name().to_string()),
+        );
         // SAFETY: everything runs on the one default stream, which orders all work; no
         // per-buffer events are needed (and timing loops should not carry them).
         unsafe { ctx.disable_event_tracking() };
@@ -55,11 +65,18 @@ impl Gpu {
             stream,
             nvrtc,
             arch,
+            target,
         })
     }
 
     pub fn arch(&self) -> Arch {
         self.arch
+    }
+
+    /// The device as a build target (its SMs and shared memory per block): the kernel
+    /// choices the plan would make for it.
+    pub fn target(&self) -> &Target {
+        &self.target
     }
 
     fn load(&self, k: &KernelSource) -> CudaFunction {
@@ -132,7 +149,7 @@ impl Gpu {
             .iter()
             .map(|k| (self.load(k), Self::config(k, bucket)))
             .collect();
-        let consts = bucket.consts();
+        let consts = StepConsts::of(&bucket);
         let launch_all = |i: usize| {
             for (j, (f, cfg)) in fns.iter().enumerate() {
                 let mut b = s.launch_builder(f);
@@ -161,7 +178,7 @@ impl Gpu {
         let bufs: Vec<CudaSlice<u8>> = mem.bufs.iter().map(|b| s.clone_htod(b).unwrap()).collect();
         let slots: Vec<u64> = bufs.iter().map(|b| b.device_ptr(s).0).collect();
         let arena_ptr = arena.device_ptr(s).0;
-        let consts = bucket.consts();
+        let consts = StepConsts::of(&bucket);
         for k in kernels {
             let f = self.load(k);
             let cfg = Self::config(k, bucket);
@@ -209,9 +226,8 @@ fn operand_table(
     let base = table.device_ptr(s).0;
     t.resize(first, 0);
     for (j, (i, m)) in maps.into_iter().enumerate() {
-        let desc = m
-            .encode(t[i], &bucket)
-            .unwrap_or_else(|e| panic!("{}: {e}", k.name));
+        let desc =
+            encode_tensor_map(&m, t[i], &bucket).unwrap_or_else(|e| panic!("{}: {e}", k.name));
         t[i] = base + ((first + j * words) * 8) as u64;
         t.extend(
             desc.chunks(8)

@@ -7,7 +7,7 @@ use super::{CudaDevice, LoadedGraph, StepGraph};
 use crate::RuntimeError;
 
 fn drv(e: cudarc::driver::DriverError, what: &str) -> RuntimeError {
-    RuntimeError::Kernel(format!("{what}: {e}"))
+    RuntimeError::Engine(format!("{what}: {e}"))
 }
 
 /// Milliseconds of each of `iters` replays (after `warmup` untimed ones), each bracketed by

@@ -1,30 +1,24 @@
-//! Graphs of a method compiled to kernels and run on one GPU: the target prefill and the
-//! draft prefill launched directly (once per admission), the step captured as ONE CUDA graph
-//! per bucket and replayed with no host value inside it.
-//!
-//! Pipeline per graph and bucket: `specc_codegen::compile` (fuse, schedule, memory plan) →
-//! `specc_kernels_gen::plan_kernels` (sources, grids, operands) → NVRTC cubins (on-disk cache)
-//! → modules → launches whose parameters are the launch's operand table (arena offsets and
-//! weight/state slots resolved to addresses) and its bucket constants.
+//! The device side of a loaded [`Engine`]: the engine's cubins for this device's arch, its
+//! states, the weights every plan names (one slab), and per (graph, bucket) plan the arena,
+//! the operand table and the prepared launches. Nothing here plans, generates or compiles:
+//! every launch is the engine's, as `plan.txt` lists it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
 
-use specc_ir::{Bindings, DType, Graph};
-use specc_kernels_gen::abi::Loc;
-use specc_kernels_gen::plan::{plan_kernels_for, DeviceLimits, KernelPlan, Slot};
-use specc_kernels_gen::tensor_map::DESCRIPTOR_BYTES as TENSOR_MAP_BYTES;
-use specc_kernels_gen::{Arch, Nvrtc};
+use specc_ir::engine::abi::{Loc, DESCRIPTOR_BYTES as TENSOR_MAP_BYTES};
+use specc_ir::engine::{Arch, BucketPlan, Engine, Slot};
+use specc_ir::DType;
 use specc_models::Checkpoint;
 
+use super::tensor_map::encode_tensor_map;
 use super::{
     operand_table, pointer_table, BufRef, CudaDevice, DeviceArena, DeviceBuffer, DeviceWeights,
     HostTensor, KernelImage, KernelModule, KernelParam, PreparedLaunch, StateBuffers, StepGraph,
 };
 use crate::RuntimeError;
 
-/// Where the weights named by the graphs come from: checkpoints, each under a name prefix
+/// Where the weights named by the plans come from: checkpoints, each under a name prefix
 /// (`""` for the target, `draft/` or `eagle/` for a draft).
 pub struct WeightSources<'a> {
     pub sources: Vec<(&'a str, &'a Checkpoint)>,
@@ -48,30 +42,6 @@ impl WeightSources<'_> {
     }
 }
 
-/// Cubins baked into the binary at build time: `(kernel name, arch, cubin)`. Kernel names
-/// hash their source, so a name match means the same kernel. The kernels of one baked
-/// module list the same cubin (one static, so equal pointers): it is loaded once.
-pub type Prebuilt = &'static [(&'static str, &'static str, &'static [u8])];
-
-static PREBUILT: std::sync::OnceLock<Prebuilt> = std::sync::OnceLock::new();
-
-/// Registers the binary's baked cubins (the generated runtime binary does this at start);
-/// kernels found there skip NVRTC.
-pub fn set_prebuilt(table: Prebuilt) {
-    let _ = PREBUILT.set(table);
-}
-
-fn prebuilt(name: &str, arch: &str) -> Option<&'static [u8]> {
-    PREBUILT
-        .get()?
-        .iter()
-        .find(|(n, a, _)| *n == name && *a == arch)
-        .map(|(_, _, c)| *c)
-}
-
-/// A cubin and the kernels (entry names) it holds.
-type ModuleImage = (Vec<String>, Vec<u8>);
-
 fn slot_key(s: &Slot) -> String {
     match s {
         Slot::Weight(n) | Slot::State(n) => n.clone(),
@@ -84,18 +54,18 @@ fn slot_key(s: &Slot) -> String {
     }
 }
 
-fn kerr(e: specc_kernels_gen::Error) -> RuntimeError {
-    RuntimeError::Kernel(e.to_string())
+fn engine_err(what: String) -> RuntimeError {
+    RuntimeError::Engine(what)
 }
 
-/// One graph compiled for one bucket and loaded: launches ready to issue or capture.
+/// One plan loaded: launches ready to issue or capture.
 pub struct LoadedGraph {
-    pub plan: KernelPlan,
+    pub plan: BucketPlan,
+    /// Kernel name of each launch.
+    pub kernel_names: Vec<String>,
     pub arena: DeviceArena,
     pub launches: Vec<PreparedLaunch>,
     pub table: Arc<DeviceBuffer>,
-    /// Seconds spent in codegen + kernel generation, and in NVRTC (or its cache).
-    pub compile_s: (f64, f64),
 }
 
 impl LoadedGraph {
@@ -104,15 +74,15 @@ impl LoadedGraph {
         self.plan
             .io
             .iter()
-            .find(|(n, _, _)| n == name)
-            .map(|(_, o, b)| (*o, *b))
+            .find(|r| r.name == name)
+            .map(|r| (r.offset, r.bytes))
             .ok_or_else(|| RuntimeError::MissingOutput(leak(name)))
     }
 
     pub fn write(&self, name: &str, bytes: &[u8]) -> Result<(), RuntimeError> {
         let (off, len) = self.io(name)?;
         if bytes.len() as u64 != len {
-            return Err(RuntimeError::Kernel(format!(
+            return Err(engine_err(format!(
                 "input `{name}`: {} bytes given, the plan holds {len}",
                 bytes.len()
             )));
@@ -130,56 +100,56 @@ fn leak(s: &str) -> &'static str {
     Box::leak(s.to_string().into_boxed_str())
 }
 
-/// The device side of an engine: weights and states shared by every graph.
-pub struct CudaEngine {
+/// The device side of an engine: its modules, weights and states, shared by every plan.
+pub struct CudaEngine<'e> {
     pub dev: CudaDevice,
     pub arch: Arch,
-    nvrtc: Nvrtc,
+    pub engine: &'e Engine,
     weights: Option<DeviceWeights>,
     pub states: StateBuffers,
     /// Concatenated weights and folded constants built at upload, by slot key.
     derived: HashMap<String, BufRef>,
+    modules: HashMap<u32, Arc<KernelModule>>,
 }
 
-impl CudaEngine {
-    /// Opens GPU 0 and NVRTC, and allocates every state the graphs use at their bindings
-    /// (weights come with [`CudaEngine::upload`]).
-    pub fn new(graphs: &[(&Graph, Bindings)]) -> Result<CudaEngine, RuntimeError> {
+impl<'e> CudaEngine<'e> {
+    /// Opens GPU 0, checks the engine has cubins for its arch, and allocates the engine's
+    /// states (weights come with [`CudaEngine::upload`]).
+    pub fn new(engine: &'e Engine) -> Result<CudaEngine<'e>, RuntimeError> {
         let dev = CudaDevice::open(0)?;
-        let arch: Arch = dev
-            .info()
-            .arch
-            .parse()
-            .map_err(|e: specc_kernels_gen::Error| RuntimeError::Kernel(e.to_string()))?;
-        let nvrtc = Nvrtc::new().map_err(kerr)?;
-        let mut sizes: Vec<(String, u64)> = Vec::new();
-        for (g, bind) in graphs {
-            for s in super::state_sizes(g, bind)? {
-                if !sizes.iter().any(|(n, _)| *n == s.0) {
-                    sizes.push(s);
-                }
-            }
-        }
-        let states = StateBuffers::new(&dev, sizes.iter().map(|(n, b)| (n.as_str(), *b)))?;
+        let (major, minor) = dev.info().compute_capability;
+        let arch = Arch::of_capability(major, minor).ok_or_else(|| {
+            engine_err(format!(
+                "{} (compute capability {major}.{minor}) is not a GPU specc compiles for (sm_90a, sm_100a, sm_120)",
+                dev.info().name
+            ))
+        })?;
+        check_loadable(engine, arch)?;
+        let states = StateBuffers::new(
+            &dev,
+            engine.states.iter().map(|s| (s.name.as_str(), s.bytes)),
+        )?;
         Ok(CudaEngine {
             dev,
             arch,
-            nvrtc,
+            engine,
             weights: None,
             states,
             derived: HashMap::new(),
+            modules: HashMap::new(),
         })
     }
 
-    /// Uploads the weights every plan's slots name (each once, concatenations built on the
+    /// Uploads the weights the plans of `roles` name (each once, concatenations built on the
     /// host), in one slab.
     pub fn upload(
         &mut self,
-        plans: &[&KernelPlan],
+        plans: &[&BucketPlan],
         sources: &WeightSources,
     ) -> Result<(), RuntimeError> {
         let mut owned: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::new();
         let mut borrowed: Vec<(String, DType, Vec<usize>, &[u8])> = Vec::new();
+        let missing = |n: &str| engine_err(format!("weight `{n}` is in no checkpoint"));
         for plan in plans {
             for s in &plan.slots {
                 let key = slot_key(s);
@@ -189,9 +159,7 @@ impl CudaEngine {
                 match s {
                     Slot::State(_) => {}
                     Slot::Weight(n) => {
-                        let (dt, shape, bytes) = sources.get(n).ok_or_else(|| {
-                            RuntimeError::Kernel(format!("weight `{n}` not in any checkpoint"))
-                        })?;
+                        let (dt, shape, bytes) = sources.get(n).ok_or_else(|| missing(n))?;
                         borrowed.push((key, dt, shape, bytes));
                     }
                     Slot::ConcatRows(names) => {
@@ -200,9 +168,7 @@ impl CudaEngine {
                         let mut cols = 0;
                         let mut dtype = DType::BF16;
                         for n in names {
-                            let (dt, shape, bytes) = sources.get(n).ok_or_else(|| {
-                                RuntimeError::Kernel(format!("weight `{n}` not in any checkpoint"))
-                            })?;
+                            let (dt, shape, bytes) = sources.get(n).ok_or_else(|| missing(n))?;
                             rows += shape[0];
                             cols = shape[1];
                             dtype = dt;
@@ -240,28 +206,31 @@ impl CudaEngine {
         Ok(())
     }
 
-    /// Codegen + kernel generation for `graph` at `bind` within this device's limits (no
-    /// device work).
-    pub fn plan(&self, graph: &Graph, bind: Bindings) -> Result<(KernelPlan, f64), RuntimeError> {
-        let t = Instant::now();
-        let c = specc_codegen::compile(graph.clone(), &[bind])
-            .map_err(|e| RuntimeError::Kernel(e.to_string()))?;
-        let limits = DeviceLimits {
-            smem_per_block: self.dev.info().max_smem_per_block_optin,
-        };
-        let plan = plan_kernels_for(&c.graph, &c.groups, &c.plans[0], limits).map_err(kerr)?;
-        Ok((plan, t.elapsed().as_secs_f64()))
+    fn module(&mut self, m: u32) -> Result<Arc<KernelModule>, RuntimeError> {
+        if let Some(k) = self.modules.get(&m) {
+            return Ok(k.clone());
+        }
+        let info = &self.engine.modules[m as usize];
+        let cubin = self.engine.cubin(m, self.arch).ok_or_else(|| {
+            engine_err(format!(
+                "module {}: no {} cubin in the engine",
+                info.name, self.arch
+            ))
+        })?;
+        let k = Arc::new(KernelModule::load(
+            &self.dev,
+            &info.name,
+            KernelImage::Binary(cubin.to_vec()),
+        )?);
+        self.modules.insert(m, k.clone());
+        Ok(k)
     }
 
-    /// Compiles the plan's kernels, loads them and prepares the launches (weights must be
+    /// Loads one plan: its arena, its operand table and its launches (weights must be
     /// uploaded already).
-    pub fn load(&self, plan: KernelPlan, plan_s: f64) -> Result<LoadedGraph, RuntimeError> {
-        let weights = self
-            .weights
-            .as_ref()
-            .ok_or_else(|| RuntimeError::Kernel("weights are not uploaded".into()))?;
-        // Constants of a plan `upload` did not see (a bucket planned later): uploaded here,
-        // kept alive by the operand table that points into them.
+    pub fn load(&mut self, plan: &BucketPlan) -> Result<LoadedGraph, RuntimeError> {
+        // Constants of a plan `upload` did not see: uploaded here, kept alive by the operand
+        // table that points into them.
         let late: Vec<(String, Vec<usize>, &[u8])> = plan
             .slots
             .iter()
@@ -286,6 +255,10 @@ impl CudaEngine {
                 false,
             )?)
         };
+        let weights = self
+            .weights
+            .as_ref()
+            .ok_or_else(|| engine_err("weights are not uploaded".into()))?;
         let mut slots = Vec::with_capacity(plan.slots.len());
         for s in &plan.slots {
             slots.push(match s {
@@ -301,8 +274,6 @@ impl CudaEngine {
         // Slot bases must be 16-byte aligned: kernels chose vector widths from offsets alone.
         pointer_table(&self.dev, "slot bases", &slots)?;
         let arena = DeviceArena::new(&self.dev, plan.arena_bytes.max(256))?;
-        // Every launch's operand table, concatenated into one device array: launch `i` reads
-        // entries `starts[i]..`. The table holds every buffer it points into.
         let resolve = |loc: Loc| match loc {
             Loc::Table { slot, offset } => {
                 let base = &slots[slot as usize];
@@ -315,20 +286,35 @@ impl CudaEngine {
                 buf: arena.buffer().clone(),
                 offset,
             },
-            Loc::TensorMap(m) => unreachable!("tensor map {m:?} resolved as a tensor"),
+            Loc::TensorMap(m) => {
+                let base = m.tensor();
+                match base {
+                    Loc::Table { slot, offset } => BufRef {
+                        buf: slots[slot as usize].buf.clone(),
+                        offset: slots[slot as usize].offset + offset,
+                    },
+                    _ => BufRef {
+                        buf: arena.buffer().clone(),
+                        offset: base.byte_offset(),
+                    },
+                }
+            }
         };
         // Tensor-map operands point into one buffer of descriptors, each encoded for its
         // launch's bucket after checking that every row it may read lies in the tensor's buffer.
         let mut descriptors: Vec<u8> = Vec::new();
         let mut described: Vec<BufRef> = Vec::new();
         for l in &plan.launches {
-            for loc in &l.kernel.operands {
+            for loc in &l.operands {
                 if let Loc::TensorMap(m) = *loc {
-                    let at = resolve(m.tensor());
+                    let at = resolve(*loc);
                     let addr = at.buf.addr(at.offset, m.span_bytes(&l.bucket))?;
-                    let d = m
-                        .encode(addr, &l.bucket)
-                        .map_err(|e| RuntimeError::Kernel(format!("{}: {e}", l.kernel.name)))?;
+                    let d = encode_tensor_map(&m, addr, &l.bucket).map_err(|e| {
+                        engine_err(format!(
+                            "{}: {e}",
+                            self.engine.kernels[l.kernel as usize].name
+                        ))
+                    })?;
                     descriptors.extend_from_slice(&d);
                     described.push(at);
                 }
@@ -352,7 +338,7 @@ impl CudaEngine {
         let mut next_descriptor = 0u64;
         for l in &plan.launches {
             starts.push(entries.len() as u64);
-            for loc in &l.kernel.operands {
+            for loc in &l.operands {
                 entries.push(match *loc {
                     Loc::TensorMap(_) => {
                         let buf = descriptor_buf.clone().expect("descriptors were encoded");
@@ -372,88 +358,38 @@ impl CudaEngine {
             });
         }
         let table = operand_table(&self.dev, "operands", &entries)?;
-        let t = Instant::now();
-        let cubins = self.compile_all(&plan)?;
-        // One loaded module per cubin; every kernel it holds maps to it.
-        let mut modules: HashMap<String, Arc<KernelModule>> = HashMap::new();
-        for (entries, cubin) in cubins {
-            let m = Arc::new(KernelModule::load(
-                &self.dev,
-                &entries.join(","),
-                KernelImage::Binary(cubin),
-            )?);
-            for e in entries {
-                modules.insert(e, m.clone());
-            }
-        }
         let mut launches = Vec::with_capacity(plan.launches.len());
+        let mut kernel_names = Vec::with_capacity(plan.launches.len());
         for (l, &start) in plan.launches.iter().zip(&starts) {
-            let k = &l.kernel;
-            let geo = k.launch.resolve(&l.bucket);
-            let f = modules[&k.name].function(&k.entry, geo.smem_bytes)?;
-            let c = l.bucket.consts();
+            let k = &self.engine.kernels[l.kernel as usize];
+            let module = self.module(k.module)?;
+            let f = module.function(&k.name, l.smem_bytes)?;
+            let g = (l.grid[0], l.grid[1], l.grid[2]);
+            let b = (l.block[0], l.block[1], l.block[2]);
             launches.push(
                 PreparedLaunch::new(
                     &k.name,
                     f,
-                    (geo.grid[0], geo.grid[1], geo.grid[2]),
-                    (geo.block[0], geo.block[1], geo.block[2]),
-                    geo.smem_bytes,
+                    g,
+                    b,
+                    l.smem_bytes,
                     vec![
                         KernelParam::buf(&table, 8 * start)?,
-                        KernelParam::i32s(&[c.b, c.t, c.ctx, c.m]),
+                        KernelParam::i32s(&l.bucket.consts()),
                     ],
                 )?
                 // Every generated kernel runs `pdl_enter()` before touching activations.
                 .with_pdl(),
             );
+            kernel_names.push(k.name.clone());
         }
         Ok(LoadedGraph {
-            plan,
+            plan: plan.clone(),
+            kernel_names,
             arena,
             launches,
             table,
-            compile_s: (plan_s, t.elapsed().as_secs_f64()),
         })
-    }
-
-    /// Cubins holding every distinct kernel of `plan`, each with the kernels (entry names)
-    /// it holds: baked cubins first (kernels baked into one module share its bytes, so they
-    /// load once), the rest compiled as NVRTC modules on all cores (the on-disk cache makes
-    /// repeats cheap).
-    fn compile_all(&self, plan: &KernelPlan) -> Result<Vec<ModuleImage>, RuntimeError> {
-        let mut missing: Vec<&specc_kernels_gen::KernelSource> = Vec::new();
-        let mut baked: Vec<(Vec<String>, &'static [u8])> = Vec::new();
-        for l in &plan.launches {
-            let name = &l.kernel.name;
-            if missing.iter().any(|k| k.name == *name)
-                || baked.iter().any(|(names, _)| names.contains(name))
-            {
-                continue;
-            }
-            match prebuilt(name, self.arch.name()) {
-                Some(cubin) => match baked.iter_mut().find(|(_, c)| {
-                    std::ptr::eq(c.as_ptr(), cubin.as_ptr()) && c.len() == cubin.len()
-                }) {
-                    Some((names, _)) => names.push(name.clone()),
-                    None => baked.push((vec![name.clone()], cubin)),
-                },
-                None => missing.push(&l.kernel),
-            }
-        }
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .clamp(1, 32);
-        let compiled = self
-            .nvrtc
-            .compile_many(&missing, &[self.arch], threads)
-            .map_err(kerr)?;
-        let mut out: Vec<ModuleImage> = baked
-            .into_iter()
-            .map(|(names, cubin)| (names, cubin.to_vec()))
-            .collect();
-        out.extend(compiled.into_iter().map(|m| (m.entries, m.compiled.cubin)));
-        Ok(out)
     }
 
     /// Issues a loaded graph's launches directly (not captured).
@@ -482,4 +418,35 @@ impl CudaEngine {
     pub fn synchronize(&self) -> Result<(), RuntimeError> {
         self.dev.synchronize()
     }
+}
+
+/// Why `engine` cannot run on a device of `arch`, if it cannot: no plans, no cubins, or a
+/// module without this arch's cubin.
+pub fn check_loadable(engine: &Engine, arch: Arch) -> Result<(), RuntimeError> {
+    if let Some(why) = &engine.uncompiled {
+        return Err(engine_err(format!(
+            "the engine holds no cubins (NVRTC was unavailable when it was built: {why}); it runs on the CPU backend only"
+        )));
+    }
+    if engine.plans.is_empty() {
+        return Err(engine_err(
+            "the engine was built without GPU kernels (for the CPU backend); rebuild it with --arch".into(),
+        ));
+    }
+    if !engine.target.archs.contains(&arch) {
+        let have: Vec<&str> = engine.target.archs.iter().map(|a| a.name()).collect();
+        return Err(engine_err(format!(
+            "the engine has cubins for {} but this GPU is {arch} (rebuild with --arch {arch})",
+            have.join(", ")
+        )));
+    }
+    for m in &engine.modules {
+        if !m.cubins.iter().any(|c| c.arch == arch) {
+            return Err(engine_err(format!(
+                "module {}: no {arch} cubin in the engine",
+                m.name
+            )));
+        }
+    }
+    Ok(())
 }

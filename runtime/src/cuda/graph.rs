@@ -9,7 +9,9 @@ use std::cell::Cell;
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode, CUstreamCaptureStatus};
-use cudarc::driver::{result, sys, CudaFunction, CudaGraph, CudaStream};
+use cudarc::driver::{result, sys, CudaGraph, CudaStream};
+
+use super::module::KernelFunction;
 
 use super::buffer::DeviceBuffer;
 use super::device::{CudaDevice, LaunchCounters};
@@ -28,7 +30,7 @@ pub struct Retained {
     /// and tables, the token ring, and anything passed as a raw `Ptr`.
     pub buffers: Vec<Arc<DeviceBuffer>>,
     /// Functions launched other than through `launches`.
-    pub functions: Vec<CudaFunction>,
+    pub functions: Vec<KernelFunction>,
 }
 
 /// A captured, instantiated step.

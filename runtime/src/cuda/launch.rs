@@ -23,7 +23,9 @@ use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::{CUfunction_attribute as FnAttr, CUresult};
-use cudarc::driver::{result, sys, CudaFunction};
+use cudarc::driver::{result, sys};
+
+use super::module::KernelFunction;
 
 use super::buffer::DeviceBuffer;
 use super::device::CudaDevice;
@@ -119,7 +121,7 @@ impl ParamSlot {
 #[derive(Clone, Debug)]
 pub struct PreparedLaunch {
     name: String,
-    func: CudaFunction,
+    func: KernelFunction,
     grid: (u32, u32, u32),
     block: (u32, u32, u32),
     smem: u32,
@@ -136,7 +138,7 @@ impl PreparedLaunch {
     /// [`KernelModule::function`](super::KernelModule::function) with at least that much.
     pub fn new(
         name: &str,
-        func: CudaFunction,
+        func: KernelFunction,
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
         smem: u32,
@@ -148,7 +150,7 @@ impl PreparedLaunch {
         };
         check_geometry(grid, block).map_err(bad)?;
         let max_threads = func
-            .max_threads_per_block()
+            .attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)
             .during(format!("querying the block limit of `{name}`"))?
             .max(0) as u64;
         let threads = u64::from(block.0) * u64::from(block.1) * u64::from(block.2);
@@ -159,7 +161,7 @@ impl PreparedLaunch {
             .into());
         }
         let max_dyn = func
-            .get_attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+            .attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
             .during(format!(
                 "querying the dynamic shared memory limit of `{name}`"
             ))?
@@ -370,7 +372,7 @@ fn check_params(sizes: &[usize], params: &[KernelParam]) -> Result<(), String> {
 /// the driver cannot say. Only indices below `n` are queried: probing past the last parameter
 /// is an API error that compute-sanitizer reports, so a kernel with MORE parameters than
 /// passed is not detected here (the ABI fixes three).
-fn param_sizes(func: &CudaFunction, n: usize) -> Option<Vec<usize>> {
+fn param_sizes(func: &KernelFunction, n: usize) -> Option<Vec<usize>> {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     // cudarc panics on a call to a symbol the loaded driver lacks, so look it up first.
     // SAFETY: `culib()` returns the already loaded driver library (a device is open); looking

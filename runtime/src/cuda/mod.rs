@@ -52,6 +52,7 @@ mod module;
 mod ring;
 mod session;
 mod table;
+mod tensor_map;
 mod weights;
 
 pub use arena::{state_sizes, DeviceArena, StateBuffers};
@@ -60,12 +61,13 @@ pub use device::{
     arch_for, driver_present, pdl_default, pick_arch, CudaDevice, DeviceInfo, LaunchCounters,
     PDL_ENV,
 };
-pub use engine::{set_prebuilt, CudaEngine, LoadedGraph, Prebuilt, WeightSources};
+pub use engine::{check_loadable, CudaEngine, LoadedGraph, WeightSources};
 pub use error::CudaError;
 pub use graph::{Retained, StepGraph};
 pub use launch::{launch_all, KernelParam, PreparedLaunch};
-pub use module::{KernelImage, KernelModule};
+pub use module::{KernelFunction, KernelImage, KernelModule};
 pub use ring::{TokenRing, DEFAULT_RING_DEPTH};
-pub use session::{prefill_bucket, CudaSpecGraphs, CudaSpecSession, MIN_PREFILL_T};
+pub use session::{prefill_bucket, CudaSpecSession, MIN_PREFILL_T};
+pub use tensor_map::encode_tensor_map;
 pub use table::{operand_table, pointer_table, BufRef, TABLE_ENTRY_ALIGN};
 pub use weights::{slab_layout, DeviceWeights, HostTensor, WeightEntry, WEIGHT_ALIGN};

@@ -2,9 +2,10 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::{CUfunction_attribute as FnAttr, CUresult};
-use cudarc::driver::{CudaFunction, CudaModule};
-use cudarc::nvrtc::Ptx;
+use std::ffi::CString;
+
+use cudarc::driver::sys::{self, CUfunction_attribute as FnAttr, CUresult};
+use cudarc::driver::{result, CudaContext, DriverError};
 
 use super::device::CudaDevice;
 use super::error::{CudaError, DriverResultExt};
@@ -46,11 +47,71 @@ impl KernelImage {
     }
 }
 
-/// A loaded module. Functions taken from it keep it loaded (a `CudaFunction` holds the
-/// module's `Arc`).
+/// A `CUmodule` loaded into a context; unloaded when the last function taken from it is
+/// dropped.
+struct RawModule {
+    module: sys::CUmodule,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: a CUmodule handle may be used from any thread once its context is bound there;
+// every use binds the context first.
+unsafe impl Send for RawModule {}
+// SAFETY: as above; the handle is never mutated after loading.
+unsafe impl Sync for RawModule {}
+
+impl Drop for RawModule {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: the module was loaded by `cuModuleLoadData` and is unloaded once, here;
+            // no function of it outlives this (functions hold the module's `Arc`).
+            let _ = unsafe { result::module::unload(self.module) };
+        }
+    }
+}
+
+/// A kernel of a loaded module; keeps the module loaded.
+#[derive(Clone)]
+pub struct KernelFunction {
+    raw: sys::CUfunction,
+    module: Arc<RawModule>,
+}
+
+// SAFETY: a CUfunction is an immutable handle into its module, which `module` keeps alive.
+unsafe impl Send for KernelFunction {}
+// SAFETY: as above.
+unsafe impl Sync for KernelFunction {}
+
+impl std::fmt::Debug for KernelFunction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KernelFunction({:?})", self.raw)
+    }
+}
+
+impl KernelFunction {
+    pub fn cu_function(&self) -> sys::CUfunction {
+        self.raw
+    }
+
+    pub fn attribute(&self, a: FnAttr) -> Result<i32, DriverError> {
+        self.module.ctx.bind_to_thread()?;
+        let mut v = 0i32;
+        // SAFETY: `raw` is a live function (its module is held) and `v` a valid out pointer.
+        unsafe { sys::cuFuncGetAttribute(&mut v, a, self.raw) }.result()?;
+        Ok(v)
+    }
+
+    fn set_attribute(&self, a: FnAttr, v: i32) -> Result<(), DriverError> {
+        self.module.ctx.bind_to_thread()?;
+        // SAFETY: `raw` is a live function (its module is held).
+        unsafe { sys::cuFuncSetAttribute(self.raw, a, v) }.result()
+    }
+}
+
+/// A loaded module. Functions taken from it keep it loaded.
 pub struct KernelModule {
     name: String,
-    module: Arc<CudaModule>,
+    raw: Arc<RawModule>,
     max_smem_optin: u32,
 }
 
@@ -62,25 +123,33 @@ impl KernelModule {
         image: KernelImage,
     ) -> Result<KernelModule, RuntimeError> {
         let kind = image.kind();
-        let ptx = match image {
-            // `load_module` passes the bytes straight to cuModuleLoadData, which reads an
-            // ELF/fatbin header for its size.
-            KernelImage::Binary(b) => Ptx::from_binary(b),
-            // `load_module` NUL-terminates source text.
-            KernelImage::Ptx(s) => Ptx::from_src(s),
+        let fail = |source: DriverError| CudaError::ModuleLoad {
+            module: name.to_string(),
+            kind,
+            hint: load_hint(source.0, kind),
+            source,
         };
-        let module = dev
-            .context()
-            .load_module(ptx)
-            .map_err(|source| CudaError::ModuleLoad {
-                module: name.to_string(),
-                kind,
-                hint: load_hint(source.0, kind),
-                source,
-            })?;
+        dev.context().bind_to_thread().map_err(fail)?;
+        let module = match image {
+            // cuModuleLoadData reads an ELF/fatbin header for the image's size.
+            // SAFETY: `b` is a whole ELF/fatbin image (checked by `KernelImage::from_bytes` or
+            // produced by NVRTC) alive for the call.
+            KernelImage::Binary(b) => unsafe { result::module::load_data(b.as_ptr().cast()) },
+            KernelImage::Ptx(s) => {
+                let c = CString::new(s).map_err(|_| {
+                    CudaError::BadImage("PTX text holds a NUL byte".into())
+                })?;
+                // SAFETY: `c` is NUL-terminated PTX text alive for the call.
+                unsafe { result::module::load_data(c.as_ptr().cast()) }
+            }
+        }
+        .map_err(fail)?;
         Ok(KernelModule {
             name: name.to_string(),
-            module,
+            raw: Arc::new(RawModule {
+                module,
+                ctx: dev.context().clone(),
+            }),
             max_smem_optin: dev.info().max_smem_per_block_optin,
         })
     }
@@ -93,17 +162,28 @@ impl KernelModule {
     /// memory: above the kernel's current limit (by default 48 KiB minus its static shared
     /// memory) it opts in (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`, never lowered),
     /// after checking static + dynamic fits the device.
-    pub fn function(&self, kernel: &str, dynamic_smem: u32) -> Result<CudaFunction, RuntimeError> {
-        let f = self
-            .module
-            .load_function(kernel)
-            .map_err(|source| CudaError::MissingKernel {
-                module: self.name.clone(),
-                kernel: kernel.to_string(),
-                source,
-            })?;
+    pub fn function(
+        &self,
+        kernel: &str,
+        dynamic_smem: u32,
+    ) -> Result<KernelFunction, RuntimeError> {
+        let missing = |source: DriverError| CudaError::MissingKernel {
+            module: self.name.clone(),
+            kernel: kernel.to_string(),
+            source,
+        };
+        self.raw.ctx.bind_to_thread().map_err(missing)?;
+        let c = CString::new(kernel).map_err(|_| {
+            CudaError::BadImage(format!("kernel name `{kernel}` holds a NUL byte"))
+        })?;
+        // SAFETY: the module is loaded (held by `self.raw`) and `c` is NUL-terminated.
+        let raw = unsafe { result::module::get_function(self.raw.module, c) }.map_err(missing)?;
+        let f = KernelFunction {
+            raw,
+            module: self.raw.clone(),
+        };
         let static_bytes = f
-            .get_attribute(FnAttr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+            .attribute(FnAttr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
             .during(format!("querying the static shared memory of `{kernel}`"))?
             .max(0) as u32;
         if u64::from(static_bytes) + u64::from(dynamic_smem) > u64::from(self.max_smem_optin) {
@@ -118,7 +198,7 @@ impl KernelModule {
         // The attribute belongs to the kernel, shared by every handle to it: only ever raise
         // it, so launches prepared for a larger amount stay valid.
         let current = f
-            .get_attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+            .attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
             .during(format!(
                 "querying the dynamic shared memory limit of `{kernel}`"
             ))?

@@ -1,18 +1,16 @@
 //! Speculative decoding (or plain decoding, k = 0) on the GPU: the CUDA counterpart of
-//! [`crate::SpecCpuSession`], over the same graphs and the same admission math. The step is
-//! one captured graph; the host only admits lanes, replays, and reads the token ring.
+//! [`crate::SpecCpuSession`], driven by the same step contract and the same admission math
+//! over an engine's plans. The step is one captured graph; the host only admits lanes,
+//! replays, and reads the token ring.
 
 use std::collections::HashMap;
 
-use specc_ir::{Bindings, DType};
+use specc_ir::engine::{BucketPlan, Engine, GraphRole, StepContract};
 use specc_models::spec_step::{BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, HIDDEN, RING};
 
 use super::{CudaEngine, LoadedGraph, StepGraph, TokenRing, WeightSources, DEFAULT_RING_DEPTH};
 use crate::admission::{self, PrefillInputs};
 use crate::{DraftKind, RuntimeError, SpecStats};
-
-/// The graphs of a method: the same description the CPU backend takes.
-pub type CudaSpecGraphs<'a> = crate::SpecGraphs<'a>;
 
 pub use specc_models::spec_bundle::MIN_PREFILL_T;
 
@@ -21,17 +19,34 @@ pub fn prefill_bucket(t: usize) -> usize {
 }
 
 pub struct CudaSpecSession<'a> {
-    graphs: CudaSpecGraphs<'a>,
-    pub engine: CudaEngine,
+    contract: StepContract,
+    pub engine: CudaEngine<'a>,
     step: LoadedGraph,
     pub step_graph: StepGraph,
     ring: TokenRing,
-    prefills: HashMap<(bool, usize), LoadedGraph>,
+    prefills: HashMap<(GraphRole, usize), LoadedGraph>,
     lanes: usize,
     max_context: u64,
     pub stats: SpecStats,
-    /// Seconds spent compiling (codegen + kernel generation, NVRTC) the step graph.
-    pub step_compile_s: (f64, f64),
+}
+
+fn plan_of(
+    engine: &Engine,
+    role: GraphRole,
+    lanes: usize,
+    t: usize,
+) -> Result<&BucketPlan, RuntimeError> {
+    engine.plan(role, lanes as u32, Some(t as u32)).ok_or_else(|| {
+        let ts = engine.token_buckets(role, lanes as u32);
+        RuntimeError::Engine(if ts.is_empty() {
+            format!(
+                "no `{role}` plan for batch {lanes} (the engine was built for batch buckets {:?})",
+                engine.batch_buckets()
+            )
+        } else {
+            format!("no `{role}` plan of {t} tokens at batch {lanes} (built for {ts:?})")
+        })
+    })
 }
 
 fn i32_bytes(v: &[i64]) -> Vec<u8> {
@@ -57,65 +72,49 @@ fn repad(p: &PrefillInputs, lanes: usize, tb: usize) -> (Vec<i64>, Vec<i64>) {
 }
 
 impl<'a> CudaSpecSession<'a> {
-    /// Compiles, uploads and captures. `lanes` is the batch bucket B.
+    /// Loads the engine's plans of its speculative method (`speculative`) or of plain
+    /// decoding at batch bucket `lanes`, uploads the weights and captures the step.
     pub fn new(
-        graphs: CudaSpecGraphs<'a>,
+        engine: &'a Engine,
+        speculative: bool,
         sources: &WeightSources,
         lanes: usize,
-        max_context: u64,
     ) -> Result<Self, RuntimeError> {
-        let b = lanes as u64;
-        let step_bind = Bindings::new(b, 1, max_context);
-        let pre_bind = Bindings::new(b, MIN_PREFILL_T as u64, max_context);
-        let mut engine = CudaEngine::new(&[
-            (graphs.step, step_bind.clone()),
-            (graphs.target_prefill, pre_bind.clone()),
-            (graphs.draft_prefill, pre_bind.clone()),
-        ])?;
-        let (step_plan, step_s) = engine.plan(graphs.step, step_bind)?;
-        // Prefill plans name the same weights at every T: the smallest bucket's slots are
-        // enough to know what to upload.
-        let (tp, tp_s) = engine.plan(graphs.target_prefill, pre_bind.clone())?;
-        let mut plans = vec![&step_plan, &tp];
-        let dp = match graphs.kind {
-            DraftKind::None => None,
-            _ => Some(engine.plan(graphs.draft_prefill, pre_bind)?),
-        };
-        if let Some((p, _)) = &dp {
-            plans.push(p);
-        }
-        engine.upload(&plans, sources)?;
-        let mut prefills = HashMap::new();
-        prefills.insert((true, MIN_PREFILL_T), engine.load(tp, tp_s)?);
-        if let Some((p, s)) = dp {
-            prefills.insert((false, MIN_PREFILL_T), engine.load(p, s)?);
-        }
-        let step = engine.load(step_plan, step_s)?;
-        let step_compile_s = step.compile_s;
-        let step_graph = engine.capture(&step)?;
+        let contract = engine.contract(speculative).clone();
+        let mut dev = CudaEngine::new(engine)?;
+        let step_plan = plan_of(engine, contract.step, lanes, 1)?;
+        // Every plan of the method at this batch, so a prefill of any length finds its
+        // weights uploaded.
+        let plans: Vec<&BucketPlan> = engine
+            .plans
+            .iter()
+            .filter(|p| contract.roles().contains(&p.role) && p.bucket.b == lanes as u32)
+            .collect();
+        dev.upload(&plans, sources)?;
+        let step = dev.load(step_plan)?;
+        let step_graph = dev.capture(&step)?;
         let ring = TokenRing::from_states(
-            &engine.dev,
-            engine.state(RING)?.clone(),
-            engine.state(EMITTED)?.clone(),
+            &dev.dev,
+            dev.state(RING)?.clone(),
+            dev.state(EMITTED)?.clone(),
             lanes,
-            graphs.ring,
+            contract.ring,
             DEFAULT_RING_DEPTH,
         )?;
-        let k = graphs.max_accept();
+        let k = contract.max_accept();
         Ok(CudaSpecSession {
-            graphs,
-            engine,
+            contract,
+            engine: dev,
             step,
             step_graph,
             ring,
-            prefills,
+            prefills: HashMap::new(),
             lanes,
-            max_context,
+            max_context: engine.max_context,
             stats: SpecStats {
                 steps: 0,
                 histogram: vec![0; k + 1],
             },
-            step_compile_s,
         })
     }
 
@@ -124,19 +123,17 @@ impl<'a> CudaSpecSession<'a> {
         &self.step
     }
 
-    fn prefill(&mut self, target: bool, t: usize) -> Result<&LoadedGraph, RuntimeError> {
-        if !self.prefills.contains_key(&(target, t)) {
-            let g = if target {
-                self.graphs.target_prefill
-            } else {
-                self.graphs.draft_prefill
-            };
-            let bind = Bindings::new(self.lanes as u64, t as u64, self.max_context);
-            let (plan, s) = self.engine.plan(g, bind)?;
-            let loaded = self.engine.load(plan, s)?;
-            self.prefills.insert((target, t), loaded);
+    pub fn contract(&self) -> &StepContract {
+        &self.contract
+    }
+
+    fn prefill(&mut self, role: GraphRole, t: usize) -> Result<&LoadedGraph, RuntimeError> {
+        if !self.prefills.contains_key(&(role, t)) {
+            let plan = plan_of(self.engine.engine, role, self.lanes, t)?;
+            let loaded = self.engine.load(plan)?;
+            self.prefills.insert((role, t), loaded);
         }
-        Ok(&self.prefills[&(target, t)])
+        Ok(&self.prefills[&(role, t)])
     }
 
     /// Runs a prefill graph over `[lanes, tb]` tokens/positions (+ extra inputs) and returns
@@ -150,8 +147,13 @@ impl<'a> CudaSpecSession<'a> {
         extra: &[(&str, Vec<u8>)],
         outputs: &[&str],
     ) -> Result<Vec<Vec<u8>>, RuntimeError> {
-        self.prefill(target, tb)?;
-        let g = &self.prefills[&(target, tb)];
+        let role = if target {
+            self.contract.target_prefill
+        } else {
+            self.contract.draft_prefill.unwrap_or(self.contract.target_prefill)
+        };
+        self.prefill(role, tb)?;
+        let g = &self.prefills[&(role, tb)];
         // A DFlash drafter's prefill reads taps and positions only.
         if g.io("tokens").is_ok() {
             g.write("tokens", &i32_bytes(tokens))?;
@@ -187,7 +189,7 @@ impl<'a> CudaSpecSession<'a> {
         max_new: usize,
     ) -> Result<Vec<u32>, RuntimeError> {
         assert_eq!(prompts.len(), self.lanes, "one prompt per lane");
-        let k = self.graphs.num_steps;
+        let k = self.contract.num_steps;
         let lanes = self.lanes;
         let pre = admission::prefill_inputs(prompts, k, self.max_context)?;
         let tb = prefill_bucket(pre.t);
@@ -198,13 +200,7 @@ impl<'a> CudaSpecSession<'a> {
             });
         }
         let (tokens, pos) = repad(&pre, lanes, tb);
-        let want_taps = matches!(
-            self.graphs.kind,
-            DraftKind::Eagle3 { .. }
-                | DraftKind::Eagle3Tree { .. }
-                | DraftKind::DFlash { .. }
-                | DraftKind::DDTree { .. }
-        );
+        let want_taps = self.contract.wants_taps();
         let outs: &[&str] = if want_taps {
             &["next_token", "taps"]
         } else {
@@ -212,13 +208,13 @@ impl<'a> CudaSpecSession<'a> {
         };
         let out = self.run_prefill(true, tb, &tokens, &pos, &[], outs)?;
         let first = admission::first_tokens(&read_i32(&out[0]), prompts, tb);
-        match self.graphs.kind {
+        match self.contract.kind {
             DraftKind::None => {}
             DraftKind::Model => {
                 self.run_prefill(false, tb, &tokens, &pos, &[], &[])?;
             }
             DraftKind::Eagle3 { .. } | DraftKind::Eagle3Tree { .. } => {
-                let (taps_width, k) = self.graphs.eagle_priming().expect("an EAGLE-3 draft");
+                let (taps_width, k) = self.contract.eagle_priming().expect("an EAGLE-3 draft");
                 let taps = &out[1];
                 let row = taps.len() / (lanes * tb);
                 debug_assert_eq!(row % taps_width, 0);
@@ -266,15 +262,15 @@ impl<'a> CudaSpecSession<'a> {
     }
 
     /// The target forward over `t` tokens per lane at positions `len..len + t` (a verify
-    /// of `t` tokens), loaded and captured as its own graph, for timing.
+    /// of `t` tokens), loaded from the engine's `t`-token prefill plan and captured as its
+    /// own graph, for timing.
     pub fn verify_graph(
         &mut self,
         t: usize,
         len: usize,
     ) -> Result<(LoadedGraph, StepGraph), RuntimeError> {
-        let bind = Bindings::new(self.lanes as u64, t as u64, self.max_context);
-        let (plan, s) = self.engine.plan(self.graphs.target_prefill, bind)?;
-        let g = self.engine.load(plan, s)?;
+        let plan = plan_of(self.engine.engine, self.contract.target_prefill, self.lanes, t)?;
+        let g = self.engine.load(plan)?;
         let tokens: Vec<i64> = (0..self.lanes * t).map(|i| (i % 7) as i64 + 1).collect();
         let pos: Vec<i64> = (0..self.lanes)
             .flat_map(|_| (len..len + t).map(|p| p as i64))
@@ -289,7 +285,7 @@ impl<'a> CudaSpecSession<'a> {
     /// cache holds zeros): for timing steps at a given context. Tokens are meaningless.
     pub fn arm_synthetic(&mut self, len: usize) -> Result<(), RuntimeError> {
         let lanes = self.lanes;
-        let k = self.graphs.num_steps;
+        let k = self.contract.num_steps;
         if (len + k + 3) as u64 > self.max_context {
             return Err(RuntimeError::ContextOverflow {
                 needed: len + k + 3,
@@ -304,13 +300,13 @@ impl<'a> CudaSpecSession<'a> {
             &i32_bytes(&[1, 2].repeat(lanes)),
         )?;
         self.engine.write_state(BUDGET, &per(i32::MAX as i64 / 2))?;
-        if let DraftKind::Eagle3 { .. } | DraftKind::Eagle3Tree { .. } = self.graphs.kind {
+        if let DraftKind::Eagle3 { .. } | DraftKind::Eagle3Tree { .. } = self.contract.kind {
             self.engine
                 .write_state(specc_models::spec_step::EAGLE_COUNT, &per(1))?;
             self.engine
                 .write_state(specc_models::spec_step::EAGLE_BASE, &per(len as i64 - 1))?;
         }
-        if let DraftKind::DFlash { .. } | DraftKind::DDTree { .. } = self.graphs.kind {
+        if let DraftKind::DFlash { .. } | DraftKind::DDTree { .. } = self.contract.kind {
             self.engine
                 .write_state(specc_models::spec_step::DFLASH_COUNT, &per(0))?;
             self.engine
@@ -339,7 +335,7 @@ impl<'a> CudaSpecSession<'a> {
     /// Records, per lane, a step that emitted `n` tokens (for the histogram).
     pub fn record(&mut self, n: usize) {
         if n > 0 {
-            let a = (n - 1).min(self.graphs.max_accept());
+            let a = (n - 1).min(self.contract.max_accept());
             self.stats.histogram[a] += 1;
         }
     }
@@ -353,14 +349,5 @@ impl<'a> CudaSpecSession<'a> {
         self.engine
             .state(BUDGET)?
             .write((lane * 4) as u64, &0i32.to_le_bytes())
-    }
-
-    /// Activation dtype of the EAGLE-3 head's `hidden` input, if any.
-    pub fn hidden_dtype(&self) -> Option<DType> {
-        self.graphs
-            .draft_prefill
-            .inputs()
-            .find(|(_, n, _)| *n == HIDDEN)
-            .map(|(_, _, t)| t.dtype)
     }
 }

@@ -12,15 +12,15 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use specc_ir::{Bindings, Graph};
-use specc_models::spec_step::lower_plain_greedy;
-use specc_models::{SpecBundle, SpecConfig};
+use specc_models::spec_bundle::EngineExtras;
+use specc_models::SpecConfig;
 use specc_runtime::cuda::bench::{copy_bandwidth, median, time_launches, time_replays};
 use specc_runtime::cuda::{CudaSpecSession, LoadedGraph};
+use specc_runtime::EngineGraphs;
 
 use super::figures::{sessions, Figure, Kind, SessionKind};
 use super::table::{KernelRow, SpeccTiming};
-use crate::cmd::engine::{resolve, Source, RANDOM_SEED};
-use crate::cmd::gpu;
+use crate::cmd::engine::{build_for, target_for, Source, Want};
 
 /// Single-launch timings per kernel are medians of this many launches.
 const LAUNCH_REPS: usize = 20;
@@ -54,53 +54,55 @@ pub fn measure(
     per_kernel: bool,
 ) -> Result<Measurement> {
     // Fail on a missing driver or GPU before synthesising gigabytes of random weights.
-    drop(specc_runtime::cuda::CudaDevice::open(0)?);
+    let target = target_for(true)?;
     // Slots one step writes past the context: k for chains and blocks, the tree budget for trees.
     let k = spec.map_or(0, |c| c.verify_margin());
     let groups = sessions(plan);
-    let max_ctx = groups.iter().map(|s| s.max_context(plan, k)).max();
-    let random = src.random_weights;
-    let r = resolve(src, max_ctx)?;
-    let config = match &r.source_path {
+    let config = match &src.path {
         Some(p) if p.is_file() => p.clone(),
-        _ => r.model_dir.join("config.json"),
+        Some(p) => p.join("config.json"),
+        None => crate::embedded::default_model_dir()?.join("config.json"),
     };
-    let seed = random.then_some(RANDOM_SEED);
-    let bundle = match (spec, plan.iter().any(|f| f.session == SessionKind::Spec)) {
-        (Some(c), true) => Some(SpecBundle::open_with(&r.model, c, seed)?),
-        _ => None,
-    };
-    let (plain_prefill, plain_step) = lower_plain_greedy(r.model.spec(), 64)?;
     let mut out: Vec<Option<Measured>> = plan.iter().map(|_| None).collect();
     let mut device = String::new();
     let mut pdl = false;
     for group in &groups {
         let ctx = group.max_context(plan, k);
-        let (mut s, prefill, step) = match (group.kind, &bundle) {
-            (SessionKind::Spec, Some(b)) => (
-                gpu::spec_session(&r.model, b, group.batch, ctx)?,
-                &b.target_prefill,
-                &b.step,
-            ),
-            _ => (
-                gpu::decode_session(&r.model, &plain_prefill, &plain_step, group.batch, ctx, 64)?,
-                &plain_prefill,
-                &plain_step,
-            ),
-        };
+        let speculative = group.kind == SessionKind::Spec && spec.is_some();
+        let verify_tokens = group
+            .figures
+            .iter()
+            .filter_map(|&i| match plan[i].kind {
+                Kind::Verify(t) => Some(t as u32),
+                _ => None,
+            })
+            .collect();
+        // One engine per session: its batch, its context, its verify widths.
+        let r = build_for(
+            src.clone(),
+            Want {
+                spec: spec.filter(|_| speculative),
+                max_context: Some(ctx),
+                target: target.clone(),
+                extras: EngineExtras {
+                    batch_buckets: Some(vec![group.batch as u32]),
+                    verify_tokens,
+                },
+            },
+        )?;
+        let graphs = EngineGraphs::parse(&r.engine)?;
+        let contract = r.engine.contract(speculative).clone();
+        let sources = r.weight_sources();
+        let mut s = CudaSpecSession::new(&r.engine, speculative, &sources, group.batch)?;
         let bw = copy_bandwidth(&s.engine.dev, 1 << 30)?;
         device = s.engine.dev.info().name.clone();
         pdl = s.engine.dev.pdl_enabled();
-        let session_k = if group.kind == SessionKind::Spec {
-            k
-        } else {
-            0
-        };
+        let session_k = if speculative { k } else { 0 };
         for &i in &group.figures {
             let f = plan[i];
             let graph = match f.kind {
-                Kind::Verify(_) => prefill,
-                Kind::Decode | Kind::Spec => step,
+                Kind::Verify(_) => graphs.get(contract.target_prefill)?,
+                Kind::Decode | Kind::Spec => graphs.get(contract.step)?,
             };
             let one = Figure1 {
                 f,
@@ -191,20 +193,21 @@ fn kernel_rows(
         .plan
         .launches
         .iter()
-        .map(|l| l.group + 1)
+        .map(|l| l.group as usize + 1)
         .max()
         .unwrap_or(0);
     let costs = (groups == cost_plan.launches.len()).then_some(&cost_plan.launches);
     let mut rows: Vec<KernelRow> = Vec::new();
     for ((pl, l), ms) in loaded.plan.launches.iter().zip(&loaded.launches).zip(per) {
-        if let Some(r) = rows.iter_mut().find(|r| r.group == pl.group) {
+        let group = pl.group as usize;
+        if let Some(r) = rows.iter_mut().find(|r| r.group == group) {
             r.kernels.push(l.name().to_string());
             r.ms += *ms as f64;
             continue;
         }
-        let cost = costs.map(|c| &c[pl.group]);
+        let cost = costs.map(|c| &c[group]);
         rows.push(KernelRow {
-            group: pl.group,
+            group,
             family: cost.map_or_else(|| l.name().to_string(), |c| c.family.to_string()),
             phase: pl.phase.name(),
             kernels: vec![l.name().to_string()],

@@ -16,41 +16,29 @@
 //!   own (a draft forward over 2 tokens in a bucket whose T is 1), so `t` is read from the
 //!   op's shape, not from the graph's bucket.
 
-use specc_codegen::{Epilogue, Group, GroupKind, Home, LaunchPlan, MatOut};
+use specc_ir::engine::{Phase, Slot, Target};
 use specc_ir::{
     AttnMask as IrMask, BucketDim, DType, Graph, Op, RopeScaling, RopeStyle as IrStyle, ValueId,
 };
+use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
+use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
+use specc_kernels_gen::attention::{self, AttentionParams, AttnMask};
+use specc_kernels_gen::attention_mma;
+use specc_kernels_gen::elementwise::{embedding, EmbeddingParams};
+use specc_kernels_gen::gemv::{GemvParams, GemvWeights, RmsNormPrologue};
+use specc_kernels_gen::gemv_mma::{self, select_partials_per_row};
+use specc_kernels_gen::generic::{single, TensorArg};
+use specc_kernels_gen::norm::{rmsnorm, RmsNormParams};
+use specc_kernels_gen::qkv_rope::QkvRope;
+use specc_kernels_gen::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
+use specc_kernels_gen::Error;
 
-use crate::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
-use crate::argmax::{argmax, ArgmaxInput, ArgmaxParams};
-use crate::attention::{self, AttentionParams, AttnMask};
-use crate::attention_mma;
-use crate::elementwise::{embedding, EmbeddingParams};
-use crate::gemv::{GemvParams, GemvWeights, RmsNormPrologue};
-use crate::gemv_mma::{self, select_partials_per_row};
-use crate::generic::{single, TensorArg};
-use crate::norm::{rmsnorm, RmsNormParams};
-use crate::nvrtc::Arch;
-use crate::qkv_rope::QkvRope;
-use crate::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
-use crate::Error;
+use crate::{Epilogue, Group, GroupKind, Home, LaunchPlan, MatOut};
 
 /// Split-K tile counters reserved in every arena: one per output tile of a launch whose
 /// tiling splits K across blocks (no default tiling does today — measured slower at the 8B
 /// shapes — but `Ctx::gemv` serves any tiling that asks, up to this many tiles).
 pub const SPLIT_COUNTERS: u32 = 512;
-
-/// A buffer outside the arena that kernels reach through the table.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Slot {
-    Weight(String),
-    State(String),
-    /// `[Σ rows, K]`: the named `[rows_i, K]` weights stacked in order.
-    ConcatRows(Vec<String>),
-    /// A folded constant (codegen's `Home::Const`): these bytes, uploaded once at load and
-    /// never written. Equal constants share a slot.
-    Const(Vec<u8>),
-}
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct PlannedLaunch {
@@ -61,26 +49,6 @@ pub struct PlannedLaunch {
     pub group: usize,
     /// Which part of a speculative step it belongs to (for timing breakdowns).
     pub phase: Phase,
-}
-
-/// The parts of a step: kernels reading a draft's weights (with the draft's attention),
-/// kernels reading the target's (with its attention), and the weightless rest (positions,
-/// acceptance, commit, emit).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Phase {
-    Draft,
-    Target,
-    Bookkeeping,
-}
-
-impl Phase {
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Draft => "draft",
-            Phase::Target => "verify (target)",
-            Phase::Bookkeeping => "accept + commit + emit",
-        }
-    }
 }
 
 /// Weight names of drafts start with one of these prefixes inside a step graph.
@@ -162,32 +130,7 @@ struct Ctx<'a> {
     /// The split-K counter region (see the module docs).
     counters: Loc,
     bucket: Bucket,
-    limits: DeviceLimits,
-}
-
-/// What one block of the plan's kernels may use on every device the plan targets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DeviceLimits {
-    /// Shared memory (static + dynamic) per block, bytes.
-    pub smem_per_block: u32,
-}
-
-impl DeviceLimits {
-    /// The limits every one of `archs` meets (all supported archs when empty).
-    pub fn of_archs(archs: &[Arch]) -> DeviceLimits {
-        let archs = if archs.is_empty() {
-            &Arch::ALL[..]
-        } else {
-            archs
-        };
-        DeviceLimits {
-            smem_per_block: archs
-                .iter()
-                .map(|a| a.max_smem_per_block())
-                .min()
-                .unwrap_or(0),
-        }
-    }
+    target: &'a Target,
 }
 
 fn unsupported(op: &'static str, reason: String) -> Error {
@@ -268,13 +211,12 @@ impl Ctx<'_> {
     /// The matmul kernel for `p` over `rows` rows, with split-K scratch when its tiling
     /// asks for it.
     fn gemv(&mut self, p: &GemvParams, rows: u32) -> Result<KernelSource, Error> {
-        let smem = self.limits.smem_per_block;
-        let split = match gemv_mma::select_split_needs(p, rows, smem) {
+        let split = match gemv_mma::select_split_needs(p, rows, self.target) {
             None => None,
             // More output tiles than counters (long prefill row counts): the same split
             // without K split across blocks (enough blocks from the row tiles).
             Some(needs) if needs.counters > SPLIT_COUNTERS => {
-                return gemv_mma::select_unsplit(p, smem)
+                return gemv_mma::select_unsplit(p, self.target)
             }
             Some(needs) => Some(gemv_mma::SplitScratch {
                 partials: self.scratch(needs.partial_bytes),
@@ -282,7 +224,7 @@ impl Ctx<'_> {
                 tiles: needs.counters,
             }),
         };
-        gemv_mma::select(p, split, smem)
+        gemv_mma::select(p, split, self.target)
     }
 
     /// Bucket constants for an op whose tensors are `[B, t, ...]`.
@@ -296,19 +238,13 @@ impl Ctx<'_> {
     }
 }
 
-/// [`plan_kernels_for`] for every supported arch (the kernels load on any of them).
-pub fn plan_kernels(g: &Graph, groups: &[Group], plan: &LaunchPlan) -> Result<KernelPlan, Error> {
-    plan_kernels_for(g, groups, plan, DeviceLimits::of_archs(&Arch::ALL))
-}
-
-/// Generates every launch of one bucket's plan for devices with `limits` (kernels pick
-/// their work splits within them, e.g. how many stages of operands to stage in shared
-/// memory).
-pub fn plan_kernels_for(
+/// Generates every launch of one bucket's plan for `target` (kernels pick their work
+/// splits from its facts, e.g. how many stages of operands to stage in shared memory).
+pub fn plan_kernels(
     g: &Graph,
     groups: &[Group],
     plan: &LaunchPlan,
-    limits: DeviceLimits,
+    target: &Target,
 ) -> Result<KernelPlan, Error> {
     let get = |d| plan.bind.get(d).unwrap_or(1) as u32;
     let bucket = Bucket {
@@ -327,7 +263,7 @@ pub fn plan_kernels_for(
         scratch_max: scratch_base,
         counters: Loc::arena(counters),
         bucket,
-        limits,
+        target,
     };
     let mut launches = Vec::new();
     for (i, gr) in groups.iter().enumerate() {
@@ -430,10 +366,10 @@ fn single_kernels(cx: &mut Ctx, v: ValueId) -> Result<Launches, Error> {
     }
 }
 
-/// Context splits of `attn_split`: enough blocks to fill the GPU at batch 1, each split
-/// ≥ 64 slots (`attn_tile` uses [`attention_mma::splits`]).
-pub fn attention_splits(ctx: u32, b: u32, kv_heads: u32) -> u32 {
-    let want = (2 * crate::TARGET_SMS / (b * kv_heads).max(1)).max(1);
+/// Context splits of `attn_split`: enough blocks for 2 per SM of a GPU with `sms` SMs, each
+/// split ≥ 64 slots and 64 splits at most (`attn_tile` uses [`attention_mma::splits`]).
+pub fn attention_splits(ctx: u32, b: u32, kv_heads: u32, sms: u32) -> u32 {
+    let want = (2 * sms / (b * kv_heads).max(1)).max(1);
     want.min(ctx.div_ceil(64)).clamp(1, 64)
 }
 
@@ -477,16 +413,16 @@ fn attention_kernels(
         out: View::new(cx.loc(v)?, dtype(cx.g.ty(v).dtype)?, (hq * dv) as u64),
         scale: scale as f32,
         max_t: t,
-        splits: attention_splits(cx.bucket.ctx, cx.bucket.b, hkv),
+        splits: attention_splits(cx.bucket.ctx, cx.bucket.b, hkv, cx.target.sms),
         scratch: Loc::arena(0),
     };
     // Many rows per sequence (tree verify): the tensor-core kernel, with its own splits.
-    if attention::uses_tiles(&p) {
-        p.splits = attention_mma::splits(&p, cx.bucket.b, t, cx.bucket.ctx);
+    if attention::uses_tiles(&p, cx.target) {
+        p.splits = attention_mma::splits(&p, cx.bucket.b, t, cx.bucket.ctx, cx.target);
     }
     let m = cx.bucket.b * t;
     p.scratch = cx.scratch(p.scratch_bytes(m));
-    let k = attention::select(&p)?;
+    let k = attention::select(&p, cx.target)?;
     let b = Bucket {
         b: cx.bucket.b,
         t,
@@ -520,7 +456,7 @@ fn inv_freq(op: &Op, rotary: u32) -> (Vec<f32>, f32, RopeStyle) {
 fn matmul_kernels(
     cx: &mut Ctx,
     x: ValueId,
-    norm: Option<&specc_codegen::NormPrologue>,
+    norm: Option<&crate::NormPrologue>,
     mats: &[MatOut],
     epilogue: &Epilogue,
 ) -> Result<Launches, Error> {
@@ -528,7 +464,7 @@ fn matmul_kernels(
     let b = cx.bucket_for(x).unwrap_or(cx.bucket);
     // One row tile covers up to 64 rows: the weights stream once per tile. Tiles of 2+
     // rows run on tensor cores (`gemv_mma::select`).
-    let row_tile = (rows as u32).clamp(1, crate::gemv::MAX_ROW_TILE);
+    let row_tile = (rows as u32).clamp(1, specc_kernels_gen::gemv::MAX_ROW_TILE);
     let mut out = Vec::new();
     let mut prologue = match norm {
         Some(n) => Some(RmsNormPrologue {
@@ -616,7 +552,7 @@ fn matmul_kernels(
                 View::new(cx.scratch(rows * n * dt.size()), dt, n)
             });
             let parts = if am.is_some() {
-                let per_row = select_partials_per_row(&p, cx.limits.smem_per_block) as u64;
+                let per_row = select_partials_per_row(&p, cx.target) as u64;
                 let loc = cx.scratch(rows * per_row * 8);
                 p.argmax_partials = Some(loc);
                 Some((loc, per_row))
@@ -661,14 +597,14 @@ fn matmul_kernels(
 }
 
 /// The q|k|v projection `p` (no epilogue yet) with RoPE and the KV write: one GEMV with
-/// the [`crate::qkv_rope`] epilogue when the kernel can carry it (no per-head q/k norm,
+/// the `specc_kernels_gen::qkv_rope` epilogue when the kernel can carry it (no per-head q/k norm,
 /// head shape fits its pair stride), else the GEMV into scratch and `rope_kv`.
 fn qkv_rope_kernels(
     cx: &mut Ctx,
     mut p: GemvParams,
     rows: u64,
     ns: &[u64],
-    r: &specc_codegen::RopeKvWrite,
+    r: &crate::RopeKvWrite,
 ) -> Result<Vec<KernelSource>, Error> {
     let (hd, hq, hkv) = (r.head_dim as u32, r.q_heads as u32, r.kv_heads as u32);
     let act = p.x.dtype;

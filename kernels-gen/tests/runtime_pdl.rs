@@ -5,8 +5,10 @@
 //! the same chain launched eagerly; and PDL off for comparison. Prints "skipped: ..." and
 //! passes without a driver or NVRTC.
 //!
-//! On the device: `cargo test -p specc-runtime --features cuda --release --no-run` here, copy
-//! the `cuda_pdl-*` executable over, run it with `--nocapture`.
+//! A runtime test (`specc_runtime::cuda`) that lives here because it compiles its kernels
+//! with NVRTC, which the runtime does not link. On the device: `cargo test -p
+//! specc-kernels-gen --features cuda --release --test runtime_pdl --no-run` here, copy the
+//! `runtime_pdl-*` executable over, run it with `--nocapture`.
 #![cfg(feature = "cuda")]
 
 use std::time::Instant;

@@ -1,8 +1,11 @@
-//! GPU smoke tests of the CUDA backend. Each prints "skipped: no CUDA driver" and passes on a
-//! machine without one; with a driver they run for real (NVRTC compiles the kernels).
+//! GPU smoke tests of the runtime's CUDA backend (`specc_runtime::cuda`). They live here,
+//! not in the runtime, because they compile their kernels with NVRTC, which the runtime does
+//! not link. Each prints "skipped: no CUDA driver" and passes on a machine without one; with
+//! a driver they run for real.
 //!
-//! On the device: `cargo test -p specc-runtime --features cuda --release --no-run` here,
-//! copy the `cuda_smoke-*` executable over, run it with `--nocapture`.
+//! On the device: `cargo test -p specc-kernels-gen --features cuda --release --test
+//! runtime_smoke --no-run` here, copy the `runtime_smoke-*` executable over, run it with
+//! `--nocapture`.
 #![cfg(feature = "cuda")]
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

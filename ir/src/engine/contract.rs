@@ -1,0 +1,143 @@
+//! A method's step contract as data: which graphs it runs, how a lane is primed at
+//! admission, and the sizes the host loop relies on. Both backends drive every method
+//! through this one description.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The graphs of an engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum GraphRole {
+    /// The target over a prompt chunk: `next_token`, `logits` (plain decoding's prefill,
+    /// `logits`, and verify timings).
+    Prefill,
+    /// Plain decoding's step (k = 0).
+    Decode,
+    /// The speculative step: draft + verify + accept + commit + emit.
+    SpecStep,
+    /// The target prefill that also records what the draft reads (taps).
+    SpecTargetPrefill,
+    /// The draft's prefill.
+    DraftPrefill,
+}
+
+impl GraphRole {
+    pub fn name(self) -> &'static str {
+        match self {
+            GraphRole::Prefill => "prefill",
+            GraphRole::Decode => "decode step",
+            GraphRole::SpecStep => "spec step",
+            GraphRole::SpecTargetPrefill => "spec target prefill",
+            GraphRole::DraftPrefill => "draft prefill",
+        }
+    }
+
+    /// Whether its token count is a prompt chunk (built at several `T`) rather than one
+    /// step per lane.
+    pub fn is_prefill(self) -> bool {
+        !matches!(self, GraphRole::Decode | GraphRole::SpecStep)
+    }
+}
+
+impl fmt::Display for GraphRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How the draft is primed at admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DraftKind {
+    /// No draft (k = 0): the step graph is plain decoding; no draft prefill runs.
+    None,
+    /// A standalone model: its prefill reads the prompt like the target's.
+    Model,
+    /// An EAGLE-3 head: its prefill reads (target taps, next token) pairs; `taps_width`
+    /// is 3 × hidden.
+    Eagle3 { taps_width: usize },
+    /// An EAGLE-3 draft tree (topk > 1): primed like `Eagle3`; `depth` = `num_steps`, the
+    /// most draft tokens one step accepts (the contract's `num_steps` is then the context
+    /// margin).
+    Eagle3Tree { taps_width: usize, depth: usize },
+    /// A DFlash drafter: its prefill writes the context of every prompt position (target
+    /// taps, `taps_width` = n_tap × hidden) into its KV cache.
+    DFlash { taps_width: usize },
+    /// A DDTree step over a DFlash drafter: primed like `DFlash`; `depth` = the drafter's
+    /// `block_size − 1`, the most draft tokens one step accepts (`num_steps` is then the
+    /// verify margin, `budget − 1`).
+    DDTree { taps_width: usize, depth: usize },
+}
+
+/// Everything the host loop needs to drive one method.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepContract {
+    /// `none`, `draft_model`, `eagle3`, `dflash` or `ddtree`.
+    pub method: String,
+    /// A one-line description for reports (`draft_model k=5`, ...).
+    pub label: String,
+    pub kind: DraftKind,
+    /// Cache slots one step writes past a lane's length, minus one (`k` for chains and
+    /// blocks, `budget − 1` for trees): verify writes slots `len ..= len + num_steps`.
+    pub num_steps: usize,
+    /// Token-ring capacity per lane.
+    pub ring: usize,
+    pub step: GraphRole,
+    pub target_prefill: GraphRole,
+    /// Absent for plain decoding.
+    pub draft_prefill: Option<GraphRole>,
+}
+
+impl StepContract {
+    /// Plain decoding with a ring of `ring` tokens per lane.
+    pub fn plain(ring: usize) -> StepContract {
+        StepContract {
+            method: "none".into(),
+            label: "plain decoding".into(),
+            kind: DraftKind::None,
+            num_steps: 0,
+            ring,
+            step: GraphRole::Decode,
+            target_prefill: GraphRole::Prefill,
+            draft_prefill: None,
+        }
+    }
+
+    /// The most draft tokens one step accepts (the acceptance histogram spans `0..=` it).
+    pub fn max_accept(&self) -> usize {
+        match self.kind {
+            DraftKind::DDTree { depth, .. } | DraftKind::Eagle3Tree { depth, .. } => depth,
+            _ => self.num_steps,
+        }
+    }
+
+    /// EAGLE-3 priming: (taps width, pending pairs − 1 = the chain's k or the tree's depth).
+    pub fn eagle_priming(&self) -> Option<(usize, usize)> {
+        match self.kind {
+            DraftKind::Eagle3 { taps_width } => Some((taps_width, self.num_steps)),
+            DraftKind::Eagle3Tree { taps_width, depth } => Some((taps_width, depth)),
+            _ => None,
+        }
+    }
+
+    /// DFlash-style priming: (taps width, rows of the pending-context state).
+    pub fn dflash_priming(&self) -> Option<(usize, usize)> {
+        match self.kind {
+            DraftKind::DFlash { taps_width } => Some((taps_width, self.num_steps + 1)),
+            DraftKind::DDTree { taps_width, depth } => Some((taps_width, depth + 1)),
+            _ => None,
+        }
+    }
+
+    /// Whether the target prefill's `taps` output feeds the draft's prefill.
+    pub fn wants_taps(&self) -> bool {
+        !matches!(self.kind, DraftKind::None | DraftKind::Model)
+    }
+
+    /// Every graph the contract runs.
+    pub fn roles(&self) -> Vec<GraphRole> {
+        let mut r = vec![self.step, self.target_prefill];
+        r.extend(self.draft_prefill);
+        r
+    }
+}

@@ -1,0 +1,314 @@
+//! The engine: the artifact one build writes and the runtime only loads and replays.
+//!
+//! An [`Engine`] holds, for every graph of a method and every bucket it was built for, the
+//! launches that run (kernel, geometry, operand table, bucket constants), the buffers they
+//! reach ([`Slot`]s), the arena size and the host's I/O ranges; the states the graphs keep
+//! between steps; the method's step contract ([`StepContract`]: which graphs, how lanes are
+//! primed at admission) as data; the IR text of each graph (what the CPU backend executes);
+//! the cubins of every kernel for every arch of its [`Target`]; and the checkpoints it was
+//! built from (paths, every tensor's name, dtype and shape, a hash of each safetensors
+//! header), so a changed checkpoint is an error at load and not a wrong answer.
+//!
+//! On disk an engine is a directory: `engine.json` (this struct, serde) and
+//! `kernels/{module}.{arch}.cubin` (each listed with its SHA-256 in `engine.json`), plus
+//! the reports `plan.txt` and `kernels/*.cu` that nothing reads back ([`format`]).
+
+pub mod abi;
+mod contract;
+mod format;
+mod input;
+mod target;
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use abi::{Bucket, Loc};
+
+pub use contract::{DraftKind, GraphRole, StepContract};
+pub use format::{sha256_hex, EngineError, ENGINE_FILE, PLAN_FILE};
+pub use input::{BuildInput, RoleGraph};
+pub use target::{Arch, Target, UnknownArch};
+
+/// Bumped whenever a field changes meaning; an engine of another version is refused.
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The specc version that writes engines (an engine from another one is refused: kernel
+/// text, ABI and graph lowering may differ between versions).
+pub const SPECC_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Engine {
+    pub format_version: u32,
+    pub specc_version: String,
+    /// The model architecture (`LlamaForCausalLM`, ...), for reports.
+    pub architecture: String,
+    pub target: Target,
+    /// KV capacity per sequence every graph was built for.
+    pub max_context: u64,
+    /// Plain decoding (k = 0): always present.
+    pub plain: StepContract,
+    /// The speculative method of the spec the engine was built from.
+    pub spec: Option<StepContract>,
+    /// The spec.toml text the engine was built from.
+    pub spec_toml: Option<String>,
+    pub checkpoints: Vec<CheckpointRef>,
+    /// Deterministic random weights (benchmarks of full-size shapes): the seed the loader
+    /// synthesises every checkpoint from.
+    pub random_seed: Option<u64>,
+    /// IR text of each graph, by role.
+    pub graphs: Vec<GraphText>,
+    /// Every built (graph, bucket), in build order.
+    pub plans: Vec<BucketPlan>,
+    /// Buffers kept across steps (KV caches, token rings, lane states), sized for the
+    /// largest bucket that uses them.
+    pub states: Vec<StateBuffer>,
+    pub kernels: Vec<KernelInfo>,
+    pub modules: Vec<ModuleInfo>,
+    /// Why the engine holds no cubins although its target names archs (NVRTC was not
+    /// available when it was built): it then runs on the CPU backend only.
+    #[serde(default)]
+    pub uncompiled: Option<String>,
+    /// Plans of further ranks (tensor / expert parallelism); empty: one GPU.
+    #[serde(default)]
+    pub ranks: Vec<RankPlans>,
+    /// Cubin bytes, by module and arch; on disk they are files beside `engine.json`.
+    #[serde(skip)]
+    pub cubins: Vec<Cubin>,
+}
+
+/// The plans of one rank beyond rank 0 (reserved for sharded engines).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RankPlans {
+    pub rank: u32,
+    pub plans: Vec<BucketPlan>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GraphText {
+    pub role: GraphRole,
+    pub ir: String,
+}
+
+/// Where a checkpoint the engine reads lives, and what it holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointRef {
+    /// Name prefix of its tensors inside the graphs (`""` for the target, `draft/`, ...).
+    pub prefix: String,
+    /// The model directory (relative to the engine directory where it lies below it;
+    /// `embedded` for the binary's own default model).
+    pub dir: PathBuf,
+    /// The config the weights are synthesised from, with `random_seed`.
+    pub config: Option<PathBuf>,
+    pub files: Vec<FileRef>,
+    pub tensors: Vec<TensorRef>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRef {
+    /// Relative to the checkpoint directory.
+    pub name: String,
+    /// SHA-256 of the safetensors header (length prefix + JSON).
+    pub header_sha256: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorRef {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<u64>,
+}
+
+/// One graph planned for one bucket.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BucketPlan {
+    pub role: GraphRole,
+    pub bucket: Bucket,
+    pub launches: Vec<Launch>,
+    /// Table slot `i` of the ABI is `slots[i]`.
+    pub slots: Vec<Slot>,
+    /// Bytes of the activation arena (planned values, group scratch, split-K counters).
+    pub arena_bytes: u64,
+    /// Arena ranges of the graph's inputs and outputs (host copies).
+    pub io: Vec<IoRange>,
+    /// Cost of each fused group (indexed by [`Launch::group`]).
+    pub groups: Vec<GroupCost>,
+    /// The passes that made the plan, with their times.
+    pub passes: Vec<PassTime>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IoRange {
+    pub name: String,
+    pub offset: u64,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PassTime {
+    pub pass: String,
+    pub micros: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GroupCost {
+    /// The fused group's family (`matmul+norm`, `attention`, ...).
+    pub family: String,
+    /// The kernel choice made for it, printed (`KernelChoice`'s display).
+    pub choice: String,
+    pub weight_bytes: u64,
+    pub act_bytes: u64,
+    pub flops: u64,
+}
+
+/// One kernel launch, as the runtime issues it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Launch {
+    /// Index into [`Engine::kernels`].
+    pub kernel: u32,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    /// Dynamic shared memory.
+    pub smem_bytes: u32,
+    /// `ops[i]` of the kernel points at `operands[i]`.
+    pub operands: Vec<Loc>,
+    /// The bucket constants passed (inside a step graph an op's token count is its own).
+    pub bucket: Bucket,
+    /// The fused group it computes, in schedule order.
+    pub group: u32,
+    pub phase: Phase,
+}
+
+/// A buffer outside the arena that kernels reach through the operand table.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Slot {
+    Weight(String),
+    State(String),
+    /// `[Σ rows, K]`: the named `[rows_i, K]` weights stacked in order at upload.
+    ConcatRows(Vec<String>),
+    /// A folded constant: these bytes, uploaded once at load and never written.
+    Const(Vec<u8>),
+}
+
+/// The parts of a step: kernels reading a draft's weights (with the draft's attention),
+/// kernels reading the target's, and the weightless rest (positions, acceptance, commit,
+/// emit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Phase {
+    Draft,
+    Target,
+    Bookkeeping,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Draft => "draft",
+            Phase::Target => "verify (target)",
+            Phase::Bookkeeping => "accept + commit + emit",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateBuffer {
+    pub name: String,
+    pub bytes: u64,
+}
+
+/// A generated kernel.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelInfo {
+    /// `{family}_{dtype}_{hash8}`, also the entry symbol.
+    pub name: String,
+    /// Index into [`Engine::modules`].
+    pub module: u32,
+    /// ptxas figures per compiled arch.
+    pub stats: Vec<KernelStats>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelStats {
+    pub arch: Arch,
+    pub registers: u32,
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+    pub stack_bytes: u32,
+    pub smem_bytes: u32,
+}
+
+/// An NVRTC program holding several kernels.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModuleInfo {
+    pub name: String,
+    pub cubins: Vec<CubinRef>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CubinRef {
+    pub arch: Arch,
+    /// Path relative to the engine directory.
+    pub file: String,
+    pub sha256: String,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cubin {
+    pub module: u32,
+    pub arch: Arch,
+    pub bytes: Vec<u8>,
+}
+
+impl Engine {
+    pub fn graph_ir(&self, role: GraphRole) -> Option<&str> {
+        self.graphs
+            .iter()
+            .find(|g| g.role == role)
+            .map(|g| g.ir.as_str())
+    }
+
+    /// The plan of `role` at batch `b` and token count `t` (any `t` when `None`).
+    pub fn plan(&self, role: GraphRole, b: u32, t: Option<u32>) -> Option<&BucketPlan> {
+        self.plans.iter().find(|p| {
+            p.role == role && p.bucket.b == b && t.is_none_or(|t| p.bucket.t == t)
+        })
+    }
+
+    /// Token counts `role` was built for at batch `b`, ascending.
+    pub fn token_buckets(&self, role: GraphRole, b: u32) -> Vec<u32> {
+        let mut ts: Vec<u32> = self
+            .plans
+            .iter()
+            .filter(|p| p.role == role && p.bucket.b == b)
+            .map(|p| p.bucket.t)
+            .collect();
+        ts.sort_unstable();
+        ts.dedup();
+        ts
+    }
+
+    /// Batch buckets of the step graphs, ascending.
+    pub fn batch_buckets(&self) -> Vec<u32> {
+        let mut bs: Vec<u32> = self.plans.iter().map(|p| p.bucket.b).collect();
+        bs.sort_unstable();
+        bs.dedup();
+        bs
+    }
+
+    /// The cubin of `module` for `arch`.
+    pub fn cubin(&self, module: u32, arch: Arch) -> Option<&[u8]> {
+        self.cubins
+            .iter()
+            .find(|c| c.module == module && c.arch == arch)
+            .map(|c| c.bytes.as_slice())
+    }
+
+    /// The contract of the speculative method, or plain decoding.
+    pub fn contract(&self, speculative: bool) -> &StepContract {
+        match (&self.spec, speculative) {
+            (Some(s), true) => s,
+            _ => &self.plain,
+        }
+    }
+}
