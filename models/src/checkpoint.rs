@@ -14,9 +14,9 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
-use specc_ir::engine::{CheckpointRef, FileRef, TensorRef};
 use safetensors::tensor::Metadata;
 use safetensors::Dtype;
+use specc_ir::engine::{CheckpointRef, FileRef, TensorRef};
 use specc_ir::interp::Tensor;
 use specc_ir::{DType, Graph, TensorType};
 
@@ -298,21 +298,23 @@ impl Checkpoint {
     pub fn matches(&self, r: &CheckpointRef) -> Result<(), ModelError> {
         let changed = |file: PathBuf, what: String| ModelError::Changed { file, what };
         for f in &r.files {
-            let Some(have) = self
-                .files
-                .iter()
-                .find(|x| x.path.ends_with(&f.name))
-            else {
+            let Some(have) = self.files.iter().find(|x| x.path.ends_with(&f.name)) else {
                 return Err(changed(
                     self.root.clone(),
-                    format!("the engine was built from `{}`, which this checkpoint lacks", f.name),
+                    format!(
+                        "the engine was built from `{}`, which this checkpoint lacks",
+                        f.name
+                    ),
                 ));
             };
             if have.header_sha256 != f.header_sha256 {
                 // Name the first tensor that differs when there is one.
                 for t in &r.tensors {
                     let now = self.tensors.get(&t.name).map(|e| {
-                        (dtype_name(e.dtype), e.shape.iter().map(|&d| d as u64).collect::<Vec<_>>())
+                        (
+                            dtype_name(e.dtype),
+                            e.shape.iter().map(|&d| d as u64).collect::<Vec<_>>(),
+                        )
                     });
                     match now {
                         None => {
@@ -321,15 +323,13 @@ impl Checkpoint {
                                 format!("tensor `{}` is gone", t.name),
                             ))
                         }
-                        Some((d, s)) if d != t.dtype || s != t.shape => {
-                            return Err(changed(
-                                have.path.clone(),
-                                format!(
-                                    "tensor `{}` is now {d} {s:?}, the engine was built for {} {:?}",
-                                    t.name, t.dtype, t.shape
-                                ),
-                            ))
-                        }
+                        Some((d, s)) if d != t.dtype || s != t.shape => return Err(changed(
+                            have.path.clone(),
+                            format!(
+                                "tensor `{}` is now {d} {s:?}, the engine was built for {} {:?}",
+                                t.name, t.dtype, t.shape
+                            ),
+                        )),
                         _ => {}
                     }
                 }

@@ -341,6 +341,9 @@ pub struct EngineExtras {
     pub batch_buckets: Option<Vec<u32>>,
     /// Further token counts of the target prefill (verify-width timings).
     pub verify_tokens: Vec<u32>,
+    /// Plan prompt chunks at the smallest bucket only (timings that never admit a long
+    /// prompt: fewer kernels to compile).
+    pub smallest_chunk_only: bool,
 }
 
 /// How the engine names a model directory: relative to the engine directory where it lies
@@ -371,7 +374,10 @@ pub fn engine_input(
         .clone()
         .or_else(|| cfg.map(|c| c.batch_buckets.clone()))
         .unwrap_or_else(|| vec![1]);
-    let chunk_ts = prefill_buckets(max_context);
+    let mut chunk_ts = prefill_buckets(max_context);
+    if extras.smallest_chunk_only {
+        chunk_ts.truncate(1);
+    }
     let mut prefill_ts = chunk_ts.clone();
     prefill_ts.extend(extras.verify_tokens.iter().copied());
     prefill_ts.sort_unstable();
@@ -422,12 +428,14 @@ pub fn engine_input(
         });
     }
     if random_seed.is_some() {
-        target_ref.config = Some(dir_ref(&model.config_file()));
+        target_ref.config = Some(dir_ref(model.config_file()));
     }
     checkpoints.push(target_ref);
     if let (Some(bu), Some(c)) = (&bundle, cfg) {
         let dir = c.draft.clone().unwrap_or_default();
-        let mut r = bu.draft_checkpoint.reference(bu.prefix, &dir, dir_ref(&dir));
+        let mut r = bu
+            .draft_checkpoint
+            .reference(bu.prefix, &dir, dir_ref(&dir));
         if random_seed.is_some() {
             r.config = Some(dir_ref(&dir));
         }
@@ -439,7 +447,9 @@ pub fn engine_input(
         graphs,
         plain: StepContract::plain(DECODE_RING as usize),
         spec: contract,
-        spec_toml: cfg.filter(|c| c.method != Method::None).map(|c| c.text.clone()),
+        spec_toml: cfg
+            .filter(|c| c.method != Method::None)
+            .map(|c| c.text.clone()),
         checkpoints,
         random_seed,
     };

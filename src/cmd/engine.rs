@@ -170,10 +170,8 @@ fn baked_fits(want: &Want) -> Result<Option<Engine>> {
     let Some(engine) = crate::baked::engine()? else {
         return Ok(None);
     };
-    let default_spec = std::fs::read_to_string(
-        embedded::default_model_dir()?.join(embedded::SPEC_FILE),
-    )
-    .ok();
+    let default_spec =
+        std::fs::read_to_string(embedded::default_model_dir()?.join(embedded::SPEC_FILE)).ok();
     let spec_ok = match want.spec {
         None => true,
         Some(c) => Some(&c.text) == default_spec.as_ref() && engine.spec_toml == default_spec,
@@ -205,7 +203,10 @@ pub fn build_for(src: Source, want: Want) -> Result<Ready> {
             Model::open(&path)?
         }
     };
-    let max_context = max_context_for(&model, want.max_context.or(want.spec.and_then(|c| c.max_context)))?;
+    let max_context = max_context_for(
+        &model,
+        want.max_context.or(want.spec.and_then(|c| c.max_context)),
+    )?;
     let t = Instant::now();
     let (input, bundle) = engine_input(
         &model,
@@ -287,7 +288,12 @@ fn open_engine(engine: Engine, engine_dir: &Path, origin: String) -> Result<Read
         .checkpoints
         .iter()
         .find(|c| c.prefix.is_empty())
-        .ok_or_else(|| anyhow!("{}: the engine names no target checkpoint", engine_dir.join(ENGINE_FILE).display()))?;
+        .ok_or_else(|| {
+            anyhow!(
+                "{}: the engine names no target checkpoint",
+                engine_dir.join(ENGINE_FILE).display()
+            )
+        })?;
     let model_dir = locate(&target_ref.dir, engine_dir)?;
     let mut checkpoints = Vec::new();
     let spec = match engine.random_seed {
@@ -328,7 +334,12 @@ fn open_engine(engine: Engine, engine_dir: &Path, origin: String) -> Result<Read
 }
 
 /// A draft's random checkpoint, synthesised as the build did (from the graphs' weights).
-fn random_for(engine: &Engine, r: &CheckpointRef, engine_dir: &Path, seed: u64) -> Result<Checkpoint> {
+fn random_for(
+    engine: &Engine,
+    r: &CheckpointRef,
+    engine_dir: &Path,
+    seed: u64,
+) -> Result<Checkpoint> {
     let dir = locate(&r.dir, engine_dir)?;
     let step = engine
         .graph_ir(GraphRole::SpecStep)

@@ -69,6 +69,7 @@ pub fn build_engine_with(
     let extras = EngineExtras {
         batch_buckets: Some(batch_buckets.to_vec()),
         verify_tokens: verify_tokens.to_vec(),
+        ..EngineExtras::default()
     };
     let (input, bundle) = engine_input(
         model,

@@ -385,7 +385,6 @@ impl TensorMap {
     pub fn span_bytes(&self, bucket: &Bucket) -> u64 {
         ((self.rows_at(bucket) as u64 - 1) * self.row_stride + self.cols as u64) * self.dtype.size()
     }
-
 }
 
 impl TensorMap {
@@ -439,7 +438,7 @@ impl TensorMap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    
+
     #[test]
     fn spans_follow_the_bucket_and_bad_maps_are_named() {
         let Loc::TensorMap(x) =

@@ -43,9 +43,9 @@ impl Engine {
         let kdir = dir.join("kernels");
         fs::create_dir_all(&kdir).map_err(|e| err(&kdir, format!("cannot create: {e}")))?;
         for c in &self.cubins {
-            let file = self.cubin_file(c.module, c.arch).ok_or_else(|| {
-                err(dir.join(ENGINE_FILE), "a cubin the manifest does not list")
-            })?;
+            let file = self
+                .cubin_file(c.module, c.arch)
+                .ok_or_else(|| err(dir.join(ENGINE_FILE), "a cubin the manifest does not list"))?;
             let p = dir.join(file);
             fs::write(&p, &c.bytes).map_err(|e| err(&p, format!("cannot write: {e}")))?;
         }
@@ -139,14 +139,20 @@ impl Engine {
         let bad = |what: String| Err(err(path, what));
         for k in &self.kernels {
             if k.module as usize >= self.modules.len() {
-                return bad(format!("kernel {}: module {} does not exist", k.name, k.module));
+                return bad(format!(
+                    "kernel {}: module {} does not exist",
+                    k.name, k.module
+                ));
             }
         }
         for p in &self.plans {
             let name = format!("{} B={} T={}", p.role, p.bucket.b, p.bucket.t);
             for (i, l) in p.launches.iter().enumerate() {
                 if l.kernel as usize >= self.kernels.len() {
-                    return bad(format!("{name}: launch {i} names kernel {}, which does not exist", l.kernel));
+                    return bad(format!(
+                        "{name}: launch {i} names kernel {}, which does not exist",
+                        l.kernel
+                    ));
                 }
                 for loc in &l.operands {
                     let (slot, offset) = match loc {
@@ -156,7 +162,10 @@ impl Engine {
                     };
                     match slot {
                         Some(s) if s as usize >= p.slots.len() => {
-                            return bad(format!("{name}: launch {i} reads slot {s} of {}", p.slots.len()));
+                            return bad(format!(
+                                "{name}: launch {i} reads slot {s} of {}",
+                                p.slots.len()
+                            ));
                         }
                         None if offset >= p.arena_bytes.max(1) => {
                             return bad(format!(
@@ -176,7 +185,9 @@ impl Engine {
             for s in &p.slots {
                 if let super::Slot::State(n) = s {
                     if !self.states.iter().any(|st| st.name == *n) {
-                        return bad(format!("{name}: state `{n}` is not among the engine's states"));
+                        return bad(format!(
+                            "{name}: state `{n}` is not among the engine's states"
+                        ));
                     }
                 }
             }
@@ -189,7 +200,10 @@ impl Engine {
                 .map_err(|e| err(path, format!("graph `{}`: {e}", g.role)))?;
             crate::verify(&parsed).map_err(|e| err(path, format!("graph `{}`: {e}", g.role)))?;
         }
-        for c in [Some(&self.plain), self.spec.as_ref()].into_iter().flatten() {
+        for c in [Some(&self.plain), self.spec.as_ref()]
+            .into_iter()
+            .flatten()
+        {
             for r in c.roles() {
                 if self.graph_ir(r).is_none() {
                     return bad(format!("method {}: graph `{r}` is missing", c.method));

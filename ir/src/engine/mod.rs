@@ -270,9 +270,9 @@ impl Engine {
 
     /// The plan of `role` at batch `b` and token count `t` (any `t` when `None`).
     pub fn plan(&self, role: GraphRole, b: u32, t: Option<u32>) -> Option<&BucketPlan> {
-        self.plans.iter().find(|p| {
-            p.role == role && p.bucket.b == b && t.is_none_or(|t| p.bucket.t == t)
-        })
+        self.plans
+            .iter()
+            .find(|p| p.role == role && p.bucket.b == b && t.is_none_or(|t| p.bucket.t == t))
     }
 
     /// Token counts `role` was built for at batch `b`, ascending.

@@ -169,7 +169,11 @@ mod tests {
         assert_eq!(t.sms, 132);
         assert_eq!(Target::for_archs(&[Arch::Sm90a]).smem_per_block, 227 * 1024);
         assert_eq!("sm_100a".parse::<Arch>(), Ok(Arch::Sm100a));
-        assert!("sm_80".parse::<Arch>().unwrap_err().to_string().contains("sm_80"));
+        assert!("sm_80"
+            .parse::<Arch>()
+            .unwrap_err()
+            .to_string()
+            .contains("sm_80"));
         assert_eq!(Arch::of_capability(9, 0), Some(Arch::Sm90a));
         assert!(!Target::cpu().has_kernels());
     }

@@ -68,6 +68,6 @@ pub use launch::{launch_all, KernelParam, PreparedLaunch};
 pub use module::{KernelFunction, KernelImage, KernelModule};
 pub use ring::{TokenRing, DEFAULT_RING_DEPTH};
 pub use session::{prefill_bucket, CudaSpecSession, MIN_PREFILL_T};
-pub use tensor_map::encode_tensor_map;
 pub use table::{operand_table, pointer_table, BufRef, TABLE_ENTRY_ALIGN};
+pub use tensor_map::encode_tensor_map;
 pub use weights::{slab_layout, DeviceWeights, HostTensor, WeightEntry, WEIGHT_ALIGN};

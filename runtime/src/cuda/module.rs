@@ -136,9 +136,8 @@ impl KernelModule {
             // produced by NVRTC) alive for the call.
             KernelImage::Binary(b) => unsafe { result::module::load_data(b.as_ptr().cast()) },
             KernelImage::Ptx(s) => {
-                let c = CString::new(s).map_err(|_| {
-                    CudaError::BadImage("PTX text holds a NUL byte".into())
-                })?;
+                let c = CString::new(s)
+                    .map_err(|_| CudaError::BadImage("PTX text holds a NUL byte".into()))?;
                 // SAFETY: `c` is NUL-terminated PTX text alive for the call.
                 unsafe { result::module::load_data(c.as_ptr().cast()) }
             }
@@ -173,9 +172,8 @@ impl KernelModule {
             source,
         };
         self.raw.ctx.bind_to_thread().map_err(missing)?;
-        let c = CString::new(kernel).map_err(|_| {
-            CudaError::BadImage(format!("kernel name `{kernel}` holds a NUL byte"))
-        })?;
+        let c = CString::new(kernel)
+            .map_err(|_| CudaError::BadImage(format!("kernel name `{kernel}` holds a NUL byte")))?;
         // SAFETY: the module is loaded (held by `self.raw`) and `c` is NUL-terminated.
         let raw = unsafe { result::module::get_function(self.raw.module, c) }.map_err(missing)?;
         let f = KernelFunction {

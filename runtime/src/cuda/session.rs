@@ -36,17 +36,19 @@ fn plan_of(
     lanes: usize,
     t: usize,
 ) -> Result<&BucketPlan, RuntimeError> {
-    engine.plan(role, lanes as u32, Some(t as u32)).ok_or_else(|| {
-        let ts = engine.token_buckets(role, lanes as u32);
-        RuntimeError::Engine(if ts.is_empty() {
-            format!(
+    engine
+        .plan(role, lanes as u32, Some(t as u32))
+        .ok_or_else(|| {
+            let ts = engine.token_buckets(role, lanes as u32);
+            RuntimeError::Engine(if ts.is_empty() {
+                format!(
                 "no `{role}` plan for batch {lanes} (the engine was built for batch buckets {:?})",
                 engine.batch_buckets()
             )
-        } else {
-            format!("no `{role}` plan of {t} tokens at batch {lanes} (built for {ts:?})")
+            } else {
+                format!("no `{role}` plan of {t} tokens at batch {lanes} (built for {ts:?})")
+            })
         })
-    })
 }
 
 fn i32_bytes(v: &[i64]) -> Vec<u8> {
@@ -150,7 +152,9 @@ impl<'a> CudaSpecSession<'a> {
         let role = if target {
             self.contract.target_prefill
         } else {
-            self.contract.draft_prefill.unwrap_or(self.contract.target_prefill)
+            self.contract
+                .draft_prefill
+                .unwrap_or(self.contract.target_prefill)
         };
         self.prefill(role, tb)?;
         let g = &self.prefills[&(role, tb)];
@@ -269,7 +273,12 @@ impl<'a> CudaSpecSession<'a> {
         t: usize,
         len: usize,
     ) -> Result<(LoadedGraph, StepGraph), RuntimeError> {
-        let plan = plan_of(self.engine.engine, self.contract.target_prefill, self.lanes, t)?;
+        let plan = plan_of(
+            self.engine.engine,
+            self.contract.target_prefill,
+            self.lanes,
+            t,
+        )?;
         let g = self.engine.load(plan)?;
         let tokens: Vec<i64> = (0..self.lanes * t).map(|i| (i % 7) as i64 + 1).collect();
         let pos: Vec<i64> = (0..self.lanes)

@@ -6,9 +6,9 @@ use specc_ir::engine::abi::{Bucket, Dtype, TensorMap, DESCRIPTOR_BYTES};
 /// The descriptor of the tensor at device address `addr` for `bucket` (the driver's
 /// `cuTensorMapEncodeTiled`; needs the CUDA driver library, not a context).
 pub fn encode_tensor_map(
-map: &TensorMap,
-addr: u64,
-bucket: &Bucket,
+    map: &TensorMap,
+    addr: u64,
+    bucket: &Bucket,
 ) -> Result<[u8; DESCRIPTOR_BYTES as usize], String> {
     use cudarc::driver::sys;
     map.check()?;
@@ -52,4 +52,3 @@ bucket: &Bucket,
     }
     Ok(out)
 }
-

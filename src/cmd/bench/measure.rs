@@ -87,6 +87,7 @@ pub fn measure(
                 extras: EngineExtras {
                     batch_buckets: Some(vec![group.batch as u32]),
                     verify_tokens,
+                    smallest_chunk_only: true,
                 },
             },
         )?;
