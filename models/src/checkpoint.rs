@@ -323,13 +323,15 @@ impl Checkpoint {
                                 format!("tensor `{}` is gone", t.name),
                             ))
                         }
-                        Some((d, s)) if d != t.dtype || s != t.shape => return Err(changed(
-                            have.path.clone(),
-                            format!(
+                        Some((d, s)) if d != t.dtype || s != t.shape => {
+                            return Err(changed(
+                                have.path.clone(),
+                                format!(
                                 "tensor `{}` is now {d} {s:?}, the engine was built for {} {:?}",
                                 t.name, t.dtype, t.shape
                             ),
-                        )),
+                            ))
+                        }
                         _ => {}
                     }
                 }
