@@ -274,7 +274,12 @@ impl<'e> CudaEngine<'e> {
         // Slot bases must be 16-byte aligned: kernels chose vector widths from offsets alone.
         pointer_table(&self.dev, "slot bases", &slots)?;
         let arena = DeviceArena::new(&self.dev, plan.arena_bytes.max(256))?;
+        // A tensor map resolves to its tensor; its table entry is replaced by its descriptor.
         let resolve = |loc: Loc| match loc {
+            Loc::TensorMap(m) => m.tensor(),
+            other => other,
+        };
+        let resolve = |loc: Loc| match resolve(loc) {
             Loc::Table { slot, offset } => {
                 let base = &slots[slot as usize];
                 BufRef {
@@ -282,23 +287,10 @@ impl<'e> CudaEngine<'e> {
                     offset: base.offset + offset,
                 }
             }
-            Loc::Arena { offset } => BufRef {
+            arena_loc => BufRef {
                 buf: arena.buffer().clone(),
-                offset,
+                offset: arena_loc.byte_offset(),
             },
-            Loc::TensorMap(m) => {
-                let base = m.tensor();
-                match base {
-                    Loc::Table { slot, offset } => BufRef {
-                        buf: slots[slot as usize].buf.clone(),
-                        offset: slots[slot as usize].offset + offset,
-                    },
-                    _ => BufRef {
-                        buf: arena.buffer().clone(),
-                        offset: base.byte_offset(),
-                    },
-                }
-            }
         };
         // Tensor-map operands point into one buffer of descriptors, each encoded for its
         // launch's bucket after checking that every row it may read lies in the tensor's buffer.
