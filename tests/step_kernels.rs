@@ -8,13 +8,14 @@
 
 use std::sync::OnceLock;
 
+use specc_codegen::choose::matmul::{NORM_FUSED_MAX_ROWS, ROPE_FUSED_MAX_ROWS};
 use specc_codegen::{build, BuildOptions, Built, Compiled, Cubins, Epilogue, GroupKind};
+use specc_ir::engine::choice::{EpilogueChoice, Feed, MatmulChoice, MatmulCore, NormPlacement};
 use specc_ir::engine::{
     Arch, BucketPlan, BuildInput, GraphRole, GroupCost, Launch, Phase, RoleGraph, StepContract,
     Target,
 };
 use specc_ir::{Bindings, BucketDim, DType, Graph};
-use specc_kernels_gen::gemv_mma::{NORM_FUSED_MAX_ROWS, ROPE_FUSED_MAX_ROWS};
 use specc_kernels_gen::Nvrtc;
 use specc_models::dflash::DFlashSpec;
 use specc_models::eagle3::Eagle3Spec;
@@ -446,15 +447,17 @@ fn rows_of(c: &Compiled, x: specc_ir::ValueId) -> usize {
     dims.iter().product::<usize>() / dims.last().unwrap()
 }
 
-/// The row tile a generated GEMV kernel states (`constexpr int MT = …;`).
-fn row_tile_of(kernel: &str) -> Option<u32> {
-    let rest = kernel.split("constexpr int MT = ").nth(1)?;
-    rest.split(';').next()?.trim().parse().ok()
-}
-
 /// The kernel families a group's choice names, in launch order.
 fn choice_families(cost: &GroupCost) -> Vec<&str> {
-    cost.choice.split(" + ").collect()
+    cost.choice.families()
+}
+
+/// The matmul choice of group `g` of `plan` (a panic names the graph otherwise).
+fn matmul_choice<'a>(name: &str, plan: &'a BucketPlan, g: usize) -> &'a MatmulChoice {
+    plan.groups[g]
+        .choice
+        .matmul()
+        .unwrap_or_else(|| panic!("{name}: group {g} is a matmul without a matmul choice"))
 }
 
 #[test]
@@ -499,29 +502,28 @@ fn every_graph_plans_to_kernels() {
             assert_eq!(choice_families(cost), launched, "{name}: group {g}");
         }
         // Matmuls of more than NORM_FUSED_MAX_ROWS rows read x normalised by their own
-        // rmsnorm launch; smaller row tiles fuse the norm.
+        // rmsnorm launch; smaller row tiles fuse the norm. The kernels agree: no wide one
+        // computes an RMS.
         let mut wide = 0;
         for (g, gr) in c.groups.iter().enumerate() {
             let GroupKind::MatMul { x, norm, .. } = &gr.kind else {
                 continue;
             };
-            let families = choice_families(&plan.groups[g]);
-            if norm.is_some() && rows_of(c, *x) > NORM_FUSED_MAX_ROWS as usize {
-                assert_eq!(families[0], "rmsnorm", "{name}: group {g}: {families:?}");
-            }
-            for i in p.group_launches(plan, g) {
-                if !p.family(plan, i).starts_with("gemv") {
-                    continue;
-                }
-                let text = p.text(plan, i);
-                let mt = row_tile_of(text).expect("gemv kernels state their row tile");
-                if mt > NORM_FUSED_MAX_ROWS {
-                    wide += 1;
-                    assert!(
-                        !text.contains("inv_rms"),
-                        "{name}: {} fuses a norm",
-                        p.kernel_name(plan, i)
-                    );
+            let m = matmul_choice(name, plan, g);
+            let rows = rows_of(c, *x);
+            assert_eq!(m.rows as usize, rows, "{name}: group {g}");
+            let want = match (norm.is_some(), rows > NORM_FUSED_MAX_ROWS as usize) {
+                (false, _) => NormPlacement::None,
+                (true, false) => NormPlacement::Prologue,
+                (true, true) => NormPlacement::Separate,
+            };
+            assert_eq!(m.norm, want, "{name}: group {g}: {}", plan.groups[g].choice);
+            if m.row_tile > NORM_FUSED_MAX_ROWS {
+                wide += 1;
+                for i in p.group_launches(plan, g) {
+                    let fuses = p.family(plan, i).starts_with("gemv")
+                        && p.text(plan, i).contains("inv_rms");
+                    assert!(!fuses, "{name}: {} fuses a norm", p.kernel_name(plan, i));
                 }
             }
         }
@@ -616,39 +618,41 @@ fn every_step_kernel_compiles_for_every_arch() {
 }
 
 /// The embedded default's 80-node DDTree verify (81 rows: row tiles of 64) runs its wide
-/// bf16 matmuls whose K is tiled by whole chunks with x staged by bulk copies
-/// (`gemv_mma::Feed::XBulk`), the path the device tests of that step then exercise.
+/// bf16 matmuls whose K is tiled by whole chunks with operands staged by the copy engine
+/// (`Feed::Tma` or `Feed::XBulk`), the path the device tests of that step then exercise.
 #[test]
-fn default_tree_verify_stages_x_by_bulk_copies() {
+fn default_tree_verify_stages_operands_by_the_copy_engine() {
     let p = shipped();
     let name = "default: ddtree step";
     let (c, plan) = p.plan(name);
-    let staged: Vec<usize> = (0..plan.launches.len())
-        .filter(|&i| p.text(plan, i).contains("bulk_copy_g2s("))
+    let copied = |f: Feed| matches!(f, Feed::Tma { .. } | Feed::XBulk { .. });
+    let xbulk = |core: &MatmulCore| matches!(core, MatmulCore::TensorCores(t) if copied(t.feed));
+    let staged: Vec<usize> = (0..c.groups.len())
+        .filter(|&g| {
+            let cores = plan.groups[g].choice.matmul().map(|m| m.cores.as_slice());
+            cores.unwrap_or_default().iter().any(xbulk)
+        })
         .collect();
-    for &i in &staged {
-        let g = plan.launches[i].group as usize;
+    for &g in &staged {
         let GroupKind::MatMul { x, mats, .. } = &c.groups[g].kind else {
-            panic!(
-                "{name}: {} stages x outside a matmul",
-                p.kernel_name(plan, i)
-            );
+            panic!("{name}: group {g} stages x outside a matmul");
         };
-        assert_eq!(p.family(plan, i), "gemv_mma", "{name}: launch {i}");
         let (xd, wd) = (c.graph.ty(*x).dtype, c.graph.ty(mats[0].weight).dtype);
-        assert_eq!((xd, wd), (DType::BF16, DType::BF16), "{name}: launch {i}");
+        assert_eq!((xd, wd), (DType::BF16, DType::BF16), "{name}: group {g}");
         assert!(
             rows_of(c, *x) > NORM_FUSED_MAX_ROWS as usize,
-            "{name}: launch {i}"
+            "{name}: group {g}"
         );
+        // The kernels the choice names are those that run.
+        let bulk = p
+            .group_launches(plan, g)
+            .into_iter()
+            .any(|i| p.family(plan, i) == "gemv_mma" && p.text(plan, i).contains("bulk_copy_g2s("));
+        assert!(bulk, "{name}: group {g} chose copies its kernel lacks");
     }
     // q|k|v, o and gate/up of every target layer (K = hidden = 256) and the lm-head.
     let layers = 6;
-    assert!(
-        staged.len() > 3 * layers,
-        "{name}: {} launches",
-        staged.len()
-    );
+    assert!(staged.len() > 3 * layers, "{name}: {} groups", staged.len());
 }
 
 #[test]
@@ -702,20 +706,17 @@ fn matmuls_of_several_rows_run_on_tensor_cores() {
     let mut mma = 0;
     for p in [every_graph(), shipped()] {
         for (name, c, plan) in p.iter() {
-            for (i, l) in plan.launches.iter().enumerate() {
+            for (g, gr) in c.groups.iter().enumerate() {
                 let GroupKind::MatMul {
                     x,
                     mats,
                     norm,
                     epilogue,
-                } = &c.groups[l.group as usize].kind
+                } = &gr.kind
                 else {
                     continue;
                 };
-                let family = p.family(plan, i);
-                if !family.starts_with("gemv") {
-                    continue; // the rmsnorm / argmax / rope_kv launches of the group
-                }
+                let m = matmul_choice(name, plan, g);
                 let rows = rows_of(c, *x);
                 let (xd, wd) = (c.graph.ty(*x).dtype, c.graph.ty(mats[0].weight).dtype);
                 let one_row_mma = !matches!(epilogue, Epilogue::LogitsArgmax { .. })
@@ -723,14 +724,15 @@ fn matmuls_of_several_rows_run_on_tensor_cores() {
                 let want_mma = (rows >= 2 || one_row_mma)
                     && xd == wd
                     && matches!(xd, DType::BF16 | DType::F16);
-                assert_eq!(
-                    family.starts_with("gemv_mma"),
-                    want_mma,
-                    "{name}: {} (group choice {}) for {rows} rows of {xd} x {wd}",
-                    p.kernel_name(plan, i),
-                    plan.groups[l.group as usize].choice
-                );
-                mma += want_mma as usize;
+                for core in &m.cores {
+                    assert_eq!(
+                        matches!(core, MatmulCore::TensorCores(_)),
+                        want_mma,
+                        "{name}: group {g} ({}) for {rows} rows of {xd} x {wd}",
+                        plan.groups[g].choice
+                    );
+                    mma += want_mma as usize;
+                }
             }
         }
     }
@@ -758,23 +760,24 @@ fn qkv_rope_is_one_launch_without_head_norms() {
                 continue;
             };
             let rows = rows_of(c, *x);
-            let mut families = choice_families(&plan.groups[g]);
+            let m = matmul_choice(name, plan, g);
+            let choice = &plan.groups[g].choice;
             // Wide tiles first normalise x with their own launch.
             if norm.is_some() && rows > NORM_FUSED_MAX_ROWS as usize {
-                assert_eq!(families[0], "rmsnorm", "{name}: group {g}: {families:?}");
-                families.remove(0);
-            }
-            if r.q_norm.is_none() && r.k_norm.is_none() && rows <= ROPE_FUSED_MAX_ROWS as usize {
-                assert!(
-                    families == ["gemv_rope"] || families == ["gemv_mma_rope"],
-                    "{name}: group {g}: {families:?}"
+                assert_eq!(
+                    m.norm,
+                    NormPlacement::Separate,
+                    "{name}: group {g}: {choice}"
                 );
+            }
+            let fuse = r.q_norm.is_none() && r.k_norm.is_none();
+            if fuse && rows <= ROPE_FUSED_MAX_ROWS as usize {
+                let want = EpilogueChoice::RopeKv { fused: true };
+                assert_eq!(m.epilogue, want, "{name}: group {g}: {choice}");
                 fused += 1;
             } else {
-                assert!(
-                    families.len() == 2 && families[1] == "rope_kv",
-                    "{name}: group {g}: {families:?}"
-                );
+                let want = EpilogueChoice::RopeKv { fused: false };
+                assert_eq!(m.epilogue, want, "{name}: group {g}: {choice}");
                 split += 1;
             }
         }

@@ -116,15 +116,12 @@ pub fn build(
                 }
             })?;
             let mut launches = Vec::with_capacity(kp.launches.len());
-            let mut chosen: Vec<Vec<String>> = vec![Vec::new(); c.groups.len()];
             for l in kp.launches {
                 let k = &l.kernel;
                 let id = *index.entry(k.name.clone()).or_insert_with(|| {
                     sources.push(k.clone());
                     sources.len() as u32 - 1
                 });
-                let family = k.name.rsplitn(3, '_').last().unwrap_or(&k.name).to_string();
-                chosen[l.group].push(family);
                 let geo = k.launch.resolve(&l.bucket);
                 launches.push(Launch {
                     kernel: id,
@@ -142,7 +139,7 @@ pub fn build(
                 .iter()
                 .map(|gl| GroupCost {
                     family: gl.family.to_string(),
-                    choice: chosen[gl.group.0 as usize].join(" + "),
+                    choice: kp.choices[gl.group.0 as usize].clone(),
                     weight_bytes: gl.cost.weight_bytes,
                     act_bytes: gl.cost.act_bytes,
                     flops: gl.cost.flops,

@@ -16,6 +16,9 @@
 //!   own (a draft forward over 2 tokens in a bucket whose T is 1), so `t` is read from the
 //!   op's shape, not from the graph's bucket.
 
+use specc_ir::engine::choice::{
+    AttentionKernel, EpilogueChoice, KernelChoice, MatmulChoice, MatmulCore, NormPlacement,
+};
 use specc_ir::engine::{Phase, Slot, Target};
 use specc_ir::{
     AttnMask as IrMask, BucketDim, DType, Graph, Op, RopeScaling, RopeStyle as IrStyle, ValueId,
@@ -23,22 +26,19 @@ use specc_ir::{
 use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
 use specc_kernels_gen::attention::{self, AttentionParams, AttnMask};
-use specc_kernels_gen::attention_mma;
 use specc_kernels_gen::elementwise::{embedding, EmbeddingParams};
-use specc_kernels_gen::gemv::{GemvParams, GemvWeights, RmsNormPrologue};
-use specc_kernels_gen::gemv_mma::{self, select_partials_per_row};
+use specc_kernels_gen::gemv::{gemv_tiled, GemvParams, GemvWeights, RmsNormPrologue};
+use specc_kernels_gen::gemv_mma::{self, SplitScratch};
 use specc_kernels_gen::generic::{single, TensorArg};
 use specc_kernels_gen::norm::{rmsnorm, RmsNormParams};
 use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
 use specc_kernels_gen::Error;
 
+use crate::choose;
 use crate::{Epilogue, Group, GroupKind, Home, LaunchPlan, MatOut};
 
-/// Split-K tile counters reserved in every arena: one per output tile of a launch whose
-/// tiling splits K across blocks (no default tiling does today — measured slower at the 8B
-/// shapes — but `Ctx::gemv` serves any tiling that asks, up to this many tiles).
-pub const SPLIT_COUNTERS: u32 = 512;
+pub use choose::matmul::SPLIT_COUNTERS;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct PlannedLaunch {
@@ -118,6 +118,8 @@ pub struct KernelPlan {
     pub arena_bytes: u64,
     /// Offsets of the graph's inputs and outputs in the arena (for host copies).
     pub io: Vec<(String, u64, u64)>,
+    /// The kernel choice of each group, in schedule order.
+    pub choices: Vec<KernelChoice>,
 }
 
 struct Ctx<'a> {
@@ -208,23 +210,25 @@ impl Ctx<'_> {
         Loc::arena(at)
     }
 
-    /// The matmul kernel for `p` over `rows` rows, with split-K scratch when its tiling
-    /// asks for it.
-    fn gemv(&mut self, p: &GemvParams, rows: u32) -> Result<KernelSource, Error> {
-        let split = match gemv_mma::select_split_needs(p, rows, self.target) {
-            None => None,
-            // More output tiles than counters (long prefill row counts): the same split
-            // without K split across blocks (enough blocks from the row tiles).
-            Some(needs) if needs.counters > SPLIT_COUNTERS => {
-                return gemv_mma::select_unsplit(p, self.target)
+    /// The matmul kernel `core` for `p`, with the split-K scratch its tiling asks for over
+    /// at most `rows` rows.
+    fn matmul(
+        &mut self,
+        p: &GemvParams,
+        core: &MatmulCore,
+        rows: u32,
+    ) -> Result<KernelSource, Error> {
+        match core {
+            MatmulCore::CudaCores(t) => gemv_tiled(p, t),
+            MatmulCore::TensorCores(t) => {
+                let split = gemv_mma::split_needs(p, t, rows).map(|needs| SplitScratch {
+                    partials: self.scratch(needs.partial_bytes),
+                    counters: self.counters,
+                    tiles: needs.counters,
+                });
+                gemv_mma::gemv_mma_split(p, t, split)
             }
-            Some(needs) => Some(gemv_mma::SplitScratch {
-                partials: self.scratch(needs.partial_bytes),
-                counters: self.counters,
-                tiles: needs.counters,
-            }),
-        };
-        gemv_mma::select(p, split, self.target)
+        }
     }
 
     /// Bucket constants for an op whose tensors are `[B, t, ...]`.
@@ -266,10 +270,13 @@ pub fn plan_kernels(
         target,
     };
     let mut launches = Vec::new();
+    let mut choices = Vec::with_capacity(groups.len());
     for (i, gr) in groups.iter().enumerate() {
         cx.scratch_top = cx.scratch_base;
         let phase = phase_of(g, gr);
-        for (kernel, b) in group_kernels(&mut cx, gr)? {
+        let (kernels, choice) = group_kernels(&mut cx, gr)?;
+        choices.push(choice);
+        for (kernel, b) in kernels {
             launches.push(PlannedLaunch {
                 kernel,
                 bucket: b,
@@ -297,12 +304,13 @@ pub fn plan_kernels(
         slots: cx.slots,
         arena_bytes: cx.scratch_max.next_multiple_of(256),
         io,
+        choices,
     })
 }
 
 type Launches = Vec<(KernelSource, Bucket)>;
 
-fn group_kernels(cx: &mut Ctx, gr: &Group) -> Result<Launches, Error> {
+fn group_kernels(cx: &mut Ctx, gr: &Group) -> Result<(Launches, KernelChoice), Error> {
     match &gr.kind {
         GroupKind::Single(v) => single_kernels(cx, *v),
         GroupKind::MatMul {
@@ -314,7 +322,7 @@ fn group_kernels(cx: &mut Ctx, gr: &Group) -> Result<Launches, Error> {
     }
 }
 
-fn single_kernels(cx: &mut Ctx, v: ValueId) -> Result<Launches, Error> {
+fn single_kernels(cx: &mut Ctx, v: ValueId) -> Result<(Launches, KernelChoice), Error> {
     let node = cx.g.node(v).clone();
     let b = cx.bucket_for(v).unwrap_or(cx.bucket);
     match &node.op {
@@ -331,7 +339,7 @@ fn single_kernels(cx: &mut Ctx, v: ValueId) -> Result<Launches, Error> {
                 hidden: hidden as u32,
                 out,
             };
-            Ok(vec![(embedding(&p)?, b)])
+            Ok(fixed(vec![(embedding(&p)?, b)]))
         }
         Op::RmsNorm { eps } => {
             let dims = cx.dims(v)?;
@@ -348,7 +356,7 @@ fn single_kernels(cx: &mut Ctx, v: ValueId) -> Result<Launches, Error> {
                 w_dtype: dtype(cx.g.ty(node.args[1]).dtype)?,
                 eps: *eps as f32,
             };
-            Ok(vec![(rmsnorm(&p)?, b)])
+            Ok(fixed(vec![(rmsnorm(&p)?, b)]))
         }
         Op::Attention { scale, mask } => attention_kernels(cx, v, &node.args, *scale, *mask),
         op => {
@@ -358,19 +366,23 @@ fn single_kernels(cx: &mut Ctx, v: ValueId) -> Result<Launches, Error> {
                 .map(|&a| cx.arg(a))
                 .collect::<Result<Vec<_>, _>>()?;
             let out = cx.arg(v)?;
-            Ok(single(op, &inputs, &out)?
-                .into_iter()
-                .map(|k| (k, b))
-                .collect())
+            Ok(fixed(
+                single(op, &inputs, &out)?
+                    .into_iter()
+                    .map(|k| (k, b))
+                    .collect(),
+            ))
         }
     }
 }
 
-/// Context splits of `attn_split`: enough blocks for 2 per SM of a GPU with `sms` SMs, each
-/// split ≥ 64 slots and 64 splits at most (`attn_tile` uses [`attention_mma::splits`]).
-pub fn attention_splits(ctx: u32, b: u32, kv_heads: u32, sms: u32) -> u32 {
-    let want = (2 * sms / (b * kv_heads).max(1)).max(1);
-    want.min(ctx.div_ceil(64)).clamp(1, 64)
+/// Launches of a kernel with nothing to choose, with their [`KernelChoice::Fixed`].
+fn fixed(launches: Launches) -> (Launches, KernelChoice) {
+    let families = launches
+        .iter()
+        .map(|(k, _)| k.family().to_string())
+        .collect();
+    (launches, KernelChoice::Fixed { families })
 }
 
 fn attention_kernels(
@@ -379,7 +391,7 @@ fn attention_kernels(
     args: &[ValueId],
     scale: f64,
     mask: IrMask,
-) -> Result<Launches, Error> {
+) -> Result<(Launches, KernelChoice), Error> {
     let q = cx.dims(args[0])?;
     let kd = cx.dims(args[1])?;
     let vd = cx.dims(args[2])?;
@@ -413,22 +425,27 @@ fn attention_kernels(
         out: View::new(cx.loc(v)?, dtype(cx.g.ty(v).dtype)?, (hq * dv) as u64),
         scale: scale as f32,
         max_t: t,
-        splits: attention_splits(cx.bucket.ctx, cx.bucket.b, hkv, cx.target.sms),
+        splits: 1,
         scratch: Loc::arena(0),
     };
-    // Many rows per sequence (tree verify): the tensor-core kernel, with its own splits.
-    if attention::uses_tiles(&p, cx.target) {
-        p.splits = attention_mma::splits(&p, cx.bucket.b, t, cx.bucket.ctx, cx.target);
-    }
+    let choice = choose::attention::choose(&p, cx.bucket.b, t, cx.bucket.ctx, cx.target)
+        .ok_or_else(|| unsupported("attention", "no tile fits the shared memory".into()))?;
+    p.splits = choice.splits;
     let m = cx.bucket.b * t;
     p.scratch = cx.scratch(p.scratch_bytes(m));
-    let k = attention::select(&p, cx.target)?;
+    let k = match choice.kernel {
+        AttentionKernel::CudaCores(_) => attention::attention(&p)?,
+        AttentionKernel::TensorCores(tl) => attention::attention_tiles_tiled(&p, tl)?,
+    };
     let b = Bucket {
         b: cx.bucket.b,
         t,
         ctx: cx.bucket.ctx,
     };
-    Ok(vec![(k.split, b), (k.combine, b)])
+    Ok((
+        vec![(k.split, b), (k.combine, b)],
+        KernelChoice::Attention(choice),
+    ))
 }
 
 fn inv_freq(op: &Op, rotary: u32) -> (Vec<f32>, f32, RopeStyle) {
@@ -459,11 +476,10 @@ fn matmul_kernels(
     norm: Option<&crate::NormPrologue>,
     mats: &[MatOut],
     epilogue: &Epilogue,
-) -> Result<Launches, Error> {
+) -> Result<(Launches, KernelChoice), Error> {
     let (mut xv, rows, k) = cx.view(x)?;
     let b = cx.bucket_for(x).unwrap_or(cx.bucket);
-    // One row tile covers up to 64 rows: the weights stream once per tile. Tiles of 2+
-    // rows run on tensor cores (`gemv_mma::select`).
+    // One row tile covers up to 64 rows: the weights stream once per tile.
     let row_tile = (rows as u32).clamp(1, specc_kernels_gen::gemv::MAX_ROW_TILE);
     let mut out = Vec::new();
     let mut prologue = match norm {
@@ -474,8 +490,9 @@ fn matmul_kernels(
         }),
         None => None,
     };
-    if let Some(nm) = prologue.filter(|_| row_tile > gemv_mma::NORM_FUSED_MAX_ROWS) {
-        // Wide tiles: x is normalised once into scratch, the matmul reads the result.
+    let norm_at = choose::matmul::norm_placement(prologue.is_some(), row_tile);
+    if let (NormPlacement::Separate, Some(nm)) = (norm_at, prologue) {
+        // x is normalised once into scratch, the matmul reads the result.
         let normed = View::new(cx.scratch(rows * k * xv.dtype.size()), xv.dtype, k);
         let p = RmsNormParams {
             rows: Rows::Fixed(rows as u32),
@@ -513,15 +530,24 @@ fn matmul_kernels(
     if mats.iter().any(|m| m.scale.is_some()) {
         return Err(unsupported("plan", "quantised matmul weights".to_string()));
     }
-    match epilogue {
+    let target = cx.target;
+    let mut cores = Vec::new();
+    let mut core_of = |p: &GemvParams| {
+        let c = choose::matmul::core(p, rows as u32, target);
+        cores.push(c);
+        c
+    };
+    let epilogue_choice = match epilogue {
         Epilogue::Store => {
             for m in mats {
                 let n = n_of(cx, m)?;
                 let w = cx.loc(m.weight)?;
                 let mut p = base(cx, m, GemvWeights::Single(w), n)?;
                 p.out = Some(cx.view(m.node)?.0);
-                out.push((cx.gemv(&p, rows as u32)?, b));
+                let c = core_of(&p);
+                out.push((cx.matmul(&p, &c, rows as u32)?, b));
             }
+            EpilogueChoice::Store
         }
         Epilogue::ResidualAdd { residual, out: o } => {
             let m = &mats[0];
@@ -530,14 +556,18 @@ fn matmul_kernels(
             let mut p = base(cx, m, GemvWeights::Single(w), n)?;
             p.residual = Some(cx.view(*residual)?.0);
             p.out = Some(cx.view(*o)?.0);
-            out.push((cx.gemv(&p, rows as u32)?, b));
+            let c = core_of(&p);
+            out.push((cx.matmul(&p, &c, rows as u32)?, b));
+            EpilogueChoice::ResidualAdd
         }
         Epilogue::SiluMul { out: o } => {
             let (gate, up) = (cx.loc(mats[0].weight)?, cx.loc(mats[1].weight)?);
             let n = n_of(cx, &mats[0])?;
             let mut p = base(cx, &mats[0], GemvWeights::GateUp { gate, up }, n)?;
             p.out = Some(cx.view(*o)?.0);
-            out.push((cx.gemv(&p, rows as u32)?, b));
+            let c = core_of(&p);
+            out.push((cx.matmul(&p, &c, rows as u32)?, b));
+            EpilogueChoice::SiluMul
         }
         Epilogue::LogitsArgmax { logits, argmax: am } => {
             let m = &mats[0];
@@ -551,25 +581,37 @@ fn matmul_kernels(
                 let dt = dtype(cx.g.ty(*logits).dtype)?;
                 View::new(cx.scratch(rows * n * dt.size()), dt, n)
             });
-            let parts = if am.is_some() {
-                let per_row = select_partials_per_row(&p, cx.target) as u64;
-                let loc = cx.scratch(rows * per_row * 8);
-                p.argmax_partials = Some(loc);
-                Some((loc, per_row))
-            } else {
-                None
-            };
-            out.push((cx.gemv(&p, rows as u32)?, b));
-            if let (Some(a), Some((loc, count))) = (am, parts) {
-                let ap = ArgmaxParams {
-                    rows: Rows::Fixed(rows as u32),
-                    input: ArgmaxInput::Partials {
-                        loc,
-                        count: count as u32,
-                    },
-                    out: View::new(cx.loc(*a)?, Dtype::I32, 1),
+            let Some(a) = am else {
+                let c = core_of(&p);
+                out.push((cx.matmul(&p, &c, rows as u32)?, b));
+                let choice = MatmulChoice {
+                    rows: rows as u32,
+                    row_tile,
+                    cores,
+                    norm: norm_at,
+                    epilogue: EpilogueChoice::Logits,
                 };
-                out.push((argmax(&ap)?, b));
+                return Ok((out, KernelChoice::Matmul(choice)));
+            };
+            // The kernel is chosen with its partials (they take shared memory), then the
+            // partials are sized by that choice.
+            p.argmax_partials = Some(Loc::arena(0));
+            let c = core_of(&p);
+            let per_row = choose::matmul::partials_per_row(&p, &c);
+            let loc = cx.scratch(rows * per_row as u64 * 8);
+            p.argmax_partials = Some(loc);
+            out.push((cx.matmul(&p, &c, rows as u32)?, b));
+            let ap = ArgmaxParams {
+                rows: Rows::Fixed(rows as u32),
+                input: ArgmaxInput::Partials {
+                    loc,
+                    count: per_row,
+                },
+                out: View::new(cx.loc(*a)?, Dtype::I32, 1),
+            };
+            out.push((argmax(&ap)?, b));
+            EpilogueChoice::LogitsArgmax {
+                partials_per_row: per_row,
             }
         }
         Epilogue::RopeKvWrite(r) => {
@@ -588,24 +630,32 @@ fn matmul_kernels(
             let n_total: u64 = ns.iter().sum();
             let slot = cx.slot(Slot::ConcatRows(names));
             let p = base(cx, &mats[0], GemvWeights::Single(Loc::table(slot)), n_total)?;
-            for k in qkv_rope_kernels(cx, p, rows, &ns, r)? {
-                out.push((k, b));
-            }
+            let (kernels, c, ep) = qkv_rope_kernels(cx, p, rows, &ns, r)?;
+            cores.push(c);
+            out.extend(kernels.into_iter().map(|k| (k, b)));
+            ep
         }
-    }
-    Ok(out)
+    };
+    let choice = MatmulChoice {
+        rows: rows as u32,
+        row_tile,
+        cores,
+        norm: norm_at,
+        epilogue: epilogue_choice,
+    };
+    Ok((out, KernelChoice::Matmul(choice)))
 }
 
-/// The q|k|v projection `p` (no epilogue yet) with RoPE and the KV write: one GEMV with
-/// the `specc_kernels_gen::qkv_rope` epilogue when the kernel can carry it (no per-head q/k norm,
-/// head shape fits its pair stride), else the GEMV into scratch and `rope_kv`.
+/// The q|k|v projection `p` (no epilogue yet) with RoPE and the KV write, as
+/// [`choose::matmul::rope_epilogue`] decides: one matmul with the
+/// `specc_kernels_gen::qkv_rope` epilogue, or the matmul into scratch and `rope_kv`.
 fn qkv_rope_kernels(
     cx: &mut Ctx,
     mut p: GemvParams,
     rows: u64,
     ns: &[u64],
     r: &crate::RopeKvWrite,
-) -> Result<Vec<KernelSource>, Error> {
+) -> Result<(Vec<KernelSource>, MatmulCore, EpilogueChoice), Error> {
     let (hd, hq, hkv) = (r.head_dim as u32, r.q_heads as u32, r.kv_heads as u32);
     let act = p.x.dtype;
     let rd = rotary_dim(&r.rope, hd);
@@ -639,9 +689,11 @@ fn qkv_rope_kernels(
         },
     };
     let head_norm = r.q_norm.is_some() || r.k_norm.is_some();
-    if !head_norm && gemv_mma::select_carries_rope(&p, hd, rd) {
+    let ep = choose::matmul::rope_epilogue(&p, hd, rd, head_norm);
+    if ep == (EpilogueChoice::RopeKv { fused: true }) {
         p.rope = Some(out);
-        return Ok(vec![cx.gemv(&p, rows as u32)?]);
+        let c = choose::matmul::core(&p, rows as u32, cx.target);
+        return Ok((vec![cx.matmul(&p, &c, rows as u32)?], c, ep));
     }
     let n_total = p.n as u64;
     let qkv = cx.scratch(rows * n_total * act.size());
@@ -664,8 +716,9 @@ fn qkv_rope_kernels(
         v: full.cols_from(ns[0] + ns[1]),
         qk_norm,
     };
-    let gemv = cx.gemv(&p, rows as u32)?;
-    Ok(vec![gemv, rope_kv(&rp)?])
+    let c = choose::matmul::core(&p, rows as u32, cx.target);
+    let gemv = cx.matmul(&p, &c, rows as u32)?;
+    Ok((vec![gemv, rope_kv(&rp)?], c, ep))
 }
 
 fn rotary_dim(op: &Op, head_dim: u32) -> u32 {

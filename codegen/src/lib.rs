@@ -2,6 +2,7 @@
 //! launch plan. [`compile`] lists every pass in order.
 
 mod build;
+pub mod choose;
 mod consts;
 mod cost;
 mod dce;

@@ -256,7 +256,7 @@ fn plan_section(s: &mut String, engine: &Engine, p: &BucketPlan, bw: f64, fl: f6
                 total.flops += c.flops;
                 row.extend([
                     gc.family.clone(),
-                    gc.choice.clone(),
+                    gc.choice.to_string(),
                     c.weight_bytes.to_string(),
                     c.act_bytes.to_string(),
                     c.flops.to_string(),

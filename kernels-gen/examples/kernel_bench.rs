@@ -31,18 +31,17 @@ mod gpu;
 
 use common::Plan;
 use gpu::{Gpu, Mem};
-use specc_codegen::kernels::attention_splits;
+use specc_codegen::choose::matmul::tiling;
+use specc_codegen::choose::{self, attention::simt_splits as attention_splits};
 use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
 use specc_kernels_gen::attention::{
-    attention, attention_tiles_tiled, select, uses_tiles, AttentionKernels, AttentionParams,
-    AttnMask,
+    attention, attention_tiles_tiled, AttentionKernels, AttentionParams, AttnMask,
 };
 use specc_kernels_gen::attention_mma;
 use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights, RmsNormPrologue};
-use specc_kernels_gen::gemv_mma;
 use specc_kernels_gen::gemv_mma::{
-    gemv_mma_split, partials_per_row, split_needs, tiling, Feed, MmaTiling, SplitScratch,
+    gemv_mma_split, partials_per_row, split_needs, Feed, MmaTiling, SplitScratch,
 };
 use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{rope_kv, RopeKvParams, RopeStyle, RopeTable};
@@ -193,7 +192,7 @@ fn gemv_case(
 /// Llama-3.1-8B's normed q|k|v projection (48 heads of 128 over K = 4096) with RoPE and the
 /// KV write at M = B·T rows (B = 1, ctx 1024): the GEMV with the RoPE epilogue (`fused`),
 /// or the GEMV into scratch followed by `rope_kv` (the path of per-head-norm layers). The
-/// GEMV is the plan's choice (`gemv_mma::select`); bytes = the weights.
+/// GEMV is the build's choice (`specc_codegen::choose`); bytes = the weights.
 fn qkv_rope_case(gpu: &Gpu, m: u32, fused: bool) -> Row {
     let (k, hq, hkv, d, ctx) = (4096u32, 32u32, 8u32, 128u32, 1024u32);
     let n = (hq + 2 * hkv) * d;
@@ -242,7 +241,7 @@ fn qkv_rope_case(gpu: &Gpu, m: u32, fused: bool) -> Row {
     };
     let ks = if fused {
         p.rope = Some(out);
-        vec![gemv_mma::select(&p, None, gpu.target()).unwrap()]
+        vec![choose::matmul_kernel(&p, None, gpu.target()).unwrap()]
     } else {
         p.out = Some(qkv);
         let rope = RopeKvParams {
@@ -254,7 +253,7 @@ fn qkv_rope_case(gpu: &Gpu, m: u32, fused: bool) -> Row {
             qk_norm: None,
         };
         vec![
-            gemv_mma::select(&p, None, gpu.target()).unwrap(),
+            choose::matmul_kernel(&p, None, gpu.target()).unwrap(),
             rope_kv(&rope).unwrap(),
         ]
     };
@@ -378,20 +377,20 @@ fn tree_attention_case(gpu: &Gpu, t: u32, ctx: u32, variant: AttnVariant) -> Row
         splits: attention_splits(ctx, 1, hkv, gpu.target().sms),
         scratch: Loc::arena(0),
     };
-    let tiles = variant != AttnVariant::Simt && uses_tiles(&p, gpu.target());
+    let tiles = variant != AttnVariant::Simt && choose::attention::uses_tiles(&p, gpu.target());
     if tiles {
         p.splits = match variant {
             AttnVariant::TileSplits(s) | AttnVariant::Tiled(_, s) | AttnVariant::CombineOnly(s) => {
                 s
             }
-            _ => attention_mma::splits(&p, 1, t, ctx, gpu.target()),
+            _ => choose::attention::splits(&p, 1, t, ctx, gpu.target()),
         };
     }
     let m = t;
     p.scratch = plan.alloc(p.scratch_bytes(m));
     let ks: AttentionKernels = match variant {
         AttnVariant::Planned | AttnVariant::TileSplits(_) | AttnVariant::CombineOnly(_) => {
-            select(&p, gpu.target()).unwrap()
+            choose::attention_kernels(&p, gpu.target()).unwrap()
         }
         AttnVariant::Tiled(tl, _) => match attention_tiles_tiled(&p, tl) {
             Ok(ks) => ks,
@@ -405,7 +404,7 @@ fn tree_attention_case(gpu: &Gpu, t: u32, ctx: u32, variant: AttnVariant) -> Row
         },
         AttnVariant::Simt => attention(&p).unwrap(),
         AttnVariant::TileRoundedP => {
-            let tl = attention_mma::tiling(&p, gpu.target()).unwrap();
+            let tl = choose::attention::tiling(&p, gpu.target()).unwrap();
             attention_tiles_tiled(
                 &p,
                 attention_mma::TileTiling {
@@ -710,7 +709,7 @@ fn sweep_wide(gpu: &Gpu, ms: &[u32], feeds: &str, filter: &str) {
             }
             // As the plan runs it: above NORM_FUSED_MAX_ROWS rows x arrives normalised.
             let shape = (
-                shape.0 && m <= gemv_mma::NORM_FUSED_MAX_ROWS,
+                shape.0 && m <= choose::matmul::NORM_FUSED_MAX_ROWS,
                 shape.1,
                 shape.2,
                 shape.3,
@@ -742,7 +741,7 @@ fn sweep_wide(gpu: &Gpu, ms: &[u32], feeds: &str, filter: &str) {
             tilings.retain(|t| t.ks == 1 || n.div_ceil(16 * t.tn * t.wn) * g < sms);
             let p = case_params(&mut Plan::new(), m, k, n, shape);
             for t in tilings {
-                if gemv_mma::fits(&p, &t, gpu.target()) {
+                if choose::matmul::fits(&p, &t, gpu.target()) {
                     rows.push(gemv_case(gpu, label, m, k, n, shape, Variant::Mma(Some(t))));
                 }
             }
@@ -781,7 +780,7 @@ fn sweep_tma(gpu: &Gpu, ms: &[u32], filter: &str) {
                         };
                         let blocks = column_blocks(&p, &t) as u64 / if shape.1 { 2 } else { 1 };
                         let few = blocks * (ks as u64) < 512 || ks == 1;
-                        if few && gemv_mma::fits(&p, &t, gpu.target()) {
+                        if few && choose::matmul::fits(&p, &t, gpu.target()) {
                             rows.push(gemv_case(gpu, label, m, k, n, shape, Variant::Mma(Some(t))));
                         }
                     }
@@ -826,7 +825,7 @@ fn bulk_splits(gpu: &Gpu, p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
         };
         if let Some(deepest) = (2..=8)
             .rev()
-            .find(|&s| gemv_mma::fits(p, &bulk(s), gpu.target()))
+            .find(|&s| choose::matmul::fits(p, &bulk(s), gpu.target()))
         {
             let mut depths = vec![deepest.min(3), deepest];
             depths.dedup();
@@ -875,7 +874,7 @@ fn xbulk_splits(gpu: &Gpu, p: &GemvParams, tns: &[u32]) -> Vec<MmaTiling> {
                 feed: Feed::XBulk { stages },
                 ..t
             };
-            if gemv_mma::fits(p, &x, gpu.target()) {
+            if choose::matmul::fits(p, &x, gpu.target()) {
                 out.push(x);
             }
         }

@@ -192,6 +192,11 @@ pub struct KernelSource {
 }
 
 impl KernelSource {
+    /// The kernel's family: its name without the dtype and hash (`{family}_{dtype}_{hash8}`).
+    pub fn family(&self) -> &str {
+        self.name.rsplitn(3, '_').last().unwrap_or(&self.name)
+    }
+
     /// The operand table of one launch: entry `i` = the address of `operands[i]`, given the
     /// arena's base address and each slot's base address. A [`Loc::TensorMap`] entry gets
     /// its tensor's address here; the caller must replace it by the address of the

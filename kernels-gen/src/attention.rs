@@ -22,7 +22,6 @@
 use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc, Rows, Unit, View};
 use crate::writer::{emit, f32_lit, Writer};
 use crate::Error;
-use specc_ir::engine::Target;
 
 const FAMILY: &str = "attn_split";
 const THREADS: u32 = 128;
@@ -83,11 +82,7 @@ pub struct AttentionKernels {
     pub combine: KernelSource,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttnTiling {
-    pub rows_per_block: u32,
-    pub tile_slots: u32,
-}
+pub use specc_ir::engine::choice::AttnTiling;
 
 impl AttentionParams {
     pub(crate) fn group(&self) -> u32 {
@@ -204,16 +199,7 @@ pub fn attention(p: &AttentionParams) -> Result<AttentionKernels, Error> {
     })
 }
 
-/// The tensor-core kernels (`attn_tile` + `attn_combine`, [`crate::attention_mma`]) with
-/// the block shape chosen for `target`: up to 256 rows per block.
-pub fn attention_tiles(p: &AttentionParams, target: &Target) -> Result<AttentionKernels, Error> {
-    Ok(AttentionKernels {
-        split: crate::attention_mma::split_kernel(p, target)?,
-        combine: combine_kernel(p),
-    })
-}
-
-/// [`attention_tiles`] with an explicit block shape (benchmarks compare them).
+/// The tensor-core kernels (`attn_tile` + `attn_combine`, [`crate::attention_mma`]) with block shape `t`: up to 256 rows per block.
 pub fn attention_tiles_tiled(
     p: &AttentionParams,
     t: crate::attention_mma::TileTiling,
@@ -222,26 +208,6 @@ pub fn attention_tiles_tiled(
         split: crate::attention_mma::split_kernel_tiled(p, t)?,
         combine: combine_kernel(p),
     })
-}
-
-/// Whether [`select`] picks the tensor-core kernel for `target`: more than one token per
-/// sequence (verify, tree and drafter blocks) and shapes the tensor-core kernel supports
-/// there (measured faster in the step graph for verify and chain steps at the 8B shapes,
-/// bench/NOTES.md). Decode (one token) keeps the CUDA-core kernel: the tensor-core one was
-/// faster there too at a short context but has not been measured at long contexts or
-/// batch 8.
-pub fn uses_tiles(p: &AttentionParams, target: &Target) -> bool {
-    p.max_t > 1 && crate::attention_mma::supports(p, target)
-}
-
-/// The kernels the plan launches for `target`: [`attention_tiles`] where [`uses_tiles`],
-/// else [`attention`].
-pub fn select(p: &AttentionParams, target: &Target) -> Result<AttentionKernels, Error> {
-    if uses_tiles(p, target) {
-        attention_tiles(p, target)
-    } else {
-        attention(p)
-    }
 }
 
 pub(crate) fn scratch_ptrs(w: &mut Writer, p: &AttentionParams, mutable: bool) {

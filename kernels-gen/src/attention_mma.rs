@@ -2,7 +2,7 @@
 //! (verify, drafter blocks and trees: T = 2..256 tokens × G query heads per kv head), FlashAttention-2 style.
 //! Same parameters, masks, numerics and partials layout as [`crate::attention`]; its
 //! `attn_combine` merges the splits. The plan picks it through [`crate::attention::select`]
-//! from two tokens per sequence (`attention::uses_tiles`; decode keeps the CUDA-core kernel).
+//! from two tokens per sequence (`specc_codegen::choose::attention`; decode keeps the CUDA-core kernel).
 //!
 //! Grid `(row blocks, kv_heads · splits, B)`; a block of `NW` warps owns `RB = 16 · NW` query
 //! rows `(t, g)` of one sequence (row `r = t · G + g`), one kv head and one context split.
@@ -21,7 +21,7 @@
 //! thread, room for 64-slot tiles. Rows past 64 go to further blocks (grid x, the
 //! fastest-varying index, so the row blocks of one (kv head, split) range run together and
 //! all but the first read its tiles from L2: HBM traffic stays one pass over the prefix).
-//! Splits fill the target's SMs ([`splits`]).
+//! Splits fill the target's SMs (`specc_codegen::choose::attention::tile_splits`).
 //!
 //! Numerics: scores are exact bf16 products summed in f32, the softmax is f32 (`l` sums the
 //! f32 `p`), and `P·V` runs on two 16-bit halves of `p` (see [`TileTiling::split_p`]), so
@@ -35,41 +35,15 @@ use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Unit};
 use crate::attention::{emit_block_operands, AttentionParams, AttnMask, PARTIAL_ROW};
 use crate::writer::{emit, f32_lit, Writer};
 use crate::Error;
-use specc_ir::engine::Target;
+use specc_ir::engine::Arch;
 
 const FAMILY: &str = "attn_tile";
 const HELPERS: &str = include_str!("../cuda/attn_mma.cuh");
-/// Static + dynamic shared memory per block the tiles aim at: [`RESIDENT_PER_SM`] blocks of
-/// the 4- and 8-warp tilings share the 228 KiB of an sm_90a / sm_100a SM. A target with less
-/// per block lowers it ([`smem_budget`]); an explicit tiling may not exceed it.
-const SMEM_BUDGET: u64 = 96 * 1024;
 /// Shared-memory row padding in elements: 16 bytes, so the 8 rows an `ldmatrix` reads
 /// start on 8 distinct 4-bank groups (row strides of 2·(D + 8) bytes, D a multiple of 16).
 const PAD: u64 = 8;
 
-/// The block shape of one kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TileTiling {
-    /// Warps per block; the block holds `16 · warps` rows.
-    pub warps: u32,
-    /// Cache slots per K/V tile (a multiple of 16).
-    pub tile_slots: u32,
-    /// `P·V` as `P_hi·V + P_lo·V` with `P_hi = round(p)`, `P_lo = round(p − P_hi)`: p
-    /// to ~2⁻¹⁷ relative, as the interpreter's f32 (one more mma per P·V step). Without
-    /// it p is rounded once to the 16-bit type (FlashAttention's numerics, ≤ 2⁻⁹ relative
-    /// per weight: a few bf16 ulps of the output at peaked softmaxes).
-    pub split_p: bool,
-}
-
-impl TileTiling {
-    pub fn rows(&self) -> u32 {
-        16 * self.warps
-    }
-
-    pub fn threads(&self) -> u32 {
-        32 * self.warps
-    }
-}
+pub use specc_ir::engine::choice::TileTiling;
 
 fn group(p: &AttentionParams) -> u32 {
     p.q_heads / p.kv_heads
@@ -82,23 +56,20 @@ fn words(p: &AttentionParams) -> u64 {
     }
 }
 
-/// Whether the shapes and dtypes suit the tensor-core kernel: q and cache of one 16-bit
-/// float type (the mma operands), head dims multiples of 16, and a tile that fits
-/// `target`'s shared memory ([`tiling`]).
-pub fn supports(p: &AttentionParams, target: &Target) -> bool {
+/// Whether the shapes and dtypes suit the kernel: q and cache of one 16-bit float type (the
+/// mma operands), head dims multiples of 16 (whether a tile fits a device is the choice's).
+pub fn shapes_supported(p: &AttentionParams) -> bool {
     p.q.dtype == p.cache_dtype
         && matches!(p.cache_dtype, Dtype::BF16 | Dtype::F16)
         && p.head_dim.is_multiple_of(16)
         && p.head_dim_v.is_multiple_of(16)
         && p.kv_heads > 0
         && p.q_heads.is_multiple_of(p.kv_heads)
-        && tiling(p, target).is_some()
 }
 
-/// The shared memory a block of the tiles chosen for `target` may use: [`SMEM_BUDGET`], or
-/// less where `target`'s blocks have less.
-fn smem_budget(target: &Target) -> u64 {
-    SMEM_BUDGET.min(target.smem_per_block as u64)
+/// Shared memory of one block of tiling `t`, static and dynamic.
+pub fn block_smem_bytes(p: &AttentionParams, t: TileTiling) -> u64 {
+    smem_dynamic(p, t) + smem_static(p, t)
 }
 
 /// Dynamic shared memory: the q tile and two stages of K and V tiles.
@@ -117,42 +88,6 @@ fn smem_static(p: &AttentionParams, t: TileTiling) -> u64 {
         0 => rb * 4 + 16,
         w => rb * w * 8 + 16,
     }
-}
-
-/// Warps per block: 4 (64 rows; see the module docs), fewer where one sequence has fewer
-/// rows. Tiles: the largest of 64, 32, 16 slots within [`smem_budget`] of `target`; `None`
-/// where none fits.
-pub fn tiling(p: &AttentionParams, target: &Target) -> Option<TileTiling> {
-    let budget = smem_budget(target);
-    let rows = p.max_t.saturating_mul(group(p).max(1));
-    let warps = rows.div_ceil(16).clamp(1, 4);
-    [64u32, 32, 16]
-        .into_iter()
-        .map(|tile_slots| TileTiling {
-            warps,
-            tile_slots,
-            split_p: true,
-        })
-        .find(|&t| smem_dynamic(p, t) + smem_static(p, t) <= budget)
-}
-
-/// Blocks resident per SM the split count assumes: shared memory within [`SMEM_BUDGET`]
-/// fits two per SM, and two 4-warp blocks at up to 255 registers per thread fill the 64 K
-/// registers of an SM.
-const RESIDENT_PER_SM: u32 = 2;
-
-/// Context splits for `b` sequences of `t` rows each at context `ctx` on `target`: as many
-/// as one wave of resident blocks holds (`target.sms · RESIDENT_PER_SM` over the blocks of
-/// one split), at most one per 64 slots and 64 in all (the counts measured fastest for
-/// trees of 32–128 nodes, bench/NOTES.md).
-pub fn splits(p: &AttentionParams, b: u32, t: u32, ctx: u32, target: &Target) -> u32 {
-    let Some(tl) = tiling(p, target) else {
-        return 1;
-    };
-    let rows = t.max(1).saturating_mul(group(p));
-    let per_split = b.max(1) * p.kv_heads * rows.div_ceil(tl.rows());
-    let fill = (target.sms * RESIDENT_PER_SM / per_split.max(1)).max(1);
-    fill.min(ctx.div_ceil(64)).clamp(1, 64)
 }
 
 /// The parameters' own checks (no tiling).
@@ -190,15 +125,6 @@ fn validate(p: &AttentionParams) -> Result<(), Error> {
     Ok(())
 }
 
-/// The split kernel with the [`tiling`] for `target` ([`crate::attention::attention`] pairs
-/// it with the combine kernel).
-pub(crate) fn split_kernel(p: &AttentionParams, target: &Target) -> Result<KernelSource, Error> {
-    validate(p)?;
-    let t = tiling(p, target)
-        .ok_or_else(|| Error::param(FAMILY, "head_dim", "no tile fits the shared memory budget"))?;
-    split_kernel_tiled(p, t)
-}
-
 /// The split kernel with an explicit tiling (benchmarks compare them).
 pub(crate) fn split_kernel_tiled(
     p: &AttentionParams,
@@ -213,11 +139,13 @@ pub(crate) fn split_kernel_tiled(
             "1..=16 warps, tiles of 16 to 64 slots in steps of 16",
         ));
     }
-    if smem_dynamic(p, t) + smem_static(p, t) > SMEM_BUDGET {
+    // Whether a block fits one device is the choice's; none of any arch holds more.
+    let most = Arch::ALL.map(Arch::max_smem_per_block).into_iter().max();
+    if block_smem_bytes(p, t) > most.unwrap_or(0) as u64 {
         return Err(Error::param(
             FAMILY,
             "tiling",
-            "exceeds the shared memory budget",
+            "exceeds the shared memory of a block on every arch",
         ));
     }
     let ct = p.cache_dtype.c_type();

@@ -91,19 +91,11 @@ pub struct GemvParams {
     pub rope: Option<QkvRope>,
 }
 
-/// The work split the generator chose.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GemvTiling {
-    pub warps: u32,
-    pub cols_per_warp: u32,
-    /// Elements per 16-byte weight load.
-    pub vec: u32,
-    /// K elements of x staged in shared memory at a time.
-    pub k_chunk: u32,
-}
+pub use specc_ir::engine::choice::GemvTiling;
 
 impl GemvParams {
-    pub(crate) fn gate_up(&self) -> bool {
+    /// Whether the weights are the gate/up pair of a SwiGLU MLP.
+    pub fn gate_up(&self) -> bool {
         matches!(self.weights, GemvWeights::GateUp { .. })
     }
 
@@ -221,10 +213,37 @@ impl GemvParams {
     }
 }
 
-/// Generates the kernel.
+/// Whether `t` is a work split the kernel can run for `p`.
+fn check_tiling(p: &GemvParams, t: &GemvTiling) -> Result<(), Error> {
+    let min_cw = if p.rope.is_some() { 2 } else { 1 };
+    let vec = (16 / p.w_dtype.size()) as u32;
+    let x_bytes = t.k_chunk as u64 * p.row_tile as u64 * p.x.dtype.size();
+    if !(1..=32).contains(&t.warps)
+        || t.cols_per_warp < min_cw
+        || t.vec != vec
+        || t.k_chunk == 0
+        || !t.k_chunk.is_multiple_of(vec)
+        || x_bytes > X_SMEM_BYTES
+    {
+        return Err(Error::param(
+            FAMILY,
+            "tiling",
+            format!("invalid work split {t:?} for this matmul"),
+        ));
+    }
+    Ok(())
+}
+
+/// Generates the kernel with its default work split ([`GemvParams::tiling`]).
 pub fn gemv(p: &GemvParams) -> Result<KernelSource, Error> {
+    gemv_tiled(p, &p.tiling())
+}
+
+/// Generates the kernel with work split `t`.
+pub fn gemv_tiled(p: &GemvParams, t: &GemvTiling) -> Result<KernelSource, Error> {
     p.validate()?;
-    let t = p.tiling();
+    check_tiling(p, t)?;
+    let t = *t;
     let (mt, cw, nw) = (p.row_tile, t.cols_per_warp, t.warps);
     let xt = p.x.dtype.c_type();
     let family = if p.rope.is_some() {

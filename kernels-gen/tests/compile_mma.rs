@@ -6,10 +6,11 @@
 
 mod common;
 
+use specc_codegen::choose::matmul::tiling;
 use specc_kernels_gen::abi::{Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::gemv::{GemvParams, GemvWeights, RmsNormPrologue};
 use specc_kernels_gen::gemv_mma::{
-    gemv_mma_alloc, gemv_mma_split, split_needs, tiling, Feed, MmaTiling, SplitScratch,
+    gemv_mma_alloc, gemv_mma_split, split_needs, Feed, MmaTiling, SplitScratch,
 };
 use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{RopeStyle, RopeTable};
@@ -110,7 +111,7 @@ fn row_tile_cases(m: u32) -> Vec<(String, KernelSource)> {
             };
             (
                 format!("{l} M={m} {t:?}"),
-                gemv_mma_alloc(&p, m, &common::target(), alloc).unwrap(),
+                gemv_mma_alloc(&p, &t, m, alloc).unwrap(),
             )
         })
         .collect()

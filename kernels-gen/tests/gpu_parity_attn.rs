@@ -9,12 +9,11 @@ mod gpu;
 
 use common::Plan;
 use gpu::{assert_close, bf16_tol, tensor, Gpu, Mem, Reference, Rng};
+use specc_codegen::choose::attention_tiles;
 use specc_ir::op::{AttnMask as IrMask, RopeScaling, RopeStyle as IrStyle};
 use specc_ir::Op;
 use specc_kernels_gen::abi::{Bucket, Dtype, Loc};
-use specc_kernels_gen::attention::{
-    attention, attention_tiles, attention_tiles_tiled, AttentionParams, AttnMask,
-};
+use specc_kernels_gen::attention::{attention, attention_tiles_tiled, AttentionParams, AttnMask};
 use specc_kernels_gen::attention_mma::TileTiling;
 use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};

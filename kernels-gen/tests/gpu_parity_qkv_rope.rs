@@ -17,11 +17,12 @@ mod gpu;
 
 use common::Plan;
 use gpu::{assert_close, bf16_tol, tensor, Gpu, Mem, Reference, Rng};
+use specc_codegen::choose::matmul::tiling;
 use specc_ir::op::{RopeScaling, RopeStyle as IrStyle};
 use specc_ir::Op;
 use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, Rows};
 use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights, RmsNormPrologue};
-use specc_kernels_gen::gemv_mma::gemv_mma;
+use specc_kernels_gen::gemv_mma::gemv_mma_tiled;
 use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{rope_kv, RopeKvParams, RopeStyle, RopeTable};
 
@@ -64,7 +65,7 @@ const BASE: Case = Case {
 
 fn gemv_kernel(gpu: &Gpu, p: &GemvParams, mma: bool) -> KernelSource {
     if mma {
-        gemv_mma(p, gpu.target()).unwrap()
+        gemv_mma_tiled(p, &tiling(p, gpu.target())).unwrap()
     } else {
         gemv(p).unwrap()
     }

@@ -3,16 +3,31 @@
 
 mod common;
 
+use specc_codegen::choose::{self, attention_kernels as select, attention_tiles};
+use specc_ir::engine::choice::EpilogueChoice;
 use specc_kernels_gen::abi::{Dtype, Loc, Rows, View};
-use specc_kernels_gen::attention::{attention, attention_tiles, select, AttentionParams, AttnMask};
-use specc_kernels_gen::attention_mma;
+use specc_kernels_gen::attention::{attention, AttentionParams, AttnMask};
 use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights};
-use specc_kernels_gen::gemv_mma::{gemv_mma, select_carries_rope};
+use specc_kernels_gen::gemv_mma::gemv_mma_tiled;
 use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{rope_kv, RopeKvParams, RopeStyle, RopeTable};
 use specc_kernels_gen::{Error, Target};
 
 use common::target;
+
+/// The tensor-core matmul with the work split the build chooses for `target`.
+fn gemv_mma(
+    p: &GemvParams,
+    target: &Target,
+) -> Result<specc_kernels_gen::abi::KernelSource, Error> {
+    gemv_mma_tiled(p, &choose::matmul::tiling(p, target))
+}
+
+/// Whether the build fuses RoPE + KV write into the q|k|v matmul `p` (no per-head norm).
+fn select_carries_rope(p: &GemvParams, head_dim: u32, rotary_dim: u32) -> bool {
+    choose::matmul::rope_epilogue(p, head_dim, rotary_dim, false)
+        == EpilogueChoice::RopeKv { fused: true }
+}
 
 fn gemv_params() -> GemvParams {
     GemvParams {
@@ -205,7 +220,7 @@ fn attention_selects_tiles_for_many_rows() {
         let p = llama_tree(t);
         let k = select(&p, &target()).unwrap().split;
         assert!(k.name.starts_with("attn_tile"), "T = {t}: {}", k.name);
-        let tl = attention_mma::tiling(&p, &target()).unwrap();
+        let tl = choose::attention::tiling(&p, &target()).unwrap();
         assert_eq!(tl.warps, warps, "T = {t}");
         assert_eq!(k.launch.block[0], 32 * warps);
         assert!(
@@ -253,7 +268,8 @@ fn attention_selects_tiles_for_many_rows() {
 /// measured fastest (bench/NOTES.md); a long context with few rows spreads wider.
 #[test]
 fn attention_tile_splits_fill_one_wave() {
-    let at = |t: u32, b: u32, ctx: u32| attention_mma::splits(&llama_tree(t), b, t, ctx, &target());
+    let at =
+        |t: u32, b: u32, ctx: u32| choose::attention::splits(&llama_tree(t), b, t, ctx, &target());
     assert_eq!(
         [at(32, 1, 1024), at(64, 1, 1024), at(128, 1, 1024)],
         [16, 8, 4]
@@ -269,7 +285,7 @@ fn attention_tile_splits_fill_one_wave() {
         ..target()
     };
     assert_eq!(
-        attention_mma::splits(&llama_tree(32), 1, 32, 1024, &half),
+        choose::attention::splits(&llama_tree(32), 1, 32, 1024, &half),
         8
     );
 }

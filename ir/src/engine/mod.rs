@@ -14,6 +14,7 @@
 //! the reports `plan.txt` and `kernels/*.cu` that nothing reads back ([`format`]).
 
 pub mod abi;
+pub mod choice;
 mod contract;
 mod format;
 mod input;
@@ -31,7 +32,7 @@ pub use input::{BuildInput, RoleGraph};
 pub use target::{Arch, Target, UnknownArch};
 
 /// Bumped whenever a field changes meaning; an engine of another version is refused.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 /// The specc version that writes engines (an engine from another one is refused: kernel
 /// text, ABI and graph lowering may differ between versions).
@@ -150,12 +151,12 @@ pub struct PassTime {
     pub micros: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupCost {
     /// The fused group's family (`matmul+norm`, `attention`, ...).
     pub family: String,
-    /// The kernel choice made for it, printed (`KernelChoice`'s display).
-    pub choice: String,
+    /// The kernels chosen for it.
+    pub choice: choice::KernelChoice,
     pub weight_bytes: u64,
     pub act_bytes: u64,
     pub flops: u64,

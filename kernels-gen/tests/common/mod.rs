@@ -4,9 +4,10 @@
 
 #![allow(dead_code)]
 
+use specc_codegen::choose::{self, attention_tiles};
 use specc_kernels_gen::abi::{Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
-use specc_kernels_gen::attention::{attention, attention_tiles, AttentionParams, AttnMask};
+use specc_kernels_gen::attention::{attention, AttentionParams, AttnMask};
 use specc_kernels_gen::elementwise::{binary, embedding, BinaryFn, BinaryParams, EmbeddingParams};
 use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights, RmsNormPrologue};
 use specc_kernels_gen::gemv_mma::{gemv_mma_alloc, Feed, MmaTiling};
@@ -242,7 +243,10 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
         let rows = p.row_tile;
         add(
             &label,
-            gemv_mma_alloc(&p, rows, &target(), |b| plan.alloc(b)).unwrap(),
+            gemv_mma_alloc(&p, &choose::matmul::tiling(&p, &target()), rows, |b| {
+                plan.alloc(b)
+            })
+            .unwrap(),
         );
     }
     add(
@@ -311,9 +315,12 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
     }
     add(
         "gemv_mma qkv +rmsnorm +rope_kv (interleaved, slots)",
-        gemv_mma_alloc(&fused_slots, fused_slots.row_tile, &target(), |b| {
-            plan.alloc(b)
-        })
+        gemv_mma_alloc(
+            &fused_slots,
+            &choose::matmul::tiling(&fused_slots, &target()),
+            fused_slots.row_tile,
+            |b| plan.alloc(b),
+        )
         .unwrap(),
     );
     add(

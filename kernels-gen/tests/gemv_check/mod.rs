@@ -7,13 +7,14 @@
 
 use crate::common::Plan;
 use crate::gpu::{assert_close, bf16_tol, tensor, Gpu, Mem, Reference, Rng};
+use specc_codegen::choose::matmul::tiling;
 use specc_ir::op::BinaryOp;
 use specc_ir::{DType, Op};
 use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
 use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights, RmsNormPrologue};
 use specc_kernels_gen::gemv_mma::{
-    gemv_mma_split, partials_per_row, split_needs, tiling, MmaTiling, SplitScratch,
+    gemv_mma_split, partials_per_row, split_needs, MmaTiling, SplitScratch,
 };
 
 /// Which generator a case runs.

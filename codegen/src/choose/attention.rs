@@ -1,0 +1,111 @@
+//! Attention choices: the CUDA-core split kernel or the tensor-core tiles, their block
+//! shape and the number of context splits, from the shapes and the [`Target`].
+
+use specc_ir::engine::choice::{AttentionChoice, AttentionKernel, TileTiling};
+use specc_ir::engine::Target;
+use specc_kernels_gen::attention::AttentionParams;
+use specc_kernels_gen::attention_mma::{block_smem_bytes, shapes_supported};
+
+/// Static + dynamic shared memory per block the tiles aim at: [`RESIDENT_PER_SM`] blocks of
+/// the 4- and 8-warp tilings share the 228 KiB of an sm_90a / sm_100a SM. A target with less
+/// per block lowers it ([`smem_budget`]).
+const SMEM_BUDGET: u64 = 96 * 1024;
+
+/// Blocks resident per SM the split count assumes: shared memory within [`SMEM_BUDGET`]
+/// fits two per SM, and two 4-warp blocks at up to 255 registers per thread fill the 64 K
+/// registers of an SM.
+const RESIDENT_PER_SM: u32 = 2;
+
+/// The kernel for `p` with `b` sequences of `t` rows each at context `ctx`: the tensor-core
+/// tiles for more than one token per sequence (verify, tree and drafter blocks) where their
+/// shapes are supported and a tile fits (measured faster in the step graph for verify and
+/// chain steps at the 8B shapes, bench/NOTES.md); decode (one token) keeps the CUDA-core
+/// kernel, whose tensor-core rival was faster at a short context but has not been measured
+/// at long contexts or batch 8. `None` where the CUDA-core kernel has no tile either.
+pub fn choose(
+    p: &AttentionParams,
+    b: u32,
+    t: u32,
+    ctx: u32,
+    target: &Target,
+) -> Option<AttentionChoice> {
+    let kernel = kernel(p, target)?;
+    let splits = match kernel {
+        AttentionKernel::TensorCores(tl) => tile_splits(p, tl, b, t, ctx, target),
+        AttentionKernel::CudaCores(_) => simt_splits(ctx, b, p.kv_heads, target.sms),
+    };
+    Some(AttentionChoice { kernel, splits })
+}
+
+/// The kernel of [`choose`], without the splits.
+pub fn kernel(p: &AttentionParams, target: &Target) -> Option<AttentionKernel> {
+    match tiling(p, target).filter(|_| uses_tiles_shape(p)) {
+        Some(tl) => Some(AttentionKernel::TensorCores(tl)),
+        None => p.tiling().map(AttentionKernel::CudaCores),
+    }
+}
+
+/// Whether [`choose`] picks the tensor-core tiles for `p` on `target`.
+pub fn uses_tiles(p: &AttentionParams, target: &Target) -> bool {
+    matches!(kernel(p, target), Some(AttentionKernel::TensorCores(_)))
+}
+
+fn uses_tiles_shape(p: &AttentionParams) -> bool {
+    p.max_t > 1 && shapes_supported(p)
+}
+
+/// Context splits of the tiles chosen for `p` on `target` (1 where none fits).
+pub fn splits(p: &AttentionParams, b: u32, t: u32, ctx: u32, target: &Target) -> u32 {
+    tiling(p, target).map_or(1, |tl| tile_splits(p, tl, b, t, ctx, target))
+}
+
+/// Context splits of `attn_split`: enough blocks for 2 per SM of a GPU with `sms` SMs, each
+/// split ≥ 64 slots and 64 splits at most.
+pub fn simt_splits(ctx: u32, b: u32, kv_heads: u32, sms: u32) -> u32 {
+    let want = (2 * sms / (b * kv_heads).max(1)).max(1);
+    want.min(ctx.div_ceil(64)).clamp(1, 64)
+}
+
+/// The shared memory a block of the tiles chosen for `target` may use: [`SMEM_BUDGET`], or
+/// less where `target`'s blocks have less.
+fn smem_budget(target: &Target) -> u64 {
+    SMEM_BUDGET.min(target.smem_per_block as u64)
+}
+
+fn group(p: &AttentionParams) -> u32 {
+    p.q_heads / p.kv_heads.max(1)
+}
+
+/// Warps per block: 4 (64 rows), fewer where one sequence has fewer rows. Tiles: the
+/// largest of 64, 32, 16 slots within [`smem_budget`] of `target`; `None` where none fits.
+pub fn tiling(p: &AttentionParams, target: &Target) -> Option<TileTiling> {
+    let budget = smem_budget(target);
+    let rows = p.max_t.saturating_mul(group(p).max(1));
+    let warps = rows.div_ceil(16).clamp(1, 4);
+    [64u32, 32, 16]
+        .into_iter()
+        .map(|tile_slots| TileTiling {
+            warps,
+            tile_slots,
+            split_p: true,
+        })
+        .find(|&t| block_smem_bytes(p, t) <= budget)
+}
+
+/// Context splits of the tiles `tl` for `b` sequences of `t` rows each at context `ctx` on
+/// `target`: as many as one wave of resident blocks holds (`target.sms · RESIDENT_PER_SM`
+/// over the blocks of one split), at most one per 64 slots and 64 in all (the counts
+/// measured fastest for trees of 32–128 nodes, bench/NOTES.md).
+pub fn tile_splits(
+    p: &AttentionParams,
+    tl: TileTiling,
+    b: u32,
+    t: u32,
+    ctx: u32,
+    target: &Target,
+) -> u32 {
+    let rows = t.max(1).saturating_mul(group(p));
+    let per_split = b.max(1) * p.kv_heads * rows.div_ceil(tl.rows());
+    let fill = (target.sms * RESIDENT_PER_SM / per_split.max(1)).max(1);
+    fill.min(ctx.div_ceil(64)).clamp(1, 64)
+}

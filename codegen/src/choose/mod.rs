@@ -1,0 +1,55 @@
+//! The one selection module: every kernel choice of the build, made from a fused group's
+//! shapes and the [`specc_ir::engine::Target`] and returned as a
+//! [`specc_ir::engine::choice::KernelChoice`] value. The kernel generators take the choice
+//! and only print CUDA; the choice is recorded in the engine per (bucket, group).
+//!
+//! No device fact is read anywhere else: SM counts, shared memory per block and the
+//! architectures come from the target.
+
+pub mod attention;
+pub mod matmul;
+
+use specc_ir::engine::choice::{AttentionKernel, MatmulCore, TileTiling};
+use specc_ir::engine::Target;
+use specc_kernels_gen::abi::KernelSource;
+use specc_kernels_gen::attention::{self as attn, AttentionKernels, AttentionParams};
+use specc_kernels_gen::gemv::{gemv_tiled, GemvParams};
+use specc_kernels_gen::gemv_mma::{gemv_mma_split, SplitScratch};
+use specc_kernels_gen::Error;
+
+/// The matmul kernel the build emits for `p` on `target` (for tests and benchmarks of one
+/// kernel); `split` is the split-K scratch its tiling needs, if any.
+pub fn matmul_kernel(
+    p: &GemvParams,
+    split: Option<SplitScratch>,
+    target: &Target,
+) -> Result<KernelSource, Error> {
+    let rows = match p.rows {
+        specc_kernels_gen::abi::Rows::Fixed(r) => r,
+        _ => p.row_tile,
+    };
+    match matmul::core(p, rows, target) {
+        MatmulCore::CudaCores(t) => gemv_tiled(p, &t),
+        MatmulCore::TensorCores(t) => gemv_mma_split(p, &t, split),
+    }
+}
+
+/// The attention kernels the build emits for `p` on `target`, at `p.splits` splits (for
+/// tests and benchmarks of one kernel).
+pub fn attention_kernels(p: &AttentionParams, target: &Target) -> Result<AttentionKernels, Error> {
+    match attention::kernel(p, target) {
+        Some(AttentionKernel::TensorCores(t)) => attn::attention_tiles_tiled(p, t),
+        _ => attn::attention(p),
+    }
+}
+
+/// The tensor-core attention kernels for `p` with the block shape chosen for `target`
+/// (an error where no tile fits or the shapes do not suit them).
+pub fn attention_tiles(p: &AttentionParams, target: &Target) -> Result<AttentionKernels, Error> {
+    let smallest = TileTiling {
+        warps: 1,
+        tile_slots: 16,
+        split_p: true,
+    };
+    attn::attention_tiles_tiled(p, attention::tiling(p, target).unwrap_or(smallest))
+}

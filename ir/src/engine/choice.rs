@@ -1,0 +1,315 @@
+//! Kernel choices as values: what codegen's one selection module (`specc_codegen::choose`)
+//! decided for each fused group, from the group's shapes and the [`super::Target`]. The
+//! kernel generators take a choice and only print CUDA; the engine records every choice
+//! (per bucket, per group) so reports and tests read decisions, not kernel names.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The choice for one fused group.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KernelChoice {
+    Matmul(MatmulChoice),
+    Attention(AttentionChoice),
+    /// A kernel with nothing to choose (embedding, RMSNorm, the generic element-wise,
+    /// movement and tree kernels): the families it launches.
+    Fixed {
+        families: Vec<String>,
+    },
+}
+
+/// A matmul group: `[norm] → x·Wᵀ → epilogue`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MatmulChoice {
+    /// Rows of one launch; `row_tile` of them share one pass over the weights.
+    pub rows: u32,
+    pub row_tile: u32,
+    /// One per matmul launch: one, except for several projections of one x stored apart.
+    pub cores: Vec<MatmulCore>,
+    pub norm: NormPlacement,
+    pub epilogue: EpilogueChoice,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MatmulCore {
+    /// The CUDA-core kernel (`gemv`).
+    CudaCores(GemvTiling),
+    /// The tensor-core kernel (`gemv_mma`).
+    TensorCores(MmaTiling),
+}
+
+/// Where the RMSNorm of the matmul's input runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NormPlacement {
+    /// The group has no norm.
+    None,
+    /// In the matmul's prologue (each block normalises the rows it reads).
+    Prologue,
+    /// A separate `rmsnorm` launch into scratch, read by the matmul (un-fused).
+    Separate,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EpilogueChoice {
+    Store,
+    ResidualAdd,
+    SiluMul,
+    /// The lm-head: logits stored (or left in scratch when nothing else reads them).
+    Logits,
+    /// The lm-head with per-block argmax partials, reduced by an `argmax` launch.
+    LogitsArgmax {
+        partials_per_row: u32,
+    },
+    /// The q|k|v projection with RoPE and the KV write: in the matmul's epilogue
+    /// (`fused`), or the product into scratch followed by a `rope_kv` launch.
+    RopeKv {
+        fused: bool,
+    },
+}
+
+/// Work split of the CUDA-core matmul.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GemvTiling {
+    pub warps: u32,
+    pub cols_per_warp: u32,
+    /// Elements per 16-byte weight load.
+    pub vec: u32,
+    /// K elements of x staged in shared memory at a time.
+    pub k_chunk: u32,
+}
+
+/// Work split of the tensor-core matmul.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MmaTiling {
+    /// 16-column weight tiles per warp and matrix.
+    pub tn: u32,
+    /// Warps across N in a block.
+    pub wn: u32,
+    /// Warps across K in a block (split-K).
+    pub wk: u32,
+    /// Units of 32 k each warp keeps in flight.
+    pub unroll: u32,
+    /// Where each warp's x fragments come from.
+    pub feed: Feed,
+    /// K splits across blocks (grid z). Above 1 each split stores its partial sums to
+    /// scratch and the last split to arrive sums them in split order and runs the epilogue.
+    pub ks: u32,
+}
+
+/// How the warps of a tensor-core matmul block get their operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Feed {
+    /// Weights and x fragments loaded from global memory into registers, `unroll` units
+    /// ahead (x: 4·MT8 registers per slot); the warps of a block that share x meet in L1.
+    Prefetch,
+    /// Weights prefetched into registers; x fragments loaded from global memory at use (no
+    /// registers held, latency exposed).
+    XAtUse,
+    /// Weights and x staged by the whole block in shared memory through a ring of `stages`
+    /// chunks of `WK · unroll` units (`cp.async`, `stages − 1` chunks in flight, so the bytes
+    /// in flight do not cost registers); the fused RMSNorm is applied once per x element
+    /// while staging. Each x byte leaves L2 once per block.
+    Smem { stages: u32 },
+    /// Whole rows (weights of the block's columns, x rows of the tile) staged in shared
+    /// memory by the copy engine (`cp.async.bulk`, one copy per row and chunk of `WK ·
+    /// unroll` units, completing on a per-stage mbarrier), `stages − 1` chunks ahead. No
+    /// fused norm; K must be tiled exactly by the chunks of every split.
+    Bulk { stages: u32 },
+    /// x rows staged by the copy engine as in [`Feed::Bulk`] (one copy per row and chunk,
+    /// shared by every warp of the block), weights prefetched into registers `unroll` units
+    /// ahead per warp as in [`Feed::XAtUse`]: no x registers held, so deeper weight
+    /// prefetch. Same conditions as [`Feed::Bulk`].
+    XBulk { stages: u32 },
+    /// Weights and x as 2-D boxes of tensor-map copies into a ring of `stages` chunks of 64 k
+    /// (128-byte swizzle), issued by one extra producer warp; the `wn` consumer warps read
+    /// fragments with `ldmatrix`. Needs `tn = wk = 1`, no fused norm or RoPE, K / 64 a
+    /// multiple of `ks`.
+    Tma { stages: u32 },
+}
+
+impl MmaTiling {
+    /// Warps that own accumulators (`wn × wk`).
+    pub fn warps(&self) -> u32 {
+        self.wn * self.wk
+    }
+
+    /// Threads per block: the accumulating warps plus [`Feed::Tma`]'s producer warp.
+    pub fn threads(&self) -> u32 {
+        32 * (self.warps() + u32::from(matches!(self.feed, Feed::Tma { .. })))
+    }
+}
+
+/// An attention group: a split kernel over context splits, then the combine kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttentionChoice {
+    pub kernel: AttentionKernel,
+    /// Context splits (blocks per (sequence, KV head) along the context).
+    pub splits: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AttentionKernel {
+    /// `attn_split` on CUDA cores.
+    CudaCores(AttnTiling),
+    /// `attn_tile` on tensor cores.
+    TensorCores(TileTiling),
+}
+
+/// Block shape of the CUDA-core attention kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttnTiling {
+    pub rows_per_block: u32,
+    pub tile_slots: u32,
+}
+
+/// Block shape of the tensor-core attention kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TileTiling {
+    /// Warps per block; the block holds `16 · warps` rows.
+    pub warps: u32,
+    /// Cache slots per K/V tile (a multiple of 16).
+    pub tile_slots: u32,
+    /// `P·V` as `P_hi·V + P_lo·V` with `P_hi = round(p)`, `P_lo = round(p − P_hi)`: p
+    /// to ~2⁻¹⁷ relative, as the interpreter's f32 (one more mma per P·V step). Without
+    /// it p is rounded once to the 16-bit type (FlashAttention's numerics, ≤ 2⁻⁹ relative
+    /// per weight: a few bf16 ulps of the output at peaked softmaxes).
+    pub split_p: bool,
+}
+
+impl TileTiling {
+    pub fn rows(&self) -> u32 {
+        16 * self.warps
+    }
+
+    pub fn threads(&self) -> u32 {
+        32 * self.warps
+    }
+}
+
+impl fmt::Display for Feed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Feed::Prefetch => write!(f, "prefetch"),
+            Feed::XAtUse => write!(f, "x-at-use"),
+            Feed::Smem { stages } => write!(f, "smem/{stages}"),
+            Feed::Bulk { stages } => write!(f, "bulk/{stages}"),
+            Feed::XBulk { stages } => write!(f, "xbulk/{stages}"),
+            Feed::Tma { stages } => write!(f, "tma/{stages}"),
+        }
+    }
+}
+
+impl fmt::Display for MatmulCore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MatmulCore::CudaCores(t) => {
+                write!(f, "gemv w{} c{} kc{}", t.warps, t.cols_per_warp, t.k_chunk)
+            }
+            MatmulCore::TensorCores(t) => write!(
+                f,
+                "gemv_mma tn{} wn{} wk{} u{} {} ks{}",
+                t.tn, t.wn, t.wk, t.unroll, t.feed, t.ks
+            ),
+        }
+    }
+}
+
+impl fmt::Display for EpilogueChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EpilogueChoice::Store => write!(f, "store"),
+            EpilogueChoice::ResidualAdd => write!(f, "residual"),
+            EpilogueChoice::SiluMul => write!(f, "silu*mul"),
+            EpilogueChoice::Logits => write!(f, "logits"),
+            EpilogueChoice::LogitsArgmax { partials_per_row } => {
+                write!(f, "argmax/{partials_per_row} + argmax")
+            }
+            EpilogueChoice::RopeKv { fused: true } => write!(f, "rope+kv"),
+            EpilogueChoice::RopeKv { fused: false } => write!(f, "store + rope_kv"),
+        }
+    }
+}
+
+impl fmt::Display for KernelChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KernelChoice::Matmul(m) => {
+                if m.norm == NormPlacement::Separate {
+                    write!(f, "rmsnorm + ")?;
+                }
+                let cores: Vec<String> = m.cores.iter().map(|c| c.to_string()).collect();
+                write!(f, "{} m{}/{}", cores.join(" | "), m.rows, m.row_tile)?;
+                if m.norm == NormPlacement::Prologue {
+                    write!(f, " norm")?;
+                }
+                write!(f, " → {}", m.epilogue)
+            }
+            KernelChoice::Attention(a) => match a.kernel {
+                AttentionKernel::CudaCores(t) => write!(
+                    f,
+                    "attn_split r{} s{} splits {} + attn_combine",
+                    t.rows_per_block, t.tile_slots, a.splits
+                ),
+                AttentionKernel::TensorCores(t) => write!(
+                    f,
+                    "attn_tile w{} s{}{} splits {} + attn_combine",
+                    t.warps,
+                    t.tile_slots,
+                    if t.split_p { " split-p" } else { "" },
+                    a.splits
+                ),
+            },
+            KernelChoice::Fixed { families } => write!(f, "{}", families.join(" + ")),
+        }
+    }
+}
+
+impl KernelChoice {
+    /// The kernel families the choice launches, in launch order.
+    pub fn families(&self) -> Vec<&str> {
+        match self {
+            KernelChoice::Matmul(m) => {
+                let mut v = Vec::new();
+                if m.norm == NormPlacement::Separate {
+                    v.push("rmsnorm");
+                }
+                let rope = m.epilogue == EpilogueChoice::RopeKv { fused: true };
+                v.extend(m.cores.iter().map(|c| match (c, rope) {
+                    (MatmulCore::CudaCores(_), false) => "gemv",
+                    (MatmulCore::CudaCores(_), true) => "gemv_rope",
+                    (MatmulCore::TensorCores(_), false) => "gemv_mma",
+                    (MatmulCore::TensorCores(_), true) => "gemv_mma_rope",
+                }));
+                match m.epilogue {
+                    EpilogueChoice::LogitsArgmax { .. } => v.push("argmax"),
+                    EpilogueChoice::RopeKv { fused: false } => v.push("rope_kv"),
+                    _ => {}
+                }
+                v
+            }
+            KernelChoice::Attention(a) => vec![
+                match a.kernel {
+                    AttentionKernel::CudaCores(_) => "attn_split",
+                    AttentionKernel::TensorCores(_) => "attn_tile",
+                },
+                "attn_combine",
+            ],
+            KernelChoice::Fixed { families } => families.iter().map(String::as_str).collect(),
+        }
+    }
+
+    pub fn matmul(&self) -> Option<&MatmulChoice> {
+        match self {
+            KernelChoice::Matmul(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    pub fn attention(&self) -> Option<&AttentionChoice> {
+        match self {
+            KernelChoice::Attention(a) => Some(a),
+            _ => None,
+        }
+    }
+}
