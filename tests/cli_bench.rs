@@ -34,7 +34,9 @@ const CONFIG: &str = "bench/configs/llama-3.1-8b/config.json";
 #[test]
 fn compare_without_cuda_backend_says_so() {
     if cfg!(feature = "cuda") {
-        eprintln!("skipped: this build has the CUDA backend (the device run covers --compare)");
+        specc_ir::testing::skip(
+            "this build has the CUDA backend (the device run covers --compare)",
+        );
         return;
     }
     let err = bench_fails(&[CONFIG, "--random-weights", "--compare"]);

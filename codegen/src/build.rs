@@ -109,12 +109,25 @@ pub fn build(
             })
             .collect();
         for lp in &c.plans {
+            // kernels: each group's choice (the one selection module), then its kernels.
+            let t = Instant::now();
             let kp = plan_kernels(&c.graph, &c.groups, lp, target).map_err(|source| {
                 CodegenError::Kernels {
                     graph: format!("{} B={}", rg.role, bucket_of(&lp.bind).b),
                     source,
                 }
             })?;
+            let mut passes = passes.clone();
+            passes.push(PassTime {
+                pass: "kernels".to_string(),
+                micros: t.elapsed().as_micros() as u64,
+            });
+            if crate::dump_requested("kernels") {
+                eprintln!("--- kernel choices: {} at {:?} ---", rg.role, kp.bucket);
+                for (g, choice) in kp.choices.iter().enumerate() {
+                    eprintln!("g{g:<4} {choice}");
+                }
+            }
             let mut launches = Vec::with_capacity(kp.launches.len());
             for l in kp.launches {
                 let k = &l.kernel;
@@ -140,6 +153,7 @@ pub fn build(
                 .map(|gl| GroupCost {
                     family: gl.family.to_string(),
                     choice: kp.choices[gl.group.0 as usize].clone(),
+                    scratch_bytes: kp.scratch[gl.group.0 as usize],
                     weight_bytes: gl.cost.weight_bytes,
                     act_bytes: gl.cost.act_bytes,
                     flops: gl.cost.flops,
@@ -151,6 +165,7 @@ pub fn build(
                 launches,
                 slots: kp.slots,
                 arena_bytes: kp.arena_bytes,
+                arena: kp.arena,
                 io: kp
                     .io
                     .into_iter()
@@ -161,7 +176,7 @@ pub fn build(
                     })
                     .collect(),
                 groups,
-                passes: passes.clone(),
+                passes,
             });
         }
     }

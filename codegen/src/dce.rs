@@ -28,8 +28,11 @@ pub fn run(g: &mut Graph) -> usize {
     }
     let mut remap = vec![None; n];
     let mut nodes: Vec<Node> = Vec::with_capacity(n - removed);
+    let old_phases = g.phases();
+    let mut phases = Vec::with_capacity(n - removed);
     for (id, node) in g.nodes() {
         if live[id.index()] {
+            phases.push(old_phases[id.index()]);
             remap[id.index()] = Some(ValueId(nodes.len() as u32));
             let mut node = node.clone();
             for a in &mut node.args {
@@ -44,5 +47,6 @@ pub fn run(g: &mut Graph) -> usize {
         .map(|(name, v)| (name.clone(), remap[v.index()].expect("outputs are live")))
         .collect();
     g.rebuild(nodes, outputs);
+    g.set_phases(&phases);
     removed
 }

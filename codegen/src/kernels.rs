@@ -19,7 +19,7 @@
 use specc_ir::engine::choice::{
     AttentionKernel, EpilogueChoice, KernelChoice, MatmulChoice, MatmulCore, NormPlacement,
 };
-use specc_ir::engine::{Phase, Slot, Target};
+use specc_ir::engine::{ArenaLayout, Phase, Slot, Target};
 use specc_ir::{
     AttnMask as IrMask, BucketDim, DType, Graph, Op, RopeScaling, RopeStyle as IrStyle, ValueId,
 };
@@ -51,62 +51,14 @@ pub struct PlannedLaunch {
     pub phase: Phase,
 }
 
-/// Weight names of drafts start with one of these prefixes inside a step graph.
-const DRAFT_PREFIXES: [&str; 3] = ["draft/", "eagle/", "dflash/"];
-
+/// The part of a step group `gr` computes for: the phase the lowering marked its anchor
+/// node with (a matmul's first product, else the group's one node).
 fn phase_of(g: &Graph, gr: &Group) -> Phase {
-    let model_of = |name: &str| {
-        if DRAFT_PREFIXES.iter().any(|p| name.starts_with(p)) {
-            Phase::Draft
-        } else {
-            Phase::Target
-        }
+    let anchor = match &gr.kind {
+        GroupKind::Single(v) => *v,
+        GroupKind::MatMul { mats, .. } => mats[0].node,
     };
-    let mut weights = gr
-        .inputs
-        .iter()
-        .filter_map(|&v| match &g.node(v).op {
-            Op::Weight { name, .. } => Some(name.as_str()),
-            _ => None,
-        })
-        .peekable();
-    if weights.peek().is_some() {
-        return if weights.any(|n| model_of(n) == Phase::Draft) {
-            Phase::Draft
-        } else {
-            Phase::Target
-        };
-    }
-    // Attention reads no weight: it belongs to the model whose projection produced its q.
-    if let GroupKind::Single(v) = gr.kind {
-        if matches!(g.node(v).op, Op::Attention { .. }) {
-            if let Some(name) = nearest_weight(g, g.node(v).args[0]) {
-                return model_of(name);
-            }
-        }
-    }
-    Phase::Bookkeeping
-}
-
-/// The name of the weight nearest to `v` among its producers (breadth first, a bounded
-/// search): for an attention's q, the q projection.
-fn nearest_weight(g: &Graph, v: ValueId) -> Option<&str> {
-    let mut queue = std::collections::VecDeque::from([v]);
-    let mut seen = std::collections::HashSet::new();
-    while let Some(u) = queue.pop_front() {
-        if seen.len() >= 256 {
-            return None;
-        }
-        if !seen.insert(u) {
-            continue;
-        }
-        let node = g.node(u);
-        if let Op::Weight { name, .. } = &node.op {
-            return Some(name);
-        }
-        queue.extend(node.args.iter().copied());
-    }
-    None
+    g.phase_of(anchor)
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -116,6 +68,9 @@ pub struct KernelPlan {
     pub slots: Vec<Slot>,
     /// Planned arena + scratch: the bytes the arena allocation needs.
     pub arena_bytes: u64,
+    pub arena: ArenaLayout,
+    /// Scratch bytes each group uses, in schedule order.
+    pub scratch: Vec<u64>,
     /// Offsets of the graph's inputs and outputs in the arena (for host copies).
     pub io: Vec<(String, u64, u64)>,
     /// The kernel choice of each group, in schedule order.
@@ -271,11 +226,13 @@ pub fn plan_kernels(
     };
     let mut launches = Vec::new();
     let mut choices = Vec::with_capacity(groups.len());
+    let mut scratch = Vec::with_capacity(groups.len());
     for (i, gr) in groups.iter().enumerate() {
         cx.scratch_top = cx.scratch_base;
         let phase = phase_of(g, gr);
         let (kernels, choice) = group_kernels(&mut cx, gr)?;
         choices.push(choice);
+        scratch.push(cx.scratch_top - cx.scratch_base);
         for (kernel, b) in kernels {
             launches.push(PlannedLaunch {
                 kernel,
@@ -303,6 +260,14 @@ pub fn plan_kernels(
         launches,
         slots: cx.slots,
         arena_bytes: cx.scratch_max.next_multiple_of(256),
+        arena: ArenaLayout {
+            values_bytes: plan.memory.arena_bytes,
+            counters_offset: counters,
+            counters_bytes: SPLIT_COUNTERS as u64 * 4,
+            scratch_offset: scratch_base,
+            scratch_bytes: cx.scratch_max.next_multiple_of(256) - scratch_base,
+        },
+        scratch,
         io,
         choices,
     })

@@ -31,8 +31,9 @@ pub use launch::{ArgSlot, Launch, LaunchPlan};
 pub use memory::{check as check_memory, root, Home, MemoryPlan, ALIGN};
 pub use report::plan_report;
 
-/// Environment variable naming a pass after which the IR (or the groups) is printed to
-/// stderr, e.g. `SPECC_DUMP_IR=dce`; `all` dumps after every pass.
+/// Environment variable naming a pass after which the IR (the groups, or the kernel
+/// choices for `kernels`) is printed to stderr, e.g. `SPECC_DUMP_IR=dce`; `all` dumps after
+/// every pass.
 pub const DUMP_ENV: &str = "SPECC_DUMP_IR";
 
 #[derive(Clone, Debug)]
@@ -55,7 +56,7 @@ pub struct Compiled {
     pub constants: Vec<bool>,
 }
 
-fn dump_requested(pass: &str) -> bool {
+pub(crate) fn dump_requested(pass: &str) -> bool {
     std::env::var(DUMP_ENV)
         .map(|v| v == "all" || v.split(',').any(|p| p == pass))
         .unwrap_or(false)

@@ -197,8 +197,11 @@ fn plan_section(s: &mut String, engine: &Engine, p: &BucketPlan, bw: f64, fl: f6
     let _ = writeln!(s, "== {} B={} T={} Ctx={} ==", p.role, bk.b, bk.t, bk.ctx);
     let _ = writeln!(
         s,
-        "arena {} bytes, {} launches of {} groups, {} table slots",
+        "arena {} bytes (values {}, split-K counters {}, group scratch {}), {} launches of {} groups, {} table slots",
         p.arena_bytes,
+        p.arena.values_bytes,
+        p.arena.counters_bytes,
+        p.arena.scratch_bytes,
         p.launches.len(),
         p.groups.len(),
         p.slots.len()

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use crate::engine::Phase;
 use crate::{IrError, Op, TensorType};
 
 /// A value, which is also the id of the node that defines it (every node has one result).
@@ -29,11 +30,22 @@ pub struct Node {
 
 /// Invariant (checked by [`crate::verify`]): every node's args name earlier nodes, so the
 /// arena order is a topological order.
-#[derive(Clone, Debug, PartialEq, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Graph {
     pub name: String,
     nodes: Vec<Node>,
     outputs: Vec<(String, ValueId)>,
+    /// Which part of a step each node computes for, as the lowering marked it: `(first
+    /// node, phase)` in node order, each mark lasting until the next. An annotation for
+    /// reports and timing breakdowns only: evaluation, the text form and equality ignore it.
+    phases: Vec<(u32, Phase)>,
+}
+
+/// Graphs are equal when they compute the same thing (their phase marks are reports).
+impl PartialEq for Graph {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name && self.nodes == other.nodes && self.outputs == other.outputs
+    }
 }
 
 impl Graph {
@@ -239,9 +251,91 @@ impl Graph {
         uses
     }
 
-    /// Replaces the node list and outputs (for passes); the caller re-verifies.
+    /// Replaces the node list and outputs (for passes); the caller re-verifies. The phase
+    /// marks are kept only where the node count is (a pass that drops or renumbers nodes
+    /// hands their phases to [`Graph::set_phases`]).
     pub fn rebuild(&mut self, nodes: Vec<Node>, outputs: Vec<(String, ValueId)>) {
+        if nodes.len() != self.nodes.len() {
+            self.phases.clear();
+        }
         self.nodes = nodes;
         self.outputs = outputs;
+    }
+
+    /// Marks the nodes appended from now on as computing for `phase` (the lowering calls
+    /// it where a model's forward, or the bookkeeping after it, begins).
+    pub fn begin_phase(&mut self, phase: Phase) {
+        let at = self.nodes.len() as u32;
+        if let Some(last) = self.phases.last_mut().filter(|(first, _)| *first == at) {
+            last.1 = phase;
+        } else if self.phases.last().map(|(_, p)| *p) != Some(phase) {
+            self.phases.push((at, phase));
+        }
+    }
+
+    /// The phase node `v` was marked with ([`Phase::Bookkeeping`] before any mark).
+    pub fn phase_of(&self, v: ValueId) -> Phase {
+        let i = self.phases.partition_point(|(first, _)| *first <= v.0);
+        i.checked_sub(1)
+            .map_or(Phase::Bookkeeping, |i| self.phases[i].1)
+    }
+
+    /// The phase of every node, in node order.
+    pub fn phases(&self) -> Vec<Phase> {
+        (0..self.nodes.len() as u32)
+            .map(|v| self.phase_of(ValueId(v)))
+            .collect()
+    }
+
+    /// Replaces the phase marks by `per_node[v]` for each node `v`.
+    pub fn set_phases(&mut self, per_node: &[Phase]) {
+        self.phases.clear();
+        for (v, &p) in per_node.iter().enumerate() {
+            if self.phases.last().map(|(_, q)| *q) != Some(p) {
+                self.phases.push((v as u32, p));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DType, Dim};
+
+    fn leaf(g: &mut Graph, name: &str) -> ValueId {
+        let ty = TensorType::new(DType::F32, vec![Dim::Static(4)]);
+        g.input(name, ty).unwrap()
+    }
+
+    #[test]
+    fn phase_marks_cover_the_nodes_after_them() {
+        let mut g = Graph::new("phases");
+        let a = leaf(&mut g, "a");
+        g.begin_phase(Phase::Draft);
+        let b = leaf(&mut g, "b");
+        let c = leaf(&mut g, "c");
+        g.begin_phase(Phase::Target);
+        // A mark replaced before any node follows it.
+        g.begin_phase(Phase::Bookkeeping);
+        let d = leaf(&mut g, "d");
+        assert_eq!(
+            [a, b, c, d].map(|v| g.phase_of(v)),
+            [
+                Phase::Bookkeeping,
+                Phase::Draft,
+                Phase::Draft,
+                Phase::Bookkeeping
+            ]
+        );
+        let per_node = g.phases();
+        let mut h = g.clone();
+        h.set_phases(&[Phase::Target, Phase::Target, Phase::Draft, Phase::Draft]);
+        assert_eq!(h.phase_of(c), Phase::Draft);
+        assert_eq!(h.phase_of(a), Phase::Target);
+        // Phases are an annotation: equality ignores them.
+        assert_eq!(g, h);
+        h.set_phases(&per_node);
+        assert_eq!(h.phases(), per_node);
     }
 }

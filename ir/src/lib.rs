@@ -20,4 +20,6 @@ pub use verify::verify;
 
 pub mod engine;
 pub mod interp;
+#[doc(hidden)]
+pub mod testing;
 pub mod text;

@@ -26,7 +26,7 @@ fn nvrtc_or_skip() -> Option<Nvrtc> {
             if std::env::var("SPECC_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
                 panic!("SPECC_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}");
             }
-            eprintln!("SKIPPED: {e} (source scripts/nvrtc-env.sh to enable)");
+            specc_ir::testing::skip(format!("{e} (source scripts/nvrtc-env.sh to enable)"));
             None
         }
         Err(e) => panic!("{e}"),

@@ -60,7 +60,7 @@ const LINKS_AFTER: usize = 20;
 
 fn device() -> Option<CudaDevice> {
     if !driver_present() {
-        println!("skipped: no CUDA driver");
+        specc_ir::testing::skip("no CUDA driver");
         return None;
     }
     match CudaDevice::open(0) {
@@ -69,7 +69,7 @@ fn device() -> Option<CudaDevice> {
             Some(d)
         }
         Err(RuntimeError::Cuda(e @ CudaError::NoDevice { .. })) => {
-            println!("skipped: {e}");
+            specc_ir::testing::skip(&e);
             None
         }
         Err(e) => panic!("opening device 0: {e}"),
@@ -81,14 +81,14 @@ fn module(dev: &CudaDevice) -> Option<KernelModule> {
     let nvrtc = match Nvrtc::new() {
         Ok(n) => n.with_cache_dir(None),
         Err(e) => {
-            println!("skipped: {e}");
+            specc_ir::testing::skip(&e);
             return None;
         }
     };
     let arch: Arch = match dev.info().arch.parse() {
         Ok(a) => a,
         Err(e) => {
-            println!("skipped: {e}");
+            specc_ir::testing::skip(&e);
             return None;
         }
     };
@@ -321,7 +321,7 @@ fn chain_kernels_compile_for_every_arch() {
     let nvrtc = match Nvrtc::new() {
         Ok(n) => n.with_cache_dir(None),
         Err(e) => {
-            println!("skipped: {e}");
+            specc_ir::testing::skip(&e);
             return;
         }
     };

@@ -53,7 +53,7 @@ extern "C" __global__ void abi_probe(void* const* __restrict__ ops, const StepCo
 
 fn device() -> Option<CudaDevice> {
     if !driver_present() {
-        println!("skipped: no CUDA driver");
+        specc_ir::testing::skip("no CUDA driver");
         return None;
     }
     match CudaDevice::open(0) {
@@ -62,7 +62,7 @@ fn device() -> Option<CudaDevice> {
             Some(d)
         }
         Err(RuntimeError::Cuda(e @ CudaError::NoDevice { .. })) => {
-            println!("skipped: {e}");
+            specc_ir::testing::skip(&e);
             None
         }
         Err(e) => panic!("opening device 0: {e}"),
@@ -72,7 +72,7 @@ fn device() -> Option<CudaDevice> {
 fn module(dev: &CudaDevice) -> Option<KernelModule> {
     // SAFETY: only tries to dlopen the NVRTC library by its known names.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        println!("skipped: no NVRTC library (add its folder to LD_LIBRARY_PATH)");
+        specc_ir::testing::skip("no NVRTC library (add its folder to LD_LIBRARY_PATH)");
         return None;
     }
     let (major, minor) = dev.info().compute_capability;
@@ -507,7 +507,7 @@ fn abi_kernel_reads_table_and_consts() {
 fn smoke_kernels_compile_to_cubin() {
     // SAFETY: only tries to dlopen the NVRTC library by its known names.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        println!("skipped: no NVRTC library");
+        specc_ir::testing::skip("no NVRTC library");
         return;
     }
     let cubin = compile_cubin(SRC, "sm_90a");

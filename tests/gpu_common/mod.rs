@@ -22,7 +22,7 @@ pub use crate::common::{default_model, fixture, repo_path};
 /// Whether a driver is present (otherwise prints why the test skips).
 pub fn gpu() -> bool {
     if !driver_present() {
-        eprintln!("skipped: no CUDA driver");
+        specc_ir::testing::skip("no CUDA driver");
         return false;
     }
     true

@@ -177,6 +177,21 @@ impl Engine {
                     }
                 }
             }
+            let a = &p.arena;
+            let ends = [
+                a.values_bytes,
+                a.counters_offset.saturating_add(a.counters_bytes),
+                a.scratch_offset.saturating_add(a.scratch_bytes),
+            ];
+            if ends.iter().any(|&e| e > p.arena_bytes)
+                || a.counters_offset < a.values_bytes
+                || a.scratch_offset < a.counters_offset.saturating_add(a.counters_bytes)
+            {
+                return bad(format!(
+                    "{name}: arena regions {a:?} overlap or pass its {} bytes",
+                    p.arena_bytes
+                ));
+            }
             for io in &p.io {
                 if io.offset.saturating_add(io.bytes) > p.arena_bytes {
                     return bad(format!("{name}: `{}` lies past the arena", io.name));

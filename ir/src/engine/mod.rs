@@ -130,12 +130,31 @@ pub struct BucketPlan {
     pub slots: Vec<Slot>,
     /// Bytes of the activation arena (planned values, group scratch, split-K counters).
     pub arena_bytes: u64,
+    /// How the arena divides: the memory plan's values, then the split-K counters, then
+    /// the scratch region every group reuses (sized for the largest request).
+    pub arena: ArenaLayout,
     /// Arena ranges of the graph's inputs and outputs (host copies).
     pub io: Vec<IoRange>,
     /// Cost of each fused group (indexed by [`Launch::group`]).
     pub groups: Vec<GroupCost>,
     /// The passes that made the plan, with their times.
     pub passes: Vec<PassTime>,
+}
+
+/// The regions of one plan's arena, in address order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArenaLayout {
+    /// `[0, values_bytes)`: the values the memory plan placed (live ranges).
+    pub values_bytes: u64,
+    /// `[counters_offset, +counters_bytes)`: zeroed split-K tile counters, left zero by
+    /// every kernel that uses them.
+    pub counters_offset: u64,
+    pub counters_bytes: u64,
+    /// `[scratch_offset, +scratch_bytes)`: group-local scratch (matmul partials, argmax
+    /// partials, a separate norm's output, attention split partials), reused by every
+    /// group since groups run one after another.
+    pub scratch_offset: u64,
+    pub scratch_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -157,6 +176,8 @@ pub struct GroupCost {
     pub family: String,
     /// The kernels chosen for it.
     pub choice: choice::KernelChoice,
+    /// Bytes of the arena's scratch region its launches use.
+    pub scratch_bytes: u64,
     pub weight_bytes: u64,
     pub act_bytes: u64,
     pub flops: u64,

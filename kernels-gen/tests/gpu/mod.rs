@@ -29,13 +29,13 @@ impl Gpu {
     pub fn new() -> Option<Gpu> {
         // SAFETY: probing the driver library; see GPU.md (CudaContext::new panics without it).
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            eprintln!("SKIPPED: no CUDA driver library");
+            specc_ir::testing::skip("no CUDA driver library");
             return None;
         }
         let nvrtc = match Nvrtc::new() {
             Ok(n) => n.with_cache_dir(None),
             Err(e @ (Error::NvrtcUnavailable { .. } | Error::HeadersNotFound { .. })) => {
-                eprintln!("SKIPPED: {e}");
+                specc_ir::testing::skip(&e);
                 return None;
             }
             Err(e) => panic!("{e}"),

@@ -340,7 +340,7 @@ mod tests {
     #[test]
     fn open_without_driver_is_a_clear_error() {
         if driver_present() {
-            println!("skipped: a CUDA driver is present");
+            specc_ir::testing::skip("a CUDA driver is present");
             return;
         }
         let e = CudaDevice::open(0).err().expect("no driver, no device");
