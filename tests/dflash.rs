@@ -11,8 +11,8 @@ use safetensors::{Dtype, SafeTensors};
 use specc_ir::interp::{self, Data, Env, Tensor};
 use specc_ir::op::B;
 use specc_ir::{Bindings, DType, Dim, Graph, TensorType};
-use specc_models::dflash::{self, DFlashSpec, DFLASH_PREFIX};
-use specc_models::spec_step::{lower_dflash_prefill, lower_target_prefill, HIDDEN};
+use specc_models::methods::dflash::{self, DFlashSpec, DFLASH_PREFIX};
+use specc_models::methods::{lower_dflash_prefill, lower_target_prefill, HIDDEN};
 use specc_models::{Method, Model, SpecBundle, SpecConfig};
 
 mod common;

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use specc_models::spec_step::{
+use specc_models::methods::{
     lower_dflash_prefill, lower_dflash_step, lower_target_prefill, StepShape,
 };
 use specc_models::{lower_dense, Acceptance};

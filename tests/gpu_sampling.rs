@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use specc_ir::interp::Tensor;
-use specc_models::spec_step::DRAFT_PREFIX;
+use specc_models::methods::DRAFT_PREFIX;
 use specc_models::{Checkpoint, Model, SpecConfig};
 use specc_runtime::cuda::{driver_present, CudaSpecSession, WeightSources};
 use specc_runtime::{DraftKind, Speculator};

@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use specc_ir::interp::{Data, Tensor};
-use specc_models::eagle3::{Eagle3Spec, EAGLE_PREFIX};
-use specc_models::spec_step::{lower_draft_model_step, StepShape, DRAFT_PREFIX};
-use specc_models::spec_step::{lower_eagle3_prefill, lower_eagle3_step, lower_target_prefill};
+use specc_models::methods::eagle3::{Eagle3Spec, EAGLE_PREFIX};
+use specc_models::methods::{lower_draft_model_step, StepShape, DRAFT_PREFIX};
+use specc_models::methods::{lower_eagle3_prefill, lower_eagle3_step, lower_target_prefill};
 use specc_models::Checkpoint;
 use specc_models::{lower_dense, lower_dense_prefixed, Acceptance, Model};
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
@@ -225,7 +225,7 @@ fn eagle3_taps_follow_the_config_order() {
 
 #[test]
 fn decode_step_graph_equals_target_greedy() {
-    use specc_models::spec_step::lower_plain_greedy;
+    use specc_models::methods::lower_plain_greedy;
     let target = Model::open(fixture("qwen3_headdim")).unwrap();
     let (prefill, step) = lower_plain_greedy(target.spec(), 8).unwrap();
     let weights = target.load_weights_f32();

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use specc_ir::interp::Tensor;
 use specc_ir::Graph;
-use specc_models::spec_step::{lower_draft_model_step, StepShape, DRAFT_PREFIX};
+use specc_models::methods::{lower_draft_model_step, StepShape, DRAFT_PREFIX};
 use specc_models::{lower_dense, lower_dense_prefixed, Acceptance};
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 

@@ -17,9 +17,9 @@ use specc_ir::engine::{
 };
 use specc_ir::{Bindings, BucketDim, DType, Graph};
 use specc_kernels_gen::Nvrtc;
-use specc_models::dflash::DFlashSpec;
-use specc_models::eagle3::Eagle3Spec;
-use specc_models::spec_step::{
+use specc_models::methods::dflash::DFlashSpec;
+use specc_models::methods::eagle3::Eagle3Spec;
+use specc_models::methods::{
     lower_ddtree_step, lower_decode_step, lower_dflash_prefill, lower_dflash_step,
     lower_draft_model_step, lower_eagle3_prefill, lower_eagle3_step, lower_eagle3_tree_step,
     lower_target_prefill, StepShape, DRAFT_PREFIX,

@@ -12,8 +12,7 @@ use std::collections::HashMap;
 use specc_ir::engine::StepContract;
 use specc_ir::interp::Tensor;
 use specc_ir::Graph;
-use specc_models::spec_config::verify_margin;
-use specc_models::spec_step::{
+use specc_models::methods::{
     lower_ddtree_step, lower_dflash_prefill, lower_eagle3_prefill, lower_eagle3_tree_step,
     lower_target_prefill, StepShape,
 };
@@ -60,7 +59,7 @@ fn graphs(m: TreeMethod, shape_seed: u64) -> (StepContract, Graph, Graph) {
                 taps_width: d.taps_width(),
                 depth: depth as usize,
             };
-            let margin = verify_margin(Method::DDTree, Some(tree), depth as u32);
+            let margin = Method::DDTree.verify_margin(Some(tree), depth as u32);
             let contract = spec_contract(kind, margin, 16);
             (contract, lower_dflash_prefill(&spec, &d).unwrap(), step)
         }
@@ -71,7 +70,7 @@ fn graphs(m: TreeMethod, shape_seed: u64) -> (StepContract, Graph, Graph) {
                 taps_width: 3 * e.hidden(),
                 depth: depth as usize,
             };
-            let margin = verify_margin(Method::Eagle3, Some(tree), depth as u32);
+            let margin = Method::Eagle3.verify_margin(Some(tree), depth as u32);
             let contract = spec_contract(kind, margin, 16);
             (contract, lower_eagle3_prefill(&spec, &e).unwrap(), step)
         }

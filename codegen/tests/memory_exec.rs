@@ -9,7 +9,7 @@ use std::path::Path;
 use specc_codegen::{compile, root, tensor_bytes, Group, Home, LaunchPlan};
 use specc_ir::interp::{self, Env, Tensor};
 use specc_ir::{Bindings, DType, Graph, Op, TensorType, ValueId};
-use specc_models::spec_step::{lower_draft_model_step, StepShape, DRAFT_PREFIX};
+use specc_models::methods::{lower_draft_model_step, StepShape, DRAFT_PREFIX};
 use specc_models::{Acceptance, Model};
 
 fn decode(bytes: &[u8], ty: &TensorType, bind: &Bindings) -> Tensor {

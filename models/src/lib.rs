@@ -1,5 +1,6 @@
 //! specc model front-ends: Hugging Face configs resolved into a validated [`ModelSpec`],
-//! safetensors checkpoints, and the lowering of dense decoder-only models to IR.
+//! safetensors checkpoints, the lowering of dense decoder-only models to IR, and one module
+//! per speculative method ([`methods`]).
 //!
 //! [`Model`] ties them together: open a model directory, and every problem with its files
 //! (config fields, missing tensors, shapes, dtypes, truncated files) surfaces as a one-line
@@ -10,20 +11,19 @@ mod raw;
 
 pub mod checkpoint;
 pub mod config;
-pub mod dflash;
 mod draft_config;
-pub mod eagle3;
 pub mod error;
 pub mod lower;
+pub mod methods;
 mod model;
 pub mod spec_bundle;
 pub mod spec_config;
-pub mod spec_step;
 
 pub use checkpoint::{Checkpoint, TensorEntry};
 pub use config::{Arch, ModelSpec, RawConfig};
 pub use error::ModelError;
 pub use lower::{decoder_layer, lower_dense, lower_dense_prefixed, LayerNames};
+pub use methods::{Method, TreeKnobs};
 pub use model::Model;
 pub use spec_bundle::{DraftSide, SpecBundle};
-pub use spec_config::{Acceptance, Method, SpecConfig, TreeKnobs};
+pub use spec_config::{Acceptance, SpecConfig};

@@ -2,24 +2,19 @@
 //! the draft checkpoint, and the three graphs (target prefill, draft prefill, step).
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
-use std::path::PathBuf;
-
-use specc_ir::engine::{BuildInput, DraftKind, GraphRole, RoleGraph, StepContract};
+use specc_ir::engine::{BuildInput, DraftKind, GraphRole, Priming, RoleGraph, StepContract};
 use specc_ir::interp::Tensor;
 use specc_ir::{Bindings, Graph};
 
 use crate::checkpoint::Checkpoint;
-use crate::dflash::{DFlashSpec, DFLASH_PREFIX};
-use crate::eagle3::{Eagle3Spec, EAGLE_PREFIX};
 use crate::error::ModelError;
-use crate::spec_config::{Method, SpecConfig, TreeKnobs};
-use crate::spec_step::{
-    lower_ddtree_step, lower_dflash_prefill, lower_dflash_step, lower_draft_model_step,
-    lower_eagle3_prefill, lower_eagle3_step, lower_eagle3_tree_step, lower_target_prefill,
-    StepShape, DRAFT_PREFIX,
-};
-use crate::{lower_dense_prefixed, Model};
+use crate::methods::dflash::DFlashSpec;
+use crate::methods::eagle3::Eagle3Spec;
+use crate::methods::{lower_plain_greedy, Method, StepShape, TreeKnobs};
+use crate::spec_config::SpecConfig;
+use crate::Model;
 
 /// The draft side of a bundle.
 pub enum DraftSide {
@@ -40,11 +35,13 @@ pub struct SpecBundle {
     pub shape: StepShape,
     /// The draft tree's knobs (`method = "ddtree"`, or `"eagle3"` with `topk > 1`).
     pub tree: Option<TreeKnobs>,
+    /// How the host drives this bundle's step (the engine records it).
+    pub contract: StepContract,
 }
 
 /// A random checkpoint holding the weights of `step` named `prefix` + name (prefix
 /// stripped), as the draft's own checkpoint would.
-pub fn random_draft(dir: &std::path::Path, step: &Graph, prefix: &str, seed: u64) -> Checkpoint {
+pub fn random_draft(dir: &Path, step: &Graph, prefix: &str, seed: u64) -> Checkpoint {
     let mut g = Graph::new("draft weights");
     for (_, name, ty) in step.weights() {
         if let Some(n) = name.strip_prefix(prefix) {
@@ -64,13 +61,6 @@ pub const DECODE_RING: u64 = 64;
 
 /// Default token-ring capacity per lane.
 pub const RING: u64 = 256;
-
-fn lower_err(what: &str, source: specc_ir::IrError) -> ModelError {
-    ModelError::Lower {
-        model: what.into(),
-        source,
-    }
-}
 
 impl SpecBundle {
     /// Opens the draft named by `cfg` and lowers the step for `target`. Fails before
@@ -99,110 +89,26 @@ impl SpecBundle {
                 "nothing",
             )
         })?;
-        let bundle = match cfg.method {
-            Method::None => {
-                return Err(ModelError::field(
-                    &cfg.file,
-                    "method",
-                    "draft_model, eagle3, dflash or ddtree for speculative decoding",
-                    "\"none\"",
-                ))
-            }
-            Method::DraftModel => {
-                let draft = match random_seed {
-                    Some(seed) => Model::open_random(&dir, seed ^ 0xd4af)?,
-                    None => Model::open(&dir)?,
-                };
-                cfg.check_draft(target.spec(), draft.spec())?;
-                let step = lower_draft_model_step(target.spec(), draft.spec(), &shape)
-                    .map_err(|e| lower_err("draft_model step", e))?;
-                let draft_prefill = lower_dense_prefixed(draft.spec(), DRAFT_PREFIX)?;
-                let target_prefill = lower_target_prefill(target.spec(), &[])
-                    .map_err(|e| lower_err("target prefill", e))?;
-                let ck = match random_seed {
-                    Some(seed) => random_draft(&dir, &step, DRAFT_PREFIX, seed),
-                    None => Checkpoint::open(&dir)?,
-                };
-                SpecBundle {
-                    method: cfg.method,
-                    draft: DraftSide::Model(Box::new(draft)),
-                    draft_checkpoint: ck,
-                    prefix: DRAFT_PREFIX,
-                    target_prefill,
-                    draft_prefill,
-                    step,
-                    shape,
-                    tree: None,
-                }
-            }
-            Method::Eagle3 => {
-                let eagle = Eagle3Spec::from_dir(&dir, target.spec())?;
-                let step = match cfg.tree {
-                    Some(tree) => lower_eagle3_tree_step(target.spec(), &eagle, &shape, tree)
-                        .map_err(|e| lower_err("eagle3 tree step", e))?,
-                    None => lower_eagle3_step(target.spec(), &eagle, &shape)
-                        .map_err(|e| lower_err("eagle3 step", e))?,
-                };
-                let draft_prefill = lower_eagle3_prefill(target.spec(), &eagle)
-                    .map_err(|e| lower_err("eagle3 prefill", e))?;
-                let target_prefill = lower_target_prefill(target.spec(), &eagle.taps)
-                    .map_err(|e| lower_err("target prefill", e))?;
-                let ck = match random_seed {
-                    Some(seed) => random_draft(&dir, &step, EAGLE_PREFIX, seed),
-                    None => Checkpoint::open(&dir)?,
-                };
-                SpecBundle {
-                    method: cfg.method,
-                    draft: DraftSide::Eagle3(Box::new(eagle)),
-                    draft_checkpoint: ck,
-                    prefix: EAGLE_PREFIX,
-                    target_prefill,
-                    draft_prefill,
-                    step,
-                    shape,
-                    tree: cfg.tree,
-                }
-            }
-            Method::DFlash | Method::DDTree => {
-                let dflash = DFlashSpec::from_dir(&dir, target.spec())?;
-                if cfg.num_steps as usize != dflash.num_steps() {
-                    return Err(ModelError::field(
-                        &cfg.file,
-                        "num_steps",
-                        format!(
-                            "{} (block_size - 1 of {}) or absent",
-                            dflash.num_steps(),
-                            dflash.config_file.display()
-                        ),
-                        cfg.num_steps,
-                    ));
-                }
-                let step = match cfg.tree {
-                    Some(tree) => lower_ddtree_step(target.spec(), &dflash, &shape, tree)
-                        .map_err(|e| lower_err("ddtree step", e))?,
-                    None => lower_dflash_step(target.spec(), &dflash, &shape)
-                        .map_err(|e| lower_err("dflash step", e))?,
-                };
-                let draft_prefill = lower_dflash_prefill(target.spec(), &dflash)
-                    .map_err(|e| lower_err("dflash prefill", e))?;
-                let target_prefill = lower_target_prefill(target.spec(), &dflash.taps)
-                    .map_err(|e| lower_err("target prefill", e))?;
-                let ck = match random_seed {
-                    Some(seed) => random_draft(&dir, &step, DFLASH_PREFIX, seed),
-                    None => Checkpoint::open(&dir)?,
-                };
-                SpecBundle {
-                    method: cfg.method,
-                    draft: DraftSide::DFlash(Box::new(dflash)),
-                    draft_checkpoint: ck,
-                    prefix: DFLASH_PREFIX,
-                    target_prefill,
-                    draft_prefill,
-                    step,
-                    shape,
-                    tree: cfg.tree,
-                }
-            }
+        let method = cfg.method.imp();
+        let o = method.open(target, cfg, &dir, &shape, random_seed)?;
+        let contract = StepContract::speculative(
+            method.name(),
+            o.label,
+            o.kind,
+            method.verify_margin(cfg.num_steps, cfg.tree),
+            shape.ring as usize,
+        );
+        let bundle = SpecBundle {
+            method: cfg.method,
+            draft: o.draft,
+            draft_checkpoint: o.draft_checkpoint,
+            prefix: o.prefix,
+            target_prefill: o.target_prefill,
+            draft_prefill: o.draft_prefill,
+            step: o.step,
+            shape,
+            tree: cfg.tree,
+            contract,
         };
         bundle
             .draft_checkpoint
@@ -212,7 +118,7 @@ impl SpecBundle {
             .validate_prefixed(&bundle.draft_prefill, bundle.prefix)?;
         target
             .checkpoint()
-            .validate_unprefixed(&bundle.step, &["draft/", "eagle/", "dflash/"])?;
+            .validate_unprefixed(&bundle.step, &[bundle.prefix])?;
         Ok(bundle)
     }
 
@@ -241,26 +147,35 @@ impl SpecBundle {
     }
 
     /// Cache slots one step writes past `len`, minus one: the context margin the host keeps
-    /// (`k` for chains and blocks, `budget − 1` for DDTree, and for EAGLE-3 trees the
-    /// larger of `num_draft_tokens − 1` and the head's `(depth − 1) · topk` draft rows).
+    /// ([`Method::verify_margin`]).
     pub fn verify_margin(&self) -> usize {
-        crate::spec_config::verify_margin(self.method, self.tree, self.shape.num_steps as u32)
+        self.contract.num_steps
     }
 
     /// Width of the EAGLE-3 taps (3 × hidden), if this is an EAGLE-3 bundle.
     pub fn taps_width(&self) -> Option<usize> {
-        match &self.draft {
-            DraftSide::Eagle3(e) => Some(3 * e.hidden()),
-            DraftSide::Model(_) | DraftSide::DFlash(_) => None,
+        match self.contract.priming() {
+            Priming::Pairs { taps_width, .. } => Some(taps_width),
+            _ => None,
         }
     }
 
     /// Width of the DFlash taps (n_tap × hidden), if this is a DFlash bundle.
     pub fn dflash_taps_width(&self) -> Option<usize> {
-        match &self.draft {
-            DraftSide::DFlash(d) => Some(d.taps_width()),
+        match self.contract.priming() {
+            Priming::Context { taps_width, .. } => Some(taps_width),
             _ => None,
         }
+    }
+
+    /// How the draft of this bundle is primed at admission.
+    pub fn draft_kind(&self) -> DraftKind {
+        self.contract.kind
+    }
+
+    /// The step contract of this bundle's method.
+    pub fn contract(&self) -> StepContract {
+        self.contract.clone()
     }
 }
 
@@ -274,64 +189,6 @@ pub fn prefill_buckets(max_context: u64) -> Vec<u32> {
         t *= 2;
     }
     ts
-}
-
-/// The method's name as spec.toml spells it.
-pub fn method_name(m: Method) -> &'static str {
-    match m {
-        Method::None => "none",
-        Method::DraftModel => "draft_model",
-        Method::Eagle3 => "eagle3",
-        Method::DFlash => "dflash",
-        Method::DDTree => "ddtree",
-    }
-}
-
-impl SpecBundle {
-    /// How the draft of this bundle is primed at admission.
-    pub fn draft_kind(&self) -> DraftKind {
-        match &self.draft {
-            DraftSide::Model(_) => DraftKind::Model,
-            DraftSide::Eagle3(e) if self.tree.is_some() => DraftKind::Eagle3Tree {
-                taps_width: 3 * e.hidden(),
-                depth: self.num_steps(),
-            },
-            DraftSide::Eagle3(e) => DraftKind::Eagle3 {
-                taps_width: 3 * e.hidden(),
-            },
-            DraftSide::DFlash(d) if self.tree.is_some() => DraftKind::DDTree {
-                taps_width: d.taps_width(),
-                depth: d.num_steps(),
-            },
-            DraftSide::DFlash(d) => DraftKind::DFlash {
-                taps_width: d.taps_width(),
-            },
-        }
-    }
-
-    /// The step contract of this bundle's method.
-    pub fn contract(&self) -> StepContract {
-        let name = method_name(self.method);
-        let k = self.num_steps();
-        let label = match self.tree {
-            Some(t) if self.method == Method::Eagle3 => format!(
-                "{name} tree depth={k} num_draft_tokens={} topk={}",
-                t.budget, t.topk
-            ),
-            Some(t) => format!("{name} depth={k} budget={} topk={}", t.budget, t.topk),
-            None => format!("{name} k={k}"),
-        };
-        StepContract {
-            method: name.to_string(),
-            label,
-            kind: self.draft_kind(),
-            num_steps: self.verify_margin(),
-            ring: self.shape.ring as usize,
-            step: GraphRole::SpecStep,
-            target_prefill: GraphRole::SpecTargetPrefill,
-            draft_prefill: Some(GraphRole::DraftPrefill),
-        }
-    }
 }
 
 /// What else an engine is built for beyond a spec's own buckets.
@@ -348,7 +205,7 @@ pub struct EngineExtras {
 
 /// How the engine names a model directory: relative to the engine directory where it lies
 /// below it, else as given.
-pub type DirRef<'a> = &'a dyn Fn(&std::path::Path) -> PathBuf;
+pub type DirRef<'a> = &'a dyn Fn(&Path) -> PathBuf;
 
 /// The build input of an engine for `model` and (optionally) a speculative `cfg`: the plain
 /// prefill and decode step, and with a method its step, the target prefill that records the
@@ -363,8 +220,11 @@ pub fn engine_input(
     dir_ref: DirRef,
 ) -> Result<(BuildInput, Option<SpecBundle>), ModelError> {
     let spec = model.spec();
-    let (prefill, decode) = crate::spec_step::lower_plain_greedy(spec, DECODE_RING)
-        .map_err(|e| lower_err(spec.arch.hf_name(), e))?;
+    let (prefill, decode) =
+        lower_plain_greedy(spec, DECODE_RING).map_err(|source| ModelError::Lower {
+            model: spec.arch.hf_name().into(),
+            source,
+        })?;
     let bundle = match cfg {
         Some(c) if c.method != Method::None => Some(SpecBundle::open_with(model, c, random_seed)?),
         _ => None,

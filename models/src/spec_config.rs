@@ -1,5 +1,6 @@
 //! `spec.toml`: how to speculate. Parsed raw with serde (unknown keys are errors), then
-//! resolved against the target's and the draft's [`ModelSpec`]s into a [`SpecPlan`].
+//! resolved into a validated [`SpecConfig`]; the method's own module
+//! ([`crate::methods`]) defaults and checks the keys that depend on the method.
 //!
 //! ```toml
 //! method = "draft_model"    # none | draft_model | eagle3 | dflash | ddtree
@@ -24,63 +25,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::config::ModelSpec;
 use crate::error::ModelError;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Method {
-    None,
-    DraftModel,
-    Eagle3,
-    /// A DFlash block drafter: k = its `block_size` − 1, drafted in one forward.
-    #[serde(rename = "dflash")]
-    DFlash,
-    /// DDTree: a draft tree of `budget` nodes built from a DFlash drafter's block
-    /// log-probs, verified with a tree mask, accepted greedily along one path.
-    #[serde(rename = "ddtree")]
-    DDTree,
-}
-
-/// DDTree knobs (spec keys `budget`, `topk`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TreeKnobs {
-    /// Nodes per tree, the root (bonus token) included: the verify width.
-    pub budget: u32,
-    /// Candidate tokens per depth (the top-K of each block row).
-    pub topk: u32,
-}
-
-pub const MIN_TREE_BUDGET: u32 = 16;
-pub const MAX_TREE_BUDGET: u32 = 256;
-pub const MAX_TREE_TOPK: u32 = 64;
-pub const DEFAULT_TREE_BUDGET: u32 = 64;
-pub const DEFAULT_TREE_TOPK: u32 = 8;
-/// EAGLE-3 trees: `topk` children per frontier node (1 = the chain).
-pub const MAX_EAGLE_TOPK: u32 = 16;
-/// EAGLE-3 trees: default `num_draft_tokens` (capped at the candidates + 1).
-pub const DEFAULT_EAGLE_TREE_NODES: u32 = 32;
-
-/// Candidates of an EAGLE-3 tree of `depth` levels: `topk` at depth 1, `topk²` below.
-pub fn eagle_tree_candidates(depth: u32, topk: u32) -> u64 {
-    topk as u64 + (depth as u64 - 1) * (topk as u64).pow(2)
-}
-
-/// Cache slots an EAGLE-3 tree step writes past `len`, minus one: the verify's
-/// `num_draft_tokens − 1` or the head's `(depth − 1) · topk` draft rows.
-pub fn eagle_tree_margin(depth: u32, tree: TreeKnobs) -> usize {
-    (tree.budget as usize - 1).max((depth as usize - 1) * tree.topk as usize)
-}
-
-/// Cache slots one step writes past `len`, minus one: the context margin the host keeps
-/// (`num_steps` for chains and blocks, `budget − 1` for DDTree, [`eagle_tree_margin`]).
-pub fn verify_margin(method: Method, tree: Option<TreeKnobs>, num_steps: u32) -> usize {
-    match (method, tree) {
-        (Method::Eagle3, Some(t)) => eagle_tree_margin(num_steps, t),
-        (_, Some(t)) => t.budget as usize - 1,
-        (_, None) => num_steps as usize,
-    }
-}
+use crate::methods::{Method, TreeKeys, TreeKnobs};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -153,7 +99,8 @@ pub struct SpecConfig {
 pub const MAX_STEPS: u32 = 63;
 pub const MAX_BUCKET: u32 = 256;
 
-fn field(file: &Path, field: &str, expected: &str, found: impl ToString) -> ModelError {
+/// A field error that names `found` in full.
+pub(crate) fn field(file: &Path, field: &str, expected: &str, found: impl ToString) -> ModelError {
     ModelError::Field {
         file: file.to_path_buf(),
         field: field.into(),
@@ -182,97 +129,21 @@ impl SpecConfig {
                 msg,
             }
         })?;
-        let num_steps = match (raw.method, raw.num_steps, &raw.draft) {
-            (_, Some(n), _) => n,
-            (Method::None, None, _) => 0,
-            // The drafter's block fixes k; a missing draft is reported below.
-            (Method::DFlash | Method::DDTree, None, Some(d)) => {
-                let dir = file.parent().unwrap_or(Path::new(".")).join(d);
-                crate::dflash::block_size_of(&dir)? as u32 - 1
-            }
-            (_, None, _) => 4,
+        let method = raw.method.imp();
+        let base = file.parent().unwrap_or(Path::new("."));
+        let draft = raw.draft.as_ref().map(|d| base.join(d));
+        let num_steps = match raw.num_steps {
+            Some(n) => n,
+            None => method.default_num_steps(draft.as_deref())?,
         };
-        if raw.method != Method::None && !(1..=MAX_STEPS).contains(&num_steps) {
-            return Err(field(
-                file,
-                "num_steps",
-                &format!("1..={MAX_STEPS}"),
-                num_steps,
-            ));
-        }
-        if raw.method == Method::None && num_steps != 0 {
-            return Err(field(
-                file,
-                "num_steps",
-                "0 or absent when method = \"none\"",
-                num_steps,
-            ));
-        }
-        let draft = match (raw.method, raw.draft) {
-            (Method::None, Some(d)) => {
-                return Err(field(
-                    file,
-                    "draft",
-                    "absent when method = \"none\"",
-                    d.display(),
-                ))
-            }
-            (Method::None, None) => None,
-            (_, None) => {
-                return Err(field(
-                    file,
-                    "draft",
-                    "the draft checkpoint directory",
-                    "nothing",
-                ))
-            }
-            (_, Some(d)) => Some(file.parent().unwrap_or(Path::new(".")).join(d)),
+        method.check_num_steps(file, num_steps)?;
+        method.check_draft_key(file, raw.draft.as_deref())?;
+        let keys = TreeKeys {
+            budget: raw.budget,
+            topk: raw.topk,
+            num_draft_tokens: raw.num_draft_tokens,
         };
-        let tree = if raw.method == Method::DDTree {
-            let budget = raw.budget.unwrap_or(DEFAULT_TREE_BUDGET);
-            if !(MIN_TREE_BUDGET..=MAX_TREE_BUDGET).contains(&budget) {
-                return Err(field(
-                    file,
-                    "budget",
-                    &format!("a node budget in {MIN_TREE_BUDGET}..={MAX_TREE_BUDGET}"),
-                    budget,
-                ));
-            }
-            let topk = raw.topk.unwrap_or(DEFAULT_TREE_TOPK);
-            if !(1..=MAX_TREE_TOPK).contains(&topk) {
-                return Err(field(
-                    file,
-                    "topk",
-                    &format!("candidates per depth in 1..={MAX_TREE_TOPK}"),
-                    topk,
-                ));
-            }
-            Some(TreeKnobs { budget, topk })
-        } else if raw.method == Method::Eagle3 {
-            if let Some(v) = raw.budget {
-                let msg = "absent unless method = \"ddtree\" (eagle3 trees: num_draft_tokens)";
-                return Err(field(file, "budget", msg, v));
-            }
-            eagle_tree_knobs(file, num_steps, raw.topk, raw.num_draft_tokens)?
-        } else {
-            for (key, v) in [
-                ("budget", raw.budget),
-                ("topk", raw.topk),
-                ("num_draft_tokens", raw.num_draft_tokens),
-            ] {
-                if let Some(v) = v {
-                    let msg = "absent unless method = \"ddtree\" or \"eagle3\"";
-                    return Err(field(file, key, msg, v));
-                }
-            }
-            None
-        };
-        if raw.method == Method::DDTree {
-            if let Some(v) = raw.num_draft_tokens {
-                let msg = "absent with method = \"ddtree\" (its tree size is `budget`)";
-                return Err(field(file, "num_draft_tokens", msg, v));
-            }
-        }
+        let tree = method.tree_knobs(file, keys, num_steps)?;
         let mut buckets = raw.batch_buckets.unwrap_or_else(|| vec![1]);
         if buckets.is_empty() || buckets.iter().any(|&b| b == 0 || b > MAX_BUCKET) {
             return Err(field(
@@ -285,17 +156,7 @@ impl SpecConfig {
         buckets.sort_unstable();
         buckets.dedup();
         if let Some(c) = raw.max_context {
-            let (width, what) = match (raw.method, tree) {
-                (Method::Eagle3, Some(t)) => (
-                    eagle_tree_margin(num_steps, t) as u32 + 1,
-                    format!(
-                        "num_draft_tokens = {}, topk = {}, num_steps = {num_steps}",
-                        t.budget, t.topk
-                    ),
-                ),
-                (_, Some(t)) => (t.budget, format!("budget = {}", t.budget)),
-                (_, None) => (num_steps, format!("num_steps = {num_steps}")),
-            };
+            let (width, what) = method.context_width(num_steps, tree);
             if c < 2 * (width as u64 + 2) {
                 return Err(field(
                     file,
@@ -351,7 +212,6 @@ impl SpecConfig {
                 }
             },
         };
-        let base = file.parent().unwrap_or(Path::new("."));
         Ok(SpecConfig {
             file: file.to_path_buf(),
             method: raw.method,
@@ -367,61 +227,10 @@ impl SpecConfig {
     }
 
     /// Cache slots one step writes past `len`, minus one: the context margin the host
-    /// keeps (`k` for chains and blocks, `budget − 1` for DDTree, [`eagle_tree_margin`]).
+    /// keeps ([`Method::verify_margin`]).
     pub fn verify_margin(&self) -> usize {
-        verify_margin(self.method, self.tree, self.num_steps)
+        self.method.verify_margin(self.tree, self.num_steps)
     }
-
-    /// Checks the draft against the target for this method; errors name the spec key.
-    pub fn check_draft(&self, target: &ModelSpec, draft: &ModelSpec) -> Result<(), ModelError> {
-        if self.method == Method::DraftModel && draft.vocab != target.vocab {
-            return Err(field(
-                &self.file,
-                "draft",
-                &format!("a draft with the target's vocabulary of {}", target.vocab),
-                format!("vocab_size {}", draft.vocab),
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// `topk` / `num_draft_tokens` of `method = "eagle3"`: `None` for the chain (topk = 1).
-fn eagle_tree_knobs(
-    file: &Path,
-    depth: u32,
-    topk: Option<u32>,
-    nodes: Option<u32>,
-) -> Result<Option<TreeKnobs>, ModelError> {
-    let topk = topk.unwrap_or(1);
-    if !(1..=MAX_EAGLE_TOPK).contains(&topk) {
-        let msg = format!("children per frontier node in 1..={MAX_EAGLE_TOPK} (1 = chain)");
-        return Err(field(file, "topk", &msg, topk));
-    }
-    if topk == 1 {
-        if let Some(n) = nodes {
-            let msg = "absent when topk = 1 (a chain verifies num_steps + 1 tokens)";
-            return Err(field(file, "num_draft_tokens", msg, n));
-        }
-        return Ok(None);
-    }
-    let candidates = eagle_tree_candidates(depth, topk);
-    if candidates > specc_ir::op::MAX_TREE_CANDIDATES {
-        let msg = format!(
-            "topk + (num_steps - 1) * topk^2 <= {} candidates (topk = {topk})",
-            specc_ir::op::MAX_TREE_CANDIDATES
-        );
-        return Err(field(file, "num_steps", &msg, depth));
-    }
-    let most = (candidates + 1).min(MAX_TREE_BUDGET as u64) as u32;
-    let n = nodes.unwrap_or(DEFAULT_EAGLE_TREE_NODES.min(most));
-    if !(2..=most).contains(&n) {
-        let msg = format!(
-            "tree nodes verified, the root included, in 2..={most} (at most 1 + topk + (num_steps - 1) * topk^2 and {MAX_TREE_BUDGET})"
-        );
-        return Err(field(file, "num_draft_tokens", &msg, n));
-    }
-    Ok(Some(TreeKnobs { budget: n, topk }))
 }
 
 fn line_col(text: &str, offset: usize) -> (usize, usize) {

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use specc_models::eagle3::Eagle3Spec;
+use specc_models::methods::eagle3::Eagle3Spec;
 use specc_models::{Acceptance, Method, Model, SpecBundle, SpecConfig};
 
 fn fixtures() -> PathBuf {
@@ -183,6 +183,9 @@ fn eagle_default_taps_when_absent() {
         v.as_object_mut().unwrap().remove("eagle_config");
     });
     let e = Eagle3Spec::from_json(Path::new("/h/config.json"), &text, target.spec()).unwrap();
-    assert_eq!(e.taps, specc_models::eagle3::default_taps(2));
-    assert_eq!(specc_models::eagle3::default_taps(32), vec![1, 15, 28]);
+    assert_eq!(e.taps, specc_models::methods::eagle3::default_taps(2));
+    assert_eq!(
+        specc_models::methods::eagle3::default_taps(32),
+        vec![1, 15, 28]
+    );
 }

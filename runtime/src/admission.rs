@@ -2,7 +2,7 @@
 //! (shorter prompts padded with masked lanes), the step states that arm the device loop,
 //! and the EAGLE-3 pair layout. Backends only move the resulting values into their memory.
 
-use specc_models::spec_step::{
+use specc_models::methods::{
     BUDGET, DFLASH_BASE, DFLASH_COUNT, EAGLE_BASE, EAGLE_COUNT, EAGLE_TOKENS, EMITTED, LEN,
     PENDING, STEP,
 };

@@ -4,10 +4,10 @@
 
 use std::collections::HashMap;
 
-use specc_ir::engine::{Engine, GraphRole, StepContract};
+use specc_ir::engine::{Engine, GraphRole, Priming, StepContract};
 use specc_ir::interp::{self, Data, Env, Tensor, WeightSource};
 use specc_ir::{Bindings, DType, Graph};
-use specc_models::spec_step::{BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, HIDDEN, RING};
+use specc_models::methods::{BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, HIDDEN, RING};
 use specc_models::SpecBundle;
 
 use crate::admission;
@@ -191,17 +191,15 @@ impl<'a> SpecCpuSession<'a> {
                 .ok_or(RuntimeError::MissingOutput("next_token"))?,
         )?;
         let first = admission::first_tokens(next, prompts, t);
-        match self.graphs.contract.kind {
-            DraftKind::None => {}
-            DraftKind::Model => {
+        match self.graphs.contract.priming() {
+            Priming::None => {}
+            Priming::Prompt => {
                 self.run(self.graphs.draft_prefill, t as u64, inputs)?;
             }
-            DraftKind::Eagle3 { .. } | DraftKind::Eagle3Tree { .. } => {
-                let (taps_width, k) = self
-                    .graphs
-                    .contract
-                    .eagle_priming()
-                    .expect("an EAGLE-3 draft");
+            Priming::Pairs {
+                taps_width,
+                depth: k,
+            } => {
                 let taps = out.get("taps").ok_or(RuntimeError::MissingOutput("taps"))?;
                 let taps = taps.as_f32()?.to_vec();
                 let prime = admission::eagle_prime(prompts, &first, t, k);
@@ -242,12 +240,7 @@ impl<'a> SpecCpuSession<'a> {
                     );
                 }
             }
-            DraftKind::DFlash { .. } | DraftKind::DDTree { .. } => {
-                let (taps_width, rows) = self
-                    .graphs
-                    .contract
-                    .dflash_priming()
-                    .expect("a DFlash-primed draft");
+            Priming::Context { taps_width, rows } => {
                 let taps = out.get("taps").ok_or(RuntimeError::MissingOutput("taps"))?;
                 let head_inputs = HashMap::from([
                     (HIDDEN.to_string(), taps.clone()),

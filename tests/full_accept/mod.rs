@@ -35,10 +35,10 @@ use safetensors::{Dtype, SafeTensors};
 use specc_ir::interp::{self, Env, Tensor};
 use specc_ir::op::B;
 use specc_ir::{Bindings, DType, Dim, Graph, TensorType};
-use specc_models::dflash;
-use specc_models::eagle3::{self, EAGLE_PREFIX};
 use specc_models::lower::{embed, kv_state_names};
-use specc_models::spec_step::{lower_plain_greedy, HIDDEN, LEN};
+use specc_models::methods::dflash;
+use specc_models::methods::eagle3::{self, EAGLE_PREFIX};
+use specc_models::methods::{lower_plain_greedy, HIDDEN, LEN};
 use specc_models::{DraftSide, Model, SpecBundle, SpecConfig};
 use specc_runtime::{SpecCpuSession, SpecGraphs, Speculator};
 

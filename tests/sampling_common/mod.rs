@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use specc_ir::interp::{self, Data, Env, Tensor};
 use specc_ir::{Bindings, DType, Graph};
-use specc_models::dflash::DFlashSpec;
+use specc_models::methods::dflash::DFlashSpec;
 use specc_models::ModelSpec;
 use std::path::Path;
 
@@ -148,7 +148,7 @@ pub fn fill_weights(g: &Graph, seed: u64, out: &mut HashMap<String, Tensor>) {
 /// A one-layer EAGLE-3 head over the test vocabulary (draft vocab = target vocab), tapping
 /// layers 1, 0, 1 of [`tiny_dflash_target`].
 #[allow(dead_code)]
-pub fn tiny_eagle3(target: &ModelSpec) -> specc_models::eagle3::Eagle3Spec {
+pub fn tiny_eagle3(target: &ModelSpec) -> specc_models::methods::eagle3::Eagle3Spec {
     let json = format!(
         r#"{{"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": {VOCAB},
         "eagle_config": {{"eagle_aux_hidden_state_layer_ids": [1, 0, 1]}}, "head_dim": 8,
@@ -157,6 +157,10 @@ pub fn tiny_eagle3(target: &ModelSpec) -> specc_models::eagle3::Eagle3Spec {
         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "vocab_size": {VOCAB},
         "torch_dtype": "float32"}}"#
     );
-    specc_models::eagle3::Eagle3Spec::from_json(Path::new("tiny-eagle3/config.json"), &json, target)
-        .unwrap()
+    specc_models::methods::eagle3::Eagle3Spec::from_json(
+        Path::new("tiny-eagle3/config.json"),
+        &json,
+        target,
+    )
+    .unwrap()
 }

@@ -125,10 +125,7 @@ pub fn first_step_tree(
         states: &mut states,
     };
     let out = interp::run(&b.step, &mut env).unwrap();
-    let tree = out[specc_models::spec_step::TREE]
-        .as_i64()
-        .unwrap()
-        .to_vec();
+    let tree = out[specc_models::methods::TREE].as_i64().unwrap().to_vec();
     let cols = 3 + words;
     assert_eq!(tree.len(), n * cols);
     let row = |i: usize| &tree[i * cols..][..cols];

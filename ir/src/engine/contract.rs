@@ -69,6 +69,24 @@ pub enum DraftKind {
     DDTree { taps_width: usize, depth: usize },
 }
 
+/// The admission recipe of a [`DraftKind`]: what both backends do for the draft when they
+/// admit lanes. Methods that prime alike share a recipe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Priming {
+    /// No draft: nothing.
+    None,
+    /// A standalone draft: its prefill reads the prompt as the target's does.
+    Prompt,
+    /// A head over (target taps, next token) pairs (EAGLE-3): its prefill reads the
+    /// prompt's pairs but the last, which is left pending, with its taps, in a state of
+    /// `depth + 1` pair slots (`depth`: the chain's k or the tree's depth).
+    Pairs { taps_width: usize, depth: usize },
+    /// A drafter over the context of committed positions (DFlash, DDTree): its prefill
+    /// writes the prompt's context from the target prefill's taps; nothing is left pending
+    /// in its `rows`-row pending-context state.
+    Context { taps_width: usize, rows: usize },
+}
+
 /// Everything the host loop needs to drive one method.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepContract {
@@ -103,6 +121,27 @@ impl StepContract {
         }
     }
 
+    /// A speculative method's contract: its step, the target prefill that taps what the
+    /// draft reads, and the draft's prefill.
+    pub fn speculative(
+        method: &str,
+        label: String,
+        kind: DraftKind,
+        num_steps: usize,
+        ring: usize,
+    ) -> StepContract {
+        StepContract {
+            method: method.to_string(),
+            label,
+            kind,
+            num_steps,
+            ring,
+            step: GraphRole::SpecStep,
+            target_prefill: GraphRole::SpecTargetPrefill,
+            draft_prefill: Some(GraphRole::DraftPrefill),
+        }
+    }
+
     /// The most draft tokens one step accepts (the acceptance histogram spans `0..=` it).
     pub fn max_accept(&self) -> usize {
         match self.kind {
@@ -111,27 +150,30 @@ impl StepContract {
         }
     }
 
-    /// EAGLE-3 priming: (taps width, pending pairs − 1 = the chain's k or the tree's depth).
-    pub fn eagle_priming(&self) -> Option<(usize, usize)> {
+    /// What admission primes the draft with.
+    pub fn priming(&self) -> Priming {
         match self.kind {
-            DraftKind::Eagle3 { taps_width } => Some((taps_width, self.num_steps)),
-            DraftKind::Eagle3Tree { taps_width, depth } => Some((taps_width, depth)),
-            _ => None,
-        }
-    }
-
-    /// DFlash-style priming: (taps width, rows of the pending-context state).
-    pub fn dflash_priming(&self) -> Option<(usize, usize)> {
-        match self.kind {
-            DraftKind::DFlash { taps_width } => Some((taps_width, self.num_steps + 1)),
-            DraftKind::DDTree { taps_width, depth } => Some((taps_width, depth + 1)),
-            _ => None,
+            DraftKind::None => Priming::None,
+            DraftKind::Model => Priming::Prompt,
+            DraftKind::Eagle3 { taps_width } => Priming::Pairs {
+                taps_width,
+                depth: self.num_steps,
+            },
+            DraftKind::Eagle3Tree { taps_width, depth } => Priming::Pairs { taps_width, depth },
+            DraftKind::DFlash { taps_width } => Priming::Context {
+                taps_width,
+                rows: self.num_steps + 1,
+            },
+            DraftKind::DDTree { taps_width, depth } => Priming::Context {
+                taps_width,
+                rows: depth + 1,
+            },
         }
     }
 
     /// Whether the target prefill's `taps` output feeds the draft's prefill.
     pub fn wants_taps(&self) -> bool {
-        !matches!(self.kind, DraftKind::None | DraftKind::Model)
+        !matches!(self.priming(), Priming::None | Priming::Prompt)
     }
 
     /// Every graph the contract runs.

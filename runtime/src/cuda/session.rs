@@ -5,12 +5,12 @@
 
 use std::collections::HashMap;
 
-use specc_ir::engine::{BucketPlan, Engine, GraphRole, StepContract};
-use specc_models::spec_step::{BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, HIDDEN, RING};
+use specc_ir::engine::{BucketPlan, Engine, GraphRole, Priming, StepContract};
+use specc_models::methods::{BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, HIDDEN, RING};
 
 use super::{CudaEngine, LoadedGraph, StepGraph, TokenRing, WeightSources, DEFAULT_RING_DEPTH};
 use crate::admission::{self, PrefillInputs};
-use crate::{DraftKind, RuntimeError, SpecStats};
+use crate::{RuntimeError, SpecStats};
 
 pub use specc_models::spec_bundle::MIN_PREFILL_T;
 
@@ -212,13 +212,15 @@ impl<'a> CudaSpecSession<'a> {
         };
         let out = self.run_prefill(true, tb, &tokens, &pos, &[], outs)?;
         let first = admission::first_tokens(&read_i32(&out[0]), prompts, tb);
-        match self.contract.kind {
-            DraftKind::None => {}
-            DraftKind::Model => {
+        match self.contract.priming() {
+            Priming::None => {}
+            Priming::Prompt => {
                 self.run_prefill(false, tb, &tokens, &pos, &[], &[])?;
             }
-            DraftKind::Eagle3 { .. } | DraftKind::Eagle3Tree { .. } => {
-                let (taps_width, k) = self.contract.eagle_priming().expect("an EAGLE-3 draft");
+            Priming::Pairs {
+                taps_width,
+                depth: k,
+            } => {
                 let taps = &out[1];
                 let row = taps.len() / (lanes * tb);
                 debug_assert_eq!(row % taps_width, 0);
@@ -242,7 +244,7 @@ impl<'a> CudaSpecSession<'a> {
                     self.engine.write_state(s.name, &s.i32_bytes())?;
                 }
             }
-            DraftKind::DFlash { taps_width } | DraftKind::DDTree { taps_width, .. } => {
+            Priming::Context { taps_width, .. } => {
                 // The target prefill's taps [lanes, tb, W] are the drafter prefill's input
                 // as they are, at the same (padded) positions.
                 let taps = out[1].clone();
@@ -303,23 +305,26 @@ impl<'a> CudaSpecSession<'a> {
         }
         let per = |v: i64| i32_bytes(&vec![v; lanes]);
         self.engine
-            .write_state(specc_models::spec_step::LEN, &per(len as i64))?;
+            .write_state(specc_models::methods::LEN, &per(len as i64))?;
         self.engine.write_state(
-            specc_models::spec_step::PENDING,
+            specc_models::methods::PENDING,
             &i32_bytes(&[1, 2].repeat(lanes)),
         )?;
         self.engine.write_state(BUDGET, &per(i32::MAX as i64 / 2))?;
-        if let DraftKind::Eagle3 { .. } | DraftKind::Eagle3Tree { .. } = self.contract.kind {
-            self.engine
-                .write_state(specc_models::spec_step::EAGLE_COUNT, &per(1))?;
-            self.engine
-                .write_state(specc_models::spec_step::EAGLE_BASE, &per(len as i64 - 1))?;
-        }
-        if let DraftKind::DFlash { .. } | DraftKind::DDTree { .. } = self.contract.kind {
-            self.engine
-                .write_state(specc_models::spec_step::DFLASH_COUNT, &per(0))?;
-            self.engine
-                .write_state(specc_models::spec_step::DFLASH_BASE, &per(len as i64))?;
+        match self.contract.priming() {
+            Priming::Pairs { .. } => {
+                self.engine
+                    .write_state(specc_models::methods::EAGLE_COUNT, &per(1))?;
+                self.engine
+                    .write_state(specc_models::methods::EAGLE_BASE, &per(len as i64 - 1))?;
+            }
+            Priming::Context { .. } => {
+                self.engine
+                    .write_state(specc_models::methods::DFLASH_COUNT, &per(0))?;
+                self.engine
+                    .write_state(specc_models::methods::DFLASH_BASE, &per(len as i64))?;
+            }
+            Priming::None | Priming::Prompt => {}
         }
         self.engine.synchronize()
     }

@@ -1,6 +1,7 @@
-//! The whole speculative step as ONE graph per batch bucket (DESIGN.md §3): k draft steps
-//! unrolled, verify of k + 1 tokens in one target forward, acceptance, commit and emit, all
-//! on device. The graph reads no host input: everything it needs is in states.
+//! The step skeleton every method shares (DESIGN.md §3): one graph per batch bucket holds
+//! the whole step — drafting (the method's own), verify of the drafted tokens in one target
+//! forward, acceptance, commit and emit, all on device. The graph reads no host input:
+//! everything it needs is in states.
 //!
 //! States (B = the bucket's sequences; R = ring capacity; all i32):
 //! - `spec.len[B]`: n, tokens committed to the target KV cache (slots `0..n`);
@@ -11,11 +12,8 @@
 //! - `spec.ring[B,R,1,1]` and `spec.emitted[B]`: every emitted token, token number `e`
 //!   at ring slot `e mod R`; `emitted` counts them (the host reads both asynchronously);
 //! - `spec.step[B]`: steps taken (the RNG counter of sampled acceptance);
-//! - the target's KV caches `kv.{l}.{k,v}` and the draft's `draft/kv.{l}.{k,v}`.
+//! - the target's KV caches `kv.{l}.{k,v}`, and the draft's own states under its prefix.
 //!
-//! Draft-cache invariant: at a step's start the draft cache holds slots `0..n-1`; the
-//! first draft forward re-reads `[x(n-1), x(n)]` at `[n-1, n]`, so whether the previous
-//! step accepted everything or nothing, the draft sees every committed token once.
 //! Cache slots past a sequence's length may hold stale values: attention reads slots
 //! `0..=pos` only, so they are never seen, and the next step overwrites them.
 //!
@@ -28,11 +26,10 @@
 use specc_ir::op::B;
 use specc_ir::{BinaryOp, DType, Dim, Graph, IrError, Op, Shape, TensorType, ValueId};
 
+use super::sampling::{b_vocab, probs, rng_counters, sample_accept};
 use crate::config::ModelSpec;
-use crate::eagle3::{self, Eagle3Spec};
 use crate::lower::{decoder_layer, embed, lm_head, LayerNames};
 use crate::spec_config::Acceptance;
-use crate::spec_config::TreeKnobs;
 
 pub const LEN: &str = "spec.len";
 pub const PENDING: &str = "spec.pending";
@@ -40,8 +37,6 @@ pub const BUDGET: &str = "spec.budget";
 pub const RING: &str = "spec.ring";
 pub const EMITTED: &str = "spec.emitted";
 pub const STEP: &str = "spec.step";
-/// Prefix of every draft weight and state name in the step graph.
-pub const DRAFT_PREFIX: &str = "draft/";
 /// Outputs of the step graph (for tests and tracing; the host needs only states).
 pub const ACCEPTED: &str = "accepted";
 pub const VERIFY_TOKENS: &str = "verify_tokens";
@@ -56,24 +51,24 @@ pub struct StepShape {
     pub acceptance: Acceptance,
 }
 
-fn i32_ty(dims: &[Dim]) -> TensorType {
+pub(super) fn i32_ty(dims: &[Dim]) -> TensorType {
     TensorType::new(DType::I32, dims.iter().copied())
 }
 
-fn s(n: u64) -> Dim {
+pub(super) fn s(n: u64) -> Dim {
     Dim::Static(n)
 }
 
-struct Builder<'a> {
-    g: &'a mut Graph,
+pub(super) struct Builder<'a> {
+    pub(super) g: &'a mut Graph,
 }
 
 impl Builder<'_> {
-    fn bin(&mut self, op: BinaryOp, a: ValueId, b: ValueId) -> Result<ValueId, IrError> {
+    pub(super) fn bin(&mut self, op: BinaryOp, a: ValueId, b: ValueId) -> Result<ValueId, IrError> {
         self.g.add(Op::Binary(op), &[a, b])
     }
 
-    fn fill_i32(&mut self, value: i64, dims: &[Dim]) -> Result<ValueId, IrError> {
+    pub(super) fn fill_i32(&mut self, value: i64, dims: &[Dim]) -> Result<ValueId, IrError> {
         self.g.add(
             Op::Fill {
                 value: value as f64,
@@ -83,7 +78,7 @@ impl Builder<'_> {
         )
     }
 
-    fn iota(&mut self, cols: u64) -> Result<ValueId, IrError> {
+    pub(super) fn iota(&mut self, cols: u64) -> Result<ValueId, IrError> {
         self.g.add(
             Op::Iota {
                 axis: 1,
@@ -93,7 +88,7 @@ impl Builder<'_> {
         )
     }
 
-    fn reshape(&mut self, x: ValueId, dims: &[Dim]) -> Result<ValueId, IrError> {
+    pub(super) fn reshape(&mut self, x: ValueId, dims: &[Dim]) -> Result<ValueId, IrError> {
         self.g.add(
             Op::Reshape {
                 shape: Shape::new(dims.iter().copied()),
@@ -103,19 +98,24 @@ impl Builder<'_> {
     }
 
     /// `v[B]` repeated into `[B, cols]` (a gather with zero indices).
-    fn bcast_cols(&mut self, v: ValueId, cols: u64) -> Result<ValueId, IrError> {
+    pub(super) fn bcast_cols(&mut self, v: ValueId, cols: u64) -> Result<ValueId, IrError> {
         let v2 = self.reshape(v, &[B, s(1)])?;
         let zeros = self.fill_i32(0, &[B, s(cols)])?;
         self.g.add(Op::Gather { axis: 1 }, &[v2, zeros])
     }
 
     /// Column `idx[b]` of `x[B, n]`, as `[B, 1]`.
-    fn pick(&mut self, x: ValueId, idx: ValueId) -> Result<ValueId, IrError> {
+    pub(super) fn pick(&mut self, x: ValueId, idx: ValueId) -> Result<ValueId, IrError> {
         let i2 = self.reshape(idx, &[B, s(1)])?;
         self.g.add(Op::Gather { axis: 1 }, &[x, i2])
     }
 
-    fn slice_cols(&mut self, x: ValueId, start: u64, len: u64) -> Result<ValueId, IrError> {
+    pub(super) fn slice_cols(
+        &mut self,
+        x: ValueId,
+        start: u64,
+        len: u64,
+    ) -> Result<ValueId, IrError> {
         self.g.add(
             Op::Slice {
                 axis: 1,
@@ -127,7 +127,12 @@ impl Builder<'_> {
     }
 
     /// `start[B] + [0, 1, .., cols-1]`, or −1 where `live` is false.
-    fn positions(&mut self, start: ValueId, cols: u64, live: ValueId) -> Result<ValueId, IrError> {
+    pub(super) fn positions(
+        &mut self,
+        start: ValueId,
+        cols: u64,
+        live: ValueId,
+    ) -> Result<ValueId, IrError> {
         let st = self.bcast_cols(start, cols)?;
         let io = self.iota(cols)?;
         let pos = self.bin(BinaryOp::Add, st, io)?;
@@ -136,7 +141,7 @@ impl Builder<'_> {
         self.g.add(Op::Select, &[live2, pos, neg])
     }
 
-    fn bcast_cols_bool(&mut self, live: ValueId, cols: u64) -> Result<ValueId, IrError> {
+    pub(super) fn bcast_cols_bool(&mut self, live: ValueId, cols: u64) -> Result<ValueId, IrError> {
         let as_int = self.g.add(Op::Cast { to: DType::I32 }, &[live])?;
         let b = self.bcast_cols(as_int, cols)?;
         let zero = self.fill_i32(0, &[B, s(cols)])?;
@@ -146,7 +151,7 @@ impl Builder<'_> {
 }
 
 /// A whole model forward over `tokens[B, t]` at `positions[B, t]`, under a name prefix
-/// (`""` for the target, [`DRAFT_PREFIX`] for the draft). Returns f32 logits `[B, t, V]`
+/// (`""` for the target, a draft's prefix for a standalone draft). Returns f32 logits `[B, t, V]`
 /// and the outputs of the decoder layers listed in `taps`, concatenated on the last axis.
 pub fn forward_with_taps(
     g: &mut Graph,
@@ -196,21 +201,21 @@ pub fn forward(
 }
 
 /// The per-sequence step states every method shares, read at the step's start.
-struct Common {
-    len: ValueId,
-    pending: ValueId,
-    budget: ValueId,
-    emitted: ValueId,
-    step: ValueId,
-    live: ValueId,
-    zero_b: ValueId,
-    one_b: ValueId,
+pub(super) struct Common {
+    pub(super) len: ValueId,
+    pub(super) pending: ValueId,
+    pub(super) budget: ValueId,
+    pub(super) emitted: ValueId,
+    pub(super) step: ValueId,
+    pub(super) live: ValueId,
+    pub(super) zero_b: ValueId,
+    pub(super) one_b: ValueId,
     /// Uniforms `[B, 2k+1]` under sampled acceptance: columns 0..k accept/reject, k the
     /// bonus, k+1.. the draft's own draws.
-    uniforms: Option<ValueId>,
+    pub(super) uniforms: Option<ValueId>,
 }
 
-fn begin(b: &mut Builder, shape: &StepShape) -> Result<Common, IrError> {
+pub(super) fn begin(b: &mut Builder, shape: &StepShape) -> Result<Common, IrError> {
     let k = shape.num_steps;
     let vec_b = i32_ty(&[B]);
     let len = b.g.state(LEN, vec_b.clone())?;
@@ -242,24 +247,24 @@ fn begin(b: &mut Builder, shape: &StepShape) -> Result<Common, IrError> {
 }
 
 /// What the drafting phase hands to verification.
-struct Drafted {
+pub(super) struct Drafted {
     /// k tokens `[B, 1]` each, in target ids.
-    tokens: Vec<ValueId>,
+    pub(super) tokens: Vec<ValueId>,
     /// The distribution each token was drawn from, `[B, 1, V]` each (sampled acceptance).
-    dists: Vec<ValueId>,
+    pub(super) dists: Vec<ValueId>,
 }
 
 /// What verification leaves for method-specific commits.
-struct Verified {
-    accepted: ValueId,
-    emit_tokens: ValueId,
-    taps: Option<ValueId>,
+pub(super) struct Verified {
+    pub(super) accepted: ValueId,
+    pub(super) emit_tokens: ValueId,
+    pub(super) taps: Option<ValueId>,
     /// (state, new value) pairs, applied by [`commit_all`].
-    commits: Vec<(ValueId, ValueId)>,
+    pub(super) commits: Vec<(ValueId, ValueId)>,
 }
 
 /// Verify, accept, commit and emit: the method-independent second half of a step.
-fn verify_and_commit(
+pub(super) fn verify_and_commit(
     b: &mut Builder,
     c: &Common,
     target: &ModelSpec,
@@ -354,7 +359,7 @@ fn verify_and_commit(
 
 /// Writes the first `n_emit[b]` of `tokens[B, cols]` into the ring at `(emitted + t) mod R`
 /// (`io` = `b.iota(cols)`); returns the new `emitted`.
-fn emit(
+pub(super) fn emit(
     b: &mut Builder,
     c: &Common,
     ring_len: u64,
@@ -379,272 +384,46 @@ fn emit(
     b.bin(BinaryOp::Add, c.emitted, n_emit)
 }
 
+/// Positions of pending rows: `base[b] + [0, .., cols-1]` where the column is `< count[b]`
+/// and the lane is live, else −1.
+pub(super) fn pending_positions(
+    b: &mut Builder,
+    c: &Common,
+    base: ValueId,
+    count: ValueId,
+    cols: u64,
+) -> Result<ValueId, IrError> {
+    let io = b.iota(cols)?;
+    let cnt = b.bcast_cols(count, cols)?;
+    let valid = b.bin(BinaryOp::Lt, io, cnt)?;
+    let valid_i = b.g.add(Op::Cast { to: DType::I32 }, &[valid])?;
+    let live_cols = b.bcast_cols_bool(c.live, cols)?;
+    let live_i = b.g.add(Op::Cast { to: DType::I32 }, &[live_cols])?;
+    let both = b.bin(BinaryOp::Mul, valid_i, live_i)?;
+    let zero_c = b.fill_i32(0, &[B, s(cols)])?;
+    let keep = b.bin(BinaryOp::Lt, zero_c, both)?;
+    let base_c = b.bcast_cols(base, cols)?;
+    let pos = b.bin(BinaryOp::Add, base_c, io)?;
+    let neg = b.fill_i32(-1, &[B, s(cols)])?;
+    b.g.add(Op::Select, &[keep, pos, neg])
+}
+
 /// Overwrites each state with its new value. Every assign comes after every read of the
 /// old values (the verifier's in-place rule), so all commits of a step go through here
 /// once, last.
-fn commit_all(b: &mut Builder, commits: &[(ValueId, ValueId)]) -> Result<(), IrError> {
+pub(super) fn commit_all(b: &mut Builder, commits: &[(ValueId, ValueId)]) -> Result<(), IrError> {
     for &(state, value) in commits {
         b.g.add(Op::Assign, &[state, value])?;
     }
     Ok(())
 }
 
-/// One draft token from a logits row `[B, 1, V]`: the argmax (greedy) or a draw from
-/// softmax(row / temperature) with uniform column `col` (sampled acceptance).
-fn choose(
-    b: &mut Builder,
-    shape: &StepShape,
-    c: &Common,
-    row: ValueId,
-    col: u64,
-    dists: &mut Vec<ValueId>,
-) -> Result<ValueId, IrError> {
-    match (&shape.acceptance, c.uniforms) {
-        (Acceptance::Sample { temperature, .. }, Some(u)) => {
-            let q = probs(b, row, *temperature)?;
-            dists.push(q);
-            let q2 = b.reshape(q, &[B, b_vocab(b.g, q)])?;
-            let uj = b.slice_cols(u, col, 1)?;
-            let uj = b.reshape(uj, &[B])?;
-            let t = b.g.add(Op::Sample, &[q2, uj])?;
-            b.reshape(t, &[B, s(1)])
-        }
-        _ => b.g.add(Op::Argmax, &[row]),
-    }
-}
-
-/// Lowers one speculative step with a standalone draft model (`draft_model`).
-pub fn lower_draft_model_step(
-    target: &ModelSpec,
-    draft: &ModelSpec,
-    shape: &StepShape,
-) -> Result<Graph, IrError> {
-    let k = shape.num_steps;
-    let mut g = Graph::new("spec_step_draft_model");
-    let mut b = Builder { g: &mut g };
-    let c = begin(&mut b, shape)?;
-    // draft: catch up on [x(n-1), x(n)], then k - 1 single-token steps.
-    let len_m1 = b.bin(BinaryOp::Sub, c.len, c.one_b)?;
-    let pos0 = b.positions(len_m1, 2, c.live)?;
-    let logits0 = forward(b.g, draft, DRAFT_PREFIX, c.pending, pos0)?;
-    let mut row = b.g.add(
-        Op::Slice {
-            axis: 1,
-            start: 1,
-            len: 1,
-        },
-        &[logits0],
-    )?;
-    let mut d = Drafted {
-        tokens: Vec::new(),
-        dists: Vec::new(),
-    };
-    for j in 0..k {
-        let tok = choose(&mut b, shape, &c, row, k + 1 + j, &mut d.dists)?;
-        d.tokens.push(tok);
-        if j + 1 < k {
-            let offset = b.fill_i32(j as i64 + 1, &[B])?;
-            let start = b.bin(BinaryOp::Add, c.len, offset)?;
-            let pos = b.positions(start, 1, c.live)?;
-            row = forward(b.g, draft, DRAFT_PREFIX, tok, pos)?;
-        }
-    }
-    let v = verify_and_commit(&mut b, &c, target, shape, d, &[])?;
-    commit_all(&mut b, &v.commits)?;
-    Ok(g)
-}
-
-/// Plain greedy decoding of `target`: its prefill (no taps) and its [`lower_decode_step`]
-/// with a ring of `ring` tokens per sequence — the graphs of `--spec none`.
-pub fn lower_plain_greedy(target: &ModelSpec, ring: u64) -> Result<(Graph, Graph), IrError> {
-    let shape = StepShape {
-        num_steps: 0,
-        ring,
-        acceptance: Acceptance::Greedy,
-    };
-    Ok((
-        lower_target_prefill(target, &[])?,
-        lower_decode_step(target, &shape)?,
-    ))
-}
-
-/// Plain decoding as a self-feeding step graph (k = 0): one target token per step, chosen
-/// on device and emitted into the ring, with the same states and host contract as the
-/// speculative steps. This is the graph the CUDA backend captures for `--spec none`.
-pub fn lower_decode_step(target: &ModelSpec, shape: &StepShape) -> Result<Graph, IrError> {
-    let mut shape = shape.clone();
-    shape.num_steps = 0;
-    let mut g = Graph::new("decode_step");
-    let mut b = Builder { g: &mut g };
-    let c = begin(&mut b, &shape)?;
-    let d = Drafted {
-        tokens: Vec::new(),
-        dists: Vec::new(),
-    };
-    let v = verify_and_commit(&mut b, &c, target, &shape, d, &[])?;
-    commit_all(&mut b, &v.commits)?;
-    Ok(g)
-}
-
-/// `[B, 1, V]` f32 one-hot of `tok[B, 1]`.
-fn one_hot(b: &mut Builder, tok: ValueId, vocab: u64) -> Result<ValueId, IrError> {
-    let io = b.g.add(
-        Op::Iota {
-            axis: 2,
-            ty: i32_ty(&[B, s(1), s(vocab)]),
-        },
-        &[],
-    )?;
-    let t3 = b.reshape(tok, &[B, s(1), s(1)])?;
-    let zeros = b.g.add(
-        Op::Fill {
-            value: 0.0,
-            ty: i32_ty(&[B, s(1), s(vocab)]),
-        },
-        &[],
-    )?;
-    let tb = b.g.add(Op::Gather { axis: 2 }, &[t3, zeros])?;
-    let eq = b.bin(BinaryOp::Eq, io, tb)?;
-    b.g.add(Op::Cast { to: DType::F32 }, &[eq])
-}
-
-fn b_vocab(g: &Graph, x: ValueId) -> Dim {
-    *g.ty(x)
-        .shape
-        .dims()
-        .last()
-        .expect("logits have a vocab axis")
-}
-
-/// softmax(logits / temperature) over the vocab.
-fn probs(b: &mut Builder, logits: ValueId, temperature: f64) -> Result<ValueId, IrError> {
-    let inv_t = b.g.add(
-        Op::Fill {
-            value: 1.0 / temperature,
-            ty: b.g.ty(logits).clone(),
-        },
-        &[],
-    )?;
-    let scaled = b.bin(BinaryOp::Mul, logits, inv_t)?;
-    b.g.add(Op::Softmax, &[scaled])
-}
-
-/// Speculative sampling (Leviathan et al.): accept draft token x_j with probability
-/// min(1, p_j(x_j) / q_j(x_j)); at the first rejection a, draw from norm(max(0, p_a − q_a));
-/// if all k are accepted draw the bonus from p_k. `p[B,k+1,V]`, `q[B,k,V]` are the target
-/// and draft distributions the tokens were drawn under; `u[B,2k+1]` uniforms.
-/// Returns (accepted[B], bonus[B,1]).
-fn sample_accept(
-    b: &mut Builder,
-    p: ValueId,
-    q: ValueId,
-    draft_tokens: ValueId,
-    u: ValueId,
-    k: u64,
-) -> Result<(ValueId, ValueId), IrError> {
-    let v = b_vocab(b.g, p);
-    let idx = b.reshape(draft_tokens, &[B, s(k), s(1)])?;
-    let p_head = b.g.add(
-        Op::Slice {
-            axis: 1,
-            start: 0,
-            len: k,
-        },
-        &[p],
-    )?;
-    let px = b.g.add(Op::Gather { axis: 2 }, &[p_head, idx])?;
-    let qx = b.g.add(Op::Gather { axis: 2 }, &[q, idx])?;
-    let px = b.reshape(px, &[B, s(k)])?;
-    let qx = b.reshape(qx, &[B, s(k)])?;
-    // accept_j ⇔ u_j · q_j(x) < p_j(x)  (no division; q_j(x) > 0 since x was drawn from q).
-    let u_acc = b.slice_cols(u, 0, k)?;
-    let uq = b.bin(BinaryOp::Mul, u_acc, qx)?;
-    let ok = b.bin(BinaryOp::Lt, uq, px)?;
-    let ok_i = b.g.add(Op::Cast { to: DType::I32 }, &[ok])?;
-    let ones = b.fill_i32(1, &[B, s(k + 1)])?;
-    let a = b.g.add(Op::AcceptChain, &[ok_i, ones])?;
-    // Residuals max(0, p_j − q_j) for j < k, then p_k; `sample` normalises by the sum.
-    let diff = b.bin(BinaryOp::Sub, p_head, q)?;
-    let zero = b.g.add(
-        Op::Fill {
-            value: 0.0,
-            ty: b.g.ty(diff).clone(),
-        },
-        &[],
-    )?;
-    let resid = b.bin(BinaryOp::Max, diff, zero)?;
-    let p_last = b.g.add(
-        Op::Slice {
-            axis: 1,
-            start: k,
-            len: 1,
-        },
-        &[p],
-    )?;
-    let dists = b.g.add(Op::Concat { axis: 1 }, &[resid, p_last])?;
-    let a3 = b.reshape(a, &[B, s(1), s(1)])?;
-    let zeros = b.g.add(
-        Op::Fill {
-            value: 0.0,
-            ty: i32_ty(&[B, s(1), v]),
-        },
-        &[],
-    )?;
-    let a_rows = b.g.add(Op::Gather { axis: 2 }, &[a3, zeros])?;
-    let row = b.g.add(Op::Gather { axis: 1 }, &[dists, a_rows])?;
-    let row = b.reshape(row, &[B, v])?;
-    let u_bonus = b.slice_cols(u, k, 1)?;
-    let u_bonus = b.reshape(u_bonus, &[B])?;
-    let tok = b.g.add(Op::Sample, &[row, u_bonus])?;
-    let tok = b.reshape(tok, &[B, s(1)])?;
-    Ok((a, tok))
-}
-
-/// Distinct RNG counters `((step · 2^20 + lane) · S + column)` as i64 `[B, cols]`, `S` = 64
-/// or the next power of two of `cols` (so columns never reach the next lane's counters).
-fn rng_counters(b: &mut Builder, step: ValueId, cols: u64) -> Result<ValueId, IrError> {
-    let i64_ty = TensorType::new(DType::I64, [B, s(cols)]);
-    let step64 = b.g.add(Op::Cast { to: DType::I64 }, &[step])?;
-    let v2 = b.reshape(step64, &[B, s(1)])?;
-    let zeros = b.fill_i32(0, &[B, s(cols)])?;
-    let st = b.g.add(Op::Gather { axis: 1 }, &[v2, zeros])?;
-    let lane = b.g.add(
-        Op::Iota {
-            axis: 0,
-            ty: i64_ty.clone(),
-        },
-        &[],
-    )?;
-    let col = b.g.add(
-        Op::Iota {
-            axis: 1,
-            ty: i64_ty.clone(),
-        },
-        &[],
-    )?;
-    let fill = |b: &mut Builder, v: f64| {
-        b.g.add(
-            Op::Fill {
-                value: v,
-                ty: i64_ty.clone(),
-            },
-            &[],
-        )
-    };
-    let c20 = fill(b, (1u64 << 20) as f64)?;
-    // Columns per (step, lane): 64, or the next power of two for wider draws (tree nodes).
-    let stride = fill(b, cols.next_power_of_two().max(64) as f64)?;
-    let x = b.bin(BinaryOp::Mul, st, c20)?;
-    let x = b.bin(BinaryOp::Add, x, lane)?;
-    let x = b.bin(BinaryOp::Mul, x, stride)?;
-    b.bin(BinaryOp::Add, x, col)
-}
-
-/// Inputs of the EAGLE-3 prefill graph.
+/// Input of a draft prefill that reads the target prefill's `taps` (EAGLE-3, DFlash).
 pub const HIDDEN: &str = "hidden";
 
 /// The target's prefill (bucket `T`): `logits`, `next_token` and, when `taps` is not
-/// empty, `taps` `[B, T, 3H]` (the tapped layers' outputs, for an EAGLE-3 head).
+/// empty, `taps` `[B, T, n_tap·H]` (the tapped layers' outputs, for a draft that reads
+/// them).
 pub fn lower_target_prefill(target: &ModelSpec, taps: &[usize]) -> Result<Graph, IrError> {
     let mut g = Graph::new("target_prefill");
     let ids = TensorType::new(DType::I32, [B, specc_ir::op::T]);
@@ -659,33 +438,3 @@ pub fn lower_target_prefill(target: &ModelSpec, taps: &[usize]) -> Result<Graph,
     }
     Ok(g)
 }
-
-/// The EAGLE-3 head's prefill: pairs `(fc(hidden[t]), tokens[t])` at `positions[t]` fill
-/// the head's KV cache (inputs `hidden` `[B, T, 3H]`, `tokens`, `positions` `[B, T]`).
-pub fn lower_eagle3_prefill(target: &ModelSpec, eagle: &Eagle3Spec) -> Result<Graph, IrError> {
-    let mut g = Graph::new("eagle3_prefill");
-    let t = specc_ir::op::T;
-    let ids = TensorType::new(DType::I32, [B, t]);
-    let hidden = g.input(
-        HIDDEN,
-        TensorType::new(target.dtype, [B, t, s(3 * eagle.hidden() as u64)]),
-    )?;
-    let tokens = g.input("tokens", ids.clone())?;
-    let positions = g.input("positions", ids)?;
-    let (emb, _) = embed(&mut g, target, "", tokens)?;
-    let g0 = eagle3::fc(&mut g, eagle, hidden)?;
-    let out = eagle3::midlayer(&mut g, eagle, emb, g0, positions)?;
-    g.set_output("out", out);
-    Ok(g)
-}
-
-mod ddtree;
-mod dflash;
-mod eagle3_steps;
-pub use ddtree::{lower_ddtree_step, TREE};
-pub use dflash::{
-    lower_dflash_prefill, lower_dflash_step, DFLASH_BASE, DFLASH_COUNT, DFLASH_HIDDEN,
-};
-pub use eagle3_steps::{
-    lower_eagle3_step, lower_eagle3_tree_step, EAGLE_BASE, EAGLE_COUNT, EAGLE_HIDDEN, EAGLE_TOKENS,
-};

@@ -1,10 +1,7 @@
-//! The DDTree step graph: a DFlash drafter's block log-probs expanded into a draft tree of
-//! `budget` nodes on device, verified in one target forward under a tree mask, accepted
-//! greedily along one root-to-node path, and committed by moving the path's cache rows.
-//!
-//! States: the common ones (`spec_step` module docs) and DFlash's `dflash.{hidden, count,
-//! base}` (the drafter's pending context), with `hidden` holding `L + 1` rows, L = the
-//! drafter's `block_size − 1` = the deepest tree level. The prefill is DFlash's.
+//! Draft trees, verified and committed the same way whichever method drafted them (DDTree,
+//! EAGLE-3 with topk > 1): the target's forward over the tree's nodes under a tree mask,
+//! the walk that accepts one root-to-node path, and the commit that moves the path's cache
+//! rows into place.
 //!
 //! Slots: with n = `len`, tree node `i` (node 0 = the bonus token x(n)) is verified at RoPE
 //! position `n + depth(i)` and written into the target caches at slot `n + i`, so verify
@@ -13,12 +10,28 @@
 //! `n + d` for `d = 1..=a` (in ascending depth: `path_d ≥ d`, so no unread row is
 //! overwritten); slots past `n + a` hold stale rows that the next step overwrites.
 
-use super::dflash::pending_positions;
-use super::*;
-use crate::dflash::DFlashSpec;
-use crate::lower::{decoder_layer_masked, LayerMask};
-use crate::spec_config::TreeKnobs;
-use specc_ir::op::tree_words;
+use specc_ir::op::{tree_words, B};
+use specc_ir::{BinaryOp, DType, Dim, Graph, IrError, Op, ValueId};
+
+use super::sampling::{probs, rng_counters};
+use super::step::{emit, i32_ty, s, Builder, Common, StepShape, ACCEPTED, VERIFY_TOKENS};
+use crate::config::ModelSpec;
+use crate::lower::{decoder_layer_masked, embed, lm_head, LayerMask, LayerNames};
+use crate::spec_config::Acceptance;
+
+/// A draft tree's size (spec keys `budget` for DDTree, `num_draft_tokens` and `topk` for
+/// EAGLE-3 trees).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TreeKnobs {
+    /// Nodes per tree, the root (bonus token) included: the verify width.
+    pub budget: u32,
+    /// Candidate tokens per depth (DDTree: the top-K of each block row; EAGLE-3: children
+    /// per frontier node).
+    pub topk: u32,
+}
+
+/// Most nodes one tree verifies.
+pub const MAX_TREE_BUDGET: u32 = 256;
 
 /// Output of the step graph: the built tree `i64[B, budget, 3 + W]` (tests, tracing).
 pub const TREE: &str = "tree";
@@ -91,67 +104,6 @@ fn offset_or_neg(
     let p = b.bin(BinaryOp::Add, bc, offs)?;
     let neg = b.fill_i32(-1, &[B, s(cols)])?;
     b.g.add(Op::Select, &[keep, p, neg])
-}
-
-/// Lowers one DDTree step (greedy or sampled acceptance: see [`accept_and_commit`]).
-///
-/// 1. Draft: the DFlash block forward (context catch-up + block `[x(n), MASK × L]`), rows
-///    `1..=L` → log-softmax → top-K per depth → `tree_build` (node 0 = x(n)).
-/// 2. Verify: the target over the `budget` tree tokens (tree mask, RoPE at `n + depth`,
-///    cache slots `n + node`), taps = the drafter's `target_layer_ids`.
-/// 3. Accept: `tree_accept` over the target's token at every node (argmax, or a draw).
-/// 4. Commit: cache rows of the path moved to `n + depth` (`kv_move`), the path's taps
-///    become the drafter's pending context (`count = a + 1`, `base = n`), tokens emitted.
-///
-/// Panics unless `shape.num_steps == block_size − 1` ([`crate::SpecBundle`] checks it).
-pub fn lower_ddtree_step(
-    target: &ModelSpec,
-    dflash: &DFlashSpec,
-    shape: &StepShape,
-    tree: TreeKnobs,
-) -> Result<Graph, IrError> {
-    let l = shape.num_steps;
-    assert_eq!(
-        l as usize,
-        dflash.num_steps(),
-        "a DDTree step's depth is the drafter's block_size - 1"
-    );
-    let (n, k) = (tree.budget as u64, tree.topk as u64);
-    let w = dflash.taps_width() as u64;
-    let mut g = Graph::new("spec_step_ddtree");
-    let mut b = Builder { g: &mut g };
-    let c = begin(&mut b, shape)?;
-    let hidden = b.g.state(
-        DFLASH_HIDDEN,
-        TensorType::new(target.dtype, [B, s(l + 1), s(w)]),
-    )?;
-    let count = b.g.state(DFLASH_COUNT, i32_ty(&[B]))?;
-    let base = b.g.state(DFLASH_BASE, i32_ty(&[B]))?;
-
-    // 1. draft: block logits, log-probs of rows 1..=L, top-K, tree.
-    let cpos = pending_positions(&mut b, &c, base, count, l + 1)?;
-    let ctx = crate::dflash::context(b.g, dflash, hidden)?;
-    let bonus_in = b.slice_cols(c.pending, 1, 1)?;
-    let masks = b.fill_i32(dflash.mask_token as i64, &[B, s(l)])?;
-    let block = b.g.add(Op::Concat { axis: 1 }, &[bonus_in, masks])?;
-    let bpos = b.positions(c.len, l + 1, c.live)?;
-    let logits =
-        crate::dflash::block_logits(b.g, target, dflash, Some((ctx, cpos)), block, bpos, c.len)?;
-    let rows = b.slice_cols(logits, 1, l)?;
-    let probs = b.g.add(Op::Softmax, &[rows])?;
-    let logp = b.g.add(Op::Unary(specc_ir::UnaryOp::Log), &[probs])?;
-    let ids = b.g.add(Op::TopK { k }, &[logp])?;
-    let top = b.g.add(Op::Gather { axis: 2 }, &[logp, ids])?;
-    let root = b.reshape(bonus_in, &[B])?;
-    let tree_v = b.g.add(Op::TreeBuild { budget: n }, &[top, ids, root])?;
-
-    // 2.–4. verify, accept, commit.
-    let v = verify_tree(&mut b, &c, target, tree_v, n, &dflash.taps)?;
-    let t = accept_and_commit(&mut b, &c, shape, tree_v, v, l)?;
-    let mut commits = vec![(hidden, t.path_taps), (count, t.a1), (base, c.len)];
-    commits.extend(t.commits);
-    commit_all(&mut b, &commits)?;
-    Ok(g)
 }
 
 /// The target's verify of a built tree `[B, N, 3 + W]`: its tokens, the forward under the

@@ -1,6 +1,5 @@
-//! EAGLE-3 step graphs: the chain (topk = 1) and the dynamic draft tree (topk > 1,
-//! EAGLE-2/3 style), both fed by the same catch-up of the head on the pairs the previous
-//! verify left.
+//! The EAGLE-3 dynamic draft tree (topk > 1, EAGLE-2/3 style), fed by the same catch-up
+//! of the head on the pairs the previous verify left as the chain's.
 //!
 //! Tree drafting (depth D = `num_steps`, K = `topk`, N = `num_draft_tokens`):
 //! - depth 1: the K best tokens of the catch-up's last output (scores = log-probs);
@@ -14,144 +13,21 @@
 //!   one f32 add of a log-prob ≤ 0 to its parent's, so it is ≤ the parent's, and parents
 //!   precede children: the selection is prefix-closed.
 //!
-//! Verify, accept and commit are DDTree's (`ddtree::verify_tree`, `accept_and_commit`);
-//! the accepted path's taps and tokens become the head's next pairs, as in the chain.
+//! Verify, accept and commit are the shared tree's (`methods::tree`: `verify_tree`,
+//! `accept_and_commit`); the accepted path's taps and tokens become the head's next pairs,
+//! as in the chain.
 //! Head cache: slots `n ..` past the prefix hold this step's draft rows; the next step's
 //! catch-up overwrites `n ..= n + a` and attention never reads past the prefix otherwise.
 
-use super::ddtree::{accept_and_commit, verify_tree};
-use super::*;
-use crate::eagle3::HeadAttn;
-use specc_ir::op::tree_words;
+use specc_ir::op::{tree_words, B};
+use specc_ir::{BinaryOp, DType, Graph, IrError, Op, TensorType, ValueId};
 
-/// EAGLE-3 step states (besides the common ones): the taps and tokens of the pairs the
-/// head has not seen yet, from the previous verify (or the prefill's last position).
-pub const EAGLE_HIDDEN: &str = "eagle.hidden";
-pub const EAGLE_TOKENS: &str = "eagle.tokens";
-pub const EAGLE_COUNT: &str = "eagle.count";
-pub const EAGLE_BASE: &str = "eagle.base";
-
-/// The EAGLE-3 states with `rows` pending pairs.
-struct EagleStates {
-    hidden: ValueId,
-    tokens: ValueId,
-    count: ValueId,
-    base: ValueId,
-}
-
-fn eagle_states(
-    b: &mut Builder,
-    target: &ModelSpec,
-    eagle: &Eagle3Spec,
-    rows: u64,
-) -> Result<EagleStates, IrError> {
-    let h3 = 3 * eagle.hidden() as u64;
-    let hid_ty = TensorType::new(target.dtype, [B, s(rows), s(h3)]);
-    Ok(EagleStates {
-        hidden: b.g.state(EAGLE_HIDDEN, hid_ty)?,
-        tokens: b.g.state(EAGLE_TOKENS, i32_ty(&[B, s(rows)]))?,
-        count: b.g.state(EAGLE_COUNT, i32_ty(&[B]))?,
-        base: b.g.state(EAGLE_BASE, i32_ty(&[B]))?,
-    })
-}
-
-/// Catch-up: the pairs `(taps[t], tokens[t])` at positions `base + t`, `t < count`, go
-/// through `fc` and the head (slots past `count` are masked). Returns the head's output at
-/// slot `count − 1` (`[B, 1, H]`), which predicts d1.
-fn catch_up(
-    b: &mut Builder,
-    c: &Common,
-    target: &ModelSpec,
-    eagle: &Eagle3Spec,
-    st: &EagleStates,
-    rows: u64,
-) -> Result<ValueId, IrError> {
-    let io = b.iota(rows)?;
-    let cnt = b.bcast_cols(st.count, rows)?;
-    let valid = b.bin(BinaryOp::Lt, io, cnt)?;
-    let valid_i = b.g.add(Op::Cast { to: DType::I32 }, &[valid])?;
-    let live_cols = b.bcast_cols_bool(c.live, rows)?;
-    let live_i = b.g.add(Op::Cast { to: DType::I32 }, &[live_cols])?;
-    let both = b.bin(BinaryOp::Mul, valid_i, live_i)?;
-    let zero_c = b.fill_i32(0, &[B, s(rows)])?;
-    let keep = b.bin(BinaryOp::Lt, zero_c, both)?;
-    let base_c = b.bcast_cols(st.base, rows)?;
-    let pos = b.bin(BinaryOp::Add, base_c, io)?;
-    let neg = b.fill_i32(-1, &[B, s(rows)])?;
-    let pos = b.g.add(Op::Select, &[keep, pos, neg])?;
-    let (emb, _) = embed(b.g, target, "", st.tokens)?;
-    let g0 = eagle3::fc(b.g, eagle, st.hidden)?;
-    let out = eagle3::midlayer(b.g, eagle, emb, g0, pos)?;
-    let last = b.bin(BinaryOp::Sub, st.count, c.one_b)?;
-    let last3 = b.reshape(last, &[B, s(1), s(1)])?;
-    let idx = bcast_last(b, last3, s(eagle.hidden() as u64))?;
-    b.g.add(Op::Gather { axis: 1 }, &[out, idx])
-}
-
-/// `idx[B, r, 1]` repeated along a new last dim of `width` (gather indices for rows).
-fn bcast_last(b: &mut Builder, idx: ValueId, width: Dim) -> Result<ValueId, IrError> {
-    let mut dims = b.g.ty(idx).shape.dims().to_vec();
-    *dims.last_mut().expect("rank ≥ 1") = width;
-    let zeros = b.g.add(
-        Op::Fill {
-            value: 0.0,
-            ty: i32_ty(&dims),
-        },
-        &[],
-    )?;
-    b.g.add(Op::Gather { axis: 2 }, &[idx, zeros])
-}
-
-/// Lowers one speculative step with an EAGLE-3 head (chain, topk = 1).
-///
-/// Catch-up as in [`catch_up`]; chained steps feed the head's own output back (no `fc`)
-/// at the following positions. After verify, the k + 1 verify positions' taps and the
-/// emitted tokens become the next step's pairs (`count = a + 1`, `base = n`).
-pub fn lower_eagle3_step(
-    target: &ModelSpec,
-    eagle: &Eagle3Spec,
-    shape: &StepShape,
-) -> Result<Graph, IrError> {
-    let k = shape.num_steps;
-    let mut g = Graph::new("spec_step_eagle3");
-    let mut b = Builder { g: &mut g };
-    let c = begin(&mut b, shape)?;
-    let st = eagle_states(&mut b, target, eagle, k + 1)?;
-    let mut out_row = catch_up(&mut b, &c, target, eagle, &st, k + 1)?;
-
-    let mut d = Drafted {
-        tokens: Vec::new(),
-        dists: Vec::new(),
-    };
-    for j in 0..k {
-        let tok = eagle3::next_token(b.g, eagle, out_row)?;
-        if c.uniforms.is_some() {
-            // The head drafts greedily: q is the point mass on its token.
-            d.dists.push(one_hot(&mut b, tok, target.vocab as u64)?);
-        }
-        d.tokens.push(tok);
-        if j + 1 < k {
-            // Pair (out_row, tok) at position n - 1 + j + 1 = len + j.
-            let offset = b.fill_i32(j as i64, &[B])?;
-            let start = b.bin(BinaryOp::Add, c.len, offset)?;
-            let p = b.positions(start, 1, c.live)?;
-            let (e1, _) = embed(b.g, target, "", tok)?;
-            out_row = eagle3::midlayer(b.g, eagle, e1, out_row, p)?;
-        }
-    }
-    let v = verify_and_commit(&mut b, &c, target, shape, d, &eagle.taps)?;
-    let taps = v.taps.expect("eagle verify taps three layers");
-    let a1 = b.bin(BinaryOp::Add, v.accepted, c.one_b)?;
-    let mut commits = vec![
-        (st.hidden, taps),
-        (st.tokens, v.emit_tokens),
-        (st.count, a1),
-        (st.base, c.len),
-    ];
-    commits.extend(v.commits);
-    commit_all(&mut b, &commits)?;
-    Ok(g)
-}
+use super::head::{self, Eagle3Spec, HeadAttn};
+use super::pairs::{bcast_last, catch_up, eagle_states};
+use crate::config::ModelSpec;
+use crate::lower::embed;
+use crate::methods::step::{begin, commit_all, s, Builder, StepShape};
+use crate::methods::tree::{accept_and_commit, verify_tree, TreeKnobs};
 
 /// The K best children of each of the head's output rows `[B, r, H]`: target token ids
 /// `i32[B, r, K]` and their log-probs `f32[B, r, K]` (best first, ties to the lower id).
@@ -161,12 +37,12 @@ fn top_children(
     out: ValueId,
     k: u64,
 ) -> Result<(ValueId, ValueId), IrError> {
-    let logits = eagle3::draft_logits(b.g, eagle, out)?;
+    let logits = head::draft_logits(b.g, eagle, out)?;
     let probs = b.g.add(Op::Softmax, &[logits])?;
     let logp = b.g.add(Op::Unary(specc_ir::UnaryOp::Log), &[probs])?;
     let ids = b.g.add(Op::TopK { k }, &[logp])?;
     let lp = b.g.add(Op::Gather { axis: 2 }, &[logp, ids])?;
-    Ok((eagle3::to_target(b.g, eagle, ids)?, lp))
+    Ok((head::to_target(b.g, eagle, ids)?, lp))
 }
 
 /// `i64[B, k, words]`: row `i` holds bit `first + i` alone (a frontier row's own draft slot).
@@ -208,7 +84,7 @@ struct Frontier {
     parent_anc: Option<ValueId>,
 }
 
-/// Lowers one EAGLE-3 draft-tree step (greedy or sampled acceptance, as DDTree's
+/// Lowers one EAGLE-3 draft-tree step (greedy or sampled acceptance, as the shared tree's
 /// `accept_and_commit`). `shape.num_steps` is the depth D; `tree.budget`
 /// the verified nodes N (root included), `tree.topk` the K children per frontier node.
 pub fn lower_eagle3_tree_step(
@@ -269,7 +145,7 @@ pub fn lower_eagle3_tree_step(
             ancestors: anc,
             query_rows: e * k,
         };
-        let out = eagle3::midlayer_masked(b.g, eagle, emb, f.hidden, pos, attn)?;
+        let out = head::midlayer_masked(b.g, eagle, emb, f.hidden, pos, attn)?;
         let (ctok, clp) = top_children(&mut b, eagle, out, k)?;
         // Children of frontier row i: candidates next_cand + i·K + j.
         let fs = b.reshape(f.scores, &[B, s(k), s(1)])?;

@@ -1,0 +1,67 @@
+//! The DFlash step: k = block_size − 1 draft tokens from ONE drafter forward, verified as
+//! a chain.
+
+use specc_ir::{BinaryOp, Graph, IrError, Op};
+
+use super::context::draft_block;
+use super::drafter::DFlashSpec;
+use crate::config::ModelSpec;
+use crate::methods::sampling::choose;
+use crate::methods::step::{begin, commit_all, verify_and_commit, Builder, Drafted, StepShape};
+
+/// Lowers one speculative step with a DFlash drafter (k = block_size − 1 drafts from ONE
+/// drafter forward).
+///
+/// 1. Context catch-up: the pending taps rows `t < count` go through `fc` + `hidden_norm`;
+///    every drafter layer writes their keys/values at `base + t` (in the same projection as
+///    the block's, see [`super::block_logits`]), so the cache holds the context of
+///    positions `0..n` before the layer's attention.
+/// 2. Draft: the block `[x(n), MASK × k]` at `n..n+k` attends context slots `0..n` and the
+///    whole block; rows `1..=k` give d1..dk (argmax; sampled acceptance draws each from
+///    softmax(row / T) — the rows do not depend on each other's draws, so q is exact).
+/// 3. Verify with taps = `target_layer_ids`; the taps of the `a + 1` committed positions
+///    `n..n+a` become the next step's pending rows (`count = a + 1`, `base = n`).
+///
+/// Panics unless `shape.num_steps == block_size − 1` ([`crate::SpecBundle`] checks it).
+pub fn lower_dflash_step(
+    target: &ModelSpec,
+    dflash: &DFlashSpec,
+    shape: &StepShape,
+) -> Result<Graph, IrError> {
+    let k = shape.num_steps;
+    assert_eq!(
+        k as usize,
+        dflash.num_steps(),
+        "a DFlash step drafts block_size - 1 tokens"
+    );
+    let mut g = Graph::new("spec_step_dflash");
+    let mut b = Builder { g: &mut g };
+    let c = begin(&mut b, shape)?;
+    // 1 + 2.
+    let block = draft_block(&mut b, &c, target, dflash, k)?;
+    let mut d = Drafted {
+        tokens: Vec::new(),
+        dists: Vec::new(),
+    };
+    for j in 0..k {
+        let row = b.g.add(
+            Op::Slice {
+                axis: 1,
+                start: j + 1,
+                len: 1,
+            },
+            &[block.logits],
+        )?;
+        let tok = choose(&mut b, shape, &c, row, k + 1 + j, &mut d.dists)?;
+        d.tokens.push(tok);
+    }
+
+    // 3. verify; the committed positions' taps are the next step's context.
+    let v = verify_and_commit(&mut b, &c, target, shape, d, &dflash.taps)?;
+    let taps = v.taps.expect("dflash verify taps its target layers");
+    let a1 = b.bin(BinaryOp::Add, v.accepted, c.one_b)?;
+    let mut commits = vec![(block.hidden, taps), (block.count, a1), (block.base, c.len)];
+    commits.extend(v.commits);
+    commit_all(&mut b, &commits)?;
+    Ok(g)
+}
