@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use specc_ir::engine::Phase;
 use specc_ir::interp::{Data, Tensor};
 use specc_models::methods::eagle3::{Eagle3Spec, EAGLE_PREFIX};
 use specc_models::methods::{lower_draft_model_step, StepShape, DRAFT_PREFIX};
@@ -55,7 +56,7 @@ fn speculate(
     };
     let step = lower_draft_model_step(target.spec(), draft.spec(), &shape).unwrap();
     let target_prefill = lower_dense(target.spec()).unwrap();
-    let draft_prefill = lower_dense_prefixed(draft.spec(), DRAFT_PREFIX).unwrap();
+    let draft_prefill = lower_dense_prefixed(draft.spec(), DRAFT_PREFIX, Phase::Draft).unwrap();
     let mut weights = target.load_weights_f32();
     weights.extend(draft_weights(draft, noise));
     let graphs = SpecGraphs {

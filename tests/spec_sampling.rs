@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use specc_ir::engine::Phase;
 use specc_ir::interp::Tensor;
 use specc_ir::Graph;
 use specc_models::methods::{lower_draft_model_step, StepShape, DRAFT_PREFIX};
@@ -31,7 +32,7 @@ fn random_weights(g: &Graph, seed: u64, prefix: &str) -> HashMap<String, Tensor>
 fn first_step_tokens(draft_seed: u64, seeds: &[u64]) -> (Vec<usize>, Vec<f64>) {
     let spec = tiny_spec();
     let target = lower_dense(&spec).unwrap();
-    let draft = lower_dense_prefixed(&spec, DRAFT_PREFIX).unwrap();
+    let draft = lower_dense_prefixed(&spec, DRAFT_PREFIX, Phase::Draft).unwrap();
     let mut w = random_weights(&target, 7, "");
     w.extend(random_weights(&target, draft_seed, DRAFT_PREFIX));
     let prompt: Vec<u32> = vec![1, 5, 2, 7];

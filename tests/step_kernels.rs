@@ -128,7 +128,7 @@ fn graphs() -> Vec<(String, Graph, Bindings)> {
     ));
     out.push((
         "draft prefill".into(),
-        lower_dense_prefixed(qwen.spec(), DRAFT_PREFIX).unwrap(),
+        lower_dense_prefixed(qwen.spec(), DRAFT_PREFIX, Phase::Draft).unwrap(),
         pre.clone(),
     ));
     out.push((

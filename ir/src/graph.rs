@@ -273,6 +273,16 @@ impl Graph {
         }
     }
 
+    /// Runs `f` with the nodes it appends marked as `phase`, then returns to the phase
+    /// before (a model's building blocks mark themselves wherever they are called).
+    pub fn with_phase<T>(&mut self, phase: Phase, f: impl FnOnce(&mut Graph) -> T) -> T {
+        let before = self.phases.last().map_or(Phase::Bookkeeping, |(_, p)| *p);
+        self.begin_phase(phase);
+        let out = f(self);
+        self.begin_phase(before);
+        out
+    }
+
     /// The phase node `v` was marked with ([`Phase::Bookkeeping`] before any mark).
     pub fn phase_of(&self, v: ValueId) -> Phase {
         let i = self.phases.partition_point(|(first, _)| *first <= v.0);

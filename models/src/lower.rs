@@ -12,6 +12,7 @@
 //! The pieces (`embed`, [`decoder_layer`], `lm_head`) are public so drafts that reuse the
 //! target's layers (EAGLE-3 taps, DFlash) can build on them.
 
+use specc_ir::engine::Phase;
 use specc_ir::op::{dims, B, T};
 
 use specc_ir::{
@@ -33,17 +34,23 @@ pub fn kv_state_names(layer: usize) -> (String, String) {
 
 /// The whole dense model as one graph (see the module docs for its interface).
 pub fn lower_dense(spec: &ModelSpec) -> Result<Graph, ModelError> {
-    lower_dense_prefixed(spec, "")
+    lower_dense_prefixed(spec, "", Phase::Target)
 }
 
 /// [`lower_dense`] with every weight and state name prefixed by `prefix` (a draft model
-/// next to its target: `draft/model.layers.0...`, `draft/kv.0.k`).
-pub fn lower_dense_prefixed(spec: &ModelSpec, prefix: &str) -> Result<Graph, ModelError> {
+/// next to its target: `draft/model.layers.0...`, `draft/kv.0.k`), every node marked as
+/// computing for `phase` (the model's part of a step).
+pub fn lower_dense_prefixed(
+    spec: &ModelSpec,
+    prefix: &str,
+    phase: Phase,
+) -> Result<Graph, ModelError> {
     let wrap = |source| ModelError::Lower {
         model: spec.arch.hf_name().into(),
         source,
     };
     let mut g = Graph::new(spec.arch.hf_name());
+    g.begin_phase(phase);
     build_dense(&mut g, spec, prefix).map_err(wrap)?;
     specc_ir::verify(&g).map_err(wrap)?;
     Ok(g)

@@ -9,6 +9,7 @@
 use std::path::Path;
 
 use specc_ir::engine::DraftKind;
+use specc_ir::engine::Phase;
 use specc_ir::op::B;
 use specc_ir::{BinaryOp, Graph, IrError, Op};
 
@@ -48,7 +49,7 @@ impl SpecMethod for DraftModel {
         check_vocab(&cfg.file, target.spec(), draft.spec())?;
         let step = lower_draft_model_step(target.spec(), draft.spec(), shape)
             .map_err(|e| lower_err("draft_model step", e))?;
-        let draft_prefill = lower_dense_prefixed(draft.spec(), DRAFT_PREFIX)?;
+        let draft_prefill = lower_dense_prefixed(draft.spec(), DRAFT_PREFIX, Phase::Draft)?;
         let target_prefill =
             lower_target_prefill(target.spec(), &[]).map_err(|e| lower_err("target prefill", e))?;
         let draft_checkpoint = draft_checkpoint(draft_dir, &step, DRAFT_PREFIX, random_seed)?;
@@ -92,7 +93,9 @@ pub fn lower_draft_model_step(
     // draft: catch up on [x(n-1), x(n)], then k - 1 single-token steps.
     let len_m1 = b.bin(BinaryOp::Sub, c.len, c.one_b)?;
     let pos0 = b.positions(len_m1, 2, c.live)?;
-    let logits0 = forward(b.g, draft, DRAFT_PREFIX, c.pending, pos0)?;
+    let logits0 = b.g.with_phase(Phase::Draft, |g| {
+        forward(g, draft, DRAFT_PREFIX, c.pending, pos0)
+    })?;
     let mut row = b.g.add(
         Op::Slice {
             axis: 1,
@@ -112,7 +115,8 @@ pub fn lower_draft_model_step(
             let offset = b.fill_i32(j as i64 + 1, &[B])?;
             let start = b.bin(BinaryOp::Add, c.len, offset)?;
             let pos = b.positions(start, 1, c.live)?;
-            row = forward(b.g, draft, DRAFT_PREFIX, tok, pos)?;
+            row =
+                b.g.with_phase(Phase::Draft, |g| forward(g, draft, DRAFT_PREFIX, tok, pos))?;
         }
     }
     let v = verify_and_commit(&mut b, &c, target, shape, d, &[])?;

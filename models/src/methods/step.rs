@@ -23,6 +23,7 @@
 //! `len + k + 1 < Ctx` whenever `budget > 0`, so no position leaves the cache; kernels
 //! clamp positions anyway.
 
+use specc_ir::engine::Phase;
 use specc_ir::op::B;
 use specc_ir::{BinaryOp, DType, Dim, Graph, IrError, Op, Shape, TensorType, ValueId};
 
@@ -279,7 +280,9 @@ pub(super) fn verify_and_commit(
     vt.extend(drafted.tokens.iter().copied());
     let verify_tokens = b.g.add(Op::Concat { axis: 1 }, &vt)?;
     let vpos = b.positions(c.len, k + 1, c.live)?;
-    let (target_logits, taps_v) = forward_with_taps(b.g, target, "", verify_tokens, vpos, taps)?;
+    let (target_logits, taps_v) = b.g.with_phase(Phase::Target, |g| {
+        forward_with_taps(g, target, "", verify_tokens, vpos, taps)
+    })?;
 
     // accept: a in 0..=k, and the token after the accepted prefix.
     let (accepted, bonus) = match (&shape.acceptance, c.uniforms) {
@@ -429,7 +432,9 @@ pub fn lower_target_prefill(target: &ModelSpec, taps: &[usize]) -> Result<Graph,
     let ids = TensorType::new(DType::I32, [B, specc_ir::op::T]);
     let tokens = g.input("tokens", ids.clone())?;
     let positions = g.input("positions", ids)?;
-    let (logits, taps_v) = forward_with_taps(&mut g, target, "", tokens, positions, taps)?;
+    let (logits, taps_v) = g.with_phase(Phase::Target, |g| {
+        forward_with_taps(g, target, "", tokens, positions, taps)
+    })?;
     let next = g.add(Op::Argmax, &[logits])?;
     g.set_output("logits", logits);
     g.set_output("next_token", next);

@@ -10,6 +10,7 @@
 //! `n + d` for `d = 1..=a` (in ascending depth: `path_d ≥ d`, so no unread row is
 //! overwritten); slots past `n + a` hold stale rows that the next step overwrites.
 
+use specc_ir::engine::Phase;
 use specc_ir::op::{tree_words, B};
 use specc_ir::{BinaryOp, DType, Dim, Graph, IrError, Op, ValueId};
 
@@ -139,7 +140,9 @@ pub(super) fn verify_tree(
         prefix_len: c.len,
         ancestors,
     };
-    let forward = tree_forward(b.g, target, tokens, rope_pos, mask, taps)?;
+    let forward = b.g.with_phase(Phase::Target, |g| {
+        tree_forward(g, target, tokens, rope_pos, mask, taps)
+    })?;
     Ok(VerifiedTree { tokens, forward })
 }
 

@@ -28,6 +28,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+use specc_ir::engine::Phase;
 use specc_ir::op::B;
 use specc_ir::{
     AttnMask, BinaryOp, DType, Dim, Graph, IrError, Op, RopeStyle, Shape, TensorType, ValueId,
@@ -362,8 +363,10 @@ fn cache_ty(d: &DFlashSpec) -> TensorType {
 
 /// `ctx = hidden_norm(fc(taps))`: `[B, t, n_tap·H] → [B, t, H]` in the drafter's dtype.
 pub fn context(g: &mut Graph, d: &DFlashSpec, taps: ValueId) -> Result<ValueId, IrError> {
-    let x = fc(g, d, taps)?;
-    norm(g, d, x, "hidden_norm.weight", d.hidden())
+    g.with_phase(Phase::Draft, |g| {
+        let x = fc(g, d, taps)?;
+        norm(g, d, x, "hidden_norm.weight", d.hidden())
+    })
 }
 
 fn fc(g: &mut Graph, d: &DFlashSpec, taps: ValueId) -> Result<ValueId, IrError> {
@@ -384,13 +387,15 @@ pub fn write_context(
     taps: ValueId,
     positions: ValueId,
 ) -> Result<Vec<ValueId>, IrError> {
-    let x = fc(g, d, taps)?;
-    (0..d.layer.layers)
-        .map(|l| {
-            let ctx = norm(g, d, x, "hidden_norm.weight", d.hidden())?;
-            Ok(qkv_write(g, d, l, ctx, positions)?.0)
-        })
-        .collect()
+    g.with_phase(Phase::Draft, |g| {
+        let x = fc(g, d, taps)?;
+        (0..d.layer.layers)
+            .map(|l| {
+                let ctx = norm(g, d, x, "hidden_norm.weight", d.hidden())?;
+                Ok(qkv_write(g, d, l, ctx, positions)?.0)
+            })
+            .collect()
+    })
 }
 
 /// The drafter over one block: `tokens` `[B, t]` (bonus + masks) at `positions` `[B, t]`
@@ -412,99 +417,101 @@ pub fn block_logits(
     positions: ValueId,
     prefix_len: ValueId,
 ) -> Result<ValueId, IrError> {
-    let s = &d.layer;
-    let (h, hd) = (s.hidden, s.head_dim);
-    let (bd, td) = (g.ty(tokens).shape.dims()[0], g.ty(tokens).shape.dims()[1]);
-    let t = td
-        .as_static()
-        .expect("a DFlash block has a static number of tokens");
-    assert!((1..=64).contains(&t), "a block holds 1..=64 tokens");
-    let c = match pending {
-        Some((ctx, _)) => g.ty(ctx).shape.dims()[1]
+    g.with_phase(Phase::Draft, |g| {
+        let s = &d.layer;
+        let (h, hd) = (s.hidden, s.head_dim);
+        let (bd, td) = (g.ty(tokens).shape.dims()[0], g.ty(tokens).shape.dims()[1]);
+        let t = td
             .as_static()
-            .expect("static pending context rows"),
-        None => 0,
-    };
-    let rows = Dim::Static(c + t);
-    let all_pos = match pending {
-        Some((_, cpos)) => g.add(Op::Concat { axis: 1 }, &[cpos, positions])?,
-        None => positions,
-    };
-    // Every row sees every block slot: bits 0..t set (all 64 bits: −1). Context rows are
-    // dropped after attention, so what they see does not matter.
-    let all_bits = if t == 64 {
-        -1.0
-    } else {
-        ((1u64 << t) - 1) as f64
-    };
-    let ancestors = g.add(
-        Op::Fill {
-            value: all_bits,
-            ty: TensorType::new(DType::I64, [bd, rows]),
-        },
-        &[],
-    )?;
-    let (emb, table) = embed(g, target, "", tokens)?;
-    let mut x = cast_to(g, emb, s.dtype)?;
-    for l in 0..s.layers {
-        let p = format!("layers.{l}");
-        let hn = norm(g, d, x, &format!("{p}.input_layernorm.weight"), h)?;
-        let xin = match pending {
-            Some((ctx, _)) => g.add(Op::Concat { axis: 1 }, &[ctx, hn])?,
-            None => hn,
+            .expect("a DFlash block has a static number of tokens");
+        assert!((1..=64).contains(&t), "a block holds 1..=64 tokens");
+        let c = match pending {
+            Some((ctx, _)) => g.ty(ctx).shape.dims()[1]
+                .as_static()
+                .expect("static pending context rows"),
+            None => 0,
         };
-        let (q, kc, vc) = qkv_write(g, d, l, xin, all_pos)?;
-        let o = g.add(
-            Op::Attention {
-                scale: 1.0 / (hd as f64).sqrt(),
-                mask: AttnMask::Tree,
+        let rows = Dim::Static(c + t);
+        let all_pos = match pending {
+            Some((_, cpos)) => g.add(Op::Concat { axis: 1 }, &[cpos, positions])?,
+            None => positions,
+        };
+        // Every row sees every block slot: bits 0..t set (all 64 bits: −1). Context rows are
+        // dropped after attention, so what they see does not matter.
+        let all_bits = if t == 64 {
+            -1.0
+        } else {
+            ((1u64 << t) - 1) as f64
+        };
+        let ancestors = g.add(
+            Op::Fill {
+                value: all_bits,
+                ty: TensorType::new(DType::I64, [bd, rows]),
             },
-            &[q, kc, vc, all_pos, prefix_len, ancestors],
+            &[],
         )?;
-        let o = g.add(
-            Op::Reshape {
-                shape: Shape::new([bd, rows, Dim::from(s.q_dim())]),
-            },
-            &[o],
-        )?;
-        let o = if c > 0 {
-            g.add(
-                Op::Slice {
-                    axis: 1,
-                    start: c,
-                    len: t,
+        let (emb, table) = embed(g, target, "", tokens)?;
+        let mut x = cast_to(g, emb, s.dtype)?;
+        for l in 0..s.layers {
+            let p = format!("layers.{l}");
+            let hn = norm(g, d, x, &format!("{p}.input_layernorm.weight"), h)?;
+            let xin = match pending {
+                Some((ctx, _)) => g.add(Op::Concat { axis: 1 }, &[ctx, hn])?,
+                None => hn,
+            };
+            let (q, kc, vc) = qkv_write(g, d, l, xin, all_pos)?;
+            let o = g.add(
+                Op::Attention {
+                    scale: 1.0 / (hd as f64).sqrt(),
+                    mask: AttnMask::Tree,
+                },
+                &[q, kc, vc, all_pos, prefix_len, ancestors],
+            )?;
+            let o = g.add(
+                Op::Reshape {
+                    shape: Shape::new([bd, rows, Dim::from(s.q_dim())]),
                 },
                 &[o],
-            )?
+            )?;
+            let o = if c > 0 {
+                g.add(
+                    Op::Slice {
+                        axis: 1,
+                        start: c,
+                        len: t,
+                    },
+                    &[o],
+                )?
+            } else {
+                o
+            };
+            let o = linear(
+                g,
+                d,
+                o,
+                &format!("{p}.self_attn.o_proj.weight"),
+                h,
+                s.q_dim(),
+            )?;
+            x = g.add(Op::Binary(BinaryOp::Add), &[x, o])?;
+            let hx = norm(g, d, x, &format!("{p}.post_attention_layernorm.weight"), h)?;
+            let f = s.intermediate;
+            let gate = linear(g, d, hx, &format!("{p}.mlp.gate_proj.weight"), f, h)?;
+            let up = linear(g, d, hx, &format!("{p}.mlp.up_proj.weight"), f, h)?;
+            let act = g.add(Op::SiluMul, &[gate, up])?;
+            let m = linear(g, d, act, &format!("{p}.mlp.down_proj.weight"), h, f)?;
+            x = g.add(Op::Binary(BinaryOp::Add), &[x, m])?;
+        }
+        let hf = norm(g, d, x, "norm.weight", h)?;
+        let lm = if target.tie_embeddings {
+            table
         } else {
-            o
+            g.weight(
+                "lm_head.weight",
+                TensorType::new(target.dtype, [Dim::from(target.vocab), Dim::from(h)]),
+            )?
         };
-        let o = linear(
-            g,
-            d,
-            o,
-            &format!("{p}.self_attn.o_proj.weight"),
-            h,
-            s.q_dim(),
-        )?;
-        x = g.add(Op::Binary(BinaryOp::Add), &[x, o])?;
-        let hx = norm(g, d, x, &format!("{p}.post_attention_layernorm.weight"), h)?;
-        let f = s.intermediate;
-        let gate = linear(g, d, hx, &format!("{p}.mlp.gate_proj.weight"), f, h)?;
-        let up = linear(g, d, hx, &format!("{p}.mlp.up_proj.weight"), f, h)?;
-        let act = g.add(Op::SiluMul, &[gate, up])?;
-        let m = linear(g, d, act, &format!("{p}.mlp.down_proj.weight"), h, f)?;
-        x = g.add(Op::Binary(BinaryOp::Add), &[x, m])?;
-    }
-    let hf = norm(g, d, x, "norm.weight", h)?;
-    let lm = if target.tie_embeddings {
-        table
-    } else {
-        g.weight(
-            "lm_head.weight",
-            TensorType::new(target.dtype, [Dim::from(target.vocab), Dim::from(h)]),
-        )?
-    };
-    let logits = g.add(Op::MatMul, &[hf, lm])?;
-    cast_to(g, logits, DType::F32)
+        let logits = g.add(Op::MatMul, &[hf, lm])?;
+        cast_to(g, logits, DType::F32)
+    })
 }

@@ -1,6 +1,7 @@
 //! The EAGLE-3 chain (topk = 1): the head drafts k tokens one after another from its
 //! catch-up output, feeding its own output back.
 
+use specc_ir::engine::Phase;
 use specc_ir::op::B;
 use specc_ir::{BinaryOp, Graph, IrError};
 
@@ -45,7 +46,8 @@ pub fn lower_eagle3_step(
             let offset = b.fill_i32(j as i64, &[B])?;
             let start = b.bin(BinaryOp::Add, c.len, offset)?;
             let p = b.positions(start, 1, c.live)?;
-            let (e1, _) = embed(b.g, target, "", tok)?;
+            let (e1, _) =
+                b.g.with_phase(Phase::Draft, |g| embed(g, target, "", tok))?;
             out_row = head::midlayer(b.g, eagle, e1, out_row, p)?;
         }
     }

@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+use specc_ir::engine::Phase;
 use specc_ir::{
     AttnMask, BinaryOp, DType, Dim, Graph, IrError, Op, RopeStyle, Shape, TensorType, ValueId,
 };
@@ -150,9 +151,11 @@ fn norm(g: &mut Graph, e: &Eagle3Spec, x: ValueId, name: &str) -> Result<ValueId
 
 /// `fc(taps)`: `[.., 3H] → [.., H]`.
 pub fn fc(g: &mut Graph, e: &Eagle3Spec, taps: ValueId) -> Result<ValueId, IrError> {
-    let h = e.hidden();
-    let wt = w(g, e, "fc.weight", &[h, 3 * h])?;
-    g.add(Op::MatMul, &[taps, wt])
+    g.with_phase(Phase::Draft, |g| {
+        let h = e.hidden();
+        let wt = w(g, e, "fc.weight", &[h, 3 * h])?;
+        g.add(Op::MatMul, &[taps, wt])
+    })
 }
 
 /// How the head's attention reads its KV cache.
@@ -183,7 +186,9 @@ pub fn midlayer(
     gin: ValueId,
     positions: ValueId,
 ) -> Result<ValueId, IrError> {
-    midlayer_masked(g, e, emb, gin, positions, HeadAttn::Causal)
+    g.with_phase(Phase::Draft, |g| {
+        midlayer_masked(g, e, emb, gin, positions, HeadAttn::Causal)
+    })
 }
 
 /// [`midlayer`] under any [`HeadAttn`].
@@ -195,170 +200,178 @@ pub fn midlayer_masked(
     positions: ValueId,
     attn: HeadAttn,
 ) -> Result<ValueId, IrError> {
-    let s = &e.layer;
-    let (h, hd, nq, nkv) = (s.hidden, s.head_dim, s.heads, s.kv_heads);
-    let en = norm(g, e, emb, "midlayer.input_layernorm.weight")?;
-    let hn = norm(g, e, gin, "midlayer.hidden_norm.weight")?;
-    let cat = g.add(Op::Concat { axis: 2 }, &[en, hn])?;
-    let (bd, td) = (g.ty(gin).shape.dims()[0], g.ty(gin).shape.dims()[1]);
-    let proj = |g: &mut Graph, name: &str, out: usize| -> Result<ValueId, IrError> {
-        let wt = w(
-            g,
-            e,
-            &format!("midlayer.self_attn.{name}.weight"),
-            &[out, 2 * h],
-        )?;
-        g.add(Op::MatMul, &[cat, wt])
-    };
-    let q = proj(g, "q_proj", nq * hd)?;
-    let k = proj(g, "k_proj", nkv * hd)?;
-    let v = proj(g, "v_proj", nkv * hd)?;
-    let heads = |g: &mut Graph, x: ValueId, n: usize| {
-        g.add(
-            Op::Reshape {
-                shape: Shape::new([bd, td, Dim::from(n), Dim::from(hd)]),
-            },
-            &[x],
-        )
-    };
-    let q = heads(g, q, nq)?;
-    let k = heads(g, k, nkv)?;
-    let v = heads(g, v, nkv)?;
-    let rope = Op::Rope {
-        theta: s.rope_theta,
-        scaling: s.rope_scaling.clone(),
-        style: RopeStyle::Half,
-        rotary_dim: hd as u64,
-    };
-    let q = g.add(rope.clone(), &[q, positions])?;
-    let k = g.add(rope, &[k, positions])?;
-    let cache_ty = TensorType::new(
-        s.dtype,
-        [
-            specc_ir::op::B,
-            specc_ir::op::CTX,
-            Dim::from(nkv),
-            Dim::from(hd),
-        ],
-    );
-    let kc = g.state(&format!("{EAGLE_PREFIX}kv.0.k"), cache_ty.clone())?;
-    let vc = g.state(&format!("{EAGLE_PREFIX}kv.0.v"), cache_ty)?;
-    let scale = 1.0 / (hd as f64).sqrt();
-    let o = match attn {
-        HeadAttn::Causal => {
-            let kc = g.add(Op::KvWrite, &[kc, k, positions])?;
-            let vc = g.add(Op::KvWrite, &[vc, v, positions])?;
-            g.add(
-                Op::Attention {
-                    scale,
-                    mask: AttnMask::Causal,
-                },
-                &[q, kc, vc, positions],
-            )?
-        }
-        HeadAttn::Tree {
-            slots,
-            prefix_len,
-            ancestors,
-            query_rows,
-        } => {
-            let kc = g.add(Op::KvWrite, &[kc, k, slots])?;
-            let vc = g.add(Op::KvWrite, &[vc, v, slots])?;
-            let rows = td.as_static().expect("draft-tree rows are static");
-            let pad = query_rows.saturating_sub(rows);
-            let (q, slots, ancestors) = if pad == 0 {
-                (q, slots, ancestors)
-            } else {
-                let fill = |g: &mut Graph, like: ValueId, value: f64| {
-                    let mut dims = g.ty(like).shape.dims().to_vec();
-                    dims[1] = Dim::Static(pad);
-                    let ty = TensorType::new(g.ty(like).dtype, dims);
-                    g.add(Op::Fill { value, ty }, &[])
-                };
-                let cat = |g: &mut Graph, x: ValueId, value: f64| {
-                    let p = fill(g, x, value)?;
-                    g.add(Op::Concat { axis: 1 }, &[x, p])
-                };
-                (
-                    cat(g, q, 0.0)?,
-                    cat(g, slots, -1.0)?,
-                    cat(g, ancestors, 0.0)?,
-                )
-            };
-            let o = g.add(
-                Op::Attention {
-                    scale,
-                    mask: AttnMask::Tree,
-                },
-                &[q, kc, vc, slots, prefix_len, ancestors],
+    g.with_phase(Phase::Draft, |g| {
+        let s = &e.layer;
+        let (h, hd, nq, nkv) = (s.hidden, s.head_dim, s.heads, s.kv_heads);
+        let en = norm(g, e, emb, "midlayer.input_layernorm.weight")?;
+        let hn = norm(g, e, gin, "midlayer.hidden_norm.weight")?;
+        let cat = g.add(Op::Concat { axis: 2 }, &[en, hn])?;
+        let (bd, td) = (g.ty(gin).shape.dims()[0], g.ty(gin).shape.dims()[1]);
+        let proj = |g: &mut Graph, name: &str, out: usize| -> Result<ValueId, IrError> {
+            let wt = w(
+                g,
+                e,
+                &format!("midlayer.self_attn.{name}.weight"),
+                &[out, 2 * h],
             )?;
-            if pad == 0 {
-                o
-            } else {
+            g.add(Op::MatMul, &[cat, wt])
+        };
+        let q = proj(g, "q_proj", nq * hd)?;
+        let k = proj(g, "k_proj", nkv * hd)?;
+        let v = proj(g, "v_proj", nkv * hd)?;
+        let heads = |g: &mut Graph, x: ValueId, n: usize| {
+            g.add(
+                Op::Reshape {
+                    shape: Shape::new([bd, td, Dim::from(n), Dim::from(hd)]),
+                },
+                &[x],
+            )
+        };
+        let q = heads(g, q, nq)?;
+        let k = heads(g, k, nkv)?;
+        let v = heads(g, v, nkv)?;
+        let rope = Op::Rope {
+            theta: s.rope_theta,
+            scaling: s.rope_scaling.clone(),
+            style: RopeStyle::Half,
+            rotary_dim: hd as u64,
+        };
+        let q = g.add(rope.clone(), &[q, positions])?;
+        let k = g.add(rope, &[k, positions])?;
+        let cache_ty = TensorType::new(
+            s.dtype,
+            [
+                specc_ir::op::B,
+                specc_ir::op::CTX,
+                Dim::from(nkv),
+                Dim::from(hd),
+            ],
+        );
+        let kc = g.state(&format!("{EAGLE_PREFIX}kv.0.k"), cache_ty.clone())?;
+        let vc = g.state(&format!("{EAGLE_PREFIX}kv.0.v"), cache_ty)?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let o = match attn {
+            HeadAttn::Causal => {
+                let kc = g.add(Op::KvWrite, &[kc, k, positions])?;
+                let vc = g.add(Op::KvWrite, &[vc, v, positions])?;
                 g.add(
-                    Op::Slice {
-                        axis: 1,
-                        start: 0,
-                        len: rows,
+                    Op::Attention {
+                        scale,
+                        mask: AttnMask::Causal,
                     },
-                    &[o],
+                    &[q, kc, vc, positions],
                 )?
             }
-        }
-    };
-    let o = g.add(
-        Op::Reshape {
-            shape: Shape::new([bd, td, Dim::from(nq * hd)]),
-        },
-        &[o],
-    )?;
-    let wo = w(g, e, "midlayer.self_attn.o_proj.weight", &[h, nq * hd])?;
-    let o = g.add(Op::MatMul, &[o, wo])?;
-    let x = g.add(Op::Binary(BinaryOp::Add), &[gin, o])?;
-    let hx = norm(g, e, x, "midlayer.post_attention_layernorm.weight")?;
-    let f = s.intermediate;
-    let wg = w(g, e, "midlayer.mlp.gate_proj.weight", &[f, h])?;
-    let wu = w(g, e, "midlayer.mlp.up_proj.weight", &[f, h])?;
-    let wd = w(g, e, "midlayer.mlp.down_proj.weight", &[h, f])?;
-    let gate = g.add(Op::MatMul, &[hx, wg])?;
-    let up = g.add(Op::MatMul, &[hx, wu])?;
-    let act = g.add(Op::SiluMul, &[gate, up])?;
-    let m = g.add(Op::MatMul, &[act, wd])?;
-    g.add(Op::Binary(BinaryOp::Add), &[x, m])
+            HeadAttn::Tree {
+                slots,
+                prefix_len,
+                ancestors,
+                query_rows,
+            } => {
+                let kc = g.add(Op::KvWrite, &[kc, k, slots])?;
+                let vc = g.add(Op::KvWrite, &[vc, v, slots])?;
+                let rows = td.as_static().expect("draft-tree rows are static");
+                let pad = query_rows.saturating_sub(rows);
+                let (q, slots, ancestors) = if pad == 0 {
+                    (q, slots, ancestors)
+                } else {
+                    let fill = |g: &mut Graph, like: ValueId, value: f64| {
+                        let mut dims = g.ty(like).shape.dims().to_vec();
+                        dims[1] = Dim::Static(pad);
+                        let ty = TensorType::new(g.ty(like).dtype, dims);
+                        g.add(Op::Fill { value, ty }, &[])
+                    };
+                    let cat = |g: &mut Graph, x: ValueId, value: f64| {
+                        let p = fill(g, x, value)?;
+                        g.add(Op::Concat { axis: 1 }, &[x, p])
+                    };
+                    (
+                        cat(g, q, 0.0)?,
+                        cat(g, slots, -1.0)?,
+                        cat(g, ancestors, 0.0)?,
+                    )
+                };
+                let o = g.add(
+                    Op::Attention {
+                        scale,
+                        mask: AttnMask::Tree,
+                    },
+                    &[q, kc, vc, slots, prefix_len, ancestors],
+                )?;
+                if pad == 0 {
+                    o
+                } else {
+                    g.add(
+                        Op::Slice {
+                            axis: 1,
+                            start: 0,
+                            len: rows,
+                        },
+                        &[o],
+                    )?
+                }
+            }
+        };
+        let o = g.add(
+            Op::Reshape {
+                shape: Shape::new([bd, td, Dim::from(nq * hd)]),
+            },
+            &[o],
+        )?;
+        let wo = w(g, e, "midlayer.self_attn.o_proj.weight", &[h, nq * hd])?;
+        let o = g.add(Op::MatMul, &[o, wo])?;
+        let x = g.add(Op::Binary(BinaryOp::Add), &[gin, o])?;
+        let hx = norm(g, e, x, "midlayer.post_attention_layernorm.weight")?;
+        let f = s.intermediate;
+        let wg = w(g, e, "midlayer.mlp.gate_proj.weight", &[f, h])?;
+        let wu = w(g, e, "midlayer.mlp.up_proj.weight", &[f, h])?;
+        let wd = w(g, e, "midlayer.mlp.down_proj.weight", &[h, f])?;
+        let gate = g.add(Op::MatMul, &[hx, wg])?;
+        let up = g.add(Op::MatMul, &[hx, wu])?;
+        let act = g.add(Op::SiluMul, &[gate, up])?;
+        let m = g.add(Op::MatMul, &[act, wd])?;
+        g.add(Op::Binary(BinaryOp::Add), &[x, m])
+    })
 }
 
 /// f32 draft logits `[B, t, draft_vocab]` from the head's pre-norm output `[B, t, H]`:
 /// `norm → lm_head`.
 pub fn draft_logits(g: &mut Graph, e: &Eagle3Spec, out: ValueId) -> Result<ValueId, IrError> {
-    let h = norm(g, e, out, "norm.weight")?;
-    let lm = w(g, e, "lm_head.weight", &[e.draft_vocab, e.hidden()])?;
-    let logits = g.add(Op::MatMul, &[h, lm])?;
-    g.add(Op::Cast { to: DType::F32 }, &[logits])
+    g.with_phase(Phase::Draft, |g| {
+        let h = norm(g, e, out, "norm.weight")?;
+        let lm = w(g, e, "lm_head.weight", &[e.draft_vocab, e.hidden()])?;
+        let logits = g.add(Op::MatMul, &[h, lm])?;
+        g.add(Op::Cast { to: DType::F32 }, &[logits])
+    })
 }
 
 /// Greedy next token (in TARGET ids) from the head's pre-norm output `[B, t, H]`:
 /// `norm → lm_head → argmax → d2t`.
 pub fn next_token(g: &mut Graph, e: &Eagle3Spec, out: ValueId) -> Result<ValueId, IrError> {
-    let logits = draft_logits(g, e, out)?;
-    let draft_id = g.add(Op::Argmax, &[logits])?;
-    to_target(g, e, draft_id)
+    g.with_phase(Phase::Draft, |g| {
+        let logits = draft_logits(g, e, out)?;
+        let draft_id = g.add(Op::Argmax, &[logits])?;
+        to_target(g, e, draft_id)
+    })
 }
 
 /// Draft ids (i32, any shape) mapped to target ids: `id + d2t[id]`.
 pub fn to_target(g: &mut Graph, e: &Eagle3Spec, draft_id: ValueId) -> Result<ValueId, IrError> {
-    let d2t = g.weight(
-        &format!("{EAGLE_PREFIX}d2t"),
-        TensorType::new(DType::I64, [Dim::from(e.draft_vocab)]),
-    )?;
-    let table = g.add(
-        Op::Reshape {
-            shape: Shape::new([Dim::from(e.draft_vocab), Dim::Static(1)]),
-        },
-        &[d2t],
-    )?;
-    let offset = g.add(Op::Embedding, &[table, draft_id])?;
-    let dims = g.ty(draft_id).shape.clone();
-    let offset = g.add(Op::Reshape { shape: dims }, &[offset])?;
-    let offset = g.add(Op::Cast { to: DType::I32 }, &[offset])?;
-    g.add(Op::Binary(BinaryOp::Add), &[draft_id, offset])
+    g.with_phase(Phase::Draft, |g| {
+        let d2t = g.weight(
+            &format!("{EAGLE_PREFIX}d2t"),
+            TensorType::new(DType::I64, [Dim::from(e.draft_vocab)]),
+        )?;
+        let table = g.add(
+            Op::Reshape {
+                shape: Shape::new([Dim::from(e.draft_vocab), Dim::Static(1)]),
+            },
+            &[d2t],
+        )?;
+        let offset = g.add(Op::Embedding, &[table, draft_id])?;
+        let dims = g.ty(draft_id).shape.clone();
+        let offset = g.add(Op::Reshape { shape: dims }, &[offset])?;
+        let offset = g.add(Op::Cast { to: DType::I32 }, &[offset])?;
+        g.add(Op::Binary(BinaryOp::Add), &[draft_id, offset])
+    })
 }

@@ -2,6 +2,7 @@
 //! yet, their catch-up through the head at the step's start, and the head's prefill, which
 //! reads the prompt's pairs.
 
+use specc_ir::engine::Phase;
 use specc_ir::op::B;
 use specc_ir::{BinaryOp, DType, Dim, Graph, IrError, Op, TensorType, ValueId};
 
@@ -53,7 +54,8 @@ pub(super) fn catch_up(
     rows: u64,
 ) -> Result<ValueId, IrError> {
     let pos = pending_positions(b, c, st.base, st.count, rows)?;
-    let (emb, _) = embed(b.g, target, "", st.tokens)?;
+    let (emb, _) =
+        b.g.with_phase(Phase::Draft, |g| embed(g, target, "", st.tokens))?;
     let g0 = head::fc(b.g, eagle, st.hidden)?;
     let out = head::midlayer(b.g, eagle, emb, g0, pos)?;
     let last = b.bin(BinaryOp::Sub, st.count, c.one_b)?;
@@ -88,7 +90,7 @@ pub fn lower_eagle3_prefill(target: &ModelSpec, eagle: &Eagle3Spec) -> Result<Gr
     )?;
     let tokens = g.input("tokens", ids.clone())?;
     let positions = g.input("positions", ids)?;
-    let (emb, _) = embed(&mut g, target, "", tokens)?;
+    let (emb, _) = g.with_phase(Phase::Draft, |g| embed(g, target, "", tokens))?;
     let g0 = head::fc(&mut g, eagle, hidden)?;
     let out = head::midlayer(&mut g, eagle, emb, g0, positions)?;
     g.set_output("out", out);

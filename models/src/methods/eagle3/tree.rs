@@ -19,6 +19,7 @@
 //! Head cache: slots `n ..` past the prefix hold this step's draft rows; the next step's
 //! catch-up overwrites `n ..= n + a` and attention never reads past the prefix otherwise.
 
+use specc_ir::engine::Phase;
 use specc_ir::op::{tree_words, B};
 use specc_ir::{BinaryOp, DType, Graph, IrError, Op, TensorType, ValueId};
 
@@ -138,7 +139,8 @@ pub fn lower_eagle3_tree_step(
         let live_k = b.bcast_cols_bool(c.live, k)?;
         let neg = b.fill_i32(-1, &[B, s(k)])?;
         let pos = b.g.add(Op::Select, &[live_k, pos, neg])?;
-        let (emb, _) = embed(b.g, target, "", f.tokens)?;
+        let (emb, _) =
+            b.g.with_phase(Phase::Draft, |g| embed(g, target, "", f.tokens))?;
         let attn = HeadAttn::Tree {
             slots,
             prefix_len: c.len,
