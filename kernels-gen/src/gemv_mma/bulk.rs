@@ -6,7 +6,7 @@
 //! staged row is one `cp.async.bulk` of `CH · 64` contiguous bytes (the block's threads issue
 //! them row by row), all of a stage completing on the stage's mbarrier: the bytes in flight
 //! cost no registers and no per-piece index math. Measured at the 8B shapes and M = 64
-//! (bench/NOTES.md, fifth session): staging x this way while each warp prefetches its weights
+//! (bench/NOTES.md): staging x this way while each warp prefetches its weights
 //! 8 units deep (`XBulk`) is the fastest feed; staging the weights too (`Bulk`) is slower than
 //! register prefetch, as the copy engine then handles one 256–512-byte copy per weight row
 //! and chunk.

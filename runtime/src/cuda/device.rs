@@ -78,8 +78,7 @@ pub const PDL_ENV: &str = "SPECC_PDL";
 /// [`PDL_ENV`]) switches it on, and then only on a device of compute capability 9.0 or later
 /// (where `griddepcontrol` exists) with a driver of CUDA 12.3 or later (programmatic edges
 /// in captured graphs). Off by default because it was measured slower in every step graph
-/// (H200, Llama-3.1-8B shape, `bench/NOTES.md`): decode 5.277 → 5.038 ms and verify of 64
-/// tokens 7.966 → 6.832 ms with it off.
+/// (H200, Llama-3.1-8B shape; the figures are in `bench/NOTES.md`).
 pub fn pdl_default(compute_capability: (u32, u32), driver_version: i32, env: Option<&str>) -> bool {
     let on = env.is_some_and(|v| {
         matches!(
