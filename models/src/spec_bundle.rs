@@ -99,7 +99,7 @@ impl SpecBundle {
                 "nothing",
             )
         })?;
-        let bundle = match cfg.method {
+        let mut bundle = match cfg.method {
             Method::None => {
                 return Err(ModelError::field(
                     &cfg.file,
@@ -204,12 +204,7 @@ impl SpecBundle {
                 }
             }
         };
-        bundle
-            .draft_checkpoint
-            .validate_prefixed(&bundle.step, bundle.prefix)?;
-        bundle
-            .draft_checkpoint
-            .validate_prefixed(&bundle.draft_prefill, bundle.prefix)?;
+        crate::coverage::check_draft(&mut bundle)?;
         target
             .checkpoint()
             .validate_unprefixed(&bundle.step, &["draft/", "eagle/", "dflash/"])?;
