@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 use specc_codegen::{build, BuildOptions, Built, Cubins};
 use specc_ir::engine::{Arch, Engine, Target, ENGINE_FILE};
+use specc_models::context::Context;
 use specc_models::spec_bundle::{engine_input, EngineExtras};
 use specc_models::{Model, SpecConfig};
 
@@ -52,14 +53,10 @@ fn bake(root: &Path, spec_file: &Path) -> Result<Baked, String> {
         println!("cargo:rerun-if-changed={}", d.join("config.json").display());
     }
     let model = Model::open(&target_dir).map_err(|e| e.to_string())?;
-    let limit = model.spec().max_position as u64;
-    let max_context = cfg.max_context.unwrap_or(limit);
-    if max_context == 0 || max_context > limit {
-        return Err(format!(
-            "{}: field \"max_context\": expected 1..={limit} (the target's max_position_embeddings), found {max_context}",
-            spec_file.display()
-        ));
-    }
+    // The CLI's rule: `specc run` with no model argument finds this engine as it would build it.
+    let max_context = Context::choose(model.spec(), model.config_file(), None, Some(&cfg))
+        .map_err(|e| e.to_string())?
+        .tokens;
     // The embedded default's directories are named `embedded`, `embedded/draft`; any other
     // directory by its absolute path.
     let embedded = canonical(&root.join("models/default"));

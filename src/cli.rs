@@ -33,7 +33,8 @@ pub enum Command {
         /// Engine directory to write.
         #[arg(short, long)]
         out: PathBuf,
-        /// KV-cache capacity per sequence (default: the model's max_position_embeddings).
+        /// KV-cache capacity per sequence (default: the spec's max_context, else the
+        /// model's max_position_embeddings capped at 4096).
         #[arg(long)]
         max_context: Option<u64>,
         /// GPU architectures to compile the kernels for with NVRTC (when it is available).
@@ -59,12 +60,13 @@ pub enum Command {
         model: Option<PathBuf>,
         #[arg(long)]
         prompt: String,
+        /// Tokens to generate at most (clamped, with a note, to what fits in the context).
         #[arg(long, default_value_t = 64)]
         max_tokens: usize,
         #[arg(long, value_enum, default_value_t = Backend::Cpu)]
         backend: Backend,
         /// KV-cache capacity per sequence (default: the spec's max_context, else the model's
-        /// max_position_embeddings).
+        /// max_position_embeddings capped at 4096 and at what fits in memory).
         #[arg(long)]
         max_context: Option<u64>,
         /// Speculative decoding as described by this spec.toml (method, draft, k, acceptance).

@@ -15,11 +15,15 @@ fn main() -> ExitCode {
     match cmd::dispatch(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // One line: the chain of causes joined, outermost first.
+            // One line: the chain of causes joined, outermost first; a cause its parent's
+            // message already quotes (an OS error inside "cannot read: ...") is not repeated.
             let mut msg = e.to_string();
             for cause in e.chain().skip(1) {
-                msg.push_str(": ");
-                msg.push_str(&cause.to_string());
+                let text = cause.to_string();
+                if !msg.contains(&text) {
+                    msg.push_str(": ");
+                    msg.push_str(&text);
+                }
             }
             eprintln!("error: {msg}");
             ExitCode::FAILURE

@@ -2,7 +2,9 @@
 
 use std::path::Path;
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
+use specc_models::files::is_regular;
+use specc_models::ModelSpec;
 use tokenizers::Tokenizer;
 
 pub struct TextCodec {
@@ -10,16 +12,32 @@ pub struct TextCodec {
 }
 
 impl TextCodec {
-    pub fn open(model_dir: &Path) -> Result<Self> {
+    /// Loads `model_dir/tokenizer.json` (a regular file) and checks that every id it can
+    /// produce lies inside the vocabulary of `spec` (resolved from `config`): an id past it
+    /// would be clamped by the embedding into a wrong token, silently.
+    pub fn open(model_dir: &Path, spec: &ModelSpec, config: &Path) -> Result<Self> {
         let path = model_dir.join("tokenizer.json");
-        if !path.is_file() {
-            return Err(anyhow!(
+        if !is_regular(&path)? {
+            bail!(
                 "{}: tokenizer.json not found (a Hugging Face tokenizer file is required to run text)",
                 model_dir.display()
-            ));
+            );
         }
         let tok = Tokenizer::from_file(&path)
             .map_err(|e| anyhow!("{}: cannot load tokenizer: {e}", path.display()))?;
+        let vocab = tok.get_vocab(true);
+        if let Some((token, &id)) = vocab.iter().max_by_key(|(_, &id)| id) {
+            if id as usize >= spec.vocab {
+                bail!(
+                    "{}: expected token ids below vocab_size ({}, {}), found id {id} (token {}; {} ids in all)",
+                    path.display(),
+                    spec.vocab,
+                    config.display(),
+                    serde_json::to_string(token).unwrap_or_default(),
+                    vocab.len()
+                );
+            }
+        }
         Ok(TextCodec { tok })
     }
 

@@ -1,28 +1,15 @@
 //! Bad input through the `specc` binary: each case must exit non-zero with one line on
 //! stderr that names the file and the field or tensor, and must never panic.
 
-use std::collections::HashMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use safetensors::tensor::{Dtype, TensorView};
-use safetensors::SafeTensors;
+use safetensors::tensor::Dtype;
 
 mod cli_common;
 mod common;
 
-use cli_common::{assert_mentions, fails};
-use common::default_model;
-
-/// A scratch copy of the embedded model that a test may break.
-fn scratch(name: &str) -> PathBuf {
-    let dir = cli_common::tmp(name);
-    fs::create_dir_all(&dir).unwrap();
-    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
-        fs::copy(default_model().join(f), dir.join(f)).unwrap();
-    }
-    dir
-}
+use cli_common::{assert_mentions, fails, rewrite_weights, scratch};
 
 fn run_on(dir: &Path) -> String {
     fails(&[
@@ -33,24 +20,6 @@ fn run_on(dir: &Path) -> String {
         "--max-tokens",
         "2",
     ])
-}
-
-/// Rewrites model.safetensors through `edit`, which gets (name, dtype, shape, bytes).
-fn rewrite_weights(dir: &Path, edit: impl Fn(&mut Vec<(String, Dtype, Vec<usize>, Vec<u8>)>)) {
-    let bytes = fs::read(dir.join("model.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
-        .collect();
-    tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    edit(&mut tensors);
-    let views: HashMap<String, TensorView> = tensors
-        .iter()
-        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
-        .collect();
-    safetensors::serialize_to_file(&views, &None, &dir.join("model.safetensors")).unwrap();
 }
 
 #[test]

@@ -6,12 +6,19 @@
 //! 1. the 8-byte header length and the header itself lie inside the file;
 //! 2. each tensor's byte range is exactly `numel × dtype size` bytes;
 //! 3. every byte range lies inside the file's data section (else: "truncated");
-//! 4. every shard the index names exists and holds the tensors mapped to it.
+//! 4. no two tensors' byte ranges overlap (one write would change the other);
+//! 5. every shard the index names is a plain relative path inside the model directory (no
+//!    `..`, no absolute path; symlinks are followed as for any file), exists as a regular
+//!    file and holds the tensors mapped to it.
+//!
+//! Reading a float tensor ([`Checkpoint::checked_bytes`], [`Checkpoint::load_f32`]) checks
+//! that it holds no NaN or infinity, naming the tensor: a non-finite weight would otherwise
+//! turn every logit into NaN and the argmax into token 0 without a word.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use memmap2::Mmap;
 use safetensors::tensor::Metadata;
@@ -20,7 +27,9 @@ use specc_ir::engine::{CheckpointRef, FileRef, TensorRef};
 use specc_ir::interp::Tensor;
 use specc_ir::{DType, Graph, TensorType};
 
+use crate::coverage::Ignored;
 use crate::error::ModelError;
+use crate::files::{is_regular, read_text};
 
 pub const SINGLE_FILE: &str = "model.safetensors";
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -115,6 +124,8 @@ pub struct Checkpoint {
     root: PathBuf,
     files: Vec<SafetensorsFile>,
     tensors: BTreeMap<String, TensorEntry>,
+    /// Tensors no graph reads, of a family known to be unused (set by the coverage check).
+    pub(crate) ignored: Vec<Ignored>,
 }
 
 raw_struct! {
@@ -129,7 +140,7 @@ impl Checkpoint {
     pub fn open(dir: &Path) -> Result<Checkpoint, ModelError> {
         let single = dir.join(SINGLE_FILE);
         let index = dir.join(INDEX_FILE);
-        if single.is_file() {
+        if is_regular(&single)? {
             let f = read_file(&single)?;
             let mut tensors = BTreeMap::new();
             for (name, mut e) in f.1 {
@@ -140,8 +151,9 @@ impl Checkpoint {
                 root: single,
                 files: vec![f.0],
                 tensors,
+                ignored: Vec::new(),
             })
-        } else if index.is_file() {
+        } else if is_regular(&index)? {
             Self::open_sharded(dir, &index)
         } else {
             Err(ModelError::NoCheckpoint {
@@ -151,7 +163,7 @@ impl Checkpoint {
     }
 
     fn open_sharded(dir: &Path, index: &Path) -> Result<Checkpoint, ModelError> {
-        let text = std::fs::read_to_string(index).map_err(|e| ModelError::io(index, e))?;
+        let text = read_text(index)?;
         let v: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| ModelError::json(index, &e))?;
         let raw: RawIndex = crate::raw::from_value(index, v)?;
@@ -166,16 +178,30 @@ impl Checkpoint {
         let mut files = Vec::new();
         let mut by_shard = BTreeMap::new();
         for shard in shards {
-            let path = dir.join(shard);
-            if !path.is_file() {
-                let tensor = weight_map
+            let first_tensor = || {
+                weight_map
                     .iter()
                     .find(|(_, s)| s.as_str() == shard)
                     .map(|(t, _)| t.clone())
-                    .unwrap_or_default();
+                    .unwrap_or_default()
+            };
+            let inside = !shard.is_empty()
+                && Path::new(shard)
+                    .components()
+                    .all(|c| matches!(c, Component::Normal(_)));
+            if !inside {
+                return Err(ModelError::field(
+                    index,
+                    "weight_map",
+                    "shard file names inside the model directory",
+                    format!("\"{shard}\" for tensor \"{}\"", first_tensor()),
+                ));
+            }
+            let path = dir.join(shard);
+            if !is_regular(&path)? {
                 return Err(ModelError::MissingShard {
                     file: index.to_path_buf(),
-                    tensor,
+                    tensor: first_tensor(),
                     shard: shard.to_string(),
                 });
             }
@@ -202,6 +228,7 @@ impl Checkpoint {
             root: index.to_path_buf(),
             files,
             tensors,
+            ignored: Vec::new(),
         })
     }
 
@@ -255,6 +282,7 @@ impl Checkpoint {
                 })),
             }],
             tensors,
+            ignored: Vec::new(),
         }
     }
 
@@ -369,6 +397,35 @@ impl Checkpoint {
         Some(&self.files[e.file].mmap[e.range.clone()])
     }
 
+    /// The stored bytes of a tensor, checked to hold no NaN or infinity (synthesised random
+    /// weights are finite by construction and not scanned).
+    pub fn checked_bytes(&self, name: &str) -> Result<&[u8], ModelError> {
+        let e = self.tensors.get(name).ok_or_else(|| ModelError::Tensor {
+            file: self.root.clone(),
+            tensor: name.into(),
+            expected: "a tensor".into(),
+            found: "no such tensor".into(),
+        })?;
+        let f = &self.files[e.file];
+        let bytes = &f.mmap[e.range.clone()];
+        if let Backing::Mapped(_) = f.mmap {
+            if let Some((i, v)) = first_non_finite(e.dtype, bytes) {
+                return Err(ModelError::Tensor {
+                    file: f.path.clone(),
+                    tensor: name.into(),
+                    expected: "finite values".into(),
+                    found: format!("{v} at element {i}"),
+                });
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// Tensors the coverage check skipped as known-unused families.
+    pub fn ignored(&self) -> &[Ignored] {
+        &self.ignored
+    }
+
     /// Checks the weights of `g` named `prefix` + a tensor of this checkpoint (a draft's
     /// weights inside a step graph), with the prefix stripped.
     pub fn validate_prefixed(&self, g: &Graph, prefix: &str) -> Result<(), ModelError> {
@@ -432,13 +489,8 @@ impl Checkpoint {
     /// Loads a bf16/f16/f32 tensor as f32 values; the tensor's dtype records the stored
     /// dtype (the interpreter rounds to it where the GPU would).
     pub fn load_f32(&self, name: &str) -> Result<Tensor, ModelError> {
-        let e = self.tensors.get(name).ok_or_else(|| ModelError::Tensor {
-            file: self.root.clone(),
-            tensor: name.into(),
-            expected: "a tensor".into(),
-            found: "no such tensor".into(),
-        })?;
-        let bytes = &self.files[e.file].mmap[e.range.clone()];
+        let bytes = self.checked_bytes(name)?;
+        let e = &self.tensors[name];
         let (dtype, data): (DType, Vec<f32>) = match e.dtype {
             Dtype::F32 => (
                 DType::F32,
@@ -551,6 +603,7 @@ fn read_file(path: &Path) -> Result<(SafetensorsFile, BTreeMap<String, TensorEnt
             },
         );
     }
+    check_disjoint(path, &entries, header_end)?;
     if data_end > available {
         return Err(ModelError::Truncated {
             file: path.to_path_buf(),
@@ -566,6 +619,75 @@ fn read_file(path: &Path) -> Result<(SafetensorsFile, BTreeMap<String, TensorEnt
         },
         entries,
     ))
+}
+
+/// Rule 4: no two non-empty byte ranges overlap. The error names the later tensor (by
+/// start offset) and the one it overlaps, with their `data_offsets` as the header gives them
+/// (relative to `data_start`, where the absolute ranges begin).
+fn check_disjoint(
+    path: &Path,
+    entries: &BTreeMap<String, TensorEntry>,
+    data_start: usize,
+) -> Result<(), ModelError> {
+    let mut ranges: Vec<(&Range<usize>, &str)> = entries
+        .iter()
+        .filter(|(_, e)| !e.range.is_empty())
+        .map(|(n, e)| (&e.range, n.as_str()))
+        .collect();
+    ranges.sort_by_key(|(r, _)| (r.start, r.end));
+    let Some(&(first, first_name)) = ranges.first() else {
+        return Ok(());
+    };
+    // The range reaching furthest so far: any later start below its end overlaps it.
+    let mut reach = (first, first_name);
+    for &(r, name) in &ranges[1..] {
+        if r.start < reach.0.end {
+            let base = data_start;
+            return Err(ModelError::Tensor {
+                file: path.to_path_buf(),
+                tensor: name.to_string(),
+                expected: format!(
+                    "data_offsets that do not overlap tensor \"{}\" ([{}, {}])",
+                    reach.1,
+                    reach.0.start - base,
+                    reach.0.end - base
+                ),
+                found: format!("[{}, {}]", r.start - base, r.end - base),
+            });
+        }
+        if r.end > reach.0.end {
+            reach = (r, name);
+        }
+    }
+    Ok(())
+}
+
+/// The first NaN or infinity of a float tensor stored as `dtype`: its element index and
+/// value. Integer and other dtypes hold none.
+pub fn first_non_finite(dtype: Dtype, bytes: &[u8]) -> Option<(usize, f32)> {
+    // A float is NaN or infinite exactly when its exponent bits are all ones.
+    let half = |exp: u16, to_f32: fn(u16) -> f32| {
+        bytes
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .position(|b| b & exp == exp)
+            .map(|i| {
+                (
+                    i,
+                    to_f32(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])),
+                )
+            })
+    };
+    match dtype {
+        Dtype::BF16 => half(0x7f80, |b| half::bf16::from_bits(b).to_f32()),
+        Dtype::F16 => half(0x7c00, |b| half::f16::from_bits(b).to_f32()),
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .enumerate()
+            .find(|(_, v)| !v.is_finite()),
+        _ => None,
+    }
 }
 
 /// The IR dtype of a stored dtype, where the IR has one.

@@ -55,7 +55,9 @@ impl Arch {
 /// A validated dense decoder-only model: every fact the lowering needs, nothing else.
 ///
 /// Invariants (checked by [`RawConfig::resolve`]): all sizes are positive;
-/// `heads % kv_heads == 0`; `head_dim` is even; `rms_eps > 0`; `rope_theta > 0`.
+/// `heads % kv_heads == 0`; `head_dim` is even; `rms_eps > 0`; `rope_theta > 0`; the
+/// parameter count ([`ModelSpec::param_count`]) fits in a `u64`; the BOS and EOS ids lie
+/// inside the vocabulary.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelSpec {
     pub arch: Arch,
@@ -74,6 +76,9 @@ pub struct ModelSpec {
     /// `lm_head` shares `model.embed_tokens.weight`.
     pub tie_embeddings: bool,
     pub max_position: usize,
+    /// Multi-token-prediction layers stored after the decoder layers
+    /// (`num_nextn_predict_layers`): decoding never reads them.
+    pub mtp_layers: usize,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
     /// Weight and activation dtype (`torch_dtype` / `dtype`).
@@ -85,8 +90,7 @@ pub struct ModelSpec {
 impl ModelSpec {
     /// Reads and resolves a `config.json`.
     pub fn from_file(file: &Path) -> Result<ModelSpec, ModelError> {
-        let text = std::fs::read_to_string(file).map_err(|e| ModelError::io(file, e))?;
-        Self::from_json(file, &text)
+        Self::from_json(file, &crate::files::read_text(file)?)
     }
 
     /// Resolves config text; `file` only names the source in errors.
@@ -102,6 +106,51 @@ impl ModelSpec {
     /// Width of the concatenated key (or value) heads.
     pub fn kv_dim(&self) -> usize {
         self.kv_heads * self.head_dim
+    }
+
+    /// Elements of every weight the dense lowering reads, or `None` when the count
+    /// overflows a `u64` (no such model fits anywhere).
+    pub fn param_count(&self) -> Option<u64> {
+        let n = |x: usize| x as u64;
+        let (h, v, i) = (n(self.hidden), n(self.vocab), n(self.intermediate));
+        let (q, kv) = (
+            n(self.heads).checked_mul(n(self.head_dim))?,
+            n(self.kv_heads).checked_mul(n(self.head_dim))?,
+        );
+        // q, k, v and o projections; gate, up and down; two norms (+ q/k norms).
+        let attn = h.checked_mul(q.checked_add(kv.checked_mul(2)?)?.checked_add(q)?)?;
+        let mlp = h.checked_mul(i)?.checked_mul(3)?;
+        let norms = h
+            .checked_mul(2)?
+            .checked_add(n(self.head_dim).checked_mul(2)?)?;
+        let layer = attn.checked_add(mlp)?.checked_add(norms)?;
+        let heads = if self.tie_embeddings { 1 } else { 2 };
+        let embed = v.checked_mul(h)?.checked_mul(heads)?;
+        n(self.layers)
+            .checked_mul(layer)?
+            .checked_add(embed)?
+            .checked_add(h)
+    }
+
+    /// Checks that token `ids` (from `what`: a flag, a tokenizer, a prompt) lie inside the
+    /// vocabulary of the config `file`.
+    pub fn check_token_ids(&self, file: &Path, what: &str, ids: &[u32]) -> Result<(), ModelError> {
+        match ids
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= self.vocab)
+        {
+            None => Ok(()),
+            Some((i, id)) => Err(ModelError::request(
+                what,
+                format!(
+                    "token ids below vocab_size ({}, {})",
+                    self.vocab,
+                    file.display()
+                ),
+                format!("id {id} at position {i}"),
+            )),
+        }
     }
 }
 
@@ -161,6 +210,7 @@ raw_struct! {
         head_dim: Option<Count>,
         vocab_size: Option<Count>,
         max_position_embeddings: Option<Count>,
+        num_nextn_predict_layers: Option<Count>,
         rms_norm_eps: Option<f64>,
         rope_theta: Option<f64>,
         rope_scaling: Option<RawRope>,
@@ -245,7 +295,7 @@ impl RawConfig {
         let rms_eps = positive(file, "rms_norm_eps", self.rms_norm_eps)?;
         let (rope_theta, rope_scaling) = self.rope(file)?;
         self.check_unsupported(file, arch)?;
-        Ok(ModelSpec {
+        let spec = ModelSpec {
             arch,
             hidden,
             layers,
@@ -259,6 +309,7 @@ impl RawConfig {
             rope_scaling,
             tie_embeddings: self.tie_word_embeddings.unwrap_or(false),
             max_position,
+            mtp_layers: self.num_nextn_predict_layers.map_or(0, |c| c.0 as usize),
             bos_token_id: self.bos_token_id.map(|t| t.0),
             eos_token_ids: match &self.eos_token_id {
                 None => Vec::new(),
@@ -267,7 +318,34 @@ impl RawConfig {
             },
             dtype: self.dtype(file)?,
             qk_norm: arch == Arch::Qwen3,
-        })
+        };
+        Self::check_sizes(file, &spec)?;
+        Ok(spec)
+    }
+
+    /// The parameter count fits a `u64`, and the special tokens are ids of the vocabulary
+    /// (an id past it would be clamped by the embedding: a wrong token, silently).
+    fn check_sizes(file: &Path, spec: &ModelSpec) -> Result<(), ModelError> {
+        if spec.param_count().is_none() {
+            return Err(ModelError::field(
+                file,
+                "hidden_size",
+                "sizes whose parameter count fits in 64 bits (with intermediate_size, num_hidden_layers and vocab_size)",
+                spec.hidden,
+            ));
+        }
+        let vocab = format!("a token id below vocab_size ({})", spec.vocab);
+        if let Some(b) = spec.bos_token_id.filter(|&b| b as usize >= spec.vocab) {
+            return Err(ModelError::field(file, "bos_token_id", vocab, b));
+        }
+        if let Some(e) = spec
+            .eos_token_ids
+            .iter()
+            .find(|&&e| e as usize >= spec.vocab)
+        {
+            return Err(ModelError::field(file, "eos_token_id", vocab, e));
+        }
+        Ok(())
     }
 
     fn arch(&self, file: &Path) -> Result<Arch, ModelError> {

@@ -10,10 +10,7 @@ use crate::error::ModelError;
 /// `dir/config.json` as text, with the path errors should name.
 pub fn read(dir: &Path) -> Result<(std::path::PathBuf, String), ModelError> {
     let file = dir.join("config.json");
-    let text = std::fs::read_to_string(&file).map_err(|source| ModelError::Io {
-        file: file.clone(),
-        source,
-    })?;
+    let text = crate::files::read_text(&file)?;
     Ok((file, text))
 }
 
@@ -35,7 +32,7 @@ pub fn parse(file: &Path, text: &str, arch: &str, what: &str) -> Result<Value, M
             file,
             "architectures",
             format!("[\"{arch}\"] ({what})"),
-            format!("{archs:?}"),
+            serde_json::to_string(&archs).unwrap_or_default(),
         ));
     }
     Ok(v)

@@ -22,6 +22,9 @@ pub enum ModelError {
         file: PathBuf,
         source: std::io::Error,
     },
+    /// The path exists but is not a regular file (a FIFO, a device, a directory).
+    #[error("{}: expected a regular file, found {found}", file.display())]
+    NotRegular { file: PathBuf, found: &'static str },
     /// The file is not JSON at all.
     #[error("{}: malformed JSON at line {line} column {column}: {msg}", file.display())]
     Json {

@@ -3,16 +3,20 @@
 //! per speculative method ([`methods`]).
 //!
 //! [`Model`] ties them together: open a model directory, and every problem with its files
-//! (config fields, missing tensors, shapes, dtypes, truncated files) surfaces as a one-line
-//! [`ModelError`] before anything runs.
+//! (config fields, missing, unused or non-finite tensors, layer counts, shapes, dtypes,
+//! overlapping or truncated files) surfaces as a one-line [`ModelError`] before anything
+//! runs.
 
 #[macro_use]
 mod raw;
 
 pub mod checkpoint;
 pub mod config;
+pub mod context;
+pub mod coverage;
 mod draft_config;
 pub mod error;
+pub mod files;
 pub mod lower;
 pub mod methods;
 mod model;
@@ -24,6 +28,6 @@ pub use config::{Arch, ModelSpec, RawConfig};
 pub use error::ModelError;
 pub use lower::{decoder_layer, lower_dense, lower_dense_prefixed, LayerNames};
 pub use methods::{Method, TreeKnobs};
-pub use model::Model;
+pub use model::{Model, CONFIG_FILE};
 pub use spec_bundle::{DraftSide, SpecBundle};
 pub use spec_config::{Acceptance, SpecConfig};

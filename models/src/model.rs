@@ -9,6 +9,7 @@ use specc_ir::{Bindings, DType, Graph};
 
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelSpec;
+use crate::coverage;
 use crate::error::ModelError;
 use crate::lower::{self, LOGITS, NEXT_TOKEN, POSITIONS, TOKENS};
 
@@ -16,8 +17,10 @@ pub const CONFIG_FILE: &str = "config.json";
 
 /// An opened dense model.
 ///
-/// Invariant: every `weight` of `graph` exists in `checkpoint` with the graph's shape and
-/// a bf16/f16/f32 dtype (checked by [`Model::open`]).
+/// Invariants (checked by [`Model::open`]): every `weight` of `graph` exists in
+/// `checkpoint` with the graph's shape and a bf16/f16/f32 dtype; the checkpoint holds
+/// exactly the config's layers and no tensor outside the graph but known-unused ones
+/// ([`crate::coverage`]).
 pub struct Model {
     dir: PathBuf,
     /// The config.json the spec was resolved from.
@@ -28,14 +31,20 @@ pub struct Model {
 }
 
 impl Model {
-    /// Reads and resolves `dir/config.json`, lowers the model, opens the checkpoint and
-    /// validates the graph's weights against the safetensors headers.
+    /// Reads and resolves `dir/config.json`, opens the checkpoint and checks its layers
+    /// against the config (headers only: nothing is lowered for a config the checkpoint
+    /// contradicts), lowers the model, and validates the graph's weights and the
+    /// checkpoint's other tensors against the safetensors headers.
     pub fn open(dir: impl AsRef<Path>) -> Result<Model, ModelError> {
         let dir = dir.as_ref().to_path_buf();
-        let spec = ModelSpec::from_file(&dir.join(CONFIG_FILE))?;
+        let config = dir.join(CONFIG_FILE);
+        let spec = ModelSpec::from_file(&config)?;
+        let mut checkpoint = Checkpoint::open(&dir)?;
+        coverage::check_layers(&checkpoint, &spec, &config)?;
         let graph = lower::lower_dense(&spec)?;
-        let checkpoint = Checkpoint::open(&dir)?;
         checkpoint.validate(&graph)?;
+        let reader = coverage::Reader::model(&spec, &config);
+        coverage::check_unused(&mut checkpoint, &coverage::reads(&[&graph], ""), &reader)?;
         Ok(Model {
             config: dir.join(CONFIG_FILE),
             dir,
@@ -48,13 +57,7 @@ impl Model {
     /// A model from its config alone (`path` is a model directory or a `config.json`), with
     /// deterministic random weights: full-size shapes without a download.
     pub fn open_random(path: impl AsRef<Path>, seed: u64) -> Result<Model, ModelError> {
-        let path = path.as_ref();
-        let (dir, config) = if path.is_dir() {
-            (path.to_path_buf(), path.join(CONFIG_FILE))
-        } else {
-            let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
-            (dir, path.to_path_buf())
-        };
+        let (dir, config) = Self::random_paths(path.as_ref());
         let spec = ModelSpec::from_file(&config)?;
         let graph = lower::lower_dense(&spec)?;
         let checkpoint = Checkpoint::random(&dir, &graph, seed);
@@ -65,6 +68,17 @@ impl Model {
             graph,
             checkpoint,
         })
+    }
+
+    /// `(model directory, config.json)` of [`Model::open_random`]'s `path`: a model
+    /// directory or a config file.
+    pub fn random_paths(path: &Path) -> (PathBuf, PathBuf) {
+        if path.is_dir() {
+            (path.to_path_buf(), path.join(CONFIG_FILE))
+        } else {
+            let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+            (dir, path.to_path_buf())
+        }
     }
 
     /// The checkpoint, given up by the model (an engine keeps its weights' sources).
@@ -92,18 +106,21 @@ impl Model {
         &self.checkpoint
     }
 
-    /// Every weight the graph reads, as f32 values tagged with the stored dtype.
-    pub fn load_weights_f32(&self) -> HashMap<String, Tensor> {
+    /// Every weight the graph reads, as f32 values tagged with the stored dtype; an error
+    /// names the first tensor holding a NaN or an infinity.
+    pub fn weights_f32(&self) -> Result<HashMap<String, Tensor>, ModelError> {
         self.graph
             .weights()
-            .map(|(_, name, _)| {
-                let t = self
-                    .checkpoint
-                    .load_f32(name)
-                    .expect("Model::open validated every graph weight");
-                (name.to_string(), t)
-            })
+            .map(|(_, name, _)| Ok((name.to_string(), self.checkpoint.load_f32(name)?)))
             .collect()
+    }
+
+    /// [`Model::weights_f32`] for weights known to be finite (tests, synthesised weights).
+    ///
+    /// # Panics
+    /// On a non-finite weight (every graph weight exists: [`Model::open`] checked).
+    pub fn load_weights_f32(&self) -> HashMap<String, Tensor> {
+        self.weights_f32().unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Greedy decoding of one sequence on the CPU interpreter: one prefill step over the
@@ -211,15 +228,7 @@ impl Model {
                 "0 tokens",
             ));
         }
-        let vocab = self.spec.vocab;
-        if let Some((i, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
-            return Err(ModelError::request(
-                format!("prompt token {i}"),
-                format!("an id below vocab_size ({vocab})"),
-                id,
-            ));
-        }
-        Ok(())
+        self.spec.check_token_ids(&self.config, "prompt", ids)
     }
 
     /// `prompt + max_new` tokens must fit `max_position_embeddings` and the cache.

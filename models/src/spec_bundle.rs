@@ -98,7 +98,7 @@ impl SpecBundle {
             method.verify_margin(cfg.num_steps, cfg.tree),
             shape.ring as usize,
         );
-        let bundle = SpecBundle {
+        let mut bundle = SpecBundle {
             method: cfg.method,
             draft: o.draft,
             draft_checkpoint: o.draft_checkpoint,
@@ -110,12 +110,7 @@ impl SpecBundle {
             tree: cfg.tree,
             contract,
         };
-        bundle
-            .draft_checkpoint
-            .validate_prefixed(&bundle.step, bundle.prefix)?;
-        bundle
-            .draft_checkpoint
-            .validate_prefixed(&bundle.draft_prefill, bundle.prefix)?;
+        crate::coverage::check_draft(&mut bundle)?;
         target
             .checkpoint()
             .validate_unprefixed(&bundle.step, &[bundle.prefix])?;

@@ -152,6 +152,7 @@ fn llama_31_8b() {
             },
             tie_embeddings: false,
             max_position: 131072,
+            mtp_layers: 0,
             bos_token_id: Some(128000),
             eos_token_ids: vec![128001, 128008, 128009],
             dtype: DType::BF16,

@@ -96,7 +96,10 @@ fn request_errors() {
     let e = m.logits(&w, &[1, 64]).unwrap_err().to_string();
     assert_msg(
         &e,
-        &["prompt token 1: expected an id below vocab_size (64), found 64"],
+        &[
+            "prompt: expected token ids below vocab_size (64, ",
+            "config.json), found id 64 at position 1",
+        ],
     );
     let e = m.logits(&w, &[]).unwrap_err().to_string();
     assert_msg(

@@ -92,8 +92,17 @@ impl StateInit {
     }
 }
 
-/// The common step states: `len = P`, `pending = [x(P-1), x(P)]`, the budget (so that
-/// `len + k + 1 < Ctx` while it is positive), and zeroed counters.
+/// The most tokens a lane admitted with a `prompt`-token prompt may emit in a context of
+/// `max_context` slots when a step writes up to `k + 1` of them past its length: the lane's
+/// budget keeps `len + k + 1 < Ctx` while it is positive. A larger request is clamped to
+/// this (hosts say so), never wrapped.
+pub fn max_new_tokens(prompt: usize, k: usize, max_context: u64) -> usize {
+    let ctx = usize::try_from(max_context).unwrap_or(usize::MAX);
+    ctx.saturating_sub(prompt).saturating_sub(k + 2)
+}
+
+/// The common step states: `len = P`, `pending = [x(P-1), x(P)]`, the budget
+/// (`max_new` clamped to [`max_new_tokens`]), and zeroed counters.
 pub fn step_states(
     prompts: &[Vec<u32>],
     first: &[u32],
@@ -107,11 +116,11 @@ pub fn step_states(
         dims: vec![lanes],
         values: (0..lanes).map(f).collect(),
     };
-    let ctx = max_context as i64;
     let mut len = per_lane(&|b| prompts[b].len() as i64);
     len.name = LEN;
+    // The clamped budget is below the context, which a device i32 holds.
     let mut budget =
-        per_lane(&|b| (max_new as i64).min(ctx - prompts[b].len() as i64 - k as i64 - 2));
+        per_lane(&|b| max_new.min(max_new_tokens(prompts[b].len(), k, max_context)) as i64);
     budget.name = BUDGET;
     let mut emitted = per_lane(&|_| 0);
     emitted.name = EMITTED;
@@ -206,4 +215,31 @@ pub fn dflash_states(prompts: &[Vec<u32>]) -> Vec<StateInit> {
             values: prompts.iter().map(|p| p.len() as i64).collect(),
         },
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budgets_clamp_instead_of_wrapping() {
+        let prompts = vec![vec![1u32; 4]];
+        let budget = |max_new: usize| {
+            step_states(&prompts, &[2], max_new, 64, 5)
+                .into_iter()
+                .find(|s| s.name == BUDGET)
+                .unwrap()
+                .values
+        };
+        // 64 slots - 4 prompt - (5 + 2) margin.
+        assert_eq!(max_new_tokens(4, 5, 64), 53);
+        assert_eq!(budget(10), vec![10]);
+        assert_eq!(budget(usize::MAX), vec![53]);
+        assert_eq!(
+            budget(1 << 63),
+            vec![53],
+            "2^63 once wrapped to a negative budget"
+        );
+        assert_eq!(max_new_tokens(60, 5, 64), 0);
+    }
 }

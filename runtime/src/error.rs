@@ -2,8 +2,17 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum RuntimeError {
-    #[error("sequence of {needed} tokens exceeds the maximum context of {max_context} (raise --max-context up to the model's max_position_embeddings)")]
+    /// The context is the engine's: where it came from (a flag, a spec, an engine.json) is
+    /// the caller's to say.
+    #[error("sequence of {needed} tokens exceeds the maximum context of {max_context}")]
     ContextOverflow { needed: usize, max_context: u64 },
+    /// The memory estimate of a run exceeds what is available (one line, from
+    /// [`crate::memory::Footprint::check`]).
+    #[error("{0}")]
+    OutOfMemory(String),
+    /// A weight cannot be read (e.g. it holds a NaN).
+    #[error(transparent)]
+    Model(#[from] specc_models::ModelError),
     #[error("empty step: at least one token is required")]
     EmptyStep,
     #[error("token id {id} is outside the vocabulary of {vocab}")]

@@ -7,6 +7,7 @@ mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
+pub mod memory;
 mod session;
 mod spec_cpu;
 

@@ -11,9 +11,10 @@ use anyhow::{anyhow, bail, Context, Result};
 use specc_codegen::{build, plan_report, BuildOptions, Built, CodegenError, Cubins};
 use specc_ir::engine::{Arch, Engine, GraphRole, Target, ENGINE_FILE, PLAN_FILE};
 use specc_models::spec_bundle::{engine_input, EngineExtras};
-use specc_models::{Model, SpecConfig};
+use specc_models::SpecConfig;
 
 use super::engine::{dir_ref, RANDOM_SEED};
+use super::fit::{self, open_model};
 use crate::embedded;
 
 pub struct CompileArgs<'a> {
@@ -38,32 +39,6 @@ fn parse_archs(names: &[String]) -> Result<Vec<Arch>> {
         bail!("--arch: expected at least one of sm_90a, sm_100a, sm_120");
     }
     Ok(archs)
-}
-
-/// The KV capacity: `--max-context`, else the spec's `max_context`, else the model's
-/// `max_position_embeddings`; 1..= the latter.
-fn max_context(model: &Model, flag: Option<u64>, cfg: Option<&SpecConfig>) -> Result<u64> {
-    let limit = model.spec().max_position as u64;
-    let expected = format!(
-        "expected 1..={limit} (max_position_embeddings of {})",
-        model.config_file().display()
-    );
-    if let Some(m) = flag {
-        if m == 0 || m > limit {
-            bail!("--max-context {m}: {expected}");
-        }
-        return Ok(m);
-    }
-    if let Some((c, m)) = cfg.and_then(|c| c.max_context.map(|m| (c, m))) {
-        if m == 0 || m > limit {
-            bail!(
-                "{}: field \"max_context\": {expected}, found {m}",
-                c.file.display()
-            );
-        }
-        return Ok(m);
-    }
-    Ok(limit)
 }
 
 /// Removes what an earlier compile into `out` left in `out/kernels` (cubins and sources of
@@ -123,25 +98,19 @@ pub fn compile(a: CompileArgs) -> Result<()> {
         None if embedded_default && !a.random_weights => Some(path.join(embedded::SPEC_FILE)),
         None => None,
     };
-    let model = if a.random_weights {
-        Model::open_random(&path, RANDOM_SEED)?
-    } else {
-        if path.join(ENGINE_FILE).is_file() {
-            bail!(
-                "{}: an engine directory, not a model (compile a model directory)",
-                path.display()
-            );
-        }
-        if !path.is_dir() {
-            bail!("{}: no such model directory", path.display());
-        }
-        Model::open(&path)?
-    };
+    if !a.random_weights && path.join(ENGINE_FILE).is_file() {
+        bail!(
+            "{}: an engine directory, not a model (compile a model directory)",
+            path.display()
+        );
+    }
+    // The engine runs elsewhere: no memory here to fit it to.
+    let model = open_model(&path, a.random_weights, None)?;
     let cfg = spec_file
         .as_deref()
         .map(SpecConfig::from_file)
         .transpose()?;
-    let max_context = max_context(&model, a.max_context, cfg.as_ref())?;
+    let max_context = fit::context(&model, a.max_context, cfg.as_ref(), None)?.tokens;
 
     let out = a.out;
     if out.exists() && !out.is_dir() {
@@ -164,7 +133,7 @@ pub fn compile(a: CompileArgs) -> Result<()> {
         relative(dir)
     };
     let seed = a.random_weights.then_some(RANDOM_SEED);
-    let (input, _bundle) = engine_input(
+    let (input, bundle) = engine_input(
         &model,
         cfg.as_ref(),
         max_context,
@@ -172,6 +141,9 @@ pub fn compile(a: CompileArgs) -> Result<()> {
         &EngineExtras::default(),
         &name_dir,
     )?;
+    if let Some(b) = &bundle {
+        fit::note_skipped(&b.draft_checkpoint);
+    }
     let target = Target::for_archs(&archs);
     let require = std::env::var("SPECC_REQUIRE_NVRTC").as_deref() == Ok("1");
     let opts = BuildOptions {

@@ -11,10 +11,12 @@ use anyhow::{anyhow, bail, Context, Result};
 use specc_codegen::{build, BuildOptions, Built, Cubins};
 use specc_ir::engine::{CheckpointRef, Engine, GraphRole, Target, ENGINE_FILE};
 use specc_ir::interp::Tensor;
+use specc_models::context::ContextFrom;
 use specc_models::spec_bundle::{engine_input, random_draft, EngineExtras};
 use specc_models::{Checkpoint, Model, ModelSpec, SpecConfig};
 use specc_runtime::EngineGraphs;
 
+use super::fit::{self, open_model, Fit};
 use crate::embedded;
 
 /// Seed of `--random-weights`.
@@ -53,6 +55,8 @@ pub struct Want<'a> {
     pub max_context: Option<u64>,
     pub target: Target,
     pub extras: EngineExtras,
+    /// The memory the run will have (`None`: not checked before the build).
+    pub fit: Option<Fit>,
 }
 
 /// An engine ready to run, and the checkpoints its weights come from.
@@ -64,6 +68,8 @@ pub struct Ready {
     pub spec: ModelSpec,
     /// Checkpoints by graph-name prefix (`""` for the target).
     pub checkpoints: Vec<(String, Checkpoint)>,
+    /// Where the engine's `max_context` came from, for errors about it.
+    pub context_from: ContextFrom,
     /// Where the engine came from, for the run's first line.
     pub origin: String,
 }
@@ -154,12 +160,14 @@ pub fn ready(src: Source, want: Want) -> Result<Ready> {
                 engine.max_context
             );
         }
-        return open_engine(engine, &dir, format!("engine {}", dir.display()));
+        let from = ContextFrom::Engine(dir.join(ENGINE_FILE));
+        return open_engine(engine, &dir, format!("engine {}", dir.display()), from);
     }
     if src.path.is_none() && !src.random_weights {
         if let Some(e) = baked_fits(&want)? {
             let what = crate::baked::SUMMARY.lines().next().unwrap_or_default();
-            return open_engine(e, Path::new("."), format!("baked into this binary: {what}"));
+            let origin = format!("baked into this binary: {what}");
+            return open_engine(e, Path::new("."), origin, ContextFrom::Builtin);
         }
     }
     build_for(src, want)
@@ -194,28 +202,21 @@ pub fn build_for(src: Source, want: Want) -> Result<Ready> {
         Some(p) => p,
         None => embedded::default_model_dir()?,
     };
-    let model = match seed {
-        Some(s) => Model::open_random(&path, s)?,
-        None => {
-            if !path.is_dir() {
-                bail!("{}: no such model or engine directory", path.display());
-            }
-            Model::open(&path)?
-        }
-    };
-    let max_context = max_context_for(
-        &model,
-        want.max_context.or(want.spec.and_then(|c| c.max_context)),
-    )?;
+    let fit = want.fit.as_ref();
+    let model = open_model(&path, seed.is_some(), fit)?;
+    let context = fit::context(&model, want.max_context, want.spec, fit)?;
     let t = Instant::now();
     let (input, bundle) = engine_input(
         &model,
         want.spec,
-        max_context,
+        context.tokens,
         seed,
         &want.extras,
         &|p: &Path| p.to_path_buf(),
     )?;
+    if let Some(b) = &bundle {
+        fit::note_skipped(&b.draft_checkpoint);
+    }
     let opts = BuildOptions {
         cubins: Cubins::Require,
         ..BuildOptions::default()
@@ -242,16 +243,8 @@ pub fn build_for(src: Source, want: Want) -> Result<Ready> {
         spec,
         checkpoints,
         origin,
+        context_from: context.from,
     })
-}
-
-fn max_context_for(model: &Model, asked: Option<u64>) -> Result<u64> {
-    let limit = model.spec().max_position as u64;
-    let m = asked.unwrap_or(limit);
-    if m == 0 || m > limit {
-        bail!("--max-context {m}: expected 1..={limit} (the model's max_position_embeddings)");
-    }
-    Ok(m)
 }
 
 /// Where a recorded checkpoint directory is now: relative to the engine directory, or the
@@ -283,7 +276,12 @@ pub fn dir_ref(engine_dir: &Path) -> impl Fn(&Path) -> PathBuf + '_ {
 }
 
 /// Opens the checkpoints an engine records and checks they are the ones it was built from.
-fn open_engine(engine: Engine, engine_dir: &Path, origin: String) -> Result<Ready> {
+fn open_engine(
+    engine: Engine,
+    engine_dir: &Path,
+    origin: String,
+    context_from: ContextFrom,
+) -> Result<Ready> {
     let target_ref = engine
         .checkpoints
         .iter()
@@ -330,6 +328,7 @@ fn open_engine(engine: Engine, engine_dir: &Path, origin: String) -> Result<Read
         spec,
         checkpoints,
         origin,
+        context_from,
     })
 }
 

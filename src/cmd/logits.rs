@@ -1,13 +1,15 @@
+//! `specc logits`: f32 logits of every position of `--ids`, written as safetensors.
+
 use std::collections::HashMap;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use safetensors::tensor::{Dtype, TensorView};
+use specc_models::{Model, ModelSpec, CONFIG_FILE};
 use specc_runtime::CpuSession;
 
-use specc_models::Model;
-
-use super::engine::{Source, RANDOM_SEED};
+use super::engine::Source;
+use super::fit::{self, open_model, Fit};
 use crate::cli::Backend;
 use crate::embedded;
 
@@ -16,49 +18,63 @@ pub fn logits(model: Source, ids: &[u32], backend: Backend, out: &Path) -> Resul
         Some(p) => p.clone(),
         None => embedded::default_model_dir()?,
     };
-    let m = if model.random_weights {
-        Model::open_random(&path, RANDOM_SEED)?
-    } else {
-        if !path.is_dir() {
-            bail!("{}: no such model directory", path.display());
-        }
-        Model::open(&path)?
-    };
-    let max_context = m.spec().max_position as u64;
-    let vocab = m.spec().vocab;
-    if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
-        bail!("--ids: token id {bad} is outside the vocabulary (expected < {vocab})");
-    }
-    if ids.len() as u64 > max_context {
-        bail!(
-            "--ids: {} tokens exceed the maximum context of {}",
-            ids.len(),
-            max_context
-        );
-    }
-    let logits = match backend {
+    let n = ids.len() as u64;
+    let (logits, vocab) = match backend {
+        // One forward over the ids: a KV cache of exactly their length.
         Backend::Cpu => {
-            let weights = m.load_weights_f32();
-            let mut session = CpuSession::new(m.graph(), &weights, max_context);
-            session.step(ids)?.logits
+            let f = Fit::of_backend(false, 1)?;
+            let m = open_model(&path, model.random_weights, f.as_ref())?;
+            check_ids(m.spec(), m.config_file(), ids)?;
+            if let Some(f) = &f {
+                fit::estimate(m.graph(), f, n, n).check(
+                    &f.budget,
+                    &format!("it grows with the number of --ids ({n})"),
+                )?;
+            }
+            let weights = m.weights_f32()?;
+            let mut session = CpuSession::new(m.graph(), &weights, n);
+            (session.step(ids)?.logits, m.spec().vocab)
         }
-        // Built for the one prefill bucket that holds the ids.
+        // Built for the one prefill bucket that holds the ids; the build opens and validates
+        // the model, its config bounds the ids first.
         Backend::Cuda => {
-            let ctx = (ids.len().next_power_of_two().max(16) as u64).min(max_context);
-            cuda_logits(model, ids, ctx)?
+            let config = match model.random_weights {
+                true => Model::random_paths(&path).1,
+                false => path.join(CONFIG_FILE),
+            };
+            let spec = ModelSpec::from_file(&config)?;
+            check_ids(&spec, &config, ids)?;
+            let ctx = (ids.len().next_power_of_two().max(16) as u64).min(spec.max_position as u64);
+            (cuda_logits(model, ids, ctx)?, spec.vocab)
         }
     };
     let bytes: Vec<u8> = logits.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let view = TensorView::new(Dtype::F32, vec![ids.len(), vocab], &bytes)?;
+    let view = TensorView::new(Dtype::F32, vec![ids.len(), vocab], &bytes)
+        .map_err(|e| anyhow!("logits [{}, {vocab}]: {e}", ids.len()))?;
     let tensors: HashMap<String, TensorView> = [("logits".to_string(), view)].into();
-    safetensors::serialize_to_file(&tensors, &None, out)
-        .with_context(|| format!("writing {}", out.display()))?;
+    let file = safetensors::serialize(&tensors, &None)
+        .map_err(|e| anyhow!("logits [{}, {vocab}]: {e}", ids.len()))?;
+    std::fs::write(out, file).map_err(|e| anyhow!("--out {}: cannot write: {e}", out.display()))?;
     println!(
         "wrote {} (logits f32 [{}, {}])",
         out.display(),
         ids.len(),
         vocab
     );
+    Ok(())
+}
+
+/// `--ids` lie inside the vocabulary and the positions of the model configured in `config`.
+fn check_ids(spec: &ModelSpec, config: &Path, ids: &[u32]) -> Result<()> {
+    spec.check_token_ids(config, "--ids", ids)?;
+    if ids.len() > spec.max_position {
+        bail!(
+            "--ids: expected at most {} tokens (max_position_embeddings of {}), found {}",
+            spec.max_position,
+            config.display(),
+            ids.len()
+        );
+    }
     Ok(())
 }
 
@@ -74,6 +90,7 @@ fn cuda_logits(model: Source, ids: &[u32], max_context: u64) -> Result<Vec<f32>>
             max_context: Some(max_context),
             target: target_for(true)?,
             extras: Default::default(),
+            fit: Fit::of_backend(true, 1)?,
         },
     )?;
     let sources = r.weight_sources();

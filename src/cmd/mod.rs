@@ -3,6 +3,7 @@
 mod bench;
 mod compile;
 mod engine;
+mod fit;
 mod gpu;
 mod inspect;
 mod logits;

@@ -7,11 +7,15 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
+use specc_ir::Bindings;
 use specc_models::spec_bundle::EngineExtras;
+use specc_models::CONFIG_FILE;
 use specc_models::{Method, SpecConfig};
-use specc_runtime::{EngineGraphs, SpecCpuSession, SpecGraphs, Speculator};
+use specc_runtime::memory::{Budget, Footprint, Storage};
+use specc_runtime::{admission, EngineGraphs, SpecCpuSession, SpecGraphs, Speculator};
 
 use super::engine::{ready, target_for, Ready, Source, Want};
+use super::fit::Fit;
 use crate::cli::Backend;
 use crate::text::{Streamer, TextCodec};
 
@@ -31,6 +35,12 @@ pub fn run(a: RunArgs) -> Result<()> {
     let cfg = a.spec_file.map(SpecConfig::from_file).transpose()?;
     let cfg = cfg.filter(|c| c.method != Method::None);
     let cuda = a.backend == Backend::Cuda;
+    // The GPU's states are sized for every batch bucket of the spec.
+    let lanes = cfg
+        .as_ref()
+        .filter(|_| cuda)
+        .and_then(|c| c.batch_buckets.iter().max())
+        .map_or(1, |&b| b as u64);
     let r = ready(
         a.model,
         Want {
@@ -38,24 +48,38 @@ pub fn run(a: RunArgs) -> Result<()> {
             max_context: a.max_context,
             target: target_for(cuda)?,
             extras: EngineExtras::default(),
+            fit: Fit::of_backend(cuda, lanes)?,
         },
     )?;
     let speculative = r.engine.spec.is_some() && !a.no_spec;
     let contract = r.engine.contract(speculative).clone();
-    let codec = TextCodec::open(&r.model_dir)?;
+    let config = r.model_dir.join(CONFIG_FILE);
+    let codec = TextCodec::open(&r.model_dir, &r.spec, &config)?;
     let mut ids = Vec::new();
     if let Some(bos) = r.spec.bos_token_id {
         ids.push(bos);
     }
     ids.extend(codec.encode(a.prompt)?);
+    r.spec
+        .check_token_ids(&config, "the tokenized --prompt", &ids)?;
     let k = contract.num_steps;
     let max_context = r.engine.max_context;
     if ids.len() + k + 3 > max_context as usize {
         bail!(
-            "--prompt: {} tokens (+{} for drafting) exceed the maximum context of {} tokens",
+            "--prompt: {} tokens (+{} for drafting) exceed the max context of {max_context} tokens (from {})",
             ids.len(),
             k + 3,
-            max_context
+            r.context_from
+        );
+    }
+    let fits = admission::max_new_tokens(ids.len(), k, max_context);
+    let max_tokens = a.max_tokens.min(fits);
+    if max_tokens < a.max_tokens {
+        eprintln!(
+            "note: --max-tokens {} clamped to {fits}: what fits after the {}-token prompt in the max context of {max_context} (from {})",
+            a.max_tokens,
+            ids.len(),
+            r.context_from
         );
     }
     let backend = match a.backend {
@@ -63,13 +87,14 @@ pub fn run(a: RunArgs) -> Result<()> {
         Backend::Cuda => "cuda",
     };
     let label = format!("{backend}, {}", contract.label);
-    eprintln!("[{label}] engine: {}", r.origin);
+    // Said once the weights are read: a weight that fails to load is then the only line.
+    let announce = || eprintln!("[{label}] engine: {}", r.origin);
     let out = Out {
         r: &r,
         codec: &codec,
         ids: &ids,
         prompt: a.prompt,
-        max_tokens: a.max_tokens,
+        max_tokens,
         label: &label,
         ids_out: a.ids_out,
     };
@@ -77,7 +102,9 @@ pub fn run(a: RunArgs) -> Result<()> {
         Backend::Cpu => {
             let graphs = EngineGraphs::parse(&r.engine)?;
             let sg = SpecGraphs::from_engine(&contract, &graphs)?;
+            check_cpu_memory(&r, &sg, ids.len() as u64)?;
             let weights = r.cpu_weights(&graphs, &contract.roles())?;
+            announce();
             let mut s = SpecCpuSession::new(sg, &weights, 1, max_context);
             generate(&mut s, &out)
         }
@@ -87,6 +114,7 @@ pub fn run(a: RunArgs) -> Result<()> {
                 let sources = r.weight_sources();
                 let mut s =
                     specc_runtime::cuda::CudaSpecSession::new(&r.engine, speculative, &sources, 1)?;
+                announce();
                 eprintln!(
                     "[cuda] step graph: {} kernels in one captured graph",
                     s.step_plan().launches.len(),
@@ -105,6 +133,28 @@ pub fn run(a: RunArgs) -> Result<()> {
             }
         }
     }
+}
+
+/// The interpreter's estimate for a `prompt`-token prefill and the steps after it must fit
+/// the host's available memory (where it can be measured).
+fn check_cpu_memory(r: &Ready, sg: &SpecGraphs, prompt: u64) -> Result<()> {
+    let Some(budget) = Budget::host() else {
+        return Ok(());
+    };
+    let ctx = r.engine.max_context;
+    let runs = [
+        (sg.target_prefill, Bindings::new(1, prompt, ctx)),
+        (sg.draft_prefill, Bindings::new(1, prompt, ctx)),
+        (sg.step, Bindings::new(1, 1, ctx)),
+    ];
+    Footprint::of_graphs(&runs, Storage::Interpreter).check(
+        &budget,
+        &format!(
+            "it grows with the max context ({ctx}, from {}) and the prompt ({prompt} tokens)",
+            r.context_from
+        ),
+    )?;
+    Ok(())
 }
 
 /// What the host loop prints and where.

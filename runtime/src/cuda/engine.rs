@@ -16,6 +16,7 @@ use super::{
     operand_table, pointer_table, BufRef, CudaDevice, DeviceArena, DeviceBuffer, DeviceWeights,
     HostTensor, KernelImage, KernelModule, KernelParam, PreparedLaunch, StateBuffers, StepGraph,
 };
+use crate::memory::{Budget, Footprint};
 use crate::RuntimeError;
 
 /// Where the weights named by the plans come from: checkpoints, each under a name prefix
@@ -25,8 +26,8 @@ pub struct WeightSources<'a> {
 }
 
 impl WeightSources<'_> {
-    /// Stored dtype, shape and bytes of graph weight `name`.
-    pub fn get(&self, name: &str) -> Option<(DType, Vec<usize>, &[u8])> {
+    /// The checkpoint holding graph weight `name`, and the tensor's name in it.
+    fn resolve<'n>(&self, name: &'n str) -> Option<(&Checkpoint, &'n str)> {
         // Longest prefix first so `draft/x` never resolves in the target.
         let mut best: Option<(&str, &Checkpoint)> = None;
         for (p, ck) in &self.sources {
@@ -35,10 +36,25 @@ impl WeightSources<'_> {
             }
         }
         let (p, ck) = best?;
-        let inner = &name[p.len()..];
-        let e = ck.tensor(inner)?;
-        let dt = specc_models::checkpoint::ir_dtype(e.dtype)?;
-        Some((dt, e.shape.clone(), ck.bytes(inner)?))
+        Some((ck, &name[p.len()..]))
+    }
+
+    /// Stored dtype, shape and bytes of graph weight `name`, checked to be finite while
+    /// they are staged (the error names the tensor and its file).
+    pub fn get(&self, name: &str) -> Result<(DType, Vec<usize>, &[u8]), RuntimeError> {
+        let missing = || engine_err(format!("weight `{name}` is in no checkpoint"));
+        let (ck, inner) = self.resolve(name).ok_or_else(missing)?;
+        let e = ck.tensor(inner).ok_or_else(missing)?;
+        let dt = specc_models::checkpoint::ir_dtype(e.dtype).ok_or_else(missing)?;
+        Ok((dt, e.shape.clone(), ck.checked_bytes(inner)?))
+    }
+
+    /// Stored bytes of graph weight `name` from its header alone (0 when no checkpoint
+    /// holds it: the upload then names it).
+    pub fn stored_bytes(&self, name: &str) -> u64 {
+        self.resolve(name)
+            .and_then(|(ck, inner)| ck.tensor(inner))
+            .map_or(0, |e| e.range.len() as u64)
     }
 }
 
@@ -113,9 +129,10 @@ pub struct CudaEngine<'e> {
 }
 
 impl<'e> CudaEngine<'e> {
-    /// Opens GPU 0, checks the engine has cubins for its arch, and allocates the engine's
-    /// states (weights come with [`CudaEngine::upload`]).
-    pub fn new(engine: &'e Engine) -> Result<CudaEngine<'e>, RuntimeError> {
+    /// Opens GPU 0, checks the engine has cubins for its arch and that `need` (the run's
+    /// estimate) fits the device's free memory, and allocates the engine's states (weights
+    /// come with [`CudaEngine::upload`]).
+    pub fn new(engine: &'e Engine, need: &Footprint) -> Result<CudaEngine<'e>, RuntimeError> {
         let dev = CudaDevice::open(0)?;
         let (major, minor) = dev.info().compute_capability;
         let arch = Arch::of_capability(major, minor).ok_or_else(|| {
@@ -125,6 +142,15 @@ impl<'e> CudaEngine<'e> {
             ))
         })?;
         check_loadable(engine, arch)?;
+        let (free, _) = dev.mem_info()?;
+        need.check(
+            &Budget::gpu(free),
+            &format!(
+                "it grows with the engine's max context ({}) and batch buckets ({:?})",
+                engine.max_context,
+                engine.batch_buckets()
+            ),
+        )?;
         let states = StateBuffers::new(
             &dev,
             engine.states.iter().map(|s| (s.name.as_str(), s.bytes)),
@@ -149,7 +175,6 @@ impl<'e> CudaEngine<'e> {
     ) -> Result<(), RuntimeError> {
         let mut owned: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::new();
         let mut borrowed: Vec<(String, DType, Vec<usize>, &[u8])> = Vec::new();
-        let missing = |n: &str| engine_err(format!("weight `{n}` is in no checkpoint"));
         for plan in plans {
             for s in &plan.slots {
                 let key = slot_key(s);
@@ -159,7 +184,7 @@ impl<'e> CudaEngine<'e> {
                 match s {
                     Slot::State(_) => {}
                     Slot::Weight(n) => {
-                        let (dt, shape, bytes) = sources.get(n).ok_or_else(|| missing(n))?;
+                        let (dt, shape, bytes) = sources.get(n)?;
                         borrowed.push((key, dt, shape, bytes));
                     }
                     Slot::ConcatRows(names) => {
@@ -168,7 +193,7 @@ impl<'e> CudaEngine<'e> {
                         let mut cols = 0;
                         let mut dtype = DType::BF16;
                         for n in names {
-                            let (dt, shape, bytes) = sources.get(n).ok_or_else(|| missing(n))?;
+                            let (dt, shape, bytes) = sources.get(n)?;
                             rows += shape[0];
                             cols = shape[1];
                             dtype = dt;

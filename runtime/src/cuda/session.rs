@@ -10,6 +10,7 @@ use specc_models::methods::{BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, HIDDEN
 
 use super::{CudaEngine, LoadedGraph, StepGraph, TokenRing, WeightSources, DEFAULT_RING_DEPTH};
 use crate::admission::{self, PrefillInputs};
+use crate::memory::Footprint;
 use crate::{RuntimeError, SpecStats};
 
 pub use specc_models::spec_bundle::MIN_PREFILL_T;
@@ -83,7 +84,10 @@ impl<'a> CudaSpecSession<'a> {
         lanes: usize,
     ) -> Result<Self, RuntimeError> {
         let contract = engine.contract(speculative).clone();
-        let mut dev = CudaEngine::new(engine)?;
+        let need = Footprint::of_cuda_engine(engine, &contract, lanes as u32, &|n| {
+            sources.stored_bytes(n)
+        });
+        let mut dev = CudaEngine::new(engine, &need)?;
         let step_plan = plan_of(engine, contract.step, lanes, 1)?;
         // Every plan of the method at this batch, so a prefill of any length finds its
         // weights uploaded.

@@ -89,6 +89,8 @@ pub fn measure(
                     verify_tokens,
                     smallest_chunk_only: true,
                 },
+                // The device's own check runs when the session allocates.
+                fit: None,
             },
         )?;
         let graphs = EngineGraphs::parse(&r.engine)?;

@@ -73,10 +73,7 @@ fn lookup<'a>(v: &'a Value, key: &str) -> Option<(&'a Value, String)> {
 }
 
 fn read_json(file: &Path) -> Result<(Value, String), ModelError> {
-    let text = std::fs::read_to_string(file).map_err(|source| ModelError::Io {
-        file: file.to_path_buf(),
-        source,
-    })?;
+    let text = crate::files::read_text(file)?;
     let v: Value = serde_json::from_str(&text).map_err(|e| ModelError::json(file, &e))?;
     Ok((v, text))
 }

@@ -46,13 +46,13 @@ impl Eagle3Spec {
         target: &ModelSpec,
     ) -> Result<Eagle3Spec, ModelError> {
         let mut v = crate::draft_config::parse(file, text, ARCHITECTURE, "an EAGLE-3 head")?;
-        let layers = v.get("num_hidden_layers").and_then(Value::as_u64);
-        if layers != Some(1) {
+        let layers = v.get("num_hidden_layers");
+        if layers.and_then(Value::as_u64) != Some(1) {
             return Err(ModelError::field(
                 file,
                 "num_hidden_layers",
                 "1",
-                format!("{layers:?}"),
+                layers.map_or("nothing (field absent)".to_string(), Value::to_string),
             ));
         }
         let draft_vocab = match v.get("draft_vocab_size") {
