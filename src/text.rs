@@ -4,6 +4,7 @@ use std::path::Path;
 
 use anyhow::{anyhow, bail, Result};
 use specc_models::files::is_regular;
+use specc_models::tokenizer;
 use specc_models::ModelSpec;
 use tokenizers::Tokenizer;
 
@@ -23,8 +24,7 @@ impl TextCodec {
                 model_dir.display()
             );
         }
-        let tok = Tokenizer::from_file(&path)
-            .map_err(|e| anyhow!("{}: cannot load tokenizer: {e}", path.display()))?;
+        let tok = tokenizer::load(&path)?;
         let vocab = tok.get_vocab(true);
         if let Some((token, &id)) = vocab.iter().max_by_key(|(_, &id)| id) {
             if id as usize >= spec.vocab {
@@ -43,16 +43,12 @@ impl TextCodec {
 
     /// Token ids of `text`, without special tokens (the caller adds BOS).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .tok
-            .encode(text, false)
-            .map_err(|e| anyhow!("tokenizer.json: cannot encode prompt: {e}"))?;
-        Ok(enc.get_ids().to_vec())
+        tokenizer::encode(&self.tok, text)
+            .map_err(|e| anyhow!("tokenizer.json: cannot encode prompt: {e}"))
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.tok
-            .decode(ids, true)
+        tokenizer::decode(&self.tok, ids, true)
             .map_err(|e| anyhow!("tokenizer.json: cannot decode ids: {e}"))
     }
 }

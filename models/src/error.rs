@@ -72,6 +72,9 @@ pub enum ModelError {
     /// A safetensors header that cannot be parsed or is inconsistent.
     #[error("{}: invalid safetensors header: {msg}", file.display())]
     Header { file: PathBuf, msg: String },
+
+    #[error("{}: cannot load tokenizer: {msg}", file.display())]
+    Tokenizer { file: PathBuf, msg: String },
     /// A shard named by `model.safetensors.index.json` does not exist.
     #[error(
         "{}: weight_map: tensor \"{tensor}\": expected shard file \"{shard}\" to exist, found no such file",

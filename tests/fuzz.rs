@@ -1,0 +1,147 @@
+//! Fuzz targets for every file specc reads from a user: config.json, spec.toml, a
+//! safetensors header, the shard index, tokenizer.json and the engine manifest. Each target
+//! must answer every input with `Ok` or an error, never a panic or a hang (harness:
+//! `tests/fuzz_harness/mod.rs`; budget from `SPECC_FUZZ_SECS` / `SPECC_FUZZ_ITERS`).
+
+mod common;
+mod fuzz_harness;
+
+use std::path::Path;
+
+use common::{default_model, fixture, repo_path};
+use fuzz_harness::fuzz;
+use specc_ir::engine::{Engine, Target};
+use specc_models::spec_bundle::{engine_input, EngineExtras};
+use specc_models::{tokenizer, Checkpoint, Model, ModelSpec, SpecConfig};
+
+/// A scratch directory, in memory where the machine has one (targets write a file per input).
+fn scratch() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    let in_memory = shm
+        .is_dir()
+        .then(|| tempfile::tempdir_in(shm).ok())
+        .flatten();
+    in_memory.unwrap_or_else(|| tempfile::tempdir().unwrap())
+}
+
+fn read(p: &Path) -> Vec<u8> {
+    std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+#[test]
+fn config_json() {
+    let seeds = [
+        read(&default_model().join("config.json")),
+        read(&fixture("qwen3_headdim").join("config.json")),
+        read(&fixture("llama3_scaled_untied").join("config.json")),
+    ];
+    let file = Path::new("config.json");
+    fuzz("config.json", &seeds, |b| {
+        let _ = ModelSpec::from_json(file, &String::from_utf8_lossy(b));
+    });
+}
+
+#[test]
+fn spec_toml() {
+    let dir = default_model();
+    let seeds: Vec<Vec<u8>> = [
+        "spec.toml",
+        "spec.eagle3.toml",
+        "spec.eagle3-tree.toml",
+        "spec.dflash.toml",
+        "ddtree.toml",
+    ]
+    .iter()
+    .map(|f| read(&dir.join(f)))
+    .collect();
+    // Named inside the model directory so relative draft paths resolve as in real use.
+    let file = dir.join("fuzzed.toml");
+    fuzz("spec.toml", &seeds, |b| {
+        let _ = SpecConfig::from_toml(&file, &String::from_utf8_lossy(b));
+    });
+}
+
+/// A small valid safetensors file: two tensors and their data.
+fn small_safetensors() -> Vec<u8> {
+    let header = r#"{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},"b":{"dtype":"BF16","shape":[4],"data_offsets":[16,24]},"__metadata__":{"format":"pt"}}"#;
+    let mut v = (header.len() as u64).to_le_bytes().to_vec();
+    v.extend_from_slice(header.as_bytes());
+    v.extend(std::iter::repeat_n(0u8, 24));
+    v
+}
+
+#[test]
+fn safetensors_header() {
+    let dir = scratch();
+    let real = read(&fixture("llama_tied").join("model.safetensors"));
+    let head_len = u64::from_le_bytes(real[..8].try_into().unwrap()) as usize;
+    // The fixture's header with a data region cut short: offsets past it must be errors.
+    let seeds = [
+        small_safetensors(),
+        real[..(8 + head_len + 64).min(real.len())].to_vec(),
+    ];
+    let file = dir.path().join("model.safetensors");
+    fuzz("safetensors header", &seeds, |b| {
+        std::fs::write(&file, b).unwrap();
+        let _ = Checkpoint::open(dir.path());
+    });
+}
+
+#[test]
+fn shard_index() {
+    let dir = scratch();
+    std::fs::write(dir.path().join("s1.safetensors"), small_safetensors()).unwrap();
+    std::fs::write(dir.path().join("s2.safetensors"), small_safetensors()).unwrap();
+    let seeds = [
+        br#"{"metadata":{"total_size":48},"weight_map":{"a":"s1.safetensors","b":"s1.safetensors"}}"#.to_vec(),
+        br#"{"weight_map":{"a":"s1.safetensors","b":"s2.safetensors"}}"#.to_vec(),
+    ];
+    let file = dir.path().join("model.safetensors.index.json");
+    fuzz("shard index", &seeds, |b| {
+        std::fs::write(&file, b).unwrap();
+        let _ = Checkpoint::open(dir.path());
+    });
+}
+
+#[test]
+fn tokenizer_json() {
+    let seeds = [read(&default_model().join("tokenizer.json"))];
+    let path = Path::new("tokenizer.json");
+    // As `run` uses it: parse, encode a prompt, decode the ids.
+    fuzz("tokenizer.json", &seeds, |b| {
+        if let Ok(tok) = tokenizer::parse(path, b) {
+            if let Ok(ids) = tokenizer::encode(&tok, "def __init__(self): 12 ü") {
+                let _ = tokenizer::decode(&tok, &ids, false);
+            }
+        }
+    });
+}
+
+#[test]
+fn engine_manifest() {
+    // A small engine (plain decoding, 32 positions) planned for sm_90a without cubins.
+    let model = Model::open(default_model()).unwrap();
+    let (input, _) = engine_input(
+        &model,
+        None,
+        32,
+        None,
+        &EngineExtras::default(),
+        &|p: &Path| p.to_path_buf(),
+    )
+    .unwrap();
+    let target = Target::for_archs(&[specc_ir::engine::Arch::Sm90a]);
+    let opts = specc_codegen::BuildOptions {
+        cubins: specc_codegen::Cubins::IfAvailable,
+        threads: 1,
+    };
+    let mut engine = specc_codegen::build(input, &target, &opts).unwrap().engine;
+    engine.modules.iter_mut().for_each(|m| m.cubins.clear());
+    engine.cubins.clear();
+    engine.uncompiled = Some("fuzz seed".into());
+    let seed = serde_json::to_vec(&engine).unwrap();
+    let path = repo_path("engine.json");
+    fuzz("engine.json", &[seed], |b| {
+        let _ = Engine::from_json(&String::from_utf8_lossy(b), &path, |_| Ok(Vec::new()));
+    });
+}
