@@ -14,7 +14,9 @@ use specc_models::spec_bundle::{engine_input, EngineExtras};
 use specc_models::{Model, SpecConfig};
 
 use super::engine::{dir_ref, RANDOM_SEED};
-use crate::embedded;
+use super::sampling;
+use crate::cli::SamplingArgs;
+use crate::{embedded, progress};
 
 pub struct CompileArgs<'a> {
     pub model: Option<PathBuf>,
@@ -23,6 +25,7 @@ pub struct CompileArgs<'a> {
     pub archs: &'a [String],
     pub random_weights: bool,
     pub spec: Option<&'a Path>,
+    pub sampling: SamplingArgs,
 }
 
 /// `--arch` names → archs, in order, each once.
@@ -142,6 +145,14 @@ pub fn compile(a: CompileArgs) -> Result<()> {
         .map(SpecConfig::from_file)
         .transpose()?;
     let max_context = max_context(&model, a.max_context, cfg.as_ref())?;
+    let base = cfg
+        .as_ref()
+        .map(|c| c.acceptance.clone())
+        .unwrap_or_default();
+    let extras = EngineExtras {
+        acceptance: Some(sampling::acceptance(&a.sampling, &base)?),
+        ..EngineExtras::default()
+    };
 
     let out = a.out;
     if out.exists() && !out.is_dir() {
@@ -164,24 +175,23 @@ pub fn compile(a: CompileArgs) -> Result<()> {
         relative(dir)
     };
     let seed = a.random_weights.then_some(RANDOM_SEED);
-    let (input, _bundle) = engine_input(
-        &model,
-        cfg.as_ref(),
-        max_context,
-        seed,
-        &EngineExtras::default(),
-        &name_dir,
-    )?;
+    let (input, _bundle) =
+        engine_input(&model, cfg.as_ref(), max_context, seed, &extras, &name_dir)?;
     let target = Target::for_archs(&archs);
     let require = std::env::var("SPECC_REQUIRE_NVRTC").as_deref() == Ok("1");
+    let pb = progress::bar(0, "compiling the engine");
+    let report = progress::build_reporter(&pb);
     let opts = BuildOptions {
         cubins: if require {
             Cubins::Require
         } else {
             Cubins::IfAvailable
         },
+        progress: Some(&report),
         ..BuildOptions::default()
     };
+    let built = build(input, &target, &opts);
+    pb.finish_and_clear();
     let Built {
         engine,
         sources,
@@ -189,7 +199,7 @@ pub fn compile(a: CompileArgs) -> Result<()> {
         nvrtc_s,
         cached_modules,
         nvrtc_version,
-    } = match build(input, &target, &opts) {
+    } = match built {
         Err(CodegenError::Nvrtc(e)) if require => bail!("SPECC_REQUIRE_NVRTC=1: {e}"),
         r => r?,
     };
@@ -221,6 +231,7 @@ pub fn compile(a: CompileArgs) -> Result<()> {
         methods.join(" + ")
     );
     println!("max context: {}", engine.max_context);
+    println!("acceptance: {}", engine.acceptance);
     println!("batch buckets: {}", list(&engine.batch_buckets()));
     let mut roles: Vec<GraphRole> = Vec::new();
     for c in [Some(&engine.plain), engine.spec.as_ref()]
