@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -22,6 +22,29 @@ pub enum Backend {
     /// Generated kernels on GPU 0, one captured CUDA graph per step (needs a build with
     /// `--features cuda` and an NVIDIA driver).
     Cuda,
+}
+
+/// Sampling flags. They are compiled into the step graphs (as the spec's `[acceptance]`
+/// is), so they override a spec's acceptance and an engine directory must have been
+/// compiled with the same values.
+#[derive(Args, Clone, Copy, Debug, Default)]
+pub struct SamplingArgs {
+    /// Sample at temperature T instead of decoding greedily (0: greedy). Overrides the
+    /// spec's acceptance.temperature.
+    #[arg(long, value_name = "T", allow_negative_numbers = true)]
+    pub temperature: Option<f64>,
+    /// Sample from the K most likely tokens only (implies sampling, at temperature 1 unless
+    /// --temperature says otherwise).
+    #[arg(long, value_name = "K", allow_negative_numbers = true)]
+    pub top_k: Option<i64>,
+    /// Sample from the smallest set of most likely tokens whose probability reaches P
+    /// (nucleus sampling, 0 < P <= 1; implies sampling).
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    pub top_p: Option<f64>,
+    /// Seed of the device's random numbers (implies sampling): the same seed, prompt and
+    /// engine give the same text again.
+    #[arg(long, value_name = "S")]
+    pub seed: Option<u64>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -48,21 +71,40 @@ pub enum Command {
         /// batch buckets) rather than plain decoding alone.
         #[arg(long)]
         spec: Option<PathBuf>,
+        #[command(flatten)]
+        sampling: SamplingArgs,
     },
     /// Print an engine's IR, per-op shapes and byte counts.
     Inspect {
         /// Engine directory written by `specc compile`.
         engine: PathBuf,
     },
-    /// Generate text greedily from a prompt.
+    /// Generate text from a prompt (greedy unless sampling flags or the spec say otherwise).
     Run {
         /// Model or engine directory; the embedded default if omitted.
         model: Option<PathBuf>,
-        #[arg(long)]
-        prompt: String,
-        /// Tokens to generate at most (clamped, with a note, to what fits in the context).
-        #[arg(long, default_value_t = 64)]
+        /// The prompt text; `-` reads it from standard input.
+        #[arg(
+            long,
+            value_name = "TEXT",
+            required_unless_present = "prompt_file",
+            conflicts_with = "prompt_file"
+        )]
+        prompt: Option<String>,
+        /// Read the prompt from this UTF-8 file (for prompts too long for the command line).
+        #[arg(long, value_name = "PATH")]
+        prompt_file: Option<PathBuf>,
+        /// Generate at most N tokens (clamped, with a note, to what fits in the context; generation
+        /// also ends at an end-of-sequence token, a --stop string or the end of the context).
+        #[arg(long, value_name = "N", default_value_t = 64)]
         max_tokens: usize,
+        /// End generation at the first occurrence of this text, which is not printed
+        /// (repeatable: the earliest occurrence of any of them).
+        #[arg(long, value_name = "STRING")]
+        stop: Vec<String>,
+        #[command(flatten)]
+        sampling: SamplingArgs,
+        /// Where the engine runs.
         #[arg(long, value_enum, default_value_t = Backend::Cpu)]
         backend: Backend,
         /// KV-cache capacity per sequence (default: the spec's max_context, else the model's
@@ -141,6 +183,7 @@ pub enum Command {
         /// Comma-separated token ids.
         #[arg(long, value_delimiter = ',', required = true)]
         ids: Vec<u32>,
+        /// Where the forward pass runs.
         #[arg(long, value_enum, default_value_t = Backend::Cpu)]
         backend: Backend,
         /// Output safetensors file: tensor `logits`, f32 [n, vocab].
@@ -151,4 +194,33 @@ pub enum Command {
         #[arg(long)]
         random_weights: bool,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Every flag and argument of every subcommand says what it is for.
+    #[test]
+    fn every_argument_has_help() {
+        let cli = Cli::command();
+        for sub in cli.get_subcommands() {
+            assert!(
+                sub.get_about().is_some(),
+                "`{}` has no about",
+                sub.get_name()
+            );
+            for arg in sub.get_arguments() {
+                assert!(
+                    arg.get_help().is_some(),
+                    "`specc {} {}` has no help text",
+                    sub.get_name(),
+                    arg.get_id()
+                );
+            }
+        }
+        cli.debug_assert();
+    }
 }

@@ -4,6 +4,8 @@ mod baked;
 mod cli;
 mod cmd;
 mod embedded;
+mod progress;
+mod prompt;
 mod text;
 
 use std::process::ExitCode;

@@ -84,3 +84,108 @@ impl<'a> Streamer<'a> {
         Ok(delta)
     }
 }
+
+/// Ends generation at the first occurrence of any stop string in the streamed text. Text is
+/// printed as soon as it cannot be the start of an occurrence: [`StopScan::push`] holds back
+/// the longest tail that is a prefix of some stop string, so every occurrence lies in the
+/// text not yet printed, and the text before it is printed exactly once.
+pub struct StopScan {
+    stops: Vec<String>,
+    held: String,
+}
+
+impl StopScan {
+    /// Empty stop strings are ignored.
+    pub fn new(stops: &[String]) -> Self {
+        StopScan {
+            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            held: String::new(),
+        }
+    }
+
+    /// Adds streamed text; returns what may be printed now and whether a stop string was
+    /// reached (then the returned text is everything before it, and nothing follows).
+    pub fn push(&mut self, delta: &str) -> (String, bool) {
+        self.held.push_str(delta);
+        let first = self.stops.iter().filter_map(|s| self.held.find(s)).min();
+        if let Some(at) = first {
+            let out = self.held[..at].to_string();
+            self.held.clear();
+            return (out, true);
+        }
+        let keep = self.held_back();
+        let out = self.held[..self.held.len() - keep].to_string();
+        self.held.drain(..self.held.len() - keep);
+        (out, false)
+    }
+
+    /// What is still held back (printed when generation ends without a stop string).
+    pub fn flush(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+
+    /// Bytes of the longest tail of `held` that is a proper prefix of a stop string.
+    fn held_back(&self) -> usize {
+        let h = &self.held;
+        (1..=h.len())
+            .rev()
+            .filter(|&n| h.is_char_boundary(h.len() - n))
+            .find(|&n| {
+                let tail = &h[h.len() - n..];
+                self.stops
+                    .iter()
+                    .any(|s| s.len() > n && s.starts_with(tail))
+            })
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StopScan;
+
+    /// Streams `deltas`; returns the printed text and whether a stop string ended it.
+    fn scan(stops: &[&str], deltas: &[&str]) -> (String, bool) {
+        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+        let mut s = StopScan::new(&stops);
+        let mut printed = String::new();
+        for d in deltas {
+            let (out, stop) = s.push(d);
+            printed.push_str(&out);
+            if stop {
+                return (printed, true);
+            }
+        }
+        printed.push_str(&s.flush());
+        (printed, false)
+    }
+
+    #[test]
+    fn stops_at_the_first_occurrence() {
+        assert_eq!(
+            scan(&["END"], &["ab", "cE", "N", "Dxy"]),
+            ("abc".into(), true)
+        );
+        assert_eq!(scan(&["\n\n", "b"], &["a\n", "\nb"]), ("a".into(), true));
+        // The earliest occurrence of any stop string, not the first string's.
+        assert_eq!(scan(&["cd", "bcde"], &["abcdef"]), ("a".into(), true));
+        assert_eq!(scan(&["x"], &["x"]), (String::new(), true));
+    }
+
+    #[test]
+    fn holds_back_only_possible_starts() {
+        let stops = vec!["END".to_string()];
+        let mut s = StopScan::new(&stops);
+        assert_eq!(s.push("aEN"), ("a".into(), false));
+        assert_eq!(s.push("x"), ("ENx".into(), false), "not a stop after all");
+        assert_eq!(scan(&["END"], &["aE", "N"]), ("aEN".into(), false));
+        assert_eq!(scan(&[], &["a", "b"]), ("ab".into(), false));
+        assert_eq!(
+            scan(&[""], &["a"]),
+            ("a".into(), false),
+            "empty stops ignored"
+        );
+        // Multi-byte text is split at character boundaries only.
+        assert_eq!(scan(&["é!"], &["aé", "é", "!"]), ("aé".into(), true));
+    }
+}

@@ -13,7 +13,7 @@ use specc_ir::op::B;
 use specc_ir::{Bindings, DType, Dim, Graph, TensorType};
 use specc_models::methods::dflash::{self, DFlashSpec, DFLASH_PREFIX};
 use specc_models::methods::{lower_dflash_prefill, lower_target_prefill, HIDDEN};
-use specc_models::{Method, Model, SpecBundle, SpecConfig};
+use specc_models::{Acceptance, Method, Model, SpecBundle, SpecConfig};
 
 mod common;
 mod full_accept;
@@ -129,7 +129,7 @@ fn trained_drafter_matches_the_pytorch_reference() {
     let ctx = 64u64;
 
     // 1. taps of the target prefill (raw layer outputs; the last tap is layer 5 = L − 1).
-    let prefill = lower_target_prefill(target.spec(), &d.taps).unwrap();
+    let prefill = lower_target_prefill(target.spec(), &d.taps, &Acceptance::Greedy).unwrap();
     let ids = |v: Vec<i64>| Tensor::from_i64(DType::I32, vec![1, v.len()], v);
     let mut states = HashMap::new();
     let mut env = Env {

@@ -27,7 +27,7 @@ fn dflash_sampling_matches_target_distribution() {
     let spec = tiny_dflash_target();
     let d = tiny_dflash(&spec);
     let dense = lower_dense(&spec).unwrap();
-    let prefill = lower_target_prefill(&spec, &d.taps).unwrap();
+    let prefill = lower_target_prefill(&spec, &d.taps, &Acceptance::Greedy).unwrap();
     let dpre = lower_dflash_prefill(&spec, &d).unwrap();
     let prompt: Vec<u32> = vec![1, 5, 2, 7, 3];
     let lanes = 512;
@@ -41,6 +41,7 @@ fn dflash_sampling_matches_target_distribution() {
             ring: 16,
             acceptance: Acceptance::Sample {
                 temperature: TEMPERATURE,
+                top_k: None,
                 top_p: 1.0,
                 seed,
             },

@@ -42,6 +42,7 @@ fn round_tripped(dir: &Path) -> Engine {
         &BuildOptions {
             cubins: Cubins::Require,
             threads: 1,
+            progress: None,
         },
     )
     .unwrap();

@@ -134,6 +134,7 @@ fn engine_manifest() {
     let opts = specc_codegen::BuildOptions {
         cubins: specc_codegen::Cubins::IfAvailable,
         threads: 1,
+        ..Default::default()
     };
     let mut engine = specc_codegen::build(input, &target, &opts).unwrap().engine;
     engine.modules.iter_mut().for_each(|m| m.cubins.clear());

@@ -1,7 +1,9 @@
 //! Speculative sampling on the CUDA step graph reproduces the target's next-token
-//! distribution (the device twin of tests/spec_sampling.rs): on a tiny-vocab model, the
-//! first token each lane's first step emits, over many lanes and seeds, against the target's
-//! softmax by a chi-square test. Run with `--features cuda`; without a driver it skips.
+//! distribution (the device twin of tests/spec_sampling.rs): on a tiny-vocab model, over
+//! many lanes and seeds, the prefill's draw of each lane's first token against the target's
+//! softmax after the prompt, and the first token each lane's first step emits against its
+//! distribution after the prompt and a first token drawn alike (the mixture over first
+//! tokens), by chi-square tests. Run with `--features cuda`; without a driver it skips.
 
 #![cfg(feature = "cuda")]
 
@@ -25,10 +27,18 @@ use sampling_common::{
 /// Lanes per step graph; four seeds give 2048 samples of the first emitted token.
 const LANES: usize = 512;
 
-/// Counts of the first token emitted by each lane's first step, and the target's
-/// distribution at that point (the prompt plus the shared prefill token). The target's
-/// weights are random (seed 7), the draft's random with `draft_seed` (7: the target's own).
-fn first_step_tokens(draft_seed: u64, seeds: &[u64]) -> (Vec<usize>, Vec<f64>) {
+/// Counts and distributions of two draws per lane: the prefill's first token x1 (vs the
+/// target's distribution after the prompt) and the first token x2 of the first step (vs
+/// `Σ_x1 p(x1 | prompt) · p(x2 | prompt, x1)`). The target's weights are random (seed 7),
+/// the draft's random with `draft_seed` (7: the target's own).
+struct Draws {
+    first: Vec<usize>,
+    first_probs: Vec<f64>,
+    step: Vec<usize>,
+    step_probs: Vec<f64>,
+}
+
+fn first_step_tokens(draft_seed: u64, seeds: &[u64]) -> Draws {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("config.json"), tiny_llama_json(1)).unwrap();
     let target = Model::open_random(dir.path(), 7).unwrap();
@@ -44,8 +54,8 @@ fn first_step_tokens(draft_seed: u64, seeds: &[u64]) -> (Vec<usize>, Vec<f64>) {
         })
         .collect();
     let prompt: Vec<u32> = vec![1, 5, 2, 7];
+    let mut first_counts = vec![0usize; VOCAB];
     let mut counts = vec![0usize; VOCAB];
-    let mut first_bonus = None;
     for &seed in seeds {
         // The draft is the target's config; its engine-side weights are replaced below.
         let cfg = SpecConfig::from_toml(
@@ -64,16 +74,32 @@ fn first_step_tokens(draft_seed: u64, seeds: &[u64]) -> (Vec<usize>, Vec<f64>) {
         assert_eq!(s.contract().kind, DraftKind::Model);
         assert_eq!(s.contract().num_steps, 3);
         let first = Speculator::admit(&mut s, &vec![prompt.clone(); LANES], 8).unwrap();
-        assert!(first.iter().all(|&t| t == first[0]), "prefill is greedy");
-        first_bonus = Some(first[0]);
+        for &t in &first {
+            first_counts[t as usize] += 1;
+        }
         Speculator::step(&mut s).unwrap();
         for lane in Speculator::drain(&mut s).unwrap() {
             counts[lane[0] as usize] += 1;
         }
     }
-    let mut ctx = prompt;
-    ctx.push(first_bonus.unwrap());
-    (counts, target_probs(target_g, &weights, &ctx))
+    let first_probs = target_probs(target_g, &weights, &prompt);
+    let mut step_probs = vec![0.0; VOCAB];
+    for (x1, &p1) in first_probs.iter().enumerate() {
+        let mut ctx = prompt.clone();
+        ctx.push(x1 as u32);
+        for (m, p2) in step_probs
+            .iter_mut()
+            .zip(target_probs(target_g, &weights, &ctx))
+        {
+            *m += p1 * p2;
+        }
+    }
+    Draws {
+        first: first_counts,
+        first_probs,
+        step: counts,
+        step_probs,
+    }
 }
 
 #[test]
@@ -86,12 +112,17 @@ fn cuda_rejection_sampling_matches_target_distribution() {
         ("a different draft", 99, [1, 2, 3, 4]),
         ("the target as draft", 7, [5, 6, 7, 8]),
     ] {
-        let (counts, probs) = first_step_tokens(draft_seed, &seeds);
-        let x2 = chi_square(&counts, &probs);
-        eprintln!("{what}: chi2 {x2:.2} counts {counts:?} probs {probs:.3?}");
-        assert!(x2 < CRITICAL_7DF, "{what}: chi2 {x2:.2}");
-        // Power: the uniform distribution fails the same statistic on these samples.
-        let uniform = vec![1.0 / VOCAB as f64; VOCAB];
-        assert!(chi_square(&counts, &uniform) > CRITICAL_7DF, "{probs:?}");
+        let d = first_step_tokens(draft_seed, &seeds);
+        for (draw, counts, probs) in [
+            ("prefill", &d.first, &d.first_probs),
+            ("first step", &d.step, &d.step_probs),
+        ] {
+            let x2 = chi_square(counts, probs);
+            eprintln!("{what}, {draw}: chi2 {x2:.2} counts {counts:?} probs {probs:.3?}");
+            assert!(x2 < CRITICAL_7DF, "{what}, {draw}: chi2 {x2:.2}");
+            // Power: the uniform distribution fails the same statistic on these samples.
+            let uniform = vec![1.0 / VOCAB as f64; VOCAB];
+            assert!(chi_square(counts, &uniform) > CRITICAL_7DF, "{probs:?}");
+        }
     }
 }

@@ -182,7 +182,7 @@ fn check_eagle(lanes: usize, k: u64) -> f64 {
         acceptance: Acceptance::Greedy,
     };
     let step = lower_eagle3_step(target.spec(), &eagle, &shape).unwrap();
-    let prefill = lower_target_prefill(target.spec(), &eagle.taps).unwrap();
+    let prefill = lower_target_prefill(target.spec(), &eagle.taps, &Acceptance::Greedy).unwrap();
     let head_prefill = lower_eagle3_prefill(target.spec(), &eagle).unwrap();
     let mut weights = target.load_weights_f32();
     weights.extend(eagle_weights(&fixture("eagle3_random"), &step));
@@ -250,7 +250,7 @@ fn trained_eagle(lanes: usize, k: u64) -> f64 {
         acceptance: Acceptance::Greedy,
     };
     let step = lower_eagle3_step(target.spec(), &eagle, &shape).unwrap();
-    let prefill = lower_target_prefill(target.spec(), &eagle.taps).unwrap();
+    let prefill = lower_target_prefill(target.spec(), &eagle.taps, &Acceptance::Greedy).unwrap();
     let head_prefill = lower_eagle3_prefill(target.spec(), &eagle).unwrap();
     let mut weights = target.load_weights_f32();
     weights.extend(eagle_weights(&root.join("eagle3"), &step));

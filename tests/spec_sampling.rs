@@ -45,6 +45,7 @@ fn first_step_tokens(draft_seed: u64, seeds: &[u64]) -> (Vec<usize>, Vec<f64>) {
             ring: 16,
             acceptance: Acceptance::Sample {
                 temperature: TEMPERATURE,
+                top_k: None,
                 top_p: 1.0,
                 seed,
             },

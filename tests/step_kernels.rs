@@ -43,6 +43,7 @@ fn graphs() -> Vec<(String, Graph, Bindings)> {
         Acceptance::Greedy,
         Acceptance::Sample {
             temperature: 0.7,
+            top_k: None,
             top_p: 1.0,
             seed: 1,
         },
@@ -118,12 +119,12 @@ fn graphs() -> Vec<(String, Graph, Bindings)> {
     let pre = Bindings::new(2, 16, 128);
     out.push((
         "target prefill".into(),
-        lower_target_prefill(target.spec(), &[]).unwrap(),
+        lower_target_prefill(target.spec(), &[], &Acceptance::Greedy).unwrap(),
         pre.clone(),
     ));
     out.push((
         "target prefill + taps".into(),
-        lower_target_prefill(target.spec(), &eagle.taps).unwrap(),
+        lower_target_prefill(target.spec(), &eagle.taps, &Acceptance::Greedy).unwrap(),
         pre.clone(),
     ));
     out.push((
@@ -138,7 +139,7 @@ fn graphs() -> Vec<(String, Graph, Bindings)> {
     ));
     out.push((
         "target prefill + dflash taps".into(),
-        lower_target_prefill(target.spec(), &dflash.taps).unwrap(),
+        lower_target_prefill(target.spec(), &dflash.taps, &Acceptance::Greedy).unwrap(),
         pre.clone(),
     ));
     out.push((
@@ -162,6 +163,7 @@ fn shipped_graphs() -> Vec<(String, Graph, Bindings)> {
         ring: 32,
         acceptance: Acceptance::Sample {
             temperature: 0.7,
+            top_k: None,
             top_p: 1.0,
             seed: 1,
         },
@@ -222,7 +224,7 @@ fn shipped_graphs() -> Vec<(String, Graph, Bindings)> {
         ),
         (
             "default: prefill".into(),
-            lower_target_prefill(dflt.spec(), &[]).unwrap(),
+            lower_target_prefill(dflt.spec(), &[], &Acceptance::Greedy).unwrap(),
             pre.clone(),
         ),
         (
@@ -232,7 +234,7 @@ fn shipped_graphs() -> Vec<(String, Graph, Bindings)> {
         ),
         (
             "llama-3.1-8b: prefill".into(),
-            lower_target_prefill(&spec8b, &[]).unwrap(),
+            lower_target_prefill(&spec8b, &[], &Acceptance::Greedy).unwrap(),
             pre,
         ),
     ]
@@ -339,6 +341,7 @@ fn input_of(list: &[(String, Graph, Bindings)]) -> BuildInput {
         plain: StepContract::plain(64),
         spec: None,
         spec_toml: None,
+        acceptance: Acceptance::Greedy,
         checkpoints: Vec::new(),
         random_seed: None,
     }

@@ -46,6 +46,7 @@ fn graphs(m: TreeMethod, shape_seed: u64) -> (StepContract, Graph, Graph) {
         ring: 16,
         acceptance: Acceptance::Sample {
             temperature: TEMPERATURE,
+            top_k: None,
             top_p: 1.0,
             seed: shape_seed,
         },
@@ -98,7 +99,7 @@ struct Draws {
 fn draws(m: TreeMethod, lanes: usize, seeds: &[u64]) -> (Draws, HashMap<String, Tensor>) {
     let spec = tiny_dflash_target();
     let dense = lower_dense(&spec).unwrap();
-    let prefill = lower_target_prefill(&spec, &taps(m)).unwrap();
+    let prefill = lower_target_prefill(&spec, &taps(m), &Acceptance::Greedy).unwrap();
     let mut w = HashMap::new();
     let mut out = Draws {
         pairs: Vec::new(),

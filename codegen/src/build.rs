@@ -25,18 +25,31 @@ pub enum Cubins {
     IfAvailable,
 }
 
-#[derive(Clone, Copy, Debug)]
-pub struct BuildOptions {
+/// What a build reports as it goes, for a progress display.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BuildProgress {
+    /// `done` of the `total` (graph, bucket) plans are made (passes, kernel choice and
+    /// generation).
+    Planned { done: usize, total: usize },
+    /// NVRTC (or its on-disk cache) is compiling the `kernels` distinct kernels.
+    Compiling { kernels: usize },
+}
+
+#[derive(Clone, Copy)]
+pub struct BuildOptions<'a> {
     pub cubins: Cubins,
     /// NVRTC workers.
     pub threads: usize,
+    /// Called as the build proceeds (from the calling thread).
+    pub progress: Option<&'a dyn Fn(BuildProgress)>,
 }
 
-impl Default for BuildOptions {
+impl Default for BuildOptions<'_> {
     fn default() -> Self {
         BuildOptions {
             cubins: Cubins::IfAvailable,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            progress: None,
         }
     }
 }
@@ -76,6 +89,15 @@ pub fn build(
     let mut states: Vec<StateBuffer> = Vec::new();
     let mut sources: Vec<KernelSource> = Vec::new();
     let mut index: HashMap<String, u32> = HashMap::new();
+    let report = |p| {
+        if let Some(f) = opts.progress {
+            f(p)
+        }
+    };
+    let total = match target.has_kernels() {
+        true => input.graphs.iter().map(|rg| rg.buckets.len()).sum(),
+        false => 0,
+    };
     for rg in input.graphs {
         graphs.push(GraphText {
             role: rg.role,
@@ -178,6 +200,10 @@ pub fn build(
                 groups,
                 passes,
             });
+            report(BuildProgress::Planned {
+                done: plans.len(),
+                total,
+            });
         }
     }
     let plan_s = t_plan.elapsed().as_secs_f64();
@@ -214,6 +240,9 @@ pub fn build(
             }
             Err(e) => return Err(CodegenError::Nvrtc(e)),
             Ok(nvrtc) => {
+                report(BuildProgress::Compiling {
+                    kernels: sources.len(),
+                });
                 nvrtc_version = Some(nvrtc.version());
                 let t = Instant::now();
                 let refs: Vec<&KernelSource> = sources.iter().collect();
@@ -271,6 +300,7 @@ pub fn build(
         plain: input.plain,
         spec: input.spec,
         spec_toml: input.spec_toml,
+        acceptance: input.acceptance,
         checkpoints: input.checkpoints,
         random_seed: input.random_seed,
         graphs,

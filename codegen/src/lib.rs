@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use specc_ir::{Bindings, Graph};
 
-pub use build::{build, BuildOptions, Built, Cubins};
+pub use build::{build, BuildOptions, BuildProgress, Built, Cubins};
 pub use consts::{constant_nodes, tensor_bytes, MAX_STATIC_ELEMS};
 pub use cost::{group_cost, Cost};
 pub use error::CodegenError;

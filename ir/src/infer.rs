@@ -357,6 +357,16 @@ pub(crate) fn infer(op: &Op, a: &[&TensorType]) -> R {
             }
             Ok(tt(DType::I32, u.shape.clone()))
         }
+        Op::TopPThreshold { p } => {
+            if a[0].dtype != DType::F32 {
+                return Err(format!("top_p_threshold takes f32 probs, got {}", a[0]));
+            }
+            if !(*p > 0.0 && *p <= 1.0) {
+                return Err(format!("top_p_threshold p={p} out of (0, 1]"));
+            }
+            last(a[0], "top_p_threshold")?;
+            Ok(tt(DType::F32, a[0].shape.drop_last()))
+        }
         Op::RandomUniform { .. } => {
             if a[0].dtype != DType::I64 {
                 return Err(format!("random_uniform counter must be i64, got {}", a[0]));

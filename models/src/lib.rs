@@ -31,4 +31,4 @@ pub use lower::{decoder_layer, lower_dense, lower_dense_prefixed, LayerNames};
 pub use methods::{Method, TreeKnobs};
 pub use model::{Model, CONFIG_FILE};
 pub use spec_bundle::{DraftSide, SpecBundle};
-pub use spec_config::{Acceptance, SpecConfig};
+pub use spec_config::{Acceptance, SamplingKnobs, SpecConfig};

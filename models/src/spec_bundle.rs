@@ -12,8 +12,8 @@ use crate::checkpoint::Checkpoint;
 use crate::error::ModelError;
 use crate::methods::dflash::DFlashSpec;
 use crate::methods::eagle3::Eagle3Spec;
-use crate::methods::{lower_plain_greedy, Method, StepShape, TreeKnobs};
-use crate::spec_config::SpecConfig;
+use crate::methods::{lower_plain, Method, StepShape, TreeKnobs};
+use crate::spec_config::{Acceptance, SpecConfig};
 use crate::Model;
 
 /// The draft side of a bundle.
@@ -196,6 +196,9 @@ pub struct EngineExtras {
     /// Plan prompt chunks at the smallest bucket only (timings that never admit a long
     /// prompt: fewer kernels to compile).
     pub smallest_chunk_only: bool,
+    /// Acceptance instead of the spec's (the CLI's sampling flags); it is also plain
+    /// decoding's, which otherwise takes the spec's (greedy without a spec).
+    pub acceptance: Option<Acceptance>,
 }
 
 /// How the engine names a model directory: relative to the engine directory where it lies
@@ -205,7 +208,9 @@ pub type DirRef<'a> = &'a dyn Fn(&Path) -> PathBuf;
 /// The build input of an engine for `model` and (optionally) a speculative `cfg`: the plain
 /// prefill and decode step, and with a method its step, the target prefill that records the
 /// draft's inputs and the draft prefill; prefills at every [`prefill_buckets`] of
-/// `max_context`, steps at each batch bucket. `random_seed` synthesises every weight.
+/// `max_context`, steps at each batch bucket. `random_seed` synthesises every weight. Every
+/// graph chooses tokens by one acceptance: `extras.acceptance`, else the spec's (also for
+/// `method = "none"`), else greedy.
 pub fn engine_input(
     model: &Model,
     cfg: Option<&SpecConfig>,
@@ -215,8 +220,18 @@ pub fn engine_input(
     dir_ref: DirRef,
 ) -> Result<(BuildInput, Option<SpecBundle>), ModelError> {
     let spec = model.spec();
+    let acceptance = extras
+        .acceptance
+        .clone()
+        .or_else(|| cfg.map(|c| c.acceptance.clone()))
+        .unwrap_or_default();
+    let overridden = cfg.map(|c| SpecConfig {
+        acceptance: acceptance.clone(),
+        ..c.clone()
+    });
+    let cfg = overridden.as_ref();
     let (prefill, decode) =
-        lower_plain_greedy(spec, DECODE_RING).map_err(|source| ModelError::Lower {
+        lower_plain(spec, DECODE_RING, &acceptance).map_err(|source| ModelError::Lower {
             model: spec.arch.hf_name().into(),
             source,
         })?;
@@ -305,6 +320,7 @@ pub fn engine_input(
         spec_toml: cfg
             .filter(|c| c.method != Method::None)
             .map(|c| c.text.clone()),
+        acceptance,
         checkpoints,
         random_seed,
     };

@@ -17,7 +17,8 @@
 //! [acceptance]
 //! mode = "greedy"           # greedy | sample
 //! temperature = 1.0         # sample only
-//! top_p = 1.0               # sample only
+//! top_k = 40                # sample only: keep the 40 largest logits (absent: all)
+//! top_p = 0.9               # sample only: then the nucleus of mass 0.9 (default 1.0)
 //! seed = 0                  # sample only: counter-based device RNG seed
 //! ```
 
@@ -27,6 +28,8 @@ use serde::Deserialize;
 
 use crate::error::ModelError;
 use crate::methods::{Method, TreeKeys, TreeKnobs};
+
+pub use specc_ir::engine::Acceptance;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -42,6 +45,7 @@ struct RawAcceptance {
     #[serde(default)]
     mode: AcceptMode,
     temperature: Option<f64>,
+    top_k: Option<u64>,
     top_p: Option<f64>,
     seed: Option<u64>,
 }
@@ -61,15 +65,56 @@ struct RawSpec {
     num_draft_tokens: Option<u32>,
 }
 
-/// Acceptance rule with its knobs.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Acceptance {
-    Greedy,
-    Sample {
-        temperature: f64,
-        top_p: f64,
-        seed: u64,
-    },
+/// The sampling knobs as written (spec.toml's `[acceptance]` or the CLI's flags), each
+/// optional: one set of rules for both.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SamplingKnobs {
+    pub temperature: Option<f64>,
+    pub top_k: Option<u64>,
+    pub top_p: Option<f64>,
+    pub seed: Option<u64>,
+}
+
+impl SamplingKnobs {
+    /// Whether any knob is given.
+    pub fn any(&self) -> bool {
+        *self != SamplingKnobs::default()
+    }
+
+    /// The first knob out of range: its key (`temperature`, `top_k`, `top_p`), what it
+    /// must be, and the value found.
+    pub fn invalid(&self) -> Option<(&'static str, &'static str, String)> {
+        if let Some(t) = self.temperature.filter(|t| !(*t > 0.0 && t.is_finite())) {
+            return Some(("temperature", "a finite number > 0", t.to_string()));
+        }
+        if let Some(k) = self.top_k.filter(|&k| k == 0) {
+            return Some(("top_k", "an integer >= 1", k.to_string()));
+        }
+        if let Some(p) = self.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+            return Some(("top_p", "a number in (0, 1]", p.to_string()));
+        }
+        None
+    }
+
+    /// Sampled acceptance with these knobs where given and `base`'s elsewhere (for a greedy
+    /// base: temperature 1, every token, seed 0). The knobs must be valid.
+    pub fn over(&self, base: &Acceptance) -> Acceptance {
+        let (temperature, top_k, top_p, seed) = match *base {
+            Acceptance::Greedy => (1.0, None, 1.0, 0),
+            Acceptance::Sample {
+                temperature,
+                top_k,
+                top_p,
+                seed,
+            } => (temperature, top_k, top_p, seed),
+        };
+        Acceptance::Sample {
+            temperature: self.temperature.unwrap_or(temperature),
+            top_k: self.top_k.or(top_k),
+            top_p: self.top_p.unwrap_or(top_p),
+            seed: self.seed.unwrap_or(seed),
+        }
+    }
 }
 
 /// A validated spec file.
@@ -170,45 +215,32 @@ impl SpecConfig {
             None => Acceptance::Greedy,
             Some(a) => match a.mode {
                 AcceptMode::Greedy => {
-                    for (k, v) in [("temperature", a.temperature), ("top_p", a.top_p)] {
-                        if let Some(v) = v {
-                            return Err(field(
-                                file,
-                                &format!("acceptance.{k}"),
-                                "absent when acceptance.mode = \"greedy\"",
-                                v,
-                            ));
-                        }
+                    let given = [
+                        ("temperature", a.temperature.map(|v| v.to_string())),
+                        ("top_k", a.top_k.map(|v| v.to_string())),
+                        ("top_p", a.top_p.map(|v| v.to_string())),
+                    ];
+                    if let Some((k, Some(v))) = given.into_iter().find(|(_, v)| v.is_some()) {
+                        return Err(field(
+                            file,
+                            &format!("acceptance.{k}"),
+                            "absent when acceptance.mode = \"greedy\"",
+                            v,
+                        ));
                     }
                     Acceptance::Greedy
                 }
                 AcceptMode::Sample => {
-                    let temperature = a.temperature.unwrap_or(1.0);
-                    if !(temperature > 0.0 && temperature.is_finite()) {
-                        return Err(field(
-                            file,
-                            "acceptance.temperature",
-                            "a number > 0",
-                            temperature,
-                        ));
+                    let knobs = SamplingKnobs {
+                        temperature: a.temperature,
+                        top_k: a.top_k,
+                        top_p: a.top_p,
+                        seed: a.seed,
+                    };
+                    if let Some((k, expected, found)) = knobs.invalid() {
+                        return Err(field(file, &format!("acceptance.{k}"), expected, found));
                     }
-                    let top_p = a.top_p.unwrap_or(1.0);
-                    if !(top_p > 0.0 && top_p <= 1.0) {
-                        return Err(field(file, "acceptance.top_p", "a number in (0, 1]", top_p));
-                    }
-                    if top_p < 1.0 {
-                        return Err(field(
-                            file,
-                            "acceptance.top_p",
-                            "1.0 (nucleus truncation inside the step graph is not implemented)",
-                            top_p,
-                        ));
-                    }
-                    Acceptance::Sample {
-                        temperature,
-                        top_p,
-                        seed: a.seed.unwrap_or(0),
-                    }
+                    knobs.over(&Acceptance::Greedy)
                 }
             },
         };

@@ -38,8 +38,24 @@ seed = 42
         s.acceptance,
         Acceptance::Sample {
             temperature: 0.7,
+            top_k: None,
             top_p: 1.0,
             seed: 42
+        }
+    );
+}
+
+#[test]
+fn top_k_and_top_p_resolve() {
+    let s = parse("method = \"none\"\n[acceptance]\nmode = \"sample\"\ntop_k = 40\ntop_p = 0.9")
+        .unwrap();
+    assert_eq!(
+        s.acceptance,
+        Acceptance::Sample {
+            temperature: 1.0,
+            top_k: Some(40),
+            top_p: 0.9,
+            seed: 0
         }
     );
 }
@@ -110,8 +126,16 @@ fn bad_values_name_their_key() {
     );
     err("method = \"none\"\ndraft = \"d\"", &["draft", "none"]);
     err(
-        "method = \"draft_model\"\ndraft = \"d\"\n[acceptance]\nmode = \"sample\"\ntop_p = 0.9",
-        &["acceptance.top_p", "not implemented"],
+        "method = \"draft_model\"\ndraft = \"d\"\n[acceptance]\nmode = \"sample\"\ntop_p = 0",
+        &["acceptance.top_p", "(0, 1]"],
+    );
+    err(
+        "method = \"draft_model\"\ndraft = \"d\"\n[acceptance]\nmode = \"sample\"\ntop_k = 0",
+        &["acceptance.top_k", ">= 1"],
+    );
+    err(
+        "method = \"draft_model\"\ndraft = \"d\"\n[acceptance]\nmode = \"greedy\"\ntop_k = 5",
+        &["acceptance.top_k", "greedy"],
     );
 }
 

@@ -75,6 +75,20 @@ pub fn first_tokens(next: &[i64], prompts: &[Vec<u32>], t: usize) -> Vec<u32> {
         .collect()
 }
 
+/// Each lane's first generated token: the prefill's drawn `first_token` (`[lanes]`, present
+/// under sampled acceptance) when it has one, else [`first_tokens`].
+pub fn first_tokens_of(
+    drawn: Option<&[i64]>,
+    next: &[i64],
+    prompts: &[Vec<u32>],
+    t: usize,
+) -> Vec<u32> {
+    match drawn {
+        Some(d) => d[..prompts.len()].iter().map(|&x| x as u32).collect(),
+        None => first_tokens(next, prompts, t),
+    }
+}
+
 /// An i32 state value to set at admission.
 pub struct StateInit {
     pub name: &'static str,

@@ -331,6 +331,7 @@ mod tests {
             plain: plain.clone(),
             spec: None,
             spec_toml: None,
+            acceptance: Default::default(),
             checkpoints: vec![],
             random_seed: None,
             graphs: vec![],

@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use specc_ir::engine::{Engine, GraphRole, Priming, StepContract};
 use specc_ir::interp::{self, Data, Env, Tensor, WeightSource};
 use specc_ir::{Bindings, DType, Graph};
-use specc_models::methods::{BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, HIDDEN, RING};
+use specc_models::methods::{
+    BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, RING,
+};
 use specc_models::SpecBundle;
 
 use crate::admission;
@@ -190,7 +192,8 @@ impl<'a> SpecCpuSession<'a> {
             out.get("next_token")
                 .ok_or(RuntimeError::MissingOutput("next_token"))?,
         )?;
-        let first = admission::first_tokens(next, prompts, t);
+        let drawn = out.get(FIRST_TOKEN).map(ints).transpose()?;
+        let first = admission::first_tokens_of(drawn, next, prompts, t);
         match self.graphs.contract.priming() {
             Priming::None => {}
             Priming::Prompt => {

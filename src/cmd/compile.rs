@@ -15,7 +15,9 @@ use specc_models::SpecConfig;
 
 use super::engine::{dir_ref, RANDOM_SEED};
 use super::fit::{self, open_model};
-use crate::embedded;
+use super::sampling;
+use crate::cli::SamplingArgs;
+use crate::{embedded, progress};
 
 pub struct CompileArgs<'a> {
     pub model: Option<PathBuf>,
@@ -24,6 +26,7 @@ pub struct CompileArgs<'a> {
     pub archs: &'a [String],
     pub random_weights: bool,
     pub spec: Option<&'a Path>,
+    pub sampling: SamplingArgs,
 }
 
 /// `--arch` names → archs, in order, each once.
@@ -111,6 +114,14 @@ pub fn compile(a: CompileArgs) -> Result<()> {
         .map(SpecConfig::from_file)
         .transpose()?;
     let max_context = fit::context(&model, a.max_context, cfg.as_ref(), None)?.tokens;
+    let base = cfg
+        .as_ref()
+        .map(|c| c.acceptance.clone())
+        .unwrap_or_default();
+    let extras = EngineExtras {
+        acceptance: Some(sampling::acceptance(&a.sampling, &base)?),
+        ..EngineExtras::default()
+    };
 
     let out = a.out;
     if out.exists() && !out.is_dir() {
@@ -133,27 +144,26 @@ pub fn compile(a: CompileArgs) -> Result<()> {
         relative(dir)
     };
     let seed = a.random_weights.then_some(RANDOM_SEED);
-    let (input, bundle) = engine_input(
-        &model,
-        cfg.as_ref(),
-        max_context,
-        seed,
-        &EngineExtras::default(),
-        &name_dir,
-    )?;
+    let (input, bundle) =
+        engine_input(&model, cfg.as_ref(), max_context, seed, &extras, &name_dir)?;
     if let Some(b) = &bundle {
         fit::note_skipped(&b.draft_checkpoint);
     }
     let target = Target::for_archs(&archs);
     let require = std::env::var("SPECC_REQUIRE_NVRTC").as_deref() == Ok("1");
+    let pb = progress::bar(0, "compiling the engine");
+    let report = progress::build_reporter(&pb);
     let opts = BuildOptions {
         cubins: if require {
             Cubins::Require
         } else {
             Cubins::IfAvailable
         },
+        progress: Some(&report),
         ..BuildOptions::default()
     };
+    let built = build(input, &target, &opts);
+    pb.finish_and_clear();
     let Built {
         engine,
         sources,
@@ -161,7 +171,7 @@ pub fn compile(a: CompileArgs) -> Result<()> {
         nvrtc_s,
         cached_modules,
         nvrtc_version,
-    } = match build(input, &target, &opts) {
+    } = match built {
         Err(CodegenError::Nvrtc(e)) if require => bail!("SPECC_REQUIRE_NVRTC=1: {e}"),
         r => r?,
     };
@@ -193,6 +203,7 @@ pub fn compile(a: CompileArgs) -> Result<()> {
         methods.join(" + ")
     );
     println!("max context: {}", engine.max_context);
+    println!("acceptance: {}", engine.acceptance);
     println!("batch buckets: {}", list(&engine.batch_buckets()));
     let mut roles: Vec<GraphRole> = Vec::new();
     for c in [Some(&engine.plain), engine.spec.as_ref()]

@@ -17,7 +17,7 @@ use specc_models::{Checkpoint, Model, ModelSpec, SpecConfig};
 use specc_runtime::EngineGraphs;
 
 use super::fit::{self, open_model, Fit};
-use crate::embedded;
+use crate::{embedded, progress};
 
 /// Seed of `--random-weights`.
 pub const RANDOM_SEED: u64 = 0x5eed;
@@ -81,16 +81,22 @@ impl Ready {
         graphs: &EngineGraphs,
         roles: &[GraphRole],
     ) -> Result<HashMap<String, Tensor>> {
-        let mut out = HashMap::new();
+        let mut names: Vec<&str> = Vec::new();
         for &r in roles {
             for (_, name, _) in graphs.get(r)?.weights() {
-                if out.contains_key(name) {
-                    continue;
+                if !names.contains(&name) {
+                    names.push(name);
                 }
-                let (prefix, ck) = self.source_of(name)?;
-                out.insert(name.to_string(), ck.load_f32(&name[prefix.len()..])?);
             }
         }
+        let pb = progress::bar(names.len() as u64, "loading weights");
+        let mut out = HashMap::new();
+        for name in names {
+            let (prefix, ck) = self.source_of(name)?;
+            out.insert(name.to_string(), ck.load_f32(&name[prefix.len()..])?);
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
         Ok(out)
     }
 
@@ -185,6 +191,11 @@ fn baked_fits(want: &Want) -> Result<Option<Engine>> {
         Some(c) => Some(&c.text) == default_spec.as_ref() && engine.spec_toml == default_spec,
     };
     let ctx_ok = want.max_context.is_none_or(|m| m == engine.max_context);
+    let acceptance_ok = want
+        .extras
+        .acceptance
+        .as_ref()
+        .is_none_or(|a| *a == engine.acceptance);
     let target_ok = !want.target.has_kernels()
         || want.target.archs.iter().all(|a| {
             engine.target.archs.contains(a)
@@ -192,7 +203,8 @@ fn baked_fits(want: &Want) -> Result<Option<Engine>> {
                 && engine.target.sms == want.target.sms
                 && engine.target.smem_per_block <= want.target.smem_per_block
         });
-    Ok((spec_ok && ctx_ok && target_ok && want.extras.verify_tokens.is_empty()).then_some(engine))
+    let extras_ok = acceptance_ok && want.extras.verify_tokens.is_empty();
+    Ok((spec_ok && ctx_ok && target_ok && extras_ok).then_some(engine))
 }
 
 /// A model directory (or config, with random weights) built in memory for `want`.
@@ -217,11 +229,16 @@ pub fn build_for(src: Source, want: Want) -> Result<Ready> {
     if let Some(b) = &bundle {
         fit::note_skipped(&b.draft_checkpoint);
     }
+    let pb = progress::bar(0, "building the engine");
+    let report = progress::build_reporter(&pb);
     let opts = BuildOptions {
         cubins: Cubins::Require,
+        progress: Some(&report),
         ..BuildOptions::default()
     };
-    let Built { engine, .. } = build(input, &want.target, &opts)?;
+    let built = build(input, &want.target, &opts);
+    pb.finish_and_clear();
+    let Built { engine, .. } = built?;
     let origin = if want.target.has_kernels() {
         format!(
             "built in memory for {} in {:.2} s",

@@ -8,6 +8,7 @@ mod gpu;
 mod inspect;
 mod logits;
 mod run;
+mod sampling;
 
 use anyhow::Result;
 
@@ -23,6 +24,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             arch,
             random_weights,
             spec,
+            sampling,
         } => compile::compile(compile::CompileArgs {
             model,
             out: &out,
@@ -30,6 +32,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             archs: &arch,
             random_weights,
             spec: spec.as_deref(),
+            sampling,
         }),
         Command::Inspect { engine } => inspect::inspect(&engine),
         Command::Bench {
@@ -63,7 +66,10 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Run {
             model,
             prompt,
+            prompt_file,
             max_tokens,
+            stop,
+            sampling,
             backend,
             max_context,
             spec,
@@ -71,6 +77,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             ids_out,
             random_weights,
         } => {
+            let prompt = crate::prompt::read(prompt.as_deref(), prompt_file.as_deref())?;
             // The embedded default speculates with its own spec unless told otherwise.
             let spec = match (&model, spec, no_spec || random_weights) {
                 (None, None, false) => {
@@ -85,6 +92,8 @@ pub fn dispatch(cli: Cli) -> Result<()> {
                 no_spec,
                 prompt: &prompt,
                 max_tokens,
+                stop: &stop,
+                sampling,
                 backend,
                 max_context,
                 ids_out: ids_out.as_deref(),

@@ -1,6 +1,8 @@
 //! `specc run`: generate text from a prompt, plain or speculative, on either backend. Both
 //! backends execute the same engine: its prefill, then one step graph per step (k draft
 //! tokens + verify + accept + commit + emit; k = 0 without a spec or with `--no-spec`).
+//! Sampling happens inside those graphs; the host only prints, and ends generation at EOS,
+//! `--max-tokens`, a `--stop` string or the end of the context.
 
 use std::io::Write;
 use std::path::Path;
@@ -9,15 +11,16 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use specc_ir::Bindings;
 use specc_models::spec_bundle::EngineExtras;
+use specc_models::SpecConfig;
 use specc_models::CONFIG_FILE;
-use specc_models::{Method, SpecConfig};
 use specc_runtime::memory::{Budget, Footprint, Storage};
 use specc_runtime::{admission, EngineGraphs, SpecCpuSession, SpecGraphs, Speculator};
 
 use super::engine::{ready, target_for, Ready, Source, Want};
 use super::fit::Fit;
-use crate::cli::Backend;
-use crate::text::{Streamer, TextCodec};
+use super::sampling;
+use crate::cli::{Backend, SamplingArgs};
+use crate::text::{StopScan, Streamer, TextCodec};
 
 pub struct RunArgs<'a> {
     pub model: Source,
@@ -26,6 +29,8 @@ pub struct RunArgs<'a> {
     pub no_spec: bool,
     pub prompt: &'a str,
     pub max_tokens: usize,
+    pub stop: &'a [String],
+    pub sampling: SamplingArgs,
     pub backend: Backend,
     pub max_context: Option<u64>,
     pub ids_out: Option<&'a Path>,
@@ -33,7 +38,13 @@ pub struct RunArgs<'a> {
 
 pub fn run(a: RunArgs) -> Result<()> {
     let cfg = a.spec_file.map(SpecConfig::from_file).transpose()?;
-    let cfg = cfg.filter(|c| c.method != Method::None);
+    let engine_dir = a.model.is_engine().then(|| a.model.path.clone()).flatten();
+    // A model directory is built with the flags' acceptance; an engine keeps its own.
+    let base = cfg
+        .as_ref()
+        .map(|c| c.acceptance.clone())
+        .unwrap_or_default();
+    let acceptance = sampling::acceptance(&a.sampling, &base)?;
     let cuda = a.backend == Backend::Cuda;
     // The GPU's states are sized for every batch bucket of the spec.
     let lanes = cfg
@@ -47,10 +58,16 @@ pub fn run(a: RunArgs) -> Result<()> {
             spec: cfg.as_ref(),
             max_context: a.max_context,
             target: target_for(cuda)?,
-            extras: EngineExtras::default(),
+            extras: EngineExtras {
+                acceptance: Some(acceptance),
+                ..EngineExtras::default()
+            },
             fit: Fit::of_backend(cuda, lanes)?,
         },
     )?;
+    if let Some(dir) = &engine_dir {
+        sampling::check_engine(&a.sampling, &r.engine.acceptance, dir)?;
+    }
     let speculative = r.engine.spec.is_some() && !a.no_spec;
     let contract = r.engine.contract(speculative).clone();
     let config = r.model_dir.join(CONFIG_FILE);
@@ -86,7 +103,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         Backend::Cpu => "cpu",
         Backend::Cuda => "cuda",
     };
-    let label = format!("{backend}, {}", contract.label);
+    let label = format!("{backend}, {}, {}", contract.label, r.engine.acceptance);
     // Said once the weights are read: a weight that fails to load is then the only line.
     let announce = || eprintln!("[{label}] engine: {}", r.origin);
     let out = Out {
@@ -95,8 +112,13 @@ pub fn run(a: RunArgs) -> Result<()> {
         ids: &ids,
         prompt: a.prompt,
         max_tokens,
+        stop: a.stop,
         label: &label,
         ids_out: a.ids_out,
+        context_flag: match &engine_dir {
+            Some(_) => "recompile the engine with a larger --max-context",
+            None => "pass a larger --max-context",
+        },
     };
     match a.backend {
         Backend::Cpu => {
@@ -112,8 +134,11 @@ pub fn run(a: RunArgs) -> Result<()> {
             #[cfg(feature = "cuda")]
             {
                 let sources = r.weight_sources();
-                let mut s =
-                    specc_runtime::cuda::CudaSpecSession::new(&r.engine, speculative, &sources, 1)?;
+                let pb = crate::progress::spinner("uploading weights, capturing the step graph");
+                let s =
+                    specc_runtime::cuda::CudaSpecSession::new(&r.engine, speculative, &sources, 1);
+                pb.finish_and_clear();
+                let mut s = s?;
                 announce();
                 eprintln!(
                     "[cuda] step graph: {} kernels in one captured graph",
@@ -164,19 +189,32 @@ struct Out<'a> {
     ids: &'a [u32],
     prompt: &'a str,
     max_tokens: usize,
+    stop: &'a [String],
     label: &'a str,
     ids_out: Option<&'a Path>,
+    /// How to get a longer context, for the message when generation reaches its end.
+    context_flag: &'a str,
 }
 
-/// The host loop: admit, then step / drain / print until EOS, the budget or the context ends.
+/// Why generation ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// An end-of-sequence token, `--max-tokens` or a `--stop` string.
+    Asked,
+    /// The lane's budget ran out before `--max-tokens`: the KV cache is full.
+    Context,
+}
+
+/// The host loop: admit, then step / drain / print until EOS, the budget, a stop string or
+/// the context ends.
 fn generate(s: &mut dyn Speculator, o: &Out) -> Result<()> {
-    let (codec, ids, prompt, max_tokens, label, ids_out) =
-        (o.codec, o.ids, o.prompt, o.max_tokens, o.label, o.ids_out);
+    let (codec, ids, max_tokens) = (o.codec, o.ids, o.max_tokens);
     let mut all = Vec::new();
     let eos = &o.r.spec.eos_token_ids;
     let mut streamer = Streamer::new(codec);
+    let mut stops = StopScan::new(o.stop);
     let mut out = std::io::stdout().lock();
-    write!(out, "{prompt}")?;
+    write!(out, "{}", o.prompt)?;
     out.flush()?;
     let t0 = Instant::now();
     let first = s.admit(std::slice::from_ref(&ids.to_vec()), max_tokens)?;
@@ -184,26 +222,45 @@ fn generate(s: &mut dyn Speculator, o: &Out) -> Result<()> {
     let t1 = Instant::now();
     let mut generated = 0usize;
     let mut pending = first;
-    'outer: loop {
+    let end = 'outer: loop {
         for tok in pending.drain(..) {
             if eos.contains(&tok) || generated == max_tokens {
-                s.finish(0)?;
-                break 'outer;
+                break 'outer End::Asked;
             }
             generated += 1;
             all.push(tok);
-            write!(out, "{}", streamer.push(tok)?)?;
+            let (text, stopped) = stops.push(&streamer.push(tok)?);
+            write!(out, "{text}")?;
+            if stopped {
+                break 'outer End::Asked;
+            }
         }
         out.flush()?;
         if !s.live()?[0] {
-            break;
+            break if generated < max_tokens {
+                End::Context
+            } else {
+                End::Asked
+            };
         }
         s.step()?;
         pending = s.drain()?.remove(0);
-    }
+    };
+    s.finish(0)?;
+    write!(out, "{}", stops.flush())?;
     let decode_s = t1.elapsed().as_secs_f64();
     writeln!(out)?;
+    out.flush()?;
     let stats = s.stats();
+    let label = o.label;
+    if end == End::Context {
+        let max_context = o.r.engine.max_context;
+        eprintln!(
+            "[{label}] stopped at the end of the context: the KV cache holds {max_context} tokens per sequence (prompt {} + {generated} generated + room for one step); {} for more",
+            ids.len(),
+            o.context_flag
+        );
+    }
     eprintln!(
         "[{label}] prompt {} tokens in {:.3} s; generated {generated} tokens in {:.3} s ({:.1} tok/s) over {} steps",
         ids.len(),
@@ -212,16 +269,17 @@ fn generate(s: &mut dyn Speculator, o: &Out) -> Result<()> {
         generated as f64 / decode_s.max(1e-9),
         stats.steps,
     );
-    if let Some(p) = ids_out {
+    if let Some(p) = o.ids_out {
         let j = serde_json::json!({ "prompt_ids": ids, "generated_ids": all });
         std::fs::write(p, j.to_string())?;
     }
     if stats.histogram.len() > 1 {
+        let counts: Vec<String> = stats.histogram.iter().map(|c| c.to_string()).collect();
         eprintln!(
-            "mean acceptance length {:.2} tokens/step; histogram of accepted draft tokens (0..={}; for trees: path depth): {:?}",
+            "mean acceptance length {:.2} tokens/step; histogram of accepted draft tokens (0..={}; for trees: path depth): [{}]",
             stats.mean_accept_len(),
             stats.histogram.len() - 1,
-            stats.histogram
+            counts.join(", ")
         );
     }
     Ok(())

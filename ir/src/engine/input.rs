@@ -2,7 +2,7 @@
 //! its contracts, and the checkpoints the weights come from. `specc_models` produces it from a
 //! model directory and a spec; `specc_codegen::build` turns it into an [`super::Engine`].
 
-use super::{CheckpointRef, GraphRole, StepContract};
+use super::{Acceptance, CheckpointRef, GraphRole, StepContract};
 use crate::{Bindings, Graph};
 
 pub struct RoleGraph {
@@ -19,6 +19,8 @@ pub struct BuildInput {
     pub plain: StepContract,
     pub spec: Option<StepContract>,
     pub spec_toml: Option<String>,
+    /// How every step graph chooses tokens (already lowered into the graphs).
+    pub acceptance: Acceptance,
     pub checkpoints: Vec<CheckpointRef>,
     pub random_seed: Option<u64>,
 }

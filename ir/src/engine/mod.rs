@@ -14,6 +14,7 @@
 //! the reports `plan.txt` and `kernels/*.cu` that nothing reads back ([`format`]).
 
 pub mod abi;
+mod acceptance;
 pub mod choice;
 mod contract;
 mod format;
@@ -26,13 +27,14 @@ use serde::{Deserialize, Serialize};
 
 use abi::{Bucket, Loc};
 
+pub use acceptance::Acceptance;
 pub use contract::{DraftKind, GraphRole, Priming, StepContract};
 pub use format::{sha256_hex, EngineError, ENGINE_FILE, PLAN_FILE};
 pub use input::{BuildInput, RoleGraph};
 pub use target::{Arch, Target, UnknownArch};
 
 /// Bumped whenever a field changes meaning; an engine of another version is refused.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 
 /// The specc version that writes engines (an engine from another one is refused: kernel
 /// text, ABI and graph lowering may differ between versions).
@@ -53,6 +55,9 @@ pub struct Engine {
     pub spec: Option<StepContract>,
     /// The spec.toml text the engine was built from.
     pub spec_toml: Option<String>,
+    /// How its step graphs choose tokens (the spec's `[acceptance]`, or what `--temperature`
+    /// and friends made of it): compiled in, so a run cannot change it.
+    pub acceptance: Acceptance,
     pub checkpoints: Vec<CheckpointRef>,
     /// Deterministic random weights (benchmarks of full-size shapes): the seed the loader
     /// synthesises every checkpoint from.

@@ -37,6 +37,7 @@
 //! | argmax, topk, sample, accept_chain | exact (NaN ranks lowest, ties to the lower index); sample's running sum is sequential f32 | i32 results |
 //! | tree_build, tree_accept, tree_select | exact: scores are one f32 add per node (parent score + log-prob), ranked as documented on the op | i64 / i32 results |
 //! | kv_move | copies, in order | none |
+//! | top_p_threshold | sort descending, masses summed in f64 (see `spec_ops.rs`) | an element of the row |
 //! | random_uniform | `splitmix64(seed ^ counter) >> 40` over `2^24` | exact |
 //! | all_reduce | identity (one rank) | none |
 //!
@@ -378,6 +379,7 @@ fn eval(op: &Op, a: &[&Tensor], out: &Out) -> OpResult {
         ),
         Attention { scale, mask } => attention::attention(a, *scale, *mask, out),
         Sample => spec_ops::sample(a[0], a[1], out),
+        TopPThreshold { p } => spec_ops::top_p_threshold(a[0], *p, out),
         RandomUniform { seed } => spec_ops::random_uniform(a[0], *seed, out),
         AcceptChain => spec_ops::accept_chain(a[0], a[1], out),
         TreeBuild { budget } => tree::tree_build(a[0], a[1], a[2], *budget as usize, out),

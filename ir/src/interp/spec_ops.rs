@@ -1,4 +1,4 @@
-//! Speculative-decoding ops: sample, random_uniform, accept_chain.
+//! Speculative-decoding ops: sample, top_p_threshold, random_uniform, accept_chain.
 
 use super::tensor::Tensor;
 use super::util::{f32s, i64s, last_dim, OpResult, Out};
@@ -31,6 +31,41 @@ pub(crate) fn sample(probs: &Tensor, u: &Tensor, out: &Out) -> OpResult {
         })
         .collect();
     Ok(out.i64(res))
+}
+
+/// Per row, the smallest `t ≥ 0` with `S(t) = Σ_{w_j > t} w_j < p · Z` (`w` = the positive
+/// elements, others 0; `Z = Σ w`), 0 when `p · Z = 0`. `S` only drops at elements, so the
+/// answer is the least element whose strictly larger elements weigh less than `p · Z`:
+/// walk the distinct values in descending order, adding each one's mass after testing it.
+/// Sums are f64 (a kernel's f32 sums may differ only where `S` lies within rounding of
+/// `p · Z`).
+pub(crate) fn top_p_threshold(probs: &Tensor, p: f64, out: &Out) -> OpResult {
+    let x = f32s(probs, "top_p_threshold probs")?;
+    let v = last_dim(probs);
+    if v == 0 {
+        return Err("top_p_threshold over an empty row".into());
+    }
+    let res = x
+        .chunks(v)
+        .map(|row| {
+            let mut w: Vec<f32> = row.iter().map(|&e| if e > 0.0 { e } else { 0.0 }).collect();
+            let target = p * w.iter().map(|&e| e as f64).sum::<f64>();
+            if target <= 0.0 {
+                return 0.0;
+            }
+            w.sort_unstable_by(|a, b| b.total_cmp(a));
+            let (mut above, mut tau, mut i) = (0.0f64, 0.0f32, 0);
+            while i < w.len() && above < target {
+                tau = w[i];
+                while i < w.len() && w[i] == tau {
+                    above += w[i] as f64;
+                    i += 1;
+                }
+            }
+            tau
+        })
+        .collect();
+    Ok(out.f32(res))
 }
 
 /// SplitMix64 (Steele, Lea, Flood 2014; Vigna's `splitmix64.c`): one step from state `x`,
@@ -107,6 +142,42 @@ mod tests {
         let u = tf(DType::F32, &[2], &[0.9, 0.1]);
         let r = run_op(Op::Sample, vec![p, u]);
         assert_eq!(r.as_i64().unwrap(), &[0, 1]);
+    }
+
+    fn threshold(row: &[f32], p: f64) -> f32 {
+        let x = tf(DType::F32, &[1, row.len()], row);
+        let r = run_op(Op::TopPThreshold { p }, vec![x]);
+        assert_eq!((r.dtype, r.shape.as_slice()), (DType::F32, &[1usize][..]));
+        r.as_f32().unwrap()[0]
+    }
+
+    #[test]
+    fn top_p_threshold_by_hand() {
+        // Sorted: 0.5, 0.25, 0.125, 0.125; mass above each: 0, 0.5, 0.75, 0.75.
+        let row = [0.125, 0.5, 0.125, 0.25];
+        assert_eq!(threshold(&row, 0.5), 0.5, "0.5 alone reaches p = 0.5");
+        assert_eq!(threshold(&row, 0.4), 0.5);
+        assert_eq!(threshold(&row, 0.6), 0.25, "0.5 + 0.25 reach 0.6");
+        assert_eq!(threshold(&row, 0.75), 0.25, "mass above 0.25 is 0.5 < 0.75");
+        assert_eq!(
+            threshold(&row, 0.8),
+            0.125,
+            "both 0.125s kept: ties included"
+        );
+        assert_eq!(threshold(&row, 1.0), 0.125);
+        // Unnormalised rows scale p by the row's sum (Z = 8): 6 alone is 0.75 of it.
+        assert_eq!(threshold(&[2.0, 6.0], 0.75), 6.0);
+        assert_eq!(threshold(&[2.0, 6.0], 0.76), 2.0);
+        // Zeros, negatives and NaN weigh nothing and are never the threshold of p < 1.
+        assert_eq!(threshold(&[0.0, 0.3, f32::NAN, -1.0, 0.7], 0.9), 0.3);
+        assert_eq!(threshold(&[0.0, 0.0], 0.5), 0.0, "an all-zero row gives 0");
+    }
+
+    #[test]
+    fn top_p_threshold_rows() {
+        let x = tf(DType::F32, &[2, 3], &[0.2, 0.7, 0.1, 0.3, 0.3, 0.4]);
+        let r = run_op(Op::TopPThreshold { p: 0.5 }, vec![x]);
+        assert_eq!(r.as_f32().unwrap(), &[0.7, 0.3]);
     }
 
     #[test]

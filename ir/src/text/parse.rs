@@ -470,6 +470,7 @@ fn build_op(
             mask: a.one_of("mask", &ATTN_MASKS, attn_mask_name)?,
         },
         "sample" => Op::Sample,
+        "top_p_threshold" => Op::TopPThreshold { p: a.f64("p")? },
         "random_uniform" => Op::RandomUniform {
             seed: a.u64("seed")?,
         },

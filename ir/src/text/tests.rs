@@ -54,9 +54,10 @@ fn variant(op: &Op) -> usize {
         Op::TreeAccept { .. } => 33,
         Op::KvMove => 34,
         Op::TreeSelect { .. } => 35,
+        Op::TopPThreshold { .. } => 36,
     }
 }
-const VARIANTS: usize = 36;
+const VARIANTS: usize = 37;
 
 /// A type-correct graph using every op, every op kind and every attribute enum value.
 fn every_op_graph() -> Result<Graph, IrError> {
@@ -223,6 +224,7 @@ fn every_op_graph() -> Result<Graph, IrError> {
     let counter = g.input("counter", ty(DType::I64, &[B, T]))?;
     let u = g.add(Op::RandomUniform { seed: u64::MAX }, &[counter])?;
     let sampled = g.add(Op::Sample, &[probs, u])?;
+    g.add(Op::TopPThreshold { p: 0.9 }, &[probs])?;
     let draft = g.input("draft", ty(DType::I32, &[B, s(4)]))?;
     let target = g.input("target", ty(DType::I64, &[B, s(5)]))?;
     let accepted = g.add(Op::AcceptChain, &[draft, target])?;

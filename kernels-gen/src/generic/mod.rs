@@ -24,13 +24,14 @@
 //! - To rounding: `exp`, `log`, `silu`, `sigmoid`, `silu_mul`, `softmax` (CUDA's `expf` /
 //!   `logf` are within 2 ulp of libm's) and the float sums of `reduce_sum`, `softmax`,
 //!   `rmsnorm`, `matmul`, which add in a fixed block-tree order instead of the interpreter's
-//!   8 interleaved partials (deterministic from run to run).
+//!   8 interleaved partials (deterministic from run to run); `top_p_threshold` is an element
+//!   of its row, the same one unless a partial mass lies within f32 rounding of `p · Z`.
 //!
 //! # Kernels
 //! Elementwise ops and data movement run one thread per output element (or per 1–16-byte
-//! unit of a contiguous copy), grid-stride; row ops (`reduce`, `argmax`, `topk`, `softmax`)
-//! one block per row; `sample` one warp per row; `matmul` one warp per output column and 8
-//! rows; `rmsnorm` is the [`crate::norm`] family. A kernel is named
+//! unit of a contiguous copy), grid-stride; row ops (`reduce`, `argmax`, `topk`, `softmax`,
+//! `top_p_threshold`) one block per row; `sample` one warp per row; `matmul` one warp per
+//! output column and 8 rows; `rmsnorm` is the [`crate::norm`] family. A kernel is named
 //! `{op}_{dtype}_{hash8}` like every family ([`crate::abi`]), with the IR dtype name in the
 //! middle so `bool` can appear; which dtype characterises each op is listed at [`single`].
 
@@ -107,7 +108,8 @@ impl TensorArg {
 /// Supported: `fill`, `iota`, every binary and unary op, `silu_mul`, `cast`, `select`,
 /// `copy`, `reshape` (as a copy), `assign`, `kv_write` and `kv_move` (in place: `output` must
 /// be at the state's location), `slice`, `concat`, `gather`, `embedding`, `reduce_sum`,
-/// `reduce_max`, `argmax`, `topk`, `softmax`, `sample`, `random_uniform`, `accept_chain`,
+/// `reduce_max`, `argmax`, `topk`, `softmax`, `top_p_threshold`, `sample`, `random_uniform`,
+/// `accept_chain`,
 /// `tree_build`, `tree_accept`, `tree_select`, `rmsnorm`,
 /// `matmul` (plain float weights). Leaves, `rope` and `attention` (their own families),
 /// MoE ops, `all_reduce` and quantised weights give [`Error::Unsupported`].
@@ -148,6 +150,7 @@ pub fn single(
         Op::TopK { k } => rows::topk(*k, x(), output),
         Op::Softmax => rows::softmax(x(), output),
         Op::Sample => rows::sample(x(), &inputs[1], output)?,
+        Op::TopPThreshold { p } => rows::top_p_threshold(*p, x(), output),
         Op::AcceptChain => rows::accept_chain(x(), &inputs[1], output),
         Op::TreeBuild { budget } => tree::tree_build(*budget, x(), &inputs[1], &inputs[2], output),
         Op::TreeAccept { max_depth } => tree::tree_accept(*max_depth, x(), &inputs[1], output),

@@ -1,11 +1,12 @@
-//! Row ops over the last axis: `reduce_sum` / `reduce_max`, `argmax`, `topk`, `softmax`
-//! (one block per row), `sample` (one warp per row), `accept_chain` (one thread per row),
+//! Row ops over the last axis: `reduce_sum` / `reduce_max`, `argmax`, `topk`, `softmax`,
+//! `top_p_threshold` (one block per row), `sample` (one warp per row), `accept_chain` (one
+//! thread per row),
 //! and the standalone dense layers `matmul` (one warp per output column) and `rmsnorm`
 //! (the [`crate::norm`] family).
 
 use super::{
-    c_type, flat_launch, is_float, load, row_launch, row_threads, store, value_type, Kernel,
-    TensorArg,
+    c_type, f32_expr, flat_launch, is_float, load, row_launch, row_threads, store, value_type,
+    Kernel, TensorArg,
 };
 use crate::abi::{Dtype, Extent, KernelSource, LaunchSpec, Rows, View};
 use crate::norm::{rmsnorm as norm_rmsnorm, RmsNormParams};
@@ -138,6 +139,51 @@ pub(super) fn softmax(x: &TensorArg, out: &TensorArg) -> KernelSource {
     w.comment("Each thread divides the values it wrote itself.");
     w.for_block("int i = threadIdx.x", "i < N", "i += NT", |w| {
         w.line("yr[i] = yr[i] / z;")
+    });
+    k.finish(row_launch(rows, nt))
+}
+
+/// The nucleus threshold of each row: with `w` = the positive elements (others 0), `Z = Σ w`
+/// and `S(t) = Σ_{w > t} w`, the smallest `t ≥ 0` with `S(t) < p · Z` (0 when `p · Z = 0`),
+/// found by bisection over the bit patterns of non-negative floats, which order like their
+/// values: 31 rounds of one block-wide sum each. Any fixed summation order keeps `S`
+/// monotone in `t` (rounding is monotone), so the bisection finds exactly the threshold of
+/// the sums it computes; those are f32 block trees, the interpreter's are f64.
+pub(super) fn top_p_threshold(p: f64, x: &TensorArg, out: &TensorArg) -> KernelSource {
+    let (mut k, rows, nt) = row_kernel("top_p_threshold", x, out, 1);
+    let w = &mut k.body;
+    w.line("__shared__ float red[NT / 32];");
+    w.line("float z = 0.0f;");
+    w.for_block("int i = threadIdx.x", "i < N", "i += NT", |w| {
+        w.line("const float v = xr[i];");
+        w.line("z += v > 0.0f ? v : 0.0f;");
+    });
+    w.line("z = block_reduce(z, SumF32(), red);");
+    emit!(w, "const float target = {} * z;", f32_expr(p as f32));
+    w.comment("Uniform across the block (like the bounds below): every thread leaves.");
+    w.if_block("!(target > 0.0f)", |w| {
+        w.if_block("threadIdx.x == 0", |w| w.line("yr[0] = 0.0f;"));
+        w.line("return;");
+    });
+    w.comment("Invariant: S(hi) < target (S(+inf) = 0), and S(t) >= target for t < lo.");
+    w.line("unsigned int lo = 0u, hi = 0x7f800000u;");
+    w.while_block("lo < hi", |w| {
+        w.line("const unsigned int mid = lo + ((hi - lo) >> 1);");
+        w.line("const float t = __uint_as_float(mid);");
+        w.line("float s = 0.0f;");
+        w.for_block("int i = threadIdx.x", "i < N", "i += NT", |w| {
+            w.line("const float v = xr[i];");
+            w.line("s += v > t ? v : 0.0f;");
+        });
+        w.line("s = block_reduce(s, SumF32(), red);");
+        w.if_else(
+            "s < target",
+            |w| w.line("hi = mid;"),
+            |w| w.line("lo = mid + 1u;"),
+        );
+    });
+    w.if_block("threadIdx.x == 0", |w| {
+        w.line("yr[0] = __uint_as_float(lo);")
     });
     k.finish(row_launch(rows, nt))
 }

@@ -704,6 +704,33 @@ fn rows(v: &mut Vec<Case>) {
             Tol::Exact,
         ));
     }
+    // The nucleus threshold is an element of its row: exact unless a partial mass lies
+    // within f32 rounding of p · Z, which over a vocabulary-long row of random values can
+    // pick a neighbouring element (values ~1/V apart).
+    for (p, vocab, probs, tol) in [
+        (0.9, 512u64, Values::Probs, Tol::Exact),
+        (0.5, 300, Values::Special, Tol::Exact),
+        (0.6, 8, Values::List(vec![0.25, 0.0, 0.25, 0.5]), Tol::Exact),
+        (0.3, 7, Values::List(vec![0.0]), Tol::Exact),
+        (1.0, 1000, Values::Positive(1.0), Tol::Exact),
+        (
+            0.95,
+            V_LLAMA3,
+            Values::Probs,
+            Tol::Close {
+                rtol: 0.0,
+                atol: 1e-3,
+            },
+        ),
+    ] {
+        v.push(case(
+            &format!("top_p_threshold p={p} [4,{vocab}] {probs:?}"),
+            Op::TopPThreshold { p },
+            vec![opd(F32, &[4, vocab], probs)],
+            (F32, &[4]),
+            tol,
+        ));
+    }
     // Rows: all K accepted; none (later matches do not count); 2; 3.
     v.push(case(
         "accept_chain i32 [4,4] vs i64 [4,5]",

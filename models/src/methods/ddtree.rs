@@ -100,7 +100,8 @@ impl SpecMethod for DDTree {
         let drafter = dflash::open_drafter(target, cfg, draft_dir)?;
         let step = lower_ddtree_step(target.spec(), &drafter, shape, tree)
             .map_err(|e| lower_err("ddtree step", e))?;
-        let (draft_prefill, target_prefill) = dflash::prefills(target, &drafter)?;
+        let (draft_prefill, target_prefill) =
+            dflash::prefills(target, &drafter, &shape.acceptance)?;
         let draft_checkpoint = draft_checkpoint(draft_dir, &step, DFLASH_PREFIX, random_seed)?;
         let kind = DraftKind::DDTree {
             taps_width: drafter.taps_width(),

@@ -50,8 +50,8 @@ impl SpecMethod for DraftModel {
         let step = lower_draft_model_step(target.spec(), draft.spec(), shape)
             .map_err(|e| lower_err("draft_model step", e))?;
         let draft_prefill = lower_dense_prefixed(draft.spec(), DRAFT_PREFIX, Phase::Draft)?;
-        let target_prefill =
-            lower_target_prefill(target.spec(), &[]).map_err(|e| lower_err("target prefill", e))?;
+        let target_prefill = lower_target_prefill(target.spec(), &[], &shape.acceptance)
+            .map_err(|e| lower_err("target prefill", e))?;
         let draft_checkpoint = draft_checkpoint(draft_dir, &step, DRAFT_PREFIX, random_seed)?;
         Ok(Opened {
             draft: DraftSide::Model(Box::new(draft)),

@@ -36,7 +36,8 @@ pub use eagle3::{
     lower_eagle3_prefill, lower_eagle3_step, lower_eagle3_tree_step, EAGLE_BASE, EAGLE_COUNT,
     EAGLE_HIDDEN, EAGLE_TOKENS,
 };
-pub use plain::{lower_decode_step, lower_plain_greedy};
+pub use plain::{lower_decode_step, lower_plain, lower_plain_greedy};
+pub use sampling::FIRST_TOKEN;
 pub use step::{
     forward, forward_with_taps, lower_target_prefill, StepShape, ACCEPTED, BUDGET, EMITTED, HIDDEN,
     LEN, PENDING, RING, STEP, VERIFY_TOKENS,

@@ -64,18 +64,28 @@ impl SpecMethod for Plain {
     }
 }
 
-/// Plain greedy decoding of `target`: its prefill (no taps) and its [`lower_decode_step`]
-/// with a ring of `ring` tokens per sequence — the graphs of `--spec none`.
-pub fn lower_plain_greedy(target: &ModelSpec, ring: u64) -> Result<(Graph, Graph), IrError> {
+/// Plain decoding of `target` under `acceptance`: its prefill (no taps) and its
+/// [`lower_decode_step`] with a ring of `ring` tokens per sequence — the graphs of
+/// `method = "none"` and of every engine's plain decoding.
+pub fn lower_plain(
+    target: &ModelSpec,
+    ring: u64,
+    acceptance: &Acceptance,
+) -> Result<(Graph, Graph), IrError> {
     let shape = StepShape {
         num_steps: 0,
         ring,
-        acceptance: Acceptance::Greedy,
+        acceptance: acceptance.clone(),
     };
     Ok((
-        lower_target_prefill(target, &[])?,
+        lower_target_prefill(target, &[], acceptance)?,
         lower_decode_step(target, &shape)?,
     ))
+}
+
+/// [`lower_plain`] with greedy acceptance.
+pub fn lower_plain_greedy(target: &ModelSpec, ring: u64) -> Result<(Graph, Graph), IrError> {
+    lower_plain(target, ring, &Acceptance::Greedy)
 }
 
 /// Plain decoding as a self-feeding step graph (k = 0): one target token per step, chosen

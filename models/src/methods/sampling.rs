@@ -1,14 +1,15 @@
-//! Sampled acceptance and draft draws: target and draft distributions at a temperature,
-//! speculative sampling over a chain, and the counter-based RNG every draw reads.
+//! Sampled acceptance and draft draws: target and draft distributions (temperature, top-k,
+//! top-p), speculative sampling over a chain, the prefill's draw of the first token, and the
+//! counter-based RNG every draw reads.
 
 use specc_ir::op::B;
-use specc_ir::{BinaryOp, DType, Dim, Graph, IrError, Op, TensorType, ValueId};
+use specc_ir::{BinaryOp, DType, Dim, Graph, IrError, Op, ReduceOp, TensorType, ValueId};
 
 use super::step::{i32_ty, s, Builder, Common, StepShape};
 use crate::spec_config::Acceptance;
 
 /// One draft token from a logits row `[B, 1, V]`: the argmax (greedy) or a draw from
-/// softmax(row / temperature) with uniform column `col` (sampled acceptance).
+/// [`probs`] of the row with uniform column `col` (sampled acceptance).
 pub(super) fn choose(
     b: &mut Builder,
     shape: &StepShape,
@@ -18,8 +19,8 @@ pub(super) fn choose(
     dists: &mut Vec<ValueId>,
 ) -> Result<ValueId, IrError> {
     match (&shape.acceptance, c.uniforms) {
-        (Acceptance::Sample { temperature, .. }, Some(u)) => {
-            let q = probs(b, row, *temperature)?;
+        (Acceptance::Sample { .. }, Some(u)) => {
+            let q = probs(b, row, &shape.acceptance)?;
             dists.push(q);
             let q2 = b.reshape(q, &[B, b_vocab(b.g, q)])?;
             let uj = b.slice_cols(u, col, 1)?;
@@ -61,21 +62,152 @@ pub(super) fn b_vocab(g: &Graph, x: ValueId) -> Dim {
         .expect("logits have a vocab axis")
 }
 
-/// softmax(logits / temperature) over the vocab.
+/// The distribution sampled acceptance draws from, f32 `[..., V]` for `logits[..., V]`:
+/// softmax(logits / temperature), restricted to the `top_k` largest scaled logits (those
+/// tying the k-th are kept, as HF's `TopKLogitsWarper` does), then to the nucleus of mass
+/// `top_p` of what remains ([`Op::TopPThreshold`]), renormalised by a softmax over the
+/// kept logits (the others set to −inf). A filter at its no-op value (`top_k ≥ V`,
+/// `top_p = 1`) is left out, so plain temperature sampling lowers as it always has.
+///
+/// Drafts that sample draw from the same filtered distribution of their own logits:
+/// speculative sampling is exact for whatever distribution the drafts were drawn from (it
+/// is passed as `q`), and one filtered like the target's agrees with it more often.
 pub(super) fn probs(
     b: &mut Builder,
     logits: ValueId,
-    temperature: f64,
+    acceptance: &Acceptance,
 ) -> Result<ValueId, IrError> {
+    let Acceptance::Sample {
+        temperature,
+        top_k,
+        top_p,
+        ..
+    } = *acceptance
+    else {
+        unreachable!("only sampled acceptance draws tokens")
+    };
+    let ty = b.g.ty(logits).clone();
     let inv_t = b.g.add(
         Op::Fill {
             value: 1.0 / temperature,
+            ty: ty.clone(),
+        },
+        &[],
+    )?;
+    let mut scaled = b.bin(BinaryOp::Mul, logits, inv_t)?;
+    let vocab = b_vocab(b.g, logits)
+        .as_static()
+        .expect("logits have a static vocab axis");
+    if let Some(k) = top_k.filter(|&k| k < vocab) {
+        let top = b.g.add(Op::TopK { k }, &[scaled])?;
+        let axis = ty.shape.rank() - 1;
+        let kth = b.g.add(
+            Op::Slice {
+                axis,
+                start: k - 1,
+                len: 1,
+            },
+            &[top],
+        )?;
+        let kth = b.g.add(Op::Gather { axis }, &[scaled, kth])?;
+        let kth = spread_last(b, kth, vocab)?;
+        let below = b.bin(BinaryOp::Lt, scaled, kth)?;
+        scaled = drop_logits(b, below, scaled)?;
+    }
+    let p = b.g.add(Op::Softmax, &[scaled])?;
+    if top_p >= 1.0 {
+        return Ok(p);
+    }
+    let tau = b.g.add(Op::TopPThreshold { p: top_p }, &[p])?;
+    let mut dims = b.g.ty(tau).shape.dims().to_vec();
+    dims.push(Dim::Static(1));
+    let tau = b.reshape(tau, &dims)?;
+    let tau = spread_last(b, tau, vocab)?;
+    let outside = b.bin(BinaryOp::Lt, p, tau)?;
+    let kept = drop_logits(b, outside, scaled)?;
+    b.g.add(Op::Softmax, &[kept])
+}
+
+/// `x[..., 1]` repeated along its last axis into `[..., n]` (a gather with zero indices).
+fn spread_last(b: &mut Builder, x: ValueId, n: u64) -> Result<ValueId, IrError> {
+    let ty = b.g.ty(x).clone();
+    let axis = ty.shape.rank() - 1;
+    let zeros = b.g.add(
+        Op::Fill {
+            value: 0.0,
+            ty: TensorType::new(
+                DType::I32,
+                ty.shape.with_last(Dim::Static(n)).dims().to_vec(),
+            ),
+        },
+        &[],
+    )?;
+    b.g.add(Op::Gather { axis }, &[x, zeros])
+}
+
+/// `logits` with −inf where `drop` holds: tokens a softmax then gives probability 0.
+fn drop_logits(b: &mut Builder, drop: ValueId, logits: ValueId) -> Result<ValueId, IrError> {
+    let neg_inf = b.g.add(
+        Op::Fill {
+            value: f64::NEG_INFINITY,
             ty: b.g.ty(logits).clone(),
         },
         &[],
     )?;
-    let scaled = b.bin(BinaryOp::Mul, logits, inv_t)?;
-    b.g.add(Op::Softmax, &[scaled])
+    b.g.add(Op::Select, &[drop, neg_inf, logits])
+}
+
+/// Output of a target prefill under sampled acceptance: each lane's first generated token,
+/// `i32[B]` (greedy prefills leave the host to read `next_token` at the last position).
+pub const FIRST_TOKEN: &str = "first_token";
+
+/// The token after each lane's prompt under sampled acceptance, `i32[B]`: a draw from
+/// [`probs`] of the logits `[B, T, V]` at the lane's last prompt position — the largest of
+/// `positions[B, T]`, since a prompt sits at positions `0..P` and padding is −1 — with the
+/// uniform of counter `−1 − lane`. Step counters ([`rng_counters`]) are never negative,
+/// so this draw shares no uniform with a step ([`uniforms`] XORs one seed word into both,
+/// which keeps their sign bits apart).
+pub(super) fn first_token(
+    b: &mut Builder,
+    logits: ValueId,
+    positions: ValueId,
+    acceptance: &Acceptance,
+) -> Result<ValueId, IrError> {
+    let Acceptance::Sample { seed, .. } = *acceptance else {
+        unreachable!("only sampled acceptance draws the first token")
+    };
+    let v = b_vocab(b.g, logits);
+    let last = b.g.add(Op::Reduce(ReduceOp::Max), &[positions])?;
+    let last = b.reshape(last, &[B, s(1), s(1)])?;
+    let zeros = b.g.add(
+        Op::Fill {
+            value: 0.0,
+            ty: i32_ty(&[B, s(1), v]),
+        },
+        &[],
+    )?;
+    let rows = b.g.add(Op::Gather { axis: 2 }, &[last, zeros])?;
+    let row = b.g.add(Op::Gather { axis: 1 }, &[logits, rows])?;
+    let p = probs(b, row, acceptance)?;
+    let p = b.reshape(p, &[B, v])?;
+    let i64_b = TensorType::new(DType::I64, [B]);
+    let lane = b.g.add(
+        Op::Iota {
+            axis: 0,
+            ty: i64_b.clone(),
+        },
+        &[],
+    )?;
+    let minus_one = b.g.add(
+        Op::Fill {
+            value: -1.0,
+            ty: i64_b,
+        },
+        &[],
+    )?;
+    let counter = b.bin(BinaryOp::Sub, minus_one, lane)?;
+    let u = uniforms(b, counter, seed)?;
+    b.g.add(Op::Sample, &[p, u])
 }
 
 /// Speculative sampling (Leviathan et al.): accept draft token x_j with probability
@@ -147,6 +279,17 @@ pub(super) fn sample_accept(
     let tok = b.g.add(Op::Sample, &[row, u_bonus])?;
     let tok = b.reshape(tok, &[B, s(1)])?;
     Ok((a, tok))
+}
+
+/// The uniforms of `counters` under the user's `seed`. `random_uniform` XORs its seed into
+/// each counter, so seeds differing in a few low bits would only permute the counters of
+/// neighbouring columns and lanes (seed 1's uniforms would be seed 0's, reordered): the op
+/// gets `splitmix64(seed)` instead, and two seeds then share a uniform only where two
+/// counters differ by a random-looking 64-bit word, which the small counters of a step and
+/// the prefill's −1 − lane never do in practice.
+pub(super) fn uniforms(b: &mut Builder, counters: ValueId, seed: u64) -> Result<ValueId, IrError> {
+    let seed = specc_ir::interp::splitmix64(seed);
+    b.g.add(Op::RandomUniform { seed }, &[counters])
 }
 
 /// Distinct RNG counters `((step · 2^20 + lane) · S + column)` as i64 `[B, cols]`, `S` = 64

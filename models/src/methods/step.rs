@@ -18,8 +18,9 @@
 //! `0..=pos` only, so they are never seen, and the next step overwrites them.
 //!
 //! Host contract: admit a lane by prefilling target and draft with the prompt, then set
-//! `len = P`, `pending = [x(P-1), x(P)]` (x(P) = the target's greedy token after the
-//! prompt), `budget = min(max_new, Ctx - P - k - 2)` and `emitted = 0`. Then
+//! `len = P`, `pending = [x(P-1), x(P)]` (x(P) = the target's token after the prompt:
+//! the prefill's argmax, or under sampled acceptance its draw [`FIRST_TOKEN`]),
+//! `budget = min(max_new, Ctx - P - k - 2)` and `emitted = 0`. Then
 //! `len + k + 1 < Ctx` whenever `budget > 0`, so no position leaves the cache; kernels
 //! clamp positions anyway.
 
@@ -27,7 +28,9 @@ use specc_ir::engine::Phase;
 use specc_ir::op::B;
 use specc_ir::{BinaryOp, DType, Dim, Graph, IrError, Op, Shape, TensorType, ValueId};
 
-use super::sampling::{b_vocab, probs, rng_counters, sample_accept};
+use super::sampling::{
+    b_vocab, first_token, probs, rng_counters, sample_accept, uniforms, FIRST_TOKEN,
+};
 use crate::config::ModelSpec;
 use crate::lower::{decoder_layer, embed, lm_head, LayerNames};
 use crate::spec_config::Acceptance;
@@ -231,7 +234,7 @@ pub(super) fn begin(b: &mut Builder, shape: &StepShape) -> Result<Common, IrErro
         Acceptance::Greedy => None,
         Acceptance::Sample { seed, .. } => {
             let counters = rng_counters(b, step, 2 * k + 1)?;
-            Some(b.g.add(Op::RandomUniform { seed: *seed }, &[counters])?)
+            Some(uniforms(b, counters, *seed)?)
         }
     };
     Ok(Common {
@@ -289,8 +292,8 @@ pub(super) fn verify_and_commit(
         // k = 0: plain decoding; the "bonus" is the next token itself.
         _ if k == 0 => {
             let bonus = match (&shape.acceptance, c.uniforms) {
-                (Acceptance::Sample { temperature, .. }, Some(u)) => {
-                    let p = probs(b, target_logits, *temperature)?;
+                (Acceptance::Sample { .. }, Some(u)) => {
+                    let p = probs(b, target_logits, &shape.acceptance)?;
                     let p = b.reshape(p, &[B, b_vocab(b.g, p)])?;
                     let u0 = b.slice_cols(u, 0, 1)?;
                     let u0 = b.reshape(u0, &[B])?;
@@ -301,10 +304,10 @@ pub(super) fn verify_and_commit(
             };
             (c.zero_b, bonus)
         }
-        (Acceptance::Sample { temperature, .. }, Some(u)) => {
+        (Acceptance::Sample { .. }, Some(u)) => {
             let draft_tokens = b.g.add(Op::Concat { axis: 1 }, &drafted.tokens)?;
             let q = b.g.add(Op::Concat { axis: 1 }, &drafted.dists)?;
-            let p = probs(b, target_logits, *temperature)?;
+            let p = probs(b, target_logits, &shape.acceptance)?;
             sample_accept(b, p, q, draft_tokens, u, k)?
         }
         _ => {
@@ -424,10 +427,15 @@ pub(super) fn commit_all(b: &mut Builder, commits: &[(ValueId, ValueId)]) -> Res
 /// Input of a draft prefill that reads the target prefill's `taps` (EAGLE-3, DFlash).
 pub const HIDDEN: &str = "hidden";
 
-/// The target's prefill (bucket `T`): `logits`, `next_token` and, when `taps` is not
-/// empty, `taps` `[B, T, n_tap·H]` (the tapped layers' outputs, for a draft that reads
-/// them).
-pub fn lower_target_prefill(target: &ModelSpec, taps: &[usize]) -> Result<Graph, IrError> {
+/// The target's prefill (bucket `T`): `logits`, `next_token` (the argmax at every
+/// position), under sampled acceptance [`FIRST_TOKEN`] (each lane's first generated token,
+/// drawn) and, when `taps` is not empty, `taps` `[B, T, n_tap·H]` (the tapped layers'
+/// outputs, for a draft that reads them).
+pub fn lower_target_prefill(
+    target: &ModelSpec,
+    taps: &[usize],
+    acceptance: &Acceptance,
+) -> Result<Graph, IrError> {
     let mut g = Graph::new("target_prefill");
     let ids = TensorType::new(DType::I32, [B, specc_ir::op::T]);
     let tokens = g.input("tokens", ids.clone())?;
@@ -438,6 +446,10 @@ pub fn lower_target_prefill(target: &ModelSpec, taps: &[usize]) -> Result<Graph,
     let next = g.add(Op::Argmax, &[logits])?;
     g.set_output("logits", logits);
     g.set_output("next_token", next);
+    if let Acceptance::Sample { .. } = acceptance {
+        let first = first_token(&mut Builder { g: &mut g }, logits, positions, acceptance)?;
+        g.set_output(FIRST_TOKEN, first);
+    }
     if let Some(t) = taps_v {
         g.set_output("taps", t);
     }

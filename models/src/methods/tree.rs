@@ -14,7 +14,7 @@ use specc_ir::engine::Phase;
 use specc_ir::op::{tree_words, B};
 use specc_ir::{BinaryOp, DType, Dim, Graph, IrError, Op, ValueId};
 
-use super::sampling::{probs, rng_counters};
+use super::sampling::{probs, rng_counters, uniforms};
 use super::step::{emit, i32_ty, s, Builder, Common, StepShape, ACCEPTED, VERIFY_TOKENS};
 use crate::config::ModelSpec;
 use crate::lower::{decoder_layer_masked, embed, lm_head, LayerMask, LayerNames};
@@ -163,10 +163,11 @@ pub(super) struct TreeCommit {
 /// (`kv_move`). Sets the `accepted`, `verify_tokens` and [`TREE`] outputs.
 ///
 /// The target's token at each node is its argmax (greedy), or under sampled acceptance a
-/// draw from softmax(logits / temperature) with the node's own uniform. The walk descends
-/// while a child of the current node carries the current node's target token and emits that
-/// token when none does. Sampled, this is exact for any tree: each emitted token is a fresh
-/// draw from the target's distribution after the tokens emitted before it (the draws of
+/// draw from the node's filtered distribution (`sampling::probs`) with its own uniform. The
+/// walk descends while a child of the current node carries the current node's target token
+/// and emits that token when none does. Sampled, this is exact for any tree: each emitted
+/// token is a fresh draw from the target's (filtered) distribution after the tokens emitted
+/// before it (the draws of
 /// nodes off the path are independent and discarded), whatever the drafter proposed — the
 /// tree's tokens are deterministic (top-K), so there is no draft distribution to correct.
 pub(super) fn accept_and_commit(
@@ -182,15 +183,13 @@ pub(super) fn accept_and_commit(
     let n = b.g.ty(tokens).shape.dims()[1];
     let target_next = match &shape.acceptance {
         Acceptance::Greedy => b.g.add(Op::Argmax, &[v.logits])?,
-        Acceptance::Sample {
-            temperature, seed, ..
-        } => {
+        Acceptance::Sample { seed, .. } => {
             let Dim::Static(nodes) = n else {
                 unreachable!("a tree's node count is a constant")
             };
             let counters = rng_counters(b, c.step, nodes)?;
-            let u = b.g.add(Op::RandomUniform { seed: *seed }, &[counters])?;
-            let p = probs(b, v.logits, *temperature)?;
+            let u = uniforms(b, counters, *seed)?;
+            let p = probs(b, v.logits, &shape.acceptance)?;
             b.g.add(Op::Sample, &[p, u])?
         }
     };

@@ -6,7 +6,9 @@
 use std::collections::HashMap;
 
 use specc_ir::engine::{BucketPlan, Engine, GraphRole, Priming, StepContract};
-use specc_models::methods::{BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, HIDDEN, RING};
+use specc_models::methods::{
+    BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, RING,
+};
 
 use super::{CudaEngine, LoadedGraph, StepGraph, TokenRing, WeightSources, DEFAULT_RING_DEPTH};
 use crate::admission::{self, PrefillInputs};
@@ -209,13 +211,17 @@ impl<'a> CudaSpecSession<'a> {
         }
         let (tokens, pos) = repad(&pre, lanes, tb);
         let want_taps = self.contract.wants_taps();
-        let outs: &[&str] = if want_taps {
-            &["next_token", "taps"]
-        } else {
-            &["next_token"]
-        };
-        let out = self.run_prefill(true, tb, &tokens, &pos, &[], outs)?;
-        let first = admission::first_tokens(&read_i32(&out[0]), prompts, tb);
+        // Under sampled acceptance the prefill also draws each lane's first token.
+        let drawn = self
+            .prefill(self.contract.target_prefill, tb)?
+            .io(FIRST_TOKEN)
+            .is_ok();
+        let mut outs = vec!["next_token"];
+        outs.extend(want_taps.then_some("taps"));
+        outs.extend(drawn.then_some(FIRST_TOKEN));
+        let out = self.run_prefill(true, tb, &tokens, &pos, &[], &outs)?;
+        let drawn = drawn.then(|| read_i32(&out[outs.len() - 1]));
+        let first = admission::first_tokens_of(drawn.as_deref(), &read_i32(&out[0]), prompts, tb);
         match self.contract.priming() {
             Priming::None => {}
             Priming::Prompt => {

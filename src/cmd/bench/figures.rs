@@ -210,8 +210,8 @@ mod tests {
             ..req()
         });
         assert_eq!(
-            spec[0].label(Some(("DraftModel", 7))),
-            "DraftModel k=7 B=2 ctx=512"
+            spec[0].label(Some(("draft_model", 7))),
+            "draft_model k=7 B=2 ctx=512"
         );
     }
 
@@ -241,7 +241,10 @@ mod tests {
             spec: true,
             ..req()
         });
-        let labels: Vec<String> = p.iter().map(|f| f.label(Some(("DraftModel", 7)))).collect();
+        let labels: Vec<String> = p
+            .iter()
+            .map(|f| f.label(Some(("draft_model", 7))))
+            .collect();
         assert_eq!(
             labels,
             [
@@ -249,7 +252,7 @@ mod tests {
                 "verify T=8 B=1 ctx=1024",
                 "decode B=8 ctx=1024",
                 "decode B=1 ctx=8192",
-                "DraftModel k=7 B=1 ctx=1024"
+                "draft_model k=7 B=1 ctx=1024"
             ]
         );
         let s = sessions(&p);

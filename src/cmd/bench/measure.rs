@@ -88,6 +88,7 @@ pub fn measure(
                     batch_buckets: Some(vec![group.batch as u32]),
                     verify_tokens,
                     smallest_chunk_only: true,
+                    ..EngineExtras::default()
                 },
                 // The device's own check runs when the session allocates.
                 fit: None,

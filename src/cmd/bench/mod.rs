@@ -123,7 +123,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let method = c
         .spec
         .as_ref()
-        .map(|s| (format!("{:?}", s.method), s.num_steps as usize));
+        .map(|s| (s.method.name().to_string(), s.num_steps as usize));
     let method = method.as_ref().map(|(m, k)| (m.as_str(), *k));
     if !a.compare && !a.suite {
         return single(&a, &c.plan[0], &m, method);

@@ -44,7 +44,8 @@ pub fn figure_arg(f: &Figure, method: Option<Method>) -> Result<String, String> 
         Kind::Spec => match method {
             Some(Method::DraftModel) => Ok(format!("spec,{},{}", f.batch, f.context)),
             Some(m) => Err(format!(
-                "no PyTorch reference for method {m:?} (only draft_model is modelled)"
+                "no PyTorch reference for method {} (only draft_model is modelled)",
+                m.name()
             )),
             None => Err("no speculative method given".into()),
         },
@@ -250,7 +251,7 @@ mod tests {
             ]
         );
         let eagle = figure_arg(&f[4], Some(Method::Eagle3)).unwrap_err();
-        assert!(eagle.contains("Eagle3"), "{eagle}");
+        assert!(eagle.contains("method eagle3"), "{eagle}");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::{
 };
 use crate::error::ModelError;
 use crate::spec_bundle::DraftSide;
-use crate::spec_config::SpecConfig;
+use crate::spec_config::{Acceptance, SpecConfig};
 use crate::Model;
 
 pub(super) use context::draft_block;
@@ -50,7 +50,7 @@ impl SpecMethod for DFlash {
         let dflash = open_drafter(target, cfg, draft_dir)?;
         let step = lower_dflash_step(target.spec(), &dflash, shape)
             .map_err(|e| lower_err("dflash step", e))?;
-        let (draft_prefill, target_prefill) = prefills(target, &dflash)?;
+        let (draft_prefill, target_prefill) = prefills(target, &dflash, &shape.acceptance)?;
         let draft_checkpoint = draft_checkpoint(draft_dir, &step, DFLASH_PREFIX, random_seed)?;
         let kind = DraftKind::DFlash {
             taps_width: dflash.taps_width(),
@@ -104,10 +104,11 @@ pub(super) fn open_drafter(
 pub(super) fn prefills(
     target: &Model,
     dflash: &DFlashSpec,
+    acceptance: &Acceptance,
 ) -> Result<(specc_ir::Graph, specc_ir::Graph), ModelError> {
     let draft_prefill =
         lower_dflash_prefill(target.spec(), dflash).map_err(|e| lower_err("dflash prefill", e))?;
-    let target_prefill = lower_target_prefill(target.spec(), &dflash.taps)
+    let target_prefill = lower_target_prefill(target.spec(), &dflash.taps, acceptance)
         .map_err(|e| lower_err("target prefill", e))?;
     Ok((draft_prefill, target_prefill))
 }

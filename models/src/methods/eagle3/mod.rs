@@ -104,7 +104,7 @@ impl SpecMethod for Eagle3 {
         };
         let draft_prefill = lower_eagle3_prefill(target.spec(), &eagle)
             .map_err(|e| lower_err("eagle3 prefill", e))?;
-        let target_prefill = lower_target_prefill(target.spec(), &eagle.taps)
+        let target_prefill = lower_target_prefill(target.spec(), &eagle.taps, &shape.acceptance)
             .map_err(|e| lower_err("target prefill", e))?;
         let draft_checkpoint = draft_checkpoint(draft_dir, &step, EAGLE_PREFIX, random_seed)?;
         let taps_width = 3 * eagle.hidden();
