@@ -112,6 +112,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         ids: &ids,
         prompt: a.prompt,
         max_tokens,
+        context_bound: max_tokens < a.max_tokens,
         stop: a.stop,
         label: &label,
         ids_out: a.ids_out,
@@ -189,6 +190,9 @@ struct Out<'a> {
     ids: &'a [u32],
     prompt: &'a str,
     max_tokens: usize,
+    /// `max_tokens` is what the context holds (the request was clamped to it): reaching it
+    /// is reaching the end of the context.
+    context_bound: bool,
     stop: &'a [String],
     label: &'a str,
     ids_out: Option<&'a Path>,
@@ -224,8 +228,15 @@ fn generate(s: &mut dyn Speculator, o: &Out) -> Result<()> {
     let mut pending = first;
     let end = 'outer: loop {
         for tok in pending.drain(..) {
-            if eos.contains(&tok) || generated == max_tokens {
+            if eos.contains(&tok) {
                 break 'outer End::Asked;
+            }
+            if generated == max_tokens {
+                break 'outer if o.context_bound {
+                    End::Context
+                } else {
+                    End::Asked
+                };
             }
             generated += 1;
             all.push(tok);
@@ -237,7 +248,7 @@ fn generate(s: &mut dyn Speculator, o: &Out) -> Result<()> {
         }
         out.flush()?;
         if !s.live()?[0] {
-            break if generated < max_tokens {
+            break if generated < max_tokens || o.context_bound {
                 End::Context
             } else {
                 End::Asked
