@@ -71,7 +71,8 @@ fn measures_a_streaming_server() {
         assert!((40.0..1000.0).contains(&ttft50), "ttft p50 {ttft50}");
         assert!(ttft99 >= ttft50, "{level}");
         let (itl50, itl99) = (num(level, "itl_ms_p50"), num(level, "itl_ms_p99"));
-        assert!((10.0..300.0).contains(&itl50), "itl p50 {itl50}");
+        // Chunks read in one go share a timestamp, so a few gaps may be shorter than 10 ms.
+        assert!((9.0..300.0).contains(&itl50), "itl p50 {itl50}");
         assert!(itl99 >= itl50, "{level}");
         // Each worker finishes at most 6 tokens per 90 ms.
         let ceiling = concurrency * 6.0 / 0.090;
