@@ -194,6 +194,9 @@ pub enum Command {
         #[arg(long)]
         random_weights: bool,
     },
+    /// Load-test an OpenAI-compatible server (specc, vLLM, SGLang): output tokens/s, time to
+    /// first token and inter-token latency at each concurrency.
+    BenchServe(crate::cmd::bench_serve::BenchServeArgs),
 }
 
 #[cfg(test)]

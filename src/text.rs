@@ -3,38 +3,33 @@
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Result};
-use specc_models::files::is_regular;
-use specc_models::tokenizer;
+use specc_models::tokenizer::Tokenizer;
 use specc_models::ModelSpec;
-use tokenizers::Tokenizer;
 
 pub struct TextCodec {
     tok: Tokenizer,
 }
 
 impl TextCodec {
-    /// Loads `model_dir/tokenizer.json` (a regular file) and checks that every id it can
-    /// produce lies inside the vocabulary of `spec` (resolved from `config`): an id past it
-    /// would be clamped by the embedding into a wrong token, silently.
+    /// Loads the tokenizer of `model_dir` (`tokenizer.json`, else Kimi's `tiktoken.model`)
+    /// and checks that every id it can produce lies inside the vocabulary of `spec`
+    /// (resolved from `config`): an id past it would be clamped by the embedding into a
+    /// wrong token, silently.
     pub fn open(model_dir: &Path, spec: &ModelSpec, config: &Path) -> Result<Self> {
-        let path = model_dir.join("tokenizer.json");
-        if !is_regular(&path)? {
+        let Some(tok) = Tokenizer::from_dir(model_dir)? else {
             bail!(
-                "{}: tokenizer.json not found (a Hugging Face tokenizer file is required to run text)",
+                "{}: tokenizer.json not found (a Hugging Face tokenizer file, or Kimi's tiktoken.model, is required to run text)",
                 model_dir.display()
             );
-        }
-        let tok = tokenizer::load(&path)?;
-        let vocab = tok.get_vocab(true);
-        if let Some((token, &id)) = vocab.iter().max_by_key(|(_, &id)| id) {
+        };
+        if let Some((id, token, count)) = tok.max_id() {
             if id as usize >= spec.vocab {
                 bail!(
-                    "{}: expected token ids below vocab_size ({}, {}), found id {id} (token {}; {} ids in all)",
-                    path.display(),
+                    "{}: expected token ids below vocab_size ({}, {}), found id {id} (token {}; {count} ids in all)",
+                    tok.file().display(),
                     spec.vocab,
                     config.display(),
-                    serde_json::to_string(token).unwrap_or_default(),
-                    vocab.len()
+                    serde_json::to_string(&token).unwrap_or_default(),
                 );
             }
         }
@@ -43,13 +38,22 @@ impl TextCodec {
 
     /// Token ids of `text`, without special tokens (the caller adds BOS).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        tokenizer::encode(&self.tok, text)
-            .map_err(|e| anyhow!("tokenizer.json: cannot encode prompt: {e}"))
+        self.tok
+            .encode(text)
+            .map_err(|e| anyhow!("{}: cannot encode prompt: {e}", self.file_name()))
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        tokenizer::decode(&self.tok, ids, true)
-            .map_err(|e| anyhow!("tokenizer.json: cannot decode ids: {e}"))
+        self.tok
+            .decode(ids, true)
+            .map_err(|e| anyhow!("{}: cannot decode ids: {e}", self.file_name()))
+    }
+
+    fn file_name(&self) -> String {
+        self.tok
+            .file()
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
     }
 }
 

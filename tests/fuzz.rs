@@ -1,5 +1,6 @@
 //! Fuzz targets for every file specc reads from a user: config.json, spec.toml, a
-//! safetensors header, the shard index, tokenizer.json and the engine manifest. Each target
+//! safetensors header, the shard index, tokenizer.json, Kimi's tiktoken.model with its
+//! tokenizer_config.json, and the engine manifest. Each target
 //! must answer every input with `Ok` or an error, never a panic or a hang (harness:
 //! `tests/fuzz_harness/mod.rs`; budget from `SPECC_FUZZ_SECS` / `SPECC_FUZZ_ITERS`), and
 //! never hold more heap at once than the harness's bound for its length.
@@ -13,6 +14,7 @@ use common::{default_model, fixture, repo_path};
 use fuzz_harness::{alloc, fuzz};
 use specc_ir::engine::{Engine, Target};
 use specc_models::spec_bundle::{engine_input, EngineExtras};
+use specc_models::tiktoken::Tiktoken;
 use specc_models::{tokenizer, Checkpoint, Model, ModelSpec, SpecConfig};
 
 #[global_allocator]
@@ -128,6 +130,30 @@ fn tokenizer_json() {
         if let Ok(tok) = tokenizer::parse(path, b) {
             if let Ok(ids) = tokenizer::encode(&tok, "def __init__(self): 12 ü") {
                 let _ = tokenizer::decode(&tok, &ids, false);
+            }
+        }
+    });
+}
+
+#[test]
+fn tiktoken_model() {
+    let dir = repo_path("tests/fixtures/tiktoken_small");
+    let ranks = read(&dir.join("tiktoken.model"));
+    let config = read(&dir.join("tokenizer_config.json"));
+    let (ranks_file, config_file) = (
+        Path::new("tiktoken.model"),
+        Path::new("tokenizer_config.json"),
+    );
+    // One input is a ranks file and a config, cut apart at a 0xff byte (absent from both
+    // seeds' text), so the fuzzer varies either; as `run` uses them: build, encode, decode.
+    let seed = [ranks.as_slice(), &[0xff], config.as_slice()].concat();
+    fuzz("tiktoken.model", &[seed], |b| {
+        let cut = b.iter().position(|&x| x == 0xff).unwrap_or(b.len());
+        let ranks = String::from_utf8_lossy(&b[..cut]);
+        let config = b.get(cut + 1..).map(String::from_utf8_lossy);
+        if let Ok(tok) = Tiktoken::from_text(ranks_file, &ranks, config_file, config.as_deref()) {
+            if let Ok(ids) = tok.encode("def 你好(self): 12 ü <|im_end|>") {
+                let _ = tok.decode(&ids, true);
             }
         }
     });

@@ -22,6 +22,7 @@ pub mod methods;
 mod model;
 pub mod spec_bundle;
 pub mod spec_config;
+pub mod tiktoken;
 pub mod tokenizer;
 
 pub use checkpoint::{Checkpoint, TensorEntry};

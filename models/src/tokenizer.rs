@@ -1,14 +1,94 @@
-//! Hugging Face `tokenizer.json` through the `tokenizers` library, with that library's
-//! panics on malformed files (found by `tests/fuzz.rs`) turned into errors naming the file.
+//! A model directory's tokenizer: Hugging Face `tokenizer.json` through the `tokenizers`
+//! library (its panics on malformed files, found by `tests/fuzz.rs`, turned into errors
+//! naming the file), or Kimi's `tiktoken.model` ([`crate::tiktoken`]) when a directory has
+//! that and no `tokenizer.json`.
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Once;
 
-use tokenizers::Tokenizer;
+use tokenizers::Tokenizer as HfTokenizer;
 
 use crate::error::ModelError;
+use crate::files::is_regular;
+use crate::tiktoken::Tiktoken;
+
+/// The tokenizer file names a model directory is searched for, in order of preference.
+pub const HF_FILE: &str = "tokenizer.json";
+pub const TIKTOKEN_FILE: &str = "tiktoken.model";
+
+/// Either backend, behind one encode / decode.
+pub enum Tokenizer {
+    Hf {
+        tok: Box<HfTokenizer>,
+        file: PathBuf,
+    },
+    Tiktoken(Box<Tiktoken>),
+}
+
+impl Tokenizer {
+    /// `dir/tokenizer.json` when it exists, else `dir/tiktoken.model` (with
+    /// `tokenizer_config.json`); `Ok(None)` when there is neither.
+    pub fn from_dir(dir: &Path) -> Result<Option<Self>, ModelError> {
+        let hf = dir.join(HF_FILE);
+        if is_regular(&hf)? {
+            let tok = load(&hf)?;
+            return Ok(Some(Tokenizer::Hf {
+                tok: Box::new(tok),
+                file: hf,
+            }));
+        }
+        if is_regular(&dir.join(TIKTOKEN_FILE))? {
+            return Ok(Some(Tokenizer::Tiktoken(Box::new(Tiktoken::load(dir)?))));
+        }
+        Ok(None)
+    }
+
+    /// The file it was read from (for messages).
+    pub fn file(&self) -> &Path {
+        match self {
+            Tokenizer::Hf { file, .. } => file,
+            Tokenizer::Tiktoken(t) => t.ranks_file(),
+        }
+    }
+
+    /// The highest id it can produce, that token's text and the number of ids (for the
+    /// vocabulary check).
+    pub fn max_id(&self) -> Option<(u32, String, usize)> {
+        match self {
+            Tokenizer::Hf { tok, .. } => {
+                let vocab = tok.get_vocab(true);
+                let count = vocab.len();
+                vocab
+                    .into_iter()
+                    .max_by_key(|(_, id)| *id)
+                    .map(|(token, id)| (id, token, count))
+            }
+            Tokenizer::Tiktoken(t) => {
+                let id = t.num_ids().checked_sub(1)?;
+                let token = t.decode(&[id], false).unwrap_or_default();
+                Some((id, token, t.num_ids() as usize))
+            }
+        }
+    }
+
+    /// The ids of `text` (no BOS added; special-token text maps to its id in both backends).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        match self {
+            Tokenizer::Hf { tok, .. } => encode(tok, text),
+            Tokenizer::Tiktoken(t) => t.encode(text),
+        }
+    }
+
+    /// The text of `ids`, special tokens skipped when `skip_special`.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, String> {
+        match self {
+            Tokenizer::Hf { tok, .. } => decode(tok, ids, skip_special),
+            Tokenizer::Tiktoken(t) => t.decode(ids, skip_special),
+        }
+    }
+}
 
 thread_local! {
     /// Whether this thread is inside [`guarded`] (its panics are reported as errors).
@@ -39,18 +119,18 @@ pub fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
 }
 
 /// Parses the tokenizer file `path` (contents `bytes`).
-pub fn parse(path: &Path, bytes: &[u8]) -> Result<Tokenizer, ModelError> {
+pub fn parse(path: &Path, bytes: &[u8]) -> Result<HfTokenizer, ModelError> {
     let err = |msg: String| ModelError::Tokenizer {
         file: path.to_path_buf(),
         msg,
     };
-    guarded(|| Tokenizer::from_bytes(bytes))
+    guarded(|| HfTokenizer::from_bytes(bytes))
         .map_err(err)?
         .map_err(|e| err(e.to_string()))
 }
 
 /// Reads and parses the tokenizer file `path`.
-pub fn load(path: &Path) -> Result<Tokenizer, ModelError> {
+pub fn load(path: &Path) -> Result<HfTokenizer, ModelError> {
     let bytes = std::fs::read(path).map_err(|source| ModelError::Io {
         file: path.to_path_buf(),
         source,
@@ -59,7 +139,7 @@ pub fn load(path: &Path) -> Result<Tokenizer, ModelError> {
 }
 
 /// The ids of `text` (no special tokens added).
-pub fn encode(tok: &Tokenizer, text: &str) -> Result<Vec<u32>, String> {
+pub fn encode(tok: &HfTokenizer, text: &str) -> Result<Vec<u32>, String> {
     match guarded(|| tok.encode(text, false)) {
         Ok(Ok(enc)) => Ok(enc.get_ids().to_vec()),
         Ok(Err(e)) => Err(e.to_string()),
@@ -68,7 +148,7 @@ pub fn encode(tok: &Tokenizer, text: &str) -> Result<Vec<u32>, String> {
 }
 
 /// The text of `ids`, special tokens skipped when `skip_special`.
-pub fn decode(tok: &Tokenizer, ids: &[u32], skip_special: bool) -> Result<String, String> {
+pub fn decode(tok: &HfTokenizer, ids: &[u32], skip_special: bool) -> Result<String, String> {
     match guarded(|| tok.decode(ids, skip_special)) {
         Ok(Ok(text)) => Ok(text),
         Ok(Err(e)) => Err(e.to_string()),

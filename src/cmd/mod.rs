@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 mod bench;
+pub mod bench_serve;
 mod compile;
 mod engine;
 mod fit;
@@ -111,5 +112,6 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             backend,
             &out,
         ),
+        Command::BenchServe(args) => bench_serve::bench_serve(&args),
     }
 }
