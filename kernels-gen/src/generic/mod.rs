@@ -167,6 +167,8 @@ pub fn single(
         | Op::Attention { .. }
         | Op::MoeRoute { .. }
         | Op::MoeExperts
+        | Op::HeadMatMul { .. }
+        | Op::MlaAttention { .. }
         | Op::AllReduce => return Err(unsupported_err(op, unsupported(op).unwrap_or(""))),
     };
     Ok(vec![k])
@@ -180,7 +182,12 @@ fn unsupported(op: &Op) -> Option<&'static str> {
         }
         Op::Rope { .. } => Some("rotary embedding is the rope family (rope::rope_kv)"),
         Op::Attention { .. } => Some("attention is the attention family"),
-        Op::MoeRoute { .. } | Op::MoeExperts => Some("MoE ops have no generic kernel"),
+        Op::MoeRoute { .. } | Op::MoeExperts => {
+            Some("the CUDA backend does not support MoE layers yet")
+        }
+        Op::HeadMatMul { .. } | Op::MlaAttention { .. } => {
+            Some("the CUDA backend does not support MLA attention yet")
+        }
         Op::AllReduce => Some("a collective across ranks, not a kernel"),
         _ => None,
     }

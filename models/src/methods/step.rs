@@ -171,7 +171,7 @@ pub fn forward_with_taps(
         x = decoder_layer(
             g,
             spec,
-            &LayerNames::with_prefix(prefix, layer),
+            &LayerNames::of(spec, prefix, layer),
             x,
             positions,
         )?;
