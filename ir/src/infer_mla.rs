@@ -17,7 +17,11 @@ pub(crate) fn head_matmul(trans_w: bool, a: &[&TensorType]) -> R {
         return Err(format!("head_matmul input must have rank >= 2, got {x}"));
     }
     let (h, k) = (x.shape.0[r - 2], x.shape.0[r - 1]);
-    same_dim(h, w.shape.0[0], "head_matmul heads (x[..., H, K] vs w[H, ...])")?;
+    same_dim(
+        h,
+        w.shape.0[0],
+        "head_matmul heads (x[..., H, K] vs w[H, ...])",
+    )?;
     let (wk, wn) = if trans_w {
         (w.shape.0[2], w.shape.0[1])
     } else {
@@ -53,7 +57,11 @@ pub(crate) fn mla_attention(mask: AttnMask, a: &[&TensorType]) -> R {
         ));
     }
     same_dim(q[3], cs[3], "mla_attention latent dim (q_lat vs cache)")?;
-    same_dim(qp.shape.0[3], ps[3], "mla_attention rope dim (q_pe vs cache)")?;
+    same_dim(
+        qp.shape.0[3],
+        ps[3],
+        "mla_attention rope dim (q_pe vs cache)",
+    )?;
     same_dim(q[0], pos.shape.0[0], "mla_attention positions batch")?;
     same_dim(q[1], pos.shape.0[1], "mla_attention positions tokens")?;
     if mask == AttnMask::Tree {

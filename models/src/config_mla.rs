@@ -7,7 +7,6 @@
 
 use std::path::Path;
 
-use serde::Deserialize;
 use serde_json::Value;
 use specc_ir::{DType, RopeScaling, RopeStyle};
 
@@ -25,7 +24,7 @@ pub enum Nullable {
 
 impl<'de> serde::Deserialize<'de> for Nullable {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(match Value::deserialize(d)? {
+        Ok(match <Value as serde::Deserialize>::deserialize(d)? {
             Value::Null => Nullable::Null,
             v => Nullable::Value(v),
         })
@@ -113,7 +112,12 @@ fn count(file: &Path, field: &str, v: Option<Count>) -> Result<usize, ModelError
 }
 
 /// An optional count with transformers' default.
-fn count_or(file: &Path, field: &str, v: Option<Count>, default: usize) -> Result<usize, ModelError> {
+fn count_or(
+    file: &Path,
+    field: &str,
+    v: Option<Count>,
+    default: usize,
+) -> Result<usize, ModelError> {
     match v {
         None => Ok(default),
         v => count(file, field, v),
@@ -172,7 +176,11 @@ pub(crate) fn yarn(
     if beta_fast <= 0.0 || beta_slow <= 0.0 {
         return Err(ModelError::field(
             file,
-            f(if beta_fast <= 0.0 { "beta_fast" } else { "beta_slow" }),
+            f(if beta_fast <= 0.0 {
+                "beta_fast"
+            } else {
+                "beta_slow"
+            }),
             "a positive number",
             beta_fast.min(beta_slow),
         ));

@@ -393,7 +393,12 @@ fn attention(
 }
 
 /// SwiGLU MLP: `down(silu(gate(h)) · up(h))`.
-pub(crate) fn mlp(g: &mut Graph, spec: &ModelSpec, p: &str, h: ValueId) -> Result<ValueId, IrError> {
+pub(crate) fn mlp(
+    g: &mut Graph,
+    spec: &ModelSpec,
+    p: &str,
+    h: ValueId,
+) -> Result<ValueId, IrError> {
     let (hid, ffn) = (spec.hidden, spec.intermediate);
     let gate = linear(g, spec, h, &format!("{p}.mlp.gate_proj.weight"), ffn, hid)?;
     let up = linear(g, spec, h, &format!("{p}.mlp.up_proj.weight"), ffn, hid)?;

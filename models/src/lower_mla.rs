@@ -36,9 +36,18 @@ pub(crate) fn decoder_layer(
     positions: ValueId,
     mask: LayerMask,
 ) -> Result<(ValueId, ValueId, ValueId), IrError> {
-    let mla = spec.mla.as_ref().expect("decoder_layer dispatches here only for MLA");
+    let mla = spec
+        .mla
+        .as_ref()
+        .expect("decoder_layer dispatches here only for MLA");
     let p = &names.weights;
-    let h = rmsnorm(g, spec, x, &format!("{p}.input_layernorm.weight"), spec.hidden)?;
+    let h = rmsnorm(
+        g,
+        spec,
+        x,
+        &format!("{p}.input_layernorm.weight"),
+        spec.hidden,
+    )?;
     let (a, c_cache, pe_cache) = attention(g, spec, mla, names, h, positions, mask)?;
     let x = g.add(Op::Binary(BinaryOp::Add), &[x, a])?;
     let h = rmsnorm(
@@ -52,7 +61,11 @@ pub(crate) fn decoder_layer(
         Some(moe) if moe.is_moe_layer(names.layer) => moe_block(g, spec, moe, p, h)?,
         _ => mlp(g, spec, p, h)?,
     };
-    Ok((g.add(Op::Binary(BinaryOp::Add), &[x, m])?, c_cache, pe_cache))
+    Ok((
+        g.add(Op::Binary(BinaryOp::Add), &[x, m])?,
+        c_cache,
+        pe_cache,
+    ))
 }
 
 /// Cache state types of one layer: latent `[B, Ctx, 1, kv_lora_rank]`, rope key
@@ -74,7 +87,13 @@ fn rmsnorm_eps(
     g.add(Op::RmsNorm { eps }, &[x, w])
 }
 
-fn slice(g: &mut Graph, x: ValueId, axis: usize, start: usize, len: usize) -> Result<ValueId, IrError> {
+fn slice(
+    g: &mut Graph,
+    x: ValueId,
+    axis: usize,
+    start: usize,
+    len: usize,
+) -> Result<ValueId, IrError> {
     g.add(
         Op::Slice {
             axis,
@@ -111,7 +130,14 @@ fn attention(
     let s = Dim::from;
     let q = match mla.q_lora_rank {
         Some(r) => {
-            let qa = linear(g, spec, h, &format!("{p}.self_attn.q_a_proj.weight"), r, hid)?;
+            let qa = linear(
+                g,
+                spec,
+                h,
+                &format!("{p}.self_attn.q_a_proj.weight"),
+                r,
+                hid,
+            )?;
             let qa = rmsnorm_eps(
                 g,
                 spec,
@@ -120,9 +146,23 @@ fn attention(
                 r,
                 LORA_NORM_EPS,
             )?;
-            linear(g, spec, qa, &format!("{p}.self_attn.q_b_proj.weight"), nh * qk, r)?
+            linear(
+                g,
+                spec,
+                qa,
+                &format!("{p}.self_attn.q_b_proj.weight"),
+                nh * qk,
+                r,
+            )?
         }
-        None => linear(g, spec, h, &format!("{p}.self_attn.q_proj.weight"), nh * qk, hid)?,
+        None => linear(
+            g,
+            spec,
+            h,
+            &format!("{p}.self_attn.q_proj.weight"),
+            nh * qk,
+            hid,
+        )?,
     };
     let q = reshape(g, q, &[bd, td, s(nh), s(qk)])?;
     let q_nope = slice(g, q, 3, 0, dn)?;
@@ -214,7 +254,13 @@ fn attention(
 }
 
 /// `down(silu(gate(h)) · up(h))` with the projections `{stem}.{gate,up,down}_proj.weight`.
-fn swiglu(g: &mut Graph, spec: &ModelSpec, stem: &str, ffn: usize, h: ValueId) -> Result<ValueId, IrError> {
+fn swiglu(
+    g: &mut Graph,
+    spec: &ModelSpec,
+    stem: &str,
+    ffn: usize,
+    h: ValueId,
+) -> Result<ValueId, IrError> {
     let hid = spec.hidden;
     let gate = linear(g, spec, h, &format!("{stem}.gate_proj.weight"), ffn, hid)?;
     let up = linear(g, spec, h, &format!("{stem}.up_proj.weight"), ffn, hid)?;
@@ -299,13 +345,16 @@ pub(crate) fn param_count(spec: &ModelSpec, mla: &MlaSpec, moe: &MoeSpec) -> Opt
     let (h, nh) = (n(spec.hidden), n(spec.heads));
     let qk = n(mla.qk_head_dim());
     let q = match mla.q_lora_rank {
-        Some(r) => h.checked_mul(n(r))?
+        Some(r) => h
+            .checked_mul(n(r))?
             .checked_add(n(r))?
             .checked_add(n(r).checked_mul(nh.checked_mul(qk)?)?)?,
         None => h.checked_mul(nh.checked_mul(qk)?)?,
     };
     let l = n(mla.kv_lora_rank);
-    let kv_a = h.checked_mul(l.checked_add(n(mla.qk_rope_head_dim))?)?.checked_add(l)?;
+    let kv_a = h
+        .checked_mul(l.checked_add(n(mla.qk_rope_head_dim))?)?
+        .checked_add(l)?;
     let kv_b = l.checked_mul(nh.checked_mul(n(mla.qk_nope_head_dim + mla.v_head_dim))?)?;
     let o = nh.checked_mul(n(mla.v_head_dim))?.checked_mul(h)?;
     let attn = q.checked_add(kv_a)?.checked_add(kv_b)?.checked_add(o)?;

@@ -18,12 +18,18 @@ use reference::{check_dir, fixture, read_reference, rel_l2};
 /// Relative L2 error allowed on f32 logits.
 const TOL: f64 = 1e-4;
 /// bf16: HF runs the naive MLA form in bf16, the interpreter the absorbed one; the rounding
-/// points differ (measured 5e-3 on this fixture).
-const TOL_BF16: f64 = 2e-2;
+/// points differ. Measured 1.4e-2; transformers itself, running the same bf16 weights in f32,
+/// differs from its bf16 run by 1.3e-2 (the fixture is chosen with no expert choice at a tie).
+const TOL_BF16: f64 = 3e-2;
 
 #[test]
 fn deepseek_v3_qlora() {
-    check_dir("deepseek_v3_qlora", &fixture("deepseek_v3_qlora"), TOL, true);
+    check_dir(
+        "deepseek_v3_qlora",
+        &fixture("deepseek_v3_qlora"),
+        TOL,
+        true,
+    );
 }
 
 #[test]
@@ -50,7 +56,11 @@ fn deepseek_v3_bf16() {
 /// `rope_parameters` (config.transformers5.json) are the same model.
 #[test]
 fn both_config_layouts_agree() {
-    for name in ["deepseek_v3_qlora", "deepseek_v3_no_qlora", "deepseek_v3_bf16"] {
+    for name in [
+        "deepseek_v3_qlora",
+        "deepseek_v3_no_qlora",
+        "deepseek_v3_bf16",
+    ] {
         let dir = fixture(name);
         let hub = ModelSpec::from_file(&dir.join("config.json")).unwrap();
         let v5 = ModelSpec::from_file(&dir.join("config.transformers5.json")).unwrap();
@@ -61,8 +71,8 @@ fn both_config_layouts_agree() {
 
 /// Writes `tensors` (name → view) as `dir/model.safetensors`.
 fn write_checkpoint(dir: &Path, tensors: &BTreeMap<String, TensorView<'_>>) {
-    let bytes = safetensors::serialize(tensors.iter().map(|(k, v)| (k.clone(), v.clone())), &None)
-        .unwrap();
+    let bytes =
+        safetensors::serialize(tensors.iter().map(|(k, v)| (k.clone(), v.clone())), &None).unwrap();
     std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
 }
 
@@ -119,7 +129,10 @@ fn kimi_k25_layout() {
     let (err, model) = logits_error(&tmp, &src);
     assert!(err <= TOL, "kimi_k25 logits rel L2 {err:.3e}");
     assert_eq!(model.spec().weight_prefix, "language_model.");
-    let note = model.checkpoint().note().expect("skipped tensors are noted");
+    let note = model
+        .checkpoint()
+        .note()
+        .expect("skipped tensors are noted");
     assert!(note.contains("1 × MTP layers"), "{note}");
     assert!(note.contains("2 × vision tower and projector"), "{note}");
 }

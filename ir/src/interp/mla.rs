@@ -104,7 +104,9 @@ pub(crate) fn mla_attention(args: &[&Tensor], scale: f64, mask: AttnMask, out: &
     for bi in 0..b {
         for ti in 0..t {
             let allowed = match tree {
-                None => Slots::Prefix(pv[bi * t + ti].saturating_add(1).clamp(0, ctx as i64) as usize),
+                None => {
+                    Slots::Prefix(pv[bi * t + ti].saturating_add(1).clamp(0, ctx as i64) as usize)
+                }
                 Some((pl, anc)) => Slots::Tree {
                     prefix: pl[bi],
                     words: &anc[(bi * t + ti) * words..][..words],
@@ -173,18 +175,12 @@ mod tests {
         let got = run_op(Op::HeadMatMul { trans_w: false }, vec![x.clone(), wkn]);
         // Head 0: [1+8, 2+10, 3+12]; head 1: [-1, 3, 1].
         assert_eq!(got.shape, vec![1, 2, 3]);
-        assert_eq!(
-            got.as_f32().unwrap(),
-            &[9.0, 12.0, 15.0, -1.0, 3.0, 1.0]
-        );
+        assert_eq!(got.as_f32().unwrap(), &[9.0, 12.0, 15.0, -1.0, 3.0, 1.0]);
         // The same matrices given as [N, K].
         let wt = [1.0, 4.0, 2.0, 5.0, 3.0, 6.0, 0.0, 1.0, 1.0, 0.0, 0.0, -1.0];
         let wnk = tf(DType::F32, &[2, 3, 2], &wt);
         let got = run_op(Op::HeadMatMul { trans_w: true }, vec![x, wnk]);
-        assert_eq!(
-            got.as_f32().unwrap(),
-            &[9.0, 12.0, 15.0, -1.0, 3.0, 1.0]
-        );
+        assert_eq!(got.as_f32().unwrap(), &[9.0, 12.0, 15.0, -1.0, 3.0, 1.0]);
     }
 
     /// L = 2, R = 2, Ctx 3, one head: c = [[1, 0], [0, 1], [2, 2]], pe = [[1, 0], [0, 0],
@@ -201,7 +197,10 @@ mod tests {
             scale: 1.0,
             mask: AttnMask::Causal,
         };
-        let got = run_op(op.clone(), vec![ql.clone(), qp.clone(), c.clone(), pe.clone(), pos]);
+        let got = run_op(
+            op.clone(),
+            vec![ql.clone(), qp.clone(), c.clone(), pe.clone(), pos],
+        );
         let (e1, e0) = (1.0f32.exp(), 1.0f32);
         let (p0, p1) = (e1 / (e1 + e0), e0 / (e1 + e0));
         assert_close(got.as_f32().unwrap(), &[p0, p1], 1e-6);
@@ -250,7 +249,9 @@ mod tests {
         let mut rnd = |n: usize| -> Vec<f32> {
             (0..n)
                 .map(|_| {
-                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
                     ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
                 })
                 .collect()
@@ -274,7 +275,9 @@ mod tests {
                     .map(|i| (0..l).map(|j| w(i, j) * c[j]).sum())
                     .collect();
                 let mut sc: f32 = (0..dn).map(|i| q_nope[hi * dn + i] * k_nope[i]).sum();
-                sc += (0..dr).map(|i| q_pe[hi * dr + i] * pe[s * dr + i]).sum::<f32>();
+                sc += (0..dr)
+                    .map(|i| q_pe[hi * dr + i] * pe[s * dr + i])
+                    .sum::<f32>();
                 scores.push(sc * scale as f32);
             }
             let m = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
