@@ -197,24 +197,6 @@ impl Ctx<'_> {
     }
 }
 
-/// Architectures whose ops have no CUDA kernels yet (DeepSeek-V3 / Kimi-K2: MLA, MoE) are
-/// refused up front with one line naming what is missing, before any group is planned.
-fn refuse_unsupported_models(g: &Graph) -> Result<(), Error> {
-    for (_, n) in g.nodes() {
-        let why = match n.op {
-            Op::HeadMatMul { .. } | Op::MlaAttention { .. } => {
-                "the CUDA backend does not support MLA attention yet (DeepSeek-V3 / Kimi-K2 run on --backend cpu)"
-            }
-            Op::MoeRoute { .. } | Op::MoeExperts => {
-                "the CUDA backend does not support MoE layers yet (DeepSeek-V3 / Kimi-K2 run on --backend cpu)"
-            }
-            _ => continue,
-        };
-        return Err(unsupported(n.op.info().name, why.into()));
-    }
-    Ok(())
-}
-
 /// Generates every launch of one bucket's plan for `target` (kernels pick their work
 /// splits from its facts, e.g. how many stages of operands to stage in shared memory).
 pub fn plan_kernels(
@@ -223,7 +205,6 @@ pub fn plan_kernels(
     plan: &LaunchPlan,
     target: &Target,
 ) -> Result<KernelPlan, Error> {
-    refuse_unsupported_models(g)?;
     let get = |d| plan.bind.get(d).unwrap_or(1) as u32;
     let bucket = Bucket {
         b: get(BucketDim::B),
