@@ -1,7 +1,8 @@
 //! Fuzz targets for every file specc reads from a user: config.json, spec.toml, a
 //! safetensors header, the shard index, tokenizer.json and the engine manifest. Each target
 //! must answer every input with `Ok` or an error, never a panic or a hang (harness:
-//! `tests/fuzz_harness/mod.rs`; budget from `SPECC_FUZZ_SECS` / `SPECC_FUZZ_ITERS`).
+//! `tests/fuzz_harness/mod.rs`; budget from `SPECC_FUZZ_SECS` / `SPECC_FUZZ_ITERS`), and
+//! never hold more heap at once than the harness's bound for its length.
 
 mod common;
 mod fuzz_harness;
@@ -9,10 +10,25 @@ mod fuzz_harness;
 use std::path::Path;
 
 use common::{default_model, fixture, repo_path};
-use fuzz_harness::fuzz;
+use fuzz_harness::{alloc, fuzz};
 use specc_ir::engine::{Engine, Target};
 use specc_models::spec_bundle::{engine_input, EngineExtras};
 use specc_models::{tokenizer, Checkpoint, Model, ModelSpec, SpecConfig};
+
+#[global_allocator]
+static HEAP: alloc::Counting = alloc::Counting;
+
+/// The guard itself: an allocation past the bound is seen.
+#[test]
+fn the_heap_bound_catches_a_large_allocation() {
+    let held = alloc::peak_during(|| {
+        let v = vec![0u8; 40 << 20];
+        std::hint::black_box(&v);
+    });
+    assert!(held >= 40 << 20, "counted {held} bytes");
+    assert!(held > fuzz_harness::heap_bound(1000));
+    assert!(alloc::peak_during(|| ()) < 4096);
+}
 
 /// A scratch directory, in memory where the machine has one (targets write a file per input).
 fn scratch() -> tempfile::TempDir {

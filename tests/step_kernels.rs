@@ -827,6 +827,39 @@ fn deepseek_v3_steps_plan_and_compile() {
             Bindings::new(1, 16, 256),
         ),
     ];
+
+/// Head dims the split attention kernel once refused (96), or that tile no 16-wide mma
+/// fragment (40): the decode step and prefill of a small Llama plan to kernels, attention
+/// included, and (with NVRTC) compile for every arch. Their GPU results are checked against
+/// the interpreter on the device (`gpu_e2e`'s `uncommon_head_dims_match_cpu`).
+#[test]
+fn uncommon_head_dims_plan_and_compile() {
+    let plain = StepShape {
+        num_steps: 0,
+        ring: 64,
+        acceptance: Acceptance::Greedy,
+    };
+    let mut list = Vec::new();
+    for head_dim in [96u32, 80, 40] {
+        let cfg = format!(
+            r#"{{"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediate_size": 512,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": {head_dim},
+            "num_hidden_layers": 2, "vocab_size": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+            "max_position_embeddings": 1024, "torch_dtype": "bfloat16"}}"#
+        );
+        let spec =
+            specc_models::ModelSpec::from_json(std::path::Path::new("config.json"), &cfg).unwrap();
+        list.push((
+            format!("head_dim {head_dim}: decode step"),
+            lower_decode_step(&spec, &plain).unwrap(),
+            Bindings::new(4, 1, 256),
+        ));
+        list.push((
+            format!("head_dim {head_dim}: prefill"),
+            lower_target_prefill(&spec, &[], &Acceptance::Greedy).unwrap(),
+            Bindings::new(1, 16, 256),
+        ));
+    }
     let nvrtc = Nvrtc::new().is_ok();
     if !nvrtc && std::env::var("SPECC_REQUIRE_NVRTC").as_deref() == Ok("1") {
         panic!("NVRTC required but unavailable");
@@ -846,6 +879,14 @@ fn deepseek_v3_steps_plan_and_compile() {
     }
     if nvrtc {
         assert_compiled("deepseek-v3 steps (every arch)", &p);
+
+        let attention = (0..plan.launches.len())
+            .filter(|&i| p.family(plan, i).starts_with("attn_"))
+            .count();
+        assert!(attention > 0, "{name}: no attention launch");
+    }
+    if nvrtc {
+        assert_compiled("uncommon head dims (every arch)", &p);
     } else {
         specc_ir::testing::skip("NVRTC absent: planned only (source scripts/nvrtc-env.sh)");
     }

@@ -127,7 +127,8 @@ impl AttentionParams {
             } else {
                 THREADS / self.head_dim_v
             };
-            let unit = (THREADS / ts).max(pv_groups);
+            // Both the score step's row groups and the PV step's must tile the block's rows.
+            let unit = lcm(THREADS / ts, pv_groups);
             let rb = want.next_multiple_of(unit);
             (self.smem(rb, ts) <= SMEM_LIMIT).then_some(AttnTiling {
                 rows_per_block: rb,
@@ -145,16 +146,8 @@ impl AttentionParams {
         if d == 0 || d % 8 != 0 {
             return err("head_dim", "must be a positive multiple of 8".into());
         }
-        let pv_ok = if dv >= THREADS {
-            dv % THREADS == 0
-        } else {
-            dv > 0 && THREADS.is_multiple_of(dv)
-        };
-        if !pv_ok || dv % 8 != 0 {
-            return err(
-                "head_dim_v",
-                format!("must divide or be a multiple of {THREADS}, and of 8"),
-            );
+        if dv == 0 || dv % 8 != 0 {
+            return err("head_dim_v", "must be a positive multiple of 8".into());
         }
         if !(self.q.dtype.is_float() && self.out.dtype.is_float() && self.cache_dtype.is_float()) {
             return err("dtype", "q, out and cache must be float types".into());
@@ -270,6 +263,25 @@ pub(crate) fn emit_block_operands(w: &mut Writer, p: &AttentionParams, one_word:
     }
 }
 
+fn lcm(a: u32, b: u32) -> u32 {
+    let gcd = |mut a: u32, mut b: u32| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    a / gcd(a, b) * b
+}
+
+/// Whether `dv` output columns split unevenly over the block's threads in the PV step.
+fn pv_ragged(dv: u32) -> bool {
+    if dv >= THREADS {
+        !dv.is_multiple_of(THREADS)
+    } else {
+        !THREADS.is_multiple_of(dv)
+    }
+}
+
 fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
     let (d, dv, g) = (p.head_dim, p.head_dim_v, p.group());
     let (rb, ts) = (t.rows_per_block, t.tile_slots);
@@ -293,8 +305,17 @@ fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
     emit!(w, "constexpr int TS = {ts};  // cache slots per tile");
     emit!(w, "constexpr int NT = {THREADS};");
     w.line("constexpr int RGS = NT / TS;  // row groups of the score step");
+    // Ragged: DV neither divides nor is a multiple of NT; some threads idle in the PV step
+    // (`pv_on`) or own columns past DV (guarded). Other shapes keep the unguarded form.
+    let ragged = pv_ragged(dv);
     w.line("constexpr int PVG = DV >= NT ? 1 : NT / DV;  // row groups of the PV step");
-    w.line("constexpr int PVC = DV >= NT ? DV / NT : 1;  // output columns per thread");
+    if ragged {
+        w.line(
+            "constexpr int PVC = DV >= NT ? (DV + NT - 1) / NT : 1;  // output columns per thread",
+        );
+    } else {
+        w.line("constexpr int PVC = DV >= NT ? DV / NT : 1;  // output columns per thread");
+    }
     w.line("constexpr int PR = RB / PVG;  // output rows per thread");
     emit!(
         w,
@@ -372,7 +393,13 @@ fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
     w.line("const int s_begin = split * per;");
     w.line("const int s_end = min(len, s_begin + per);");
     w.line("const int pc = tid % (DV >= NT ? NT : DV);  // first output column of the thread");
-    w.line("const int prg = tid / (DV >= NT ? NT : DV);  // output row group of the thread");
+    if ragged {
+        w.line("const int prg_t = tid / (DV >= NT ? NT : DV);");
+        w.line("const bool pv_on = prg_t < PVG;  // threads past PVG row groups only stage tiles");
+        w.line("const int prg = pv_on ? prg_t : 0;  // output row group of the thread");
+    } else {
+        w.line("const int prg = tid / (DV >= NT ? NT : DV);  // output row group of the thread");
+    }
     w.line("float o[PR][PVC];");
     w.for_unrolled("j", 0, "PR", |w| {
         w.for_unrolled("cc", 0, "PVC", |w| w.line("o[j][cc] = 0.0f;"))
@@ -480,7 +507,12 @@ fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
         w.for_block("int s = 0", "s < TS", "++s", |w| {
             w.line("float vv[PVC];");
             w.for_unrolled("cc", 0, "PVC", |w| {
-                w.line("vv[cc] = to_f32(vs[s][pc + cc * NT]);")
+                if ragged {
+                    w.line("const int col = min(pc + cc * NT, DV - 1);");
+                    w.line("vv[cc] = to_f32(vs[s][col]);");
+                } else {
+                    w.line("vv[cc] = to_f32(vs[s][pc + cc * NT]);");
+                }
             });
             w.for_unrolled("j", 0, "PR", |w| {
                 w.line("const float pj = ps[prg + PVG * j][s];");
@@ -495,11 +527,21 @@ fn split_kernel(p: &AttentionParams, t: AttnTiling) -> KernelSource {
     w.line("__syncthreads();");
     w.for_unrolled("j", 0, "PR", |w| {
         w.line("const int r = prg + PVG * j;");
-        w.if_block("r < nrows", |w| {
+        let write_if = if ragged {
+            "pv_on && r < nrows"
+        } else {
+            "r < nrows"
+        };
+        w.if_block(write_if, |w| {
             w.line("const int gr = r0 + r;");
             w.line(PARTIAL_ROW);
             w.for_unrolled("cc", 0, "PVC", |w| {
-                w.line("po[pr * DV + pc + cc * NT] = o[j][cc];")
+                if ragged {
+                    w.line("const int col = pc + cc * NT;");
+                    w.line("if (col < DV) po[pr * DV + col] = o[j][cc];");
+                } else {
+                    w.line("po[pr * DV + pc + cc * NT] = o[j][cc];");
+                }
             });
         });
     });

@@ -116,6 +116,29 @@ fn every_family_compiles_for_every_arch() {
     );
 }
 
+/// Split attention at head dims whose PV step is ragged over the block's threads (issue:
+/// a head dim of 96 was refused), for every arch, with no spills past a small bound.
+#[test]
+fn attention_at_ragged_head_dims_compiles_for_every_arch() {
+    let Some(nvrtc) = nvrtc_or_skip() else { return };
+    let mut failures = Vec::new();
+    for (d, dv) in common::RAGGED_HEAD_DIMS {
+        for (label, k) in common::attention_at_dims(d, dv, 4) {
+            for arch in Arch::ALL {
+                match nvrtc.compile(&k, arch) {
+                    Ok(c) => println!(
+                        "{label:<40} {arch:<8} regs {:>3} spill {:>4}",
+                        c.stats.registers,
+                        c.stats.spill_stores + c.stats.spill_loads
+                    ),
+                    Err(e) => failures.push(format!("{label} [{arch}]: {e}")),
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
 #[test]
 fn compile_errors_carry_log_and_numbered_source() {
     let Some(nvrtc) = nvrtc_or_skip() else { return };

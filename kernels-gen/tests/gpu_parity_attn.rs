@@ -177,6 +177,8 @@ struct AttnCase {
     hq: usize,
     hkv: usize,
     d: usize,
+    /// The value head dim when it differs from `d`.
+    dv: Option<usize>,
     splits: u32,
     tree: bool,
     /// Ancestor words per tree node (rows of `[B, T, words]` when > 1).
@@ -195,6 +197,7 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
         hq,
         hkv,
         d,
+        dv,
         splits,
         tree,
         words,
@@ -202,10 +205,11 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
         tiling,
     } = c;
     let m = b * t;
+    let dv = dv.unwrap_or(d);
     let mut rng = Rng::new((b * 1000 + t * 10 + d) as u64);
     let mut plan = Plan::new();
     let q = plan.view(m as u32, (hq * d) as u32, BF);
-    let out = plan.view(m as u32, (hq * d) as u32, BF);
+    let out = plan.view(m as u32, (hq * dv) as u32, BF);
     let pos = plan.alloc(m as u64 * 4);
     let prefix = plan.alloc(b as u64 * 4);
     let anc = plan.alloc((m * words) as u64 * 8);
@@ -214,7 +218,7 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
         q_heads: hq as u32,
         kv_heads: hkv as u32,
         head_dim: d as u32,
-        head_dim_v: d as u32,
+        head_dim_v: dv as u32,
         q,
         k_cache: Loc::table(0),
         v_cache: Loc::table(1),
@@ -263,10 +267,10 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
     }
     let plv: Vec<f64> = prefixes.iter().map(|&p| p as f64).collect();
     let qv = rng.vec(m * hq * d, 2.0);
-    let cache_n = b * ctx * hkv * d;
-    let (kc, vc) = (rng.vec(cache_n, 2.0), rng.vec(cache_n, 1.0));
-    let cb = cache_n as u64 * 2;
-    let mut mem = Mem::new(plan.alloc(0).byte_offset(), &[cb, cb]);
+    let (cache_n, vcache_n) = (b * ctx * hkv * d, b * ctx * hkv * dv);
+    let (kc, vc) = (rng.vec(cache_n, 2.0), rng.vec(vcache_n, 1.0));
+    let (cb, vcb) = (cache_n as u64 * 2, vcache_n as u64 * 2);
+    let mut mem = Mem::new(plan.alloc(0).byte_offset(), &[cb, vcb]);
     mem.put(q.loc, BF, &qv);
     mem.put(pos, Dtype::I32, &pv);
     mem.put(prefix, Dtype::I32, &plv);
@@ -274,7 +278,7 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
     mem.put(Loc::table(0), BF, &kc);
     mem.put(Loc::table(1), BF, &vc);
     // Poison: every output and every split partial must be written.
-    mem.put(out.loc, BF, &vec![f64::NAN; m * hq * d]);
+    mem.put(out.loc, BF, &vec![f64::NAN; m * hq * dv]);
     let scratch_floats = (params.scratch_bytes(m as u32) / 4) as usize;
     mem.put(scratch, Dtype::F32, &vec![f64::NAN; scratch_floats]);
     gpu.run(
@@ -290,7 +294,7 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
     let mut r = Reference::new();
     let qi = r.input("q", tensor(BF, &[b, t, hq, d], &qv));
     let ki = r.input("k", tensor(BF, &[b, ctx, hkv, d], &kc));
-    let vi = r.input("v", tensor(BF, &[b, ctx, hkv, d], &vc));
+    let vi = r.input("v", tensor(BF, &[b, ctx, hkv, dv], &vc));
     let pi = r.input("pos", tensor(Dtype::I32, &[b, t], &pv));
     let o = if tree {
         let pl = r.input("pl", tensor(Dtype::I32, &[b], &plv));
@@ -319,7 +323,7 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
     let (rtol, atol) = bf16_tol(&want["o"]);
     assert_close(
         &format!("attention {c:?}"),
-        &mem.get(out.loc, BF, m * hq * d),
+        &mem.get(out.loc, BF, m * hq * dv),
         &want["o"],
         rtol,
         atol,
@@ -336,6 +340,7 @@ fn attention_matches_interpreter() {
         hq: 4,
         hkv: 2,
         d: 32,
+        dv: None,
         splits: 4,
         tree: false,
         words: 1,
@@ -365,6 +370,7 @@ fn attention_matches_interpreter() {
         hq: 32,
         hkv: 8,
         d: 128,
+        dv: None,
         splits: 16,
         tree: false,
         words: 1,
@@ -392,6 +398,33 @@ fn attention_matches_interpreter() {
     );
 }
 
+/// The split kernel at head dims whose PV step is ragged over its threads or whose qk and v
+/// dims differ (`common::RAGGED_HEAD_DIMS`): decode, a chain of 4, a tree of 4.
+#[test]
+fn attention_at_ragged_head_dims_matches_interpreter() {
+    let Some(gpu) = Gpu::new() else { return };
+    for (d, dv) in common::RAGGED_HEAD_DIMS {
+        let (d, dv) = (d as usize, dv as usize);
+        let base = AttnCase {
+            b: 2,
+            t: 4,
+            ctx: 512,
+            hq: 4,
+            hkv: 2,
+            d,
+            dv: Some(dv),
+            splits: 4,
+            tree: false,
+            words: 1,
+            tiles: false,
+            tiling: None,
+        };
+        check_attention(&gpu, base);
+        check_attention(&gpu, AttnCase { t: 1, ..base });
+        check_attention(&gpu, AttnCase { tree: true, ..base });
+    }
+}
+
 /// The tensor-core kernel as the plan makes it (blocks of up to 4 warps, 64 rows): rows
 /// per sequence T·G = 40, 64, 100, 256, 400 and 1024 (1 to 16 row blocks), causal and
 /// tree with 1-, 2- and 4-word masks, GQA groups 1, 4 and 8, head dims 64 and 128,
@@ -406,6 +439,7 @@ fn attention_tiles_match_interpreter() {
         hq: 32,
         hkv: 8,
         d: 128,
+        dv: None,
         splits: 5,
         tree: true,
         words: 1,
@@ -443,6 +477,7 @@ fn attention_tiles_match_interpreter() {
             hq: 4,
             hkv: 4,
             d: 64,
+            dv: None,
             splits: 3,
             tree: false,
             ..llama
@@ -460,6 +495,7 @@ fn attention_tiles_match_interpreter() {
             hq: 4,
             hkv: 4,
             d: 64,
+            dv: None,
             splits: 2,
             tree: false,
             ..llama
@@ -474,6 +510,7 @@ fn attention_tiles_match_interpreter() {
             hq: 4,
             hkv: 1,
             d: 64,
+            dv: None,
             splits: 3,
             words: 2,
             ..llama
@@ -525,6 +562,7 @@ fn attention_tile_shapes_match_interpreter() {
         hq: 32,
         hkv: 8,
         d: 128,
+        dv: None,
         splits: 4,
         tree: true,
         words: 1,

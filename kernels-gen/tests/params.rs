@@ -160,11 +160,19 @@ fn attention_rejects_bad_parameters() {
     );
     assert_eq!(
         bad(AttentionParams {
-            head_dim_v: 48,
+            head_dim_v: 44,
             ..good.clone()
         }),
         ("attn_split", "head_dim_v")
     );
+    // Any multiple of 8 is accepted, ragged over the block's threads or not.
+    for dv in [8, 48, 96, 136, 192] {
+        assert!(attention(&AttentionParams {
+            head_dim_v: dv,
+            ..good.clone()
+        })
+        .is_ok());
+    }
     assert_eq!(
         bad(AttentionParams {
             pos_dtype: Dtype::F32,

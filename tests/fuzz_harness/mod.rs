@@ -6,12 +6,26 @@
 //! Budget: `SPECC_FUZZ_ITERS` executions per target if set (the long runs recorded in
 //! `bench/NOTES.md`), else `SPECC_FUZZ_SECS` seconds (default 5: the bounded CI run). A
 //! failing input is written to `target/fuzz-failures/` and named in the panic message.
+//!
+//! Memory: an execution may hold at most [`heap_bound`] bytes of heap at once. Every size a
+//! file declares (layer counts, vocabularies, tensor shapes, header lengths) must be checked
+//! against what the file and the machine can hold before anything that size is allocated,
+//! so a small input never costs more than a fixed allowance plus a multiple of its length.
+//! This needs the binary's global allocator to be [`alloc::Counting`].
+
+pub mod alloc;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 /// The slowest one execution may take before it counts as a hang.
 const HANG: Duration = Duration::from_secs(5);
+
+/// The most heap one execution on an input of `len` bytes may hold at once: 32 MiB (the
+/// engine target holds a whole plan, ~3 MiB) plus 64 bytes per input byte (parsed trees).
+pub fn heap_bound(len: usize) -> u64 {
+    (32 << 20) + 64 * len as u64
+}
 
 /// xorshift64*: fixed seeds, so a run is reproducible.
 pub struct Rng(u64);
@@ -131,6 +145,7 @@ pub fn fuzz(name: &str, seeds: &[Vec<u8>], mut target: impl FnMut(&[u8])) -> u64
     let mut rng = Rng::new(0x5eed ^ name.len() as u64);
     let start = Instant::now();
     let mut n = 0u64;
+    let mut most_heap = 0u64;
     loop {
         let input = if (n as usize) < seeds.len() {
             seeds[n as usize].clone()
@@ -139,14 +154,28 @@ pub fn fuzz(name: &str, seeds: &[Vec<u8>], mut target: impl FnMut(&[u8])) -> u64
             mutate(&mut rng, seed)
         };
         let t = Instant::now();
-        let outcome = catch_unwind(AssertUnwindSafe(|| target(&input)));
+        let mut outcome = Ok(());
+        let heap = alloc::peak_during(|| {
+            outcome = catch_unwind(AssertUnwindSafe(|| target(&input)));
+        });
         let took = t.elapsed();
-        if outcome.is_err() || took > HANG {
+        let over = heap > heap_bound(input.len());
+        most_heap = most_heap.max(heap);
+        if outcome.is_err() || took > HANG || over {
             let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("fuzz-failures");
             let _ = std::fs::create_dir_all(&dir);
             let file = dir.join(format!("{name}-{n}.bin"));
             let _ = std::fs::write(&file, &input);
-            let what = if outcome.is_err() { "panicked" } else { "hung" };
+            let what = if outcome.is_err() {
+                "panicked".to_string()
+            } else if over {
+                format!(
+                    "held {heap} bytes of heap, past its bound {}",
+                    heap_bound(input.len())
+                )
+            } else {
+                "hung".to_string()
+            };
             panic!(
                 "{name}: input {n} {what} ({took:?}); saved to {}",
                 file.display()
@@ -162,8 +191,10 @@ pub fn fuzz(name: &str, seeds: &[Vec<u8>], mut target: impl FnMut(&[u8])) -> u64
         }
     }
     eprintln!(
-        "{name}: {n} executions in {:.1} s, no panic or hang",
-        start.elapsed().as_secs_f64()
+        "{name}: {n} executions in {:.1} s, no panic, hang or heap past the bound \
+         (most held by one: {:.1} MiB)",
+        start.elapsed().as_secs_f64(),
+        most_heap as f64 / (1 << 20) as f64
     );
     n
 }

@@ -537,3 +537,65 @@ fn mma_fixtures(
         ),
     ]
 }
+
+/// Head dims `(qk, v)` whose PV step splits unevenly over the split kernel's 128 threads
+/// (neither dividing nor a multiple of 128), or whose qk and v dims differ.
+pub const RAGGED_HEAD_DIMS: [(u32, u32); 6] = [
+    (96, 96),
+    (80, 80),
+    (40, 40),
+    (192, 128),
+    (64, 192),
+    (24, 16),
+];
+
+/// The split attention kernels (causal, and a one-word tree) for heads of `d` / `dv`, four
+/// query heads over two KV heads, up to `max_t` query tokens per sequence.
+pub fn attention_at_dims(d: u32, dv: u32, max_t: u32) -> Vec<(String, KernelSource)> {
+    let bf = Dtype::BF16;
+    let (hq, hkv, m) = (4u32, 2u32, 8 * max_t);
+    let mut plan = Plan::new();
+    let q = plan.view(m, hq * d, bf);
+    let out = plan.view(m, hq * dv, bf);
+    let pos = plan.alloc(m as u64 * 4);
+    let prefix_len = plan.alloc(64);
+    let ancestors = plan.alloc(m as u64 * 8);
+    let att = AttentionParams {
+        q_heads: hq,
+        kv_heads: hkv,
+        head_dim: d,
+        head_dim_v: dv,
+        q,
+        k_cache: Loc::table(0),
+        v_cache: Loc::table(1),
+        cache_dtype: bf,
+        pos,
+        pos_dtype: Dtype::I32,
+        mask: AttnMask::Causal,
+        out,
+        scale: 1.0 / (d as f32).sqrt(),
+        max_t,
+        splits: 4,
+        scratch: Loc::arena(0),
+    };
+    let scratch = plan.alloc(att.scratch_bytes(m));
+    let att = AttentionParams { scratch, ..att };
+    let tree = AttentionParams {
+        mask: AttnMask::Tree {
+            prefix_len,
+            ancestors,
+            words: 1,
+        },
+        ..att.clone()
+    };
+    let mut v = Vec::new();
+    for (label, p) in [("causal", att), ("tree", tree)] {
+        let k = attention(&p).unwrap_or_else(|e| panic!("d {d} dv {dv} {label}: {e}"));
+        v.push((format!("attention d {d} dv {dv} {label}: split"), k.split));
+        v.push((
+            format!("attention d {d} dv {dv} {label}: combine"),
+            k.combine,
+        ));
+    }
+    v
+}
