@@ -45,6 +45,16 @@ fn read_i64(st: &SafeTensors, name: &str) -> Vec<u32> {
         .collect()
 }
 
+fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (*a as f64 - b).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|b| b * b).sum();
+    (num / den).sqrt()
+}
+
 #[test]
 fn prefill_logits_match_hf_transformers() {
     if !gpu() {
@@ -67,15 +77,25 @@ fn prefill_logits_match_hf_transformers() {
         let mut s = session(&engine, &target, None, 1);
         let got = s.prefill_logits(&ids).unwrap();
         assert_eq!(got.len(), want.len());
-        let num: f64 = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (*a as f64 - b).powi(2))
-            .sum();
-        let den: f64 = want.iter().map(|b| b * b).sum();
-        let rel = (num / den).sqrt();
-        eprintln!("{name}: CUDA logits vs HF transformers rel L2 = {rel:.2e}");
-        assert!(rel <= 1e-2, "{name}: rel L2 {rel}");
+        let (_, cpu) = target.logits(&target.load_weights_f32(), &ids).unwrap();
+        let cpu: Vec<f64> = cpu.iter().map(|&x| x as f64).collect();
+        let (hf, interp) = (rel_l2(&got, &want), rel_l2(&got, &cpu));
+        eprintln!(
+            "{name}: CUDA logits rel L2 vs HF transformers {hf:.2e}, vs the interpreter {interp:.2e}"
+        );
+        // bf16: HF runs naive MLA in bf16, specc the absorbed form; the interpreter itself
+        // is 1.4e-2 from HF there (models/tests/hf_parity_mla.rs), so CUDA is held to the
+        // interpreter tightly and to HF at bf16 tolerance.
+        let (hf_tol, interp_tol) = if name.ends_with("bf16") {
+            (2e-2, 1e-2)
+        } else {
+            (1e-4, 1e-4)
+        };
+        assert!(hf <= hf_tol, "{name}: rel L2 vs HF {hf}");
+        assert!(
+            interp <= interp_tol,
+            "{name}: rel L2 vs the interpreter {interp}"
+        );
     }
 }
 
