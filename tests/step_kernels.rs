@@ -844,3 +844,60 @@ fn uncommon_head_dims_plan_and_compile() {
         specc_ir::testing::skip("NVRTC absent: planned only (source scripts/nvrtc-env.sh)");
     }
 }
+
+/// A DeepSeek-V3 target (MLA, MoE): its prefill, decode step and a draft_model step plan to
+/// kernels (the generic MLA and MoE families among them) and, with NVRTC, compile for
+/// every arch. Their GPU results are checked on the device (`tests/gpu_deepseek.rs`).
+#[test]
+fn deepseek_v3_steps_plan_and_compile() {
+    let target = Model::open(fixture("deepseek_v3_qlora")).unwrap();
+    let draft = Model::open(fixture("deepseek_v3_no_qlora")).unwrap();
+    let shape = StepShape {
+        num_steps: 3,
+        ring: 32,
+        acceptance: Acceptance::Greedy,
+    };
+    let plain = StepShape {
+        num_steps: 0,
+        ..shape.clone()
+    };
+    let list = vec![
+        (
+            "deepseek: decode step".to_string(),
+            lower_decode_step(target.spec(), &plain).unwrap(),
+            Bindings::new(4, 1, 256),
+        ),
+        (
+            "deepseek: draft_model step".to_string(),
+            lower_draft_model_step(target.spec(), draft.spec(), &shape).unwrap(),
+            Bindings::new(4, 1, 256),
+        ),
+        (
+            "deepseek: target prefill".to_string(),
+            lower_target_prefill(target.spec(), &[], &Acceptance::Greedy).unwrap(),
+            Bindings::new(1, 16, 256),
+        ),
+    ];
+    let nvrtc = Nvrtc::new().is_ok();
+    if !nvrtc && std::env::var("SPECC_REQUIRE_NVRTC").as_deref() == Ok("1") {
+        panic!("NVRTC required but unavailable");
+    }
+    let archs: &[Arch] = if nvrtc { &Arch::ALL } else { &[Arch::Sm90a] };
+    let p = Planned::build(list, Target::for_archs(archs));
+    for (name, _, plan) in p.iter() {
+        let families: Vec<&str> = (0..plan.launches.len())
+            .map(|i| p.family(plan, i))
+            .collect();
+        for f in ["mla_attention", "head_matmul", "moe_route", "moe_experts"] {
+            assert!(
+                families.contains(&f),
+                "{name}: no {f} launch in {families:?}"
+            );
+        }
+    }
+    if nvrtc {
+        assert_compiled("deepseek-v3 steps (every arch)", &p);
+    } else {
+        specc_ir::testing::skip("NVRTC absent: planned only (source scripts/nvrtc-env.sh)");
+    }
+}

@@ -196,3 +196,24 @@ fn constants_fold_into_homes_with_the_interpreters_bytes() {
     assert!(matches!(homes[&big], Home::Arena { .. }));
     assert!(matches!(homes[&shown], Home::Arena { .. }));
 }
+
+/// A DeepSeek-V3 graph (MLA attention, MoE layers) plans to kernels: the latent attention,
+/// per-head absorption matmuls, router and expert ops get generic kernels.
+#[test]
+fn deepseek_v3_plans_to_kernels() {
+    let spec =
+        ModelSpec::from_file(&root().join("tests/fixtures/deepseek_v3_qlora/config.json")).unwrap();
+    let c = compile(lower_dense(&spec).unwrap(), &buckets()).unwrap();
+    let target = Target::for_archs(&[Arch::Sm90a]);
+    for p in &c.plans {
+        let k = specc_codegen::kernels::plan_kernels(&c.graph, &c.groups, p, &target)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let names: Vec<&str> = k.launches.iter().map(|l| l.kernel.name.as_str()).collect();
+        for family in ["mla_attention", "head_matmul", "moe_route", "moe_experts"] {
+            assert!(
+                names.iter().any(|n| n.starts_with(family)),
+                "no {family} kernel among {names:?}"
+            );
+        }
+    }
+}

@@ -5,39 +5,39 @@ use crate::{DType, Dim, Shape, TensorType};
 
 type R = Result<TensorType, String>;
 
-fn tt(dtype: DType, shape: Shape) -> TensorType {
+pub(crate) fn tt(dtype: DType, shape: Shape) -> TensorType {
     TensorType { dtype, shape }
 }
 
-fn rank(x: &TensorType, want: usize, what: &str) -> Result<(), String> {
+pub(crate) fn rank(x: &TensorType, want: usize, what: &str) -> Result<(), String> {
     if x.shape.rank() != want {
         return Err(format!("{what} must have rank {want}, got {x}"));
     }
     Ok(())
 }
 
-fn int(x: &TensorType, what: &str) -> Result<(), String> {
+pub(crate) fn int(x: &TensorType, what: &str) -> Result<(), String> {
     if !x.dtype.is_int() {
         return Err(format!("{what} must be i32 or i64, got {x}"));
     }
     Ok(())
 }
 
-fn float(x: &TensorType, what: &str) -> Result<(), String> {
+pub(crate) fn float(x: &TensorType, what: &str) -> Result<(), String> {
     if !x.dtype.is_float() {
         return Err(format!("{what} must be a float type, got {x}"));
     }
     Ok(())
 }
 
-fn same_dim(a: Dim, b: Dim, what: &str) -> Result<(), String> {
+pub(crate) fn same_dim(a: Dim, b: Dim, what: &str) -> Result<(), String> {
     if a != b {
         return Err(format!("{what}: {a} != {b}"));
     }
     Ok(())
 }
 
-fn last(x: &TensorType, what: &str) -> Result<Dim, String> {
+pub(crate) fn last(x: &TensorType, what: &str) -> Result<Dim, String> {
     x.shape
         .last()
         .ok_or_else(|| format!("{what} must have rank >= 1, got {x}"))
@@ -344,6 +344,8 @@ pub(crate) fn infer(op: &Op, a: &[&TensorType]) -> R {
             s[3] = v.shape.0[3];
             Ok(tt(q.dtype, Shape(s)))
         }
+        Op::HeadMatMul { trans_w } => crate::infer_mla::head_matmul(*trans_w, a),
+        Op::MlaAttention { mask, .. } => crate::infer_mla::mla_attention(*mask, a),
         Op::Sample => {
             let (p, u) = (a[0], a[1]);
             if p.dtype != DType::F32 || u.dtype != DType::F32 {

@@ -5,6 +5,7 @@ mod dtype;
 mod error;
 mod graph;
 mod infer;
+mod infer_mla;
 pub mod op;
 mod shape;
 mod verify;

@@ -208,6 +208,18 @@ pub enum Op {
     /// softmax(scale · q·kᵀ over the slots `mask` allows) · v, with query head `h` reading
     /// kv head `h / (Hq / Hkv)` (GQA). The `Tree` mask takes the two extra operands.
     Attention { scale: f64, mask: AttnMask },
+    /// `(x[..., H, K], w[H, K, N]) -> x-dtype[..., H, N]` (`trans_w` false: `x_h · w[h]`)
+    /// or `(x[..., H, K], w[H, N, K])` (`trans_w` true: `x_h · w[h]ᵀ`): one matmul per head
+    /// `h` with its own weight, f32 accumulation. MLA's weight absorption: `q_nope · W_UK`
+    /// into the latent space, the latent attention output `· W_UVᵀ` out of it.
+    HeadMatMul { trans_w: bool },
+    /// `(q_lat[B, T, H, L], q_pe[B, T, H, R], c[B, Ctx, 1, L], pe[B, Ctx, 1, R], pos int[B, T],
+    ///   [prefix_len int[B], ancestors i64[B, T] or i64[B, T, W]]) -> q_lat-dtype[B, T, H, L]`:
+    /// multi-head latent attention in the absorbed form. Every head reads the one shared
+    /// latent cache: score(s) = `scale · (q_lat·c[s] + q_pe·pe[s])`, softmax over the slots
+    /// `mask` allows (as for `attention`), output `Σ p · c[s]` (still latent; `head_matmul`
+    /// with W_UV maps it to values).
+    MlaAttention { scale: f64, mask: AttnMask },
 
     /// `(probs f32[..., V], u f32[...]) -> i32[...]`: the smallest `i` with
     /// `cumsum(probs)[i] > u · sum(probs)` (inverse CDF), clamped to `V-1`.
@@ -318,6 +330,16 @@ impl Op {
                 match mask {
                     AttnMask::Causal => Exact(4),
                     AttnMask::Tree => Exact(6),
+                },
+                true,
+                false,
+            ),
+            Op::HeadMatMul { .. } => ("head_matmul", Exact(2), true, false),
+            Op::MlaAttention { mask, .. } => (
+                "mla_attention",
+                match mask {
+                    AttnMask::Causal => Exact(5),
+                    AttnMask::Tree => Exact(7),
                 },
                 true,
                 false,

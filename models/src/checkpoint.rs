@@ -448,6 +448,33 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// A DeepSeek-V3 router's stored dtypes, from the first MoE layer's headers (transformers
+    /// keeps `mlp.gate.weight` in f32, real checkpoints in bf16); the router computes in f32
+    /// either way. Unchanged when the tensors are absent or not float (validation names them).
+    pub fn adapt_router_dtypes(&self, spec: &mut crate::config::ModelSpec) {
+        let prefix = spec.weight_prefix.clone();
+        let layers = spec.layers;
+        let Some(moe) = spec.moe.as_mut() else {
+            return;
+        };
+        if moe.first_dense >= layers {
+            return;
+        }
+        let stem = format!("{prefix}model.layers.{}.mlp.gate.", moe.first_dense);
+        let stored = |name: &str| {
+            self.tensors
+                .get(&format!("{stem}{name}"))
+                .filter(|e| is_float_weight(e.dtype))
+                .and_then(|e| ir_dtype(e.dtype))
+        };
+        if let Some(d) = stored("weight") {
+            moe.router_dtype = d;
+        }
+        if let Some(d) = stored("e_score_correction_bias") {
+            moe.bias_dtype = d;
+        }
+    }
+
     /// Checks that every `weight` of `g` exists with the graph's shape and dtype.
     pub fn validate(&self, g: &Graph) -> Result<(), ModelError> {
         for (_, name, ty) in g.weights() {

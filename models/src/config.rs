@@ -22,16 +22,20 @@ pub enum Arch {
     Llama,
     /// `Qwen3ForCausalLM`: Llama plus per-head `q_norm` / `k_norm`.
     Qwen3,
+    /// `DeepseekV3ForCausalLM` (DeepSeek-V3, Kimi-K2; the text model of Kimi-K2.5):
+    /// multi-head latent attention, dense MLP layers then DeepSeek MoE layers.
+    DeepseekV3,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 2] = [Arch::Llama, Arch::Qwen3];
+    pub const ALL: [Arch; 3] = [Arch::Llama, Arch::Qwen3, Arch::DeepseekV3];
 
     /// The `architectures` entry naming this arch.
     pub fn hf_name(self) -> &'static str {
         match self {
             Arch::Llama => "LlamaForCausalLM",
             Arch::Qwen3 => "Qwen3ForCausalLM",
+            Arch::DeepseekV3 => "DeepseekV3ForCausalLM",
         }
     }
 
@@ -40,6 +44,7 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::Qwen3 => "qwen3",
+            Arch::DeepseekV3 => "deepseek_v3",
         }
     }
 
@@ -51,6 +56,12 @@ impl Arch {
         format!("one of {}", names.join(", "))
     }
 }
+
+/// `architectures` entry of Kimi-K2.5's multimodal checkpoint (its text model is lowered).
+pub const KIMI_K25_ARCH: &str = "KimiK25ForConditionalGeneration";
+
+/// Where Kimi-K2.5 keeps its text model's tensors.
+pub const KIMI_K25_TEXT_PREFIX: &str = "language_model.";
 
 /// A validated dense decoder-only model: every fact the lowering needs, nothing else.
 ///
@@ -85,6 +96,14 @@ pub struct ModelSpec {
     pub dtype: DType,
     /// Per-head RMSNorm of q and k before RoPE (Qwen3).
     pub qk_norm: bool,
+    /// Multi-head latent attention (DeepSeek-V3); `head_dim` is then its q/k width
+    /// (`qk_nope_head_dim + qk_rope_head_dim`) and `kv_heads == heads`.
+    pub mla: Option<crate::config_mla::MlaSpec>,
+    /// DeepSeek MoE layers from `first_k_dense_replace` on (DeepSeek-V3).
+    pub moe: Option<crate::config_mla::MoeSpec>,
+    /// Prefix of every weight name: empty, or `language_model.` for the text model of a
+    /// multimodal checkpoint (Kimi-K2.5).
+    pub weight_prefix: String,
 }
 
 impl ModelSpec {
@@ -111,6 +130,9 @@ impl ModelSpec {
     /// Elements of every weight the dense lowering reads, or `None` when the count
     /// overflows a `u64` (no such model fits anywhere).
     pub fn param_count(&self) -> Option<u64> {
+        if let (Some(mla), Some(moe)) = (&self.mla, &self.moe) {
+            return crate::lower_mla::param_count(self, mla, moe);
+        }
         let n = |x: usize| x as u64;
         let (h, v, i) = (n(self.hidden), n(self.vocab), n(self.intermediate));
         let (q, kv) = (
@@ -194,6 +216,13 @@ raw_struct! {
         low_freq_factor: Option<f64>,
         high_freq_factor: Option<f64>,
         original_max_position_embeddings: Option<Count>,
+        /// YaRN (DeepSeek-V3).
+        beta_fast: Option<f64>,
+        beta_slow: Option<f64>,
+        mscale: Option<f64>,
+        mscale_all_dim: Option<f64>,
+        attention_factor: Option<f64>,
+        truncate: Option<bool>,
     }
 }
 
@@ -225,6 +254,29 @@ raw_struct! {
         eos_token_id: Option<TokenIds>,
         torch_dtype: Option<String>,
         dtype: Option<String>,
+        /// DeepSeek-V3 (`config_mla`).
+        q_lora_rank: crate::config_mla::Nullable,
+        kv_lora_rank: Option<Count>,
+        qk_nope_head_dim: Option<Count>,
+        qk_rope_head_dim: Option<Count>,
+        /// Written by transformers: `qk_nope_head_dim + qk_rope_head_dim`.
+        qk_head_dim: Option<Count>,
+        v_head_dim: Option<Count>,
+        rope_interleave: Option<bool>,
+        moe_intermediate_size: Option<Count>,
+        n_routed_experts: Option<Count>,
+        n_shared_experts: Option<Count>,
+        num_experts_per_tok: Option<Count>,
+        n_group: Option<Count>,
+        topk_group: Option<Count>,
+        first_k_dense_replace: Option<Count>,
+        moe_layer_freq: Option<Count>,
+        norm_topk_prob: Option<bool>,
+        routed_scaling_factor: Option<f64>,
+        scoring_func: Option<String>,
+        topk_method: Option<String>,
+        /// Kimi-K2.5: the text model's config.
+        text_config: Option<Box<RawConfig>>,
     }
 }
 
@@ -237,6 +289,9 @@ impl RawConfig {
 
     /// Validates and derives every fact of the model.
     pub fn resolve(&self, file: &Path) -> Result<ModelSpec, ModelError> {
+        if self.is_kimi_k25() {
+            return self.resolve_kimi_k25(file);
+        }
         let arch = self.arch(file)?;
         let count = |field: &str, v: Option<Count>| -> Result<usize, ModelError> {
             match v {
@@ -255,6 +310,8 @@ impl RawConfig {
         // HF semantics: absent num_key_value_heads means multi-head attention.
         let kv_heads = match self.num_key_value_heads {
             None => heads,
+            // MLA: config_mla checks num_key_value_heads == num_attention_heads.
+            _ if arch == Arch::DeepseekV3 => heads,
             v => count("num_key_value_heads", v)?,
         };
         if heads % kv_heads != 0 {
@@ -266,6 +323,8 @@ impl RawConfig {
             ));
         }
         let head_dim = match (arch, self.head_dim) {
+            // MLA: the q/k width, set below from qk_nope_head_dim + qk_rope_head_dim.
+            (Arch::DeepseekV3, _) => 2,
             (_, Some(_)) => count("head_dim", self.head_dim)?,
             (Arch::Llama, None) => {
                 if hidden % heads != 0 {
@@ -293,8 +352,22 @@ impl RawConfig {
             ));
         }
         let rms_eps = positive(file, "rms_norm_eps", self.rms_norm_eps)?;
-        let (rope_theta, rope_scaling) = self.rope(file)?;
+        let (rope_theta, rope_scaling, softmax_factor) = self.rope(file, arch, max_position)?;
         self.check_unsupported(file, arch)?;
+        let deepseek = match arch {
+            Arch::DeepseekV3 => Some(crate::config_mla::resolve(
+                self,
+                file,
+                heads,
+                softmax_factor,
+            )?),
+            _ => None,
+        };
+        let head_dim = deepseek.as_ref().map_or(head_dim, |d| d.mla.qk_head_dim());
+        let (mla, moe) = match deepseek {
+            Some(d) => (Some(d.mla), Some(d.moe)),
+            None => (None, None),
+        };
         let spec = ModelSpec {
             arch,
             hidden,
@@ -318,6 +391,9 @@ impl RawConfig {
             },
             dtype: self.dtype(file)?,
             qk_norm: arch == Arch::Qwen3,
+            mla,
+            moe,
+            weight_prefix: String::new(),
         };
         Self::check_sizes(file, &spec)?;
         Ok(spec)
@@ -363,6 +439,7 @@ impl RawConfig {
                 });
         }
         match &self.model_type {
+            Some(mt) if mt == "kimi_k2" => Ok(Arch::DeepseekV3),
             Some(mt) => Arch::ALL
                 .into_iter()
                 .find(|a| a.model_type() == mt)
@@ -387,7 +464,13 @@ impl RawConfig {
     }
 
     /// `(theta, scaling)` from `rope_parameters` (preferred) or `rope_theta` + `rope_scaling`.
-    fn rope(&self, file: &Path) -> Result<(f64, RopeScaling), ModelError> {
+    /// `(theta, scaling, softmax factor)`; the factor is YaRN's `m²` for MLA, else 1.
+    fn rope(
+        &self,
+        file: &Path,
+        arch: Arch,
+        max_position: usize,
+    ) -> Result<(f64, RopeScaling, f64), ModelError> {
         let (params, pname) = match (&self.rope_parameters, &self.rope_scaling) {
             (Some(p), _) => (Some(p), "rope_parameters"),
             (None, Some(s)) => (Some(s), "rope_scaling"),
@@ -398,7 +481,7 @@ impl RawConfig {
             None => positive(file, "rope_theta", self.rope_theta)?,
         };
         let Some(p) = params else {
-            return Ok((theta, RopeScaling::None));
+            return Ok((theta, RopeScaling::None, 1.0));
         };
         let (kind, kind_field) = match (&p.rope_type, &p.legacy_type) {
             (Some(t), _) => (Some(t.as_str()), "rope_type"),
@@ -407,6 +490,10 @@ impl RawConfig {
         };
         let scaling = match kind {
             None | Some("default") => RopeScaling::None,
+            Some("yarn") if arch == Arch::DeepseekV3 => {
+                let (scaling, softmax) = crate::config_mla::yarn(file, pname, p, max_position)?;
+                return Ok((theta, scaling, softmax));
+            }
             Some("llama3") => {
                 let f = |name: &str, v: Option<f64>| positive(file, &format!("{pname}.{name}"), v);
                 let factor = f("factor", p.factor)?;
@@ -436,15 +523,73 @@ impl RawConfig {
                 }
             }
             Some(other) => {
+                let expected = match arch {
+                    Arch::DeepseekV3 => "\"default\", \"llama3\" or \"yarn\"",
+                    _ => "\"default\" or \"llama3\"",
+                };
                 return Err(ModelError::field(
                     file,
                     format!("{pname}.{kind_field}"),
-                    "\"default\" or \"llama3\"",
+                    expected,
                     format!("\"{other}\""),
-                ))
+                ));
             }
         };
-        Ok((theta, scaling))
+        Ok((theta, scaling, 1.0))
+    }
+
+    /// Kimi-K2.5's multimodal wrapper (`KimiK25ForConditionalGeneration`, `kimi_k25`).
+    fn is_kimi_k25(&self) -> bool {
+        let named = self
+            .architectures
+            .as_ref()
+            .is_some_and(|a| a.iter().any(|n| n == KIMI_K25_ARCH));
+        named || (self.architectures.is_none() && self.model_type.as_deref() == Some("kimi_k25"))
+    }
+
+    /// The text model of Kimi-K2.5: `text_config` resolved as DeepSeek-V3 (errors name
+    /// `text_config.<field>`), weights under `language_model.`; the vision tower and
+    /// projector are not lowered. The outer dtype applies when the text config has none.
+    fn resolve_kimi_k25(&self, file: &Path) -> Result<ModelSpec, ModelError> {
+        let Some(text) = &self.text_config else {
+            return Err(ModelError::missing(
+                file,
+                "text_config",
+                "the text model's config (an object)",
+            ));
+        };
+        let mut text = (**text).clone();
+        if text.architectures.is_none() && text.model_type.is_none() {
+            text.model_type = Some("kimi_k2".into());
+        }
+        if text.dtype.is_none() && text.torch_dtype.is_none() {
+            text.dtype.clone_from(&self.dtype);
+            text.torch_dtype.clone_from(&self.torch_dtype);
+        }
+        let mut spec = text.resolve(file).map_err(|e| match e {
+            ModelError::Field {
+                file,
+                field,
+                expected,
+                found,
+            } => ModelError::Field {
+                file,
+                field: format!("text_config.{field}"),
+                expected,
+                found,
+            },
+            other => other,
+        })?;
+        if spec.arch != Arch::DeepseekV3 {
+            return Err(ModelError::field(
+                file,
+                "text_config.model_type",
+                "\"kimi_k2\" or \"deepseek_v3\"",
+                spec.arch.model_type(),
+            ));
+        }
+        spec.weight_prefix = KIMI_K25_TEXT_PREFIX.into();
+        Ok(spec)
     }
 
     fn dtype(&self, file: &Path) -> Result<DType, ModelError> {

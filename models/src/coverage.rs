@@ -34,6 +34,12 @@ pub struct Reader<'a> {
     pub mtp_layers: usize,
     /// A draft head reading the target's embedding.
     pub draft_head: bool,
+    /// Where the decoder layers' tensors are: [`LAYER_STEM`], under the spec's
+    /// `weight_prefix` (Kimi-K2.5: `language_model.model.layers.`).
+    pub layer_stem: String,
+    /// A multimodal checkpoint whose text model alone is lowered (Kimi-K2.5): its vision
+    /// tower and projector are unused.
+    pub text_only: bool,
 }
 
 impl<'a> Reader<'a> {
@@ -45,6 +51,8 @@ impl<'a> Reader<'a> {
             layers: spec.layers,
             mtp_layers: spec.mtp_layers,
             draft_head: false,
+            layer_stem: format!("{}{LAYER_STEM}", spec.weight_prefix),
+            text_only: !spec.weight_prefix.is_empty(),
         }
     }
 
@@ -56,6 +64,8 @@ impl<'a> Reader<'a> {
             layers: 0,
             mtp_layers: 0,
             draft_head: true,
+            layer_stem: LAYER_STEM.into(),
+            text_only: false,
         }
     }
 }
@@ -86,11 +96,21 @@ pub const IGNORABLE: &[Family] = &[
         why: "multi-token prediction, not used to decode",
         matches: |n, r| {
             let past = layer_of(n).is_some_and(|(stem, i, _)| {
-                stem == LAYER_STEM && (r.layers..r.layers + r.mtp_layers).contains(&i)
+                stem == r.layer_stem && (r.layers..r.layers + r.mtp_layers).contains(&i)
             });
             past || ["mtp.", "model.mtp.", "model.mtp_layers."]
                 .iter()
                 .any(|p| n.starts_with(p))
+        },
+    },
+    Family {
+        name: "vision tower and projector",
+        why: "the text model alone is lowered",
+        matches: |n, r| {
+            r.text_only
+                && ["vision_tower.", "mm_projector.", "multi_modal_projector."]
+                    .iter()
+                    .any(|p| n.starts_with(p))
         },
     },
     Family {
@@ -139,10 +159,13 @@ fn layer_of(name: &str) -> Option<(&str, usize, &str)> {
 /// Rule 1: the checkpoint's `model.layers.{i}` are exactly the config's layers (and MTP
 /// layers). A checkpoint without any such tensor is left to the tensor checks.
 pub fn check_layers(ck: &Checkpoint, spec: &ModelSpec, config: &Path) -> Result<(), ModelError> {
+    let stem = format!("{}{LAYER_STEM}", spec.weight_prefix);
     let mut held: BTreeMap<usize, &str> = BTreeMap::new();
     for (name, _) in ck.tensors() {
-        if let Some((LAYER_STEM, i, _)) = layer_of(name) {
-            held.entry(i).or_insert(name);
+        if let Some((s, i, _)) = layer_of(name) {
+            if s == stem {
+                held.entry(i).or_insert(name);
+            }
         }
     }
     let Some((&last, _)) = held.last_key_value() else {
@@ -165,7 +188,7 @@ pub fn check_layers(ck: &Checkpoint, spec: &ModelSpec, config: &Path) -> Result<
         return Err(mismatch(
             ck.root(),
             last + 1,
-            format!("it has no tensor \"{LAYER_STEM}{}.*\"", last + 1),
+            format!("it has no tensor \"{stem}{}.*\"", last + 1),
         ));
     }
     Ok(())

@@ -12,12 +12,14 @@ mod raw;
 
 pub mod checkpoint;
 pub mod config;
+pub mod config_mla;
 pub mod context;
 pub mod coverage;
 mod draft_config;
 pub mod error;
 pub mod files;
 pub mod lower;
+pub mod lower_mla;
 pub mod methods;
 mod model;
 pub mod spec_bundle;

@@ -62,7 +62,7 @@ fn build_dense(g: &mut Graph, spec: &ModelSpec, prefix: &str) -> Result<(), IrEr
     let positions = g.input(POSITIONS, ids_ty)?;
     let (mut x, embed_w) = embed(g, spec, prefix, tokens)?;
     for layer in 0..spec.layers {
-        let names = LayerNames::with_prefix(prefix, layer);
+        let names = LayerNames::of(spec, prefix, layer);
         x = decoder_layer(g, spec, &names, x, positions)?;
     }
     let logits = lm_head(g, spec, prefix, x, embed_w)?;
@@ -73,7 +73,7 @@ fn build_dense(g: &mut Graph, spec: &ModelSpec, prefix: &str) -> Result<(), IrEr
 }
 
 /// A static weight of the spec's dtype.
-fn weight(
+pub(crate) fn weight(
     g: &mut Graph,
     spec: &ModelSpec,
     name: &str,
@@ -84,7 +84,7 @@ fn weight(
 }
 
 /// `x · wᵀ` with `w = name: [out, in]`.
-fn linear(
+pub(crate) fn linear(
     g: &mut Graph,
     spec: &ModelSpec,
     x: ValueId,
@@ -96,7 +96,7 @@ fn linear(
     g.add(Op::MatMul, &[x, w])
 }
 
-fn rmsnorm(
+pub(crate) fn rmsnorm(
     g: &mut Graph,
     spec: &ModelSpec,
     x: ValueId,
@@ -108,7 +108,7 @@ fn rmsnorm(
 }
 
 /// `x` converted to `to` unless it already is.
-fn cast_to(g: &mut Graph, x: ValueId, to: DType) -> Result<ValueId, IrError> {
+pub(crate) fn cast_to(g: &mut Graph, x: ValueId, to: DType) -> Result<ValueId, IrError> {
     if g.ty(x).dtype == to {
         Ok(x)
     } else {
@@ -127,7 +127,7 @@ pub fn embed(
     let table = weight(
         g,
         spec,
-        &format!("{prefix}model.embed_tokens.weight"),
+        &format!("{prefix}{}model.embed_tokens.weight", spec.weight_prefix),
         &[spec.vocab, spec.hidden],
     )?;
     let x = g.add(Op::Embedding, &[table, tokens])?;
@@ -147,7 +147,7 @@ pub fn lm_head(
         g,
         spec,
         x,
-        &format!("{prefix}model.norm.weight"),
+        &format!("{prefix}{}model.norm.weight", spec.weight_prefix),
         spec.hidden,
     )?;
     let logits = if spec.tie_embeddings {
@@ -157,7 +157,7 @@ pub fn lm_head(
             g,
             spec,
             h,
-            &format!("{prefix}lm_head.weight"),
+            &format!("{prefix}{}lm_head.weight", spec.weight_prefix),
             spec.vocab,
             spec.hidden,
         )?
@@ -173,6 +173,8 @@ pub struct LayerNames {
     /// Cache state names.
     pub k_cache: String,
     pub v_cache: String,
+    /// The layer's index (DeepSeek-V3 picks its dense or MoE MLP by it).
+    pub layer: usize,
 }
 
 impl LayerNames {
@@ -184,6 +186,16 @@ impl LayerNames {
             weights: format!("{prefix}model.layers.{layer}"),
             k_cache: format!("{prefix}{k_cache}"),
             v_cache: format!("{prefix}{v_cache}"),
+            layer,
+        }
+    }
+
+    /// Layer `layer` of the model `spec` under `prefix`: its weights also carry the
+    /// spec's [`ModelSpec::weight_prefix`] (Kimi-K2.5's `language_model.`), its caches not.
+    pub fn of(spec: &ModelSpec, prefix: &str, layer: usize) -> LayerNames {
+        LayerNames {
+            weights: format!("{prefix}{}model.layers.{layer}", spec.weight_prefix),
+            ..Self::with_prefix(prefix, layer)
         }
     }
 
@@ -193,6 +205,7 @@ impl LayerNames {
             weights: format!("model.layers.{layer}"),
             k_cache,
             v_cache,
+            layer,
         }
     }
 }
@@ -235,6 +248,9 @@ pub fn decoder_layer_masked(
     positions: ValueId,
     mask: LayerMask,
 ) -> Result<(ValueId, ValueId, ValueId), IrError> {
+    if spec.mla.is_some() {
+        return crate::lower_mla::decoder_layer(g, spec, names, x, positions, mask);
+    }
     let p = &names.weights;
     let h = rmsnorm(
         g,
@@ -377,7 +393,12 @@ fn attention(
 }
 
 /// SwiGLU MLP: `down(silu(gate(h)) · up(h))`.
-fn mlp(g: &mut Graph, spec: &ModelSpec, p: &str, h: ValueId) -> Result<ValueId, IrError> {
+pub(crate) fn mlp(
+    g: &mut Graph,
+    spec: &ModelSpec,
+    p: &str,
+    h: ValueId,
+) -> Result<ValueId, IrError> {
     let (hid, ffn) = (spec.hidden, spec.intermediate);
     let gate = linear(g, spec, h, &format!("{p}.mlp.gate_proj.weight"), ffn, hid)?;
     let up = linear(g, spec, h, &format!("{p}.mlp.up_proj.weight"), ffn, hid)?;

@@ -38,9 +38,10 @@ impl Model {
     pub fn open(dir: impl AsRef<Path>) -> Result<Model, ModelError> {
         let dir = dir.as_ref().to_path_buf();
         let config = dir.join(CONFIG_FILE);
-        let spec = ModelSpec::from_file(&config)?;
+        let mut spec = ModelSpec::from_file(&config)?;
         let mut checkpoint = Checkpoint::open(&dir)?;
         coverage::check_layers(&checkpoint, &spec, &config)?;
+        checkpoint.adapt_router_dtypes(&mut spec);
         let graph = lower::lower_dense(&spec)?;
         checkpoint.validate(&graph)?;
         let reader = coverage::Reader::model(&spec, &config);
@@ -205,17 +206,19 @@ impl Model {
         })
     }
 
-    /// Zeroed KV caches for batch 1 and `ctx` slots.
+    /// Zeroed KV caches (every state of the graph) for batch 1 and `ctx` slots.
     fn empty_states(&self, ctx: usize) -> HashMap<String, Tensor> {
-        let s = &self.spec;
-        (0..s.layers)
-            .flat_map(|l| {
-                let (k, v) = lower::kv_state_names(l);
-                [k, v]
-            })
-            .map(|name| {
-                let shape = vec![1, ctx, s.kv_heads, s.head_dim];
-                (name, Tensor::zeros(s.dtype, shape))
+        let bind = Bindings::new(1, 1, ctx as u64);
+        self.graph
+            .states()
+            .map(|(_, name, ty)| {
+                let shape = ty
+                    .shape
+                    .dims()
+                    .iter()
+                    .map(|d| d.resolve(&bind).expect("state dims are static or B/Ctx") as usize)
+                    .collect();
+                (name.to_string(), Tensor::zeros(ty.dtype, shape))
             })
             .collect()
     }

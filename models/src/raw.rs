@@ -67,6 +67,13 @@ impl<T: RawField> RawField for Option<T> {
     }
 }
 
+impl<T: RawField> RawField for Box<T> {
+    const EXPECTED: &'static str = T::EXPECTED;
+    fn diagnose(v: &Value) -> Option<Mismatch> {
+        T::diagnose(v)
+    }
+}
+
 impl RawField for f64 {
     const EXPECTED: &'static str = "a number";
 }

@@ -157,6 +157,9 @@ fn llama_31_8b() {
             eos_token_ids: vec![128001, 128008, 128009],
             dtype: DType::BF16,
             qk_norm: false,
+            mla: None,
+            moe: None,
+            weight_prefix: String::new(),
         }
     );
     assert_eq!((s.q_dim(), s.kv_dim()), (4096, 1024));

@@ -31,6 +31,8 @@
 //! | matmul | weight dequantised per element (`fp8 · scale[n/128, k/128]`, `q · scale[n, k/G]`), dot product in dot order | `R` once |
 //! | rope | inverse frequencies as HF's f32 steps ([`rope_inv_freq`]); `angle = f32(pos) · f`; cos/sin in f64 → f32, `· mscale` | `c = R(cos)`, `s = R(sin)`, then `R(R(a·c) - R(b·s))`, `R(R(b·c) + R(a·s))` (HF `q * cos + rotate_half(q) * sin` in the activation dtype) |
 //! | attention | scores `dot(q, k) · scale` (dot order), softmax with max subtracted, `Σ p·v` in f32 in slot order, divided by `Σ p` at the end; no allowed slot → zeros | `R` once |
+//! | head_matmul | per head, dot products in dot order | `R` once |
+//! | mla_attention | scores `(dot(q_lat, c) + dot(q_pe, pe)) · scale`, then as attention with the latent cache as values | `R` once |
 //! | kv_write, assign, gather, slice, concat, reshape, embedding, copy, select | copies | none |
 //! | moe_route | f32 throughout (see `moe.rs`) | f32 result |
 //! | moe_experts | per expert: gate/up/down as matmul, activation as silu_mul; gate-weighted sum of expert outputs in f32, experts in index order | `R` per expert matmul and `R` of the final sum |
@@ -56,6 +58,7 @@
 
 mod attention;
 mod elementwise;
+mod mla;
 mod moe;
 mod nn;
 mod rope;
@@ -378,6 +381,8 @@ fn eval(op: &Op, a: &[&Tensor], out: &Out) -> OpResult {
             out,
         ),
         Attention { scale, mask } => attention::attention(a, *scale, *mask, out),
+        HeadMatMul { trans_w } => mla::head_matmul(a[0], a[1], *trans_w, out),
+        MlaAttention { scale, mask } => mla::mla_attention(a, *scale, *mask, out),
         Sample => spec_ops::sample(a[0], a[1], out),
         TopPThreshold { p } => spec_ops::top_p_threshold(a[0], *p, out),
         RandomUniform { seed } => spec_ops::random_uniform(a[0], *seed, out),

@@ -469,6 +469,13 @@ fn build_op(
             scale: a.f64("scale")?,
             mask: a.one_of("mask", &ATTN_MASKS, attn_mask_name)?,
         },
+        "head_matmul" => Op::HeadMatMul {
+            trans_w: a.bool("trans_w")?,
+        },
+        "mla_attention" => Op::MlaAttention {
+            scale: a.f64("scale")?,
+            mask: a.one_of("mask", &ATTN_MASKS, attn_mask_name)?,
+        },
         "sample" => Op::Sample,
         "top_p_threshold" => Op::TopPThreshold { p: a.f64("p")? },
         "random_uniform" => Op::RandomUniform {

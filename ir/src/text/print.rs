@@ -100,6 +100,11 @@ fn op_text(op: &Op) -> String {
             ("scale", fmt_f64(*scale)),
             ("mask", attn_mask_name(*mask).into()),
         ],
+        Op::HeadMatMul { trans_w } => vec![("trans_w", trans_w.to_string())],
+        Op::MlaAttention { scale, mask } => vec![
+            ("scale", fmt_f64(*scale)),
+            ("mask", attn_mask_name(*mask).into()),
+        ],
         Op::RandomUniform { seed } => vec![("seed", seed.to_string())],
         Op::MoeRoute {
             top_k,

@@ -55,9 +55,11 @@ fn variant(op: &Op) -> usize {
         Op::KvMove => 34,
         Op::TreeSelect { .. } => 35,
         Op::TopPThreshold { .. } => 36,
+        Op::HeadMatMul { .. } => 37,
+        Op::MlaAttention { .. } => 38,
     }
 }
-const VARIANTS: usize = 37;
+const VARIANTS: usize = 39;
 
 /// A type-correct graph using every op, every op kind and every attribute enum value.
 fn every_op_graph() -> Result<Graph, IrError> {
@@ -252,6 +254,31 @@ fn every_op_graph() -> Result<Graph, IrError> {
         },
         &[q_rot, k2, v1, pos, prefix, anc2],
     )?;
+
+    // Multi-head latent attention: absorption, both masks, back to values.
+    let q_nope = g.input("q_nope", ty(DType::BF16, &[B, T, s(4), s(16)]))?;
+    let q_pe = g.input("q_pe", ty(DType::BF16, &[B, T, s(4), s(8)]))?;
+    let w_uk = g.weight("w_uk", ty(DType::BF16, &[s(4), s(16), s(32)]))?;
+    let w_uv = g.weight("w_uv", ty(DType::BF16, &[s(4), s(16), s(32)]))?;
+    let q_lat = g.add(Op::HeadMatMul { trans_w: false }, &[q_nope, w_uk])?;
+    let lat_cache = g.state("lat_cache", ty(DType::BF16, &[B, CTX, s(1), s(32)]))?;
+    let pe_cache = g.state("pe_cache", ty(DType::BF16, &[B, CTX, s(1), s(8)]))?;
+    let mla = g.add(
+        Op::MlaAttention {
+            scale: 0.25,
+            mask: AttnMask::Causal,
+        },
+        &[q_lat, q_pe, lat_cache, pe_cache, pos],
+    )?;
+    g.add(
+        Op::MlaAttention {
+            scale: 0.25,
+            mask: AttnMask::Tree,
+        },
+        &[q_lat, q_pe, lat_cache, pe_cache, pos, prefix, anc2],
+    )?;
+    let mla_v = g.add(Op::HeadMatMul { trans_w: true }, &[mla, w_uv])?;
+    g.set_output("mla", mla_v);
 
     // MoE, both scorings, with and without bias.
     let logits = g.input("router_logits", ty(DType::F32, &[B, T, s(16)]))?;

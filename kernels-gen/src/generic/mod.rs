@@ -36,6 +36,8 @@
 //! middle so `bool` can appear; which dtype characterises each op is listed at [`single`].
 
 mod elementwise;
+mod mla;
+mod moe;
 mod movement;
 mod rows;
 mod tree;
@@ -111,8 +113,9 @@ impl TensorArg {
 /// `reduce_max`, `argmax`, `topk`, `softmax`, `top_p_threshold`, `sample`, `random_uniform`,
 /// `accept_chain`,
 /// `tree_build`, `tree_accept`, `tree_select`, `rmsnorm`,
-/// `matmul` (plain float weights). Leaves, `rope` and `attention` (their own families),
-/// MoE ops, `all_reduce` and quantised weights give [`Error::Unsupported`].
+/// `matmul` (plain float weights), a standalone `rope`, `head_matmul`, `mla_attention`, `moe_route`,
+/// `moe_experts`. Leaves, `attention` (its own family), `all_reduce` and
+/// quantised weights give [`Error::Unsupported`].
 ///
 /// The dtype in the kernel name: the result's for `fill`, `iota`, `silu_mul`, `cast` and
 /// `random_uniform`; the weight's for `matmul`; the log-probs' (f32) for `tree_build`;
@@ -160,13 +163,34 @@ pub fn single(
         Op::KvMove => tree::kv_move(x(), &inputs[1], &inputs[2], output),
         Op::RmsNorm { eps } => rows::rmsnorm(*eps, x(), &inputs[1], output)?,
         Op::MatMul => rows::matmul(x(), &inputs[1], output),
+        Op::Rope { .. } => mla::rope(op, x(), &inputs[1], output)?,
+        Op::HeadMatMul { trans_w } => mla::head_matmul(*trans_w, x(), &inputs[1], output),
+        Op::MlaAttention { scale, mask } => mla::mla_attention(*scale, *mask, inputs, output)?,
+        Op::MoeRoute {
+            top_k,
+            scoring,
+            n_group,
+            topk_group,
+            norm_topk_prob,
+            scaling,
+        } => {
+            let route = moe::Route {
+                top_k: *top_k,
+                scoring: *scoring,
+                n_group: *n_group,
+                topk_group: *topk_group,
+                norm_topk_prob: *norm_topk_prob,
+                scaling: *scaling,
+            };
+            moe::moe_route(&route, x(), inputs.get(1), output)?
+        }
+        Op::MoeExperts => {
+            moe::moe_experts(x(), &inputs[1], &inputs[2], &inputs[3], &inputs[4], output)?
+        }
         Op::Input { .. }
         | Op::Weight { .. }
         | Op::State { .. }
-        | Op::Rope { .. }
         | Op::Attention { .. }
-        | Op::MoeRoute { .. }
-        | Op::MoeExperts
         | Op::AllReduce => return Err(unsupported_err(op, unsupported(op).unwrap_or(""))),
     };
     Ok(vec![k])
@@ -178,9 +202,7 @@ fn unsupported(op: &Op) -> Option<&'static str> {
         Op::Input { .. } | Op::Weight { .. } | Op::State { .. } => {
             Some("a leaf is written by the runtime or loaded, not computed")
         }
-        Op::Rope { .. } => Some("rotary embedding is the rope family (rope::rope_kv)"),
         Op::Attention { .. } => Some("attention is the attention family"),
-        Op::MoeRoute { .. } | Op::MoeExperts => Some("MoE ops have no generic kernel"),
         Op::AllReduce => Some("a collective across ranks, not a kernel"),
         _ => None,
     }

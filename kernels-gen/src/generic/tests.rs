@@ -83,7 +83,6 @@ fn unsupported_ops_are_typed_errors() {
     let x = arg(0, DType::BF16, &[2, 8]);
     for op in [
         Op::AllReduce,
-        Op::MoeExperts,
         Op::Input {
             name: "x".into(),
             ty: x.ty(),

@@ -168,13 +168,7 @@ pub fn forward_with_taps(
     let (mut x, table) = embed(g, spec, prefix, tokens)?;
     let mut tapped = vec![None; taps.len()];
     for layer in 0..spec.layers {
-        x = decoder_layer(
-            g,
-            spec,
-            &LayerNames::with_prefix(prefix, layer),
-            x,
-            positions,
-        )?;
+        x = decoder_layer(g, spec, &LayerNames::of(spec, prefix, layer), x, positions)?;
         for (i, &t) in taps.iter().enumerate() {
             if t == layer {
                 tapped[i] = Some(x);

@@ -57,7 +57,7 @@ fn tree_forward(
     let mut tapped = vec![None; taps.len()];
     let mut caches = Vec::with_capacity(target.layers);
     for layer in 0..target.layers {
-        let names = LayerNames::with_prefix("", layer);
+        let names = LayerNames::of(target, "", layer);
         let (y, kc, vc) = decoder_layer_masked(g, target, &names, x, positions, mask)?;
         x = y;
         caches.push((kc, vc));

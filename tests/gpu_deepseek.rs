@@ -1,0 +1,173 @@
+//! DeepSeek-V3 targets (MLA attention over the latent cache, group-limited MoE) on the CUDA
+//! backend: the generated kernels (`mla_attention`, `head_matmul`, `moe_route`,
+//! `moe_experts`, a standalone `rope`) in the one captured graph per step, checked against
+//! the CPU interpreter (tokens) and HF transformers (logits). Run with `--features cuda`;
+//! without a driver every test prints why it skipped and passes.
+
+#![cfg(feature = "cuda")]
+
+mod common;
+mod gpu_common;
+
+use gpu_common::{build_engine, drive, fixture, gpu, session};
+use safetensors::SafeTensors;
+use specc_models::{Model, SpecConfig};
+use specc_runtime::DraftKind;
+
+const FIXTURES: [&str; 3] = [
+    "deepseek_v3_qlora",
+    "deepseek_v3_no_qlora",
+    "deepseek_v3_bf16",
+];
+
+fn greedy_cpu(target: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    let w = target.load_weights_f32();
+    target.greedy_generate(&w, prompt, n, 256).unwrap()
+}
+
+/// `b` prompts of different lengths inside the fixtures' 256-token vocabulary.
+fn prompts(b: usize) -> Vec<Vec<u32>> {
+    (0..b)
+        .map(|i| {
+            (0..(5 + 3 * i))
+                .map(|j| ((j * 37 + i * 11 + 3) % 256) as u32)
+                .collect()
+        })
+        .collect()
+}
+
+fn read_i64(st: &SafeTensors, name: &str) -> Vec<u32> {
+    st.tensor(name)
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+        .collect()
+}
+
+fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (*a as f64 - b).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|b| b * b).sum();
+    (num / den).sqrt()
+}
+
+#[test]
+fn prefill_logits_match_hf_transformers() {
+    if !gpu() {
+        return;
+    }
+    for name in FIXTURES {
+        let target = Model::open(fixture(name)).unwrap();
+        let bytes = std::fs::read(fixture(name).join("reference.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let mut ids = read_i64(&st, "prompt_ids");
+        ids.extend(read_i64(&st, "greedy_ids"));
+        let want: Vec<f64> = st
+            .tensor("logits")
+            .unwrap()
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect();
+        let (engine, _) = build_engine(&target, None, &[1], 256);
+        let mut s = session(&engine, &target, None, 1);
+        let got = s.prefill_logits(&ids).unwrap();
+        assert_eq!(got.len(), want.len());
+        let (_, cpu) = target.logits(&target.load_weights_f32(), &ids).unwrap();
+        let cpu: Vec<f64> = cpu.iter().map(|&x| x as f64).collect();
+        let (hf, interp) = (rel_l2(&got, &want), rel_l2(&got, &cpu));
+        eprintln!(
+            "{name}: CUDA logits rel L2 vs HF transformers {hf:.2e}, vs the interpreter {interp:.2e}"
+        );
+        // bf16: HF runs naive MLA in bf16, specc the absorbed form; the interpreter itself
+        // is 1.4e-2 from HF there (models/tests/hf_parity_mla.rs), so CUDA is held to the
+        // interpreter tightly and to HF at bf16 tolerance.
+        let (hf_tol, interp_tol) = if name.ends_with("bf16") {
+            (2e-2, 1e-2)
+        } else {
+            (1e-4, 1e-4)
+        };
+        assert!(hf <= hf_tol, "{name}: rel L2 vs HF {hf}");
+        assert!(
+            interp <= interp_tol,
+            "{name}: rel L2 vs the interpreter {interp}"
+        );
+    }
+}
+
+/// Plain decoding at B = 1 and 4 (prompts of different lengths): the CUDA tokens equal the
+/// interpreter's greedy tokens, one graph launch per step.
+#[test]
+fn decode_matches_cpu() {
+    if !gpu() {
+        return;
+    }
+    for name in FIXTURES {
+        let target = Model::open(fixture(name)).unwrap();
+        for b in [1usize, 4] {
+            let ps = prompts(b);
+            let (engine, _) = build_engine(&target, None, &[b as u32], 256);
+            let mut s = session(&engine, &target, None, b);
+            assert_eq!(s.contract().kind, DraftKind::None);
+            let got = drive(&mut s, &ps, 32);
+            for (lane, p) in ps.iter().enumerate() {
+                assert_eq!(
+                    got[lane],
+                    greedy_cpu(&target, p, 32),
+                    "{name} B={b} lane {lane}"
+                );
+            }
+            assert_eq!(
+                s.engine.dev.counters().graph_launches() as usize,
+                s.stats.steps
+            );
+        }
+        eprintln!("{name}: 32 tokens at B=1,4 identical to the CPU backend");
+    }
+}
+
+/// draft_model speculation with a DeepSeek-V3 target inside the one-graph step: the target
+/// as its own draft (full acceptance) and another DeepSeek-V3 (near-zero acceptance), B = 1
+/// and 4; output equals the target's greedy tokens.
+#[test]
+fn draft_model_is_exact() {
+    if !gpu() {
+        return;
+    }
+    let target_dir = fixture("deepseek_v3_qlora");
+    let target = Model::open(&target_dir).unwrap();
+    for draft in ["deepseek_v3_qlora", "deepseek_v3_no_qlora"] {
+        let body = format!(
+            "method = \"draft_model\"\ndraft = {:?}\nnum_steps = 3\n",
+            fixture(draft)
+        );
+        let cfg = SpecConfig::from_toml(&target_dir.join("spec.gpu.toml"), &body).unwrap();
+        for lanes in [1usize, 4] {
+            let (engine, bundle) = build_engine(&target, Some(&cfg), &[lanes as u32], 256);
+            let bundle = bundle.unwrap();
+            let mut s = session(&engine, &target, Some(&bundle), lanes);
+            assert_eq!(s.contract().kind, DraftKind::Model);
+            let ps = prompts(lanes);
+            let got = drive(&mut s, &ps, 24);
+            for (b, p) in ps.iter().enumerate() {
+                assert_eq!(
+                    got[b],
+                    greedy_cpu(&target, p, 24),
+                    "draft {draft} B={lanes} lane {b}"
+                );
+            }
+            assert_eq!(
+                s.engine.dev.counters().graph_launches() as usize,
+                s.stats.steps
+            );
+            eprintln!(
+                "deepseek_v3_qlora <- {draft} k=3 B={lanes}: exact; mean acceptance {:.2}",
+                s.stats.mean_accept_len()
+            );
+        }
+    }
+}
