@@ -3,7 +3,9 @@
 //! target's own greedy tokens exactly (issue 19 item 5), at batch 1 and 4 with prompts of
 //! different lengths. draft_model with full (identical draft), partial (perturbed MoE
 //! weights) and near-zero (unrelated random DeepSeek-V3) acceptance; EAGLE-3 chain and tree,
-//! DFlash and DDTree with random drafters sized for the target (near-zero acceptance).
+//! DFlash and DDTree with random drafters sized for the target (near-zero acceptance) and
+//! with a target-derived family in which every model's top-1 is one constant token (full
+//! acceptance; the construction of tests/full_accept, applied to the DeepSeek-V3 target).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -152,10 +154,11 @@ fn draft_model_unrelated_draft_is_exact() {
 }
 
 /// The random EAGLE-3 head of tests/fixtures/eagle3_random over this target's vocabulary
-/// (256 draft ids mapping to themselves: `d2t` zeros).
-fn eagle3_head() -> PathBuf {
+/// (256 draft ids mapping to themselves: `d2t` zeros), in a directory of its own (`name`:
+/// tests run in parallel).
+fn eagle3_head(name: &str) -> PathBuf {
     let src = fixture("eagle3_random");
-    let dir = tmp("eagle3");
+    let dir = tmp(name);
     let mut cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
     cfg["vocab_size"] = 256.into();
@@ -173,7 +176,7 @@ fn eagle3_chain_is_exact() {
     let t = target();
     let body = format!(
         "method = \"eagle3\"\ndraft = \"{}\"\nnum_steps = 4",
-        eagle3_head().display()
+        eagle3_head("eagle3_chain").display()
     );
     let b = bundle(&t, &body);
     for lanes in [1, 4] {
@@ -186,7 +189,7 @@ fn eagle3_tree_is_exact() {
     let t = target();
     let body = format!(
         "method = \"eagle3\"\ndraft = \"{}\"\nnum_steps = 3\ntopk = 4\nnum_draft_tokens = 12",
-        eagle3_head().display()
+        eagle3_head("eagle3_tree").display()
     );
     let b = bundle(&t, &body);
     for lanes in [1, 4] {
@@ -195,10 +198,10 @@ fn eagle3_tree_is_exact() {
 }
 
 /// The random DFlash drafter of tests/fixtures/dflash_random for this target: its mask
-/// token inside the 256-token vocabulary, tapping layers 1 and 0 of 3.
-fn dflash_drafter() -> PathBuf {
+/// token inside the 256-token vocabulary, tapping layers 1 and 0 of 3; in directory `name`.
+fn dflash_drafter(name: &str) -> PathBuf {
     let src = fixture("dflash_random");
-    let dir = tmp("dflash");
+    let dir = tmp(name);
     let mut cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
     cfg["vocab_size"] = 256.into();
@@ -215,7 +218,7 @@ fn dflash_is_exact() {
     let t = target();
     let body = format!(
         "method = \"dflash\"\ndraft = \"{}\"",
-        dflash_drafter().display()
+        dflash_drafter("dflash").display()
     );
     let b = bundle(&t, &body);
     for lanes in [1, 4] {
@@ -229,10 +232,161 @@ fn ddtree_is_exact() {
     let t = target();
     let body = format!(
         "method = \"ddtree\"\ndraft = \"{}\"\nbudget = 16\ntopk = 4",
-        dflash_drafter().display()
+        dflash_drafter("ddtree").display()
     );
     let b = bundle(&t, &body);
     for lanes in [1, 4] {
         exact(&t, &b, lanes, 16);
+    }
+}
+
+/// The token every member of the derived family predicts.
+const TOKEN: usize = 197;
+/// Added to hidden dim 0 of every token embedding: the residual stream is ≈ `SHARED · e0`
+/// whatever the (RMS-normed, O(1)) layers add.
+const SHARED: f32 = 100.0;
+/// The lm_head weight that reads dim 0 into [`TOKEN`]'s logit (≈ GAIN · √64 = 16 above the rest).
+const GAIN: f32 = 2.0;
+
+/// f32 values of a tensor view.
+fn f32s(v: &TensorView) -> Vec<f32> {
+    v.data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn f32_tensor(v: &TensorView, x: Vec<f32>) -> Option<(Dtype, Vec<usize>, Vec<u8>)> {
+    let bytes = x.iter().flat_map(|f| f.to_le_bytes()).collect();
+    Some((Dtype::F32, v.shape().to_vec(), bytes))
+}
+
+/// `[rows, cols]` with column 0 zeroed except `GAIN` at row `row`.
+fn head_reads_dim0(v: &TensorView, row: usize) -> Option<(Dtype, Vec<usize>, Vec<u8>)> {
+    let cols = v.shape()[1];
+    let mut x = f32s(v);
+    for r in 0..v.shape()[0] {
+        x[r * cols] = if r == row { GAIN } else { 0.0 };
+    }
+    f32_tensor(v, x)
+}
+
+/// A final norm whose dim-0 gain is 1.
+fn unit_dim0(v: &TensorView) -> Option<(Dtype, Vec<usize>, Vec<u8>)> {
+    let mut x = f32s(v);
+    x[0] = 1.0;
+    f32_tensor(v, x)
+}
+
+/// The derived family: `(target, eagle3 head, dflash drafter)` directories.
+fn derived_family() -> (PathBuf, PathBuf, PathBuf) {
+    let target = tmp("derived_target");
+    std::fs::copy(
+        fixture(TARGET).join("config.json"),
+        target.join("config.json"),
+    )
+    .unwrap();
+    rewrite(&fixture(TARGET), &target, |name, v| match name {
+        "model.embed_tokens.weight" => {
+            let cols = v.shape()[1];
+            let mut x = f32s(v);
+            for r in 0..v.shape()[0] {
+                x[r * cols] += SHARED;
+            }
+            f32_tensor(v, x)
+        }
+        "model.norm.weight" => unit_dim0(v),
+        "lm_head.weight" => head_reads_dim0(v, TOKEN),
+        _ => keep(v),
+    });
+    let eagle = eagle3_head("derived_eagle3");
+    let eagle_src = tmp("derived_eagle3_src");
+    std::fs::rename(
+        eagle.join("model.safetensors"),
+        eagle_src.join("model.safetensors"),
+    )
+    .unwrap();
+    rewrite(&eagle_src, &eagle, |name, v| match name {
+        // fc row 0 averages the three taps' dim 0; no other row reads them.
+        "fc.weight" => {
+            let cols = v.shape()[1];
+            let h = cols / 3;
+            let mut x = f32s(v);
+            for r in 0..v.shape()[0] {
+                for tap in 0..3 {
+                    x[r * cols + tap * h] = if r == 0 { 1.0 / 3.0 } else { 0.0 };
+                }
+            }
+            f32_tensor(v, x)
+        }
+        "norm.weight" => unit_dim0(v),
+        // d2t is zero: draft id TOKEN is target id TOKEN.
+        "lm_head.weight" => head_reads_dim0(v, TOKEN),
+        _ => keep(v),
+    });
+    let dflash = dflash_drafter("derived_dflash");
+    let dflash_src = tmp("derived_dflash_src");
+    std::fs::rename(
+        dflash.join("model.safetensors"),
+        dflash_src.join("model.safetensors"),
+    )
+    .unwrap();
+    rewrite(&dflash_src, &dflash, |name, v| match name {
+        "norm.weight" => unit_dim0(v),
+        _ => keep(v),
+    });
+    (target, eagle, dflash)
+}
+
+/// Every step but a lane's last (cut by its budget) accepts the deepest path of `depth`
+/// drafts.
+#[track_caller]
+fn accepts_everything(out: &Outcome, depth: usize, lanes: usize) {
+    let steps: usize = out.histogram.iter().sum();
+    let full = out.histogram.get(depth).copied().unwrap_or(0);
+    assert!(
+        full + lanes >= steps && full > 0,
+        "histogram {:?}: not every step accepted {depth} drafts",
+        out.histogram
+    );
+}
+
+#[test]
+fn derived_family_accepts_every_draft() {
+    let (target_dir, eagle, dflash) = derived_family();
+    let t = Model::open(&target_dir).unwrap();
+    let open = |body: String| {
+        let cfg = SpecConfig::from_toml(&target_dir.join("spec.test.toml"), &body)
+            .unwrap_or_else(|e| panic!("{e}"));
+        SpecBundle::open(&t, &cfg).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let cases = [
+        (
+            format!("method = \"eagle3\"\ndraft = \"{}\"\nnum_steps = 4", eagle.display()),
+            4,
+        ),
+        (
+            format!(
+                "method = \"eagle3\"\ndraft = \"{}\"\nnum_steps = 3\ntopk = 4\nnum_draft_tokens = 12",
+                eagle.display()
+            ),
+            3,
+        ),
+        (format!("method = \"dflash\"\ndraft = \"{}\"", dflash.display()), 3),
+        (
+            format!(
+                "method = \"ddtree\"\ndraft = \"{}\"\nbudget = 16\ntopk = 4",
+                dflash.display()
+            ),
+            3,
+        ),
+    ];
+    for (body, depth) in cases {
+        let b = open(body.clone());
+        for lanes in [1, 4] {
+            eprintln!("{}", body.lines().next().unwrap());
+            let out = exact(&t, &b, lanes, 20);
+            accepts_everything(&out, depth, lanes);
+        }
     }
 }
