@@ -113,7 +113,7 @@ fn unsupported_architecture() {
     let msg = config_err(&llama().replace("LlamaForCausalLM", "MistralForCausalLM"));
     assert_eq!(
         msg,
-        "some/dir/config.json: field \"architectures\": expected one of \"LlamaForCausalLM\", \"Qwen3ForCausalLM\", found [\"MistralForCausalLM\"]"
+        "some/dir/config.json: field \"architectures\": expected one of \"LlamaForCausalLM\", \"Qwen3ForCausalLM\", \"DeepseekV3ForCausalLM\", found [\"MistralForCausalLM\"]"
     );
 }
 

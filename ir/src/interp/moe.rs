@@ -25,8 +25,9 @@ pub(crate) struct Route {
 /// experts, divided by the sum of the chosen `s` (in rank order) when `norm_topk_prob`,
 /// then multiplied by `scaling`. Every other gate is 0.
 ///
-/// HF DeepSeek-V3 masks excluded groups with 0.0 rather than excluding them; the two agree
-/// unless a kept expert has `c < 0`.
+/// This is transformers 5.24's DeepSeek-V3 router, which masks excluded groups with −inf
+/// (older versions masked with 0.0, which differs when a kept expert has `c < 0`); checked
+/// against it with a random bias in `models/tests/hf_parity_mla.rs`.
 pub(crate) fn moe_route(logits: &Tensor, bias: Option<&Tensor>, r: Route, out: &Out) -> OpResult {
     let lv = f32s(logits, "moe_route logits")?;
     let bias = bias.map(|b| f32s(b, "moe_route bias")).transpose()?;

@@ -65,9 +65,9 @@ pub fn check_dir(name: &str, dir: &Path, tol: f64, greedy: bool) -> f64 {
             dir.display()
         );
     }
-    let model = Model::open(&dir).unwrap();
+    let model = Model::open(dir).unwrap();
     let weights = model.load_weights_f32();
-    let r = read_reference(&dir);
+    let r = read_reference(dir);
     let p = r.prompt.len();
     assert_eq!(r.shape, vec![p + r.greedy.len(), model.spec().vocab]);
 
