@@ -47,6 +47,11 @@ impl TextCodec {
             .map_err(|e| anyhow!("tokenizer.json: cannot encode prompt: {e}"))
     }
 
+    /// The vocabulary's text of token `id` (BOS / EOS names for chat templates).
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.tok.id_to_token(id)
+    }
+
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         tokenizer::decode(&self.tok, ids, true)
             .map_err(|e| anyhow!("tokenizer.json: cannot decode ids: {e}"))

@@ -276,6 +276,145 @@ impl<'a> SpecCpuSession<'a> {
         Ok(first)
     }
 
+    /// Lanes of the session (the largest batch a step runs at).
+    pub fn lanes(&self) -> usize {
+        self.lanes
+    }
+
+    /// Prefills one lane with `prompt` and arms its step states, leaving every other lane's
+    /// states (caches, lengths, budgets, draft state, ring) as they are: continuous batching.
+    /// The prefill runs at batch 1 on fresh states and its results are copied into lane
+    /// `lane`, so a lane's tokens do not depend on what the other lanes hold (the interpreter
+    /// computes every row on its own, in the same order at any batch). Slots past the
+    /// prompt in the lane's caches keep stale values, which no step reads before writing.
+    pub fn admit_lane(
+        &mut self,
+        lane: usize,
+        prompt: &[u32],
+        max_new: usize,
+    ) -> Result<u32, RuntimeError> {
+        if lane >= self.lanes {
+            return Err(RuntimeError::Engine(format!(
+                "lane {lane} is out of range: the session has {} lanes",
+                self.lanes
+            )));
+        }
+        let full = std::mem::take(&mut self.states);
+        let lanes = std::mem::replace(&mut self.lanes, 1);
+        let drained = std::mem::take(&mut self.drained);
+        let first = self.admit(&[prompt.to_vec()], max_new);
+        let one = std::mem::replace(&mut self.states, full);
+        self.lanes = lanes;
+        self.drained = drained;
+        let first = first?[0];
+        for (name, t) in one {
+            self.put_lane(&name, lane, &t)?;
+        }
+        self.drained[lane] = 0;
+        Ok(first)
+    }
+
+    /// Copies a batch-1 tensor into lane `lane` of state `name` (created as zeros of
+    /// `lanes` rows when absent).
+    fn put_lane(&mut self, name: &str, lane: usize, one: &Tensor) -> Result<(), RuntimeError> {
+        let lanes = self.lanes;
+        let full = self.states.entry(name.to_string()).or_insert_with(|| {
+            let mut shape = one.shape.clone();
+            shape[0] = lanes;
+            Tensor::zeros(one.dtype, shape)
+        });
+        if one.shape.first() != Some(&1)
+            || full.shape.first() != Some(&lanes)
+            || full.shape[1..] != one.shape[1..]
+            || full.dtype != one.dtype
+        {
+            return Err(RuntimeError::Engine(format!(
+                "state `{name}`: a lane of shape {:?} does not fit the session's {:?}",
+                one.shape, full.shape
+            )));
+        }
+        let row = one.shape[1..].iter().product::<usize>();
+        match (&mut full.data, &one.data) {
+            (Data::F32(f), Data::F32(o)) => f[lane * row..][..row].copy_from_slice(o),
+            (Data::I64(f), Data::I64(o)) => f[lane * row..][..row].copy_from_slice(o),
+            _ => {
+                return Err(RuntimeError::Engine(format!(
+                    "state `{name}`: a lane's storage differs from the session's"
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether every state of the step graph has the lane axis first (so the first `n`
+    /// lanes of each state are a prefix of its storage, and a step can run at batch `n`).
+    fn lane_major(&self) -> bool {
+        self.graphs
+            .step
+            .states()
+            .all(|(_, _, ty)| ty.shape.dims().first() == Some(&specc_ir::op::B))
+    }
+
+    /// Creates, as zeros, every state of the step graph not yet present (a session whose
+    /// lanes were admitted one at a time has only the states admission wrote).
+    fn ensure_step_states(&mut self) -> Result<(), RuntimeError> {
+        let bind = Bindings::new(self.lanes as u64, 1, self.max_context);
+        for (_, name, ty) in self.graphs.step.states() {
+            if !self.states.contains_key(name) {
+                let shape = ty.shape.resolve(&bind).ok_or_else(|| {
+                    RuntimeError::Engine(format!("state `{name}` has an unresolved shape"))
+                })?;
+                self.states
+                    .insert(name.to_string(), Tensor::zeros(ty.dtype, shape));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one step over lanes `0..n` only (lanes from `n` on must be finished or free:
+    /// they are left untouched). Each state's first `n` lanes are a prefix of its storage;
+    /// the rest is set aside for the step and put back after it.
+    pub fn step_upto(&mut self, n: usize) -> Result<(), RuntimeError> {
+        let n = n.clamp(1, self.lanes);
+        if n == self.lanes || !self.lane_major() {
+            return self.step();
+        }
+        self.ensure_step_states()?;
+        let names: Vec<String> = self
+            .graphs
+            .step
+            .states()
+            .map(|(_, name, _)| name.to_string())
+            .collect();
+        let mut tails = Vec::with_capacity(names.len());
+        for name in &names {
+            let t = self.states.get_mut(name).expect("ensured above");
+            let row = t.shape[1..].iter().product::<usize>();
+            let tail = match &mut t.data {
+                Data::F32(v) => Data::F32(v.split_off(n * row)),
+                Data::I64(v) => Data::I64(v.split_off(n * row)),
+            };
+            t.shape[0] = n;
+            tails.push(tail);
+        }
+        let lanes = std::mem::replace(&mut self.lanes, n);
+        let res = self.step();
+        self.lanes = lanes;
+        for (name, tail) in names.iter().zip(tails) {
+            let t = self
+                .states
+                .get_mut(name)
+                .ok_or(RuntimeError::MissingOutput("a state of the step"))?;
+            match (&mut t.data, tail) {
+                (Data::F32(v), Data::F32(tail)) => v.extend_from_slice(&tail),
+                (Data::I64(v), Data::I64(tail)) => v.extend_from_slice(&tail),
+                _ => return Err(RuntimeError::MissingOutput("a state of the step")),
+            }
+            t.shape[0] = lanes;
+        }
+        res
+    }
+
     /// The interpreter states between steps (caches, step states), for inspection.
     pub fn states(&self) -> &HashMap<String, Tensor> {
         &self.states
@@ -298,6 +437,7 @@ impl<'a> SpecCpuSession<'a> {
 
     /// Runs one step graph over all lanes.
     pub fn step(&mut self) -> Result<(), RuntimeError> {
+        self.ensure_step_states()?;
         let live = self.live();
         let out = self.run(self.graphs.step, 1, HashMap::new())?;
         let acc = ints(
