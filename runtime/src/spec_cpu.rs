@@ -119,7 +119,10 @@ pub struct SpecCpuSession<'a> {
     graphs: SpecGraphs<'a>,
     weights: &'a dyn WeightSource,
     states: HashMap<String, Tensor>,
+    /// Lanes the states hold now, the batch graphs run at: `capacity` unless a step ran
+    /// over fewer ([`SpecCpuSession::step_upto`]).
     lanes: usize,
+    capacity: usize,
     max_context: u64,
     /// Tokens drained from each lane's ring so far.
     drained: Vec<usize>,
@@ -146,6 +149,7 @@ impl<'a> SpecCpuSession<'a> {
             weights,
             states: HashMap::new(),
             lanes,
+            capacity: lanes,
             max_context,
             drained: vec![0; lanes],
             stats: SpecStats {
@@ -272,13 +276,13 @@ impl<'a> SpecCpuSession<'a> {
             RING.into(),
             Tensor::zeros(DType::I32, vec![lanes, self.graphs.contract.ring, 1, 1]),
         );
-        self.drained = vec![0; lanes];
+        self.drained = vec![0; self.capacity.max(lanes)];
         Ok(first)
     }
 
     /// Lanes of the session (the largest batch a step runs at).
     pub fn lanes(&self) -> usize {
-        self.lanes
+        self.capacity
     }
 
     /// Prefills one lane with `prompt` and arms its step states, leaving every other lane's
@@ -293,18 +297,21 @@ impl<'a> SpecCpuSession<'a> {
         prompt: &[u32],
         max_new: usize,
     ) -> Result<u32, RuntimeError> {
-        if lane >= self.lanes {
+        if lane >= self.capacity {
             return Err(RuntimeError::Engine(format!(
                 "lane {lane} is out of range: the session has {} lanes",
-                self.lanes
+                self.capacity
             )));
         }
+        if lane >= self.lanes {
+            self.resize(lane + 1)?;
+        }
         let full = std::mem::take(&mut self.states);
-        let lanes = std::mem::replace(&mut self.lanes, 1);
+        let rows = std::mem::replace(&mut self.lanes, 1);
         let drained = std::mem::take(&mut self.drained);
         let first = self.admit(&[prompt.to_vec()], max_new);
         let one = std::mem::replace(&mut self.states, full);
-        self.lanes = lanes;
+        self.lanes = rows;
         self.drained = drained;
         let first = first?[0];
         for (name, t) in one {
@@ -315,7 +322,7 @@ impl<'a> SpecCpuSession<'a> {
     }
 
     /// Copies a batch-1 tensor into lane `lane` of state `name` (created as zeros of
-    /// `lanes` rows when absent).
+    /// the session's rows when absent).
     fn put_lane(&mut self, name: &str, lane: usize, one: &Tensor) -> Result<(), RuntimeError> {
         let lanes = self.lanes;
         let full = self.states.entry(name.to_string()).or_insert_with(|| {
@@ -346,13 +353,45 @@ impl<'a> SpecCpuSession<'a> {
         Ok(())
     }
 
-    /// Whether every state of the step graph has the lane axis first (so the first `n`
-    /// lanes of each state are a prefix of its storage, and a step can run at batch `n`).
+    /// Whether every state has the lane axis first (so the first `n` lanes of each state
+    /// are a prefix of its storage, and the session can run at batch `n`).
     fn lane_major(&self) -> bool {
-        self.graphs
-            .step
-            .states()
-            .all(|(_, _, ty)| ty.shape.dims().first() == Some(&specc_ir::op::B))
+        let graphs = [
+            self.graphs.step,
+            self.graphs.target_prefill,
+            self.graphs.draft_prefill,
+        ];
+        graphs.iter().all(|g| {
+            g.states()
+                .all(|(_, _, ty)| ty.shape.dims().first() == Some(&specc_ir::op::B))
+        }) && self.states.values().all(|t| t.shape.first() == Some(&self.lanes))
+    }
+
+    /// Makes the states hold `n` lanes: lanes past `n` are dropped (they are free or
+    /// finished: nothing of them is read again), new lanes are zeros (budget 0: masked).
+    fn resize(&mut self, n: usize) -> Result<(), RuntimeError> {
+        if n == self.lanes {
+            return Ok(());
+        }
+        if !self.lane_major() {
+            return Err(RuntimeError::Engine(format!(
+                "a state of the engine does not lead with the lane axis: the session runs at {} lanes only",
+                self.lanes
+            )));
+        }
+        for t in self.states.values_mut() {
+            let row = t.shape[1..].iter().product::<usize>();
+            match &mut t.data {
+                Data::F32(v) => v.resize(n * row, 0.0),
+                Data::I64(v) => v.resize(n * row, 0),
+            }
+            t.shape[0] = n;
+        }
+        for d in &mut self.drained[n.min(self.lanes)..] {
+            *d = 0;
+        }
+        self.lanes = n;
+        Ok(())
     }
 
     /// Creates, as zeros, every state of the step graph not yet present (a session whose
@@ -371,48 +410,16 @@ impl<'a> SpecCpuSession<'a> {
         Ok(())
     }
 
-    /// Runs one step over lanes `0..n` only (lanes from `n` on must be finished or free:
-    /// they are left untouched). Each state's first `n` lanes are a prefix of its storage;
-    /// the rest is set aside for the step and put back after it.
+    /// Runs one step over lanes `0..n` only, when every lane from `n` on is free or
+    /// finished: the states shrink to (or grow to) `n` lanes first, so the interpreter
+    /// computes no rows of idle lanes. Where the states cannot be resized the step runs
+    /// over the lanes they hold.
     pub fn step_upto(&mut self, n: usize) -> Result<(), RuntimeError> {
-        let n = n.clamp(1, self.lanes);
-        if n == self.lanes || !self.lane_major() {
-            return self.step();
+        let n = n.clamp(1, self.capacity);
+        if self.lane_major() {
+            self.resize(n)?;
         }
-        self.ensure_step_states()?;
-        let names: Vec<String> = self
-            .graphs
-            .step
-            .states()
-            .map(|(_, name, _)| name.to_string())
-            .collect();
-        let mut tails = Vec::with_capacity(names.len());
-        for name in &names {
-            let t = self.states.get_mut(name).expect("ensured above");
-            let row = t.shape[1..].iter().product::<usize>();
-            let tail = match &mut t.data {
-                Data::F32(v) => Data::F32(v.split_off(n * row)),
-                Data::I64(v) => Data::I64(v.split_off(n * row)),
-            };
-            t.shape[0] = n;
-            tails.push(tail);
-        }
-        let lanes = std::mem::replace(&mut self.lanes, n);
-        let res = self.step();
-        self.lanes = lanes;
-        for (name, tail) in names.iter().zip(tails) {
-            let t = self
-                .states
-                .get_mut(name)
-                .ok_or(RuntimeError::MissingOutput("a state of the step"))?;
-            match (&mut t.data, tail) {
-                (Data::F32(v), Data::F32(tail)) => v.extend_from_slice(&tail),
-                (Data::I64(v), Data::I64(tail)) => v.extend_from_slice(&tail),
-                _ => return Err(RuntimeError::MissingOutput("a state of the step")),
-            }
-            t.shape[0] = lanes;
-        }
-        res
+        self.step()
     }
 
     /// The interpreter states between steps (caches, step states), for inspection.
@@ -422,8 +429,11 @@ impl<'a> SpecCpuSession<'a> {
 
     /// Marks lane `b` finished: the device masks it from the next step on.
     pub fn finish(&mut self, b: usize) {
+        // A lane past the states' rows is already out of every step.
         if let Some(Data::I64(v)) = self.states.get_mut(BUDGET).map(|t| &mut t.data) {
-            v[b] = 0;
+            if let Some(x) = v.get_mut(b) {
+                *x = 0;
+            }
         }
     }
 
@@ -433,6 +443,10 @@ impl<'a> SpecCpuSession<'a> {
             Some(Data::I64(v)) => v.iter().map(|&x| x > 0).collect(),
             _ => vec![false; self.lanes],
         }
+        .into_iter()
+        .chain(std::iter::repeat(false))
+        .take(self.capacity)
+        .collect()
     }
 
     /// Runs one step graph over all lanes.
@@ -468,8 +482,12 @@ impl<'a> SpecCpuSession<'a> {
                 .ok_or(RuntimeError::MissingOutput(RING))?,
         )?;
         let r = self.graphs.contract.ring;
-        let mut out = Vec::with_capacity(self.lanes);
-        for b in 0..self.lanes {
+        let mut out = Vec::with_capacity(self.capacity);
+        for b in 0..self.capacity {
+            if b >= self.lanes {
+                out.push(Vec::new());
+                continue;
+            }
             let upto = emitted[b] as usize;
             if upto - self.drained[b] > r {
                 return Err(RuntimeError::RingOverrun {
