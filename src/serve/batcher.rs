@@ -160,6 +160,7 @@ pub fn run(s: &mut dyn Speculator, rx: Receiver<Job>, c: &LoopCtx) {
     let mut slots: Vec<Option<Lane>> = (0..lanes).map(|_| None).collect();
     let mut hist = s.stats().histogram.clone();
     let mut ready: VecDeque<Job> = VecDeque::new();
+    let mut ended = Vec::new();
     loop {
         let busy = slots.iter().any(Option::is_some);
         if !busy && ready.is_empty() {
@@ -236,12 +237,16 @@ pub fn run(s: &mut dyn Speculator, rx: Receiver<Job>, c: &LoopCtx) {
                 lane.last = Instant::now();
             }
             if let Some(f) = finish {
-                let lane = slots[b].take().expect("checked above");
-                lane.end(f, c.metrics);
+                ended.push((slots[b].take().expect("checked above"), f));
                 let _ = s.finish(b);
             }
         }
+        // The load is published before the replies end, so a client that reads /metrics
+        // after its reply sees its lane free.
         publish(&slots, c);
+        for (lane, f) in ended.drain(..) {
+            lane.end(f, c.metrics);
+        }
     }
 }
 

@@ -58,7 +58,7 @@ impl ApiError {
     pub fn unknown_model(asked: &str, served: &str) -> ApiError {
         ApiError {
             status: 404,
-            message: format!("model: `{asked}` does not exist; this server serves `{served}`"),
+            message: format!("model: {asked:?} does not exist; this server serves {served:?}"),
             kind: "not_found_error",
             param: Some("model".into()),
             code: Some("model_not_found"),

@@ -328,7 +328,7 @@ fn messages(o: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
                     _ => {
                         return Err(ApiError::field(
                             format!("{at}.role"),
-                            format!("expected one of system, developer, user, assistant, tool; found `{r}`"),
+                            format!("expected one of system, developer, user, assistant, tool; found {r:?}"),
                         ))
                     }
                 },
@@ -366,7 +366,7 @@ fn text_parts(at: &str, parts: &[Value]) -> Result<String, ApiError> {
             Some(Value::String(t)) => {
                 return Err(ApiError::field(
                     format!("{here}.type"),
-                    format!("only text parts are supported, found `{t}`"),
+                    format!("only text parts are supported, found {t:?}"),
                 ))
             }
             Some(v) => return Err(expected(&format!("{here}.type"), "a string", v)),
