@@ -24,7 +24,12 @@ struct Arrival {
 
 /// Serves `arrivals` on a session of `lanes` lanes the way `specc serve` does: at each
 /// step, arrivals due join the lowest free lanes; a lane whose budget is spent is freed.
-fn serve(b: &SpecBundle, weights: &dyn specc_ir::interp::WeightSource, lanes: usize, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
+fn serve(
+    b: &SpecBundle,
+    weights: &dyn specc_ir::interp::WeightSource,
+    lanes: usize,
+    arrivals: &[Arrival],
+) -> Vec<Vec<u32>> {
     let mut s = SpecCpuSession::new(SpecGraphs::of(b), weights, lanes, CTX);
     let mut out: Vec<Vec<u32>> = vec![Vec::new(); arrivals.len()];
     let mut lane_of: Vec<Option<usize>> = vec![None; lanes];
@@ -41,7 +46,10 @@ fn serve(b: &SpecBundle, weights: &dyn specc_ir::interp::WeightSource, lanes: us
             lane_of[free] = Some(next);
             next += 1;
         }
-        let upto = lane_of.iter().rposition(Option::is_some).map_or(0, |l| l + 1);
+        let upto = lane_of
+            .iter()
+            .rposition(Option::is_some)
+            .map_or(0, |l| l + 1);
         if upto > 0 {
             s.step_upto(upto).unwrap();
             let toks = s.drain().unwrap();
@@ -73,21 +81,31 @@ fn check(spec_file: &str) {
     let prompts = python_prompts(4);
     // Six requests for three lanes: staggered arrivals, different budgets, a lane reused
     // twice, steps at batch 1, 2 and 3.
-    let arrivals: Vec<Arrival> = [(0, 20, 0), (2, 12, 0), (1, 24, 3), (3, 9, 4), (0, 16, 5), (2, 18, 9)]
-        .iter()
-        .map(|&(p, max_new, at_step)| Arrival {
-            prompt: prompts[p].clone(),
-            max_new,
-            at_step,
-        })
-        .collect();
+    let arrivals: Vec<Arrival> = [
+        (0, 20, 0),
+        (2, 12, 0),
+        (1, 24, 3),
+        (3, 9, 4),
+        (0, 16, 5),
+        (2, 18, 9),
+    ]
+    .iter()
+    .map(|&(p, max_new, at_step)| Arrival {
+        prompt: prompts[p].clone(),
+        max_new,
+        at_step,
+    })
+    .collect();
     let got = serve(&b, &weights, 3, &arrivals);
     let w = target.load_weights_f32();
     for (i, a) in arrivals.iter().enumerate() {
         let want = target
             .greedy_generate(&w, &a.prompt, a.max_new, CTX as usize)
             .unwrap();
-        assert_eq!(got[i], want, "{spec_file}: request {i} differs from the target's greedy tokens");
+        assert_eq!(
+            got[i], want,
+            "{spec_file}: request {i} differs from the target's greedy tokens"
+        );
     }
 }
 

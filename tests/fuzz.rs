@@ -172,7 +172,10 @@ fn serve_request_bodies() {
             match request::parse(endpoint, b, limits) {
                 Ok(p) => {
                     if let request::Input::Prompt(request::Prompt::Ids(ids)) = &p.input {
-                        assert!(ids.iter().all(|&i| i < 512), "an id past the vocabulary passed");
+                        assert!(
+                            ids.iter().all(|&i| i < 512),
+                            "an id past the vocabulary passed"
+                        );
                     }
                     assert!(p.max_tokens != Some(0), "max_tokens 0 passed");
                 }

@@ -102,8 +102,14 @@ impl Server {
     }
 
     fn send(&self, method: &str, path: &str, body: Option<String>, key: Option<&str>) -> Reply {
-        self.rt
-            .block_on(send(self.http.clone(), self.base.clone(), method.to_string(), path.to_string(), body, key.map(str::to_string)))
+        self.rt.block_on(send(
+            self.http.clone(),
+            self.base.clone(),
+            method.to_string(),
+            path.to_string(),
+            body,
+            key.map(str::to_string),
+        ))
     }
 
     fn post(&self, path: &str, body: &Value) -> Reply {
@@ -203,7 +209,12 @@ fn text_of(r: &Reply) -> String {
 fn streamed(r: &Reply) -> (String, String, Option<Value>) {
     assert_eq!(r.status, 200, "{}", r.body);
     let events = r.events();
-    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{}", r.body);
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{}",
+        r.body
+    );
     let mut text = String::new();
     let mut finish = String::new();
     let mut usage = None;
@@ -229,12 +240,22 @@ fn run_text(prompt: &str, max_tokens: u64) -> (String, Vec<u64>) {
     let dir = tempfile::tempdir().unwrap();
     let ids = dir.path().join("ids.json");
     let out = Command::new(env!("CARGO_BIN_EXE_specc"))
-        .args(["run", "--prompt", prompt, "--max-tokens", &max_tokens.to_string()])
+        .args([
+            "run",
+            "--prompt",
+            prompt,
+            "--max-tokens",
+            &max_tokens.to_string(),
+        ])
         .arg("--ids-out")
         .arg(&ids)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let s = String::from_utf8(out.stdout).unwrap();
     let text = s
         .strip_prefix(prompt)
@@ -315,9 +336,18 @@ fn completions_and_chat_whole_and_streamed() {
 fn concurrent_requests_match_their_lone_outputs() {
     let s = Server::start(&["--lanes", "4", "--max-queue", "32"]);
     let prompts = [
-        "def __init__(self", "import os\n", "class Queue:", "    return ", "for i in range(",
-        "def parse(", "\"\"\"Return the", "if __name__ ==", "raise ValueError(", "with open(",
-        "try:\n    ", "self.",
+        "def __init__(self",
+        "import os\n",
+        "class Queue:",
+        "    return ",
+        "for i in range(",
+        "def parse(",
+        "\"\"\"Return the",
+        "if __name__ ==",
+        "raise ValueError(",
+        "with open(",
+        "try:\n    ",
+        "self.",
     ];
     let bodies: Vec<Value> = prompts
         .iter()
@@ -329,7 +359,13 @@ fn concurrent_requests_match_their_lone_outputs() {
             b
         })
         .collect();
-    let text = |r: &Reply, i: usize| if i % 2 == 1 { streamed(r).0 } else { text_of(r) };
+    let text = |r: &Reply, i: usize| {
+        if i % 2 == 1 {
+            streamed(r).0
+        } else {
+            text_of(r)
+        }
+    };
     let alone: Vec<String> = bodies
         .iter()
         .enumerate()
@@ -337,13 +373,22 @@ fn concurrent_requests_match_their_lone_outputs() {
         .collect();
     let together = s.post_all("/v1/completions", &bodies);
     for (i, r) in together.iter().enumerate() {
-        assert_eq!(text(r, i), alone[i], "request {i} ({:?}) differs batched", prompts[i]);
+        assert_eq!(
+            text(r, i),
+            alone[i],
+            "request {i} ({:?}) differs batched",
+            prompts[i]
+        );
     }
     // Twice more, in another order (other lanes, other neighbours).
     let rev: Vec<Value> = bodies.iter().rev().cloned().collect();
     for (j, r) in s.post_all("/v1/completions", &rev).iter().enumerate() {
         let i = bodies.len() - 1 - j;
-        assert_eq!(text(r, i), alone[i], "request {i} differs batched in reverse");
+        assert_eq!(
+            text(r, i),
+            alone[i],
+            "request {i} differs batched in reverse"
+        );
     }
     assert_eq!(s.metric("specc:lanes_in_use"), 0.0);
     assert_eq!(s.metric("vllm:num_requests_waiting"), 0.0);
@@ -360,17 +405,49 @@ fn bad_requests_get_openai_errors() {
         ("[]".into(), 400, None),
         ("{}".into(), 400, Some("prompt")),
         (r#"{"prompt": 3}"#.into(), 400, Some("prompt")),
-        (r#"{"prompt": "a", "max_tokens": "8"}"#.into(), 400, Some("max_tokens")),
-        (r#"{"prompt": "a", "max_tokens": 0}"#.into(), 400, Some("max_tokens")),
-        (r#"{"prompt": "a", "max_tokens": -3}"#.into(), 400, Some("max_tokens")),
-        (r#"{"prompt": "a", "max_tokens": 5000}"#.into(), 400, Some("max_tokens")),
+        (
+            r#"{"prompt": "a", "max_tokens": "8"}"#.into(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            r#"{"prompt": "a", "max_tokens": 0}"#.into(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            r#"{"prompt": "a", "max_tokens": -3}"#.into(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            r#"{"prompt": "a", "max_tokens": 5000}"#.into(),
+            400,
+            Some("max_tokens"),
+        ),
         (json!({"prompt": long}).to_string(), 400, Some("prompt")),
         (r#"{"prompt": [1, 99999]}"#.into(), 400, Some("prompt[1]")),
         (r#"{"prompt": "a", "n": 2}"#.into(), 400, Some("n")),
-        (r#"{"prompt": "a", "logprobs": 1}"#.into(), 400, Some("logprobs")),
-        (r#"{"prompt": "a", "temperature": 0.7}"#.into(), 400, Some("temperature")),
-        (r#"{"prompt": "a", "stop": [1]}"#.into(), 400, Some("stop[0]")),
-        (r#"{"prompt": "a", "model": "gpt-4"}"#.into(), 404, Some("model")),
+        (
+            r#"{"prompt": "a", "logprobs": 1}"#.into(),
+            400,
+            Some("logprobs"),
+        ),
+        (
+            r#"{"prompt": "a", "temperature": 0.7}"#.into(),
+            400,
+            Some("temperature"),
+        ),
+        (
+            r#"{"prompt": "a", "stop": [1]}"#.into(),
+            400,
+            Some("stop[0]"),
+        ),
+        (
+            r#"{"prompt": "a", "model": "gpt-4"}"#.into(),
+            404,
+            Some("model"),
+        ),
     ];
     for (body, status, param) in &cases {
         let r = post(body);
@@ -384,7 +461,10 @@ fn bad_requests_get_openai_errors() {
     let chat = |body: &str| s.send("POST", "/v1/chat/completions", Some(body.to_string()), key);
     for (body, param) in [
         (r#"{"messages": "hi"}"#, "messages"),
-        (r#"{"messages": [{"role": "user", "content": 5}]}"#, "messages[0].content"),
+        (
+            r#"{"messages": [{"role": "user", "content": 5}]}"#,
+            "messages[0].content",
+        ),
         (r#"{"messages": [{"content": "x"}]}"#, "messages[0].role"),
     ] {
         let r = chat(body);
@@ -393,7 +473,12 @@ fn bad_requests_get_openai_errors() {
     }
     // The API key.
     for k in [None, Some("wrong")] {
-        let r = s.send("POST", "/v1/completions", Some(completion("a", 2).to_string()), k);
+        let r = s.send(
+            "POST",
+            "/v1/completions",
+            Some(completion("a", 2).to_string()),
+            k,
+        );
         assert_eq!(r.status, 401, "{}", r.body);
         assert_eq!(r.json()["error"]["type"], "authentication_error");
     }
@@ -426,14 +511,22 @@ fn bad_requests_get_openai_errors() {
         out
     });
     let busy: Vec<&Reply> = replies.iter().filter(|r| r.status == 503).collect();
-    assert!(!busy.is_empty(), "six requests for one lane and a queue of one");
+    assert!(
+        !busy.is_empty(),
+        "six requests for one lane and a queue of one"
+    );
     assert!(replies.iter().filter(|r| r.status == 200).count() >= 1);
     for r in busy {
         assert_eq!(r.retry_after.as_deref(), Some("1"));
         assert_eq!(r.json()["error"]["code"], "queue_full");
     }
     // Still serving.
-    let r = s.send("POST", "/v1/completions", Some(completion("a", 2).to_string()), key);
+    let r = s.send(
+        "POST",
+        "/v1/completions",
+        Some(completion("a", 2).to_string()),
+        key,
+    );
     assert_eq!(r.status, 200, "{}", r.body);
 }
 
@@ -451,7 +544,11 @@ fn seeded_sampling_is_reproducible() {
     let greedy = Server::start(&["--lanes", "1"]);
     let g = text_of(&greedy.post("/v1/completions", &completion("def ", 48)));
     assert_ne!(a, g, "sampling at 0.8 left the greedy text");
-    for (key, v) in [("seed", json!(4)), ("temperature", json!(1.0)), ("top_p", json!(0.5))] {
+    for (key, v) in [
+        ("seed", json!(4)),
+        ("temperature", json!(1.0)),
+        ("top_p", json!(0.5)),
+    ] {
         let mut bad = completion("def ", 4);
         bad[key] = v;
         let r = s.post("/v1/completions", &bad);
@@ -481,11 +578,19 @@ fn metrics_count_requests_and_return_to_idle() {
     let drafts = s.metric("vllm:spec_decode_num_drafts_total");
     let accepted = s.metric("vllm:spec_decode_num_accepted_tokens_total");
     assert!(drafts > 0.0);
-    assert_eq!(s.metric("vllm:spec_decode_num_draft_tokens_total"), drafts * 5.0);
+    assert_eq!(
+        s.metric("vllm:spec_decode_num_draft_tokens_total"),
+        drafts * 5.0
+    );
     assert!(accepted <= drafts * 5.0);
     assert!(s.metric("vllm:spec_decode_num_accepted_tokens_per_pos_total") <= drafts);
     let text = s.get("/metrics").body;
-    assert!(text.contains("vllm:request_success_total{model_name=\"specc-default\",finished_reason=\"length\"} 5"), "{text}");
+    assert!(
+        text.contains(
+            "vllm:request_success_total{model_name=\"specc-default\",finished_reason=\"length\"} 5"
+        ),
+        "{text}"
+    );
 }
 
 #[test]
@@ -518,5 +623,8 @@ fn a_client_that_disconnects_frees_its_lane() {
     assert!(text.contains("finished_reason=\"abort\"} 1"), "{text}");
     assert!(s.metric("vllm:generation_tokens_total") < 900.0);
     // The next request is served at once in the freed lane.
-    assert_eq!(s.post("/v1/completions", &completion("def ", 4)).status, 200);
+    assert_eq!(
+        s.post("/v1/completions", &completion("def ", 4)).status,
+        200
+    );
 }

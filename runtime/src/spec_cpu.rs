@@ -119,10 +119,10 @@ pub struct SpecCpuSession<'a> {
     graphs: SpecGraphs<'a>,
     weights: &'a dyn WeightSource,
     states: HashMap<String, Tensor>,
-    /// Lanes the states hold now, the batch graphs run at: `capacity` unless a step ran
-    /// over fewer ([`SpecCpuSession::step_upto`]).
+    /// Lanes the states hold now, the batch graphs run at: `lanes` unless a step ran over
+    /// fewer ([`SpecCpuSession::step_upto`]).
+    rows: usize,
     lanes: usize,
-    capacity: usize,
     max_context: u64,
     /// Tokens drained from each lane's ring so far.
     drained: Vec<usize>,
@@ -148,8 +148,8 @@ impl<'a> SpecCpuSession<'a> {
             graphs,
             weights,
             states: HashMap::new(),
+            rows: lanes,
             lanes,
-            capacity: lanes,
             max_context,
             drained: vec![0; lanes],
             stats: SpecStats {
@@ -166,7 +166,7 @@ impl<'a> SpecCpuSession<'a> {
         inputs: HashMap<String, Tensor>,
     ) -> Result<HashMap<String, Tensor>, RuntimeError> {
         let mut env = Env {
-            bind: Bindings::new(self.lanes as u64, t, self.max_context),
+            bind: Bindings::new(self.rows as u64, t, self.max_context),
             inputs,
             weights: self.weights,
             states: &mut self.states,
@@ -181,11 +181,11 @@ impl<'a> SpecCpuSession<'a> {
         prompts: &[Vec<u32>],
         max_new: usize,
     ) -> Result<Vec<u32>, RuntimeError> {
-        assert_eq!(prompts.len(), self.lanes, "one prompt per lane");
+        assert_eq!(prompts.len(), self.rows, "one prompt per lane");
         let k = self.graphs.contract.num_steps;
         let pre = admission::prefill_inputs(prompts, k, self.max_context)?;
         let t = pre.t;
-        let lanes = self.lanes;
+        let lanes = self.rows;
         let ids = |v: &[i64], t: usize| Tensor::from_i64(DType::I32, vec![lanes, t], v.to_vec());
         let inputs = HashMap::from([
             ("tokens".to_string(), ids(&pre.tokens, t)),
@@ -276,13 +276,13 @@ impl<'a> SpecCpuSession<'a> {
             RING.into(),
             Tensor::zeros(DType::I32, vec![lanes, self.graphs.contract.ring, 1, 1]),
         );
-        self.drained = vec![0; self.capacity.max(lanes)];
+        self.drained = vec![0; self.lanes.max(lanes)];
         Ok(first)
     }
 
     /// Lanes of the session (the largest batch a step runs at).
     pub fn lanes(&self) -> usize {
-        self.capacity
+        self.lanes
     }
 
     /// Prefills one lane with `prompt` and arms its step states, leaving every other lane's
@@ -297,21 +297,21 @@ impl<'a> SpecCpuSession<'a> {
         prompt: &[u32],
         max_new: usize,
     ) -> Result<u32, RuntimeError> {
-        if lane >= self.capacity {
+        if lane >= self.lanes {
             return Err(RuntimeError::Engine(format!(
                 "lane {lane} is out of range: the session has {} lanes",
-                self.capacity
+                self.lanes
             )));
         }
-        if lane >= self.lanes {
+        if lane >= self.rows {
             self.resize(lane + 1)?;
         }
         let full = std::mem::take(&mut self.states);
-        let rows = std::mem::replace(&mut self.lanes, 1);
+        let rows = std::mem::replace(&mut self.rows, 1);
         let drained = std::mem::take(&mut self.drained);
         let first = self.admit(&[prompt.to_vec()], max_new);
         let one = std::mem::replace(&mut self.states, full);
-        self.lanes = rows;
+        self.rows = rows;
         self.drained = drained;
         let first = first?[0];
         for (name, t) in one {
@@ -324,7 +324,7 @@ impl<'a> SpecCpuSession<'a> {
     /// Copies a batch-1 tensor into lane `lane` of state `name` (created as zeros of
     /// the session's rows when absent).
     fn put_lane(&mut self, name: &str, lane: usize, one: &Tensor) -> Result<(), RuntimeError> {
-        let lanes = self.lanes;
+        let lanes = self.rows;
         let full = self.states.entry(name.to_string()).or_insert_with(|| {
             let mut shape = one.shape.clone();
             shape[0] = lanes;
@@ -364,19 +364,22 @@ impl<'a> SpecCpuSession<'a> {
         graphs.iter().all(|g| {
             g.states()
                 .all(|(_, _, ty)| ty.shape.dims().first() == Some(&specc_ir::op::B))
-        }) && self.states.values().all(|t| t.shape.first() == Some(&self.lanes))
+        }) && self
+            .states
+            .values()
+            .all(|t| t.shape.first() == Some(&self.rows))
     }
 
     /// Makes the states hold `n` lanes: lanes past `n` are dropped (they are free or
     /// finished: nothing of them is read again), new lanes are zeros (budget 0: masked).
     fn resize(&mut self, n: usize) -> Result<(), RuntimeError> {
-        if n == self.lanes {
+        if n == self.rows {
             return Ok(());
         }
         if !self.lane_major() {
             return Err(RuntimeError::Engine(format!(
                 "a state of the engine does not lead with the lane axis: the session runs at {} lanes only",
-                self.lanes
+                self.rows
             )));
         }
         for t in self.states.values_mut() {
@@ -387,17 +390,17 @@ impl<'a> SpecCpuSession<'a> {
             }
             t.shape[0] = n;
         }
-        for d in &mut self.drained[n.min(self.lanes)..] {
+        for d in &mut self.drained[n.min(self.rows)..] {
             *d = 0;
         }
-        self.lanes = n;
+        self.rows = n;
         Ok(())
     }
 
     /// Creates, as zeros, every state of the step graph not yet present (a session whose
     /// lanes were admitted one at a time has only the states admission wrote).
     fn ensure_step_states(&mut self) -> Result<(), RuntimeError> {
-        let bind = Bindings::new(self.lanes as u64, 1, self.max_context);
+        let bind = Bindings::new(self.rows as u64, 1, self.max_context);
         for (_, name, ty) in self.graphs.step.states() {
             if !self.states.contains_key(name) {
                 let shape = ty.shape.resolve(&bind).ok_or_else(|| {
@@ -415,7 +418,7 @@ impl<'a> SpecCpuSession<'a> {
     /// computes no rows of idle lanes. Where the states cannot be resized the step runs
     /// over the lanes they hold.
     pub fn step_upto(&mut self, n: usize) -> Result<(), RuntimeError> {
-        let n = n.clamp(1, self.capacity);
+        let n = n.clamp(1, self.lanes);
         if self.lane_major() {
             self.resize(n)?;
         }
@@ -441,11 +444,11 @@ impl<'a> SpecCpuSession<'a> {
     pub fn live(&self) -> Vec<bool> {
         match self.states.get(BUDGET).map(|t| &t.data) {
             Some(Data::I64(v)) => v.iter().map(|&x| x > 0).collect(),
-            _ => vec![false; self.lanes],
+            _ => vec![false; self.rows],
         }
         .into_iter()
         .chain(std::iter::repeat(false))
-        .take(self.capacity)
+        .take(self.lanes)
         .collect()
     }
 
@@ -482,9 +485,9 @@ impl<'a> SpecCpuSession<'a> {
                 .ok_or(RuntimeError::MissingOutput(RING))?,
         )?;
         let r = self.graphs.contract.ring;
-        let mut out = Vec::with_capacity(self.capacity);
-        for b in 0..self.capacity {
-            if b >= self.lanes {
+        let mut out = Vec::with_capacity(self.lanes);
+        for b in 0..self.lanes {
+            if b >= self.rows {
                 out.push(Vec::new());
                 continue;
             }

@@ -167,7 +167,12 @@ fn rand_id() -> u128 {
     (t << 20) ^ N.fetch_add(1, Ordering::Relaxed) as u128
 }
 
-fn accept(app: &App, endpoint: Endpoint, body: &[u8], arrived: Instant) -> Result<Accepted, ApiError> {
+fn accept(
+    app: &App,
+    endpoint: Endpoint,
+    body: &[u8],
+    arrived: Instant,
+) -> Result<Accepted, ApiError> {
     let p = request::parse(endpoint, body, Limits { vocab: app.vocab })?;
     if let Some(m) = p.model.as_deref().filter(|m| *m != app.served_name) {
         return Err(ApiError::unknown_model(m, &app.served_name));

@@ -170,20 +170,14 @@ pub fn run(s: &mut dyn Speculator, rx: Receiver<Job>, c: &LoopCtx) {
             }
         }
         // Admit into the lowest free lanes, so the bucket that holds them stays small.
-        for b in 0..lanes {
-            if slots[b].is_some() {
+        for (b, slot) in slots.iter_mut().enumerate() {
+            if slot.is_some() {
                 continue;
             }
-            let job = match ready.pop_front().or_else(|| rx.try_recv().ok()) {
-                Some(job) => job,
-                None => break,
+            let Some(job) = next_job(&mut ready, &rx, c) else {
+                break;
             };
-            c.waiting.fetch_sub(1, Ordering::SeqCst);
-            if job.events.is_closed() {
-                c.metrics.finished(Finish::Abort, job.arrived.elapsed().as_secs_f64());
-                continue;
-            }
-            slots[b] = admit(s, b, job, c);
+            *slot = admit(s, b, job, c);
         }
         let upto = slots.iter().rposition(Option::is_some).map_or(0, |b| b + 1);
         publish(&slots, c);
@@ -199,8 +193,12 @@ pub fn run(s: &mut dyn Speculator, rx: Receiver<Job>, c: &LoopCtx) {
             Err(e) => {
                 for (b, slot) in slots.iter_mut().enumerate() {
                     if let Some(lane) = slot.take() {
-                        let _ = lane.job.events.send(Event::Failed(format!("step failed: {e}")));
-                        c.metrics.finished(Finish::Abort, lane.job.arrived.elapsed().as_secs_f64());
+                        let _ = lane
+                            .job
+                            .events
+                            .send(Event::Failed(format!("step failed: {e}")));
+                        c.metrics
+                            .finished(Finish::Abort, lane.job.arrived.elapsed().as_secs_f64());
                         let _ = s.finish(b);
                     }
                 }
@@ -250,13 +248,29 @@ pub fn run(s: &mut dyn Speculator, rx: Receiver<Job>, c: &LoopCtx) {
     }
 }
 
+/// The next queued job whose client is still there (those gone are counted as aborted).
+fn next_job(ready: &mut VecDeque<Job>, rx: &Receiver<Job>, c: &LoopCtx) -> Option<Job> {
+    loop {
+        let job = ready.pop_front().or_else(|| rx.try_recv().ok())?;
+        c.waiting.fetch_sub(1, Ordering::SeqCst);
+        if !job.events.is_closed() {
+            return Some(job);
+        }
+        c.metrics
+            .finished(Finish::Abort, job.arrived.elapsed().as_secs_f64());
+    }
+}
+
 /// Prefills lane `b` with `job`; the lane, unless the request already ended.
 fn admit<'a>(s: &mut dyn Speculator, b: usize, job: Job, c: &LoopCtx<'a>) -> Option<Lane<'a>> {
     let first = match s.admit_lane(b, &job.ids, job.max_tokens) {
         Ok(t) => t,
         Err(e) => {
-            let _ = job.events.send(Event::Failed(format!("admission failed: {e}")));
-            c.metrics.finished(Finish::Abort, job.arrived.elapsed().as_secs_f64());
+            let _ = job
+                .events
+                .send(Event::Failed(format!("admission failed: {e}")));
+            c.metrics
+                .finished(Finish::Abort, job.arrived.elapsed().as_secs_f64());
             let _ = s.finish(b);
             return None;
         }

@@ -46,8 +46,14 @@ impl ChatTemplate {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(e).with_context(|| format!("cannot read {}", cfg_path.display())),
         };
-        let bos = cfg.as_ref().and_then(|c| token_field(c, "bos_token")).unwrap_or(bos);
-        let eos = cfg.as_ref().and_then(|c| token_field(c, "eos_token")).unwrap_or(eos);
+        let bos = cfg
+            .as_ref()
+            .and_then(|c| token_field(c, "bos_token"))
+            .unwrap_or(bos);
+        let eos = cfg
+            .as_ref()
+            .and_then(|c| token_field(c, "eos_token"))
+            .unwrap_or(eos);
         let file = model_dir.join(TEMPLATE_FILE);
         let (source, origin) = if file.is_file() {
             let text = std::fs::read_to_string(&file)
@@ -62,7 +68,8 @@ impl ChatTemplate {
                 Value::String(s) => (s.clone(), origin),
                 Value::Array(list) => {
                     let named = |n: &str| {
-                        list.iter().find(|e| e.get("name").and_then(Value::as_str) == Some(n))
+                        list.iter()
+                            .find(|e| e.get("name").and_then(Value::as_str) == Some(n))
                     };
                     let entry = named("default").or(list.first());
                     match entry.and_then(|e| e.get("template")).and_then(Value::as_str) {
@@ -91,9 +98,12 @@ impl ChatTemplate {
     fn env(&self) -> Environment<'_> {
         let mut env = Environment::new();
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
         env
     }
 
@@ -175,7 +185,9 @@ mod tests {
     #[test]
     fn the_embedded_default_has_one() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/default");
-        let t = ChatTemplate::load(&dir, "B".into(), "E".into()).unwrap().unwrap();
+        let t = ChatTemplate::load(&dir, "B".into(), "E".into())
+            .unwrap()
+            .unwrap();
         let text = t.render(&[user("sort a list\nquickly")]).unwrap();
         assert_eq!(text, "# user: sort a list\n# quickly\n# assistant:");
     }

@@ -46,8 +46,9 @@ impl ApiError {
     pub fn unauthorized() -> ApiError {
         ApiError {
             status: 401,
-            message: "invalid API key: pass `Authorization: Bearer KEY` with the server's --api-key"
-                .into(),
+            message:
+                "invalid API key: pass `Authorization: Bearer KEY` with the server's --api-key"
+                    .into(),
             kind: "authentication_error",
             param: None,
             code: Some("invalid_api_key"),

@@ -17,8 +17,8 @@ const ITL_BUCKETS: &[f64] = &[
     40.0, 80.0,
 ];
 const E2E_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-    240.0, 480.0, 960.0, 1920.0, 7680.0,
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
 ];
 
 #[derive(Clone, Debug)]
@@ -199,40 +199,122 @@ impl Metrics {
         let l = format!("model_name=\"{}\"", self.model.replace('"', "\\\""));
         let mut o = String::new();
         let mut one = |name: &str, kind: &str, help: &str, value: String| {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{l}}} {value}");
+            let _ = writeln!(
+                o,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{l}}} {value}"
+            );
         };
-        one("vllm:num_requests_running", "gauge", "Requests in a lane (decoding).", m.running.to_string());
-        one("vllm:num_requests_waiting", "gauge", "Requests queued for a free lane.", m.waiting.to_string());
+        one(
+            "vllm:num_requests_running",
+            "gauge",
+            "Requests in a lane (decoding).",
+            m.running.to_string(),
+        );
+        one(
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Requests queued for a free lane.",
+            m.waiting.to_string(),
+        );
         one("vllm:kv_cache_usage_perc", "gauge", "Fraction of the KV-cache slots of all lanes holding a live sequence's tokens (1 = full).", format!("{:.6}", m.kv_usage));
-        one("specc:lanes_in_use", "gauge", "Lanes holding a request.", m.lanes_in_use.to_string());
-        one("specc:lanes_total", "gauge", "Lanes of the session.", self.lanes.to_string());
-        one("specc:steps_total", "counter", "Step graphs run.", m.steps.to_string());
-        one("vllm:prompt_tokens_total", "counter", "Prompt tokens prefilled.", m.prompt_tokens.to_string());
-        one("vllm:generation_tokens_total", "counter", "Tokens generated.", m.generation_tokens.to_string());
-        one("specc:requests_rejected_total", "counter", "Requests answered with a 4xx/5xx error before generating.", m.rejected.to_string());
+        one(
+            "specc:lanes_in_use",
+            "gauge",
+            "Lanes holding a request.",
+            m.lanes_in_use.to_string(),
+        );
+        one(
+            "specc:lanes_total",
+            "gauge",
+            "Lanes of the session.",
+            self.lanes.to_string(),
+        );
+        one(
+            "specc:steps_total",
+            "counter",
+            "Step graphs run.",
+            m.steps.to_string(),
+        );
+        one(
+            "vllm:prompt_tokens_total",
+            "counter",
+            "Prompt tokens prefilled.",
+            m.prompt_tokens.to_string(),
+        );
+        one(
+            "vllm:generation_tokens_total",
+            "counter",
+            "Tokens generated.",
+            m.generation_tokens.to_string(),
+        );
+        one(
+            "specc:requests_rejected_total",
+            "counter",
+            "Requests answered with a 4xx/5xx error before generating.",
+            m.rejected.to_string(),
+        );
         let name = "vllm:request_success_total";
-        let _ = writeln!(o, "# HELP {name} Requests finished, by reason.\n# TYPE {name} counter");
+        let _ = writeln!(
+            o,
+            "# HELP {name} Requests finished, by reason.\n# TYPE {name} counter"
+        );
         for why in [Finish::Stop, Finish::Length, Finish::Abort] {
-            let _ = writeln!(o, "{name}{{{l},finished_reason=\"{}\"}} {}", why.as_str(), m.finished[why as usize]);
+            let _ = writeln!(
+                o,
+                "{name}{{{l},finished_reason=\"{}\"}} {}",
+                why.as_str(),
+                m.finished[why as usize]
+            );
         }
         for (name, help, h) in [
-            ("vllm:time_to_first_token_seconds", "Time from a request's arrival to its first token.", &m.ttft),
-            ("vllm:inter_token_latency_seconds", "Time between tokens of a request (a step's tokens share its time).", &m.itl),
-            ("vllm:e2e_request_latency_seconds", "Time from a request's arrival to its end.", &m.e2e),
+            (
+                "vllm:time_to_first_token_seconds",
+                "Time from a request's arrival to its first token.",
+                &m.ttft,
+            ),
+            (
+                "vllm:inter_token_latency_seconds",
+                "Time between tokens of a request (a step's tokens share its time).",
+                &m.itl,
+            ),
+            (
+                "vllm:e2e_request_latency_seconds",
+                "Time from a request's arrival to its end.",
+                &m.e2e,
+            ),
         ] {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} histogram");
             for (b, c) in h.bounds.iter().zip(&h.counts) {
                 let _ = writeln!(o, "{name}_bucket{{{l},le=\"{b}\"}} {c}");
             }
-            let _ = writeln!(o, "{name}_bucket{{{l},le=\"+Inf\"}} {}\n{name}_sum{{{l}}} {}\n{name}_count{{{l}}} {}", h.n, h.sum, h.n);
+            let _ = writeln!(
+                o,
+                "{name}_bucket{{{l},le=\"+Inf\"}} {}\n{name}_sum{{{l}}} {}\n{name}_count{{{l}}} {}",
+                h.n, h.sum, h.n
+            );
         }
         if self.k > 0 {
             let mut spec = |name: &str, help: &str, v: u64| {
-                let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{l}}} {v}");
+                let _ = writeln!(
+                    o,
+                    "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{l}}} {v}"
+                );
             };
-            spec("vllm:spec_decode_num_drafts_total", "Drafts verified (one per live lane and step).", m.drafts);
-            spec("vllm:spec_decode_num_draft_tokens_total", "Draft tokens proposed.", m.draft_tokens);
-            spec("vllm:spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", m.accepted);
+            spec(
+                "vllm:spec_decode_num_drafts_total",
+                "Drafts verified (one per live lane and step).",
+                m.drafts,
+            );
+            spec(
+                "vllm:spec_decode_num_draft_tokens_total",
+                "Draft tokens proposed.",
+                m.draft_tokens,
+            );
+            spec(
+                "vllm:spec_decode_num_accepted_tokens_total",
+                "Draft tokens accepted.",
+                m.accepted,
+            );
             let name = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
             let _ = writeln!(o, "# HELP {name} Draft tokens accepted at each position of the draft.\n# TYPE {name} counter");
             for (p, c) in m.accepted_per_pos.iter().enumerate() {

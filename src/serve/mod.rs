@@ -81,10 +81,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     let contract = r.engine.contract(speculative).clone();
     let config = r.model_dir.join(CONFIG_FILE);
     let codec = Arc::new(TextCodec::open(&r.model_dir, &r.spec, &config)?);
-    let name_of = |id: Option<u32>| {
-        id.and_then(|i| codec.token_text(i))
-            .unwrap_or_default()
-    };
+    let name_of = |id: Option<u32>| id.and_then(|i| codec.token_text(i)).unwrap_or_default();
     let template = chat::ChatTemplate::load(
         &r.model_dir,
         name_of(r.spec.bos_token_id),
@@ -100,7 +97,11 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     let metrics = Arc::new(metrics::Metrics::new(
         &served_name,
         want_lanes,
-        if speculative { contract.max_accept() } else { 0 },
+        if speculative {
+            contract.max_accept()
+        } else {
+            0
+        },
     ));
     let (queue, rx, waiting) = batcher::Queue::new(a.max_queue);
     let label = format!(

@@ -79,7 +79,10 @@ fn type_name(v: &Value) -> &'static str {
 }
 
 fn expected(param: &str, what: &str, found: &Value) -> ApiError {
-    ApiError::field(param, format!("expected {what}, found {}", type_name(found)))
+    ApiError::field(
+        param,
+        format!("expected {what}, found {}", type_name(found)),
+    )
 }
 
 /// The field's value, with JSON `null` read as absent.
@@ -184,8 +187,13 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: Limits) -> Result<Parsed, 
     let include_usage = match get(&o, "stream_options") {
         None => false,
         Some(Value::Object(so)) => {
-            let u = opt_bool(so, "include_usage")
-                .map_err(|_| expected("stream_options.include_usage", "a boolean", &so["include_usage"]))?;
+            let u = opt_bool(so, "include_usage").map_err(|_| {
+                expected(
+                    "stream_options.include_usage",
+                    "a boolean",
+                    &so["include_usage"],
+                )
+            })?;
             u.unwrap_or(false)
         }
         Some(v) => return Err(expected("stream_options", "an object", v)),
@@ -211,10 +219,20 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: Limits) -> Result<Parsed, 
     let no_logprobs = "log-probabilities are not returned by this server (the step graph emits tokens only); leave it out";
     unsupported(&o, "logprobs", |v| *v == Value::Bool(false), no_logprobs)?;
     unsupported(&o, "top_logprobs", |v| is_number(v, 0.0), no_logprobs)?;
-    unsupported(&o, "echo", |v| *v == Value::Bool(false), "echo is not supported")?;
+    unsupported(
+        &o,
+        "echo",
+        |v| *v == Value::Bool(false),
+        "echo is not supported",
+    )?;
     unsupported(&o, "suffix", |_| false, "suffix is not supported")?;
     for key in ["presence_penalty", "frequency_penalty"] {
-        unsupported(&o, key, |v| is_number(v, 0.0), "penalties are not supported (only 0)")?;
+        unsupported(
+            &o,
+            key,
+            |v| is_number(v, 0.0),
+            "penalties are not supported (only 0)",
+        )?;
     }
     unsupported(
         &o,
@@ -292,11 +310,7 @@ fn prompt(o: &Map<String, Value>, limits: Limits) -> Result<Prompt, ApiError> {
                 v,
             )),
         },
-        Some(v) => Err(expected(
-            "prompt",
-            "a string or an array of token ids",
-            v,
-        )),
+        Some(v) => Err(expected("prompt", "a string or an array of token ids", v)),
     }
 }
 
@@ -328,7 +342,9 @@ fn messages(o: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
                     _ => {
                         return Err(ApiError::field(
                             format!("{at}.role"),
-                            format!("expected one of system, developer, user, assistant, tool; found {r:?}"),
+                            format!(
+                            "expected one of system, developer, user, assistant, tool; found {r:?}"
+                        ),
                         ))
                     }
                 },
@@ -412,7 +428,12 @@ fn sampling(o: &Map<String, Value>) -> Result<Sampling, ApiError> {
             (Some(s), _) => Some(s),
             // A negative seed keeps its bits (OpenAI's are signed 64-bit).
             (None, Some(s)) => Some(s as u64),
-            _ => return Err(ApiError::field("seed", format!("expected an integer, found {n}"))),
+            _ => {
+                return Err(ApiError::field(
+                    "seed",
+                    format!("expected an integer, found {n}"),
+                ))
+            }
         },
         Some(v) => return Err(expected("seed", "an integer", v)),
     };
@@ -466,7 +487,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.input, Input::Prompt(Prompt::Text("def ".into())));
-        assert_eq!((p.max_tokens, p.stream, p.include_usage), (Some(8), true, true));
+        assert_eq!(
+            (p.max_tokens, p.stream, p.include_usage),
+            (Some(8), true, true)
+        );
         assert_eq!(p.stop, vec!["\n".to_string()]);
         let p = parse(Endpoint::Completions, br#"{"prompt":[[3,4,5]]}"#, L).unwrap();
         assert_eq!(p.input, Input::Prompt(Prompt::Ids(vec![3, 4, 5])));
@@ -479,8 +503,14 @@ mod tests {
         assert_eq!(
             p.input,
             Input::Chat(vec![
-                Message { role: "system".into(), content: "be brief".into() },
-                Message { role: "user".into(), content: "hi".into() },
+                Message {
+                    role: "system".into(),
+                    content: "be brief".into()
+                },
+                Message {
+                    role: "user".into(),
+                    content: "hi".into()
+                },
             ])
         );
         assert_eq!((p.max_tokens, p.sampling.top_k), (Some(4), None));
@@ -493,20 +523,68 @@ mod tests {
             (Endpoint::Completions, "[1]", None),
             (Endpoint::Completions, "{}", Some("prompt")),
             (Endpoint::Completions, r#"{"prompt":7}"#, Some("prompt")),
-            (Endpoint::Completions, r#"{"prompt":[1,512]}"#, Some("prompt[1]")),
-            (Endpoint::Completions, r#"{"prompt":"a","max_tokens":0}"#, Some("max_tokens")),
-            (Endpoint::Completions, r#"{"prompt":"a","max_tokens":"8"}"#, Some("max_tokens")),
+            (
+                Endpoint::Completions,
+                r#"{"prompt":[1,512]}"#,
+                Some("prompt[1]"),
+            ),
+            (
+                Endpoint::Completions,
+                r#"{"prompt":"a","max_tokens":0}"#,
+                Some("max_tokens"),
+            ),
+            (
+                Endpoint::Completions,
+                r#"{"prompt":"a","max_tokens":"8"}"#,
+                Some("max_tokens"),
+            ),
             (Endpoint::Completions, r#"{"prompt":"a","n":2}"#, Some("n")),
-            (Endpoint::Completions, r#"{"prompt":"a","logprobs":2}"#, Some("logprobs")),
-            (Endpoint::Completions, r#"{"prompt":"a","top_p":0}"#, Some("top_p")),
-            (Endpoint::Completions, r#"{"prompt":"a","temperature":-1}"#, Some("temperature")),
-            (Endpoint::Completions, r#"{"prompt":"a","stop":[1]}"#, Some("stop[0]")),
-            (Endpoint::Completions, r#"{"prompt":"a","model":3}"#, Some("model")),
+            (
+                Endpoint::Completions,
+                r#"{"prompt":"a","logprobs":2}"#,
+                Some("logprobs"),
+            ),
+            (
+                Endpoint::Completions,
+                r#"{"prompt":"a","top_p":0}"#,
+                Some("top_p"),
+            ),
+            (
+                Endpoint::Completions,
+                r#"{"prompt":"a","temperature":-1}"#,
+                Some("temperature"),
+            ),
+            (
+                Endpoint::Completions,
+                r#"{"prompt":"a","stop":[1]}"#,
+                Some("stop[0]"),
+            ),
+            (
+                Endpoint::Completions,
+                r#"{"prompt":"a","model":3}"#,
+                Some("model"),
+            ),
             (Endpoint::Chat, r#"{"messages":[]}"#, Some("messages")),
-            (Endpoint::Chat, r#"{"messages":[{"role":"king","content":"x"}]}"#, Some("messages[0].role")),
-            (Endpoint::Chat, r#"{"messages":[{"role":"user"}]}"#, Some("messages[0].content")),
-            (Endpoint::Chat, r#"{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#, Some("messages[0].content[0].type")),
-            (Endpoint::Chat, r#"{"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":1}}"#, Some("stream_options.include_usage")),
+            (
+                Endpoint::Chat,
+                r#"{"messages":[{"role":"king","content":"x"}]}"#,
+                Some("messages[0].role"),
+            ),
+            (
+                Endpoint::Chat,
+                r#"{"messages":[{"role":"user"}]}"#,
+                Some("messages[0].content"),
+            ),
+            (
+                Endpoint::Chat,
+                r#"{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#,
+                Some("messages[0].content[0].type"),
+            ),
+            (
+                Endpoint::Chat,
+                r#"{"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":1}}"#,
+                Some("stream_options.include_usage"),
+            ),
         ] {
             let e = err(endpoint, body);
             assert_eq!(e.status, 400, "{body}");
