@@ -368,7 +368,7 @@ impl<'a> CudaSpecSession<'a> {
                 let taps = out[1].clone();
                 debug_assert_eq!((taps.len() / (lanes * tb)) % taps_width, 0);
                 self.run_prefill(false, tb, &tokens, &pos, &[(HIDDEN, taps)], &[])?;
-                let n = self.engine.state(DFLASH_HIDDEN)?.bytes() as usize / lanes;
+                let n = self.lane_bytes(DFLASH_HIDDEN)? as usize;
                 self.write_lane(DFLASH_HIDDEN, lane, &vec![0u8; n])?;
                 for s in admission::dflash_states(&one) {
                     self.write_lane(s.name, lane, &s.i32_bytes())?;
@@ -383,10 +383,23 @@ impl<'a> CudaSpecSession<'a> {
         Ok(first)
     }
 
-    /// Writes one lane's bytes of a lane-major state (`[lanes, ...]`).
+    /// Bytes of one lane of a lane-major state (`[B, ...]`): the engine sizes states for
+    /// its largest batch bucket, whatever bucket this session runs at.
+    fn lane_bytes(&self, name: &str) -> Result<u64, RuntimeError> {
+        let most = self
+            .engine
+            .engine
+            .batch_buckets()
+            .into_iter()
+            .max()
+            .unwrap_or(1);
+        Ok(self.engine.state(name)?.bytes() / u64::from(most.max(1)))
+    }
+
+    /// Writes one lane's bytes of a lane-major state.
     fn write_lane(&self, name: &str, lane: usize, bytes: &[u8]) -> Result<(), RuntimeError> {
+        let per = self.lane_bytes(name)?;
         let buf = self.engine.state(name)?;
-        let per = buf.bytes() / self.lanes as u64;
         if bytes.len() as u64 != per {
             return Err(RuntimeError::Engine(format!(
                 "state `{name}`: a lane holds {per} bytes, admission wrote {}",
