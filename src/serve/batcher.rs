@@ -144,12 +144,13 @@ impl<'a> Lane<'a> {
                 let _ = self.job.events.send(Event::Text(rest));
             }
         }
+        // Counted before the reply ends, so /metrics read after it includes it.
+        metrics.finished(finish, self.job.arrived.elapsed().as_secs_f64());
         let _ = self.job.events.send(Event::Done {
             finish,
             prompt_tokens: self.job.ids.len(),
             completion_tokens: self.generated,
         });
-        metrics.finished(finish, self.job.arrived.elapsed().as_secs_f64());
     }
 }
 
