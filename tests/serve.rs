@@ -628,3 +628,26 @@ fn a_client_that_disconnects_frees_its_lane() {
         200
     );
 }
+
+#[test]
+fn bad_flags_are_one_line_errors() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port().to_string();
+    for (args, want) in [
+        (vec!["--lanes", "0"], "--lanes 0: expected at least 1"),
+        (vec!["--max-queue", "0"], "--max-queue 0: expected at least 1"),
+        (vec!["--temperature", "-1"], "--temperature -1: expected"),
+        (vec!["--port", port.as_str()], "cannot listen"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_specc"))
+            .arg("serve")
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.lines().last().unwrap_or_default();
+        assert!(last.starts_with("error: ") && last.contains(want), "{args:?}: {err}");
+    }
+}
