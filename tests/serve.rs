@@ -532,22 +532,47 @@ fn bad_requests_get_openai_errors() {
 
 #[test]
 fn seeded_sampling_is_reproducible() {
-    // Sampling is compiled into the step graph: this server samples every request at
-    // temperature 0.8 with seed 3; one lane, so draws line up request after request.
-    let s = Server::start(&["--temperature", "0.8", "--seed", "3", "--lanes", "1"]);
-    let mut body = completion("def ", 48);
-    body["temperature"] = json!(0.8);
-    body["seed"] = json!(3);
-    let a = text_of(&s.post("/v1/completions", &body));
-    let b = text_of(&s.post("/v1/completions", &body));
-    assert_eq!(a, b, "same seed, same prompt, same text");
+    // The distribution is compiled into the step graph (temperature 0.8 here); a request's
+    // seed picks the RNG stream its lane draws from, so the same seed and prompt give the
+    // same text in any lane, next to any other requests.
+    let s = Server::start(&["--temperature", "0.8", "--seed", "3", "--lanes", "3"]);
+    let seeded = |seed: u64| {
+        let mut b = completion("def ", 48);
+        b["temperature"] = json!(0.8);
+        b["seed"] = json!(seed);
+        b
+    };
+    let a = text_of(&s.post("/v1/completions", &seeded(5)));
+    assert_eq!(
+        a,
+        text_of(&s.post("/v1/completions", &seeded(5))),
+        "same seed, same text"
+    );
+    // Amid other requests (other lanes, other seeds, other prompts).
+    let mut bodies: Vec<Value> = (0..5)
+        .map(|i| {
+            let mut b = seeded(100 + i);
+            b["prompt"] =
+                json!(["import os\n", "class A:", "for i in", "x = ", "def "][i as usize]);
+            b
+        })
+        .collect();
+    bodies.insert(2, seeded(5));
+    let replies = s.post_all("/v1/completions", &bodies);
+    assert_eq!(
+        text_of(&replies[2]),
+        a,
+        "a seeded request batched equals it alone"
+    );
+    let other = text_of(&s.post("/v1/completions", &seeded(6)));
+    assert_ne!(a, other, "another seed, another draw");
     let greedy = Server::start(&["--lanes", "1"]);
     let g = text_of(&greedy.post("/v1/completions", &completion("def ", 48)));
     assert_ne!(a, g, "sampling at 0.8 left the greedy text");
     for (key, v) in [
-        ("seed", json!(4)),
         ("temperature", json!(1.0)),
         ("top_p", json!(0.5)),
+        ("top_k", json!(3)),
     ] {
         let mut bad = completion("def ", 4);
         bad[key] = v;
@@ -635,7 +660,10 @@ fn bad_flags_are_one_line_errors() {
     let port = busy.local_addr().unwrap().port().to_string();
     for (args, want) in [
         (vec!["--lanes", "0"], "--lanes 0: expected at least 1"),
-        (vec!["--max-queue", "0"], "--max-queue 0: expected at least 1"),
+        (
+            vec!["--max-queue", "0"],
+            "--max-queue 0: expected at least 1",
+        ),
         (vec!["--temperature", "-1"], "--temperature -1: expected"),
         (vec!["--port", port.as_str()], "cannot listen"),
     ] {
@@ -648,6 +676,9 @@ fn bad_flags_are_one_line_errors() {
         assert!(!out.status.success(), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         let last = err.lines().last().unwrap_or_default();
-        assert!(last.starts_with("error: ") && last.contains(want), "{args:?}: {err}");
+        assert!(
+            last.starts_with("error: ") && last.contains(want),
+            "{args:?}: {err}"
+        );
     }
 }

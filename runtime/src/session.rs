@@ -10,12 +10,14 @@ pub trait Speculator {
     /// Lanes of the session.
     fn lanes(&self) -> usize;
     /// Prefills lane `lane` alone, keeping every other lane's state (continuous batching);
-    /// the lane's first token.
+    /// the lane's first token. Sampled acceptance draws from RNG stream `stream` (the same
+    /// stream, prompt and budget give the same tokens in any lane).
     fn admit_lane(
         &mut self,
         lane: usize,
         prompt: &[u32],
         max_new: usize,
+        stream: u32,
     ) -> Result<u32, RuntimeError>;
     /// Queues one step.
     fn step(&mut self) -> Result<(), RuntimeError>;
@@ -44,8 +46,9 @@ impl Speculator for crate::SpecCpuSession<'_> {
         lane: usize,
         prompt: &[u32],
         max_new: usize,
+        stream: u32,
     ) -> Result<u32, RuntimeError> {
-        crate::SpecCpuSession::admit_lane(self, lane, prompt, max_new)
+        crate::SpecCpuSession::admit_lane(self, lane, prompt, max_new, stream)
     }
     fn step_upto(&mut self, n: usize) -> Result<(), RuntimeError> {
         crate::SpecCpuSession::step_upto(self, n)
@@ -84,8 +87,9 @@ impl Speculator for crate::cuda::CudaSpecSession<'_> {
         lane: usize,
         prompt: &[u32],
         max_new: usize,
+        stream: u32,
     ) -> Result<u32, RuntimeError> {
-        crate::cuda::CudaSpecSession::admit_lane(self, lane, prompt, max_new)
+        crate::cuda::CudaSpecSession::admit_lane(self, lane, prompt, max_new, stream)
     }
     fn admit(&mut self, prompts: &[Vec<u32>], max_new: usize) -> Result<Vec<u32>, RuntimeError> {
         crate::cuda::CudaSpecSession::admit(self, prompts, max_new)

@@ -8,7 +8,7 @@ use specc_ir::engine::{Engine, GraphRole, Priming, StepContract};
 use specc_ir::interp::{self, Data, Env, Tensor, WeightSource};
 use specc_ir::{Bindings, DType, Graph};
 use specc_models::methods::{
-    BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, RING,
+    BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, RING, STREAM,
 };
 use specc_models::SpecBundle;
 
@@ -181,7 +181,27 @@ impl<'a> SpecCpuSession<'a> {
         prompts: &[Vec<u32>],
         max_new: usize,
     ) -> Result<Vec<u32>, RuntimeError> {
+        let streams: Vec<u32> = (0..prompts.len() as u32).collect();
+        self.admit_streams(prompts, max_new, &streams)
+    }
+
+    /// [`SpecCpuSession::admit`] with each lane's RNG stream (sampled acceptance).
+    fn admit_streams(
+        &mut self,
+        prompts: &[Vec<u32>],
+        max_new: usize,
+        streams: &[u32],
+    ) -> Result<Vec<u32>, RuntimeError> {
         assert_eq!(prompts.len(), self.rows, "one prompt per lane");
+        if self.graphs.step.find_leaf(STREAM).is_some()
+            || self.graphs.target_prefill.find_leaf(STREAM).is_some()
+        {
+            let s = admission::stream_state(streams);
+            self.states.insert(
+                s.name.into(),
+                Tensor::from_i64(DType::I32, s.dims, s.values),
+            );
+        }
         let k = self.graphs.contract.num_steps;
         let pre = admission::prefill_inputs(prompts, k, self.max_context)?;
         let t = pre.t;
@@ -291,11 +311,15 @@ impl<'a> SpecCpuSession<'a> {
     /// `lane`, so a lane's tokens do not depend on what the other lanes hold (the interpreter
     /// computes every row on its own, in the same order at any batch). Slots past the
     /// prompt in the lane's caches keep stale values, which no step reads before writing.
+    /// Under sampled acceptance the lane draws from RNG stream `stream` (taken modulo
+    /// [`admission::STREAMS`]): the same prompt, budget and stream give the same tokens in any
+    /// lane, next to any others.
     pub fn admit_lane(
         &mut self,
         lane: usize,
         prompt: &[u32],
         max_new: usize,
+        stream: u32,
     ) -> Result<u32, RuntimeError> {
         if lane >= self.lanes {
             return Err(RuntimeError::Engine(format!(
@@ -309,7 +333,7 @@ impl<'a> SpecCpuSession<'a> {
         let full = std::mem::take(&mut self.states);
         let rows = std::mem::replace(&mut self.rows, 1);
         let drained = std::mem::take(&mut self.drained);
-        let first = self.admit(&[prompt.to_vec()], max_new);
+        let first = self.admit_streams(&[prompt.to_vec()], max_new, &[stream]);
         let one = std::mem::replace(&mut self.states, full);
         self.rows = rows;
         self.drained = drained;

@@ -215,10 +215,22 @@ fn accept(
         max_tokens,
         stop: p.stop.clone(),
         ignore_eos: p.ignore_eos,
+        stream: stream_of(p.sampling.seed),
         arrived,
         events: tx,
     })?;
     Ok(Accepted { p, rx })
+}
+
+/// A request's RNG stream: its `seed`'s (the same seed draws the same numbers in any lane,
+/// next to any other requests), else one no recent request had.
+fn stream_of(seed: Option<u64>) -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    match seed {
+        Some(s) => specc_ir::interp::splitmix64(s) as u32,
+        None => NEXT.fetch_add(1, Ordering::Relaxed),
+    }
 }
 
 fn body_has(body: &[u8], key: &str) -> bool {
@@ -228,7 +240,8 @@ fn body_has(body: &[u8], key: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// Sampling is compiled into the step graph, so a request may only ask for the engine's.
+/// The sampling distribution is compiled into the step graph, so a request may only ask for
+/// the engine's temperature, top-k and top-p; its seed is its own.
 fn check_sampling(s: &Sampling, engine: &Acceptance) -> Result<(), ApiError> {
     match *engine {
         Acceptance::Greedy => {
@@ -263,9 +276,9 @@ fn check_sampling(s: &Sampling, engine: &Acceptance) -> Result<(), ApiError> {
                 let served = top_k.map_or("all tokens".into(), |k| k.to_string());
                 return Err(off("top_k", format!("{:?}", s.top_k.unwrap_or(0)), served));
             }
-            if let Some(x) = s.seed.filter(|&x| x != seed) {
-                return Err(off("seed", x.to_string(), seed.to_string()));
-            }
+            // A request's seed picks its RNG stream (`stream_of`); the engine's seed is mixed
+            // into every draw.
+            let _ = seed;
         }
     }
     Ok(())

@@ -38,6 +38,8 @@ pub struct Job {
     pub max_tokens: usize,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
+    /// The RNG stream the lane draws from under sampled acceptance.
+    pub stream: u32,
     pub arrived: Instant,
     pub events: UnboundedSender<Event>,
 }
@@ -264,7 +266,7 @@ fn next_job(ready: &mut VecDeque<Job>, rx: &Receiver<Job>, c: &LoopCtx) -> Optio
 
 /// Prefills lane `b` with `job`; the lane, unless the request already ended.
 fn admit<'a>(s: &mut dyn Speculator, b: usize, job: Job, c: &LoopCtx<'a>) -> Option<Lane<'a>> {
-    let first = match s.admit_lane(b, &job.ids, job.max_tokens) {
+    let first = match s.admit_lane(b, &job.ids, job.max_tokens, job.stream) {
         Ok(t) => t,
         Err(e) => {
             let _ = job

@@ -47,7 +47,10 @@ pub fn serve(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
                 break;
             };
             let a = &arrivals[next];
-            let first = s.admit_lane(free, &a.prompt, a.max_new).unwrap();
+            // Request r draws from stream r wherever it runs.
+            let first = s
+                .admit_lane(free, &a.prompt, a.max_new, next as u32)
+                .unwrap();
             out[next].push(first);
             lane_of[free] = Some(next);
             next += 1;
@@ -79,17 +82,21 @@ pub fn serve(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
     out
 }
 
-/// Each request served alone: lane 0 of `s`, no other lane in use.
+/// Each request served alone: lane 0 of `s`, no other lane in use, with the stream it has
+/// in [`serve`] (its index).
 pub fn alone(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
     arrivals
         .iter()
-        .map(|a| {
-            let one = Arrival {
-                prompt: a.prompt.clone(),
-                max_new: a.max_new,
-                at_step: 0,
-            };
-            serve(s, std::slice::from_ref(&one)).remove(0)
+        .enumerate()
+        .map(|(r, a)| {
+            let mut out = vec![s.admit_lane(0, &a.prompt, a.max_new, r as u32).unwrap()];
+            while out.len() < a.max_new && s.live().unwrap()[0] {
+                s.step_upto(1).unwrap();
+                out.extend(&s.drain().unwrap()[0]);
+            }
+            s.finish(0).unwrap();
+            out.truncate(a.max_new);
+            out
         })
         .collect()
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use specc_ir::engine::{BucketPlan, Engine, GraphRole, Priming, StepContract};
 use specc_models::methods::{
-    BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, RING,
+    BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, RING, STREAM,
 };
 
 use super::{CudaEngine, LoadedGraph, StepGraph, TokenRing, WeightSources, DEFAULT_RING_DEPTH};
@@ -220,6 +220,11 @@ impl<'a> CudaSpecSession<'a> {
             });
         }
         let (tokens, pos) = repad(&pre, lanes, tb);
+        if self.engine.state(STREAM).is_ok() {
+            let streams: Vec<u32> = (0..lanes as u32).collect();
+            let s = admission::stream_state(&streams);
+            self.engine.write_state(s.name, &s.i32_bytes())?;
+        }
         let want_taps = self.contract.wants_taps();
         // Under sampled acceptance the prefill also draws each lane's first token.
         let drawn = self
@@ -292,11 +297,13 @@ impl<'a> CudaSpecSession<'a> {
     /// with every other lane padding (position −1: it writes nothing), so the captured
     /// step and its tilings stay those of one bucket and a lane's tokens do not depend on
     /// the others'. Returns the lane's first token.
+    /// Under sampled acceptance the lane draws from RNG stream `stream`.
     pub fn admit_lane(
         &mut self,
         lane: usize,
         prompt: &[u32],
         max_new: usize,
+        stream: u32,
     ) -> Result<u32, RuntimeError> {
         let lanes = self.lanes;
         if lane >= lanes {
@@ -315,6 +322,10 @@ impl<'a> CudaSpecSession<'a> {
             });
         }
         let (tokens, pos) = place_lane(&pre, lane, lanes, tb);
+        if self.engine.state(STREAM).is_ok() {
+            let s = admission::stream_state(&[stream]);
+            self.write_lane(s.name, lane, &s.i32_bytes())?;
+        }
         let want_taps = self.contract.wants_taps();
         let drawn = self
             .prefill(self.contract.target_prefill, tb)?
