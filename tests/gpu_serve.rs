@@ -15,12 +15,20 @@ use lanes_common::{alone, serve, staggered};
 use specc_models::{Model, SpecConfig};
 
 fn check(spec_file: &str) {
+    let dir = default_model();
+    check_cfg(
+        spec_file,
+        SpecConfig::from_file(&dir.join(spec_file)).unwrap(),
+    );
+}
+
+/// `cfg` served as [`check`] does; `spec_file` labels failures.
+fn check_cfg(spec_file: &str, cfg: SpecConfig) {
     if !gpu() {
         return;
     }
     let dir = default_model();
     let target = Model::open(&dir).unwrap();
-    let cfg = SpecConfig::from_file(&dir.join(spec_file)).unwrap();
     let (engine, bundle) = build_engine(&target, Some(&cfg), &[4], 256);
     let bundle = bundle.expect("a spec opens its draft");
     let mut s = session(&engine, &target, Some(&bundle), 4);
@@ -68,4 +76,13 @@ fn dflash_lanes_join_and_leave() {
 #[test]
 fn ddtree_lanes_join_and_leave() {
     check("ddtree.toml");
+}
+
+/// Sampled acceptance: a lane's draws come from its own RNG stream, so batched equals alone.
+#[test]
+fn sampled_draft_model_lanes_keep_their_draws() {
+    let dir = default_model();
+    let text = "method = \"draft_model\"\ndraft = \"draft\"\nnum_steps = 5\n[acceptance]\nmode = \"sample\"\ntemperature = 0.9\nseed = 11\n";
+    let cfg = SpecConfig::from_toml(&dir.join("sampled.toml"), text).unwrap();
+    check_cfg("sampled draft_model", cfg);
 }
