@@ -126,6 +126,9 @@ pub enum Command {
         #[arg(long)]
         random_weights: bool,
     },
+    /// Serve an OpenAI-compatible HTTP API (completions, chat, models, health, metrics)
+    /// with continuous batching over the engine's lanes.
+    Serve(ServeArgs),
     /// Time the step graph on the GPU: CUDA events over graph replays, vs the HBM roofline.
     Bench {
         /// Model directory, engine, or (with --random-weights) a config.json; the embedded
@@ -226,4 +229,51 @@ mod tests {
         }
         cli.debug_assert();
     }
+}
+
+/// `specc serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Model or engine directory; the embedded default if omitted.
+    pub model: Option<PathBuf>,
+    /// Speculative decoding as described by this spec.toml (the embedded default uses its
+    /// own unless --no-spec).
+    #[arg(long)]
+    pub spec: Option<PathBuf>,
+    /// Decode without speculation.
+    #[arg(long, conflicts_with = "spec")]
+    pub no_spec: bool,
+    /// Where the engine runs.
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    pub backend: Backend,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port; the address is printed on stderr).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on /v1 routes.
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// Requests that may wait for a free lane; past it a request gets 503 with Retry-After.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_queue: usize,
+    /// The model id clients send and /v1/models lists (default: the model directory's
+    /// name, `specc-default` for the embedded default).
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Option<String>,
+    /// Sequences decoded together (default: 4 on the CPU; on the GPU the largest batch
+    /// bucket of the engine, which must hold this many).
+    #[arg(long, value_name = "N")]
+    pub lanes: Option<usize>,
+    /// KV-cache capacity per sequence (as for `run`).
+    #[arg(long)]
+    pub max_context: Option<u64>,
+    /// Sampling compiled into the step graph for every request (as for `run`); requests
+    /// may repeat these values or leave them out.
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Use deterministic random weights: only config.json is read.
+    #[arg(long)]
+    pub random_weights: bool,
 }

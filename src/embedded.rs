@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 
-const FILES: [(&str, &[u8]); 6] = [
+const FILES: [(&str, &[u8]); 7] = [
     (
         "config.json",
         include_bytes!("../models/default/config.json"),
@@ -31,6 +31,10 @@ const FILES: [(&str, &[u8]); 6] = [
         include_bytes!("../models/default/draft/model.safetensors"),
     ),
     ("spec.toml", include_bytes!("../models/default/spec.toml")),
+    (
+        "chat_template.jinja",
+        include_bytes!("../models/default/chat_template.jinja"),
+    ),
 ];
 
 /// The embedded default's spec.toml (a standalone draft), inside the materialised folder.

@@ -6,6 +6,7 @@ mod cmd;
 mod embedded;
 mod progress;
 mod prompt;
+mod serve;
 mod text;
 
 use std::process::ExitCode;

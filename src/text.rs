@@ -43,6 +43,11 @@ impl TextCodec {
             .map_err(|e| anyhow!("{}: cannot encode prompt: {e}", self.file_name()))
     }
 
+    /// The vocabulary's text of token `id` (BOS / EOS names for chat templates).
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.tok.id_to_token(id)
+    }
+
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.tok
             .decode(ids, true)

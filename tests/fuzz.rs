@@ -1,12 +1,21 @@
 //! Fuzz targets for every file specc reads from a user: config.json, spec.toml, a
 //! safetensors header, the shard index, tokenizer.json, Kimi's tiktoken.model with its
-//! tokenizer_config.json, and the engine manifest. Each target
+//! tokenizer_config.json, the engine manifest and the bodies of `specc serve`'s completion
+//! and chat requests. Each target
 //! must answer every input with `Ok` or an error, never a panic or a hang (harness:
 //! `tests/fuzz_harness/mod.rs`; budget from `SPECC_FUZZ_SECS` / `SPECC_FUZZ_ITERS`), and
 //! never hold more heap at once than the harness's bound for its length.
 
 mod common;
 mod fuzz_harness;
+// The server's request parser, compiled here from its own files (it depends on serde_json
+// alone): the binary crate has no library to import it from.
+#[allow(dead_code)]
+#[path = "../src/serve/errors.rs"]
+mod errors;
+#[allow(dead_code)]
+#[path = "../src/serve/request.rs"]
+mod request;
 
 use std::path::Path;
 
@@ -187,4 +196,40 @@ fn engine_manifest() {
     fuzz("engine.json", &[seed], |b| {
         let _ = Engine::from_json(&String::from_utf8_lossy(b), &path, |_| Ok(Vec::new()));
     });
+}
+
+#[test]
+fn serve_request_bodies() {
+    let seeds: Vec<Vec<u8>> = [
+        r#"{"model":"specc-default","prompt":"def f(x):","max_tokens":16,"temperature":0,"top_p":1,"top_k":-1,"seed":7,"stop":["\n\n","return"],"stream":true,"stream_options":{"include_usage":true},"n":1,"ignore_eos":false,"logprobs":null}"#,
+        r#"{"prompt":[[0,5,9,511]],"max_tokens":4}"#,
+        r#"{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]},{"role":"assistant","content":null}],"max_completion_tokens":8,"stop":"x"}"#,
+    ]
+    .iter()
+    .map(|s| s.as_bytes().to_vec())
+    .collect();
+    let limits = request::Limits { vocab: 512 };
+    let n = fuzz("serve request", &seeds, |b| {
+        for endpoint in [request::Endpoint::Completions, request::Endpoint::Chat] {
+            match request::parse(endpoint, b, limits) {
+                Ok(p) => {
+                    if let request::Input::Prompt(request::Prompt::Ids(ids)) = &p.input {
+                        assert!(
+                            ids.iter().all(|&i| i < 512),
+                            "an id past the vocabulary passed"
+                        );
+                    }
+                    assert!(p.max_tokens != Some(0), "max_tokens 0 passed");
+                }
+                Err(e) => {
+                    assert!((400..500).contains(&e.status), "{e:?}");
+                    assert!(!e.message.is_empty() && !e.message.contains('\n'), "{e:?}");
+                    if let Some(p) = &e.param {
+                        assert!(e.message.starts_with(p.as_str()), "{e:?}");
+                    }
+                }
+            }
+        }
+    });
+    assert!(n >= seeds.len() as u64);
 }

@@ -81,6 +81,17 @@ impl Tokenizer {
         }
     }
 
+    /// The vocabulary's text of token `id` (a special token's name, e.g. BOS / EOS for chat
+    /// templates); `None` past the vocabulary.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        match self {
+            Tokenizer::Hf { tok, .. } => tok.id_to_token(id),
+            Tokenizer::Tiktoken(t) => (id < t.num_ids())
+                .then(|| t.decode(&[id], false).ok())
+                .flatten(),
+        }
+    }
+
     /// The text of `ids`, special tokens skipped when `skip_special`.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, String> {
         match self {

@@ -4,7 +4,7 @@
 
 use specc_models::methods::{
     BUDGET, DFLASH_BASE, DFLASH_COUNT, EAGLE_BASE, EAGLE_COUNT, EAGLE_TOKENS, EMITTED, LEN,
-    PENDING, STEP,
+    PENDING, STEP, STREAM,
 };
 
 use crate::RuntimeError;
@@ -153,6 +153,19 @@ pub fn step_states(
             .collect(),
     };
     vec![len, pending, budget, emitted, step]
+}
+
+/// Streams are below this (the RNG counter holds a stream in 20 bits).
+pub const STREAMS: u32 = 1 << 20;
+
+/// The lanes' RNG streams (sampled acceptance), written before the prefill, whose draw of
+/// the first token reads them. Values are taken modulo [`STREAMS`].
+pub fn stream_state(streams: &[u32]) -> StateInit {
+    StateInit {
+        name: STREAM,
+        dims: vec![streams.len()],
+        values: streams.iter().map(|&s| (s % STREAMS) as i64).collect(),
+    }
 }
 
 /// EAGLE-3 admission layout: the head's prefill reads pairs (taps at t, x(t+1)) for

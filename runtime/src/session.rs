@@ -7,8 +7,26 @@ use crate::{RuntimeError, SpecStats};
 pub trait Speculator {
     /// Prefills every lane and arms the device state; each lane's first token.
     fn admit(&mut self, prompts: &[Vec<u32>], max_new: usize) -> Result<Vec<u32>, RuntimeError>;
+    /// Lanes of the session.
+    fn lanes(&self) -> usize;
+    /// Prefills lane `lane` alone, keeping every other lane's state (continuous batching);
+    /// the lane's first token. Sampled acceptance draws from RNG stream `stream` (the same
+    /// stream, prompt and budget give the same tokens in any lane).
+    fn admit_lane(
+        &mut self,
+        lane: usize,
+        prompt: &[u32],
+        max_new: usize,
+        stream: u32,
+    ) -> Result<u32, RuntimeError>;
     /// Queues one step.
     fn step(&mut self) -> Result<(), RuntimeError>;
+    /// Queues one step of a batch whose lanes from `n` on are all free or finished: the
+    /// backend may run it at a smaller batch bucket holding lanes `0..n`.
+    fn step_upto(&mut self, n: usize) -> Result<(), RuntimeError> {
+        let _ = n;
+        self.step()
+    }
     /// Tokens emitted since the last drain, per lane.
     fn drain(&mut self) -> Result<Vec<Vec<u32>>, RuntimeError>;
     /// Lanes whose budget is not exhausted.
@@ -20,6 +38,21 @@ pub trait Speculator {
 }
 
 impl Speculator for crate::SpecCpuSession<'_> {
+    fn lanes(&self) -> usize {
+        crate::SpecCpuSession::lanes(self)
+    }
+    fn admit_lane(
+        &mut self,
+        lane: usize,
+        prompt: &[u32],
+        max_new: usize,
+        stream: u32,
+    ) -> Result<u32, RuntimeError> {
+        crate::SpecCpuSession::admit_lane(self, lane, prompt, max_new, stream)
+    }
+    fn step_upto(&mut self, n: usize) -> Result<(), RuntimeError> {
+        crate::SpecCpuSession::step_upto(self, n)
+    }
     fn admit(&mut self, prompts: &[Vec<u32>], max_new: usize) -> Result<Vec<u32>, RuntimeError> {
         crate::SpecCpuSession::admit(self, prompts, max_new)
     }
@@ -46,6 +79,18 @@ impl Speculator for crate::SpecCpuSession<'_> {
 
 #[cfg(feature = "cuda")]
 impl Speculator for crate::cuda::CudaSpecSession<'_> {
+    fn lanes(&self) -> usize {
+        crate::cuda::CudaSpecSession::lanes(self)
+    }
+    fn admit_lane(
+        &mut self,
+        lane: usize,
+        prompt: &[u32],
+        max_new: usize,
+        stream: u32,
+    ) -> Result<u32, RuntimeError> {
+        crate::cuda::CudaSpecSession::admit_lane(self, lane, prompt, max_new, stream)
+    }
     fn admit(&mut self, prompts: &[Vec<u32>], max_new: usize) -> Result<Vec<u32>, RuntimeError> {
         crate::cuda::CudaSpecSession::admit(self, prompts, max_new)
     }

@@ -8,7 +8,7 @@ use specc_ir::engine::{Engine, GraphRole, Priming, StepContract};
 use specc_ir::interp::{self, Data, Env, Tensor, WeightSource};
 use specc_ir::{Bindings, DType, Graph};
 use specc_models::methods::{
-    BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, RING,
+    BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, RING, STREAM,
 };
 use specc_models::SpecBundle;
 
@@ -119,6 +119,9 @@ pub struct SpecCpuSession<'a> {
     graphs: SpecGraphs<'a>,
     weights: &'a dyn WeightSource,
     states: HashMap<String, Tensor>,
+    /// Lanes the states hold now, the batch graphs run at: `lanes` unless a step ran over
+    /// fewer ([`SpecCpuSession::step_upto`]).
+    rows: usize,
     lanes: usize,
     max_context: u64,
     /// Tokens drained from each lane's ring so far.
@@ -145,6 +148,7 @@ impl<'a> SpecCpuSession<'a> {
             graphs,
             weights,
             states: HashMap::new(),
+            rows: lanes,
             lanes,
             max_context,
             drained: vec![0; lanes],
@@ -162,7 +166,7 @@ impl<'a> SpecCpuSession<'a> {
         inputs: HashMap<String, Tensor>,
     ) -> Result<HashMap<String, Tensor>, RuntimeError> {
         let mut env = Env {
-            bind: Bindings::new(self.lanes as u64, t, self.max_context),
+            bind: Bindings::new(self.rows as u64, t, self.max_context),
             inputs,
             weights: self.weights,
             states: &mut self.states,
@@ -177,11 +181,31 @@ impl<'a> SpecCpuSession<'a> {
         prompts: &[Vec<u32>],
         max_new: usize,
     ) -> Result<Vec<u32>, RuntimeError> {
-        assert_eq!(prompts.len(), self.lanes, "one prompt per lane");
+        let streams: Vec<u32> = (0..prompts.len() as u32).collect();
+        self.admit_streams(prompts, max_new, &streams)
+    }
+
+    /// [`SpecCpuSession::admit`] with each lane's RNG stream (sampled acceptance).
+    fn admit_streams(
+        &mut self,
+        prompts: &[Vec<u32>],
+        max_new: usize,
+        streams: &[u32],
+    ) -> Result<Vec<u32>, RuntimeError> {
+        assert_eq!(prompts.len(), self.rows, "one prompt per lane");
+        if self.graphs.step.find_leaf(STREAM).is_some()
+            || self.graphs.target_prefill.find_leaf(STREAM).is_some()
+        {
+            let s = admission::stream_state(streams);
+            self.states.insert(
+                s.name.into(),
+                Tensor::from_i64(DType::I32, s.dims, s.values),
+            );
+        }
         let k = self.graphs.contract.num_steps;
         let pre = admission::prefill_inputs(prompts, k, self.max_context)?;
         let t = pre.t;
-        let lanes = self.lanes;
+        let lanes = self.rows;
         let ids = |v: &[i64], t: usize| Tensor::from_i64(DType::I32, vec![lanes, t], v.to_vec());
         let inputs = HashMap::from([
             ("tokens".to_string(), ids(&pre.tokens, t)),
@@ -272,8 +296,157 @@ impl<'a> SpecCpuSession<'a> {
             RING.into(),
             Tensor::zeros(DType::I32, vec![lanes, self.graphs.contract.ring, 1, 1]),
         );
-        self.drained = vec![0; lanes];
+        self.drained = vec![0; self.lanes.max(lanes)];
         Ok(first)
+    }
+
+    /// Lanes of the session (the largest batch a step runs at).
+    pub fn lanes(&self) -> usize {
+        self.lanes
+    }
+
+    /// Prefills one lane with `prompt` and arms its step states, leaving every other lane's
+    /// states (caches, lengths, budgets, draft state, ring) as they are: continuous batching.
+    /// The prefill runs at batch 1 on fresh states and its results are copied into lane
+    /// `lane`, so a lane's tokens do not depend on what the other lanes hold (the interpreter
+    /// computes every row on its own, in the same order at any batch). Slots past the
+    /// prompt in the lane's caches keep stale values, which no step reads before writing.
+    /// Under sampled acceptance the lane draws from RNG stream `stream` (taken modulo
+    /// [`admission::STREAMS`]): the same prompt, budget and stream give the same tokens in any
+    /// lane, next to any others.
+    pub fn admit_lane(
+        &mut self,
+        lane: usize,
+        prompt: &[u32],
+        max_new: usize,
+        stream: u32,
+    ) -> Result<u32, RuntimeError> {
+        if lane >= self.lanes {
+            return Err(RuntimeError::Engine(format!(
+                "lane {lane} is out of range: the session has {} lanes",
+                self.lanes
+            )));
+        }
+        if lane >= self.rows {
+            self.resize(lane + 1)?;
+        }
+        let full = std::mem::take(&mut self.states);
+        let rows = std::mem::replace(&mut self.rows, 1);
+        let drained = std::mem::take(&mut self.drained);
+        let first = self.admit_streams(&[prompt.to_vec()], max_new, &[stream]);
+        let one = std::mem::replace(&mut self.states, full);
+        self.rows = rows;
+        self.drained = drained;
+        let first = first?[0];
+        for (name, t) in one {
+            self.put_lane(&name, lane, &t)?;
+        }
+        self.drained[lane] = 0;
+        Ok(first)
+    }
+
+    /// Copies a batch-1 tensor into lane `lane` of state `name` (created as zeros of
+    /// the session's rows when absent).
+    fn put_lane(&mut self, name: &str, lane: usize, one: &Tensor) -> Result<(), RuntimeError> {
+        let lanes = self.rows;
+        let full = self.states.entry(name.to_string()).or_insert_with(|| {
+            let mut shape = one.shape.clone();
+            shape[0] = lanes;
+            Tensor::zeros(one.dtype, shape)
+        });
+        if one.shape.first() != Some(&1)
+            || full.shape.first() != Some(&lanes)
+            || full.shape[1..] != one.shape[1..]
+            || full.dtype != one.dtype
+        {
+            return Err(RuntimeError::Engine(format!(
+                "state `{name}`: a lane of shape {:?} does not fit the session's {:?}",
+                one.shape, full.shape
+            )));
+        }
+        let row = one.shape[1..].iter().product::<usize>();
+        match (&mut full.data, &one.data) {
+            (Data::F32(f), Data::F32(o)) => f[lane * row..][..row].copy_from_slice(o),
+            (Data::I64(f), Data::I64(o)) => f[lane * row..][..row].copy_from_slice(o),
+            _ => {
+                return Err(RuntimeError::Engine(format!(
+                    "state `{name}`: a lane's storage differs from the session's"
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether every state has the lane axis first (so the first `n` lanes of each state
+    /// are a prefix of its storage, and the session can run at batch `n`).
+    fn lane_major(&self) -> bool {
+        let graphs = [
+            self.graphs.step,
+            self.graphs.target_prefill,
+            self.graphs.draft_prefill,
+        ];
+        graphs.iter().all(|g| {
+            g.states()
+                .all(|(_, _, ty)| ty.shape.dims().first() == Some(&specc_ir::op::B))
+        }) && self
+            .states
+            .values()
+            .all(|t| t.shape.first() == Some(&self.rows))
+    }
+
+    /// Makes the states hold `n` lanes: lanes past `n` are dropped (they are free or
+    /// finished: nothing of them is read again), new lanes are zeros (budget 0: masked).
+    fn resize(&mut self, n: usize) -> Result<(), RuntimeError> {
+        if n == self.rows {
+            return Ok(());
+        }
+        if !self.lane_major() {
+            return Err(RuntimeError::Engine(format!(
+                "a state of the engine does not lead with the lane axis: the session runs at {} lanes only",
+                self.rows
+            )));
+        }
+        for t in self.states.values_mut() {
+            let row = t.shape[1..].iter().product::<usize>();
+            match &mut t.data {
+                Data::F32(v) => v.resize(n * row, 0.0),
+                Data::I64(v) => v.resize(n * row, 0),
+            }
+            t.shape[0] = n;
+        }
+        for d in &mut self.drained[n.min(self.rows)..] {
+            *d = 0;
+        }
+        self.rows = n;
+        Ok(())
+    }
+
+    /// Creates, as zeros, every state of the step graph not yet present (a session whose
+    /// lanes were admitted one at a time has only the states admission wrote).
+    fn ensure_step_states(&mut self) -> Result<(), RuntimeError> {
+        let bind = Bindings::new(self.rows as u64, 1, self.max_context);
+        for (_, name, ty) in self.graphs.step.states() {
+            if !self.states.contains_key(name) {
+                let shape = ty.shape.resolve(&bind).ok_or_else(|| {
+                    RuntimeError::Engine(format!("state `{name}` has an unresolved shape"))
+                })?;
+                self.states
+                    .insert(name.to_string(), Tensor::zeros(ty.dtype, shape));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one step over lanes `0..n` only, when every lane from `n` on is free or
+    /// finished: the states shrink to (or grow to) `n` lanes first, so the interpreter
+    /// computes no rows of idle lanes. Where the states cannot be resized the step runs
+    /// over the lanes they hold.
+    pub fn step_upto(&mut self, n: usize) -> Result<(), RuntimeError> {
+        let n = n.clamp(1, self.lanes);
+        if self.lane_major() {
+            self.resize(n)?;
+        }
+        self.step()
     }
 
     /// The interpreter states between steps (caches, step states), for inspection.
@@ -283,8 +456,11 @@ impl<'a> SpecCpuSession<'a> {
 
     /// Marks lane `b` finished: the device masks it from the next step on.
     pub fn finish(&mut self, b: usize) {
+        // A lane past the states' rows is already out of every step.
         if let Some(Data::I64(v)) = self.states.get_mut(BUDGET).map(|t| &mut t.data) {
-            v[b] = 0;
+            if let Some(x) = v.get_mut(b) {
+                *x = 0;
+            }
         }
     }
 
@@ -292,12 +468,17 @@ impl<'a> SpecCpuSession<'a> {
     pub fn live(&self) -> Vec<bool> {
         match self.states.get(BUDGET).map(|t| &t.data) {
             Some(Data::I64(v)) => v.iter().map(|&x| x > 0).collect(),
-            _ => vec![false; self.lanes],
+            _ => vec![false; self.rows],
         }
+        .into_iter()
+        .chain(std::iter::repeat(false))
+        .take(self.lanes)
+        .collect()
     }
 
     /// Runs one step graph over all lanes.
     pub fn step(&mut self) -> Result<(), RuntimeError> {
+        self.ensure_step_states()?;
         let live = self.live();
         let out = self.run(self.graphs.step, 1, HashMap::new())?;
         let acc = ints(
@@ -330,6 +511,10 @@ impl<'a> SpecCpuSession<'a> {
         let r = self.graphs.contract.ring;
         let mut out = Vec::with_capacity(self.lanes);
         for b in 0..self.lanes {
+            if b >= self.rows {
+                out.push(Vec::new());
+                continue;
+            }
             let upto = emitted[b] as usize;
             if upto - self.drained[b] > r {
                 return Err(RuntimeError::RingOverrun {

@@ -23,6 +23,7 @@ t dflash 240 .gpu/tests/gpu_dflash
 t ddtree 240 .gpu/tests/gpu_ddtree
 t eagle3_tree 240 .gpu/tests/gpu_eagle3_tree
 t sampling 120 .gpu/tests/gpu_sampling
+t serve 300 .gpu/tests/gpu_serve
 echo "== HF parity"
 timeout 120 python3 scripts/device/hf_parity.py .gpu/specc models/default tests/fixtures/llama_tied 2>&1 | grep -v Warning | grep -E "models|fixtures|PARITY|Error|error" | tee "$OUT/hf_parity.log"
 echo "== memcheck: DDTree step graphs (PDL on; trained: tree verifies through the x-staged matmuls)"

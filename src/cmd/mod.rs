@@ -3,13 +3,13 @@
 mod bench;
 pub mod bench_serve;
 mod compile;
-mod engine;
-mod fit;
-mod gpu;
+pub(crate) mod engine;
+pub(crate) mod fit;
+pub(crate) mod gpu;
 mod inspect;
 mod logits;
 mod run;
-mod sampling;
+pub(crate) mod sampling;
 
 use anyhow::Result;
 
@@ -36,6 +36,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             sampling,
         }),
         Command::Inspect { engine } => inspect::inspect(&engine),
+        Command::Serve(args) => crate::serve::serve(args),
         Command::Bench {
             model,
             spec,

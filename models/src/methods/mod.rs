@@ -40,7 +40,7 @@ pub use plain::{lower_decode_step, lower_plain, lower_plain_greedy};
 pub use sampling::FIRST_TOKEN;
 pub use step::{
     forward, forward_with_taps, lower_target_prefill, StepShape, ACCEPTED, BUDGET, EMITTED, HIDDEN,
-    LEN, PENDING, RING, STEP, VERIFY_TOKENS,
+    LEN, PENDING, RING, STEP, STREAM, VERIFY_TOKENS,
 };
 pub use tree::{TreeKnobs, MAX_TREE_BUDGET, TREE};
 

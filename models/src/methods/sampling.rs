@@ -164,7 +164,8 @@ pub const FIRST_TOKEN: &str = "first_token";
 /// The token after each lane's prompt under sampled acceptance, `i32[B]`: a draw from
 /// [`probs`] of the logits `[B, T, V]` at the lane's last prompt position — the largest of
 /// `positions[B, T]`, since a prompt sits at positions `0..P` and padding is −1 — with the
-/// uniform of counter `−1 − lane`. Step counters ([`rng_counters`]) are never negative,
+/// uniform of counter `−1 − stream` (the lane's [`STREAM`](super::step::STREAM), which
+/// admission writes before the prefill runs). Step counters ([`rng_counters`]) are never negative,
 /// so this draw shares no uniform with a step ([`uniforms`] XORs one seed word into both,
 /// which keeps their sign bits apart).
 pub(super) fn first_token(
@@ -191,13 +192,9 @@ pub(super) fn first_token(
     let p = probs(b, row, acceptance)?;
     let p = b.reshape(p, &[B, v])?;
     let i64_b = TensorType::new(DType::I64, [B]);
-    let lane = b.g.add(
-        Op::Iota {
-            axis: 0,
-            ty: i64_b.clone(),
-        },
-        &[],
-    )?;
+    let stream =
+        b.g.state(super::step::STREAM, TensorType::new(DType::I32, [B]))?;
+    let lane = b.g.add(Op::Cast { to: DType::I64 }, &[stream])?;
     let minus_one = b.g.add(
         Op::Fill {
             value: -1.0,
@@ -292,21 +289,25 @@ pub(super) fn uniforms(b: &mut Builder, counters: ValueId, seed: u64) -> Result<
     b.g.add(Op::RandomUniform { seed }, &[counters])
 }
 
-/// Distinct RNG counters `((step · 2^20 + lane) · S + column)` as i64 `[B, cols]`, `S` = 64
-/// or the next power of two of `cols` (so columns never reach the next lane's counters).
-pub(super) fn rng_counters(b: &mut Builder, step: ValueId, cols: u64) -> Result<ValueId, IrError> {
+/// Distinct RNG counters `((step · 2^20 + stream) · S + column)` as i64 `[B, cols]`, `S` = 64
+/// or the next power of two of `cols` (so columns never reach the next stream's counters);
+/// `stream` is the lanes' [`STREAM`](super::step::STREAM) (`[B]`, below 2^20).
+pub(super) fn rng_counters(
+    b: &mut Builder,
+    step: ValueId,
+    stream: ValueId,
+    cols: u64,
+) -> Result<ValueId, IrError> {
     let i64_ty = TensorType::new(DType::I64, [B, s(cols)]);
-    let step64 = b.g.add(Op::Cast { to: DType::I64 }, &[step])?;
-    let v2 = b.reshape(step64, &[B, s(1)])?;
     let zeros = b.fill_i32(0, &[B, s(cols)])?;
-    let st = b.g.add(Op::Gather { axis: 1 }, &[v2, zeros])?;
-    let lane = b.g.add(
-        Op::Iota {
-            axis: 0,
-            ty: i64_ty.clone(),
-        },
-        &[],
-    )?;
+    // `[B]` i32 → `[B, cols]` i64, the lane's value in every column.
+    let spread = |b: &mut Builder, v: ValueId| -> Result<ValueId, IrError> {
+        let v64 = b.g.add(Op::Cast { to: DType::I64 }, &[v])?;
+        let v2 = b.reshape(v64, &[B, s(1)])?;
+        b.g.add(Op::Gather { axis: 1 }, &[v2, zeros])
+    };
+    let st = spread(b, step)?;
+    let lane = spread(b, stream)?;
     let col = b.g.add(
         Op::Iota {
             axis: 1,

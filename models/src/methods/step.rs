@@ -41,6 +41,11 @@ pub const BUDGET: &str = "spec.budget";
 pub const RING: &str = "spec.ring";
 pub const EMITTED: &str = "spec.emitted";
 pub const STEP: &str = "spec.step";
+/// Per lane, the stream its draws take from the counter-based RNG (i32 `[B]`, below 2^20;
+/// sampled acceptance only): admission sets it, to the lane's index unless the host asks for
+/// another (a server keys it by a request's seed, so the request's draws do not depend on
+/// its lane).
+pub const STREAM: &str = "spec.stream";
 /// Outputs of the step graph (for tests and tracing; the host needs only states).
 pub const ACCEPTED: &str = "accepted";
 pub const VERIFY_TOKENS: &str = "verify_tokens";
@@ -211,6 +216,8 @@ pub(super) struct Common {
     /// Uniforms `[B, 2k+1]` under sampled acceptance: columns 0..k accept/reject, k the
     /// bonus, k+1.. the draft's own draws.
     pub(super) uniforms: Option<ValueId>,
+    /// The lanes' RNG streams ([`STREAM`]) under sampled acceptance.
+    pub(super) stream: Option<ValueId>,
 }
 
 pub(super) fn begin(b: &mut Builder, shape: &StepShape) -> Result<Common, IrError> {
@@ -224,11 +231,12 @@ pub(super) fn begin(b: &mut Builder, shape: &StepShape) -> Result<Common, IrErro
     let zero_b = b.fill_i32(0, &[B])?;
     let one_b = b.fill_i32(1, &[B])?;
     let live = b.bin(BinaryOp::Lt, zero_b, budget)?;
-    let uniforms = match &shape.acceptance {
-        Acceptance::Greedy => None,
+    let (uniforms, stream) = match &shape.acceptance {
+        Acceptance::Greedy => (None, None),
         Acceptance::Sample { seed, .. } => {
-            let counters = rng_counters(b, step, 2 * k + 1)?;
-            Some(uniforms(b, counters, *seed)?)
+            let stream = b.g.state(STREAM, i32_ty(&[B]))?;
+            let counters = rng_counters(b, step, stream, 2 * k + 1)?;
+            (Some(uniforms(b, counters, *seed)?), Some(stream))
         }
     };
     Ok(Common {
@@ -241,6 +249,7 @@ pub(super) fn begin(b: &mut Builder, shape: &StepShape) -> Result<Common, IrErro
         zero_b,
         one_b,
         uniforms,
+        stream,
     })
 }
 

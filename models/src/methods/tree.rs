@@ -187,7 +187,10 @@ pub(super) fn accept_and_commit(
             let Dim::Static(nodes) = n else {
                 unreachable!("a tree's node count is a constant")
             };
-            let counters = rng_counters(b, c.step, nodes)?;
+            let stream = c
+                .stream
+                .expect("sampled acceptance reads the lanes' streams");
+            let counters = rng_counters(b, c.step, stream, nodes)?;
             let u = uniforms(b, counters, *seed)?;
             let p = probs(b, v.logits, &shape.acceptance)?;
             b.g.add(Op::Sample, &[p, u])?

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use specc_ir::engine::{BucketPlan, Engine, GraphRole, Priming, StepContract};
 use specc_models::methods::{
-    BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, RING,
+    BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, RING, STREAM,
 };
 
 use super::{CudaEngine, LoadedGraph, StepGraph, TokenRing, WeightSources, DEFAULT_RING_DEPTH};
@@ -73,6 +73,16 @@ fn repad(p: &PrefillInputs, lanes: usize, tb: usize) -> (Vec<i64>, Vec<i64>) {
         tokens[b * tb..b * tb + p.t].copy_from_slice(&p.tokens[b * p.t..(b + 1) * p.t]);
         pos[b * tb..b * tb + p.t].copy_from_slice(&p.positions[b * p.t..(b + 1) * p.t]);
     }
+    (tokens, pos)
+}
+
+/// `[lanes, tb]` tokens and positions holding one lane's `[1, t]` prefill inputs in lane
+/// `lane`; every other slot is padding (token 0, position −1).
+fn place_lane(p: &PrefillInputs, lane: usize, lanes: usize, tb: usize) -> (Vec<i64>, Vec<i64>) {
+    let mut tokens = vec![0i64; lanes * tb];
+    let mut pos = vec![-1i64; lanes * tb];
+    tokens[lane * tb..][..p.t].copy_from_slice(&p.tokens[..p.t]);
+    pos[lane * tb..][..p.t].copy_from_slice(&p.positions[..p.t]);
     (tokens, pos)
 }
 
@@ -210,6 +220,11 @@ impl<'a> CudaSpecSession<'a> {
             });
         }
         let (tokens, pos) = repad(&pre, lanes, tb);
+        if self.engine.state(STREAM).is_ok() {
+            let streams: Vec<u32> = (0..lanes as u32).collect();
+            let s = admission::stream_state(&streams);
+            self.engine.write_state(s.name, &s.i32_bytes())?;
+        }
         let want_taps = self.contract.wants_taps();
         // Under sampled acceptance the prefill also draws each lane's first token.
         let drawn = self
@@ -275,6 +290,138 @@ impl<'a> CudaSpecSession<'a> {
         }
         self.engine.synchronize()?;
         Ok(first)
+    }
+
+    /// Prefills lane `lane` alone and arms its step states, leaving the other lanes' states
+    /// as they are (continuous batching). The prefill runs at the session's batch bucket
+    /// with every other lane padding (position −1: it writes nothing), so the captured
+    /// step and its tilings stay those of one bucket and a lane's tokens do not depend on
+    /// the others'. Returns the lane's first token.
+    /// Under sampled acceptance the lane draws from RNG stream `stream`.
+    pub fn admit_lane(
+        &mut self,
+        lane: usize,
+        prompt: &[u32],
+        max_new: usize,
+        stream: u32,
+    ) -> Result<u32, RuntimeError> {
+        let lanes = self.lanes;
+        if lane >= lanes {
+            return Err(RuntimeError::Engine(format!(
+                "lane {lane} is out of range: the session has {lanes} lanes"
+            )));
+        }
+        let k = self.contract.num_steps;
+        let one = [prompt.to_vec()];
+        let pre = admission::prefill_inputs(&one, k, self.max_context)?;
+        let tb = prefill_bucket(pre.t);
+        if tb as u64 > self.max_context {
+            return Err(RuntimeError::ContextOverflow {
+                needed: tb,
+                max_context: self.max_context,
+            });
+        }
+        let (tokens, pos) = place_lane(&pre, lane, lanes, tb);
+        if self.engine.state(STREAM).is_ok() {
+            let s = admission::stream_state(&[stream]);
+            self.write_lane(s.name, lane, &s.i32_bytes())?;
+        }
+        let want_taps = self.contract.wants_taps();
+        let drawn = self
+            .prefill(self.contract.target_prefill, tb)?
+            .io(FIRST_TOKEN)
+            .is_ok();
+        let mut outs = vec!["next_token"];
+        outs.extend(want_taps.then_some("taps"));
+        outs.extend(drawn.then_some(FIRST_TOKEN));
+        let out = self.run_prefill(true, tb, &tokens, &pos, &[], &outs)?;
+        let next = read_i32(&out[0]);
+        let first = if drawn {
+            read_i32(&out[outs.len() - 1])[lane] as u32
+        } else {
+            next[lane * tb + prompt.len() - 1] as u32
+        };
+        match self.contract.priming() {
+            Priming::None => {}
+            Priming::Prompt => {
+                self.run_prefill(false, tb, &tokens, &pos, &[], &[])?;
+            }
+            Priming::Pairs {
+                taps_width,
+                depth: k,
+            } => {
+                let taps = &out[1];
+                let row = taps.len() / (lanes * tb);
+                debug_assert_eq!(row % taps_width, 0);
+                let prime = admission::eagle_prime(&one, &[first], tb, k);
+                let tp = prime.inputs.t;
+                let tpb = prefill_bucket(tp);
+                let (ht, hp) = place_lane(&prime.inputs, lane, lanes, tpb);
+                let mut hidden = vec![0u8; lanes * tpb * row];
+                // One-lane layout: rows `i` of the head prefill and `src` of the lane's taps.
+                for &(dst, src) in &prime.hidden_rows {
+                    let d = lane * tpb + dst;
+                    let s = lane * tb + src;
+                    hidden[d * row..][..row].copy_from_slice(&taps[s * row..][..row]);
+                }
+                self.run_prefill(false, tpb, &ht, &hp, &[(HIDDEN, hidden)], &[])?;
+                let mut slots = vec![0u8; (k + 1) * row];
+                for &(dst, src) in &prime.slot_rows {
+                    let s = lane * tb + src;
+                    slots[dst * row..][..row].copy_from_slice(&taps[s * row..][..row]);
+                }
+                self.write_lane(EAGLE_HIDDEN, lane, &slots)?;
+                for s in &prime.states {
+                    self.write_lane(s.name, lane, &s.i32_bytes())?;
+                }
+            }
+            Priming::Context { taps_width, .. } => {
+                let taps = out[1].clone();
+                debug_assert_eq!((taps.len() / (lanes * tb)) % taps_width, 0);
+                self.run_prefill(false, tb, &tokens, &pos, &[(HIDDEN, taps)], &[])?;
+                let n = self.lane_bytes(DFLASH_HIDDEN)? as usize;
+                self.write_lane(DFLASH_HIDDEN, lane, &vec![0u8; n])?;
+                for s in admission::dflash_states(&one) {
+                    self.write_lane(s.name, lane, &s.i32_bytes())?;
+                }
+            }
+        }
+        for s in admission::step_states(&one, &[first], max_new, self.max_context, k) {
+            self.write_lane(s.name, lane, &s.i32_bytes())?;
+        }
+        self.ring.reset_lane(lane)?;
+        self.engine.synchronize()?;
+        Ok(first)
+    }
+
+    /// Bytes of one lane of a lane-major state (`[B, ...]`): the engine sizes states for
+    /// its largest batch bucket, whatever bucket this session runs at.
+    fn lane_bytes(&self, name: &str) -> Result<u64, RuntimeError> {
+        let most = self
+            .engine
+            .engine
+            .batch_buckets()
+            .into_iter()
+            .max()
+            .unwrap_or(1);
+        Ok(self.engine.state(name)?.bytes() / u64::from(most.max(1)))
+    }
+
+    /// Writes one lane's bytes of a lane-major state.
+    fn write_lane(&self, name: &str, lane: usize, bytes: &[u8]) -> Result<(), RuntimeError> {
+        let per = self.lane_bytes(name)?;
+        let buf = self.engine.state(name)?;
+        if bytes.len() as u64 != per {
+            return Err(RuntimeError::Engine(format!(
+                "state `{name}`: a lane holds {per} bytes, admission wrote {}",
+                bytes.len()
+            )));
+        }
+        buf.write(lane as u64 * per, bytes)
+    }
+
+    pub fn lanes(&self) -> usize {
+        self.lanes
     }
 
     /// The target forward over `t` tokens per lane at positions `len..len + t` (a verify

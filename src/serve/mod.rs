@@ -1,0 +1,216 @@
+//! `specc serve`: an OpenAI-compatible HTTP server in one process. The engine is built or
+//! loaded as for `run`; a session of `--lanes` lanes is owned by the engine loop on this
+//! thread ([`batcher`]), and the HTTP side runs on tokio + axum in another ([`api`]),
+//! handing checked requests to the loop through a bounded queue and reading their tokens
+//! back as a stream of text deltas.
+
+mod api;
+mod batcher;
+mod chat;
+mod errors;
+mod metrics;
+mod request;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context, Result};
+use specc_models::spec_bundle::EngineExtras;
+use specc_models::{SpecConfig, CONFIG_FILE};
+use specc_runtime::{EngineGraphs, SpecCpuSession, SpecGraphs};
+
+use crate::cli::{Backend, ServeArgs};
+use crate::cmd::engine::{ready, target_for, Source, Want};
+use crate::cmd::fit::Fit;
+use crate::cmd::sampling;
+use crate::embedded;
+use crate::text::TextCodec;
+
+/// Lanes of a CPU session unless `--lanes` says otherwise.
+const CPU_LANES: usize = 4;
+
+pub fn serve(a: ServeArgs) -> Result<()> {
+    if a.max_queue == 0 {
+        bail!("--max-queue 0: expected at least 1");
+    }
+    let embedded_default = a.model.is_none() && !a.random_weights;
+    let spec_file = match (&a.spec, embedded_default && !a.no_spec) {
+        (Some(s), _) => Some(s.clone()),
+        (None, true) => Some(embedded::default_model_dir()?.join(embedded::SPEC_FILE)),
+        (None, false) => None,
+    };
+    let cfg = spec_file
+        .as_deref()
+        .map(SpecConfig::from_file)
+        .transpose()?;
+    let src = Source::new(a.model.clone(), a.random_weights);
+    let engine_dir = src.is_engine().then(|| src.path.clone()).flatten();
+    let base = cfg
+        .as_ref()
+        .map(|c| c.acceptance.clone())
+        .unwrap_or_default();
+    let acceptance = sampling::acceptance(&a.sampling, &base)?;
+    let cuda = a.backend == Backend::Cuda;
+    let want_lanes = match (a.lanes, cuda) {
+        (Some(0), _) => bail!("--lanes 0: expected at least 1"),
+        (Some(n), _) => n,
+        (None, false) => CPU_LANES,
+        (None, true) => cfg
+            .as_ref()
+            .and_then(|c| c.batch_buckets.iter().max())
+            .map_or(1, |&b| b as usize),
+    };
+    let r = ready(
+        src,
+        Want {
+            spec: cfg.as_ref(),
+            max_context: a.max_context,
+            target: target_for(cuda)?,
+            extras: EngineExtras {
+                acceptance: Some(acceptance),
+                ..EngineExtras::default()
+            },
+            fit: Fit::of_backend(cuda, want_lanes as u64)?,
+        },
+    )?;
+    if let Some(dir) = &engine_dir {
+        sampling::check_engine(&a.sampling, &r.engine.acceptance, dir)?;
+    }
+    let speculative = r.engine.spec.is_some() && !a.no_spec;
+    let contract = r.engine.contract(speculative).clone();
+    let config = r.model_dir.join(CONFIG_FILE);
+    let codec = Arc::new(TextCodec::open(&r.model_dir, &r.spec, &config)?);
+    let name_of = |id: Option<u32>| id.and_then(|i| codec.token_text(i)).unwrap_or_default();
+    let template = chat::ChatTemplate::load(
+        &r.model_dir,
+        name_of(r.spec.bos_token_id),
+        name_of(r.spec.eos_token_ids.first().copied()),
+    )?;
+    let served_name = a.served_model_name.clone().unwrap_or_else(|| {
+        match a.model.as_deref().and_then(Path::file_name) {
+            Some(n) => n.to_string_lossy().into_owned(),
+            None => "specc-default".to_string(),
+        }
+    });
+    let k = contract.num_steps;
+    let metrics = Arc::new(metrics::Metrics::new(
+        &served_name,
+        want_lanes,
+        if speculative {
+            contract.max_accept()
+        } else {
+            0
+        },
+    ));
+    let (queue, rx, waiting) = batcher::Queue::new(a.max_queue);
+    let label = format!(
+        "{}, {}, {}, {want_lanes} lanes",
+        match a.backend {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+        },
+        contract.label,
+        r.engine.acceptance
+    );
+    let app = Arc::new(api::App {
+        queue,
+        codec: codec.clone(),
+        template,
+        served_name: served_name.clone(),
+        api_key: a.api_key.clone(),
+        vocab: r.spec.vocab,
+        bos: r.spec.bos_token_id,
+        k,
+        max_context: r.engine.max_context,
+        acceptance: r.engine.acceptance.clone(),
+        metrics: metrics.clone(),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    });
+    let chat_from = app
+        .template
+        .as_ref()
+        .map_or("none (chat completions answer 400)".to_string(), |t| {
+            t.origin.clone()
+        });
+    let ctx = batcher::LoopCtx {
+        codec: &codec,
+        eos: &r.spec.eos_token_ids,
+        max_context: r.engine.max_context,
+        metrics: &metrics,
+        waiting: &waiting,
+    };
+    let announce = |addr: SocketAddr| {
+        eprintln!("[{label}] engine: {}", r.origin);
+        eprintln!("[{label}] chat template: {chat_from}");
+        eprintln!(
+            "[{label}] serving `{served_name}` on http://{addr} (max context {}, queue {})",
+            r.engine.max_context, a.max_queue
+        );
+    };
+    match a.backend {
+        Backend::Cpu => {
+            let graphs = EngineGraphs::parse(&r.engine)?;
+            let sg = SpecGraphs::from_engine(&contract, &graphs)?;
+            let weights = r.cpu_weights(&graphs, &contract.roles())?;
+            let mut s = SpecCpuSession::new(sg, &weights, want_lanes, r.engine.max_context);
+            let addr = listen(&a.host, a.port, app)?;
+            announce(addr);
+            batcher::run(&mut s, rx, &ctx);
+        }
+        Backend::Cuda => {
+            #[cfg(feature = "cuda")]
+            {
+                let buckets = r.engine.batch_buckets();
+                if !buckets.contains(&(want_lanes as u32)) {
+                    bail!(
+                        "--lanes {want_lanes}: the engine has step graphs for batch buckets {buckets:?} (set batch_buckets in the spec)"
+                    );
+                }
+                let sources = r.weight_sources();
+                let mut s = specc_runtime::cuda::CudaSpecSession::new(
+                    &r.engine,
+                    speculative,
+                    &sources,
+                    want_lanes,
+                )?;
+                let addr = listen(&a.host, a.port, app)?;
+                announce(addr);
+                batcher::run(&mut s, rx, &ctx);
+            }
+            #[cfg(not(feature = "cuda"))]
+            {
+                drop((app, rx, ctx, announce));
+                return Err(crate::cmd::gpu::unavailable());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Binds `host:port` and serves the API on a tokio runtime of its own thread; the bound
+/// address (the port chosen when `port` is 0).
+fn listen(host: &str, port: u16, app: Arc<api::App>) -> Result<SocketAddr> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the HTTP runtime")?;
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind((host, port)))
+        .with_context(|| format!("--host {host} --port {port}: cannot listen"))?;
+    let addr = listener.local_addr()?;
+    std::thread::Builder::new()
+        .name("http".into())
+        .spawn(move || {
+            let res = rt.block_on(async move { axum::serve(listener, api::router(app)).await });
+            if let Err(e) = res {
+                eprintln!("error: the HTTP server stopped: {e}");
+                std::process::exit(1);
+            }
+        })
+        .map_err(|e| anyhow!("cannot start the HTTP thread: {e}"))?;
+    Ok(addr)
+}

@@ -1,0 +1,102 @@
+//! Continuous batching as `specc serve` drives a session, for the interpreter and the
+//! device tests alike: requests arrive at given steps, join the lowest free lanes
+//! (`admit_lane`, the other lanes' states kept), every step runs over the lanes in use
+//! (`step_upto`), and a lane whose request is done is finished and reused.
+
+#![allow(dead_code)]
+
+use specc_runtime::Speculator;
+
+/// One request: its prompt, its token budget and the step at which it arrives.
+pub struct Arrival {
+    pub prompt: Vec<u32>,
+    pub max_new: usize,
+    pub at_step: usize,
+}
+
+/// Six requests over `prompts` (at least 4): staggered arrivals, different budgets; on a
+/// 3-lane session a lane is reused twice and steps run over 1, 2 and 3 lanes.
+pub fn staggered(prompts: &[Vec<u32>]) -> Vec<Arrival> {
+    [
+        (0, 20, 0),
+        (2, 12, 0),
+        (1, 24, 3),
+        (3, 9, 4),
+        (0, 16, 5),
+        (2, 18, 9),
+    ]
+    .iter()
+    .map(|&(p, max_new, at_step)| Arrival {
+        prompt: prompts[p].clone(),
+        max_new,
+        at_step,
+    })
+    .collect()
+}
+
+/// Serves `arrivals` on `s`; each request's tokens (first + emitted, truncated).
+pub fn serve(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
+    let lanes = s.lanes();
+    let mut out: Vec<Vec<u32>> = vec![Vec::new(); arrivals.len()];
+    let mut lane_of: Vec<Option<usize>> = vec![None; lanes];
+    let mut next = 0;
+    let mut step = 0;
+    while next < arrivals.len() || lane_of.iter().any(Option::is_some) {
+        while next < arrivals.len() && arrivals[next].at_step <= step {
+            let Some(free) = lane_of.iter().position(Option::is_none) else {
+                break;
+            };
+            let a = &arrivals[next];
+            // Request r draws from stream r wherever it runs.
+            let first = s
+                .admit_lane(free, &a.prompt, a.max_new, next as u32)
+                .unwrap();
+            out[next].push(first);
+            lane_of[free] = Some(next);
+            next += 1;
+        }
+        let upto = lane_of
+            .iter()
+            .rposition(Option::is_some)
+            .map_or(0, |l| l + 1);
+        if upto > 0 {
+            s.step_upto(upto).unwrap();
+            let toks = s.drain().unwrap();
+            let live = s.live().unwrap();
+            for (l, slot) in lane_of.iter_mut().enumerate() {
+                if let Some(r) = *slot {
+                    out[r].extend(&toks[l]);
+                    if !live[l] || out[r].len() >= arrivals[r].max_new {
+                        s.finish(l).unwrap();
+                        *slot = None;
+                    }
+                }
+            }
+        }
+        step += 1;
+        assert!(step < 10_000, "requests never finished");
+    }
+    for (o, a) in out.iter_mut().zip(arrivals) {
+        o.truncate(a.max_new);
+    }
+    out
+}
+
+/// Each request served alone: lane 0 of `s`, no other lane in use, with the stream it has
+/// in [`serve`] (its index).
+pub fn alone(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
+    arrivals
+        .iter()
+        .enumerate()
+        .map(|(r, a)| {
+            let mut out = vec![s.admit_lane(0, &a.prompt, a.max_new, r as u32).unwrap()];
+            while out.len() < a.max_new && s.live().unwrap()[0] {
+                s.step_upto(1).unwrap();
+                out.extend(&s.drain().unwrap()[0]);
+            }
+            s.finish(0).unwrap();
+            out.truncate(a.max_new);
+            out
+        })
+        .collect()
+}
