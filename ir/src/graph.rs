@@ -64,7 +64,10 @@ struct LeafIds {
 
 impl LeafIds {
     fn first(&self) -> Option<ValueId> {
-        [self.input, self.weight, self.state].into_iter().flatten().min()
+        [self.input, self.weight, self.state]
+            .into_iter()
+            .flatten()
+            .min()
     }
 }
 

@@ -175,7 +175,10 @@ fn ten_thousand_layers_lower_in_linear_time() {
         let g = lower_dense(&s).unwrap();
         let secs = t.elapsed().as_secs_f64();
         assert_eq!(g.states().count(), 2 * layers);
-        println!("lower_dense, {layers} layers ({} nodes): {secs:.3} s", g.len());
+        println!(
+            "lower_dense, {layers} layers ({} nodes): {secs:.3} s",
+            g.len()
+        );
         times.push(secs);
     }
     assert!(times[2] < 5.0, "10 000 layers took {:.1} s", times[2]);

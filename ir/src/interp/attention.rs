@@ -1,7 +1,7 @@
 //! KV-cache writes and masked attention.
 
-use super::tensor::{round_to, Data, Tensor};
 use super::matmul::dots;
+use super::tensor::{round_to, Data, Tensor};
 use super::util::{f32s, i64s, OpResult, Out};
 use crate::op::AttnMask;
 
@@ -205,7 +205,11 @@ pub(crate) fn attention(args: &[&Tensor], scale: f64, mask: AttnMask, out: &Out)
                 let kh = h / group;
                 let qrow = &qv[((bi * t + ti) * hq + h) * d..][..d];
                 krows.clear();
-                krows.extend(slots.iter().map(|&s| &kv[((bi * ctx + s) * hkv + kh) * d..][..d]));
+                krows.extend(
+                    slots
+                        .iter()
+                        .map(|&s| &kv[((bi * ctx + s) * hkv + kh) * d..][..d]),
+                );
                 dots(qrow, &krows, scores);
                 let mut m = f32::NEG_INFINITY;
                 for score in scores.iter_mut() {

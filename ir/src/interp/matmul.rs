@@ -22,11 +22,15 @@ use crate::DType;
 /// row of `x` passes over them.
 const COLS: usize = 8;
 
-/// Rows of `x` per tile.
-const ROWS: usize = 4;
+/// Rows of `x` per tile: one register per row accumulating against the same weight
+/// register, so a verify step's 6 rows are 6 independent sums (an add's latency, not its
+/// throughput, bounds fewer).
+const ROWS: usize = 8;
 
-/// Multiply-adds below which splitting a matmul over threads costs more than it saves.
-const MIN_PART_WORK: usize = 1 << 17;
+/// Multiply-adds a thread's part must have at least: waking a worker costs tens of µs,
+/// and on a 2-core machine the embedded default's matmuls (up to 1.1 M multiply-adds for
+/// a 6-token verify) ran slower on two threads than on one.
+const MIN_PART_WORK: usize = 1 << 22;
 
 /// Dequantised weight rows of a matmul: plain floats are used in place; fp8 and int4
 /// rows are expanded into a scratch row as `w · scale` in f32.
@@ -116,16 +120,18 @@ impl<'t> WeightRows<'t> {
 }
 
 pub(crate) fn matmul(x: &Tensor, w: &Tensor, scale: Option<&Tensor>, out: &Out) -> OpResult {
-    matmul_on(x, w, scale, out, pool::threads())
+    matmul_split(x, w, scale, out, pool::threads(), MIN_PART_WORK)
 }
 
-/// [`matmul`] on at most `threads` threads.
-pub(crate) fn matmul_on(
+/// [`matmul`] on at most `threads` threads, each part at least `min_part_work`
+/// multiply-adds.
+fn matmul_split(
     x: &Tensor,
     w: &Tensor,
     scale: Option<&Tensor>,
     out: &Out,
     threads: usize,
+    min_part_work: usize,
 ) -> OpResult {
     let xv = f32s(x, "matmul input")?;
     let (n, k) = (w.shape[0], w.shape[1]);
@@ -142,7 +148,7 @@ pub(crate) fn matmul_on(
     let blocks = n.div_ceil(COLS);
     let parts = threads
         .min(blocks)
-        .min((m * n * k / MIN_PART_WORK).max(1))
+        .min((m * n * k / min_part_work.max(1)).max(1))
         .max(1);
     if parts == 1 {
         a.columns(0..n, &mut res, n);
@@ -150,7 +156,8 @@ pub(crate) fn matmul_on(
     }
     // Part `p` computes the columns of blocks `p·blocks/parts ..`, into its own [m, width]
     // buffer, copied into place afterwards.
-    let range = |p: usize| (p * blocks / parts * COLS).min(n)..((p + 1) * blocks / parts * COLS).min(n);
+    let range =
+        |p: usize| (p * blocks / parts * COLS).min(n)..((p + 1) * blocks / parts * COLS).min(n);
     let bufs: Vec<Mutex<Vec<f32>>> = (0..parts)
         .map(|p| Mutex::new(vec![0.0; m * range(p).len()]))
         .collect();
@@ -240,7 +247,11 @@ impl Operands<'_> {
             1 => unsafe { avx::row_block::<1, 1>([x[0]], w, put) },
             2 => unsafe { avx::row_block::<2, 1>([x[0], x[1]], w, put) },
             3 => unsafe { avx::row_block::<3, 1>([x[0], x[1], x[2]], w, put) },
-            _ => unsafe { avx::row_block::<4, 1>([x[0], x[1], x[2], x[3]], w, put) },
+            4 => unsafe { avx::row_block::<4, 1>([x[0], x[1], x[2], x[3]], w, put) },
+            5 => unsafe { avx::row_block::<5, 1>(std::array::from_fn(|r| x[r]), w, put) },
+            6 => unsafe { avx::row_block::<6, 1>(std::array::from_fn(|r| x[r]), w, put) },
+            7 => unsafe { avx::row_block::<7, 1>(std::array::from_fn(|r| x[r]), w, put) },
+            _ => unsafe { avx::row_block::<8, 1>(std::array::from_fn(|r| x[r]), w, put) },
         });
     }
 
@@ -307,8 +318,7 @@ impl Operands<'_> {
 #[cfg(target_arch = "x86_64")]
 mod avx {
     use std::arch::x86_64::{
-        __m256, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps,
-        _mm256_storeu_ps,
+        __m256, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps, _mm256_storeu_ps,
     };
 
     /// The products of `x` with every row of `w`, `C` weight rows at a time (the last
@@ -360,7 +370,8 @@ mod avx {
             let mut acc: [[__m256; C]; R] = [[_mm256_setzero_ps(); C]; R];
             let mut at = 0;
             while at < body {
-                let wv: [__m256; C] = std::array::from_fn(|c| _mm256_loadu_ps(w[c].as_ptr().add(at)));
+                let wv: [__m256; C] =
+                    std::array::from_fn(|c| _mm256_loadu_ps(w[c].as_ptr().add(at)));
                 for r in 0..R {
                     let xv = _mm256_loadu_ps(x[r].as_ptr().add(at));
                     for c in 0..C {
@@ -425,13 +436,17 @@ mod tests {
                     })
                     .collect();
                 for threads in [1, 2, 3] {
-                    let r = matmul_on(&x, &w, None, &out(dtype, m, n), threads).unwrap();
-                    assert_eq!(r.as_f32().unwrap(), want, "{m}x{n}x{k} {dtype}, {threads} threads");
+                    let r = matmul_split(&x, &w, None, &out(dtype, m, n), threads, 1).unwrap();
+                    assert_eq!(
+                        r.as_f32().unwrap(),
+                        want,
+                        "{m}x{n}x{k} {dtype}, {threads} threads"
+                    );
                 }
                 for i in 0..m {
                     let xi = tf(dtype, &[1, k], &xv[i * k..][..k]);
                     for threads in [1, 2] {
-                        let r = matmul_on(&xi, &w, None, &out(dtype, 1, n), threads).unwrap();
+                        let r = matmul_split(&xi, &w, None, &out(dtype, 1, n), threads, 1).unwrap();
                         assert_eq!(r.as_f32().unwrap(), &want[i * n..][..n], "row {i} alone");
                     }
                 }
@@ -467,11 +482,11 @@ mod tests {
         let q: Vec<i64> = values(4, n * k).iter().map(|v| (v * 7.9) as i64).collect();
         let w = ti(DType::Int4Group { group: g }, &[n, k], &q);
         let s = tf(DType::BF16, &[n, k / g as usize], &values(5, n * 2));
-        let all = matmul_on(&x, &w, Some(&s), &out(DType::F32, m, n), 2).unwrap();
+        let all = matmul_split(&x, &w, Some(&s), &out(DType::F32, m, n), 2, 1).unwrap();
         let xv = x.as_f32().unwrap();
         for i in 0..m {
             let xi = tf(DType::F32, &[1, k], &xv[i * k..][..k]);
-            let r = matmul_on(&xi, &w, Some(&s), &out(DType::F32, 1, n), 1).unwrap();
+            let r = matmul_split(&xi, &w, Some(&s), &out(DType::F32, 1, n), 1, 1).unwrap();
             assert_eq!(r.as_f32().unwrap(), &all.as_f32().unwrap()[i * n..][..n]);
         }
     }

@@ -140,7 +140,10 @@ mod tests {
             parts(n, &|i| {
                 hits[i].fetch_add(1, Ordering::Relaxed);
             });
-            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "n = {n}");
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "n = {n}"
+            );
         }
     }
 

@@ -290,7 +290,9 @@ mod tests {
             assert_eq!(round_bf16(x).to_bits(), want, "{b:#010x}");
         };
         for hi in 0..=0x1ffu32 {
-            for lo in [0u32, 1, 0x7fff, 0x8000, 0x8001, 0xffff, 0x1_7fff, 0x1_8000, 0x7f_ffff] {
+            for lo in [
+                0u32, 1, 0x7fff, 0x8000, 0x8001, 0xffff, 0x1_7fff, 0x1_8000, 0x7f_ffff,
+            ] {
                 check(hi << 23 | lo);
             }
             for step in 0..64u32 {
