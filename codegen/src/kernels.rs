@@ -16,6 +16,8 @@
 //!   own (a draft forward over 2 tokens in a bucket whose T is 1), so `t` is read from the
 //!   op's shape, not from the graph's bucket.
 
+use std::collections::HashMap;
+
 use specc_ir::engine::choice::{
     AttentionKernel, EpilogueChoice, KernelChoice, MatmulChoice, MatmulCore, NormPlacement,
 };
@@ -81,6 +83,8 @@ struct Ctx<'a> {
     g: &'a Graph,
     plan: &'a LaunchPlan,
     slots: Vec<Slot>,
+    /// Index of each slot in `slots`, so handing out a slot costs O(1).
+    slot_index: HashMap<Slot, u32>,
     scratch_base: u64,
     scratch_top: u64,
     scratch_max: u64,
@@ -111,11 +115,13 @@ fn dtype(d: DType) -> Result<Dtype, Error> {
 
 impl Ctx<'_> {
     fn slot(&mut self, s: Slot) -> u32 {
-        if let Some(i) = self.slots.iter().position(|x| *x == s) {
-            return i as u32;
+        if let Some(&i) = self.slot_index.get(&s) {
+            return i;
         }
+        let i = self.slots.len() as u32;
+        self.slot_index.insert(s.clone(), i);
         self.slots.push(s);
-        self.slots.len() as u32 - 1
+        i
     }
 
     fn loc(&mut self, v: ValueId) -> Result<Loc, Error> {
@@ -217,6 +223,7 @@ pub fn plan_kernels(
         g,
         plan,
         slots: Vec::new(),
+        slot_index: HashMap::new(),
         scratch_base,
         scratch_top: scratch_base,
         scratch_max: scratch_base,

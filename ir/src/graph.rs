@@ -1,5 +1,6 @@
 //! The graph: an arena of single-result nodes in topological order.
 
+use std::collections::HashMap;
 use std::fmt;
 
 use crate::engine::Phase;
@@ -39,6 +40,65 @@ pub struct Graph {
     /// node, phase)` in node order, each mark lasting until the next. An annotation for
     /// reports and timing breakdowns only: evaluation, the text form and equality ignore it.
     phases: Vec<(u32, Phase)>,
+    /// Derived from `nodes`, kept in step by every mutation (all of them go through
+    /// [`Graph::push_unchecked`] or [`Graph::rebuild`]), so that name lookups and version
+    /// chains cost O(1) and lowering stays linear in the model's size.
+    index: Index,
+}
+
+/// Lookups over the node list (see [`Graph::index`]).
+#[derive(Clone, Debug, Default)]
+struct Index {
+    /// The first `input`, `weight` and `state` node with each leaf name.
+    leaves: HashMap<String, LeafIds>,
+    /// For a value, the first in-place node after it whose target (first operand) it is.
+    next_version: HashMap<ValueId, ValueId>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct LeafIds {
+    input: Option<ValueId>,
+    weight: Option<ValueId>,
+    state: Option<ValueId>,
+}
+
+impl LeafIds {
+    fn first(&self) -> Option<ValueId> {
+        [self.input, self.weight, self.state]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+}
+
+impl Index {
+    /// Records node `id`, appended after every node already indexed.
+    fn note(&mut self, id: ValueId, node: &Node) {
+        if let Some(name) = node.op.leaf_name() {
+            let ids = self.leaves.entry(name.to_string()).or_default();
+            let slot = match node.op {
+                Op::Input { .. } => &mut ids.input,
+                Op::Weight { .. } => &mut ids.weight,
+                _ => &mut ids.state,
+            };
+            slot.get_or_insert(id);
+        }
+        if node.op.is_in_place() {
+            // Only earlier targets: chains then only go forward (an unverified graph with
+            // a forward reference cannot make one loop).
+            if let Some(&target) = node.args.first().filter(|t| **t < id) {
+                self.next_version.entry(target).or_insert(id);
+            }
+        }
+    }
+
+    fn of(nodes: &[Node]) -> Index {
+        let mut index = Index::default();
+        for (i, n) in nodes.iter().enumerate() {
+            index.note(ValueId(i as u32), n);
+        }
+        index
+    }
 }
 
 /// Graphs are equal when they compute the same thing (their phase marks are reports).
@@ -73,19 +133,20 @@ impl Graph {
             op: op.info().name,
             msg,
         })?;
-        self.nodes.push(Node {
+        Ok(self.push_unchecked(Node {
             op,
             args: args.to_vec(),
             ty,
-        });
-        Ok(id)
+        }))
     }
 
     /// Appends a node with a given type without inference (used by the parser and by
     /// passes that rebuild graphs; the verifier re-checks the type).
     pub fn push_unchecked(&mut self, node: Node) -> ValueId {
+        let id = ValueId(self.nodes.len() as u32);
+        self.index.note(id, &node);
         self.nodes.push(node);
-        ValueId(self.nodes.len() as u32 - 1)
+        id
     }
 
     pub fn input(&mut self, name: &str, ty: TensorType) -> Result<ValueId, IrError> {
@@ -102,7 +163,7 @@ impl Graph {
     /// draft reads the same parameters every step). A second use with another type is an
     /// error.
     pub fn weight(&mut self, name: &str, ty: TensorType) -> Result<ValueId, IrError> {
-        if let Some(v) = self.find_named(name, |op| matches!(op, Op::Weight { .. })) {
+        if let Some(v) = self.index.leaves.get(name).and_then(|ids| ids.weight) {
             return self.same_type(v, &ty);
         }
         self.add(
@@ -118,7 +179,7 @@ impl Graph {
     /// the result of the last in-place op (`kv_write`, `assign`) applied to it, so code
     /// that updates a state several times in one graph always chains the versions.
     pub fn state(&mut self, name: &str, ty: TensorType) -> Result<ValueId, IrError> {
-        if let Some(root) = self.find_named(name, |op| matches!(op, Op::State { .. })) {
+        if let Some(root) = self.index.leaves.get(name).and_then(|ids| ids.state) {
             self.same_type(root, &ty)?;
             return Ok(self.latest_version(root));
         }
@@ -132,22 +193,12 @@ impl Graph {
     }
 
     /// Follows the chain of in-place updates from `v` to its newest version.
+    /// (The first in-place node after each version; the verifier allows only one.)
     pub fn latest_version(&self, mut v: ValueId) -> ValueId {
-        'outer: loop {
-            for (id, n) in self.nodes().skip(v.index() + 1) {
-                if n.op.is_in_place() && n.args[0] == v {
-                    v = id;
-                    continue 'outer;
-                }
-            }
-            return v;
+        while let Some(&next) = self.index.next_version.get(&v) {
+            v = next;
         }
-    }
-
-    fn find_named(&self, name: &str, kind: impl Fn(&Op) -> bool) -> Option<ValueId> {
-        self.nodes()
-            .find(|(_, n)| kind(&n.op) && n.op.leaf_name() == Some(name))
-            .map(|(v, _)| v)
+        v
     }
 
     fn same_type(&self, v: ValueId, ty: &TensorType) -> Result<ValueId, IrError> {
@@ -208,9 +259,7 @@ impl Graph {
 
     /// The leaf node with this kind of name (`input`, `weight`, `state`).
     pub fn find_leaf(&self, name: &str) -> Option<ValueId> {
-        self.nodes()
-            .find(|(_, n)| n.op.leaf_name() == Some(name))
-            .map(|(v, _)| v)
+        self.index.leaves.get(name).and_then(LeafIds::first)
     }
 
     /// Ids of every `Weight` node with its tensor name.
@@ -258,6 +307,7 @@ impl Graph {
         if nodes.len() != self.nodes.len() {
             self.phases.clear();
         }
+        self.index = Index::of(&nodes);
         self.nodes = nodes;
         self.outputs = outputs;
     }

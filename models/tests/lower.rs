@@ -158,3 +158,28 @@ fn rope_and_attention_parameters() {
         }
     }
 }
+
+/// Lowering is linear in the layer count: 10 000 layers (a config no checkpoint would
+/// pass, lowered straight from the config) lower and verify well under a second on an
+/// idle machine; the bound leaves room for a loaded CI machine.
+#[test]
+fn ten_thousand_layers_lower_in_linear_time() {
+    let mut times = Vec::new();
+    for layers in [1_000, 4_000, 10_000] {
+        let text = common::tiny_llama_config(false, "bfloat16").replace(
+            "\"num_hidden_layers\": 2",
+            &format!("\"num_hidden_layers\": {layers}"),
+        );
+        let s = spec(&text);
+        let t = std::time::Instant::now();
+        let g = lower_dense(&s).unwrap();
+        let secs = t.elapsed().as_secs_f64();
+        assert_eq!(g.states().count(), 2 * layers);
+        println!(
+            "lower_dense, {layers} layers ({} nodes): {secs:.3} s",
+            g.len()
+        );
+        times.push(secs);
+    }
+    assert!(times[2] < 5.0, "10 000 layers took {:.1} s", times[2]);
+}

@@ -1,7 +1,8 @@
 //! KV-cache writes and masked attention.
 
+use super::matmul::dots;
 use super::tensor::{round_to, Data, Tensor};
-use super::util::{dot, f32s, i64s, OpResult, Out};
+use super::util::{f32s, i64s, OpResult, Out};
 use crate::op::AttnMask;
 
 /// Writes `x[b, t]` into `cache[b, min(pos[b, t], Ctx - 1)]` in place, in order of `t`
@@ -63,7 +64,7 @@ pub(crate) fn assign(state: &mut Tensor, x: &Tensor) -> Result<(), String> {
     Ok(())
 }
 
-/// The allowed cache slots of one query, as a predicate over `0..ctx`.
+/// The allowed cache slots of one query.
 #[derive(Clone, Copy)]
 enum Allowed<'a> {
     /// Slots `0..end`.
@@ -78,16 +79,32 @@ enum Allowed<'a> {
 }
 
 impl Allowed<'_> {
-    fn contains(self, s: usize) -> bool {
+    /// Replaces `slots` by the allowed slots below `ctx`, in increasing order (the order
+    /// the attention sums in), visiting only those.
+    fn list(self, ctx: usize, slots: &mut Vec<usize>) {
+        slots.clear();
         match self {
-            Allowed::Prefix { end } => s < end,
+            Allowed::Prefix { end } => slots.extend(0..end.min(ctx)),
             Allowed::Tree {
                 prefix,
                 words,
                 nodes,
             } => {
-                let u = s as i64 - prefix;
-                u < 0 || (u < nodes && (words[(u / 64) as usize] as u64) >> (u % 64) & 1 == 1)
+                let prefix_end = prefix.clamp(0, ctx as i64) as usize;
+                slots.extend(0..prefix_end);
+                // Node `u` sits at slot `prefix + u`; nodes at negative slots are part
+                // of the prefix range already (`u < 0` there) or below slot 0.
+                for (wi, &word) in words.iter().enumerate() {
+                    let mut bits = word as u64;
+                    while bits != 0 {
+                        let u = (wi * 64) as i64 + bits.trailing_zeros() as i64;
+                        bits &= bits - 1;
+                        let s = prefix + u;
+                        if u < nodes && s >= prefix_end as i64 && s < ctx as i64 {
+                            slots.push(s as usize);
+                        }
+                    }
+                }
             }
         }
     }
@@ -163,6 +180,8 @@ pub(crate) fn attention(args: &[&Tensor], scale: f64, mask: AttnMask, out: &Out)
     };
     let nodes = t.min(64 * words) as i64;
     let mut res = vec![0.0f32; b * t * hq * dv];
+    let mut slots = Vec::with_capacity(ctx);
+    let mut krows: Vec<&[f32]> = Vec::with_capacity(ctx);
     let mut scores = vec![0.0f32; ctx];
     let mut acc = vec![0.0f32; dv];
     for bi in 0..b {
@@ -177,29 +196,29 @@ pub(crate) fn attention(args: &[&Tensor], scale: f64, mask: AttnMask, out: &Out)
                     nodes,
                 },
             };
+            allowed.list(ctx, &mut slots);
+            if slots.is_empty() {
+                continue;
+            }
+            let scores = &mut scores[..slots.len()];
             for h in 0..hq {
                 let kh = h / group;
                 let qrow = &qv[((bi * t + ti) * hq + h) * d..][..d];
+                krows.clear();
+                krows.extend(
+                    slots
+                        .iter()
+                        .map(|&s| &kv[((bi * ctx + s) * hkv + kh) * d..][..d]),
+                );
+                dots(qrow, &krows, scores);
                 let mut m = f32::NEG_INFINITY;
-                let mut any = false;
-                for (s, score) in scores.iter_mut().enumerate() {
-                    if !allowed.contains(s) {
-                        continue;
-                    }
-                    let krow = &kv[((bi * ctx + s) * hkv + kh) * d..][..d];
-                    *score = dot(qrow, krow) * scale;
+                for score in scores.iter_mut() {
+                    *score *= scale;
                     m = m.max(*score);
-                    any = true;
-                }
-                if !any {
-                    continue;
                 }
                 acc.fill(0.0);
                 let mut l = 0.0f32;
-                for (s, &score) in scores.iter().enumerate() {
-                    if !allowed.contains(s) {
-                        continue;
-                    }
+                for (&score, &s) in scores.iter().zip(&slots) {
                     let p = if m == f32::NEG_INFINITY {
                         0.0
                     } else {
@@ -313,6 +332,39 @@ mod tests {
         assert_eq!(r[64], 64.0);
         assert_eq!(r[65], 32.5);
         assert_eq!(r[1], 0.0, "no allowed slot: zeros");
+    }
+
+    /// Pseudo-random values in [-1, 1).
+    fn values(seed: u64, n: usize) -> Vec<f32> {
+        (0..n as u64)
+            .map(|i| {
+                let h = super::super::splitmix64(seed.wrapping_mul(0x9E37) ^ i);
+                (h >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Each query of a batch gets exactly the bits it gets alone (T = 1).
+    #[test]
+    fn queries_in_a_batch_equal_queries_alone() {
+        let (t, ctx, hq, hkv, d) = (5, 40, 4, 2, 36);
+        let q = tf(DType::BF16, &[1, t, hq, d], &values(1, t * hq * d));
+        let k = tf(DType::BF16, &[1, ctx, hkv, d], &values(2, ctx * hkv * d));
+        let v = tf(DType::BF16, &[1, ctx, hkv, d], &values(3, ctx * hkv * d));
+        let pos = [3, 17, 39, 0, 25];
+        let qv = q.as_f32().unwrap();
+        let query = |i: usize| tf(DType::BF16, &[1, 1, hq, d], &qv[i * hq * d..][..hq * d]);
+        let causal = |q, pos: &[i64]| {
+            let n = pos.len();
+            let p = ti(DType::I32, &[1, n], pos);
+            run_op(attn(AttnMask::Causal), vec![q, k.clone(), v.clone(), p])
+        };
+        let batch = causal(q.clone(), &pos);
+        for i in 0..t {
+            let alone = causal(query(i), &pos[i..=i]);
+            let got = &batch.as_f32().unwrap()[i * hq * d..][..hq * d];
+            assert_eq!(got, alone.as_f32().unwrap(), "query {i}");
+        }
     }
 
     #[test]

@@ -58,9 +58,11 @@
 
 mod attention;
 mod elementwise;
+mod matmul;
 mod mla;
 mod moe;
 mod nn;
+mod pool;
 mod rope;
 mod shape_ops;
 mod spec_ops;
@@ -75,6 +77,7 @@ mod testutil;
 
 use std::collections::HashMap;
 
+pub use pool::{threads, THREADS_VAR};
 pub use rope::rope_inv_freq;
 pub use spec_ops::splitmix64;
 pub use tensor::{round_fp8e4m3, round_slice, round_to, wrap_int, Data, Tensor, FP8E4M3_MAX};
@@ -365,7 +368,7 @@ fn eval(op: &Op, a: &[&Tensor], out: &Out) -> OpResult {
         Softmax => nn::softmax(a[0], out),
         Embedding => shape_ops::embedding(a[0], a[1], out),
         RmsNorm { eps } => nn::rmsnorm(a[0], a[1], *eps, out),
-        MatMul => nn::matmul(a[0], a[1], a.get(2).copied(), out),
+        MatMul => matmul::matmul(a[0], a[1], a.get(2).copied(), out),
         Rope {
             theta,
             scaling,

@@ -1,9 +1,9 @@
-//! Reductions and the dense layers: reduce, argmax, topk, softmax, rmsnorm, matmul.
+//! Reductions and normalisation: reduce, argmax, topk, softmax, rmsnorm (matmul is in
+//! `matmul.rs`).
 
 use super::tensor::{round_to, wrap_int, Data, Tensor};
 use super::util::{argmax_row, dot, f32s, last_dim, sum, topk_row, OpResult, Out};
 use crate::op::ReduceOp;
-use crate::DType;
 
 pub(crate) fn reduce(op: ReduceOp, x: &Tensor, out: &Out) -> OpResult {
     let n = last_dim(x);
@@ -130,111 +130,6 @@ pub(crate) fn rmsnorm(x: &Tensor, w: &Tensor, eps: f64, out: &Out) -> OpResult {
                     .zip(wv)
                     .map(|(&x, &w)| round_to(d, round_to(d, x * inv) * w)),
             );
-        }
-    }
-    Ok(out.f32(res))
-}
-
-/// Dequantised weight rows of a matmul: plain floats are used in place; fp8 and int4
-/// rows are expanded into a scratch row as `w · scale` in f32.
-pub(crate) enum WeightRows<'t> {
-    Plain(&'t [f32]),
-    Fp8 {
-        w: &'t [f32],
-        scale: &'t [f32],
-        scale_cols: usize,
-    },
-    Int4 {
-        q: &'t [i64],
-        scale: &'t [f32],
-        group: usize,
-        groups: usize,
-    },
-}
-
-impl<'t> WeightRows<'t> {
-    /// Checks `w` ([N, K]) and its optional `scale` against the quantisation rules of
-    /// `matmul` (op.rs).
-    pub(crate) fn new(w: &'t Tensor, scale: Option<&'t Tensor>) -> Result<Self, String> {
-        let (n, k) = (w.shape[0], w.shape[1]);
-        match (w.dtype, scale) {
-            (DType::Fp8E4M3, Some(s)) => {
-                let want = [n.div_ceil(128), k.div_ceil(128)];
-                if s.shape != want {
-                    return Err(format!("fp8 scale must be f32{want:?}, got {s}"));
-                }
-                Ok(WeightRows::Fp8 {
-                    w: f32s(w, "fp8 weight")?,
-                    scale: f32s(s, "fp8 scale")?,
-                    scale_cols: want[1],
-                })
-            }
-            (DType::Int4Group { group }, Some(s)) => {
-                let group = group as usize;
-                let want = [n, k.div_ceil(group)];
-                if s.shape != want {
-                    return Err(format!("int4g{group} scale must be {want:?}, got {s}"));
-                }
-                let q = super::util::i64s(w, "int4 weight")?;
-                if let Some(bad) = q.iter().find(|v| !(-8..=7).contains(*v)) {
-                    return Err(format!("int4 weight value {bad} outside -8..=7"));
-                }
-                Ok(WeightRows::Int4 {
-                    q,
-                    scale: f32s(s, "int4 scale")?,
-                    group,
-                    groups: want[1],
-                })
-            }
-            (_, None) => Ok(WeightRows::Plain(f32s(w, "matmul weight")?)),
-            (other, Some(_)) => Err(format!("matmul scale given for {other} weight")),
-        }
-    }
-
-    /// Row `r` of the dequantised weight (length `k`), using `buf` as scratch.
-    pub(crate) fn row<'b>(&'b self, r: usize, k: usize, buf: &'b mut [f32]) -> &'b [f32] {
-        match *self {
-            WeightRows::Plain(w) => &w[r * k..(r + 1) * k],
-            WeightRows::Fp8 {
-                w,
-                scale,
-                scale_cols,
-            } => {
-                let srow = &scale[(r / 128) * scale_cols..];
-                for (c, b) in buf.iter_mut().enumerate() {
-                    *b = w[r * k + c] * srow[c / 128];
-                }
-                buf
-            }
-            WeightRows::Int4 {
-                q,
-                scale,
-                group,
-                groups,
-            } => {
-                let srow = &scale[r * groups..(r + 1) * groups];
-                for (c, b) in buf.iter_mut().enumerate() {
-                    *b = q[r * k + c] as f32 * srow[c / group];
-                }
-                buf
-            }
-        }
-    }
-}
-
-/// `out[m, n] = round(Σ_k x[m, k] · w[n, k])` with [`dot`] accumulation; `w` dequantised
-/// per element first (see [`WeightRows`]).
-pub(crate) fn matmul(x: &Tensor, w: &Tensor, scale: Option<&Tensor>, out: &Out) -> OpResult {
-    let xv = f32s(x, "matmul input")?;
-    let (n, k) = (w.shape[0], w.shape[1]);
-    let rows = WeightRows::new(w, scale)?;
-    let m = out.numel().checked_div(n).unwrap_or(0);
-    let mut res = vec![0.0f32; m * n];
-    let mut buf = vec![0.0f32; k];
-    for j in 0..n {
-        let wr = rows.row(j, k, &mut buf);
-        for i in 0..m {
-            res[i * n + j] = round_to(out.dtype, dot(&xv[i * k..(i + 1) * k], wr));
         }
     }
     Ok(out.f32(res))

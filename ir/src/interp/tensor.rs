@@ -200,11 +200,23 @@ impl fmt::Display for Tensor {
 /// `x` unchanged.
 pub fn round_to(dtype: DType, x: f32) -> f32 {
     match dtype {
-        DType::BF16 => half::bf16::from_f32(x).to_f32(),
+        DType::BF16 => round_bf16(x),
         DType::F16 => half::f16::from_f32(x).to_f32(),
         DType::Fp8E4M3 => round_fp8e4m3(x),
         _ => x,
     }
+}
+
+/// `half::bf16::from_f32(x).to_f32()` without branches: round to nearest even by adding
+/// `0x7fff` plus the lowest kept bit and truncating (a carry into the exponent gives ±inf
+/// past the largest bf16); a NaN keeps its top payload bits with the quiet bit set.
+#[inline]
+pub fn round_bf16(x: f32) -> f32 {
+    let b = x.to_bits();
+    let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1)) & 0xffff_0000;
+    let quiet = (b | 0x0040_0000) & 0xffff_0000;
+    let nan = (b & 0x7fff_ffff) > 0x7f80_0000;
+    f32::from_bits(if nan { quiet } else { rounded })
 }
 
 /// Rounds every value in place (see [`round_to`]).
@@ -266,6 +278,27 @@ mod tests {
             t.as_f32().unwrap(),
             &[1.0, 1.0 + 1.0 / 64.0, 1.0, -0.002502441_4]
         );
+    }
+
+    /// The branch-free bf16 rounding agrees with `half` on every sign, exponent and a
+    /// spread of mantissas (including ties, overflow to inf, subnormals and NaNs).
+    #[test]
+    fn bf16_rounding_matches_half() {
+        let check = |b: u32| {
+            let x = f32::from_bits(b);
+            let want = half::bf16::from_f32(x).to_f32().to_bits();
+            assert_eq!(round_bf16(x).to_bits(), want, "{b:#010x}");
+        };
+        for hi in 0..=0x1ffu32 {
+            for lo in [
+                0u32, 1, 0x7fff, 0x8000, 0x8001, 0xffff, 0x1_7fff, 0x1_8000, 0x7f_ffff,
+            ] {
+                check(hi << 23 | lo);
+            }
+            for step in 0..64u32 {
+                check(hi << 23 | step.wrapping_mul(0x2_1357) & 0x7f_ffff);
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,493 @@
+//! `matmul`: `out[m, n] = R(Σ_k x[m, k] · w[n, k])`, each sum in dot order (see
+//! [`super::util::dot`]); `w` dequantised per element first (see [`WeightRows`]).
+//!
+//! The computation is blocked so that each weight row is read once for all rows of `x`:
+//! the output columns are taken [`COLS`] at a time (their weight rows dequantised once), and
+//! against them the rows of `x` a few at a time, each tile of rows × columns accumulating
+//! in registers. Every output element is still one [`dot`](super::util::dot)-ordered sum of
+//! its own row and column: the tiling changes which elements are computed together, never
+//! the order of any element's additions, so results are identical for any row count (a
+//! row alone or in a batch) and any thread count. Threads split the columns into
+//! contiguous ranges ([`super::pool`]).
+
+use std::ops::Range;
+use std::sync::Mutex;
+
+use super::pool;
+use super::tensor::{round_to, Tensor};
+use super::util::{dot, f32s, OpResult, Out};
+use crate::DType;
+
+/// Output columns per block: their weight rows are (dequantised and) kept hot while every
+/// row of `x` passes over them.
+const COLS: usize = 8;
+
+/// Rows of `x` per tile: one register per row accumulating against the same weight
+/// register, so a verify step's 6 rows are 6 independent sums (an add's latency, not its
+/// throughput, bounds fewer).
+const ROWS: usize = 8;
+
+/// Multiply-adds a thread's part must have at least: waking a worker costs tens of µs,
+/// and on a 2-core machine the embedded default's matmuls (up to 1.1 M multiply-adds for
+/// a 6-token verify) ran slower on two threads than on one.
+const MIN_PART_WORK: usize = 1 << 22;
+
+/// Dequantised weight rows of a matmul: plain floats are used in place; fp8 and int4
+/// rows are expanded into a scratch row as `w · scale` in f32.
+pub(crate) enum WeightRows<'t> {
+    Plain(&'t [f32]),
+    Fp8 {
+        w: &'t [f32],
+        scale: &'t [f32],
+        scale_cols: usize,
+    },
+    Int4 {
+        q: &'t [i64],
+        scale: &'t [f32],
+        group: usize,
+        groups: usize,
+    },
+}
+
+impl<'t> WeightRows<'t> {
+    /// Checks `w` ([N, K]) and its optional `scale` against the quantisation rules of
+    /// `matmul` (op.rs).
+    pub(crate) fn new(w: &'t Tensor, scale: Option<&'t Tensor>) -> Result<Self, String> {
+        let (n, k) = (w.shape[0], w.shape[1]);
+        match (w.dtype, scale) {
+            (DType::Fp8E4M3, Some(s)) => {
+                let want = [n.div_ceil(128), k.div_ceil(128)];
+                if s.shape != want {
+                    return Err(format!("fp8 scale must be f32{want:?}, got {s}"));
+                }
+                Ok(WeightRows::Fp8 {
+                    w: f32s(w, "fp8 weight")?,
+                    scale: f32s(s, "fp8 scale")?,
+                    scale_cols: want[1],
+                })
+            }
+            (DType::Int4Group { group }, Some(s)) => {
+                let group = group as usize;
+                let want = [n, k.div_ceil(group)];
+                if s.shape != want {
+                    return Err(format!("int4g{group} scale must be {want:?}, got {s}"));
+                }
+                let q = super::util::i64s(w, "int4 weight")?;
+                if let Some(bad) = q.iter().find(|v| !(-8..=7).contains(*v)) {
+                    return Err(format!("int4 weight value {bad} outside -8..=7"));
+                }
+                Ok(WeightRows::Int4 {
+                    q,
+                    scale: f32s(s, "int4 scale")?,
+                    group,
+                    groups: want[1],
+                })
+            }
+            (_, None) => Ok(WeightRows::Plain(f32s(w, "matmul weight")?)),
+            (other, Some(_)) => Err(format!("matmul scale given for {other} weight")),
+        }
+    }
+
+    /// Row `r` of the dequantised weight (length `k`), using `buf` as scratch.
+    pub(crate) fn row<'b>(&'b self, r: usize, k: usize, buf: &'b mut [f32]) -> &'b [f32] {
+        match *self {
+            WeightRows::Plain(w) => &w[r * k..(r + 1) * k],
+            WeightRows::Fp8 {
+                w,
+                scale,
+                scale_cols,
+            } => {
+                let srow = &scale[(r / 128) * scale_cols..];
+                for (c, b) in buf.iter_mut().enumerate() {
+                    *b = w[r * k + c] * srow[c / 128];
+                }
+                buf
+            }
+            WeightRows::Int4 {
+                q,
+                scale,
+                group,
+                groups,
+            } => {
+                let srow = &scale[r * groups..(r + 1) * groups];
+                for (c, b) in buf.iter_mut().enumerate() {
+                    *b = q[r * k + c] as f32 * srow[c / group];
+                }
+                buf
+            }
+        }
+    }
+}
+
+pub(crate) fn matmul(x: &Tensor, w: &Tensor, scale: Option<&Tensor>, out: &Out) -> OpResult {
+    matmul_split(x, w, scale, out, pool::threads(), MIN_PART_WORK)
+}
+
+/// [`matmul`] on at most `threads` threads, each part at least `min_part_work`
+/// multiply-adds.
+fn matmul_split(
+    x: &Tensor,
+    w: &Tensor,
+    scale: Option<&Tensor>,
+    out: &Out,
+    threads: usize,
+    min_part_work: usize,
+) -> OpResult {
+    let xv = f32s(x, "matmul input")?;
+    let (n, k) = (w.shape[0], w.shape[1]);
+    let rows = WeightRows::new(w, scale)?;
+    let m = out.numel().checked_div(n).unwrap_or(0);
+    let mut res = vec![0.0f32; m * n];
+    let a = Operands {
+        x: xv,
+        rows: &rows,
+        m,
+        k,
+        dtype: out.dtype,
+    };
+    let blocks = n.div_ceil(COLS);
+    let parts = threads
+        .min(blocks)
+        .min((m * n * k / min_part_work.max(1)).max(1))
+        .max(1);
+    if parts == 1 {
+        a.columns(0..n, &mut res, n);
+        return Ok(out.f32(res));
+    }
+    // Part `p` computes the columns of blocks `p·blocks/parts ..`, into its own [m, width]
+    // buffer, copied into place afterwards.
+    let range =
+        |p: usize| (p * blocks / parts * COLS).min(n)..((p + 1) * blocks / parts * COLS).min(n);
+    let bufs: Vec<Mutex<Vec<f32>>> = (0..parts)
+        .map(|p| Mutex::new(vec![0.0; m * range(p).len()]))
+        .collect();
+    pool::parts(parts, &|p| {
+        let cols = range(p);
+        let width = cols.len();
+        let mut buf = bufs[p].lock().unwrap_or_else(|e| e.into_inner());
+        a.columns(cols, &mut buf, width);
+    });
+    for (p, buf) in bufs.into_iter().enumerate() {
+        let cols = range(p);
+        let buf = buf.into_inner().unwrap_or_else(|e| e.into_inner());
+        if cols.is_empty() {
+            continue;
+        }
+        for (dst, src) in res.chunks_mut(n).zip(buf.chunks(cols.len())) {
+            dst[cols.clone()].copy_from_slice(src);
+        }
+    }
+    Ok(out.f32(res))
+}
+
+/// `out[i] = dot(x, rows[i])` for every row (each [`dot`] bit for bit, several rows at a
+/// time where the CPU allows): the attention scores of one query.
+pub(crate) fn dots(x: &[f32], rows: &[&[f32]], out: &mut [f32]) {
+    let mut put = |_: usize, j: usize, v: f32| out[j] = v;
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: the CPU supports AVX (checked just above).
+        unsafe { dots_avx(x, rows, &mut put) };
+        return;
+    }
+    for (j, r) in rows.iter().enumerate() {
+        put(0, j, dot(x, r));
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn dots_avx(x: &[f32], rows: &[&[f32]], put: &mut dyn FnMut(usize, usize, f32)) {
+    // SAFETY: AVX is enabled in this function. Four rows per tile: these rows are in
+    // cache, where independent sums pay.
+    unsafe { avx::row_block::<1, 4>([x], rows, put) }
+}
+
+/// What every part of one matmul reads.
+struct Operands<'a> {
+    x: &'a [f32],
+    rows: &'a WeightRows<'a>,
+    m: usize,
+    k: usize,
+    dtype: DType,
+}
+
+impl Operands<'_> {
+    /// Output columns `cols` for every row into `dst` (`dst[i·stride + j - cols.start]`).
+    fn columns(&self, cols: Range<usize>, dst: &mut [f32], stride: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx") {
+            // SAFETY: the CPU supports AVX (checked just above).
+            unsafe { self.columns_avx(cols, dst, stride) };
+            return;
+        }
+        self.columns_portable(cols, dst, stride);
+    }
+
+    /// [`Operands::columns`] one [`dot`] at a time.
+    fn columns_portable(&self, cols: Range<usize>, dst: &mut [f32], stride: usize) {
+        self.blocks(cols, dst, stride, |x, w, put| {
+            for (r, xr) in x.iter().enumerate() {
+                for (j, wr) in w.iter().enumerate() {
+                    put(r, j, dot(xr, wr));
+                }
+            }
+        });
+    }
+
+    /// [`Operands::columns`] with AVX tiles (see [`avx`]).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx")]
+    unsafe fn columns_avx(&self, cols: Range<usize>, dst: &mut [f32], stride: usize) {
+        self.blocks(cols, dst, stride, |x, w, put| match x.len() {
+            // SAFETY (all arms): AVX is enabled in this function, which they inline into.
+            // One weight row per tile: measured on an AMD EPYC (Zen 4) with weights
+            // streamed from memory, tiles over 2+ weight rows ran 2-3x slower (704 × 256,
+            // 4 rows of x: 54 µs against 1 weight row at a time, 150 µs against 2).
+            1 => unsafe { avx::row_block::<1, 1>([x[0]], w, put) },
+            2 => unsafe { avx::row_block::<2, 1>([x[0], x[1]], w, put) },
+            3 => unsafe { avx::row_block::<3, 1>([x[0], x[1], x[2]], w, put) },
+            4 => unsafe { avx::row_block::<4, 1>([x[0], x[1], x[2], x[3]], w, put) },
+            5 => unsafe { avx::row_block::<5, 1>(std::array::from_fn(|r| x[r]), w, put) },
+            6 => unsafe { avx::row_block::<6, 1>(std::array::from_fn(|r| x[r]), w, put) },
+            7 => unsafe { avx::row_block::<7, 1>(std::array::from_fn(|r| x[r]), w, put) },
+            _ => unsafe { avx::row_block::<8, 1>(std::array::from_fn(|r| x[r]), w, put) },
+        });
+    }
+
+    /// Walks the output in blocks: [`COLS`] columns at a time (their weight rows
+    /// dequantised once), and for them the rows of `x` up to [`ROWS`] at a time;
+    /// `kernel(x rows, weight rows, put)` calls `put(r, j, sum)` with the unrounded dot
+    /// product of every pair.
+    #[inline(always)]
+    fn blocks(
+        &self,
+        cols: Range<usize>,
+        dst: &mut [f32],
+        stride: usize,
+        mut kernel: impl FnMut(&[&[f32]], &[&[f32]], &mut dyn FnMut(usize, usize, f32)),
+    ) {
+        let (m, k) = (self.m, self.k);
+        let mut scratch = match self.rows {
+            WeightRows::Plain(_) => Vec::new(),
+            _ => vec![0.0f32; COLS * k],
+        };
+        let mut c0 = cols.start;
+        while c0 < cols.end {
+            let width = COLS.min(cols.end - c0);
+            let mut w: [&[f32]; COLS] = [&[]; COLS];
+            match self.rows {
+                WeightRows::Plain(wv) => {
+                    for (j, wr) in w.iter_mut().take(width).enumerate() {
+                        *wr = &wv[(c0 + j) * k..][..k];
+                    }
+                }
+                quantised => {
+                    for (j, buf) in scratch.chunks_mut(k.max(1)).take(width).enumerate() {
+                        quantised.row(c0 + j, k, buf);
+                    }
+                    for (j, wr) in w.iter_mut().take(width).enumerate() {
+                        *wr = &scratch[j * k..][..k];
+                    }
+                }
+            }
+            let at = c0 - cols.start;
+            let mut i = 0;
+            while i < m {
+                let rows = ROWS.min(m - i);
+                let mut x: [&[f32]; ROWS] = [&[]; ROWS];
+                for (r, xr) in x.iter_mut().take(rows).enumerate() {
+                    *xr = &self.x[(i + r) * k..][..k];
+                }
+                let dtype = self.dtype;
+                kernel(&x[..rows], &w[..width], &mut |r, j, v| {
+                    dst[(i + r) * stride + at + j] = round_to(dtype, v)
+                });
+                i += rows;
+            }
+            c0 += width;
+        }
+    }
+}
+
+/// AVX tiles: `R` rows of `x` against `C` weight rows, one 8-lane register per pair.
+/// Lane `l` of a register accumulates the products of elements `≡ l mod 8` with one
+/// multiply and one add each (never fused), in element order, and the lanes are combined
+/// as [`dot`] combines them, then the tail added in order: every result is bit for bit
+/// [`dot`] of its pair.
+#[cfg(target_arch = "x86_64")]
+mod avx {
+    use std::arch::x86_64::{
+        __m256, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps, _mm256_storeu_ps,
+    };
+
+    /// The products of `x` with every row of `w`, `C` weight rows at a time (the last
+    /// few one at a time).
+    ///
+    /// # Safety
+    /// The CPU must support AVX (callers are compiled with it enabled).
+    #[inline(always)]
+    pub(super) unsafe fn row_block<const R: usize, const C: usize>(
+        x: [&[f32]; R],
+        w: &[&[f32]],
+        put: &mut dyn FnMut(usize, usize, f32),
+    ) {
+        let mut j = 0;
+        while j + C <= w.len() {
+            let ws: [&[f32]; C] = std::array::from_fn(|c| w[j + c]);
+            // SAFETY: AVX is supported (this function's contract).
+            let s = unsafe { tile::<R, C>(&x, &ws) };
+            for (r, row) in s.iter().enumerate() {
+                for (c, &v) in row.iter().enumerate() {
+                    put(r, j + c, v);
+                }
+            }
+            j += C;
+        }
+        while j < w.len() {
+            // SAFETY: as above.
+            let s = unsafe { tile::<R, 1>(&x, &[w[j]]) };
+            for (r, row) in s.iter().enumerate() {
+                put(r, j, row[0]);
+            }
+            j += 1;
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX; every slice of `x` and `w` has the same length.
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const C: usize>(
+        x: &[&[f32]; R],
+        w: &[&[f32]; C],
+    ) -> [[f32; C]; R] {
+        let k = w[0].len();
+        assert!(x.iter().chain(w).all(|v| v.len() == k));
+        let body = k - k % 8;
+        // SAFETY: AVX is supported; every load reads 8 floats at `at + 8 <= body <= k`
+        // of a slice of length `k`.
+        unsafe {
+            let mut acc: [[__m256; C]; R] = [[_mm256_setzero_ps(); C]; R];
+            let mut at = 0;
+            while at < body {
+                let wv: [__m256; C] =
+                    std::array::from_fn(|c| _mm256_loadu_ps(w[c].as_ptr().add(at)));
+                for r in 0..R {
+                    let xv = _mm256_loadu_ps(x[r].as_ptr().add(at));
+                    for c in 0..C {
+                        acc[r][c] = _mm256_add_ps(acc[r][c], _mm256_mul_ps(xv, wv[c]));
+                    }
+                }
+                at += 8;
+            }
+            let mut out = [[0.0f32; C]; R];
+            for r in 0..R {
+                for c in 0..C {
+                    let mut a = [0.0f32; 8];
+                    _mm256_storeu_ps(a.as_mut_ptr(), acc[r][c]);
+                    let mut s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+                    for t in body..k {
+                        s += x[r][t] * w[c][t];
+                    }
+                    out[r][c] = s;
+                }
+            }
+            out
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::*;
+    use super::super::util::{dot, Out};
+    use super::*;
+
+    fn values(seed: u64, n: usize) -> Vec<f32> {
+        (0..n as u64)
+            .map(|i| {
+                let h = super::super::splitmix64(seed.wrapping_mul(0x9E37) ^ i);
+                (h >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn out(dtype: DType, m: usize, n: usize) -> Out {
+        Out {
+            dtype,
+            shape: vec![m, n],
+        }
+    }
+
+    /// Every element equals `R(dot(x_i, w_j))` exactly, whatever the number of rows in the
+    /// batch and the number of threads: rows of a batch computed alone, the whole batch on
+    /// 1, 2 and 3 threads, for widths that leave partial tiles and a tail after the lanes.
+    #[test]
+    fn rows_and_threads_do_not_change_any_bit() {
+        for &(m, n, k) in &[(1, 3, 5), (7, 37, 21), (6, 530, 259), (9, 64, 8)] {
+            for dtype in [DType::F32, DType::BF16] {
+                let x = tf(dtype, &[m, k], &values(1, m * k));
+                let w = tf(dtype, &[n, k], &values(2, n * k));
+                let (xv, wv) = (x.as_f32().unwrap(), w.as_f32().unwrap());
+                let want: Vec<f32> = (0..m * n)
+                    .map(|e| {
+                        let (i, j) = (e / n, e % n);
+                        round_to(dtype, dot(&xv[i * k..][..k], &wv[j * k..][..k]))
+                    })
+                    .collect();
+                for threads in [1, 2, 3] {
+                    let r = matmul_split(&x, &w, None, &out(dtype, m, n), threads, 1).unwrap();
+                    assert_eq!(
+                        r.as_f32().unwrap(),
+                        want,
+                        "{m}x{n}x{k} {dtype}, {threads} threads"
+                    );
+                }
+                for i in 0..m {
+                    let xi = tf(dtype, &[1, k], &xv[i * k..][..k]);
+                    for threads in [1, 2] {
+                        let r = matmul_split(&xi, &w, None, &out(dtype, 1, n), threads, 1).unwrap();
+                        assert_eq!(r.as_f32().unwrap(), &want[i * n..][..n], "row {i} alone");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The AVX tiles and the portable path (one `dot` per element) agree bit for bit.
+    #[test]
+    fn portable_path_agrees() {
+        let (m, n, k) = (7, 29, 83);
+        let x = tf(DType::F32, &[m, k], &values(6, m * k));
+        let w = tf(DType::F32, &[n, k], &values(7, n * k));
+        let rows = WeightRows::new(&w, None).unwrap();
+        let a = Operands {
+            x: x.as_f32().unwrap(),
+            rows: &rows,
+            m,
+            k,
+            dtype: DType::BF16,
+        };
+        let (mut fast, mut portable) = (vec![0.0; m * n], vec![1.0; m * n]);
+        a.columns(0..n, &mut fast, n);
+        a.columns_portable(0..n, &mut portable, n);
+        assert_eq!(fast, portable);
+    }
+
+    /// Quantised weights take the same path through dequantised scratch rows.
+    #[test]
+    fn int4_batch_equals_rows_alone() {
+        let (m, n, k, g) = (5, 19, 64, 32);
+        let x = tf(DType::F32, &[m, k], &values(3, m * k));
+        let q: Vec<i64> = values(4, n * k).iter().map(|v| (v * 7.9) as i64).collect();
+        let w = ti(DType::Int4Group { group: g }, &[n, k], &q);
+        let s = tf(DType::BF16, &[n, k / g as usize], &values(5, n * 2));
+        let all = matmul_split(&x, &w, Some(&s), &out(DType::F32, m, n), 2, 1).unwrap();
+        let xv = x.as_f32().unwrap();
+        for i in 0..m {
+            let xi = tf(DType::F32, &[1, k], &xv[i * k..][..k]);
+            let r = matmul_split(&xi, &w, Some(&s), &out(DType::F32, 1, n), 1, 1).unwrap();
+            assert_eq!(r.as_f32().unwrap(), &all.as_f32().unwrap()[i * n..][..n]);
+        }
+    }
+}
