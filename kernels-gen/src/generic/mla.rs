@@ -230,7 +230,7 @@ pub(super) fn rope(
     };
     let (h, d) = (x.dims[2], x.dims[3]);
     let rot = *rotary_dim;
-    if rot > d || rot % 2 != 0 {
+    if rot > d || !rot.is_multiple_of(2) {
         return Err(Error::param(
             "rope",
             "rotary_dim",

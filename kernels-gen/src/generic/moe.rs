@@ -39,7 +39,7 @@ pub(super) fn moe_route(
 ) -> Result<KernelSource, Error> {
     let e = logits.last();
     let rows = logits.numel() / e;
-    if r.n_group == 0 || e % r.n_group != 0 || r.top_k > e || r.topk_group > r.n_group {
+    if r.n_group == 0 || !e.is_multiple_of(r.n_group) || r.top_k > e || r.topk_group > r.n_group {
         return Err(Error::param(
             "moe_route",
             "top_k/n_group/topk_group",
