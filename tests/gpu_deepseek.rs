@@ -9,8 +9,7 @@
 mod common;
 mod gpu_common;
 
-use gpu_common::{build_engine, drive, fixture, gpu, session};
-use safetensors::SafeTensors;
+use gpu_common::{build_engine, drive, fixture, gpu, hf_reference, rel_l2, session};
 use specc_models::{Model, SpecConfig};
 use specc_runtime::DraftKind;
 
@@ -36,25 +35,6 @@ fn prompts(b: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
-fn read_i64(st: &SafeTensors, name: &str) -> Vec<u32> {
-    st.tensor(name)
-        .unwrap()
-        .data()
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
-        .collect()
-}
-
-fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
-    let num: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (*a as f64 - b).powi(2))
-        .sum();
-    let den: f64 = want.iter().map(|b| b * b).sum();
-    (num / den).sqrt()
-}
-
 #[test]
 fn prefill_logits_match_hf_transformers() {
     if !gpu() {
@@ -62,17 +42,7 @@ fn prefill_logits_match_hf_transformers() {
     }
     for name in FIXTURES {
         let target = Model::open(fixture(name)).unwrap();
-        let bytes = std::fs::read(fixture(name).join("reference.safetensors")).unwrap();
-        let st = SafeTensors::deserialize(&bytes).unwrap();
-        let mut ids = read_i64(&st, "prompt_ids");
-        ids.extend(read_i64(&st, "greedy_ids"));
-        let want: Vec<f64> = st
-            .tensor("logits")
-            .unwrap()
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
-            .collect();
+        let (ids, want) = hf_reference(&fixture(name));
         let (engine, _) = build_engine(&target, None, &[1], 256);
         let mut s = session(&engine, &target, None, 1);
         let got = s.prefill_logits(&ids).unwrap();

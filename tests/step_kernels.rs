@@ -794,6 +794,16 @@ fn qkv_rope_is_one_launch_without_head_norms() {
     );
 }
 
+/// Whether NVRTC is usable (it must be under `SPECC_REQUIRE_NVRTC=1`), and the archs to
+/// build for: every arch with it, sm_90a (planning only) without.
+fn nvrtc_archs() -> (bool, &'static [Arch]) {
+    let nvrtc = Nvrtc::new().is_ok();
+    if !nvrtc && std::env::var("SPECC_REQUIRE_NVRTC").as_deref() == Ok("1") {
+        panic!("NVRTC required but unavailable");
+    }
+    (nvrtc, if nvrtc { &Arch::ALL } else { &[Arch::Sm90a] })
+}
+
 /// Head dims the split attention kernel once refused (96), or that tile no 16-wide mma
 /// fragment (40): the decode step and prefill of a small Llama plan to kernels, attention
 /// included, and (with NVRTC) compile for every arch. Their GPU results are checked against
@@ -826,11 +836,7 @@ fn uncommon_head_dims_plan_and_compile() {
             Bindings::new(1, 16, 256),
         ));
     }
-    let nvrtc = Nvrtc::new().is_ok();
-    if !nvrtc && std::env::var("SPECC_REQUIRE_NVRTC").as_deref() == Ok("1") {
-        panic!("NVRTC required but unavailable");
-    }
-    let archs: &[Arch] = if nvrtc { &Arch::ALL } else { &[Arch::Sm90a] };
+    let (nvrtc, archs) = nvrtc_archs();
     let p = Planned::build(list, Target::for_archs(archs));
     for (name, _, plan) in p.iter() {
         let attention = (0..plan.launches.len())
@@ -878,11 +884,7 @@ fn deepseek_v3_steps_plan_and_compile() {
             Bindings::new(1, 16, 256),
         ),
     ];
-    let nvrtc = Nvrtc::new().is_ok();
-    if !nvrtc && std::env::var("SPECC_REQUIRE_NVRTC").as_deref() == Ok("1") {
-        panic!("NVRTC required but unavailable");
-    }
-    let archs: &[Arch] = if nvrtc { &Arch::ALL } else { &[Arch::Sm90a] };
+    let (nvrtc, archs) = nvrtc_archs();
     let p = Planned::build(list, Target::for_archs(archs));
     for (name, _, plan) in p.iter() {
         let families: Vec<&str> = (0..plan.launches.len())

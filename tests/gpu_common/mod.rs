@@ -255,3 +255,39 @@ pub fn assert_draws_match_interpreter(
     }
     mean
 }
+
+/// A fixture's HF transformers reference (`reference.safetensors`, from the fixture scripts):
+/// the prompt followed by HF's greedy continuation, and HF's f32 logits at every position.
+pub fn hf_reference(dir: &Path) -> (Vec<u32>, Vec<f64>) {
+    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let ids = |name: &str| -> Vec<u32> {
+        st.tensor(name)
+            .unwrap()
+            .data()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+            .collect()
+    };
+    let mut all = ids("prompt_ids");
+    all.extend(ids("greedy_ids"));
+    let logits = st
+        .tensor("logits")
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+        .collect();
+    (all, logits)
+}
+
+/// `‖got − want‖ / ‖want‖`.
+pub fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (*a as f64 - b).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|b| b * b).sum();
+    (num / den).sqrt()
+}
