@@ -7,9 +7,11 @@
 #![cfg(feature = "cuda")]
 
 mod common;
+mod deepseek_drafters;
 mod gpu_common;
 
-use gpu_common::{build_engine, drive, fixture, gpu, hf_reference, rel_l2, session};
+use deepseek_drafters::{dflash_drafter, eagle3_head};
+use gpu_common::{assert_exact, build_engine, drive, fixture, gpu, hf_reference, rel_l2, session};
 use specc_models::{Model, SpecConfig};
 use specc_runtime::DraftKind;
 
@@ -138,6 +140,37 @@ fn draft_model_is_exact() {
                 "deepseek_v3_qlora <- {draft} k=3 B={lanes}: exact; mean acceptance {:.2}",
                 s.stats.mean_accept_len()
             );
+        }
+    }
+}
+
+/// EAGLE-3 chain and tree, DFlash and DDTree with the DeepSeek-V3 target inside the
+/// one-graph step (random drafters sized for the target: near-zero acceptance, so every
+/// token is a bonus from the MLA / MoE verify), B = 1 and 4: output equals the target's
+/// greedy tokens.
+#[test]
+fn tree_and_block_methods_are_exact() {
+    if !gpu() {
+        return;
+    }
+    let dir = fixture("deepseek_v3_qlora");
+    let target = Model::open(&dir).unwrap();
+    let eagle = eagle3_head("gpu_eagle3");
+    let dflash = dflash_drafter("gpu_dflash");
+    let cases = [
+        ("eagle3 chain", format!("method = \"eagle3\"\ndraft = {:?}\nnum_steps = 4\n", eagle)),
+        (
+            "eagle3 tree",
+            format!("method = \"eagle3\"\ndraft = {:?}\nnum_steps = 3\ntopk = 4\nnum_draft_tokens = 12\n", eagle),
+        ),
+        ("dflash", format!("method = \"dflash\"\ndraft = {:?}\n", dflash)),
+        ("ddtree", format!("method = \"ddtree\"\ndraft = {:?}\nbudget = 16\ntopk = 4\n", dflash)),
+    ];
+    for (what, body) in cases {
+        let cfg = SpecConfig::from_toml(&dir.join("spec.gpu.toml"), &body).unwrap();
+        for lanes in [1usize, 4] {
+            let mean = assert_exact(&target, &cfg, &prompts(lanes), 16, 256, what);
+            eprintln!("deepseek_v3_qlora {what} B={lanes}: exact; mean acceptance {mean:.2}");
         }
     }
 }
