@@ -11,7 +11,9 @@ mod deepseek_drafters;
 mod gpu_common;
 
 use deepseek_drafters::{dflash_drafter, eagle3_head};
-use gpu_common::{assert_exact, build_engine, drive, fixture, gpu, hf_reference, rel_l2, session};
+use gpu_common::{
+    assert_exact, build_engine, drive, fixture, gpu, hf_reference, rel_l2, rel_l2_f32, session,
+};
 use specc_models::{Model, SpecConfig};
 use specc_runtime::DraftKind;
 
@@ -50,8 +52,7 @@ fn prefill_logits_match_hf_transformers() {
         let got = s.prefill_logits(&ids).unwrap();
         assert_eq!(got.len(), want.len());
         let (_, cpu) = target.logits(&target.load_weights_f32(), &ids).unwrap();
-        let cpu: Vec<f64> = cpu.iter().map(|&x| x as f64).collect();
-        let (hf, interp) = (rel_l2(&got, &want), rel_l2(&got, &cpu));
+        let (hf, interp) = (rel_l2(&got, &want), rel_l2_f32(&got, &cpu));
         eprintln!(
             "{name}: CUDA logits rel L2 vs HF transformers {hf:.2e}, vs the interpreter {interp:.2e}"
         );

@@ -9,7 +9,7 @@ mod gpu_common;
 
 use gpu_common::{
     build_engine, build_engine_with, default_model, drive, fixture, gpu, hf_reference, rel_l2,
-    session,
+    rel_l2_f32, session,
 };
 use specc_models::{Model, SpecConfig};
 use specc_runtime::DraftKind;
@@ -205,13 +205,7 @@ fn llama8b_shaped_first_step_logits_match_cpu() {
     let (engine, _) = build_engine_with(&target, None, &[1], 1024, &[], Some(7));
     let mut s = session(&engine, &target, None, 1);
     let gpu = s.prefill_logits(&ids).unwrap();
-    let num: f64 = gpu
-        .iter()
-        .zip(&cpu)
-        .map(|(a, b)| ((a - b) as f64).powi(2))
-        .sum();
-    let den: f64 = cpu.iter().map(|b| (*b as f64).powi(2)).sum();
-    let rel = (num / den).sqrt();
+    let rel = rel_l2_f32(&gpu, &cpu);
     eprintln!("8B-shaped (2 layers) logits: CUDA vs CPU interpreter rel L2 = {rel:.2e}");
     assert!(rel < 2e-2, "{rel}");
 }
@@ -249,13 +243,7 @@ fn uncommon_head_dims_match_cpu() {
         let (engine, _) = build_engine_with(&target, None, &[1], 256, &[], Some(11));
         let mut s = session(&engine, &target, None, 1);
         let gpu = s.prefill_logits(&ids).unwrap();
-        let num: f64 = gpu
-            .iter()
-            .zip(&cpu)
-            .map(|(a, b)| ((a - b) as f64).powi(2))
-            .sum();
-        let den: f64 = cpu.iter().map(|b| (*b as f64).powi(2)).sum();
-        let rel = (num / den).sqrt();
+        let rel = rel_l2_f32(&gpu, &cpu);
         assert!(
             rel < 2e-2,
             "head_dim {head_dim}: prefill logits rel L2 {rel}"

@@ -291,3 +291,8 @@ pub fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
     let den: f64 = want.iter().map(|b| b * b).sum();
     (num / den).sqrt()
 }
+
+/// [`rel_l2`] against the interpreter's f32 logits.
+pub fn rel_l2_f32(got: &[f32], want: &[f32]) -> f64 {
+    rel_l2(got, &want.iter().map(|&x| x as f64).collect::<Vec<_>>())
+}
