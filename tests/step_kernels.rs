@@ -27,6 +27,7 @@ use specc_models::methods::{
 use specc_models::{lower_dense_prefixed, Acceptance, Model, TreeKnobs};
 
 mod common;
+mod deepseek_drafters;
 
 use common::{default_model, fixture, repo_path};
 
@@ -890,9 +891,13 @@ fn deepseek_v3_steps_plan_and_compile() {
         let families: Vec<&str> = (0..plan.launches.len())
             .map(|i| p.family(plan, i))
             .collect();
-        for f in ["mla_attention", "head_matmul", "moe_route", "moe_experts"] {
+        let grouped_moe = ["moe_dispatch", "moe_gate_up", "moe_down", "moe_combine"];
+        for f in ["mla_attention", "head_matmul", "moe_route"]
+            .iter()
+            .chain(&grouped_moe)
+        {
             assert!(
-                families.contains(&f),
+                families.contains(f),
                 "{name}: no {f} launch in {families:?}"
             );
         }
@@ -902,4 +907,84 @@ fn deepseek_v3_steps_plan_and_compile() {
     } else {
         specc_ir::testing::skip("NVRTC absent: planned only (source scripts/nvrtc-env.sh)");
     }
+}
+
+/// The bf16 DeepSeek-V3 fixture takes the fast MLA and MoE kernels: the tensor-core
+/// attention tiles with their split combine (causal in decode and prefill, the tree mask in
+/// an EAGLE-3 tree verify), the grouped experts, the staged head matmuls; every kernel
+/// compiles for every arch. The GPU checks these against the interpreter and HF
+/// (`tests/gpu_deepseek.rs`).
+#[test]
+fn deepseek_v3_bf16_takes_the_tensor_core_mla_and_grouped_moe() {
+    let target = Model::open(fixture("deepseek_v3_bf16")).unwrap();
+    let plain = StepShape {
+        num_steps: 0,
+        ring: 32,
+        acceptance: Acceptance::Greedy,
+    };
+    let list = vec![
+        (
+            "deepseek bf16: decode step".to_string(),
+            lower_decode_step(target.spec(), &plain).unwrap(),
+            Bindings::new(4, 1, 256),
+        ),
+        (
+            "deepseek bf16: target prefill".to_string(),
+            lower_target_prefill(target.spec(), &[], &Acceptance::Greedy).unwrap(),
+            Bindings::new(1, 16, 256),
+        ),
+        (
+            "deepseek bf16: eagle3 tree step".to_string(),
+            deepseek_eagle3_tree_step(&target),
+            Bindings::new(2, 1, 256),
+        ),
+    ];
+    let (nvrtc, archs) = nvrtc_archs();
+    let p = Planned::build(list, Target::for_archs(archs));
+    for (name, _, plan) in p.iter() {
+        let families: Vec<&str> = (0..plan.launches.len())
+            .map(|i| p.family(plan, i))
+            .collect();
+        for f in [
+            "mla_tile",
+            "mla_combine",
+            "head_matmul",
+            "moe_dispatch",
+            "moe_gate_up",
+            "moe_down",
+            "moe_combine",
+        ] {
+            assert!(
+                families.contains(&f),
+                "{name}: no {f} launch in {families:?}"
+            );
+        }
+        assert!(
+            !families.contains(&"mla_attention") && !families.contains(&"moe_experts"),
+            "{name}: a generic MLA/MoE kernel remains in {families:?}"
+        );
+        if name.contains("tree") {
+            let tree = (0..plan.launches.len())
+                .filter(|&i| p.family(plan, i) == "mla_tile")
+                .any(|i| p.text(plan, i).contains("aw[u >> 6]"));
+            assert!(tree, "{name}: no mla_tile launch with the tree mask");
+        }
+    }
+    if nvrtc {
+        assert_compiled("deepseek-v3 bf16 steps (every arch)", &p);
+    } else {
+        specc_ir::testing::skip("NVRTC absent: planned only (source scripts/nvrtc-env.sh)");
+    }
+}
+
+/// An EAGLE-3 tree step (3 steps, top-4, 12 nodes) over a DeepSeek-V3 fixture target.
+fn deepseek_eagle3_tree_step(target: &Model) -> Graph {
+    let head = deepseek_drafters::eagle3_head_bf16("step_kernels_eagle3_bf16");
+    let body = format!(
+        "method = \"eagle3\"\ndraft = {head:?}\nnum_steps = 3\ntopk = 4\nnum_draft_tokens = 12\n"
+    );
+    let cfg =
+        specc_models::SpecConfig::from_toml(&fixture("deepseek_v3_bf16").join("spec.toml"), &body)
+            .unwrap();
+    specc_models::SpecBundle::open(target, &cfg).unwrap().step
 }

@@ -12,7 +12,8 @@
 //! - one matmul read only by `cast<f32>` (itself read only by an `argmax` and/or the graph
 //!   outputs) becomes the lm-head with logits and argmax epilogue.
 //!
-//! `reshape` nodes are views and never form groups; every other remaining compute node is a
+//! `reshape` nodes are views and weight stacks (`stacks`) are built at upload: neither forms
+//! a group; every other remaining compute node is a
 //! `Single` group. Leaves (input, weight, state) and folded constants are not groups.
 
 use std::collections::BTreeSet;
@@ -20,6 +21,7 @@ use std::collections::BTreeSet;
 use specc_ir::{BinaryOp, DType, Graph, Op, ValueId};
 
 use crate::group::{Epilogue, Group, GroupKind, HeadNorm, MatOut, NormPrologue, RopeKvWrite};
+use crate::stacks;
 use crate::uses::Uses;
 
 /// Whether a node is a view of its first operand (no kernel, no storage of its own).
@@ -59,7 +61,12 @@ pub fn run(g: &Graph, constants: &[bool]) -> Vec<Group> {
         groups.push(group);
     }
     for (id, node) in g.nodes() {
-        if claimed[id.index()] || is_leaf(&node.op) || is_view(&node.op) || constants[id.index()] {
+        if claimed[id.index()]
+            || is_leaf(&node.op)
+            || is_view(&node.op)
+            || constants[id.index()]
+            || stacks::weight_stack(g, id).is_some()
+        {
             continue;
         }
         claimed[id.index()] = true;

@@ -31,7 +31,8 @@ use specc_kernels_gen::attention::{self, AttentionParams, AttnMask};
 use specc_kernels_gen::elementwise::{embedding, EmbeddingParams};
 use specc_kernels_gen::gemv::{gemv_tiled, GemvParams, GemvWeights, RmsNormPrologue};
 use specc_kernels_gen::gemv_mma::{self, SplitScratch};
-use specc_kernels_gen::generic::{single, TensorArg};
+use specc_kernels_gen::generic::{moe_grouped, single, TensorArg};
+use specc_kernels_gen::mla_tile;
 use specc_kernels_gen::norm::{rmsnorm, RmsNormParams};
 use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
@@ -132,6 +133,7 @@ impl Ctx<'_> {
         Ok(match home {
             Home::Arena { offset, .. } => Loc::arena(offset),
             Home::Weight(name) => Loc::table(self.slot(Slot::Weight(name))),
+            Home::WeightStack(names) => Loc::table(self.slot(Slot::ConcatRows(names))),
             Home::State(name) => Loc::table(self.slot(Slot::State(name))),
             Home::Const(bytes) => Loc::table(self.slot(Slot::Const(bytes))),
         })
@@ -331,6 +333,8 @@ fn single_kernels(cx: &mut Ctx, v: ValueId) -> Result<(Launches, KernelChoice), 
             Ok(fixed(vec![(rmsnorm(&p)?, b)]))
         }
         Op::Attention { scale, mask } => attention_kernels(cx, v, &node.args, *scale, *mask),
+        Op::MoeExperts => moe_kernels(cx, v, &node.args, b),
+        Op::MlaAttention { scale, mask } => mla_kernels(cx, v, &node.args, *scale, *mask, b),
         op => {
             let inputs = node
                 .args
@@ -346,6 +350,118 @@ fn single_kernels(cx: &mut Ctx, v: ValueId) -> Result<(Launches, KernelChoice), 
             ))
         }
     }
+}
+
+/// `moe_experts`: the grouped kernels where [`choose::moe::grouped`] takes the operands,
+/// with their scratch; else the per-token generic kernel.
+fn moe_kernels(
+    cx: &mut Ctx,
+    v: ValueId,
+    args: &[ValueId],
+    b: Bucket,
+) -> Result<(Launches, KernelChoice), Error> {
+    let ops = args
+        .iter()
+        .map(|&a| cx.arg(a))
+        .collect::<Result<Vec<_>, _>>()?;
+    let out = cx.arg(v)?;
+    let top_k = match cx.g.node(args[1]).op {
+        Op::MoeRoute { top_k, .. } => Some(top_k),
+        _ => None,
+    };
+    let Some(shape) = choose::moe::grouped(&ops, &out, top_k) else {
+        let ks = single(&Op::MoeExperts, &ops, &out)?;
+        return Ok(fixed(ks.into_iter().map(|k| (k, b)).collect()));
+    };
+    let elem = out.dtype.size_bytes().unwrap_or(4) as u64;
+    let [meta, pair_token, pair_gate, pair_of, act, y] =
+        shape.scratch_bytes(elem).map(|n| cx.scratch(n));
+    let scratch = moe_grouped::MoeScratch {
+        meta,
+        pair_token,
+        pair_gate,
+        pair_of,
+        act,
+        y,
+    };
+    let ks = moe_grouped::moe_grouped(
+        shape, &ops[0], &ops[1], &ops[2], &ops[3], &ops[4], &out, &scratch,
+    )?;
+    Ok(fixed(ks.into_iter().map(|k| (k, b)).collect()))
+}
+
+/// `mla_attention`: the tensor-core tiles where [`choose::mla::tile_splits`] takes the
+/// shapes (their split partials in scratch), else the generic per-row kernel.
+fn mla_kernels(
+    cx: &mut Ctx,
+    v: ValueId,
+    args: &[ValueId],
+    scale: f64,
+    mask: IrMask,
+    b: Bucket,
+) -> Result<(Launches, KernelChoice), Error> {
+    let ql = cx.arg(args[0])?;
+    let qp = cx.arg(args[1])?;
+    let c = cx.arg(args[2])?;
+    let pe = cx.arg(args[3])?;
+    let pos = cx.arg(args[4])?;
+    let out = cx.arg(v)?;
+    let same = [&qp, &c, &pe, &out].iter().all(|a| a.dtype == ql.dtype);
+    let tile_mask = match mask {
+        IrMask::Causal => Some(mla_tile::MlaMask::Causal),
+        IrMask::Tree => {
+            let anc = cx.arg(args[6])?;
+            let pl = cx.arg(args[5])?;
+            (anc.dtype == DType::I64 && anc.dims.len() == 3).then_some(mla_tile::MlaMask::Tree {
+                prefix_len: pl.loc,
+                prefix_dtype: pl.dtype,
+                ancestors: anc.loc,
+                words: anc.dims[2],
+            })
+        }
+    };
+    let mut p = mla_tile::MlaTileParams {
+        batch: ql.dims[0],
+        tokens: ql.dims[1],
+        heads: ql.dims[2],
+        latent: ql.dims[3],
+        rope: qp.dims[3],
+        ctx: c.dims[1],
+        scale: scale as f32,
+        dtype: ql.dtype,
+        q_lat: ql.loc,
+        q_pe: qp.loc,
+        c_cache: c.loc,
+        pe_cache: pe.loc,
+        pos: pos.loc,
+        pos_dtype: pos.dtype,
+        mask: tile_mask.unwrap_or(mla_tile::MlaMask::Causal),
+        out: out.loc,
+        splits: 1,
+        partial_acc: out.loc,
+        partial_ml: out.loc,
+    };
+    let splits = if same && tile_mask.is_some() {
+        choose::mla::tile_splits(&p, cx.target)
+    } else {
+        None
+    };
+    let Some(splits) = splits else {
+        let inputs = args
+            .iter()
+            .map(|&a| cx.arg(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ks = single(&Op::MlaAttention { scale, mask }, &inputs, &out)?;
+        return Ok(fixed(ks.into_iter().map(|k| (k, b)).collect()));
+    };
+    p.splits = splits;
+    if splits > 1 {
+        let (acc, ml) = p.partial_bytes(splits);
+        p.partial_acc = cx.scratch(acc);
+        p.partial_ml = cx.scratch(ml);
+    }
+    let ks = mla_tile::mla_tile(&p)?;
+    Ok(fixed(ks.into_iter().map(|k| (k, b)).collect()))
 }
 
 /// Launches of a kernel with nothing to choose, with their [`KernelChoice::Fixed`].

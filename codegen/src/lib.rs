@@ -14,6 +14,7 @@ mod launch;
 mod memory;
 mod report;
 mod schedule;
+mod stacks;
 mod uses;
 
 use std::fmt::Write;

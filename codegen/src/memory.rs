@@ -2,7 +2,7 @@
 //!
 //! Homes: graph inputs and group results live in one arena at fixed offsets; weights and
 //! states live in their own buffers; folded constants (see `consts`) are their bytes,
-//! uploaded once into a buffer of their own; views and in-place `kv_write` results share their
+//! uploaded once into a buffer of their own; weight stacks are built at upload; views and in-place `kv_write` results share their
 //! source's home. Two arena values may overlap in memory only if their live ranges (in
 //! schedule positions, both ends inclusive) are disjoint. Inputs are live from before the
 //! first group; graph outputs until after the last.
@@ -14,6 +14,7 @@ use specc_ir::{Bindings, Graph, Op, ValueId};
 use crate::consts;
 use crate::fuse::is_view;
 use crate::group::Group;
+use crate::stacks;
 use crate::CodegenError;
 
 /// Arena offsets are multiples of this (the widest vector load is 16 bytes; 256 keeps
@@ -27,6 +28,8 @@ pub enum Home {
         bytes: u64,
     },
     Weight(String),
+    /// Weights stacked at upload (`stacks`): the rows of each, in order.
+    WeightStack(Vec<String>),
     State(String),
     /// A folded constant: its bytes at this bucket (little-endian, as kernels read them).
     Const(Vec<u8>),
@@ -93,6 +96,10 @@ pub fn plan(
         if constants[v.index()] {
             let t = consts::evaluate(g, v, bind, &mut folded)?;
             plan.homes.insert(v, Home::Const(consts::tensor_bytes(&t)));
+            continue;
+        }
+        if let Some(names) = stacks::weight_stack(g, v) {
+            plan.homes.insert(v, Home::WeightStack(names));
             continue;
         }
         match &n.op {

@@ -29,6 +29,7 @@ mod error;
 pub mod gemv;
 pub mod gemv_mma;
 pub mod generic;
+pub mod mla_tile;
 pub mod module;
 pub mod norm;
 pub mod nvrtc;

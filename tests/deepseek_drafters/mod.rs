@@ -53,18 +53,43 @@ pub fn keep(v: &TensorView) -> Option<(Dtype, Vec<usize>, Vec<u8>)> {
 /// (256 draft ids mapping to themselves: `d2t` zeros), in a directory of its own (`name`:
 /// tests run in parallel).
 pub fn eagle3_head(name: &str) -> PathBuf {
+    eagle3_head_as(name, false)
+}
+
+/// [`eagle3_head`] with its float weights rounded to bf16 (for a bf16 target).
+pub fn eagle3_head_bf16(name: &str) -> PathBuf {
+    eagle3_head_as(name, true)
+}
+
+fn eagle3_head_as(name: &str, bf16: bool) -> PathBuf {
     let src = fixture("eagle3_random");
     let dir = tmp(name);
     let mut cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
     cfg["vocab_size"] = 256.into();
+    if bf16 {
+        cfg["torch_dtype"] = "bfloat16".into();
+    }
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
     rewrite(&src, &dir, |name, v| match name {
         "d2t" => Some((Dtype::I64, vec![256], vec![0u8; 256 * 8])),
         "t2d" => Some((Dtype::BOOL, vec![256], vec![1u8; 256])),
+        _ if bf16 && v.dtype() == Dtype::F32 => Some(to_bf16(v)),
         _ => keep(v),
     });
     dir
+}
+
+/// An f32 tensor rounded to bf16 (round to nearest even).
+fn to_bf16(v: &TensorView) -> (Dtype, Vec<usize>, Vec<u8>) {
+    let bytes = v
+        .data()
+        .chunks_exact(4)
+        .flat_map(|c| {
+            half::bf16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes()
+        })
+        .collect();
+    (Dtype::BF16, v.shape().to_vec(), bytes)
 }
 
 /// The random DFlash drafter of tests/fixtures/dflash_random for this target: its mask

@@ -8,6 +8,8 @@
 
 pub mod attention;
 pub mod matmul;
+pub mod mla;
+pub mod moe;
 
 use specc_ir::engine::choice::{AttentionKernel, MatmulCore, TileTiling};
 use specc_ir::engine::Target;

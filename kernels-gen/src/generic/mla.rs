@@ -1,10 +1,10 @@
-//! Multi-head latent attention ops (DeepSeek-V3 / Kimi-K2): `head_matmul` (one warp per
-//! output element) and `mla_attention` in the absorbed form (one block per query row and
-//! head). Correct first: every (row, head) block reads the latent cache of its sequence on
+//! Multi-head latent attention ops (DeepSeek-V3 / Kimi-K2): `head_matmul` (a block per head
+//! and column tile, each weight tile streamed once per pass over up to 8 rows) and
+//! `mla_attention` in the absorbed form (one block per query row and head). Correct first: every (row, head) block reads the latent cache of its sequence on
 //! its own; the one-pass kernel sharing cache tiles across heads and tokens is future work.
 
 use super::{c_type, f32_expr, flat_launch, load, row_launch, store, Kernel, TensorArg};
-use crate::abi::KernelSource;
+use crate::abi::{Extent, KernelSource, LaunchSpec};
 use crate::writer::emit;
 use crate::Error;
 use specc_ir::op::AttnMask;
@@ -13,10 +13,131 @@ use specc_ir::op::AttnMask;
 /// spread over them for the `p · c` sum.
 const MLA_THREADS: u64 = 128;
 
+/// Floats of `x` a head-matmul block stages in shared memory: rows of one head, at most
+/// [`HEAD_ROWS`] of them (a 40 KiB static array).
+const HEAD_STAGE_FLOATS: u64 = 10 * 1024;
+/// Rows (tokens) of one head a block computes per pass over that head's weights.
+const HEAD_ROWS: u64 = 8;
+
 /// `x[..., H, K]` times head `h`'s own matrix (`w[H, K, N]`, or `w[H, N, K]` when
-/// `trans_w`): `y = R(Σ_k x·w)` with f32 accumulation, one warp per output element (lanes
-/// over `K`, then a warp sum).
+/// `trans_w`): `y = R(Σ_k x·w)` with f32 accumulation. A block owns one head and a tile of
+/// output columns and streams that tile of the head's weights once per pass over up to
+/// [`HEAD_ROWS`] rows, staged in shared memory: threads over columns, `k` in order
+/// (`w[H, K, N]`, loads coalesced along `N`), or one warp per column with lanes over `k`
+/// and a warp sum (`w[H, N, K]`, loads coalesced along `K`). A row's sum does not depend on
+/// how many rows there are.
 pub(super) fn head_matmul(
+    trans_w: bool,
+    x: &TensorArg,
+    wt: &TensorArg,
+    out: &TensorArg,
+) -> KernelSource {
+    let r = x.dims.len();
+    let (h, kd) = (x.dims[r - 2], x.dims[r - 1]);
+    let n = if trans_w { wt.dims[1] } else { wt.dims[2] };
+    let rows = x.numel() / (h * kd).max(1);
+    let rb = HEAD_ROWS.min(HEAD_STAGE_FLOATS / kd.max(1)).max(1);
+    if HEAD_STAGE_FLOATS < kd {
+        return head_matmul_warps(trans_w, x, wt, out);
+    }
+    // Columns per block: 128 threads over columns, or 8 warps of one column each.
+    let (cols, threads) = if trans_w { (8u64, 256u32) } else { (128, 128) };
+    let tiles = n.div_ceil(cols);
+    let mut k = Kernel::new("head_matmul", wt.dtype);
+    k.ptr("x", x, false);
+    k.ptr("w", wt, false);
+    k.ptr("y", out, true);
+    let w = &mut k.body;
+    emit!(
+        w,
+        "constexpr long long H = {h}, K = {kd}, N = {n}, ROWS = {rows}, RB = {rb}, TILES = {tiles};"
+    );
+    w.line("__shared__ float xs[RB][K];");
+    w.line("const long long head = blockIdx.x / TILES, tile = blockIdx.x % TILES;");
+    if trans_w {
+        w.line("const int lane = threadIdx.x & 31;");
+        emit!(
+            w,
+            "const long long col = tile * {cols} + (threadIdx.x >> 5);"
+        );
+    } else {
+        emit!(w, "const long long col = tile * {cols} + threadIdx.x;");
+    }
+    w.for_block("long long r0 = 0", "r0 < ROWS", "r0 += RB", |w| {
+        w.line("const int nr = ROWS - r0 < RB ? (int)(ROWS - r0) : (int)RB;");
+        w.line("__syncthreads();  // the previous pass has read xs");
+        w.for_block(
+            "int i = threadIdx.x",
+            "i < nr * K",
+            "i += blockDim.x",
+            |w| {
+                emit!(
+                    w,
+                    "xs[i / K][i % K] = {};",
+                    load(x.dtype, "x[((r0 + i / K) * H + head) * K + i % K]")
+                );
+            },
+        );
+        w.line("__syncthreads();");
+        w.line("float acc[RB];");
+        w.for_unrolled("b", 0, "RB", |w| w.line("acc[b] = 0.0f;"));
+        w.if_block("col < N", |w| {
+            if trans_w {
+                w.for_block("long long kk = lane", "kk < K", "kk += 32", |w| {
+                    emit!(
+                        w,
+                        "const float wv = {};",
+                        load(wt.dtype, "w[(head * N + col) * K + kk]")
+                    );
+                    w.for_unrolled("b", 0, "RB", |w| {
+                        w.line("if (b < nr) acc[b] = fmaf(xs[b][kk], wv, acc[b]);");
+                    });
+                });
+            } else {
+                w.for_block("long long kk = 0", "kk < K", "++kk", |w| {
+                    emit!(
+                        w,
+                        "const float wv = {};",
+                        load(wt.dtype, "w[(head * K + kk) * N + col]")
+                    );
+                    w.for_unrolled("b", 0, "RB", |w| {
+                        w.line("if (b < nr) acc[b] = fmaf(xs[b][kk], wv, acc[b]);");
+                    });
+                });
+            }
+        });
+        w.for_unrolled("b", 0, "RB", |w| {
+            if trans_w {
+                w.comment("Whole warps: col is uniform per warp, so every lane reaches the sum.");
+                w.line("const float v = warp_sum(acc[b]);");
+                w.line("const bool writer = lane == 0;");
+            } else {
+                w.line("const float v = acc[b];");
+                w.line("const bool writer = true;");
+            }
+            w.if_block("writer && b < nr && col < N", |w| {
+                emit!(
+                    w,
+                    "y[((r0 + b) * H + head) * N + col] = {};",
+                    store(out.dtype, "v")
+                );
+            });
+        });
+    });
+    k.finish(LaunchSpec {
+        grid: [
+            Extent::Fixed((h * tiles) as u32),
+            Extent::Fixed(1),
+            Extent::Fixed(1),
+        ],
+        block: [threads, 1, 1],
+        smem_bytes: 0,
+    })
+}
+
+/// [`head_matmul`] for reductions too long to stage: one warp per output element (lanes
+/// over `K`, then a warp sum).
+fn head_matmul_warps(
     trans_w: bool,
     x: &TensorArg,
     wt: &TensorArg,
@@ -64,7 +185,6 @@ pub(super) fn head_matmul(
             });
         },
     );
-    // One warp per output element, 8 warps a block.
     let mut launch = flat_launch(outputs * 32);
     launch.block = [256, 1, 1];
     k.finish(launch)

@@ -38,6 +38,7 @@
 mod elementwise;
 mod mla;
 mod moe;
+pub mod moe_grouped;
 mod movement;
 mod rows;
 mod tree;

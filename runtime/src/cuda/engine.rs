@@ -12,6 +12,7 @@ use specc_ir::DType;
 use specc_models::Checkpoint;
 
 use super::tensor_map::encode_tensor_map;
+use super::weights::WEIGHT_ALIGN;
 use super::{
     operand_table, pointer_table, BufRef, CudaDevice, DeviceArena, DeviceBuffer, DeviceWeights,
     HostTensor, KernelImage, KernelModule, KernelParam, PreparedLaunch, StateBuffers, StepGraph,
@@ -55,6 +56,14 @@ impl WeightSources<'_> {
         self.resolve(name)
             .and_then(|(ck, inner)| ck.tensor(inner))
             .map_or(0, |e| e.range.len() as u64)
+    }
+
+    /// Stored dtype, shape and byte count of graph weight `name` from its header alone.
+    fn header(&self, name: &str) -> Option<(DType, Vec<usize>, u64)> {
+        let (ck, inner) = self.resolve(name)?;
+        let e = ck.tensor(inner)?;
+        let dt = specc_models::checkpoint::ir_dtype(e.dtype)?;
+        Some((dt, e.shape.clone(), e.range.len() as u64))
     }
 }
 
@@ -175,10 +184,14 @@ impl<'e> CudaEngine<'e> {
     ) -> Result<(), RuntimeError> {
         let mut owned: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::new();
         let mut borrowed: Vec<(String, DType, Vec<usize>, &[u8])> = Vec::new();
+        let mut stacked: Vec<String> = Vec::new();
         for plan in plans {
             for s in &plan.slots {
                 let key = slot_key(s);
-                if owned.iter().any(|o| o.0 == key) || borrowed.iter().any(|b| b.0 == key) {
+                if owned.iter().any(|o| o.0 == key)
+                    || borrowed.iter().any(|b| b.0 == key)
+                    || stacked.contains(&key)
+                {
                     continue;
                 }
                 match s {
@@ -186,6 +199,16 @@ impl<'e> CudaEngine<'e> {
                     Slot::Weight(n) => {
                         let (dt, shape, bytes) = sources.get(n)?;
                         borrowed.push((key, dt, shape, bytes));
+                    }
+                    // Parts whose sizes keep the next part at the following aligned offset
+                    // are uploaded in place, one after another (a MoE layer's experts: no
+                    // host copy of the stack); the stack's address is its first part's.
+                    Slot::ConcatRows(names) if contiguous_parts(names, sources) => {
+                        for (i, n) in names.iter().enumerate() {
+                            let (dt, shape, bytes) = sources.get(n)?;
+                            borrowed.push((part_key(&key, i), dt, shape, bytes));
+                        }
+                        stacked.push(key);
                     }
                     Slot::ConcatRows(names) => {
                         let mut data = Vec::new();
@@ -226,6 +249,9 @@ impl<'e> CudaEngine<'e> {
         let w = DeviceWeights::upload(&self.dev, tensors, true)?;
         for (n, ..) in &owned {
             self.derived.insert(n.clone(), w.buf_ref(n)?);
+        }
+        for n in &stacked {
+            self.derived.insert(n.clone(), w.buf_ref(&part_key(n, 0))?);
         }
         self.weights = Some(w);
         Ok(())
@@ -466,4 +492,24 @@ pub fn check_loadable(engine: &Engine, arch: Arch) -> Result<(), RuntimeError> {
         }
     }
     Ok(())
+}
+
+/// The slab name of part `i` of the concatenation `key`.
+fn part_key(key: &str, i: usize) -> String {
+    format!("{key}#{i}")
+}
+
+/// Whether the weights `names`, uploaded one after another, lie back to back in the slab:
+/// every part but the last a whole number of [`WEIGHT_ALIGN`] bytes, all 2-D with one
+/// column count and one dtype (what `Slot::ConcatRows` stacks).
+/// From the headers alone (the bytes are read, and checked, once, when staged).
+fn contiguous_parts(names: &[String], sources: &WeightSources) -> bool {
+    let mut first = None;
+    names.iter().enumerate().all(|(i, n)| {
+        sources.header(n).is_some_and(|(dt, shape, bytes)| {
+            shape.len() == 2
+                && *first.get_or_insert((dt, shape[1])) == (dt, shape[1])
+                && (i + 1 == names.len() || bytes.is_multiple_of(WEIGHT_ALIGN))
+        })
+    })
 }

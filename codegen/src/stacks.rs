@@ -1,0 +1,81 @@
+//! Weight stacks: a `concat` along axis 0 of views of 2-D checkpoint weights of one dtype
+//! and one column count (the routed experts of a MoE layer, `[E, rows, cols]` from E
+//! `[rows, cols]` weights) is not computed by a kernel on every step. Its bytes are the
+//! weights' bytes in order, so the runtime builds it once at upload as a
+//! [`specc_ir::engine::Slot::ConcatRows`] slot, and no arena space holds it.
+
+use specc_ir::{Graph, Op, ValueId};
+
+use crate::fuse::is_view;
+
+/// The weights stacked by `v` in order, when `v` is a weight stack (see the module docs).
+pub fn weight_stack(g: &Graph, v: ValueId) -> Option<Vec<String>> {
+    let n = g.node(v);
+    if !matches!(n.op, Op::Concat { axis: 0 }) || n.args.is_empty() {
+        return None;
+    }
+    let mut names = Vec::with_capacity(n.args.len());
+    let mut cols = None;
+    for &a in &n.args {
+        let mut r = a;
+        while is_view(&g.node(r).op) {
+            r = g.node(r).args[0];
+        }
+        let leaf = g.node(r);
+        let Op::Weight { name, .. } = &leaf.op else {
+            return None;
+        };
+        let dims = leaf.ty.shape.dims();
+        if dims.len() != 2 || leaf.ty.dtype != n.ty.dtype {
+            return None;
+        }
+        let c = dims[1].as_static()?;
+        if *cols.get_or_insert(c) != c {
+            return None;
+        }
+        names.push(name.clone());
+    }
+    Some(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specc_ir::{DType, Dim, Shape, TensorType};
+
+    fn expert(g: &mut Graph, name: &str, rows: u64, cols: u64, dt: DType) -> ValueId {
+        let w = g
+            .weight(
+                name,
+                TensorType::new(dt, [Dim::from(rows), Dim::from(cols)]),
+            )
+            .unwrap();
+        g.add(
+            Op::Reshape {
+                shape: Shape::new([Dim::from(1u64), Dim::from(rows), Dim::from(cols)]),
+            },
+            &[w],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn experts_concatenated_on_axis_0_are_a_stack() {
+        let mut g = Graph::new("t");
+        let a = expert(&mut g, "e0", 4, 8, DType::BF16);
+        let b = expert(&mut g, "e1", 4, 8, DType::BF16);
+        let s = g.add(Op::Concat { axis: 0 }, &[a, b]).unwrap();
+        assert_eq!(weight_stack(&g, s), Some(vec!["e0".into(), "e1".into()]));
+        let t = g.add(Op::Concat { axis: 1 }, &[a, b]).unwrap();
+        assert_eq!(weight_stack(&g, t), None, "axis 1 interleaves rows");
+    }
+
+    #[test]
+    fn a_computed_operand_or_other_columns_is_not_a_stack() {
+        let mut g = Graph::new("t");
+        let a = expert(&mut g, "e0", 4, 8, DType::F32);
+        let neg = g.add(Op::Unary(specc_ir::UnaryOp::Neg), &[a]).unwrap();
+        let s = g.add(Op::Concat { axis: 0 }, &[a, neg]).unwrap();
+        assert_eq!(weight_stack(&g, s), None);
+    }
+}
