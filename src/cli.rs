@@ -67,6 +67,10 @@ pub enum Command {
         /// config file itself).
         #[arg(long)]
         random_weights: bool,
+        /// With --random-weights: only the first N decoder layers (a full-size model's shapes
+        /// on a device that holds a few of its layers; dense and MoE layers keep their places).
+        #[arg(long, requires = "random_weights", value_parser = clap::value_parser!(u32).range(1..))]
+        layers: Option<u32>,
         /// Compile the speculative engine this spec.toml describes (its step, prefills and
         /// batch buckets) rather than plain decoding alone.
         #[arg(long)]
@@ -125,6 +129,10 @@ pub enum Command {
         /// config file itself).
         #[arg(long)]
         random_weights: bool,
+        /// With --random-weights: only the first N decoder layers (a full-size model's shapes
+        /// on a device that holds a few of its layers; dense and MoE layers keep their places).
+        #[arg(long, requires = "random_weights", value_parser = clap::value_parser!(u32).range(1..))]
+        layers: Option<u32>,
     },
     /// Serve an OpenAI-compatible HTTP API (completions, chat, models, health, metrics)
     /// with continuous batching over the engine's lanes.
@@ -163,6 +171,10 @@ pub enum Command {
         /// Use deterministic random weights: only config.json is read.
         #[arg(long)]
         random_weights: bool,
+        /// With --random-weights: only the first N decoder layers (a full-size model's shapes
+        /// on a device that holds a few of its layers; dense and MoE layers keep their places).
+        #[arg(long, requires = "random_weights", value_parser = clap::value_parser!(u32).range(1..))]
+        layers: Option<u32>,
         /// Also time a PyTorch model of the same shapes (`bench/torch_reference.py`, run with
         /// $SPECC_PYTHON or python3) and print one table: decode, the `--tokens` verify and
         /// the `--spec` step, each against torch eager, eager under a CUDA graph and

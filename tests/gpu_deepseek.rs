@@ -1,6 +1,7 @@
 //! DeepSeek-V3 targets (MLA attention over the latent cache, group-limited MoE) on the CUDA
-//! backend: the generated kernels (`mla_attention`, `head_matmul`, `moe_route`,
-//! `moe_experts`, a standalone `rope`) in the one captured graph per step, checked against
+//! backend: the generated kernels (the MLA tiles on tensor cores for bf16, the generic
+//! `mla_attention` for f32, `head_matmul`, `moe_route`, the grouped experts, a standalone
+//! `rope`) in the one captured graph per step, checked against
 //! the CPU interpreter (tokens) and HF transformers (logits). Run with `--features cuda`;
 //! without a driver every test prints why it skipped and passes.
 
@@ -8,6 +9,8 @@
 
 mod common;
 mod deepseek_drafters;
+
+use deepseek_drafters::{derived_family, eagle3_head_bf16, perturbed_draft, TARGET, WEAK_GAINS};
 mod gpu_common;
 
 use deepseek_drafters::{dflash_drafter, eagle3_head};
@@ -172,6 +175,89 @@ fn tree_and_block_methods_are_exact() {
         for lanes in [1usize, 4] {
             let mean = assert_exact(&target, &cfg, &prompts(lanes), 16, 256, what);
             eprintln!("deepseek_v3_qlora {what} B={lanes}: exact; mean acceptance {mean:.2}");
+        }
+    }
+}
+
+/// Every tree and block method over the target-derived family (tests/deepseek_drafters):
+/// drafters whose top-1 is the target's (full acceptance) and weakened ones (partial), and
+/// draft_model with a perturbed copy of the target (partial), B = 1 and 4: output equals
+/// the target's greedy tokens on the device.
+#[test]
+fn methods_are_exact_at_full_and_partial_acceptance() {
+    if !gpu() {
+        return;
+    }
+    for (family, gains) in [("full", (1.0, 1.0)), ("partial", WEAK_GAINS)] {
+        let (dir, eagle, dflash) = derived_family(&format!("gpu_{family}"), gains);
+        let target = Model::open(&dir).unwrap();
+        let cases = [
+            ("eagle3 chain", format!("method = \"eagle3\"\ndraft = {eagle:?}\nnum_steps = 4\n")),
+            (
+                "eagle3 tree",
+                format!("method = \"eagle3\"\ndraft = {eagle:?}\nnum_steps = 3\ntopk = 4\nnum_draft_tokens = 12\n"),
+            ),
+            ("dflash", format!("method = \"dflash\"\ndraft = {dflash:?}\n")),
+            ("ddtree", format!("method = \"ddtree\"\ndraft = {dflash:?}\nbudget = 16\ntopk = 4\n")),
+        ];
+        for (what, body) in cases {
+            let cfg = SpecConfig::from_toml(&dir.join("spec.gpu.toml"), &body).unwrap();
+            for lanes in [1usize, 4] {
+                let mean = assert_exact(&target, &cfg, &prompts(lanes), 20, 256, what);
+                eprintln!("{family} family {what} B={lanes}: exact; mean acceptance {mean:.2}");
+                if family == "full" {
+                    assert!(
+                        mean > 2.5,
+                        "{what} B={lanes}: full family accepts {mean:.2}"
+                    );
+                }
+            }
+        }
+    }
+    let target = Model::open(fixture(TARGET)).unwrap();
+    let body = format!(
+        "method = \"draft_model\"\ndraft = {:?}\nnum_steps = 4\n",
+        perturbed_draft(0.02)
+    );
+    let cfg = SpecConfig::from_toml(&fixture(TARGET).join("spec.gpu.toml"), &body).unwrap();
+    for lanes in [1usize, 4] {
+        let mean = assert_exact(
+            &target,
+            &cfg,
+            &prompts(lanes),
+            24,
+            256,
+            "perturbed draft_model",
+        );
+        eprintln!("perturbed draft_model B={lanes}: exact; mean acceptance {mean:.2}");
+        assert!(mean > 1.3, "perturbed draft B={lanes}: {mean:.2}");
+    }
+}
+
+/// The bf16 target on the tensor-core MLA tiles and grouped experts: draft_model with the
+/// target as its draft (full acceptance) and an EAGLE-3 tree from a bf16 head (the tree mask
+/// in the tiles), B = 1 and 4: output equals the device's greedy tokens, i.e. a row's
+/// attention and expert sums do not depend on how many rows its step verifies.
+#[test]
+fn bf16_methods_are_exact() {
+    if !gpu() {
+        return;
+    }
+    let dir = fixture("deepseek_v3_bf16");
+    let target = Model::open(&dir).unwrap();
+    let eagle = eagle3_head_bf16("gpu_eagle3_bf16");
+    let cases = [
+        ("draft_model (self)", format!("method = \"draft_model\"\ndraft = {dir:?}\nnum_steps = 3\n")),
+        (
+            "eagle3 tree",
+            format!("method = \"eagle3\"\ndraft = {eagle:?}\nnum_steps = 3\ntopk = 4\nnum_draft_tokens = 12\n"),
+        ),
+    ];
+    for (what, body) in cases {
+        let cfg = SpecConfig::from_toml(&dir.join("spec.gpu.toml"), &body).unwrap();
+        for lanes in [1usize, 4] {
+            let mean = assert_exact(&target, &cfg, &prompts(lanes), 24, 256, what);
+            eprintln!("deepseek_v3_bf16 {what} B={lanes}: exact; mean acceptance {mean:.2}");
         }
     }
 }

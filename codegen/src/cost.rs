@@ -41,7 +41,18 @@ pub fn group_cost(g: &Graph, gr: &Group, bind: &Bindings) -> Cost {
         .filter(|&&n| g.node(n).op == Op::Embedding)
         .map(|&n| g.node(n).args[0])
         .collect();
+    // The expert stacks of a MoE are read only for the experts the tokens select.
+    let mut stacks = Vec::new();
+    for &n in &gr.nodes {
+        if let Some((operands, bytes)) = moe_weight_bytes(g, n, bind) {
+            stacks.extend(operands);
+            c.weight_bytes += bytes;
+        }
+    }
     for &v in &gr.inputs {
+        if stacks.contains(&v) {
+            continue;
+        }
         let b = g.ty(v).bytes(bind).unwrap_or(0);
         match g.node(v).op {
             Op::Weight { .. } if gathered.contains(&v) => {
@@ -79,8 +90,80 @@ pub fn group_cost(g: &Graph, gr: &Group, bind: &Bindings) -> Cost {
                     .unwrap_or(0);
                 4 * q * ctx
             }
+            Op::MoeExperts => {
+                let (tokens, experts, top_k) = moe_dims(g, n, bind);
+                let (f, h) = expert_dims(g, n, bind);
+                2 * 3 * tokens * top_k.min(experts) * f * h
+            }
             _ => numel(g, n, bind),
         };
     }
     c
+}
+
+/// Experts a step of `tokens` tokens reads at least when each picks `top_k` of `experts`
+/// uniformly at random: `E·(1 − (1 − k/E)^T)` (REFERENCE.md, the MoE byte floor).
+pub fn expected_union(experts: u64, top_k: u64, tokens: u64) -> f64 {
+    if experts == 0 {
+        return 0.0;
+    }
+    let e = experts as f64;
+    let p = (top_k.min(experts) as f64) / e;
+    e * (1.0 - (1.0 - p).powf(tokens as f64))
+}
+
+/// `(tokens, experts, top_k)` of a `moe_experts` node (top_k from its router, else every
+/// expert).
+fn moe_dims(g: &Graph, n: specc_ir::ValueId, bind: &Bindings) -> (u64, u64, u64) {
+    let node = g.node(n);
+    let experts = g.ty(node.args[2]).shape.dims()[0]
+        .resolve(bind)
+        .unwrap_or(0);
+    let tokens = numel(g, node.args[1], bind) / experts.max(1);
+    let top_k = match g.node(node.args[1]).op {
+        Op::MoeRoute { top_k, .. } => top_k,
+        _ => experts,
+    };
+    (tokens, experts, top_k)
+}
+
+/// `(ffn, hidden)` of a `moe_experts` node's gate weights `[E, F, H]`.
+fn expert_dims(g: &Graph, n: specc_ir::ValueId, bind: &Bindings) -> (u64, u64) {
+    let d = g.ty(g.node(n).args[2]).shape.dims();
+    let r = |i: usize| d[i].resolve(bind).unwrap_or(0);
+    (r(1), r(2))
+}
+
+/// For a `moe_experts` node: its three weight operands and the bytes of them a step reads
+/// (the expected union of selected experts, [`expected_union`]).
+fn moe_weight_bytes(
+    g: &Graph,
+    n: specc_ir::ValueId,
+    bind: &Bindings,
+) -> Option<(Vec<specc_ir::ValueId>, u64)> {
+    let node = g.node(n);
+    if node.op != Op::MoeExperts {
+        return None;
+    }
+    let (tokens, experts, top_k) = moe_dims(g, n, bind);
+    let w = &node.args[2..5];
+    let all: u64 = w.iter().map(|&v| g.ty(v).bytes(bind).unwrap_or(0)).sum();
+    let per_expert = all as f64 / experts.max(1) as f64;
+    let bytes = (expected_union(experts, top_k, tokens) * per_expert).round() as u64;
+    Some((w.to_vec(), bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expected_union;
+
+    #[test]
+    fn expected_union_matches_the_reference_floor() {
+        // REFERENCE.md: E = 384, k = 8: T = 1 -> 8, 2 -> 15.8, 4 -> 31.0, 8 -> 59.5, 16 -> 109.8.
+        for (t, want) in [(1, 8.0), (2, 15.8), (4, 31.0), (8, 59.5), (16, 109.8)] {
+            let got = expected_union(384, 8, t);
+            assert!((got - want).abs() < 0.06, "T={t}: {got} vs {want}");
+        }
+        assert_eq!(expected_union(8, 8, 3), 8.0);
+    }
 }

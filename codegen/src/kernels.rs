@@ -91,6 +91,9 @@ struct Ctx<'a> {
     scratch_max: u64,
     /// The split-K counter region (see the module docs).
     counters: Loc,
+    /// The MoE statistics region and the next MoE layer's index in it.
+    moe_stats: u64,
+    moe_layer: u64,
     bucket: Bucket,
     target: &'a Target,
 }
@@ -220,7 +223,12 @@ pub fn plan_kernels(
         ctx: get(BucketDim::Ctx),
     };
     let counters = plan.memory.arena_bytes.next_multiple_of(256);
-    let scratch_base = counters + SPLIT_COUNTERS as u64 * 4;
+    let moe_stats = counters + SPLIT_COUNTERS as u64 * 4;
+    let moe_layers = groups
+        .iter()
+        .filter(|gr| matches!(gr.kind, GroupKind::Single(v) if g.node(v).op == Op::MoeExperts))
+        .count() as u64;
+    let scratch_base = (moe_stats + 4 * moe_layers).next_multiple_of(256);
     let mut cx = Ctx {
         g,
         plan,
@@ -230,6 +238,8 @@ pub fn plan_kernels(
         scratch_top: scratch_base,
         scratch_max: scratch_base,
         counters: Loc::arena(counters),
+        moe_stats,
+        moe_layer: 0,
         bucket,
         target,
     };
@@ -273,6 +283,8 @@ pub fn plan_kernels(
             values_bytes: plan.memory.arena_bytes,
             counters_offset: counters,
             counters_bytes: SPLIT_COUNTERS as u64 * 4,
+            moe_stats_offset: moe_stats,
+            moe_stats_count: moe_layers,
             scratch_offset: scratch_base,
             scratch_bytes: cx.scratch_max.next_multiple_of(256) - scratch_base,
         },
@@ -365,6 +377,8 @@ fn moe_kernels(
         .map(|&a| cx.arg(a))
         .collect::<Result<Vec<_>, _>>()?;
     let out = cx.arg(v)?;
+    let stat = Loc::arena(cx.moe_stats + 4 * cx.moe_layer);
+    cx.moe_layer += 1;
     let top_k = match cx.g.node(args[1]).op {
         Op::MoeRoute { top_k, .. } => Some(top_k),
         _ => None,
@@ -377,6 +391,7 @@ fn moe_kernels(
     let [meta, pair_token, pair_gate, pair_of, act, y] =
         shape.scratch_bytes(elem).map(|n| cx.scratch(n));
     let scratch = moe_grouped::MoeScratch {
+        stat,
         meta,
         pair_token,
         pair_gate,

@@ -8,10 +8,11 @@
 //! 1. scores: warp `w` computes slots `16w .. 16w+16` of `q·[c | pe]ᵀ` for all 16 rows
 //!    (mma m16n8k16, f32 accumulation), scaled, masked (causal `s ≤ pos`, or the tree:
 //!    `s < prefix` or an ancestor bit) into shared memory;
-//! 2. online softmax per row (8 threads a row): the running max, `p = exp(s − m)` rounded to
-//!    the 16-bit type for the next product, the running sum of the f32 `p`;
-//! 3. output: warp `w` owns latent columns `w·L/4 ..` and adds `p · c` (mma) to its
-//!    accumulators after rescaling them.
+//! 2. online softmax per row (8 threads a row): the running max, `p = exp(s − m)` split into
+//!    two 16-bit values `p_hi + p_lo` (written over the row's scores) for the next product,
+//!    the running sum of the f32 `p`;
+//! 3. output: warp `w` owns latent columns `w·L/4 ..` and adds `p_hi · c + p_lo · c` (two
+//!    mma) to its accumulators after rescaling them.
 //!
 //! The splits cut the context at fixed slots (they depend on the context capacity only), so a
 //! row's result is the same whatever else its block, bucket or step computes: the greedy
@@ -19,7 +20,8 @@
 //!
 //! Without splits the block writes `R(acc / l)` (0 for a row with no allowed slot); with
 //! splits it writes `acc`, `m`, `l` per split in f32 and `mla_combine` merges them. The
-//! numerics are the interpreter's up to the 16-bit rounding of `p` and the summation order.
+//! numerics are the interpreter's up to the summation order and `p`'s split (relative error
+//! ~2⁻¹⁷ for bf16).
 
 use crate::abi::{assemble, Extent, KernelSource, LaunchSpec, Loc, PRELUDE};
 use crate::generic::GENERIC_PRELUDE;
@@ -108,7 +110,6 @@ impl MlaTileParams {
         TILE_ROWS * st * e
             + TILE_SLOTS * st * e
             + TILE_ROWS * (TILE_SLOTS + 4) * 4
-            + TILE_ROWS * (TILE_SLOTS + PAD) * e
             + 3 * TILE_ROWS * 4
             + TILE_ROWS * 8
     }
@@ -180,7 +181,7 @@ fn tile(p: &MlaTileParams) -> KernelSource {
     );
     emit!(
         w,
-        "constexpr int TS = {TILE_SLOTS}, KP = {kp}, ST = KP + {PAD}, SST = TS + 4, PST = TS + {PAD}, S = {};",
+        "constexpr int TS = {TILE_SLOTS}, KP = {kp}, ST = KP + {PAD}, SST = TS + 4, S = {};",
         p.splits
     );
     emit!(
@@ -191,12 +192,11 @@ fn tile(p: &MlaTileParams) -> KernelSource {
     w.line("extern __shared__ __align__(16) unsigned char smem[];");
     emit!(w, "{ct}* qs = reinterpret_cast<{ct}*>(smem);  // [16][ST]");
     emit!(w, "{ct}* cs = qs + 16 * ST;  // [TS][ST]: c | pe | 0");
-    w.line("float* ss = reinterpret_cast<float*>(cs + TS * ST);  // [16][SST] scores");
-    emit!(
-        w,
-        "{ct}* ps = reinterpret_cast<{ct}*>(ss + 16 * SST);  // [16][PST] probabilities"
-    );
-    w.line("float* m_r = reinterpret_cast<float*>(ps + 16 * PST);");
+    w.comment("[16][SST] f32 scores; after the softmax each row holds p_hi[TS] | p_lo[TS].");
+    w.line("float* ss = reinterpret_cast<float*>(cs + TS * ST);");
+    emit!(w, "{ct}* ps = reinterpret_cast<{ct}*>(ss);");
+    w.line("constexpr int PST = 2 * SST;  // a row of ps, in 16-bit elements");
+    w.line("float* m_r = ss + 16 * SST;");
     w.line("float* l_r = m_r + 16;");
     w.line("float* a_r = l_r + 16;");
     w.line("long long* end_r = reinterpret_cast<long long*>(a_r + 16);");
@@ -346,17 +346,28 @@ fn tile(p: &MlaTileParams) -> KernelSource {
         w.comment("Online softmax: 8 consecutive threads per row, 8 slots each.");
         w.scope(|w| {
             w.line("const int row = tid >> 3, part = tid & 7;");
-            w.line("float mx = neg_inf();");
-            w.line("for (int c = 0; c < 8; ++c) mx = fmaxf(mx, ss[row * SST + part * 8 + c]);");
+            w.line("float v[8], mx = neg_inf();");
+            w.for_unrolled("c", 0, "8", |w| {
+                w.line("v[c] = ss[row * SST + part * 8 + c];");
+                w.line("mx = fmaxf(mx, v[c]);");
+            });
             w.line("mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));");
             w.line("mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));");
             w.line("mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));");
             w.line("const float m_old = m_r[row], m_new = fmaxf(m_old, mx);");
             w.line("float sum = 0.0f;");
-            w.for_block("int c = 0", "c < 8", "++c", |w| {
-                w.line("const float v = ss[row * SST + part * 8 + c];");
-                w.line("const float pv = v == neg_inf() ? 0.0f : expf(v - m_new);");
-                emit!(w, "ps[row * PST + part * 8 + c] = from_f32<{ct}>(pv);");
+            w.comment("The row's 8 threads are one warp's lanes: all scores are read before any");
+            w.comment("thread overwrites the row with p = p_hi + p_lo (two 16-bit halves, so the");
+            w.comment("product with the cache keeps p to ~16 bits more than one 16-bit value).");
+            w.line("__syncwarp();");
+            w.for_unrolled("c", 0, "8", |w| {
+                w.line("const float pv = v[c] == neg_inf() ? 0.0f : expf(v[c] - m_new);");
+                emit!(w, "const {ct} hi = from_f32<{ct}>(pv);");
+                emit!(w, "ps[row * PST + part * 8 + c] = hi;");
+                emit!(
+                    w,
+                    "ps[row * PST + TS + part * 8 + c] = from_f32<{ct}>(pv - to_f32(hi));"
+                );
                 w.line("sum += pv;");
             });
             w.line("sum += __shfl_xor_sync(0xffffffffu, sum, 1);");
@@ -377,20 +388,23 @@ fn tile(p: &MlaTileParams) -> KernelSource {
             w.line("acc[n][0] *= a0; acc[n][1] *= a0; acc[n][2] *= a1; acc[n][3] *= a1;");
         });
         w.for_unrolled("k2", 0, "TS / 16", |w| {
-            w.line("unsigned pa[4];");
+            w.line("unsigned pa[4], pl[4];");
             w.line(
-                "ldmatrix_x4(pa, ps + ((lane & 7) + 8 * ((lane >> 3) & 1)) * PST + k2 * 16 + 8 * (lane >> 4));",
+                "const int pr = ((lane & 7) + 8 * ((lane >> 3) & 1)) * PST + k2 * 16 + 8 * (lane >> 4);",
             );
+            w.line("ldmatrix_x4(pa, ps + pr);");
+            w.line("ldmatrix_x4(pl, ps + pr + TS);");
             w.for_unrolled("n2", 0, "(NTP + 1) / 2", |w| {
                 w.line("unsigned vb[4];");
                 w.line(
                     "ldmatrix_x4_trans(vb, cs + (k2 * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * ST + warp * NCOLW + n2 * 16 + 8 * (lane >> 4));",
                 );
                 emit!(w, "{mma}(acc[2 * n2], pa, vb[0], vb[1]);");
-                emit!(
-                    w,
-                    "if (2 * n2 + 1 < NTP) {mma}(acc[2 * n2 + 1], pa, vb[2], vb[3]);"
-                );
+                emit!(w, "{mma}(acc[2 * n2], pl, vb[0], vb[1]);");
+                w.if_block("2 * n2 + 1 < NTP", |w| {
+                    emit!(w, "{mma}(acc[2 * n2 + 1], pa, vb[2], vb[3]);");
+                    emit!(w, "{mma}(acc[2 * n2 + 1], pl, vb[2], vb[3]);");
+                });
             });
         });
         w.line("__syncthreads();  // the tile, scores and probabilities are read");

@@ -58,8 +58,30 @@ impl Model {
     /// A model from its config alone (`path` is a model directory or a `config.json`), with
     /// deterministic random weights: full-size shapes without a download.
     pub fn open_random(path: impl AsRef<Path>, seed: u64) -> Result<Model, ModelError> {
+        Self::open_random_layers(path, seed, None)
+    }
+
+    /// [`Model::open_random`] with the first `layers` decoder layers only (a full-size
+    /// model's shapes on a device that holds a few of its layers): the config's other
+    /// fields are kept, so dense and MoE layers keep their places.
+    pub fn open_random_layers(
+        path: impl AsRef<Path>,
+        seed: u64,
+        layers: Option<usize>,
+    ) -> Result<Model, ModelError> {
         let (dir, config) = Self::random_paths(path.as_ref());
-        let spec = ModelSpec::from_file(&config)?;
+        let mut spec = ModelSpec::from_file(&config)?;
+        if let Some(n) = layers {
+            if n == 0 || n > spec.layers {
+                return Err(ModelError::Field {
+                    file: config.clone(),
+                    field: "num_hidden_layers".into(),
+                    expected: format!("at least the {n} layers --layers asks for"),
+                    found: spec.layers.to_string(),
+                });
+            }
+            spec.layers = n;
+        }
         let graph = lower::lower_dense(&spec)?;
         let checkpoint = Checkpoint::random(&dir, &graph, seed);
         Ok(Model {

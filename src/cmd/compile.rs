@@ -25,6 +25,8 @@ pub struct CompileArgs<'a> {
     pub max_context: Option<u64>,
     pub archs: &'a [String],
     pub random_weights: bool,
+    /// `--layers`: the first this many decoder layers (random weights).
+    pub layers: Option<usize>,
     pub spec: Option<&'a Path>,
     pub sampling: SamplingArgs,
 }
@@ -108,7 +110,7 @@ pub fn compile(a: CompileArgs) -> Result<()> {
         );
     }
     // The engine runs elsewhere: no memory here to fit it to.
-    let model = open_model(&path, a.random_weights, None)?;
+    let model = open_model(&path, a.random_weights, a.layers, None)?;
     let cfg = spec_file
         .as_deref()
         .map(SpecConfig::from_file)

@@ -31,6 +31,8 @@ const EMBEDDED: &str = "embedded";
 pub struct Source {
     pub path: Option<PathBuf>,
     pub random_weights: bool,
+    /// With random weights: the first this many decoder layers only (`--layers`).
+    pub layers: Option<usize>,
 }
 
 impl Source {
@@ -38,7 +40,14 @@ impl Source {
         Source {
             path,
             random_weights,
+            layers: None,
         }
+    }
+
+    /// The same source cut to `layers` decoder layers (random weights only: clap enforces it).
+    pub fn with_layers(mut self, layers: Option<u32>) -> Self {
+        self.layers = layers.map(|n| n as usize);
+        self
     }
 
     /// Whether the path is an engine directory.
@@ -215,7 +224,7 @@ pub fn build_for(src: Source, want: Want) -> Result<Ready> {
         None => embedded::default_model_dir()?,
     };
     let fit = want.fit.as_ref();
-    let model = open_model(&path, seed.is_some(), fit)?;
+    let model = open_model(&path, seed.is_some(), src.layers, fit)?;
     let context = fit::context(&model, want.max_context, want.spec, fit)?;
     let t = Instant::now();
     let (input, bundle) = engine_input(

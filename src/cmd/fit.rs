@@ -66,10 +66,18 @@ fn gpu_budget() -> Result<Option<Budget>> {
 /// Opens the model at `path` (with `random`, synthesised from its config: the weights'
 /// estimate must fit `fit` first, since lowering and synthesising cost what the config
 /// says), printing the note of tensors its checkpoint holds that nothing reads.
-pub fn open_model(path: &Path, random: bool, fit: Option<&Fit>) -> Result<Model> {
+pub fn open_model(
+    path: &Path,
+    random: bool,
+    layers: Option<usize>,
+    fit: Option<&Fit>,
+) -> Result<Model> {
     if random {
         let (_, config) = Model::random_paths(path);
-        let spec = ModelSpec::from_file(&config)?;
+        let mut spec = ModelSpec::from_file(&config)?;
+        if let Some(n) = layers {
+            spec.layers = spec.layers.min(n);
+        }
         if let Some(f) = fit {
             let per = match f.storage {
                 Storage::Device => spec.dtype.size_bytes().unwrap_or(1) as u64,
@@ -87,7 +95,7 @@ pub fn open_model(path: &Path, random: bool, fit: Option<&Fit>) -> Result<Model>
                 ),
             )?;
         }
-        return Ok(Model::open_random(path, RANDOM_SEED)?);
+        return Ok(Model::open_random_layers(path, RANDOM_SEED, layers)?);
     }
     if !path.is_dir() {
         bail!("{}: no such model directory", path.display());

@@ -24,6 +24,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             max_context,
             arch,
             random_weights,
+            layers,
             spec,
             sampling,
         } => compile::compile(compile::CompileArgs {
@@ -32,6 +33,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             max_context,
             archs: &arch,
             random_weights,
+            layers: layers.map(|n| n as usize),
             spec: spec.as_deref(),
             sampling,
         }),
@@ -48,12 +50,13 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             json,
             accept_len,
             random_weights,
+            layers,
             compare,
             suite,
             torch_modes,
         } => bench::bench(bench::BenchArgs {
             tokens,
-            src: engine::Source::new(model, random_weights),
+            src: engine::Source::new(model, random_weights).with_layers(layers),
             spec,
             batch,
             context,
@@ -78,6 +81,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             no_spec,
             ids_out,
             random_weights,
+            layers,
         } => {
             let prompt = crate::prompt::read(prompt.as_deref(), prompt_file.as_deref())?;
             // The embedded default speculates with its own spec unless told otherwise.
@@ -87,7 +91,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
                 }
                 (_, spec, _) => spec,
             };
-            let src = engine::Source::new(model, random_weights);
+            let src = engine::Source::new(model, random_weights).with_layers(layers);
             run::run(run::RunArgs {
                 model: src,
                 spec_file: spec.as_deref(),

@@ -107,3 +107,138 @@ pub fn dflash_drafter(name: &str) -> PathBuf {
     rewrite(&src, &dir, |_, v| keep(v));
     dir
 }
+
+/// The fixture every derived drafter comes from.
+pub const TARGET: &str = "deepseek_v3_qlora";
+
+/// The target with a deterministic perturbation of its MLP and MoE weights: a draft that
+/// agrees with the target often but not always.
+pub fn perturbed_draft(noise: f32) -> PathBuf {
+    let dir = tmp("perturbed");
+    std::fs::copy(fixture(TARGET).join("config.json"), dir.join("config.json")).unwrap();
+    rewrite(&fixture(TARGET), &dir, |name, v| {
+        if !name.contains(".mlp.") || v.dtype() != Dtype::F32 {
+            return keep(v);
+        }
+        let data = v
+            .data()
+            .chunks_exact(4)
+            .enumerate()
+            .flat_map(|(i, c)| {
+                let x = f32::from_le_bytes(c.try_into().unwrap());
+                let h = (i as u32).wrapping_mul(2_654_435_761) >> 16;
+                (x + noise * ((h % 2001) as f32 / 1000.0 - 1.0)).to_le_bytes()
+            })
+            .collect();
+        Some((v.dtype(), v.shape().to_vec(), data))
+    });
+    dir
+}
+
+/// The token every member of the derived family predicts.
+const TOKEN: usize = 197;
+/// Added to hidden dim 0 of every token embedding: the residual stream is ≈ `SHARED · e0`
+/// whatever the (RMS-normed, O(1)) layers add.
+const SHARED: f32 = 100.0;
+/// The lm_head weight that reads dim 0 into [`TOKEN`]'s logit (≈ GAIN · √64 = 16 above the rest).
+const GAIN: f32 = 2.0;
+
+/// f32 values of a tensor view.
+fn f32s(v: &TensorView) -> Vec<f32> {
+    v.data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn f32_tensor(v: &TensorView, x: Vec<f32>) -> Option<(Dtype, Vec<usize>, Vec<u8>)> {
+    let bytes = x.iter().flat_map(|f| f.to_le_bytes()).collect();
+    Some((Dtype::F32, v.shape().to_vec(), bytes))
+}
+
+/// `[rows, cols]` with column 0 zeroed except `GAIN` at row `row`.
+fn head_reads_dim0(v: &TensorView, row: usize) -> Option<(Dtype, Vec<usize>, Vec<u8>)> {
+    let cols = v.shape()[1];
+    let mut x = f32s(v);
+    for r in 0..v.shape()[0] {
+        x[r * cols] = if r == row { GAIN } else { 0.0 };
+    }
+    f32_tensor(v, x)
+}
+
+/// A final norm whose dim-0 gain is `gain`.
+fn dim0_gain(v: &TensorView, gain: f32) -> Option<(Dtype, Vec<usize>, Vec<u8>)> {
+    let mut x = f32s(v);
+    x[0] = gain;
+    f32_tensor(v, x)
+}
+
+/// The derived family: `(target, eagle3 head, dflash drafter)` directories under names
+/// starting with `name`. The drafters' final norms read dim 0 with `gains` (EAGLE-3 head,
+/// DFlash drafter): 1 makes
+/// their top-1 [`TOKEN`] by a wide margin (full acceptance); a small gain leaves it near the
+/// other logits, so they propose it only sometimes (partial acceptance).
+pub fn derived_family(name: &str, gains: (f32, f32)) -> (PathBuf, PathBuf, PathBuf) {
+    let target = tmp(&format!("{name}_target"));
+    std::fs::copy(
+        fixture(TARGET).join("config.json"),
+        target.join("config.json"),
+    )
+    .unwrap();
+    rewrite(&fixture(TARGET), &target, |name, v| match name {
+        "model.embed_tokens.weight" => {
+            let cols = v.shape()[1];
+            let mut x = f32s(v);
+            for r in 0..v.shape()[0] {
+                x[r * cols] += SHARED;
+            }
+            f32_tensor(v, x)
+        }
+        "model.norm.weight" => dim0_gain(v, 1.0),
+        "lm_head.weight" => head_reads_dim0(v, TOKEN),
+        _ => keep(v),
+    });
+    let eagle = eagle3_head(&format!("{name}_eagle3"));
+    let eagle_src = tmp(&format!("{name}_eagle3_src"));
+    std::fs::rename(
+        eagle.join("model.safetensors"),
+        eagle_src.join("model.safetensors"),
+    )
+    .unwrap();
+    rewrite(&eagle_src, &eagle, |name, v| match name {
+        // fc row 0 averages the three taps' dim 0; no other row reads them.
+        "fc.weight" => {
+            let cols = v.shape()[1];
+            let h = cols / 3;
+            let mut x = f32s(v);
+            for r in 0..v.shape()[0] {
+                for tap in 0..3 {
+                    x[r * cols + tap * h] = if r == 0 { 1.0 / 3.0 } else { 0.0 };
+                }
+            }
+            f32_tensor(v, x)
+        }
+        "norm.weight" => dim0_gain(v, gains.0),
+        // d2t is zero: draft id TOKEN is target id TOKEN.
+        "lm_head.weight" => head_reads_dim0(v, TOKEN),
+        _ => keep(v),
+    });
+    let dflash = dflash_drafter(&format!("{name}_dflash"));
+    let dflash_src = tmp(&format!("{name}_dflash_src"));
+    std::fs::rename(
+        dflash.join("model.safetensors"),
+        dflash_src.join("model.safetensors"),
+    )
+    .unwrap();
+    rewrite(&dflash_src, &dflash, |name, v| match name {
+        "norm.weight" => dim0_gain(v, gains.1),
+        _ => keep(v),
+    });
+    (target, eagle, dflash)
+}
+
+/// The drafters' dim-0 gains (EAGLE-3, DFlash) of the partial-acceptance family: measured
+/// mean acceptance EAGLE-3 chain 1.25 / 1.18 (B = 1 / 4), tree 3.00 / 2.93 of 4, DFlash
+/// 2.88 / 3.61 of 4, DDTree 3.00 / 3.00 of 4 (full acceptance from gain ≈ 0.025 / 0.032 on,
+/// none below ≈ 0.01 / 0.028).
+pub const WEAK_GAINS: (f32, f32) = (0.02, 0.03);

@@ -155,6 +155,13 @@ pub struct ArenaLayout {
     /// every kernel that uses them.
     pub counters_offset: u64,
     pub counters_bytes: u64,
+    /// `[moe_stats_offset, +4·moe_stats_count)`: per MoE layer in schedule order, the
+    /// number of distinct experts the last step's tokens selected (i32, written by the
+    /// grouped dispatch; 0 for a layer on the per-token kernel). Read by `specc bench`.
+    #[serde(default)]
+    pub moe_stats_offset: u64,
+    #[serde(default)]
+    pub moe_stats_count: u64,
     /// `[scratch_offset, +scratch_bytes)`: group-local scratch (matmul partials, argmax
     /// partials, a separate norm's output, attention split partials), reused by every
     /// group since groups run one after another.

@@ -28,9 +28,8 @@ pub(super) struct Route {
 /// `s` (softmax or sigmoid, f32), `sb = s + bias`; with groups, each group scores the sum of
 /// its two best `sb` (best first, from 0) and the `topk_group` best groups stay; the `top_k`
 /// best experts by (kept, `sb`, lower index) get `s` (over the sum of the chosen `s` in rank
-/// order when normalised) times `scaling`; all other gates are 0. NaN ranks as -inf. The
-/// selection is sequential in thread 0 (at most `top_k · E` comparisons), the scores
-/// block-parallel.
+/// order when normalised) times `scaling`; all other gates are 0. NaN ranks as -inf. Group
+/// scores run a thread per group, the top-k as `top_k` block-wide arg-best reductions.
 pub(super) fn moe_route(
     r: &Route,
     logits: &TensorArg,
@@ -125,29 +124,30 @@ pub(super) fn moe_route(
         w.line("yr[i] = 0.0f;");
     });
     w.line("__syncthreads();");
-    w.comment("Selection, sequential: groups by their top-2 sum, then the top-k experts.");
-    w.if_block("threadIdx.x == 0", |w| {
-        if r.n_group > 1 {
-            w.for_block("int g = 0", "g < NG", "++g", |w| {
-                w.line("int b1 = -1, b2 = -1;");
-                w.for_block("int i = g * GS", "i < (g + 1) * GS", "++i", |w| {
-                    w.line("const float v = rank_key(sb[i]);");
-                    w.if_else(
-                        "b1 < 0 || v > rank_key(sb[b1])",
-                        |w| {
-                            w.line("b2 = b1;");
-                            w.line("b1 = i;");
-                        },
-                        |w| {
-                            w.if_block("b2 < 0 || v > rank_key(sb[b2])", |w| w.line("b2 = i;"));
-                        },
-                    );
-                });
-                w.line("float gs = __fadd_rn(0.0f, sb[b1]);");
-                w.line("if (GS > 1) gs = __fadd_rn(gs, sb[b2]);");
-                w.line("gscore[g] = gs;");
-                w.line("kept[g] = false;");
+    w.comment("Groups by their top-2 sum (a thread per group), the kept groups in thread 0.");
+    if r.n_group > 1 {
+        w.for_block("int g = threadIdx.x", "g < NG", "g += NT", |w| {
+            w.line("int b1 = -1, b2 = -1;");
+            w.for_block("int i = g * GS", "i < (g + 1) * GS", "++i", |w| {
+                w.line("const float v = rank_key(sb[i]);");
+                w.if_else(
+                    "b1 < 0 || v > rank_key(sb[b1])",
+                    |w| {
+                        w.line("b2 = b1;");
+                        w.line("b1 = i;");
+                    },
+                    |w| {
+                        w.if_block("b2 < 0 || v > rank_key(sb[b2])", |w| w.line("b2 = i;"));
+                    },
+                );
             });
+            w.line("float gs = __fadd_rn(0.0f, sb[b1]);");
+            w.line("if (GS > 1) gs = __fadd_rn(gs, sb[b2]);");
+            w.line("gscore[g] = gs;");
+            w.line("kept[g] = false;");
+        });
+        w.line("__syncthreads();");
+        w.if_block("threadIdx.x == 0", |w| {
             w.for_block("int j = 0", "j < TOPKG", "++j", |w| {
                 w.line("int best = -1;");
                 w.for_block("int g = 0", "g < NG", "++g", |w| {
@@ -158,26 +158,45 @@ pub(super) fn moe_route(
                 });
                 w.line("kept[best] = true;");
             });
-        } else {
-            w.line("kept[0] = true;");
-        }
-        w.for_block("int j = 0", "j < TOPK", "++j", |w| {
-            w.line("int best = -1;");
-            w.for_block("int i = 0", "i < E", "++i", |w| {
-                w.line("if (chosen[i]) continue;");
-                w.if_block("best < 0", |w| {
-                    w.line("best = i;");
-                    w.line("continue;");
-                });
-                w.line("const bool ki = kept[i / GS], kb = kept[best / GS];");
-                w.if_block(
-                    "(ki && !kb) || (ki == kb && rank_key(sb[i]) > rank_key(sb[best]))",
-                    |w| w.line("best = i;"),
-                );
-            });
-            w.line("chosen[best] = true;");
-            w.line("pick[j] = best;");
         });
+    } else {
+        w.line("if (threadIdx.x == 0) kept[0] = true;");
+    }
+    w.line("__syncthreads();");
+    w.comment(
+        "Expert i ranks before j: kept group first, then the larger sb, then the lower index.",
+    );
+    w.line("auto before = [&](int i, int j) {");
+    w.line("  if (i < 0) return false;");
+    w.line("  if (j < 0) return true;");
+    w.line("  const bool ki = kept[i / GS], kj = kept[j / GS];");
+    w.line("  if (ki != kj) return ki;");
+    w.line("  const float vi = rank_key(sb[i]), vj = rank_key(sb[j]);");
+    w.line("  return vi != vj ? vi > vj : i < j;");
+    w.line("};");
+    w.comment("top_k rounds of a block-wide arg-best over the experts not chosen yet (the same");
+    w.comment("total order in any reduction shape, so the picks equal a sequential scan's).");
+    w.line("__shared__ int wbest[NT / 32];");
+    w.for_block("int j = 0", "j < TOPK", "++j", |w| {
+        w.line("int best = -1;");
+        w.for_block("int i = threadIdx.x", "i < E", "i += NT", |w| {
+            w.line("if (!chosen[i] && before(i, best)) best = i;");
+        });
+        w.for_block("int off = 16", "off > 0", "off >>= 1", |w| {
+            w.line("const int o = __shfl_xor_sync(0xffffffffu, best, off);");
+            w.line("if (before(o, best)) best = o;");
+        });
+        w.line("if ((threadIdx.x & 31) == 0) wbest[threadIdx.x >> 5] = best;");
+        w.line("__syncthreads();");
+        w.if_block("threadIdx.x == 0", |w| {
+            w.line("int b = -1;");
+            w.line("for (int q = 0; q < NT / 32; ++q) if (before(wbest[q], b)) b = wbest[q];");
+            w.line("chosen[b] = true;");
+            w.line("pick[j] = b;");
+        });
+        w.line("__syncthreads();");
+    });
+    w.if_block("threadIdx.x == 0", |w| {
         w.line("float denom = 1.0f;");
         if r.norm_topk_prob {
             w.line("denom = 0.0f;");

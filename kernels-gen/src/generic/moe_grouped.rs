@@ -27,7 +27,7 @@ use crate::Error;
 /// Warps of a gate/up or down block.
 const WARPS: u64 = 8;
 /// Weight rows each warp owns (gate and up rows count once).
-const ROWS_PER_WARP: u64 = 2;
+const ROWS_PER_WARP: u64 = 4;
 /// Tokens of one expert whose activations a warp holds while it streams a weight row.
 pub const TOKENS_PER_PASS: u64 = 4;
 /// Threads of the dispatch block.
@@ -36,6 +36,8 @@ const DISPATCH_THREADS: u32 = 512;
 /// Scratch buffers of the grouped MoE (arena locations, each 256-byte aligned).
 #[derive(Clone, Copy, Debug)]
 pub struct MoeScratch {
+    /// `i32`: the used count again, in a region no other kernel writes (for benchmarks).
+    pub stat: Loc,
     /// `i32[1 + 3E]`: the used count, the used experts, each expert's first pair, its count.
     pub meta: Loc,
     /// `i32[P]`: each pair's token.
@@ -151,6 +153,7 @@ fn dispatch(sh: MoeGroupedShape, gates: &TensorArg, s: &MoeScratch) -> KernelSou
     k.ptr("pair_token", &scratch_arg(s.pair_token, I32, p), true);
     k.ptr("pair_gate", &scratch_arg(s.pair_gate, F32, p), true);
     k.ptr("pair_of", &scratch_arg(s.pair_of, I32, t * e), true);
+    k.ptr("stat", &scratch_arg(s.stat, I32, 1), true);
     let w = &mut k.body;
     emit!(
         w,
@@ -176,6 +179,7 @@ fn dispatch(sh: MoeGroupedShape, gates: &TensorArg, s: &MoeScratch) -> KernelSou
             w.line("run += n_of[ex];");
         });
         w.line("meta[0] = nu;");
+        w.line("stat[0] = nu;");
     });
     w.line("__syncthreads();");
     w.for_block("int ex = threadIdx.x", "ex < E", "ex += NT", |w| {
@@ -230,7 +234,7 @@ fn grouped_prologue(k: &mut Kernel, s: &MoeScratch, e: u64, rows: u64, vec: u64)
     let w = &mut k.body;
     emit!(
         w,
-        "constexpr int RW = {ROWS_PER_WARP}, TB = {TOKENS_PER_PASS}, V = {vec}, ROWS = {rows};"
+        "constexpr int RW = {ROWS_PER_WARP}, V = {vec}, ROWS = {rows};"
     );
     w.line("const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
     w.comment("Uniform across the block: the used count is one value.");
@@ -238,6 +242,23 @@ fn grouped_prologue(k: &mut Kernel, s: &MoeScratch, e: u64, rows: u64, vec: u64)
     w.line("const int ex = used[blockIdx.y];");
     w.line("const int p0 = first[ex], n = count[ex];");
     w.line("const int j0 = (blockIdx.x * (blockDim.x >> 5) + warp) * RW;");
+}
+
+/// The chunk loop `body` (which reads the constant `TB`) twice: with one token per pass for
+/// an expert only one token chose (decode: no idle accumulators), else with
+/// [`TOKENS_PER_PASS`]. Both compute each token's sums the same way.
+fn per_pass(w: &mut crate::writer::Writer, body: impl Fn(&mut crate::writer::Writer)) {
+    w.if_else(
+        "n == 1",
+        |w| {
+            w.line("constexpr int TB = 1;");
+            body(w);
+        },
+        |w| {
+            emit!(w, "constexpr int TB = {TOKENS_PER_PASS};");
+            body(w);
+        },
+    );
 }
 
 /// `acc[r][b] += Σ_i x_b[i] · w_r[i]` over this lane's 16-byte steps of a row of `k_dim`,
@@ -295,29 +316,31 @@ fn gate_up(
     let w = &mut k.body;
     emit!(w, "const {wt}* wge = wg + (long long)ex * {f} * {h};");
     emit!(w, "const {wt}* wue = wu + (long long)ex * {f} * {h};");
-    w.for_block("int c0 = 0", "c0 < n", "c0 += TB", |w| {
-        w.line("const int nb = n - c0 < TB ? n - c0 : TB;");
-        emit!(w, "const {xt}* xrow[TB];");
-        w.for_unrolled("b", 0, "TB", |w| {
-            emit!(
-                w,
-                "xrow[b] = x + (long long)pair_token[p0 + c0 + (b < nb ? b : 0)] * {h};"
-            );
-        });
-        w.line("float acc0[RW][TB] = {}, acc1[RW][TB] = {};");
-        stream_rows(w, &["wge", "wue"], h, xt, wt);
-        w.for_unrolled("r", 0, "RW", |w| {
+    per_pass(w, |w| {
+        w.for_block("int c0 = 0", "c0 < n", "c0 += TB", |w| {
+            w.line("const int nb = n - c0 < TB ? n - c0 : TB;");
+            emit!(w, "const {xt}* xrow[TB];");
             w.for_unrolled("b", 0, "TB", |w| {
-                w.line("const float sg = warp_sum(acc0[r][b]), su = warp_sum(acc1[r][b]);");
-                w.if_block("lane == 0 && b < nb && j0 + r < ROWS", |w| {
-                    emit!(w, "const float g = {};", r("sg"));
-                    emit!(w, "const float u = {};", r("su"));
-                    emit!(w, "const float sl = {};", r("silu_f32(g)"));
-                    emit!(
-                        w,
-                        "act[(long long)(p0 + c0 + b) * {f} + j0 + r] = {};",
-                        store(out.dtype, "__fmul_rn(sl, u)")
-                    );
+                emit!(
+                    w,
+                    "xrow[b] = x + (long long)pair_token[p0 + c0 + (b < nb ? b : 0)] * {h};"
+                );
+            });
+            w.line("float acc0[RW][TB] = {}, acc1[RW][TB] = {};");
+            stream_rows(w, &["wge", "wue"], h, xt, wt);
+            w.for_unrolled("r", 0, "RW", |w| {
+                w.for_unrolled("b", 0, "TB", |w| {
+                    w.line("const float sg = warp_sum(acc0[r][b]), su = warp_sum(acc1[r][b]);");
+                    w.if_block("lane == 0 && b < nb && j0 + r < ROWS", |w| {
+                        emit!(w, "const float g = {};", r("sg"));
+                        emit!(w, "const float u = {};", r("su"));
+                        emit!(w, "const float sl = {};", r("silu_f32(g)"));
+                        emit!(
+                            w,
+                            "act[(long long)(p0 + c0 + b) * {f} + j0 + r] = {};",
+                            store(out.dtype, "__fmul_rn(sl, u)")
+                        );
+                    });
                 });
             });
         });
@@ -335,26 +358,28 @@ fn down(sh: MoeGroupedShape, wd: &TensorArg, out: &TensorArg, s: &MoeScratch) ->
     grouped_prologue(&mut k, s, e, h, vec_of(wd));
     let w = &mut k.body;
     emit!(w, "const {wt}* wde = wd + (long long)ex * {h} * {f};");
-    w.for_block("int c0 = 0", "c0 < n", "c0 += TB", |w| {
-        w.line("const int nb = n - c0 < TB ? n - c0 : TB;");
-        emit!(w, "const {ot}* xrow[TB];");
-        w.for_unrolled("b", 0, "TB", |w| {
-            emit!(
-                w,
-                "xrow[b] = act + (long long)(p0 + c0 + (b < nb ? b : 0)) * {f};"
-            );
-        });
-        w.line("float acc0[RW][TB] = {};");
-        stream_rows(w, &["wde"], f, ot, wt);
-        w.for_unrolled("r", 0, "RW", |w| {
+    per_pass(w, |w| {
+        w.for_block("int c0 = 0", "c0 < n", "c0 += TB", |w| {
+            w.line("const int nb = n - c0 < TB ? n - c0 : TB;");
+            emit!(w, "const {ot}* xrow[TB];");
             w.for_unrolled("b", 0, "TB", |w| {
-                w.line("const float sd = warp_sum(acc0[r][b]);");
-                w.if_block("lane == 0 && b < nb && j0 + r < ROWS", |w| {
-                    emit!(
-                        w,
-                        "y[(long long)(p0 + c0 + b) * {h} + j0 + r] = {};",
-                        store(out.dtype, "sd")
-                    );
+                emit!(
+                    w,
+                    "xrow[b] = act + (long long)(p0 + c0 + (b < nb ? b : 0)) * {f};"
+                );
+            });
+            w.line("float acc0[RW][TB] = {};");
+            stream_rows(w, &["wde"], f, ot, wt);
+            w.for_unrolled("r", 0, "RW", |w| {
+                w.for_unrolled("b", 0, "TB", |w| {
+                    w.line("const float sd = warp_sum(acc0[r][b]);");
+                    w.if_block("lane == 0 && b < nb && j0 + r < ROWS", |w| {
+                        emit!(
+                            w,
+                            "y[(long long)(p0 + c0 + b) * {h} + j0 + r] = {};",
+                            store(out.dtype, "sd")
+                        );
+                    });
                 });
             });
         });

@@ -31,6 +31,9 @@ pub struct Measured {
     /// Programmatic (PDL) edges in the timed graph, where the driver reports them.
     pub pdl_edges: Option<usize>,
     pub per_kernel: Option<Vec<KernelRow>>,
+    /// Distinct experts each MoE layer's tokens selected in the last replay (empty without
+    /// MoE layers; 0 for a layer on the per-token kernel).
+    pub moe_experts: Vec<i64>,
 }
 
 pub struct Measurement {
@@ -176,10 +179,18 @@ impl Figure1<'_> {
         } else {
             None
         };
+        let a = &loaded.plan.arena;
+        let moe_experts = loaded
+            .arena
+            .read(a.moe_stats_offset, 4 * a.moe_stats_count)?
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
+            .collect();
         Ok(Measured {
             timing,
             pdl_edges: timed.programmatic_edges(),
             per_kernel,
+            moe_experts,
         })
     }
 }

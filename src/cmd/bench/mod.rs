@@ -141,6 +141,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     // specc's figures first, table and JSON, so they survive a reference that never ends.
     print!("{}", table::compare_table(&rows, &[]));
     print_per_kernel(&c.plan, &m, method);
+    print_moe(&c.plan, &m, method);
     let write =
         |rows: &[table::Row], r: Option<&reference::Output>, e: Option<&anyhow::Error>| match &a
             .json
@@ -190,6 +191,7 @@ fn single(
         table::single_table(&name, f.batch, f.context, s, accept)
     );
     print_per_kernel(std::slice::from_ref(f), m, method);
+    print_moe(std::slice::from_ref(f), m, method);
     if let Some(path) = &a.json {
         let j = serde_json::json!({
             "device": m.device, "step": name, "batch": f.batch, "context": f.context,
@@ -198,10 +200,30 @@ fn single(
             "p90_ms": s.p90_ms, "roofline_ms": s.roofline_ms(), "pct_roofline": s.pct_roofline(),
             "bytes": s.bytes(), "copy_bw_bytes_per_s": s.copy_bw,
             "tok_s": accept * f.batch as f64 / (s.median_ms * 1e-3), "accept_len": accept,
+            "moe_experts_per_layer": m.figures[0].moe_experts,
         });
         std::fs::write(path, serde_json::to_string_pretty(&j)?)?;
     }
     Ok(())
+}
+
+/// Per figure with MoE layers: the distinct experts each layer read in the last replay (the
+/// grouped dispatch's count), beside the uniform-routing floor the roofline assumes.
+#[cfg(feature = "cuda")]
+fn print_moe(plan: &[Figure], m: &measure::Measurement, method: Option<(&str, usize)>) {
+    for (f, got) in plan.iter().zip(&m.figures) {
+        let e = &got.moe_experts;
+        if e.is_empty() {
+            continue;
+        }
+        let mean = e.iter().sum::<i64>() as f64 / e.len() as f64;
+        let list: Vec<String> = e.iter().map(|n| n.to_string()).collect();
+        println!(
+            "{}: experts read per MoE layer (last replay): {} (mean {mean:.1}); the roofline counts the uniform-routing union",
+            f.label(method),
+            list.join(", ")
+        );
+    }
 }
 
 #[cfg(feature = "cuda")]
