@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use specc_codegen::{compile, root, tensor_bytes, Group, Home, LaunchPlan};
-use specc_ir::interp::{self, Env, Tensor};
+use specc_ir::interp::{self, Data, Env, Tensor};
 use specc_ir::{Bindings, DType, Graph, Op, TensorType, ValueId};
 use specc_models::methods::{lower_draft_model_step, StepShape, DRAFT_PREFIX};
 use specc_models::{Acceptance, Model};
@@ -105,6 +105,22 @@ impl Planned<'_> {
                     Tensor { shape, ..t }
                 }
                 Home::Weight(name) => self.weights[name].clone(),
+                // The stacked weights, in order: their values, in the stack's shape.
+                Home::WeightStack(names) => {
+                    let data = names
+                        .iter()
+                        .flat_map(|n| match &self.weights[n].data {
+                            Data::F32(v) => v.clone(),
+                            Data::I64(_) => panic!("weight {n} is not a float tensor"),
+                        })
+                        .collect();
+                    let ty = self.g.ty(v);
+                    Tensor {
+                        dtype: ty.dtype,
+                        shape: ty.shape.resolve(bind).unwrap(),
+                        data: Data::F32(data),
+                    }
+                }
                 Home::Const(bytes) => decode(bytes, self.g.ty(v), bind),
             },
         }
