@@ -1,6 +1,10 @@
 //! Element types of IR values.
 
 use std::fmt;
+
+/// Rows and columns of one fp8 scale block (`weight_block_size` [128, 128]: DeepSeek-V3,
+/// Kimi-K2-Instruct; the only block size the IR defines).
+pub const FP8_BLOCK: u64 = 128;
 use std::str::FromStr;
 
 /// Element type of a tensor value.
