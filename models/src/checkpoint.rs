@@ -30,6 +30,7 @@ use specc_ir::{DType, Graph, TensorType};
 use crate::coverage::Ignored;
 use crate::error::ModelError;
 use crate::files::{is_regular, read_text};
+use crate::quant::{self, WeightFormat};
 
 pub const SINGLE_FILE: &str = "model.safetensors";
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -241,14 +242,20 @@ impl Checkpoint {
         let mut len = 0usize;
         let mut jobs = Vec::new();
         for (_, name, ty) in graph.weights() {
-            let shape: Vec<usize> = ty
+            let mut shape: Vec<usize> = ty
                 .shape
                 .dims()
                 .iter()
                 .map(|d| d.as_static().unwrap_or(1) as usize)
                 .collect();
+            if let (DType::Int4Group { .. }, Some(l)) = (ty.dtype, shape.last_mut()) {
+                // Stored as i32 words of 8 nibbles.
+                *l /= 8;
+            }
             let numel: usize = shape.iter().product();
             let (dtype, size) = match ty.dtype {
+                DType::Int4Group { .. } => (Dtype::I32, 4),
+                DType::Fp8E4M3 => (Dtype::F8_E4M3, 1),
                 DType::F32 => (Dtype::F32, 4),
                 DType::F16 => (Dtype::F16, 2),
                 DType::I64 => (Dtype::I64, 8),
@@ -475,6 +482,53 @@ impl Checkpoint {
         }
     }
 
+    /// Finds and checks every quantised Linear against the headers under the scheme of
+    /// `spec`'s `quantization_config` (`config` names config.json), and records their
+    /// formats in `spec` (for the lowering) and here (for reading their weights). The routed
+    /// experts of each MoE projection must share one format.
+    pub fn adapt_quant(
+        &mut self,
+        spec: &mut crate::config::ModelSpec,
+        config: &Path,
+    ) -> Result<(), ModelError> {
+        let q = quant::scan(self, spec.quant.scheme, config)?;
+        if let Some(moe) = &spec.moe {
+            for l in moe.first_dense..spec.layers {
+                for proj in ["gate_proj", "up_proj", "down_proj"] {
+                    let stem = |j: usize| {
+                        format!(
+                            "{}model.layers.{l}.mlp.experts.{j}.{proj}",
+                            spec.weight_prefix
+                        )
+                    };
+                    let first = q.formats.get(&stem(0));
+                    for j in 1..moe.experts {
+                        let s = stem(j);
+                        let this = q.formats.get(&s);
+                        if this != first {
+                            let how = |f: Option<&WeightFormat>| {
+                                f.map_or("unquantised".to_string(), |f| {
+                                    f.weight_dtype().to_string()
+                                })
+                            };
+                            return Err(ModelError::Tensor {
+                                file: self.root.clone(),
+                                tensor: s,
+                                expected: format!(
+                                    "the storage format of expert 0 ({}): the experts of a layer are stacked",
+                                    how(first)
+                                ),
+                                found: how(this),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        spec.quant = q;
+        Ok(())
+    }
+
     /// Checks that every `weight` of `g` exists with the graph's shape and dtype.
     pub fn validate(&self, g: &Graph) -> Result<(), ModelError> {
         for (_, name, ty) in g.weights() {
@@ -490,7 +544,14 @@ impl Checkpoint {
             .iter()
             .map(|d| d.as_static().map(|n| n as usize))
             .collect();
-        let expected = format!("shape {} {}", fmt_shape_ir(ty), ty.dtype);
+        let expected = match ty.dtype {
+            DType::Int4Group { .. } => format!(
+                "shape {} {} (i32 words of 8 nibbles)",
+                fmt_shape_ir(ty),
+                ty.dtype
+            ),
+            _ => format!("shape {} {}", fmt_shape_ir(ty), ty.dtype),
+        };
         let Some(e) = self.tensors.get(name) else {
             return Err(ModelError::Tensor {
                 file: self.root.clone(),
@@ -499,10 +560,27 @@ impl Checkpoint {
                 found: "no such tensor".into(),
             });
         };
-        // Float weights must be bf16/f16/f32; integer tables (EAGLE-3 `d2t`) match exactly.
-        let dtype_ok =
-            ir_dtype(e.dtype) == Some(ty.dtype) && (is_float_weight(e.dtype) || ty.dtype.is_int());
-        if want_dims.as_ref() != Some(&e.shape) || !dtype_ok {
+        // Float weights must be bf16/f16/f32; integer tables (EAGLE-3 `d2t`) match exactly;
+        // fp8 weights are stored as fp8; int4 [out, in] weights as i32 words [out, in/8].
+        let (stored_dims, dtype_ok) = match ty.dtype {
+            DType::Int4Group { .. } => (
+                want_dims.as_ref().map(|d| {
+                    let mut d = d.clone();
+                    if let Some(l) = d.last_mut() {
+                        *l /= 8;
+                    }
+                    d
+                }),
+                e.dtype == Dtype::I32,
+            ),
+            DType::Fp8E4M3 => (want_dims.clone(), e.dtype == Dtype::F8_E4M3),
+            _ => (
+                want_dims.clone(),
+                ir_dtype(e.dtype) == Some(ty.dtype)
+                    && (is_float_weight(e.dtype) || ty.dtype.is_int()),
+            ),
+        };
+        if stored_dims.as_ref() != Some(&e.shape) || !dtype_ok {
             return Err(ModelError::Tensor {
                 file: self.file_of(e).to_path_buf(),
                 tensor: name.into(),
@@ -513,12 +591,58 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// The IR dtype (`int4g<group>`) of an int4 `weight_packed` tensor (i32 `[out, in/8]`),
+    /// its group read off its `weight_scale` `[out, in/group]`; `None` for other tensors.
+    pub fn int4_dtype(&self, name: &str) -> Result<Option<DType>, ModelError> {
+        let Some(stem) = name.strip_suffix(quant::PACKED) else {
+            return Ok(None);
+        };
+        let Some(e) = self.tensors.get(name).filter(|e| e.dtype == Dtype::I32) else {
+            return Ok(None);
+        };
+        let scale = format!("{stem}{}", quant::SCALE);
+        let inp = e.shape.last().copied().unwrap_or(0) * 8;
+        let groups = self
+            .tensors
+            .get(&scale)
+            .filter(|s| s.shape.len() == e.shape.len())
+            .and_then(|s| s.shape.last().copied())
+            .filter(|&g| g > 0 && inp % g == 0);
+        match groups {
+            Some(g) => Ok(Some(DType::Int4Group {
+                group: (inp / g) as u32,
+            })),
+            None => Err(ModelError::Tensor {
+                file: self.root.clone(),
+                expected: format!("the scale of {name} ([.., a divisor of {inp}])"),
+                found: self
+                    .tensors
+                    .get(&scale)
+                    .map_or("no such tensor".into(), |s| {
+                        format!("{:?} {}", s.shape, dtype_name(s.dtype))
+                    }),
+                tensor: scale,
+            }),
+        }
+    }
+
     /// Loads a bf16/f16/f32 tensor as f32 values; the tensor's dtype records the stored
     /// dtype (the interpreter rounds to it where the GPU would).
     pub fn load_f32(&self, name: &str) -> Result<Tensor, ModelError> {
         let bytes = self.checked_bytes(name)?;
         let e = &self.tensors[name];
+        if let Some(dtype) = self.int4_dtype(name)? {
+            let mut shape = e.shape.clone();
+            if let Some(l) = shape.last_mut() {
+                *l *= 8;
+            }
+            return Ok(Tensor::from_i64(dtype, shape, quant::unpack_int4(bytes)));
+        }
         let (dtype, data): (DType, Vec<f32>) = match e.dtype {
+            Dtype::F8_E4M3 => (
+                DType::Fp8E4M3,
+                bytes.iter().map(|&b| fp8e4m3_to_f32(b)).collect(),
+            ),
             Dtype::F32 => (
                 DType::F32,
                 bytes
@@ -560,7 +684,7 @@ impl Checkpoint {
                 return Err(ModelError::Tensor {
                     file: self.file_of(e).to_path_buf(),
                     tensor: name.into(),
-                    expected: "bf16, f16, f32, i32 or i64 data".into(),
+                    expected: "bf16, f16, f32, fp8e4m3, i32 or i64 data".into(),
                     found: format!("{:?} {}", e.shape, dtype_name(other)),
                 })
             }
@@ -713,7 +837,28 @@ pub fn first_non_finite(dtype: Dtype, bytes: &[u8]) -> Option<(usize, f32)> {
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .enumerate()
             .find(|(_, v)| !v.is_finite()),
+        // e4m3fn has no infinities; NaN is S.1111.111.
+        Dtype::F8_E4M3 => bytes
+            .iter()
+            .position(|&b| b & 0x7f == 0x7f)
+            .map(|i| (i, f32::NAN)),
         _ => None,
+    }
+}
+
+/// The value of an `float8_e4m3fn` byte (sign, 4 exponent bits with bias 7, 3 mantissa
+/// bits; subnormals at exponent 0; `S.1111.111` is NaN; no infinities).
+pub fn fp8e4m3_to_f32(b: u8) -> f32 {
+    let sign = if b & 0x80 != 0 { -1.0f32 } else { 1.0 };
+    let exp = ((b >> 3) & 0xf) as i32;
+    let man = (b & 7) as f32;
+    if exp == 0xf && b & 7 == 7 {
+        return f32::NAN;
+    }
+    if exp == 0 {
+        sign * man / 8.0 * 2f32.powi(-6)
+    } else {
+        sign * (1.0 + man / 8.0) * 2f32.powi(exp - 7)
     }
 }
 
@@ -755,7 +900,36 @@ fn fill_random(name: &str, dt: DType, shape: &[usize], out: &mut [u8], seed: u64
             amp * u
         }
     };
+    // Quantised weights: uniform codes, and one small positive scale for all (a scale's
+    // shape does not tell its weight's fan-in): finite values of a plausible size.
+    let is_scale = name.ends_with(crate::quant::SCALE) || name.ends_with(crate::quant::SCALE_INV);
     match dt {
+        DType::Int4Group { .. } => {
+            for (i, b) in out.iter_mut().enumerate() {
+                *b = splitmix64(h ^ i as u64) as u8;
+            }
+        }
+        DType::Fp8E4M3 => {
+            // Sign, exponent 6..=8 (0.5 ..= 3.75 in magnitude), any mantissa.
+            for (i, b) in out.iter_mut().enumerate() {
+                let r = splitmix64(h ^ i as u64);
+                *b = (r as u8 & 0x87) | ((6 + (r >> 8) % 3) as u8) << 3;
+            }
+        }
+        DType::F32 | DType::BF16 | DType::F16 if is_scale => {
+            let v = 0.01f32;
+            match dt {
+                DType::F32 => out
+                    .chunks_exact_mut(4)
+                    .for_each(|c| c.copy_from_slice(&v.to_le_bytes())),
+                DType::F16 => out
+                    .chunks_exact_mut(2)
+                    .for_each(|c| c.copy_from_slice(&half::f16::from_f32(v).to_le_bytes())),
+                _ => out
+                    .chunks_exact_mut(2)
+                    .for_each(|c| c.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes())),
+            }
+        }
         DType::F32 => {
             for (i, c) in out.chunks_exact_mut(4).enumerate() {
                 c.copy_from_slice(&value(i).to_le_bytes());

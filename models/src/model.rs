@@ -42,6 +42,7 @@ impl Model {
         let mut checkpoint = Checkpoint::open(&dir)?;
         coverage::check_layers(&checkpoint, &spec, &config)?;
         checkpoint.adapt_router_dtypes(&mut spec);
+        checkpoint.adapt_quant(&mut spec, &config)?;
         let graph = lower::lower_dense(&spec)?;
         checkpoint.validate(&graph)?;
         let reader = coverage::Reader::model(&spec, &config);
@@ -59,7 +60,8 @@ impl Model {
     /// deterministic random weights: full-size shapes without a download.
     pub fn open_random(path: impl AsRef<Path>, seed: u64) -> Result<Model, ModelError> {
         let (dir, config) = Self::random_paths(path.as_ref());
-        let spec = ModelSpec::from_file(&config)?;
+        let mut spec = ModelSpec::from_file(&config)?;
+        spec.quant.formats = crate::quant::published_formats(&spec)?;
         let graph = lower::lower_dense(&spec)?;
         let checkpoint = Checkpoint::random(&dir, &graph, seed);
         Ok(Model {
