@@ -32,6 +32,9 @@ use crate::error::ModelError;
 use crate::files::{is_regular, read_text};
 use crate::quant::{self, WeightFormat};
 
+mod part;
+pub use part::scale_part;
+
 pub const SINGLE_FILE: &str = "model.safetensors";
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
@@ -607,7 +610,7 @@ impl Checkpoint {
             .get(&scale)
             .filter(|s| s.shape.len() == e.shape.len())
             .and_then(|s| s.shape.last().copied())
-            .filter(|&g| g > 0 && inp % g == 0);
+            .filter(|&g| g > 0 && inp.is_multiple_of(g));
         match groups {
             Some(g) => Ok(Some(DType::Int4Group {
                 group: (inp / g) as u32,
@@ -631,8 +634,19 @@ impl Checkpoint {
     pub fn load_f32(&self, name: &str) -> Result<Tensor, ModelError> {
         let bytes = self.checked_bytes(name)?;
         let e = &self.tensors[name];
+        self.decode(name, e, e.shape.clone(), bytes)
+    }
+
+    /// The values of `bytes`, part or all of tensor `name` (`e`), as a tensor of `shape`
+    /// (stored elements; an int4 `weight_packed` is unpacked to 8 columns per word).
+    fn decode(
+        &self,
+        name: &str,
+        e: &TensorEntry,
+        mut shape: Vec<usize>,
+        bytes: &[u8],
+    ) -> Result<Tensor, ModelError> {
         if let Some(dtype) = self.int4_dtype(name)? {
-            let mut shape = e.shape.clone();
             if let Some(l) = shape.last_mut() {
                 *l *= 8;
             }
@@ -678,7 +692,7 @@ impl Checkpoint {
                         .collect()
                 };
                 let dt = if wide { DType::I64 } else { DType::I32 };
-                return Ok(Tensor::from_i64(dt, e.shape.clone(), vals));
+                return Ok(Tensor::from_i64(dt, shape, vals));
             }
             other => {
                 return Err(ModelError::Tensor {
@@ -689,7 +703,7 @@ impl Checkpoint {
                 })
             }
         };
-        Ok(Tensor::from_f32(dtype, e.shape.clone(), data))
+        Ok(Tensor::from_f32(dtype, shape, data))
     }
 }
 

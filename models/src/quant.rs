@@ -113,9 +113,8 @@ pub fn resolve_scheme(file: &Path, at: &str, q: Option<&Value>) -> Result<QuantS
         return Ok(QuantScheme::None);
     }
     let field = |f: &str| format!("{at}.{f}");
-    let err = |f: &str, expected: &str, found: &Value| {
-        ModelError::field(file, &field(f), expected, found)
-    };
+    let err =
+        |f: &str, expected: &str, found: &Value| ModelError::field(file, field(f), expected, found);
     let obj = q
         .as_object()
         .ok_or_else(|| ModelError::field(file, at, "an object", q))?;
@@ -221,7 +220,7 @@ fn int4_scheme(
         let gs = get("group_size");
         let Some(n) = gs
             .as_u64()
-            .filter(|&n| n > 0 && n % 8 == 0 && n <= u32::MAX as u64)
+            .filter(|&n| n > 0 && n.is_multiple_of(8) && n <= u32::MAX as u64)
         else {
             return Err(err(&at("group_size"), "a positive multiple of 8", gs));
         };
@@ -290,8 +289,7 @@ pub fn scan(ck: &Checkpoint, scheme: QuantScheme, config: &Path) -> Result<Quant
                     "no such tensor".into(),
                 ));
             }
-        } else if name.ends_with(SCALE_INV) {
-            let stem = &name[..name.len() - SCALE_INV.len()];
+        } else if let Some(stem) = name.strip_suffix(SCALE_INV) {
             let w = format!("{stem}{WEIGHT}");
             if ck.tensor(&w).is_none_or(|e| e.dtype != Dtype::F8_E4M3) {
                 return Err(bad(
@@ -393,7 +391,7 @@ fn int4_linear(
             ))
         }
     };
-    if inp % 8 != 0 {
+    if !inp.is_multiple_of(8) {
         return Err(bad(
             &sh,
             "in-features a multiple of 8 (8 nibbles per i32 word)".into(),
@@ -411,7 +409,7 @@ fn int4_linear(
             header(&p).unwrap_or_default(),
         ));
     }
-    if inp % group as usize != 0 {
+    if !inp.is_multiple_of(group as usize) {
         return Err(bad(
             &p,
             format!("in-features divisible by the group size {group} (quantization_config)"),
@@ -459,11 +457,11 @@ pub fn published_formats(
         let cols = cols.as_static().unwrap_or(0);
         let f = match spec.quant.scheme {
             QuantScheme::Int4Pack { group } => (stem.contains(".mlp.experts.")
-                && cols % group as u64 == 0)
-                .then_some(WeightFormat::Int4 {
-                    group,
-                    scale: DType::BF16,
-                }),
+                && cols.is_multiple_of(group as u64))
+            .then_some(WeightFormat::Int4 {
+                group,
+                scale: DType::BF16,
+            }),
             QuantScheme::Fp8Block => (!stem.ends_with("mlp.gate")
                 && !stem.ends_with("embed_tokens")
                 && !stem.ends_with("lm_head"))

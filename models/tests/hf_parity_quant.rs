@@ -349,3 +349,244 @@ fn fp8_block_size_other_than_128() {
     let e = open_err(&dir);
     assert_names(&e, &["quantization_config.weight_block_size", "[128, 128]"]);
 }
+
+/// The int4 fixture as Kimi-K2.5 ships it: `KimiK25ForConditionalGeneration` with the text
+/// config under `text_config` and `quantization_config` at the top level, tensors under
+/// `language_model.`, a vision tower and projector, an int4 MTP layer, and the tensors spread
+/// over 40 shards of a `model.safetensors.index.json`: the same logits, the tower, projector
+/// and MTP layer skipped with a note.
+#[test]
+fn kimi_k25_int4_layout_over_many_shards() {
+    let dir = k25_sharded("k25_shards");
+    check_dir("kimi_k25 int4 sharded", &dir, TOL, false);
+    let model = Model::open(&dir).unwrap();
+    assert_eq!(model.spec().weight_prefix, "language_model.");
+    assert_eq!(
+        model.spec().quant.scheme,
+        QuantScheme::Int4Pack { group: 32 }
+    );
+    assert!(model
+        .spec()
+        .quant
+        .formats
+        .contains_key("language_model.model.layers.2.mlp.experts.7.down_proj"));
+    let note = model
+        .checkpoint()
+        .note()
+        .expect("skipped tensors are noted");
+    assert!(note.contains("MTP layers"), "{note}");
+    assert!(note.contains("2 × vision tower and projector"), "{note}");
+}
+
+/// The Kimi-K2.5 layout of the int4 fixture over 40 shards, in a fresh directory `tag`.
+fn k25_sharded(tag: &str) -> PathBuf {
+    let src = fixture("deepseek_v3_int4");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("hf_parity_quant_{tag}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut text: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let obj = text.as_object_mut().unwrap();
+    obj.remove("architectures");
+    obj.insert("model_type".into(), "kimi_k2".into());
+    obj.insert("num_nextn_predict_layers".into(), 1.into());
+    let qc = obj.remove("quantization_config").unwrap();
+    let dtype = obj.remove("torch_dtype").unwrap();
+    let config = serde_json::json!({
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "torch_dtype": dtype,
+        "quantization_config": qc,
+        "text_config": text,
+        "vision_config": {"hidden_size": 8},
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut all: Vec<(String, TensorView<'_>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(k, v)| (format!("language_model.{k}"), v))
+        .collect();
+    // MTP layer 3: an int4 expert projection (checked like any other) and a norm; the
+    // vision tower and projector: bf16-like copies under their names.
+    let e = "model.layers.1.mlp.experts.0.gate_proj";
+    for s in [".weight_packed", ".weight_scale", ".weight_shape"] {
+        all.push((
+            format!("language_model.model.layers.3.mlp.experts.0.gate_proj{s}"),
+            st.tensor(&format!("{e}{s}")).unwrap(),
+        ));
+    }
+    let norm = st.tensor("model.norm.weight").unwrap();
+    all.push((
+        "language_model.model.layers.3.input_layernorm.weight".into(),
+        norm.clone(),
+    ));
+    all.push(("vision_tower.blocks.0.norm.weight".into(), norm.clone()));
+    all.push(("mm_projector.proj.0.weight".into(), norm));
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    let shards = 40;
+    let per = all.len().div_ceil(shards);
+    let mut weight_map = serde_json::Map::new();
+    for (i, chunk) in all.chunks(per).enumerate() {
+        let file = format!("model-{:05}-of-{shards:05}.safetensors", i + 1);
+        for (name, _) in chunk {
+            weight_map.insert(name.clone(), file.clone().into());
+        }
+        let data = safetensors::serialize(chunk.iter().cloned(), &None).unwrap();
+        std::fs::write(dir.join(&file), data).unwrap();
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    std::fs::copy(
+        src.join("reference.safetensors"),
+        dir.join("reference.safetensors"),
+    )
+    .unwrap();
+    dir
+}
+
+/// Streaming visits every tensor once, shard by shard in file order, with byte progress
+/// ending at the total; its bytes are the tensors'.
+#[test]
+fn stream_goes_shard_by_shard() {
+    let dir = k25_sharded("k25_stream");
+    let model = Model::open(&dir).unwrap();
+    let ck = model.checkpoint();
+    let names: Vec<&str> = model.graph().weights().map(|(_, n, _)| n).collect();
+    let mut seen = Vec::new();
+    let mut last = (0u64, 0u64);
+    ck.stream::<specc_models::ModelError>(
+        &names,
+        |n, e, bytes| {
+            assert_eq!(bytes, ck.bytes(n).unwrap());
+            seen.push((e.file, e.range.start, n.to_string()));
+            Ok(())
+        },
+        |done, total| {
+            assert!(done >= last.0 && done <= total);
+            last = (done, total);
+        },
+    )
+    .unwrap();
+    assert_eq!(seen.len(), names.len());
+    assert!(seen.windows(2).all(|w| (w[0].0, w[0].1) < (w[1].0, w[1].1)));
+    let files: std::collections::BTreeSet<usize> = seen.iter().map(|s| s.0).collect();
+    assert!(files.len() >= 30, "{} shards visited", files.len());
+    let total: u64 = names
+        .iter()
+        .map(|n| ck.tensor(n).unwrap().range.len() as u64)
+        .sum();
+    assert_eq!(last, (total, total));
+    let e = ck
+        .stream::<specc_models::ModelError>(&["nope"], |_, _, _| Ok(()), |_, _| {})
+        .unwrap_err();
+    assert!(e.to_string().contains("\"nope\""), "{e}");
+}
+
+/// A rank's part of a tensor equals the same part of the whole, for int4 words, fp8, bf16
+/// scales and f32; misaligned int4 columns are refused.
+#[test]
+fn tensor_parts_equal_parts_of_the_whole() {
+    use specc_models::checkpoint::scale_part;
+    let part_of = |t: &specc_ir::interp::Tensor,
+                   rows: std::ops::Range<usize>,
+                   cols: std::ops::Range<usize>| {
+        let k = t.shape[1];
+        let pick = |i: usize| rows.contains(&(i / k)) && cols.contains(&(i % k));
+        match &t.data {
+            specc_ir::interp::Data::F32(v) => format!(
+                "{:?}",
+                v.iter()
+                    .enumerate()
+                    .filter(|(i, _)| pick(*i))
+                    .map(|(_, x)| *x)
+                    .collect::<Vec<_>>()
+            ),
+            specc_ir::interp::Data::I64(v) => format!(
+                "{:?}",
+                v.iter()
+                    .enumerate()
+                    .filter(|(i, _)| pick(*i))
+                    .map(|(_, x)| *x)
+                    .collect::<Vec<_>>()
+            ),
+        }
+    };
+    let show = |t: &specc_ir::interp::Tensor| match &t.data {
+        specc_ir::interp::Data::F32(v) => format!("{v:?}"),
+        specc_ir::interp::Data::I64(v) => format!("{v:?}"),
+    };
+    let int4 = Model::open(fixture("deepseek_v3_int4")).unwrap();
+    let fp8 = Model::open(fixture("deepseek_v3_fp8")).unwrap();
+    let cases: [(&Model, &str, std::ops::Range<usize>, std::ops::Range<usize>); 5] = [
+        (
+            &int4,
+            "model.layers.1.mlp.experts.2.gate_proj.weight_packed",
+            4..20,
+            16..48,
+        ),
+        (
+            &int4,
+            "model.layers.1.mlp.experts.2.gate_proj.weight_scale",
+            4..20,
+            1..2,
+        ),
+        (
+            &int4,
+            "model.layers.0.self_attn.o_proj.weight",
+            0..64,
+            32..64,
+        ),
+        (
+            &fp8,
+            "model.layers.1.self_attn.kv_a_proj_with_mqa.weight",
+            128..144,
+            0..160,
+        ),
+        (
+            &fp8,
+            "model.layers.1.self_attn.kv_a_proj_with_mqa.weight_scale_inv",
+            1..2,
+            0..2,
+        ),
+    ];
+    for (m, name, rows, cols) in cases {
+        let ck = m.checkpoint();
+        let whole = ck.load_f32(name).unwrap();
+        let part = ck.load_f32_part(name, rows.clone(), cols.clone()).unwrap();
+        assert_eq!(part.dtype, whole.dtype, "{name}");
+        assert_eq!(part.shape, vec![rows.len(), cols.len()], "{name}");
+        assert_eq!(show(&part), part_of(&whole, rows, cols), "{name}");
+    }
+    // The scale part of int4 columns 32..64 is group 1; of fp8 rows 128..144, block row 1.
+    let i4 = DType::Int4Group { group: 32 };
+    assert_eq!(scale_part(i4, [32, 64], 4..20, 32..64), Ok((4..20, 1..2)));
+    assert_eq!(
+        scale_part(DType::Fp8E4M3, [144, 160], 128..144, 0..160),
+        Ok((1..2, 0..2))
+    );
+    let e = int4
+        .checkpoint()
+        .load_f32_part(
+            "model.layers.1.mlp.experts.2.gate_proj.weight_packed",
+            0..4,
+            4..12,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("multiples of 8"), "{e}");
+}
+
+/// Random weights for a quantised config take the published layout (int4 routed experts;
+/// fp8 every Linear but the router) and run to finite logits.
+#[test]
+fn random_weights_of_quantised_configs() {
+    for (name, want) in [("deepseek_v3_int4", 48), ("deepseek_v3_fp8", 72)] {
+        let model = Model::open_random(fixture(name).join("config.json"), 7).unwrap();
+        assert_eq!(model.spec().quant.formats.len(), want, "{name}");
+        let weights = model.load_weights_f32();
+        let (_, logits) = model.logits(&weights, &[1, 2, 3]).unwrap();
+        assert!(logits.iter().all(|v| v.is_finite()), "{name}");
+    }
+}

@@ -111,13 +111,17 @@ pub(crate) fn moe_experts(args: &[&Tensor], out: &Out) -> OpResult {
     let xv = f32s(x, "moe_experts input")?;
     let gv = f32s(gates, "moe_experts gates")?;
     let (e, f, h) = (wg.shape[0], wg.shape[1], wg.shape[2]);
+    // Only experts some token selects are checked and read.
     let experts = (0..e)
         .map(|ei| {
-            Ok([
+            if !gv.chunks(e).any(|g| g[ei] != 0.0) {
+                return Ok(None);
+            }
+            Ok(Some([
                 WeightRows::expert(wg, scale(0), ei)?,
                 WeightRows::expert(wu, scale(1), ei)?,
                 WeightRows::expert(wd, scale(2), ei)?,
-            ])
+            ]))
         })
         .collect::<Result<Vec<_>, String>>()?;
     let dt = out.dtype;
@@ -135,7 +139,7 @@ pub(crate) fn moe_experts(args: &[&Tensor], out: &Out) -> OpResult {
             if gate == 0.0 {
                 continue;
             }
-            let [we_g, we_u, we_d] = &experts[ei];
+            let [we_g, we_u, we_d] = experts[ei].as_ref().expect("a selected expert");
             for (j, a) in act.iter_mut().enumerate() {
                 let g = r(dot(xr, we_g.row(j, h, &mut bg)));
                 let u = r(dot(xr, we_u.row(j, h, &mut bu)));
