@@ -96,10 +96,13 @@ pub struct QuantSpec {
 
 impl QuantSpec {
     /// The format of the Linear whose plain weight would be `weight_name`
-    /// (`{stem}.weight`), if it is quantised.
+    /// (`{stem}.weight`), if it is quantised, and its stem. A graph prefix (`draft/`: the
+    /// part up to the last `/`, which checkpoint names do not hold) is kept in the stem but
+    /// not looked up.
     pub fn format_of<'n>(&self, weight_name: &'n str) -> Option<(&'n str, WeightFormat)> {
         let stem = weight_name.strip_suffix(WEIGHT)?;
-        self.formats.get(stem).map(|f| (stem, *f))
+        let key = stem.rsplit_once('/').map_or(stem, |(_, k)| k);
+        self.formats.get(key).map(|f| (stem, *f))
     }
 }
 
