@@ -14,7 +14,7 @@ use crate::quant::{self, WeightFormat};
 impl Checkpoint {
     /// Finds and checks every quantised Linear against the headers under the scheme of
     /// `spec`'s `quantization_config` (`config` names config.json), and records their
-    /// formats in `spec` (for the lowering) and here (for reading their weights). The routed
+    /// formats in `spec` (for the lowering; reading needs none: see [`Checkpoint::int4_dtype`]). The routed
     /// experts of each MoE projection must share one format.
     pub fn adapt_quant(
         &mut self,
