@@ -18,6 +18,19 @@ pub fn bar(len: u64, what: &str) -> ProgressBar {
     pb
 }
 
+/// A bar over `len` bytes of `what`, on stderr.
+pub fn bytes_bar(len: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template(
+        "{msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}, {elapsed})",
+    )
+    .expect("a valid progress template")
+    .progress_chars("=> ");
+    pb.set_style(style);
+    pb.set_message(what.to_string());
+    pb
+}
+
 /// A spinner for a stage of unknown length, on stderr (the CUDA backend's weight upload).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn spinner(what: &str) -> ProgressBar {

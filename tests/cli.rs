@@ -61,10 +61,17 @@ fn compile_inspect_and_run_an_engine() {
     std::fs::remove_dir_all(&engine).ok();
 }
 
-/// `specc logits` on an HF fixture reproduces the transformers logits.
+/// `specc logits` on an HF fixture reproduces the transformers logits (quantised checkpoints
+/// included: streamed shard by shard, dequantised by the interpreter).
 #[test]
 fn logits_match_hf_fixture() {
-    for name in ["llama3_scaled_untied", "llama_tied", "qwen3_headdim"] {
+    for name in [
+        "llama3_scaled_untied",
+        "llama_tied",
+        "qwen3_headdim",
+        "deepseek_v3_int4",
+        "deepseek_v3_fp8",
+    ] {
         let dir = fixture(name);
         let reference = std::fs::read(dir.join("reference.safetensors")).unwrap();
         let reference = SafeTensors::deserialize(&reference).unwrap();

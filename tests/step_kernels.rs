@@ -988,3 +988,32 @@ fn deepseek_eagle3_tree_step(target: &Model) -> Graph {
             .unwrap();
     specc_models::SpecBundle::open(target, &cfg).unwrap().step
 }
+
+/// Quantised DeepSeek-V3 targets (int4 routed experts; fp8 Linears) plan on no GPU kernel
+/// yet: the build is one error naming the quantised weights, not a wrong kernel.
+#[test]
+fn quantised_deepseek_v3_is_refused_by_codegen() {
+    let plain = StepShape {
+        num_steps: 0,
+        ring: 32,
+        acceptance: Acceptance::Greedy,
+    };
+    for name in ["deepseek_v3_int4", "deepseek_v3_fp8"] {
+        let target = Model::open(fixture(name)).unwrap();
+        let list = vec![(
+            format!("{name}: decode step"),
+            lower_decode_step(target.spec(), &plain).unwrap(),
+            Bindings::new(1, 1, 64),
+        )];
+        let opts = BuildOptions {
+            cubins: Cubins::IfAvailable,
+            ..BuildOptions::default()
+        };
+        let e = match build(input_of(&list), &Target::for_archs(&[Arch::Sm90a]), &opts) {
+            Ok(_) => panic!("{name}: a quantised target built"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("quantised"), "{name}: {e}");
+        assert_eq!(e.lines().count(), 1, "{name}: {e}");
+    }
+}

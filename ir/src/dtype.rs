@@ -1,13 +1,18 @@
 //! Element types of IR values.
 
 use std::fmt;
+
+/// Rows and columns of one fp8 scale block (`weight_block_size` [128, 128]: DeepSeek-V3,
+/// Kimi-K2-Instruct; the only block size the IR defines).
+pub const FP8_BLOCK: u64 = 128;
 use std::str::FromStr;
 
 /// Element type of a tensor value.
 ///
-/// `Int4Group` is a packed weight format: 8 signed 4-bit values per `i32` word plus one
-/// scale per `group` input columns (see REFERENCE.md, compressed-tensors `pack-quantized`).
-/// It only appears on `weight` values consumed by `matmul`.
+/// `Int4Group` is a packed weight format: 8 signed 4-bit values per `i32` word, dequantised
+/// by a separate scale weight with one value per `group` input columns (see REFERENCE.md,
+/// compressed-tensors `pack-quantized`). It only appears on weights consumed (directly or
+/// stacked) by `matmul`, `moe_experts` and `dequantize`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     BF16,
@@ -32,14 +37,11 @@ impl DType {
         }
     }
 
-    /// Storage bytes for `numel` elements, including packing and scales.
-    pub fn storage_bytes(self, numel: u64, last_dim: u64) -> u64 {
+    /// Storage bytes for `numel` elements as stored: `int4g` packs two values per byte (its
+    /// scales are a weight of their own, counted there).
+    pub fn storage_bytes(self, numel: u64) -> u64 {
         match self {
-            DType::Int4Group { group } => {
-                let rows = numel / last_dim.max(1);
-                // 4 bits per value + one bf16 scale per group.
-                numel / 2 + rows * last_dim.div_ceil(group as u64) * 2
-            }
+            DType::Int4Group { .. } => numel.div_ceil(2),
             other => numel * other.size_bytes().unwrap_or(1) as u64,
         }
     }
@@ -119,12 +121,9 @@ mod tests {
     }
 
     #[test]
-    fn int4_storage_counts_scales() {
-        // 2 rows of 64 columns, group 32: 64 bytes of nibbles + 2*2 scales * 2 bytes.
-        assert_eq!(
-            DType::Int4Group { group: 32 }.storage_bytes(128, 64),
-            64 + 8
-        );
-        assert_eq!(DType::BF16.storage_bytes(10, 5), 20);
+    fn int4_storage_is_nibbles() {
+        // 2 rows of 64 columns: 64 bytes of nibbles (the scales are their own weight).
+        assert_eq!(DType::Int4Group { group: 32 }.storage_bytes(128), 64);
+        assert_eq!(DType::BF16.storage_bytes(10), 20);
     }
 }

@@ -230,18 +230,22 @@ pub(crate) fn infer(op: &Op, a: &[&TensorType]) -> R {
                 w.shape.0[1],
                 "matmul reduction dim (x[..., K] vs w[N, K])",
             )?;
-            if let Some(s) = a.get(2) {
-                if !s.dtype.is_float() {
-                    return Err(format!("matmul scale must be float, got {s}"));
-                }
-                match w.dtype {
-                    DType::Fp8E4M3 | DType::Int4Group { .. } => {}
-                    other => return Err(format!("matmul scale given for {other} weight")),
-                }
-            } else if matches!(w.dtype, DType::Fp8E4M3 | DType::Int4Group { .. }) {
-                return Err(format!("{} weight needs a scale operand", w.dtype));
-            }
+            quant_scale(w, a.get(2).copied(), "matmul")?;
             Ok(tt(x.dtype, x.shape.with_last(w.shape.0[0])))
+        }
+        Op::Dequantize { to } => {
+            let (w, scale) = (a[0], a[1]);
+            rank(w, 2, "dequantize weight")?;
+            if !matches!(w.dtype, DType::Fp8E4M3 | DType::Int4Group { .. }) {
+                return Err(format!(
+                    "dequantize needs an fp8e4m3 or int4g weight, got {w}"
+                ));
+            }
+            if !to.is_float() || *to == DType::Fp8E4M3 {
+                return Err(format!("dequantize to {to}: want bf16, f16 or f32"));
+            }
+            quant_scale(w, Some(scale), "dequantize")?;
+            Ok(tt(*to, w.shape.clone()))
         }
         Op::Rope { rotary_dim, .. } => {
             let (x, pos) = (a[0], a[1]);
@@ -536,8 +540,107 @@ pub(crate) fn infer(op: &Op, a: &[&TensorType]) -> R {
                     x.shape.with_last(e)
                 ));
             }
+            let quantised = matches!(wg.dtype, DType::Fp8E4M3 | DType::Int4Group { .. });
+            if wu.dtype != wg.dtype || wd.dtype != wg.dtype {
+                return Err(format!(
+                    "moe_experts weights must share a dtype: {wg}, {wu}, {wd}"
+                ));
+            }
+            match (quantised, a.len()) {
+                (false, 5) => {}
+                (true, 8) => {
+                    for (w, s, what) in [
+                        (wg, a[5], "moe_experts w_gate"),
+                        (wu, a[6], "moe_experts w_up"),
+                        (wd, a[7], "moe_experts w_down"),
+                    ] {
+                        expert_scale(w, s, what)?;
+                    }
+                }
+                (true, _) => {
+                    return Err(format!(
+                        "moe_experts with {} weights needs 3 scale operands, got {}",
+                        wg.dtype,
+                        a.len() - 5
+                    ))
+                }
+                (false, n) => {
+                    return Err(format!(
+                        "moe_experts scales given for {} weights ({} extra operands)",
+                        wg.dtype,
+                        n - 5
+                    ))
+                }
+            }
             Ok(x.clone())
         }
         Op::AllReduce | Op::Copy => Ok(a[0].clone()),
     }
+}
+
+/// The scale shape a quantised weight `[rows, cols]` needs (static dims), or `None` for
+/// unquantised dtypes: fp8 blocks `[ceil(rows/128), ceil(cols/128)]`, int4 groups
+/// `[rows, ceil(cols/group)]` (the loader requires `group` to divide `cols`).
+pub fn scale_shape(dtype: DType, rows: u64, cols: u64) -> Option<[u64; 2]> {
+    match dtype {
+        DType::Fp8E4M3 => Some([
+            rows.div_ceil(crate::FP8_BLOCK),
+            cols.div_ceil(crate::FP8_BLOCK),
+        ]),
+        DType::Int4Group { group } => Some([rows, cols.div_ceil(group as u64)]),
+        _ => None,
+    }
+}
+
+fn static_dims(t: &TensorType, what: &str) -> Result<Vec<u64>, String> {
+    t.shape
+        .dims()
+        .iter()
+        .map(|d| {
+            d.as_static()
+                .ok_or_else(|| format!("{what} {t} must be static"))
+        })
+        .collect()
+}
+
+/// A quantised 2-D weight has a float scale of [`scale_shape`]; others have none.
+fn quant_scale(w: &TensorType, scale: Option<&TensorType>, op: &str) -> Result<(), String> {
+    let quantised = matches!(w.dtype, DType::Fp8E4M3 | DType::Int4Group { .. });
+    match (quantised, scale) {
+        (false, None) => Ok(()),
+        (false, Some(_)) => Err(format!("{op} scale given for {} weight", w.dtype)),
+        (true, None) => Err(format!("{} weight needs a scale operand", w.dtype)),
+        (true, Some(s)) => {
+            let d = static_dims(w, &format!("{op} weight"))?;
+            let want = scale_shape(w.dtype, d[0], d[1]).expect("quantised dtype");
+            check_scale(w, s, &want, op)
+        }
+    }
+}
+
+/// A scale of stacked expert weights `[E, rows, cols]`: `[E, scale_shape(rows, cols)]`.
+fn expert_scale(w: &TensorType, s: &TensorType, what: &str) -> Result<(), String> {
+    let d = static_dims(w, what)?;
+    let inner = scale_shape(w.dtype, d[1], d[2]).expect("quantised dtype");
+    check_scale(w, s, &[d[0], inner[0], inner[1]], what)
+}
+
+fn check_scale(w: &TensorType, s: &TensorType, want: &[u64], op: &str) -> Result<(), String> {
+    let fp8 = w.dtype == DType::Fp8E4M3;
+    let dtype_ok = if fp8 {
+        s.dtype == DType::F32
+    } else {
+        matches!(s.dtype, DType::BF16 | DType::F16 | DType::F32)
+    };
+    let shape_ok = s.shape.rank() == want.len()
+        && s.shape
+            .dims()
+            .iter()
+            .zip(want)
+            .all(|(d, &n)| d.as_static() == Some(n));
+    if !dtype_ok || !shape_ok {
+        let dt = if fp8 { "f32" } else { "bf16, f16 or f32" };
+        return Err(format!("{op} scale of {w} must be {dt} {want:?}, got {s}"));
+    }
+    Ok(())
 }

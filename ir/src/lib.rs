@@ -10,9 +10,10 @@ pub mod op;
 mod shape;
 mod verify;
 
-pub use dtype::DType;
+pub use dtype::{DType, FP8_BLOCK};
 pub use error::IrError;
 pub use graph::{Graph, Node, ValueId};
+pub use infer::scale_shape;
 pub use op::{
     Arity, AttnMask, BinaryOp, MoeScoring, Op, OpInfo, ReduceOp, RopeScaling, RopeStyle, UnaryOp,
 };

@@ -176,8 +176,12 @@ pub enum Op {
     RmsNorm { eps: f64 },
     /// `(x[..., K], w[N, K], scale?) -> x-dtype[..., N]`: `x · wᵀ` with f32 accumulation.
     /// `scale` dequantises `w`: fp8 block `[ceil(N/128), ceil(K/128)]` f32 multiplied per
-    /// 128×128 block; int4 groups `[N, K/group]` per group.
+    /// 128×128 block (edge blocks partial); int4 groups `[N, K/group]` per group.
     MatMul,
+    /// `(w[N, K] fp8e4m3 | int4g, scale) -> to[N, K]`: the weight dequantised exactly as
+    /// `matmul` dequantises it (same scale rules), rounded to `to`. For quantised weights
+    /// that are reshaped or sliced before use (MLA's `kv_b_proj`).
+    Dequantize { to: DType },
     /// `(x[B, T, H, D], pos int[B, T]) -> x`: rotary embedding of the first `rotary_dim`
     /// features at positions `pos`; the rest pass through.
     Rope {
@@ -285,9 +289,12 @@ pub enum Op {
         norm_topk_prob: bool,
         scaling: f64,
     },
-    /// `(x[..., H], gates f32[..., E], w_gate[E, F, H], w_up[E, F, H], w_down[E, H, F])
-    ///  -> x[..., H]`: `Σ_e gates[e] · down_e(silu(gate_e x) · up_e x)` over experts with a
-    /// non-zero gate.
+    /// `(x[..., H], gates f32[..., E], w_gate[E, F, H], w_up[E, F, H], w_down[E, H, F],
+    ///  [s_gate, s_up, s_down]) -> x[..., H]`: `Σ_e gates[e] · down_e(silu(gate_e x) · up_e x)`
+    /// over experts with a non-zero gate. With quantised (fp8e4m3 / int4g) expert weights
+    /// the three scales follow, each with a leading `E` and otherwise as `matmul`'s scale of
+    /// one expert's weight (fp8 `[E, ceil(rows/128), ceil(cols/128)]`, int4 `[E, rows,
+    /// cols/group]`); each expert's weight is dequantised as `matmul` does.
     MoeExperts,
     /// `(x) -> x`: sum over the tensor-parallel group (identity with one rank).
     AllReduce,
@@ -321,6 +328,7 @@ impl Op {
             Op::Embedding => ("embedding", Exact(2), true, false),
             Op::RmsNorm { .. } => ("rmsnorm", Exact(2), true, false),
             Op::MatMul => ("matmul", Range(2, 3), true, false),
+            Op::Dequantize { .. } => ("dequantize", Exact(2), true, false),
             Op::Rope { .. } => ("rope", Exact(2), true, false),
             Op::KvWrite => ("kv_write", Exact(3), false, false),
             Op::KvMove => ("kv_move", Exact(3), false, false),
@@ -352,7 +360,7 @@ impl Op {
             Op::TreeAccept { .. } => ("tree_accept", Exact(2), true, false),
             Op::TreeSelect { .. } => ("tree_select", Exact(4), true, false),
             Op::MoeRoute { .. } => ("moe_route", Range(1, 2), true, false),
-            Op::MoeExperts => ("moe_experts", Exact(5), true, false),
+            Op::MoeExperts => ("moe_experts", Range(5, 8), true, false),
             Op::AllReduce => ("all_reduce", Exact(1), false, false),
             Op::Copy => ("copy", Exact(1), true, true),
         };

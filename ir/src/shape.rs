@@ -186,8 +186,7 @@ impl TensorType {
     pub fn bytes(&self, bind: &Bindings) -> Option<u64> {
         let dims = self.shape.resolve(bind)?;
         let numel: u64 = dims.iter().map(|&d| d as u64).product();
-        let last = dims.last().copied().unwrap_or(1) as u64;
-        Some(self.dtype.storage_bytes(numel, last))
+        Some(self.dtype.storage_bytes(numel))
     }
 }
 

@@ -31,6 +31,11 @@ use crate::coverage::Ignored;
 use crate::error::ModelError;
 use crate::files::{is_regular, read_text};
 
+mod part;
+mod quantised;
+pub use part::scale_part;
+pub use quantised::fp8e4m3_to_f32;
+
 pub const SINGLE_FILE: &str = "model.safetensors";
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
@@ -241,14 +246,20 @@ impl Checkpoint {
         let mut len = 0usize;
         let mut jobs = Vec::new();
         for (_, name, ty) in graph.weights() {
-            let shape: Vec<usize> = ty
+            let mut shape: Vec<usize> = ty
                 .shape
                 .dims()
                 .iter()
                 .map(|d| d.as_static().unwrap_or(1) as usize)
                 .collect();
+            if let (DType::Int4Group { .. }, Some(l)) = (ty.dtype, shape.last_mut()) {
+                // Stored as i32 words of 8 nibbles.
+                *l /= 8;
+            }
             let numel: usize = shape.iter().product();
             let (dtype, size) = match ty.dtype {
+                DType::Int4Group { .. } => (Dtype::I32, 4),
+                DType::Fp8E4M3 => (Dtype::F8_E4M3, 1),
                 DType::F32 => (Dtype::F32, 4),
                 DType::F16 => (Dtype::F16, 2),
                 DType::I64 => (Dtype::I64, 8),
@@ -490,7 +501,14 @@ impl Checkpoint {
             .iter()
             .map(|d| d.as_static().map(|n| n as usize))
             .collect();
-        let expected = format!("shape {} {}", fmt_shape_ir(ty), ty.dtype);
+        let expected = match ty.dtype {
+            DType::Int4Group { .. } => format!(
+                "shape {} {} (i32 words of 8 nibbles)",
+                fmt_shape_ir(ty),
+                ty.dtype
+            ),
+            _ => format!("shape {} {}", fmt_shape_ir(ty), ty.dtype),
+        };
         let Some(e) = self.tensors.get(name) else {
             return Err(ModelError::Tensor {
                 file: self.root.clone(),
@@ -499,10 +517,27 @@ impl Checkpoint {
                 found: "no such tensor".into(),
             });
         };
-        // Float weights must be bf16/f16/f32; integer tables (EAGLE-3 `d2t`) match exactly.
-        let dtype_ok =
-            ir_dtype(e.dtype) == Some(ty.dtype) && (is_float_weight(e.dtype) || ty.dtype.is_int());
-        if want_dims.as_ref() != Some(&e.shape) || !dtype_ok {
+        // Float weights must be bf16/f16/f32; integer tables (EAGLE-3 `d2t`) match exactly;
+        // fp8 weights are stored as fp8; int4 [out, in] weights as i32 words [out, in/8].
+        let (stored_dims, dtype_ok) = match ty.dtype {
+            DType::Int4Group { .. } => (
+                want_dims.as_ref().map(|d| {
+                    let mut d = d.clone();
+                    if let Some(l) = d.last_mut() {
+                        *l /= 8;
+                    }
+                    d
+                }),
+                e.dtype == Dtype::I32,
+            ),
+            DType::Fp8E4M3 => (want_dims.clone(), e.dtype == Dtype::F8_E4M3),
+            _ => (
+                want_dims.clone(),
+                ir_dtype(e.dtype) == Some(ty.dtype)
+                    && (is_float_weight(e.dtype) || ty.dtype.is_int()),
+            ),
+        };
+        if stored_dims.as_ref() != Some(&e.shape) || !dtype_ok {
             return Err(ModelError::Tensor {
                 file: self.file_of(e).to_path_buf(),
                 tensor: name.into(),
@@ -518,54 +553,7 @@ impl Checkpoint {
     pub fn load_f32(&self, name: &str) -> Result<Tensor, ModelError> {
         let bytes = self.checked_bytes(name)?;
         let e = &self.tensors[name];
-        let (dtype, data): (DType, Vec<f32>) = match e.dtype {
-            Dtype::F32 => (
-                DType::F32,
-                bytes
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect(),
-            ),
-            Dtype::BF16 => (
-                DType::BF16,
-                bytes
-                    .chunks_exact(2)
-                    .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-                    .collect(),
-            ),
-            Dtype::F16 => (
-                DType::F16,
-                bytes
-                    .chunks_exact(2)
-                    .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-                    .collect(),
-            ),
-            Dtype::I64 | Dtype::I32 => {
-                let wide = e.dtype == Dtype::I64;
-                let vals: Vec<i64> = if wide {
-                    bytes
-                        .chunks_exact(8)
-                        .map(|c| i64::from_le_bytes(c.try_into().expect("8-byte chunk")))
-                        .collect()
-                } else {
-                    bytes
-                        .chunks_exact(4)
-                        .map(|c| i32::from_le_bytes(c.try_into().expect("4-byte chunk")) as i64)
-                        .collect()
-                };
-                let dt = if wide { DType::I64 } else { DType::I32 };
-                return Ok(Tensor::from_i64(dt, e.shape.clone(), vals));
-            }
-            other => {
-                return Err(ModelError::Tensor {
-                    file: self.file_of(e).to_path_buf(),
-                    tensor: name.into(),
-                    expected: "bf16, f16, f32, i32 or i64 data".into(),
-                    found: format!("{:?} {}", e.shape, dtype_name(other)),
-                })
-            }
-        };
-        Ok(Tensor::from_f32(dtype, e.shape.clone(), data))
+        self.decode(name, e, e.shape.clone(), bytes)
     }
 }
 
@@ -713,6 +701,11 @@ pub fn first_non_finite(dtype: Dtype, bytes: &[u8]) -> Option<(usize, f32)> {
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .enumerate()
             .find(|(_, v)| !v.is_finite()),
+        // e4m3fn has no infinities; NaN is S.1111.111.
+        Dtype::F8_E4M3 => bytes
+            .iter()
+            .position(|&b| b & 0x7f == 0x7f)
+            .map(|i| (i, f32::NAN)),
         _ => None,
     }
 }
@@ -755,7 +748,36 @@ fn fill_random(name: &str, dt: DType, shape: &[usize], out: &mut [u8], seed: u64
             amp * u
         }
     };
+    // Quantised weights: uniform codes, and one small positive scale for all (a scale's
+    // shape does not tell its weight's fan-in): finite values of a plausible size.
+    let is_scale = name.ends_with(crate::quant::SCALE) || name.ends_with(crate::quant::SCALE_INV);
     match dt {
+        DType::Int4Group { .. } => {
+            for (i, b) in out.iter_mut().enumerate() {
+                *b = splitmix64(h ^ i as u64) as u8;
+            }
+        }
+        DType::Fp8E4M3 => {
+            // Sign, exponent 6..=8 (0.5 ..= 3.75 in magnitude), any mantissa.
+            for (i, b) in out.iter_mut().enumerate() {
+                let r = splitmix64(h ^ i as u64);
+                *b = (r as u8 & 0x87) | ((6 + (r >> 8) % 3) as u8) << 3;
+            }
+        }
+        DType::F32 | DType::BF16 | DType::F16 if is_scale => {
+            let v = 0.01f32;
+            match dt {
+                DType::F32 => out
+                    .chunks_exact_mut(4)
+                    .for_each(|c| c.copy_from_slice(&v.to_le_bytes())),
+                DType::F16 => out
+                    .chunks_exact_mut(2)
+                    .for_each(|c| c.copy_from_slice(&half::f16::from_f32(v).to_le_bytes())),
+                _ => out
+                    .chunks_exact_mut(2)
+                    .for_each(|c| c.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes())),
+            }
+        }
         DType::F32 => {
             for (i, c) in out.chunks_exact_mut(4).enumerate() {
                 c.copy_from_slice(&value(i).to_le_bytes());

@@ -104,6 +104,9 @@ pub struct ModelSpec {
     /// Prefix of every weight name: empty, or `language_model.` for the text model of a
     /// multimodal checkpoint (Kimi-K2.5).
     pub weight_prefix: String,
+    /// The `quantization_config` scheme, and (once [`crate::Checkpoint::adapt_quant`] has
+    /// read the headers) the storage format of every quantised Linear.
+    pub quant: crate::quant::QuantSpec,
 }
 
 impl ModelSpec {
@@ -394,6 +397,14 @@ impl RawConfig {
             mla,
             moe,
             weight_prefix: String::new(),
+            quant: crate::quant::QuantSpec {
+                scheme: crate::quant::resolve_scheme(
+                    file,
+                    "quantization_config",
+                    self.quantization_config.as_ref(),
+                )?,
+                formats: Default::default(),
+            },
         };
         Self::check_sizes(file, &spec)?;
         Ok(spec)
@@ -589,6 +600,13 @@ impl RawConfig {
             ));
         }
         spec.weight_prefix = KIMI_K25_TEXT_PREFIX.into();
+        if spec.quant.scheme == crate::quant::QuantScheme::None {
+            spec.quant.scheme = crate::quant::resolve_scheme(
+                file,
+                "quantization_config",
+                self.quantization_config.as_ref(),
+            )?;
+        }
         Ok(spec)
     }
 
@@ -655,14 +673,6 @@ impl RawConfig {
                     format!("\"{act}\""),
                 ));
             }
-        }
-        if let Some(q) = &self.quantization_config {
-            return Err(ModelError::field(
-                file,
-                "quantization_config",
-                "absent (quantized checkpoints are not supported yet)",
-                q,
-            ));
         }
         Ok(())
     }

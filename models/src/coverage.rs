@@ -114,6 +114,11 @@ pub const IGNORABLE: &[Family] = &[
         },
     },
     Family {
+        name: "int4 weight_shape",
+        why: "the unpacked shape of a weight_packed, checked against it at open",
+        matches: |n, _| n.ends_with(crate::quant::SHAPE),
+    },
+    Family {
         name: "t2d",
         why: "EAGLE-3's target-to-draft vocabulary mask; d2t is read",
         matches: |n, r| r.draft_head && n == "t2d",

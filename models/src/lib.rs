@@ -22,6 +22,7 @@ pub mod lower;
 pub mod lower_mla;
 pub mod methods;
 mod model;
+pub mod quant;
 pub mod spec_bundle;
 pub mod spec_config;
 pub mod tiktoken;

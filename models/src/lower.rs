@@ -92,8 +92,51 @@ pub(crate) fn linear(
     out: usize,
     inp: usize,
 ) -> Result<ValueId, IrError> {
-    let w = weight(g, spec, name, &[out, inp])?;
-    g.add(Op::MatMul, &[x, w])
+    match quant_weight(g, spec, name, out, inp)? {
+        (w, Some(scale)) => g.add(Op::MatMul, &[x, w, scale]),
+        (w, None) => g.add(Op::MatMul, &[x, w]),
+    }
+}
+
+/// The weight `name` (`{stem}.weight`, `[out, in]`) as stored: the spec's dtype, or a
+/// quantised weight and its scale when the checkpoint stores the Linear `stem` quantised
+/// ([`crate::quant::QuantSpec`]): `{stem}.weight` fp8e4m3 + `{stem}.weight_scale_inv`, or
+/// `{stem}.weight_packed` int4g + `{stem}.weight_scale`.
+pub(crate) fn quant_weight(
+    g: &mut Graph,
+    spec: &ModelSpec,
+    name: &str,
+    out: usize,
+    inp: usize,
+) -> Result<(ValueId, Option<ValueId>), IrError> {
+    let Some((stem, f)) = spec.quant.format_of(name) else {
+        return Ok((weight(g, spec, name, &[out, inp])?, None));
+    };
+    let (wn, sn) = f.names(stem);
+    let dims = |a: u64, b: u64| [Dim::from(a as usize), Dim::from(b as usize)];
+    let w = g.weight(
+        &wn,
+        TensorType::new(f.weight_dtype(), dims(out as u64, inp as u64)),
+    )?;
+    let [sr, sc] =
+        specc_ir::scale_shape(f.weight_dtype(), out as u64, inp as u64).expect("quantised dtype");
+    let s = g.weight(&sn, TensorType::new(f.scale_dtype(), dims(sr, sc)))?;
+    Ok((w, Some(s)))
+}
+
+/// The weight `name` `[out, in]` as a plain matrix of the spec's dtype, dequantised in the
+/// graph when stored quantised (for weights that are reshaped or sliced before use).
+pub(crate) fn plain_weight(
+    g: &mut Graph,
+    spec: &ModelSpec,
+    name: &str,
+    out: usize,
+    inp: usize,
+) -> Result<ValueId, IrError> {
+    match quant_weight(g, spec, name, out, inp)? {
+        (w, Some(scale)) => g.add(Op::Dequantize { to: spec.dtype }, &[w, scale]),
+        (w, None) => Ok(w),
+    }
 }
 
 pub(crate) fn rmsnorm(

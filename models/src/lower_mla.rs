@@ -20,7 +20,9 @@ use specc_ir::{
 
 use crate::config::ModelSpec;
 use crate::config_mla::{MlaSpec, MoeSpec};
-use crate::lower::{cast_to, linear, mlp, rmsnorm, LayerMask, LayerNames};
+use crate::lower::{
+    cast_to, linear, mlp, plain_weight, quant_weight, rmsnorm, LayerMask, LayerNames,
+};
 
 /// RMSNorm epsilon of `q_a_layernorm` and `kv_a_layernorm`: transformers builds them with
 /// `DeepseekV3RMSNorm(rank)`, its default eps, not `rms_norm_eps`.
@@ -206,9 +208,12 @@ fn attention(
     let c_cache = g.add(Op::KvWrite, &[c_cache, c, slots])?;
     let pe_cache = g.add(Op::KvWrite, &[pe_cache, k_pe, slots])?;
 
-    let kv_b = g.weight(
+    let kv_b = plain_weight(
+        g,
+        spec,
         &format!("{p}.self_attn.kv_b_proj.weight"),
-        TensorType::new(spec.dtype, [s(nh * (dn + dv)), s(l)]),
+        nh * (dn + dv),
+        l,
     )?;
     let kv_b = g.add(
         Op::Reshape {
@@ -268,7 +273,9 @@ fn swiglu(
     linear(g, spec, act, &format!("{stem}.down_proj.weight"), hid, ffn)
 }
 
-/// Every routed expert's `{proj}` weight `[rows, cols]` stacked into `[E, rows, cols]`.
+/// Every routed expert's `{proj}` weight `[rows, cols]` stacked into `[E, rows, cols]`, with
+/// their scales stacked the same way when the experts are stored quantised (all experts of
+/// a projection share one format: `Checkpoint::adapt_quant` checked).
 fn stacked(
     g: &mut Graph,
     spec: &ModelSpec,
@@ -277,18 +284,36 @@ fn stacked(
     proj: &str,
     rows: usize,
     cols: usize,
-) -> Result<ValueId, IrError> {
-    let s = Dim::from;
-    let parts = (0..moe.experts)
-        .map(|j| {
-            let w = g.weight(
-                &format!("{p}.mlp.experts.{j}.{proj}.weight"),
-                TensorType::new(spec.dtype, [s(rows), s(cols)]),
-            )?;
-            reshape(g, w, &[s(1), s(rows), s(cols)])
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    g.add(Op::Concat { axis: 0 }, &parts)
+) -> Result<(ValueId, Option<ValueId>), IrError> {
+    let mut ws = Vec::with_capacity(moe.experts);
+    let mut scales = Vec::new();
+    for j in 0..moe.experts {
+        let name = format!("{p}.mlp.experts.{j}.{proj}.weight");
+        let (w, scale) = quant_weight(g, spec, &name, rows, cols)?;
+        ws.push(lead_one(g, w)?);
+        if let Some(s) = scale {
+            scales.push(lead_one(g, s)?);
+        }
+    }
+    let w = g.add(Op::Concat { axis: 0 }, &ws)?;
+    let s = if scales.is_empty() {
+        None
+    } else {
+        Some(g.add(Op::Concat { axis: 0 }, &scales)?)
+    };
+    Ok((w, s))
+}
+
+/// `[a, b]` viewed as `[1, a, b]`.
+fn lead_one(g: &mut Graph, v: ValueId) -> Result<ValueId, IrError> {
+    let mut dims = vec![Dim::from(1usize)];
+    dims.extend(g.ty(v).shape.dims().iter().cloned());
+    g.add(
+        Op::Reshape {
+            shape: Shape::new(dims),
+        },
+        &[v],
+    )
 }
 
 /// The DeepSeek MoE: router in f32 (`mlp.gate.weight`, sigmoid, the
@@ -325,10 +350,12 @@ fn moe_block(
         },
         &[logits, bias],
     )?;
-    let wg = stacked(g, spec, moe, p, "gate_proj", f, hid)?;
-    let wu = stacked(g, spec, moe, p, "up_proj", f, hid)?;
-    let wd = stacked(g, spec, moe, p, "down_proj", hid, f)?;
-    let routed = g.add(Op::MoeExperts, &[h, gates, wg, wu, wd])?;
+    let (wg, sg) = stacked(g, spec, moe, p, "gate_proj", f, hid)?;
+    let (wu, su) = stacked(g, spec, moe, p, "up_proj", f, hid)?;
+    let (wd, sd) = stacked(g, spec, moe, p, "down_proj", hid, f)?;
+    let mut args = vec![h, gates, wg, wu, wd];
+    args.extend([sg, su, sd].into_iter().flatten());
+    let routed = g.add(Op::MoeExperts, &args)?;
     let shared = swiglu(
         g,
         spec,

@@ -42,6 +42,7 @@ impl Model {
         let mut checkpoint = Checkpoint::open(&dir)?;
         coverage::check_layers(&checkpoint, &spec, &config)?;
         checkpoint.adapt_router_dtypes(&mut spec);
+        checkpoint.adapt_quant(&mut spec, &config)?;
         let graph = lower::lower_dense(&spec)?;
         checkpoint.validate(&graph)?;
         let reader = coverage::Reader::model(&spec, &config);
@@ -71,6 +72,7 @@ impl Model {
     ) -> Result<Model, ModelError> {
         let (dir, config) = Self::random_paths(path.as_ref());
         let mut spec = ModelSpec::from_file(&config)?;
+<<<<<<< HEAD
         if let Some(n) = layers {
             if n == 0 || n > spec.layers {
                 return Err(ModelError::Field {
@@ -82,6 +84,9 @@ impl Model {
             }
             spec.layers = n;
         }
+=======
+        spec.quant.formats = crate::quant::published_formats(&spec)?;
+>>>>>>> quant
         let graph = lower::lower_dense(&spec)?;
         let checkpoint = Checkpoint::random(&dir, &graph, seed);
         Ok(Model {

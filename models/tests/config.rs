@@ -160,6 +160,7 @@ fn llama_31_8b() {
             mla: None,
             moe: None,
             weight_prefix: String::new(),
+            quant: Default::default(),
         }
     );
     assert_eq!((s.q_dim(), s.kv_dim()), (4096, 1024));

@@ -98,12 +98,39 @@ impl Ready {
                 }
             }
         }
-        let pb = progress::bar(names.len() as u64, "loading weights");
-        let mut out = HashMap::new();
+        // Per checkpoint, shard by shard (each shard's pages released after it), with one
+        // bar over the stored bytes of all of them.
+        let mut by_source: Vec<(&str, &Checkpoint, Vec<&str>)> = Vec::new();
         for name in names {
             let (prefix, ck) = self.source_of(name)?;
-            out.insert(name.to_string(), ck.load_f32(&name[prefix.len()..])?);
-            pb.inc(1);
+            let inner = &name[prefix.len()..];
+            match by_source.iter_mut().find(|(p, _, _)| *p == prefix) {
+                Some((_, _, v)) => v.push(inner),
+                None => by_source.push((prefix, ck, vec![inner])),
+            }
+        }
+        let total: u64 = by_source
+            .iter()
+            .flat_map(|(_, ck, v)| v.iter().filter_map(|n| ck.tensor(n)))
+            .map(|e| e.range.len() as u64)
+            .sum();
+        let pb = progress::bytes_bar(total, "loading weights");
+        let mut out = HashMap::new();
+        let mut base = 0u64;
+        for (prefix, ck, inner) in &by_source {
+            let mut last = 0u64;
+            ck.stream::<anyhow::Error>(
+                inner,
+                |n, _, _| {
+                    out.insert(format!("{prefix}{n}"), ck.load_f32(n)?);
+                    Ok(())
+                },
+                |done, _| {
+                    last = done;
+                    pb.set_position(base + done);
+                },
+            )?;
+            base += last;
         }
         pb.finish_and_clear();
         Ok(out)

@@ -53,37 +53,71 @@ impl<'t> WeightRows<'t> {
     /// Checks `w` ([N, K]) and its optional `scale` against the quantisation rules of
     /// `matmul` (op.rs).
     pub(crate) fn new(w: &'t Tensor, scale: Option<&'t Tensor>) -> Result<Self, String> {
-        let (n, k) = (w.shape[0], w.shape[1]);
+        Self::part(w, scale, 0, 1)
+    }
+
+    /// Expert `e`'s rows of stacked weights `w` [E, N, K] with their stacked `scale`
+    /// [E, ...] (the `moe_experts` rules): the same dequantisation as one `matmul` weight.
+    pub(crate) fn expert(
+        w: &'t Tensor,
+        scale: Option<&'t Tensor>,
+        e: usize,
+    ) -> Result<Self, String> {
+        Self::part(w, scale, e, w.shape[0])
+    }
+
+    /// Part `e` of `parts` equal parts along the leading axis of `w` (and `scale`), whose
+    /// trailing two dims are [N, K].
+    fn part(
+        w: &'t Tensor,
+        scale: Option<&'t Tensor>,
+        e: usize,
+        parts: usize,
+    ) -> Result<Self, String> {
+        let r = w.shape.len();
+        let (n, k) = (w.shape[r - 2], w.shape[r - 1]);
+        let lead: Vec<usize> = w.shape[..r - 2].to_vec();
+        let parts = parts.max(1);
+        let cut = |len: usize| e * len / parts..(e + 1) * len / parts;
         match (w.dtype, scale) {
             (DType::Fp8E4M3, Some(s)) => {
-                let want = [n.div_ceil(128), k.div_ceil(128)];
-                if s.shape != want {
+                let b = crate::FP8_BLOCK as usize;
+                let mut want = lead.clone();
+                want.extend([n.div_ceil(b), k.div_ceil(b)]);
+                if s.shape != want || s.dtype != DType::F32 {
                     return Err(format!("fp8 scale must be f32{want:?}, got {s}"));
                 }
+                let (wv, sv) = (f32s(w, "fp8 weight")?, f32s(s, "fp8 scale")?);
                 Ok(WeightRows::Fp8 {
-                    w: f32s(w, "fp8 weight")?,
-                    scale: f32s(s, "fp8 scale")?,
-                    scale_cols: want[1],
+                    w: &wv[cut(wv.len())],
+                    scale: &sv[cut(sv.len())],
+                    scale_cols: want[r - 1],
                 })
             }
             (DType::Int4Group { group }, Some(s)) => {
                 let group = group as usize;
-                let want = [n, k.div_ceil(group)];
+                let mut want = lead.clone();
+                want.extend([n, k.div_ceil(group)]);
                 if s.shape != want {
                     return Err(format!("int4g{group} scale must be {want:?}, got {s}"));
                 }
                 let q = super::util::i64s(w, "int4 weight")?;
+                let q = &q[cut(q.len())];
                 if let Some(bad) = q.iter().find(|v| !(-8..=7).contains(*v)) {
                     return Err(format!("int4 weight value {bad} outside -8..=7"));
                 }
+                let sv = f32s(s, "int4 scale")?;
                 Ok(WeightRows::Int4 {
                     q,
-                    scale: f32s(s, "int4 scale")?,
+                    scale: &sv[cut(sv.len())],
                     group,
-                    groups: want[1],
+                    groups: want[r - 1],
                 })
             }
-            (_, None) => Ok(WeightRows::Plain(f32s(w, "matmul weight")?)),
+            (_, None) => {
+                let wv = f32s(w, "matmul weight")?;
+                Ok(WeightRows::Plain(&wv[cut(wv.len())]))
+            }
             (other, Some(_)) => Err(format!("matmul scale given for {other} weight")),
         }
     }
@@ -97,9 +131,10 @@ impl<'t> WeightRows<'t> {
                 scale,
                 scale_cols,
             } => {
-                let srow = &scale[(r / 128) * scale_cols..];
-                for (c, b) in buf.iter_mut().enumerate() {
-                    *b = w[r * k + c] * srow[c / 128];
+                let b = crate::FP8_BLOCK as usize;
+                let srow = &scale[(r / b) * scale_cols..];
+                for (c, x) in buf.iter_mut().enumerate() {
+                    *x = w[r * k + c] * srow[c / b];
                 }
                 buf
             }
@@ -117,6 +152,22 @@ impl<'t> WeightRows<'t> {
             }
         }
     }
+}
+
+/// `dequantize`: every row of `w` as `matmul` dequantises it, rounded to the output dtype.
+pub(crate) fn dequantize(w: &Tensor, scale: &Tensor, out: &Out) -> OpResult {
+    let (n, k) = (w.shape[0], w.shape[1]);
+    let rows = WeightRows::new(w, Some(scale))?;
+    let mut buf = vec![0.0f32; k];
+    let mut res = Vec::with_capacity(n * k);
+    for r in 0..n {
+        res.extend(
+            rows.row(r, k, &mut buf)
+                .iter()
+                .map(|&v| round_to(out.dtype, v)),
+        );
+    }
+    Ok(out.f32(res))
 }
 
 pub(crate) fn matmul(x: &Tensor, w: &Tensor, scale: Option<&Tensor>, out: &Out) -> OpResult {

@@ -28,14 +28,15 @@
 //! | reduce_sum / reduce_max | f32, dot order / max ignoring NaN | `R` once |
 //! | softmax | `exp(x - max) / Σ` (sum in dot order); all-`-inf` row → zeros | f32 result |
 //! | rmsnorm | `inv = 1 / sqrt(Σx² / N + eps)` in f32, Σ in dot order | `R(R(x · inv) · w)` (HF Llama: normalise in f32, cast to the input dtype, then multiply by the weight) |
-//! | matmul | weight dequantised per element (`fp8 · scale[n/128, k/128]`, `q · scale[n, k/G]`), dot product in dot order | `R` once |
+//! | matmul | weight dequantised per element in f32 (`fp8 · scale[n/128, k/128]`, `q · scale[n, k/G]`), dot product in dot order | `R` once |
+//! | dequantize | as matmul's weight | `R` once, to `to` |
 //! | rope | inverse frequencies as HF's f32 steps ([`rope_inv_freq`]); `angle = f32(pos) · f`; cos/sin in f64 → f32, `· mscale` | `c = R(cos)`, `s = R(sin)`, then `R(R(a·c) - R(b·s))`, `R(R(b·c) + R(a·s))` (HF `q * cos + rotate_half(q) * sin` in the activation dtype) |
 //! | attention | scores `dot(q, k) · scale` (dot order), softmax with max subtracted, `Σ p·v` in f32 in slot order, divided by `Σ p` at the end; no allowed slot → zeros | `R` once |
 //! | head_matmul | per head, dot products in dot order | `R` once |
 //! | mla_attention | scores `(dot(q_lat, c) + dot(q_pe, pe)) · scale`, then as attention with the latent cache as values | `R` once |
 //! | kv_write, assign, gather, slice, concat, reshape, embedding, copy, select | copies | none |
 //! | moe_route | f32 throughout (see `moe.rs`) | f32 result |
-//! | moe_experts | per expert: gate/up/down as matmul, activation as silu_mul; gate-weighted sum of expert outputs in f32, experts in index order | `R` per expert matmul and `R` of the final sum |
+//! | moe_experts | per expert: gate/up/down as matmul (quantised weights dequantised as matmul's), activation as silu_mul; gate-weighted sum of expert outputs in f32, experts in index order | `R` per expert matmul and `R` of the final sum |
 //! | argmax, topk, sample, accept_chain | exact (NaN ranks lowest, ties to the lower index); sample's running sum is sequential f32 | i32 results |
 //! | tree_build, tree_accept, tree_select | exact: scores are one f32 add per node (parent score + log-prob), ranked as documented on the op | i64 / i32 results |
 //! | kv_move | copies, in order | none |
@@ -369,6 +370,7 @@ fn eval(op: &Op, a: &[&Tensor], out: &Out) -> OpResult {
         Embedding => shape_ops::embedding(a[0], a[1], out),
         RmsNorm { eps } => nn::rmsnorm(a[0], a[1], *eps, out),
         MatMul => matmul::matmul(a[0], a[1], a.get(2).copied(), out),
+        Dequantize { .. } => matmul::dequantize(a[0], a[1], out),
         Rope {
             theta,
             scaling,

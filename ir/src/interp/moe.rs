@@ -1,6 +1,7 @@
 //! Mixture-of-experts routing and expert evaluation.
 
 use super::elementwise::{sigmoid, silu};
+use super::matmul::WeightRows;
 use super::nn::softmax_row;
 use super::tensor::{round_to, Tensor};
 use super::util::{dot, f32s, last_dim, topk_row, OpResult, Out, Rank};
@@ -106,17 +107,29 @@ pub(crate) fn moe_route(logits: &Tensor, bias: Option<&Tensor>, r: Route, out: &
 /// `out = R(Σ_e gate_e · y_e)` accumulated in f32.
 pub(crate) fn moe_experts(args: &[&Tensor], out: &Out) -> OpResult {
     let (x, gates, wg, wu, wd) = (args[0], args[1], args[2], args[3], args[4]);
+    let scale = |i: usize| args.get(5 + i).copied();
     let xv = f32s(x, "moe_experts input")?;
     let gv = f32s(gates, "moe_experts gates")?;
-    let wgv = f32s(wg, "moe_experts w_gate")?;
-    let wuv = f32s(wu, "moe_experts w_up")?;
-    let wdv = f32s(wd, "moe_experts w_down")?;
     let (e, f, h) = (wg.shape[0], wg.shape[1], wg.shape[2]);
+    // Only experts some token selects are checked and read.
+    let experts = (0..e)
+        .map(|ei| {
+            if !gv.chunks(e).any(|g| g[ei] != 0.0) {
+                return Ok(None);
+            }
+            Ok(Some([
+                WeightRows::expert(wg, scale(0), ei)?,
+                WeightRows::expert(wu, scale(1), ei)?,
+                WeightRows::expert(wd, scale(2), ei)?,
+            ]))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
     let dt = out.dtype;
     let r = |v: f32| round_to(dt, v);
     let mut res = Vec::with_capacity(xv.len());
     let mut act = vec![0.0f32; f];
     let mut acc = vec![0.0f32; h];
+    let (mut bg, mut bu, mut bd) = (vec![0.0f32; h], vec![0.0f32; h], vec![0.0f32; f]);
     let tokens = xv.len().checked_div(h).unwrap_or(0);
     for t in 0..tokens {
         let xr = &xv[t * h..(t + 1) * h];
@@ -126,16 +139,14 @@ pub(crate) fn moe_experts(args: &[&Tensor], out: &Out) -> OpResult {
             if gate == 0.0 {
                 continue;
             }
-            let wge = &wgv[ei * f * h..(ei + 1) * f * h];
-            let wue = &wuv[ei * f * h..(ei + 1) * f * h];
-            let wde = &wdv[ei * h * f..(ei + 1) * h * f];
+            let [we_g, we_u, we_d] = experts[ei].as_ref().expect("a selected expert");
             for (j, a) in act.iter_mut().enumerate() {
-                let g = r(dot(xr, &wge[j * h..(j + 1) * h]));
-                let u = r(dot(xr, &wue[j * h..(j + 1) * h]));
+                let g = r(dot(xr, we_g.row(j, h, &mut bg)));
+                let u = r(dot(xr, we_u.row(j, h, &mut bu)));
                 *a = r(r(silu(g)) * u);
             }
             for (j, acc) in acc.iter_mut().enumerate() {
-                *acc += gate * r(dot(&act, &wde[j * f..(j + 1) * f]));
+                *acc += gate * r(dot(&act, we_d.row(j, f, &mut bd)));
             }
         }
         res.extend(acc.iter().map(|&a| r(a)));
@@ -248,5 +259,54 @@ mod tests {
         let a2 = silu(-2.0) * 3.0;
         let y0 = 0.5 * a0 + 0.25 * a2;
         assert_close(r.as_f32().unwrap(), &[y0, 2.0 * y0], 1e-6);
+    }
+
+    #[test]
+    fn quantised_experts_dequantise_per_expert() {
+        // H = 2, F = 1, E = 2, int4 group 2 (one group per row). Expert e's rows are q·s_e:
+        // expert 0: gate [1, 0]·0.5, up [0, 2]·0.5, down [[2], [4]]·0.25;
+        // expert 1: gate [0, -1]·1, up [1, 1]·1, down [[1], [-1]]·2.
+        let x = tf(DType::F32, &[1, 2], &[2.0, 3.0]);
+        let gates = tf(DType::F32, &[1, 2], &[0.5, 0.25]);
+        let i4 = DType::Int4Group { group: 2 };
+        let wg = ti(i4, &[2, 1, 2], &[1, 0, 0, -1]);
+        let wu = ti(i4, &[2, 1, 2], &[0, 2, 1, 1]);
+        let wd = ti(i4, &[2, 2, 1], &[2, 4, 1, -1]);
+        let sg = tf(DType::BF16, &[2, 1, 1], &[0.5, 1.0]);
+        let su = tf(DType::BF16, &[2, 1, 1], &[0.5, 1.0]);
+        let sd = tf(DType::BF16, &[2, 2, 1], &[0.25, 0.25, 2.0, 2.0]);
+        let r = run_op(Op::MoeExperts, vec![x, gates, wg, wu, wd, sg, su, sd]);
+        let silu = |v: f32| v / (1.0 + (-v).exp());
+        // Expert 0: g = 1, u = 3, a = 3·silu(1), y = [0.5a, a].
+        let a0 = silu(1.0) * 3.0;
+        // Expert 1: g = -3, u = 5, a = 5·silu(-3), y = [2a, -2a].
+        let a1 = silu(-3.0) * 5.0;
+        let want = [0.5 * 0.5 * a0 + 0.25 * 2.0 * a1, 0.5 * a0 - 0.25 * 2.0 * a1];
+        assert_close(r.as_f32().unwrap(), &want, 1e-6);
+        // Missing scales are refused.
+        let x = tf(DType::F32, &[1, 2], &[2.0, 3.0]);
+        let gates = tf(DType::F32, &[1, 2], &[0.5, 0.25]);
+        let wg = ti(i4, &[2, 1, 2], &[1, 0, 0, -1]);
+        let wu = ti(i4, &[2, 1, 2], &[0, 2, 1, 1]);
+        let wd = ti(i4, &[2, 2, 1], &[2, 4, 1, -1]);
+        let e = try_run_op(Op::MoeExperts, vec![x, gates, wg, wu, wd]).unwrap_err();
+        assert!(e.to_string().contains("3 scale operands"), "{e}");
+    }
+
+    #[test]
+    fn fp8_experts_use_their_own_block_scales() {
+        // H = 1, F = 1, E = 2: expert 1's scales differ from expert 0's.
+        let x = tf(DType::F32, &[1, 1], &[1.0]);
+        let gates = tf(DType::F32, &[1, 2], &[0.0, 1.0]);
+        let f8 = DType::Fp8E4M3;
+        let wg = tf(f8, &[2, 1, 1], &[1.0, 1.0]);
+        let wu = tf(f8, &[2, 1, 1], &[1.0, 1.0]);
+        let wd = tf(f8, &[2, 1, 1], &[1.0, 1.0]);
+        let sg = tf(DType::F32, &[2, 1, 1], &[f32::NAN, 2.0]);
+        let su = tf(DType::F32, &[2, 1, 1], &[f32::NAN, 3.0]);
+        let sd = tf(DType::F32, &[2, 1, 1], &[f32::NAN, 0.5]);
+        let r = run_op(Op::MoeExperts, vec![x, gates, wg, wu, wd, sg, su, sd]);
+        let silu = |v: f32| v / (1.0 + (-v).exp());
+        assert_close(r.as_f32().unwrap(), &[0.5 * 3.0 * silu(2.0)], 1e-6);
     }
 }

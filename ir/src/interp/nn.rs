@@ -282,4 +282,64 @@ mod tests {
         let e = try_run_op(Op::MatMul, vec![x, w, s]).unwrap_err();
         assert!(e.to_string().contains("[2, 1]"), "{e}");
     }
+
+    #[test]
+    fn dequantize_fp8_partial_blocks_on_both_axes() {
+        // w [130, 129]: scale [2, 2]; block (0,0) ×2, (0,1) ×3, (1,0) ×5, (1,1) ×7. The
+        // partial blocks (row 128.., column 128) take their block's scale.
+        let w = tf(DType::Fp8E4M3, &[130, 129], &[-1.5; 130 * 129]);
+        let s = tf(DType::F32, &[2, 2], &[2.0, 3.0, 5.0, 7.0]);
+        let r = run_op(Op::Dequantize { to: DType::F32 }, vec![w, s]);
+        assert_eq!(r.dtype, DType::F32);
+        let v = r.as_f32().unwrap();
+        let at = |i: usize, j: usize| v[i * 129 + j];
+        assert_eq!(
+            (at(0, 0), at(127, 127), at(0, 128), at(129, 0), at(129, 128)),
+            (-3.0, -3.0, -4.5, -7.5, -10.5)
+        );
+        // A matmul against a one-hot x reads the same column.
+        let mut x = vec![0.0f32; 129];
+        x[128] = 1.0;
+        let x = tf(DType::F32, &[1, 129], &x);
+        let w = tf(DType::Fp8E4M3, &[130, 129], &[-1.5; 130 * 129]);
+        let s = tf(DType::F32, &[2, 2], &[2.0, 3.0, 5.0, 7.0]);
+        let m = run_op(Op::MatMul, vec![x, w, s]);
+        let m = m.as_f32().unwrap();
+        assert_eq!((m[0], m[129]), (-4.5, -10.5));
+    }
+
+    #[test]
+    fn dequantize_int4_rounds_to_the_target() {
+        // q [1, 4] group 2, scales [0.3, 1.0]: [3·0.3, -8·0.3, 7, -1] in f32, then bf16.
+        let w = ti(DType::Int4Group { group: 2 }, &[1, 4], &[3, -8, 7, -1]);
+        let s = tf(DType::F32, &[1, 2], &[0.3, 1.0]);
+        let r = run_op(
+            Op::Dequantize { to: DType::F32 },
+            vec![w.clone(), s.clone()],
+        );
+        assert_eq!(
+            r.as_f32().unwrap(),
+            &[3.0 * 0.3f32, -8.0 * 0.3f32, 7.0, -1.0]
+        );
+        let r = run_op(Op::Dequantize { to: DType::BF16 }, vec![w, s]);
+        let want: Vec<f32> = [3.0 * 0.3f32, -8.0 * 0.3f32, 7.0, -1.0]
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_f32())
+            .collect();
+        assert_eq!(r.as_f32().unwrap(), want.as_slice());
+    }
+
+    #[test]
+    fn quantised_weight_without_scale_is_refused() {
+        let x = tf(DType::F32, &[1, 4], &[1.0; 4]);
+        let w = ti(DType::Int4Group { group: 2 }, &[1, 4], &[0; 4]);
+        let e = try_run_op(Op::MatMul, vec![x, w]).unwrap_err();
+        assert!(e.to_string().contains("needs a scale"), "{e}");
+        // An int4 scale with the wrong group count names the shape it wants.
+        let x = tf(DType::F32, &[1, 4], &[1.0; 4]);
+        let w = ti(DType::Int4Group { group: 2 }, &[1, 4], &[0; 4]);
+        let s = tf(DType::BF16, &[1, 4], &[1.0; 4]);
+        let e = try_run_op(Op::MatMul, vec![x, w, s]).unwrap_err();
+        assert!(e.to_string().contains("[1, 2]"), "{e}");
+    }
 }

@@ -436,6 +436,7 @@ fn build_op(
         },
         "silu_mul" => Op::SiluMul,
         "cast" => Op::Cast { to: a.dtype("to")? },
+        "dequantize" => Op::Dequantize { to: a.dtype("to")? },
         "select" => Op::Select,
         "reshape" => Op::Reshape {
             shape: a.shape("shape")?,

@@ -71,7 +71,7 @@ fn op_text(op: &Op) -> String {
         | Op::MoeExperts
         | Op::AllReduce
         | Op::Copy => vec![],
-        Op::Cast { to } => vec![("to", to.to_string())],
+        Op::Cast { to } | Op::Dequantize { to } => vec![("to", to.to_string())],
         Op::Reshape { shape } => vec![("shape", shape.to_string())],
         Op::Slice { axis, start, len } => vec![
             ("axis", axis.to_string()),

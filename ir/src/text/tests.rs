@@ -57,9 +57,10 @@ fn variant(op: &Op) -> usize {
         Op::TopPThreshold { .. } => 36,
         Op::HeadMatMul { .. } => 37,
         Op::MlaAttention { .. } => 38,
+        Op::Dequantize { .. } => 39,
     }
 }
-const VARIANTS: usize = 39;
+const VARIANTS: usize = 40;
 
 /// A type-correct graph using every op, every op kind and every attribute enum value.
 fn every_op_graph() -> Result<Graph, IrError> {
@@ -153,6 +154,8 @@ fn every_op_graph() -> Result<Graph, IrError> {
     let q = g.add(Op::MatMul, &[h, w])?;
     g.add(Op::MatMul, &[h, w8, w8s])?;
     g.add(Op::MatMul, &[h, w4, w4s])?;
+    g.add(Op::Dequantize { to: DType::BF16 }, &[w8, w8s])?;
+    g.add(Op::Dequantize { to: DType::F32 }, &[w4, w4s])?;
 
     // Rope in every scaling and style, kv cache, both attention masks.
     let q = g.add(

@@ -192,6 +192,7 @@ pub fn single(
         | Op::Weight { .. }
         | Op::State { .. }
         | Op::Attention { .. }
+        | Op::Dequantize { .. }
         | Op::AllReduce => return Err(unsupported_err(op, unsupported(op).unwrap_or(""))),
     };
     Ok(vec![k])
@@ -205,6 +206,7 @@ fn unsupported(op: &Op) -> Option<&'static str> {
         }
         Op::Attention { .. } => Some("attention is the attention family"),
         Op::AllReduce => Some("a collective across ranks, not a kernel"),
+        Op::Dequantize { .. } => Some("fp8 / int4 weights are not supported on the GPU yet"),
         _ => None,
     }
 }
@@ -232,6 +234,12 @@ fn validate(op: &Op, inputs: &[TensorArg], output: &TensorArg) -> Result<(), Err
         return Err(unsupported_err(
             op,
             "quantised weights (a scale operand); the gemv family handles them",
+        ));
+    }
+    if matches!(op, Op::MoeExperts) && inputs.len() > 5 {
+        return Err(unsupported_err(
+            op,
+            "quantised (fp8 / int4) expert weights with their scales",
         ));
     }
     for a in inputs.iter().chain([output]) {

@@ -46,6 +46,14 @@ impl WeightSources<'_> {
         let missing = || engine_err(format!("weight `{name}` is in no checkpoint"));
         let (ck, inner) = self.resolve(name).ok_or_else(missing)?;
         let e = ck.tensor(inner).ok_or_else(missing)?;
+        // An int4 `weight_packed` (i32 words of 8 nibbles) is the IR's int4g [out, in].
+        if let Some(dt) = ck.int4_dtype(inner)? {
+            let mut shape = e.shape.clone();
+            if let Some(l) = shape.last_mut() {
+                *l *= 8;
+            }
+            return Ok((dt, shape, ck.checked_bytes(inner)?));
+        }
         let dt = specc_models::checkpoint::ir_dtype(e.dtype).ok_or_else(missing)?;
         Ok((dt, e.shape.clone(), ck.checked_bytes(inner)?))
     }

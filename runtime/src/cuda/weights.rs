@@ -22,7 +22,8 @@ pub const WEIGHT_ALIGN: u64 = 256;
 const STAGE_BYTES: usize = 64 << 20;
 
 /// One tensor to upload: raw little-endian bytes as stored in the checkpoint (for
-/// `Int4Group`, nibbles then scales, as [`DType::storage_bytes`] counts them).
+/// `Int4Group`, the packed nibbles alone, as [`DType::storage_bytes`] counts them; the
+/// scales are a tensor of their own).
 #[derive(Clone, Copy, Debug)]
 pub struct HostTensor<'a> {
     pub name: &'a str,
@@ -76,8 +77,7 @@ pub fn slab_layout(sizes: impl IntoIterator<Item = u64>) -> (Vec<u64>, u64) {
 
 fn expected_bytes(dtype: DType, shape: &[usize]) -> u64 {
     let numel: u64 = shape.iter().map(|&d| d as u64).product();
-    let last = shape.last().copied().unwrap_or(1) as u64;
-    dtype.storage_bytes(numel, last)
+    dtype.storage_bytes(numel)
 }
 
 impl DeviceWeights {
@@ -342,6 +342,6 @@ mod tests {
     fn expected_sizes_follow_dtype() {
         assert_eq!(expected_bytes(DType::BF16, &[4, 8]), 64);
         assert_eq!(expected_bytes(DType::Fp8E4M3, &[3]), 3);
-        assert_eq!(expected_bytes(DType::Int4Group { group: 32 }, &[2, 64]), 72);
+        assert_eq!(expected_bytes(DType::Int4Group { group: 32 }, &[2, 64]), 64);
     }
 }
