@@ -72,7 +72,6 @@ impl Model {
     ) -> Result<Model, ModelError> {
         let (dir, config) = Self::random_paths(path.as_ref());
         let mut spec = ModelSpec::from_file(&config)?;
-<<<<<<< HEAD
         if let Some(n) = layers {
             if n == 0 || n > spec.layers {
                 return Err(ModelError::Field {
@@ -84,9 +83,7 @@ impl Model {
             }
             spec.layers = n;
         }
-=======
         spec.quant.formats = crate::quant::published_formats(&spec)?;
->>>>>>> quant
         let graph = lower::lower_dense(&spec)?;
         let checkpoint = Checkpoint::random(&dir, &graph, seed);
         Ok(Model {
