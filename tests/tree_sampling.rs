@@ -116,6 +116,12 @@ fn draws(m: TreeMethod, lanes: usize, seeds: &[u64]) -> (Draws, HashMap<String, 
             target_prefill: &prefill,
             draft_prefill: &dpre,
             step: &step,
+            acceptance: Acceptance::Sample {
+                temperature: TEMPERATURE,
+                top_k: None,
+                top_p: 1.0,
+                seed,
+            },
         };
         let mut s = SpecCpuSession::new(g, &w, lanes, 256);
         let first = s.admit(&vec![PROMPT.to_vec(); lanes], 8).unwrap();

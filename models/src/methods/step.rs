@@ -296,7 +296,7 @@ pub(super) fn verify_and_commit(
         _ if k == 0 => {
             let bonus = match (&shape.acceptance, c.uniforms) {
                 (Acceptance::Sample { .. }, Some(u)) => {
-                    let p = probs(b, target_logits, &shape.acceptance)?;
+                    let p = probs(b, target_logits)?;
                     let p = b.reshape(p, &[B, b_vocab(b.g, p)])?;
                     let u0 = b.slice_cols(u, 0, 1)?;
                     let u0 = b.reshape(u0, &[B])?;
@@ -310,7 +310,7 @@ pub(super) fn verify_and_commit(
         (Acceptance::Sample { .. }, Some(u)) => {
             let draft_tokens = b.g.add(Op::Concat { axis: 1 }, &drafted.tokens)?;
             let q = b.g.add(Op::Concat { axis: 1 }, &drafted.dists)?;
-            let p = probs(b, target_logits, &shape.acceptance)?;
+            let p = probs(b, target_logits)?;
             sample_accept(b, p, q, draft_tokens, u, k)?
         }
         _ => {
