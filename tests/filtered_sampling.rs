@@ -323,9 +323,7 @@ fn mixed_lanes_each_follow_their_own_knobs() {
         };
         let mut s = SpecCpuSession::new(graphs, &m.weights, lanes, 64);
         let ks: Vec<LaneSampling> = (0..lanes).map(|b| knobs(b, seed)).collect();
-        first = s
-            .admit_with(&vec![PROMPT.to_vec(); lanes], 8, &ks)
-            .unwrap()[0];
+        first = s.admit_with(&vec![PROMPT.to_vec(); lanes], 8, &ks).unwrap()[0];
         s.step().unwrap();
         for (b, lane) in s.drain().unwrap().into_iter().enumerate() {
             match b % 3 {
@@ -338,8 +336,16 @@ fn mixed_lanes_each_follow_their_own_knobs() {
     let mut ctx = PROMPT.to_vec();
     ctx.push(first);
     let probs = target_probs(&m.target, &m.weights, &ctx);
-    assert_follows(&top_k, &filtered(&probs, Some(3), 1.0), "mixed lanes, top_k 3");
-    assert_follows(&top_p, &filtered(&probs, None, 0.85), "mixed lanes, top_p 0.85");
+    assert_follows(
+        &top_k,
+        &filtered(&probs, Some(3), 1.0),
+        "mixed lanes, top_k 3",
+    );
+    assert_follows(
+        &top_p,
+        &filtered(&probs, None, 0.85),
+        "mixed lanes, top_p 0.85",
+    );
     // Greedy lanes: the target's greedy continuation, token for token.
     let mut want = Vec::new();
     let mut ctx = ctx.clone();

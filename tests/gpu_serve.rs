@@ -160,7 +160,10 @@ fn greedy_and_sampled_lanes_share_the_device_step() {
         );
     }
     for i in (0..arrivals.len()).filter(|i| i % 2 == 1) {
-        assert_ne!(got[i], greedy[i], "sampled request {i} drew the greedy tokens");
+        assert_ne!(
+            got[i], greedy[i],
+            "sampled request {i} drew the greedy tokens"
+        );
     }
     // The interpreter over the same engine's graphs, same knobs and streams.
     let graphs = EngineGraphs::parse(&engine).unwrap();
@@ -199,17 +202,31 @@ fn steps_replay_the_smallest_bucket_holding_the_lanes() {
     assert_eq!((s.replays_at(1), s.replays_at(2)), (0, 0));
     s.shrink_buckets(true);
     assert_eq!(
-        (s.bucket_for(1), s.bucket_for(2), s.bucket_for(3), s.bucket_for(4)),
+        (
+            s.bucket_for(1),
+            s.bucket_for(2),
+            s.bucket_for(3),
+            s.bucket_for(4)
+        ),
         (1, 2, 4, 4)
     );
     let before = s.replays_at(4);
     let shrunk = serve(&mut s, &arrivals);
     let (r1, r2, r4) = (s.replays_at(1), s.replays_at(2), s.replays_at(4) - before);
-    assert!(r1 > 0 && r2 > 0 && r4 > 0, "replays at 1 / 2 / 4: {r1} / {r2} / {r4}");
+    assert!(
+        r1 > 0 && r2 > 0 && r4 > 0,
+        "replays at 1 / 2 / 4: {r1} / {r2} / {r4}"
+    );
     for (i, a) in arrivals.iter().enumerate() {
-        assert_eq!(shrunk[i].len(), a.max_new, "request {i} did not finish its budget");
+        assert_eq!(
+            shrunk[i].len(),
+            a.max_new,
+            "request {i} did not finish its budget"
+        );
     }
-    let same = (0..arrivals.len()).filter(|&i| shrunk[i] == full[i]).count();
+    let same = (0..arrivals.len())
+        .filter(|&i| shrunk[i] == full[i])
+        .count();
     eprintln!(
         "shrinking buckets: replays at 1 / 2 / 4 = {r1} / {r2} / {r4}; {same} of 6 requests equal their full-bucket tokens"
     );

@@ -577,7 +577,11 @@ fn seeded_sampling_is_reproducible() {
     greedy["temperature"] = json!(0);
     let g = text_of(&s.post("/v1/completions", &greedy));
     assert_ne!(a, g, "sampling at 0.8 left the greedy text");
-    assert_eq!(g, run_text("def ", 48).0, "temperature 0 is greedy decoding");
+    assert_eq!(
+        g,
+        run_text("def ", 48).0,
+        "temperature 0 is greedy decoding"
+    );
 }
 
 #[test]
@@ -586,7 +590,12 @@ fn greedy_and_sampled_lanes_share_one_step() {
     // graph reads every lane's temperature, top-k and top-p from device state, so greedy and
     // sampled requests run side by side in one step.
     let s = Server::start(&["--lanes", "4", "--max-queue", "32"]);
-    let prompts = ["def __init__(self", "import os\n", "class Queue:", "for i in range("];
+    let prompts = [
+        "def __init__(self",
+        "import os\n",
+        "class Queue:",
+        "for i in range(",
+    ];
     let greedy = |i: usize| completion(prompts[i], 24);
     let sampled = |i: usize, seed: u64| {
         let mut b = completion(prompts[i], 24);
@@ -631,8 +640,13 @@ fn greedy_and_sampled_lanes_share_one_step() {
         }
         cases.reverse();
     }
-    let differ = (0..4).filter(|&i| sampled_alone[i] != greedy_alone[i]).count();
-    assert!(differ >= 3, "sampled texts left the greedy ones ({differ} of 4)");
+    let differ = (0..4)
+        .filter(|&i| sampled_alone[i] != greedy_alone[i])
+        .count();
+    assert!(
+        differ >= 3,
+        "sampled texts left the greedy ones ({differ} of 4)"
+    );
     assert_eq!(s.metric("specc:lanes_in_use"), 0.0);
 }
 

@@ -229,6 +229,9 @@ mod tests {
         let mut seeded = SamplingArgs::default();
         seeded.seed = Some(4);
         let e = for_engine(&seeded, &sample, dir).unwrap_err().to_string();
-        assert!(e.starts_with("--seed 4: /e was compiled with seed 3"), "{e}");
+        assert!(
+            e.starts_with("--seed 4: /e was compiled with seed 3"),
+            "{e}"
+        );
     }
 }

@@ -178,7 +178,10 @@ mod tests {
 
     fn threshold(row: &[f32], p: f64) -> f32 {
         let x = tf(DType::F32, &[1, row.len()], row);
-        let r = run_op(Op::TopPThreshold, vec![x, tf(DType::F32, &[1], &[p as f32])]);
+        let r = run_op(
+            Op::TopPThreshold,
+            vec![x, tf(DType::F32, &[1], &[p as f32])],
+        );
         assert_eq!((r.dtype, r.shape.as_slice()), (DType::F32, &[1usize][..]));
         r.as_f32().unwrap()[0]
     }
@@ -236,7 +239,10 @@ mod tests {
         assert_eq!(kth(&row, 6), f32::NEG_INFINITY, "k = n cuts nothing");
         assert_eq!(kth(&row, 0), f32::NEG_INFINITY, "k = 0 cuts nothing");
         assert_eq!(kth(&row, -3), f32::NEG_INFINITY);
-        assert!(kth(&[-0.0, 1.0, -0.0], 2).is_sign_positive(), "-0 reads as +0");
+        assert!(
+            kth(&[-0.0, 1.0, -0.0], 2).is_sign_positive(),
+            "-0 reads as +0"
+        );
         let x = tf(DType::F32, &[2, 3], &[1.0, 2.0, 3.0, 6.0, 5.0, 4.0]);
         let r = run_op(Op::TopKThreshold, vec![x, ti(DType::I64, &[2], &[1, 2])]);
         assert_eq!(r.as_f32().unwrap(), &[3.0, 5.0]);

@@ -5,8 +5,8 @@
 //! (the [`crate::norm`] family).
 
 use super::{
-    c_type, flat_launch, is_float, load, row_launch, row_threads, store, value_type,
-    Kernel, TensorArg,
+    c_type, flat_launch, is_float, load, row_launch, row_threads, store, value_type, Kernel,
+    TensorArg,
 };
 use crate::abi::{Dtype, Extent, KernelSource, LaunchSpec, Rows, View};
 use crate::norm::{rmsnorm as norm_rmsnorm, RmsNormParams};

@@ -750,7 +750,11 @@ fn rows(v: &mut Vec<Case>) {
     for (vocab, xs, ks) in [
         (512u64, Values::Probs, vec![1.0, 7.0, 40.0, 511.0]),
         (300, Values::Special, vec![3.0, 0.0, 300.0, 150.0]),
-        (8, Values::List(vec![0.5, -1.0, 0.5, 2.0]), vec![1.0, 2.0, 3.0, 4.0]),
+        (
+            8,
+            Values::List(vec![0.5, -1.0, 0.5, 2.0]),
+            vec![1.0, 2.0, 3.0, 4.0],
+        ),
         (V_LLAMA3, Values::Float(4.0), vec![50.0, 1.0, -1.0, 1000.0]),
     ] {
         v.push(case(

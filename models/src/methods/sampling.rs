@@ -92,9 +92,8 @@ pub(super) fn probs(b: &mut Builder, logits: ValueId) -> Result<ValueId, IrError
         DType::F32 => logits,
         _ => b.g.add(Op::Cast { to: DType::F32 }, &[logits])?,
     };
-    let params = b
-        .g
-        .state(SAMPLING, TensorType::new(DType::F32, [B, s(3)]))?;
+    let params =
+        b.g.state(SAMPLING, TensorType::new(DType::F32, [B, s(3)]))?;
     let row_dims = &dims[..dims.len() - 1];
     let knob = |b: &mut Builder, col: u64| -> Result<ValueId, IrError> {
         let v = b.slice_cols(params, col, 1)?;

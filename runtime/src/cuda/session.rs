@@ -499,6 +499,15 @@ impl<'a> CudaSpecSession<'a> {
             &i32_bytes(&[1, 2].repeat(lanes)),
         )?;
         self.engine.write_state(BUDGET, &per(i32::MAX as i64 / 2))?;
+        if self.engine.state(SAMPLING).is_ok() {
+            // Every lane draws with the engine's knobs, as a sampled run does.
+            let acceptance = &self.engine.engine.acceptance;
+            let knobs: Vec<LaneSampling> = (0..lanes as u32)
+                .map(|b| LaneSampling::defaults(acceptance, b))
+                .collect();
+            let s = admission::sampling_state(&knobs);
+            self.engine.write_state(s.name, &s.f32_bytes())?;
+        }
         match self.contract.priming() {
             Priming::Pairs { .. } => {
                 self.engine
