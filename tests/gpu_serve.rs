@@ -15,6 +15,7 @@ use lanes_common::{alone, serve, staggered};
 use specc_ir::engine::Engine;
 use specc_models::{Model, SpecBundle, SpecConfig};
 use specc_runtime::admission::LaneSampling;
+use specc_runtime::cuda::CudaSpecSession;
 use specc_runtime::{EngineGraphs, SpecCpuSession, SpecGraphs};
 
 fn check(spec_file: &str) {
@@ -135,8 +136,8 @@ fn greedy_and_sampled_lanes_share_the_device_step() {
     }
     let want = alone(&mut s, &arrivals);
     let got = serve(&mut s, &arrivals);
-    for i in 0..arrivals.len() {
-        assert_eq!(got[i], want[i], "request {i} differs batched and alone");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "request {i} differs batched and alone");
     }
     // Greedy lanes against a greedy engine of the same method, each request alone.
     let cfg = SpecConfig::from_file(&dir.join("spec.toml")).unwrap();
@@ -191,9 +192,17 @@ fn steps_replay_the_smallest_bucket_holding_the_lanes() {
     let target = Model::open(&dir).unwrap();
     let (engine, bundle) = sampled_engine(&target, &[1, 2, 4]);
     let bundle = bundle.expect("a spec opens its draft");
-    let mut s = session(&engine, &target, Some(&bundle), 4);
+    assert!(
+        session(&engine, &target, Some(&bundle), 4)
+            .smaller_buckets()
+            .is_empty(),
+        "a plain session captures its own bucket only"
+    );
+    let sources = gpu_common::weight_sources(&target, Some(&bundle));
+    let mut s = CudaSpecSession::with_buckets(&engine, true, &sources, 4, true).unwrap();
     assert_eq!(s.smaller_buckets(), vec![1, 2]);
-    assert_eq!(s.bucket_for(1), 4, "shrinking is off by default");
+    s.shrink_buckets(false);
+    assert_eq!(s.bucket_for(1), 4, "shrinking off: the session's bucket");
     let mut arrivals = staggered(&corpus_prompts());
     for (i, a) in arrivals.iter_mut().enumerate() {
         a.knobs = Some(mixed_knobs(i));

@@ -627,10 +627,10 @@ fn greedy_and_sampled_lanes_share_one_step() {
     // Greedy, sampled, greedy, sampled...: every step holds both kinds of lane; then the
     // other way round (other lanes, other neighbours).
     let mut cases = Vec::new();
-    for i in 0..4 {
-        cases.push((greedy(i), &greedy_alone[i], format!("greedy request {i}")));
+    for (i, (g, d)) in greedy_alone.iter().zip(&sampled_alone).enumerate() {
+        cases.push((greedy(i), g, format!("greedy request {i}")));
         let b = sampled(i, 40 + i as u64);
-        cases.push((b, &sampled_alone[i], format!("seeded sampled request {i}")));
+        cases.push((b, d, format!("seeded sampled request {i}")));
     }
     for round in 0..2 {
         let bodies: Vec<Value> = cases.iter().map(|c| c.0.clone()).collect();

@@ -226,8 +226,10 @@ mod tests {
             },
             "--temperature 0: greedy lanes"
         );
-        let mut seeded = SamplingArgs::default();
-        seeded.seed = Some(4);
+        let seeded = SamplingArgs {
+            seed: Some(4),
+            ..SamplingArgs::default()
+        };
         let e = for_engine(&seeded, &sample, dir).unwrap_err().to_string();
         assert!(
             e.starts_with("--seed 4: /e was compiled with seed 3"),

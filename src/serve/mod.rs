@@ -172,13 +172,13 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                     );
                 }
                 let sources = r.weight_sources();
-                let mut s = specc_runtime::cuda::CudaSpecSession::new(
+                let mut s = specc_runtime::cuda::CudaSpecSession::with_buckets(
                     &r.engine,
                     speculative,
                     &sources,
                     want_lanes,
+                    a.shrink_buckets,
                 )?;
-                s.shrink_buckets(a.shrink_buckets);
                 let addr = listen(&a.host, a.port, app)?;
                 announce(addr);
                 batcher::run(&mut s, rx, &ctx);

@@ -50,7 +50,8 @@ pub(crate) fn top_p_threshold(probs: &Tensor, ps: &Tensor, out: &Out) -> OpResul
         .chunks(v)
         .zip(ps)
         .map(|(row, &p)| {
-            if !(p < 1.0) {
+            // p ≥ 1 or NaN: nothing is cut.
+            if p >= 1.0 || p.is_nan() {
                 return 0.0;
             }
             let mut w: Vec<f32> = row.iter().map(|&e| if e > 0.0 { e } else { 0.0 }).collect();

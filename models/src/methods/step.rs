@@ -12,6 +12,9 @@
 //! - `spec.ring[B,R,1,1]` and `spec.emitted[B]`: every emitted token, token number `e`
 //!   at ring slot `e mod R`; `emitted` counts them (the host reads both asynchronously);
 //! - `spec.step[B]`: steps taken (the RNG counter of sampled acceptance);
+//! - under sampled acceptance, `spec.stream[B]` (each lane's RNG stream) and the f32
+//!   `spec.sampling[B,3]` (each lane's temperature, top-k and top-p; temperature 0 is greedy
+//!   for that lane), which admission writes before the prefill;
 //! - the target's KV caches `kv.{l}.{k,v}`, and the draft's own states under its prefix.
 //!
 //! Cache slots past a sequence's length may hold stale values: attention reads slots

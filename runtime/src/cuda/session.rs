@@ -122,6 +122,19 @@ impl<'a> CudaSpecSession<'a> {
         sources: &WeightSources,
         lanes: usize,
     ) -> Result<Self, RuntimeError> {
+        Self::with_buckets(engine, speculative, sources, lanes, false)
+    }
+
+    /// [`CudaSpecSession::new`], and with `shrink` the step of every smaller batch bucket of
+    /// the engine captured too (their weights and arenas loaded), with
+    /// [`CudaSpecSession::shrink_buckets`] on.
+    pub fn with_buckets(
+        engine: &'a Engine,
+        speculative: bool,
+        sources: &WeightSources,
+        lanes: usize,
+        shrink: bool,
+    ) -> Result<Self, RuntimeError> {
         let contract = engine.contract(speculative).clone();
         let need = Footprint::of_cuda_engine(engine, &contract, lanes as u32, &|n| {
             sources.stored_bytes(n)
@@ -130,7 +143,7 @@ impl<'a> CudaSpecSession<'a> {
         let step_plan = plan_of(engine, contract.step, lanes, 1)?;
         // Every plan of the method at this batch, so a prefill of any length finds its
         // weights uploaded, and the steps of the smaller buckets.
-        let smaller_buckets: Vec<usize> = match lane_major(engine, &contract)? {
+        let smaller_buckets: Vec<usize> = match shrink && lane_major(engine, &contract)? {
             true => engine
                 .batch_buckets()
                 .into_iter()
@@ -173,7 +186,7 @@ impl<'a> CudaSpecSession<'a> {
             step,
             step_graph,
             smaller,
-            shrink: false,
+            shrink,
             ring,
             prefills: HashMap::new(),
             lanes,
@@ -535,7 +548,8 @@ impl<'a> CudaSpecSession<'a> {
     }
 
     /// Lets [`CudaSpecSession::step_upto`] replay the smallest captured bucket that holds
-    /// the lanes in use (fewer rows at low load). Greedy tokens then stay the target's up to
+    /// the lanes in use (fewer rows at low load; buckets are captured by
+    /// [`CudaSpecSession::with_buckets`]). Greedy tokens then stay the target's up to
     /// rounding, but a request's tokens may depend on the load: the kernels of another
     /// bucket may sum in another order, which can flip a near-tie.
     pub fn shrink_buckets(&mut self, on: bool) {
