@@ -278,11 +278,18 @@ pub struct ServeArgs {
     /// bucket of the engine, which must hold this many).
     #[arg(long, value_name = "N")]
     pub lanes: Option<usize>,
+    /// GPU: each step replays the smallest captured batch bucket that holds the lanes in
+    /// use (faster at low load; a request's tokens may then vary with the load at
+    /// near-ties, since kernels tile by bucket). Off: every step replays the `--lanes`
+    /// bucket, and a request's tokens never depend on the others.
+    #[arg(long)]
+    pub shrink_buckets: bool,
     /// KV-cache capacity per sequence (as for `run`).
     #[arg(long)]
     pub max_context: Option<u64>,
-    /// Sampling compiled into the step graph for every request (as for `run`); requests
-    /// may repeat these values or leave them out.
+    /// The default sampling knobs of requests (each request may send its own temperature,
+    /// top_k and top_p: they are per-lane device state; the seed is compiled in, and a
+    /// request's seed picks its RNG stream).
     #[command(flatten)]
     pub sampling: SamplingArgs,
     /// Use deterministic random weights: only config.json is read.

@@ -115,14 +115,20 @@ fn a_compiled_engine_keeps_its_sampling() {
     let (via_engine, err) = run(&[path_str(&engine)]);
     assert!(err.contains("sample temperature=0.8 seed=3"), "{err}");
     assert_eq!(via_engine, text(&flags));
-    let err = fails(&["run", path_str(&engine), "--prompt", PROMPT, "--top-k", "5"]);
+    // The knobs are each lane's device state: other values need no rebuild ...
+    let (top_k, err) = run(&[path_str(&engine), "--top-k", "5"]);
+    assert!(
+        err.contains("sample temperature=0.8 top_k=5 seed=3"),
+        "{err}"
+    );
+    assert_eq!(top_k, text(&[&flags[..], &["--top-k", "5"]].concat()));
+    let (greedy, _) = run(&[path_str(&engine), "--temperature", "0"]);
+    assert_eq!(greedy, text(&[]), "temperature 0: greedy lanes");
+    // ... but the seed is compiled into the draws.
+    let err = fails(&["run", path_str(&engine), "--prompt", PROMPT, "--seed", "4"]);
     assert_mentions(
         &err,
-        &[
-            "--top-k 5",
-            path_str(&engine),
-            "sample temperature=0.8 seed=3",
-        ],
+        &["--seed 4", path_str(&engine), "compiled with seed 3"],
     );
     std::fs::remove_dir_all(&engine).ok();
 }

@@ -12,6 +12,7 @@ use specc_ir::interp::Tensor;
 use specc_ir::Graph;
 use specc_models::methods::{lower_draft_model_step, lower_plain, StepShape, DRAFT_PREFIX};
 use specc_models::{lower_dense, lower_dense_prefixed, Acceptance, ModelSpec};
+use specc_runtime::admission::LaneSampling;
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
 mod common;
@@ -141,12 +142,13 @@ fn generate(
     let (prefill, decode) = lower_plain(&m.spec, 16, acc).unwrap();
     let step = lower_draft_model_step(&m.spec, &m.spec, &shape).unwrap();
     let graphs = match plain {
-        true => SpecGraphs::plain(&prefill, &decode, 16),
+        true => SpecGraphs::plain(&prefill, &decode, 16).with_acceptance(acc.clone()),
         false => SpecGraphs {
             contract: spec_contract(DraftKind::Model, 3, 16),
             target_prefill: &prefill,
             draft_prefill: &m.draft,
             step: &step,
+            acceptance: shape.acceptance.clone(),
         },
     };
     let mut s = SpecCpuSession::new(graphs, &m.weights, lanes, 64);
@@ -226,6 +228,7 @@ fn first_step_counts(top_k: Option<u64>, top_p: f64) -> (Vec<usize>, Vec<f64>) {
             target_prefill: &greedy_prefill,
             draft_prefill: &m.draft,
             step: &step,
+            acceptance: shape.acceptance.clone(),
         };
         let mut s = SpecCpuSession::new(graphs, &m.weights, lanes, 64);
         first = s.admit(&vec![PROMPT.to_vec(); lanes], 8).unwrap()[0];
@@ -267,4 +270,93 @@ fn the_reference_filter_by_hand() {
     close(filtered(&p, Some(4), 1.0), p);
     // Top-k first, then the nucleus of what is left: 0.5 of {0.4, 0.3, 0.2}.
     close(filtered(&p, Some(3), 0.5), [0.0, 4.0 / 7.0, 0.0, 3.0 / 7.0]);
+}
+
+/// One step graph, lanes with their own knobs side by side (the knobs are device state):
+/// greedy lanes (temperature 0) emit exactly the target's argmax, top-k lanes and top-p
+/// lanes each follow their own filtered distribution, in the same steps.
+#[test]
+fn mixed_lanes_each_follow_their_own_knobs() {
+    let m = models();
+    let greedy_prefill = lower_plain(&m.spec, 16, &Acceptance::Greedy).unwrap().0;
+    let lanes = 768;
+    let knobs = |b: usize, seed: u64| -> LaneSampling {
+        let stream = b as u32;
+        match b % 3 {
+            0 => LaneSampling::greedy(stream),
+            1 => LaneSampling {
+                stream,
+                temperature: TEMPERATURE as f32,
+                top_k: 3,
+                top_p: 1.0,
+            },
+            _ => LaneSampling {
+                stream: stream + 1000 * seed as u32,
+                temperature: TEMPERATURE as f32,
+                top_k: 0,
+                top_p: 0.85,
+            },
+        }
+    };
+    let (mut top_k, mut top_p) = (vec![0usize; VOCAB], vec![0usize; VOCAB]);
+    let mut greedy_tokens = Vec::new();
+    let mut first = 0;
+    for seed in [1, 2, 3] {
+        // The compiled knobs (temperature 2, top-k 2) are only the defaults: no lane uses them.
+        let shape = StepShape {
+            num_steps: 3,
+            ring: 16,
+            acceptance: Acceptance::Sample {
+                temperature: 2.0,
+                top_k: Some(2),
+                top_p: 1.0,
+                seed,
+            },
+        };
+        let step = lower_draft_model_step(&m.spec, &m.spec, &shape).unwrap();
+        let graphs = SpecGraphs {
+            contract: spec_contract(DraftKind::Model, 3, 16),
+            target_prefill: &greedy_prefill,
+            draft_prefill: &m.draft,
+            step: &step,
+            acceptance: shape.acceptance.clone(),
+        };
+        let mut s = SpecCpuSession::new(graphs, &m.weights, lanes, 64);
+        let ks: Vec<LaneSampling> = (0..lanes).map(|b| knobs(b, seed)).collect();
+        first = s.admit_with(&vec![PROMPT.to_vec(); lanes], 8, &ks).unwrap()[0];
+        s.step().unwrap();
+        for (b, lane) in s.drain().unwrap().into_iter().enumerate() {
+            match b % 3 {
+                0 => greedy_tokens.push(lane),
+                1 => top_k[lane[0] as usize] += 1,
+                _ => top_p[lane[0] as usize] += 1,
+            }
+        }
+    }
+    let mut ctx = PROMPT.to_vec();
+    ctx.push(first);
+    let probs = target_probs(&m.target, &m.weights, &ctx);
+    assert_follows(
+        &top_k,
+        &filtered(&probs, Some(3), 1.0),
+        "mixed lanes, top_k 3",
+    );
+    assert_follows(
+        &top_p,
+        &filtered(&probs, None, 0.85),
+        "mixed lanes, top_p 0.85",
+    );
+    // Greedy lanes: the target's greedy continuation, token for token.
+    let mut want = Vec::new();
+    let mut ctx = ctx.clone();
+    for _ in 0..greedy_tokens.iter().map(Vec::len).max().unwrap() {
+        let p = target_probs(&m.target, &m.weights, &ctx);
+        let best = (0..VOCAB).max_by(|&a, &b| p[a].total_cmp(&p[b]).then(b.cmp(&a)));
+        want.push(best.unwrap() as u32);
+        ctx.push(*want.last().unwrap());
+    }
+    for (i, got) in greedy_tokens.iter().enumerate() {
+        assert!(!got.is_empty(), "greedy lane {i} emitted nothing");
+        assert_eq!(got[..], want[..got.len()], "greedy lane {i}");
+    }
 }

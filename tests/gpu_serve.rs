@@ -12,7 +12,11 @@ mod lanes_common;
 
 use gpu_common::{build_engine, corpus_prompts, default_model, gpu, session};
 use lanes_common::{alone, serve, staggered};
-use specc_models::{Model, SpecConfig};
+use specc_ir::engine::Engine;
+use specc_models::{Model, SpecBundle, SpecConfig};
+use specc_runtime::admission::LaneSampling;
+use specc_runtime::cuda::CudaSpecSession;
+use specc_runtime::{EngineGraphs, SpecCpuSession, SpecGraphs};
 
 fn check(spec_file: &str) {
     let dir = default_model();
@@ -85,4 +89,154 @@ fn sampled_draft_model_lanes_keep_their_draws() {
     let text = "method = \"draft_model\"\ndraft = \"draft\"\nnum_steps = 5\n[acceptance]\nmode = \"sample\"\ntemperature = 0.9\nseed = 11\n";
     let cfg = SpecConfig::from_toml(&dir.join("sampled.toml"), text).unwrap();
     check_cfg("sampled draft_model", cfg);
+}
+
+/// Request `i`'s knobs in the mixed tests: even requests greedy, odd ones sampled with a
+/// temperature, top-k or top-p of their own (the stream is set per request).
+fn mixed_knobs(i: usize) -> LaneSampling {
+    let sampled = |temperature, top_k, top_p| LaneSampling {
+        stream: 0,
+        temperature,
+        top_k,
+        top_p,
+    };
+    match i % 6 {
+        0 | 2 | 4 => LaneSampling::greedy(0),
+        1 => sampled(0.9, 0, 1.0),
+        3 => sampled(1.3, 5, 1.0),
+        _ => sampled(0.7, 0, 0.8),
+    }
+}
+
+/// A draft_model engine that samples (temperature 0.9, seed 11, by default) at `buckets`.
+fn sampled_engine(target: &Model, buckets: &[u32]) -> (Engine, Option<SpecBundle>) {
+    let dir = default_model();
+    let text = "method = \"draft_model\"\ndraft = \"draft\"\nnum_steps = 5\n[acceptance]\nmode = \"sample\"\ntemperature = 0.9\nseed = 11\n";
+    let cfg = SpecConfig::from_toml(&dir.join("sampled.toml"), text).unwrap();
+    build_engine(target, Some(&cfg), buckets, 256)
+}
+
+/// Per-lane sampling parameters on the device: greedy and sampled lanes in one captured
+/// step graph. A greedy lane's tokens are the greedy engine's (served alone), a seeded
+/// sampled lane's are its tokens alone, and every lane's tokens are the interpreter's for
+/// the same knobs and stream (up to bf16 numerics, noted).
+#[test]
+fn greedy_and_sampled_lanes_share_the_device_step() {
+    if !gpu() {
+        return;
+    }
+    let dir = default_model();
+    let target = Model::open(&dir).unwrap();
+    let (engine, bundle) = sampled_engine(&target, &[4]);
+    let bundle = bundle.expect("a spec opens its draft");
+    let mut s = session(&engine, &target, Some(&bundle), 4);
+    let mut arrivals = staggered(&corpus_prompts());
+    for (i, a) in arrivals.iter_mut().enumerate() {
+        a.knobs = Some(mixed_knobs(i));
+    }
+    let want = alone(&mut s, &arrivals);
+    let got = serve(&mut s, &arrivals);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "request {i} differs batched and alone");
+    }
+    // Greedy lanes against a greedy engine of the same method, each request alone.
+    let cfg = SpecConfig::from_file(&dir.join("spec.toml")).unwrap();
+    let (greedy_engine, greedy_bundle) = build_engine(&target, Some(&cfg), &[4], 256);
+    let greedy_bundle = greedy_bundle.unwrap();
+    let mut g = session(&greedy_engine, &target, Some(&greedy_bundle), 4);
+    let greedy_arrivals: Vec<_> = arrivals
+        .iter()
+        .map(|a| lanes_common::Arrival {
+            prompt: a.prompt.clone(),
+            max_new: a.max_new,
+            at_step: a.at_step,
+            knobs: None,
+        })
+        .collect();
+    let greedy = alone(&mut g, &greedy_arrivals);
+    for i in (0..arrivals.len()).filter(|i| i % 2 == 0) {
+        assert_eq!(
+            got[i], greedy[i],
+            "greedy request {i} next to sampled lanes differs from the greedy engine's tokens"
+        );
+    }
+    for i in (0..arrivals.len()).filter(|i| i % 2 == 1) {
+        assert_ne!(
+            got[i], greedy[i],
+            "sampled request {i} drew the greedy tokens"
+        );
+    }
+    // The interpreter over the same engine's graphs, same knobs and streams.
+    let graphs = EngineGraphs::parse(&engine).unwrap();
+    let contract = engine.contract(true).clone();
+    let sg = SpecGraphs::from_engine(&contract, &graphs).unwrap();
+    let w = bundle.load_weights_f32(&target).unwrap();
+    let mut cpu = SpecCpuSession::new(sg, &w, 4, 256);
+    let on_cpu = serve(&mut cpu, &arrivals);
+    let same = (0..arrivals.len()).filter(|&i| on_cpu[i] == got[i]).count();
+    eprintln!(
+        "mixed lanes: 6 requests (3 greedy, 3 sampled) batched = alone; greedy = the greedy engine's; {same} of 6 equal the interpreter's tokens"
+    );
+}
+
+/// `step_upto` with bucket shrinking on: steps over 1, 2 and 3 lanes replay the captured
+/// buckets 1, 2 and 4, every lane's states past the bucket untouched (requests still finish
+/// with their full budgets). Tokens may differ from the full-bucket replay at near-ties
+/// (other tilings), so how many requests agree is printed, not asserted.
+#[test]
+fn steps_replay_the_smallest_bucket_holding_the_lanes() {
+    if !gpu() {
+        return;
+    }
+    let dir = default_model();
+    let target = Model::open(&dir).unwrap();
+    let (engine, bundle) = sampled_engine(&target, &[1, 2, 4]);
+    let bundle = bundle.expect("a spec opens its draft");
+    assert!(
+        session(&engine, &target, Some(&bundle), 4)
+            .smaller_buckets()
+            .is_empty(),
+        "a plain session captures its own bucket only"
+    );
+    let sources = gpu_common::weight_sources(&target, Some(&bundle));
+    let mut s = CudaSpecSession::with_buckets(&engine, true, &sources, 4, true).unwrap();
+    assert_eq!(s.smaller_buckets(), vec![1, 2]);
+    s.shrink_buckets(false);
+    assert_eq!(s.bucket_for(1), 4, "shrinking off: the session's bucket");
+    let mut arrivals = staggered(&corpus_prompts());
+    for (i, a) in arrivals.iter_mut().enumerate() {
+        a.knobs = Some(mixed_knobs(i));
+    }
+    let full = serve(&mut s, &arrivals);
+    assert_eq!((s.replays_at(1), s.replays_at(2)), (0, 0));
+    s.shrink_buckets(true);
+    assert_eq!(
+        (
+            s.bucket_for(1),
+            s.bucket_for(2),
+            s.bucket_for(3),
+            s.bucket_for(4)
+        ),
+        (1, 2, 4, 4)
+    );
+    let before = s.replays_at(4);
+    let shrunk = serve(&mut s, &arrivals);
+    let (r1, r2, r4) = (s.replays_at(1), s.replays_at(2), s.replays_at(4) - before);
+    assert!(
+        r1 > 0 && r2 > 0 && r4 > 0,
+        "replays at 1 / 2 / 4: {r1} / {r2} / {r4}"
+    );
+    for (i, a) in arrivals.iter().enumerate() {
+        assert_eq!(
+            shrunk[i].len(),
+            a.max_new,
+            "request {i} did not finish its budget"
+        );
+    }
+    let same = (0..arrivals.len())
+        .filter(|&i| shrunk[i] == full[i])
+        .count();
+    eprintln!(
+        "shrinking buckets: replays at 1 / 2 / 4 = {r1} / {r2} / {r4}; {same} of 6 requests equal their full-bucket tokens"
+    );
 }

@@ -434,10 +434,11 @@ fn bad_requests_get_openai_errors() {
             Some("logprobs"),
         ),
         (
-            r#"{"prompt": "a", "temperature": 0.7}"#.into(),
+            r#"{"prompt": "a", "temperature": -0.5}"#.into(),
             400,
             Some("temperature"),
         ),
+        (r#"{"prompt": "a", "top_p": 0}"#.into(), 400, Some("top_p")),
         (
             r#"{"prompt": "a", "stop": [1]}"#.into(),
             400,
@@ -532,13 +533,12 @@ fn bad_requests_get_openai_errors() {
 
 #[test]
 fn seeded_sampling_is_reproducible() {
-    // The distribution is compiled into the step graph (temperature 0.8 here); a request's
-    // seed picks the RNG stream its lane draws from, so the same seed and prompt give the
-    // same text in any lane, next to any other requests.
+    // Temperature 0.8 is the server's default knob here; a request's seed picks the RNG
+    // stream its lane draws from, so the same seed, knobs and prompt give the same text in
+    // any lane, next to any other requests.
     let s = Server::start(&["--temperature", "0.8", "--seed", "3", "--lanes", "3"]);
     let seeded = |seed: u64| {
         let mut b = completion("def ", 48);
-        b["temperature"] = json!(0.8);
         b["seed"] = json!(seed);
         b
     };
@@ -547,6 +547,13 @@ fn seeded_sampling_is_reproducible() {
         a,
         text_of(&s.post("/v1/completions", &seeded(5))),
         "same seed, same text"
+    );
+    let mut explicit = seeded(5);
+    explicit["temperature"] = json!(0.8);
+    assert_eq!(
+        text_of(&s.post("/v1/completions", &explicit)),
+        a,
+        "the default knob is the one sent"
     );
     // Amid other requests (other lanes, other seeds, other prompts).
     let mut bodies: Vec<Value> = (0..5)
@@ -566,20 +573,81 @@ fn seeded_sampling_is_reproducible() {
     );
     let other = text_of(&s.post("/v1/completions", &seeded(6)));
     assert_ne!(a, other, "another seed, another draw");
-    let greedy = Server::start(&["--lanes", "1"]);
-    let g = text_of(&greedy.post("/v1/completions", &completion("def ", 48)));
+    let mut greedy = completion("def ", 48);
+    greedy["temperature"] = json!(0);
+    let g = text_of(&s.post("/v1/completions", &greedy));
     assert_ne!(a, g, "sampling at 0.8 left the greedy text");
-    for (key, v) in [
-        ("temperature", json!(1.0)),
-        ("top_p", json!(0.5)),
-        ("top_k", json!(3)),
-    ] {
-        let mut bad = completion("def ", 4);
-        bad[key] = v;
-        let r = s.post("/v1/completions", &bad);
-        assert_eq!(r.status, 400, "{}", r.body);
-        assert_eq!(r.json()["error"]["param"], key);
+    assert_eq!(
+        g,
+        run_text("def ", 48).0,
+        "temperature 0 is greedy decoding"
+    );
+}
+
+#[test]
+fn greedy_and_sampled_lanes_share_one_step() {
+    // The default server decodes greedily unless a request sends a temperature; its step
+    // graph reads every lane's temperature, top-k and top-p from device state, so greedy and
+    // sampled requests run side by side in one step.
+    let s = Server::start(&["--lanes", "4", "--max-queue", "32"]);
+    let prompts = [
+        "def __init__(self",
+        "import os\n",
+        "class Queue:",
+        "for i in range(",
+    ];
+    let greedy = |i: usize| completion(prompts[i], 24);
+    let sampled = |i: usize, seed: u64| {
+        let mut b = completion(prompts[i], 24);
+        b["seed"] = json!(seed);
+        match i % 3 {
+            0 => b["temperature"] = json!(0.9),
+            1 => {
+                b["temperature"] = json!(1.2);
+                b["top_k"] = json!(5);
+            }
+            _ => {
+                b["temperature"] = json!(0.7);
+                b["top_p"] = json!(0.8);
+            }
+        }
+        b
+    };
+    let greedy_alone: Vec<String> = (0..4)
+        .map(|i| text_of(&s.post("/v1/completions", &greedy(i))))
+        .collect();
+    assert_eq!(
+        greedy_alone[0],
+        run_text(prompts[0], 24).0,
+        "a greedy lane is the target's greedy decoding"
+    );
+    let sampled_alone: Vec<String> = (0..4)
+        .map(|i| text_of(&s.post("/v1/completions", &sampled(i, 40 + i as u64))))
+        .collect();
+    // Greedy, sampled, greedy, sampled...: every step holds both kinds of lane; then the
+    // other way round (other lanes, other neighbours).
+    let mut cases = Vec::new();
+    for (i, (g, d)) in greedy_alone.iter().zip(&sampled_alone).enumerate() {
+        cases.push((greedy(i), g, format!("greedy request {i}")));
+        let b = sampled(i, 40 + i as u64);
+        cases.push((b, d, format!("seeded sampled request {i}")));
     }
+    for round in 0..2 {
+        let bodies: Vec<Value> = cases.iter().map(|c| c.0.clone()).collect();
+        let replies = s.post_all("/v1/completions", &bodies);
+        for (r, (_, want, what)) in replies.iter().zip(&cases) {
+            assert_eq!(&text_of(r), *want, "round {round}: {what} differs batched");
+        }
+        cases.reverse();
+    }
+    let differ = (0..4)
+        .filter(|&i| sampled_alone[i] != greedy_alone[i])
+        .count();
+    assert!(
+        differ >= 3,
+        "sampled texts left the greedy ones ({differ} of 4)"
+    );
+    assert_eq!(s.metric("specc:lanes_in_use"), 0.0);
 }
 
 #[test]

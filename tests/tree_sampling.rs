@@ -17,6 +17,7 @@ use specc_models::methods::{
     lower_target_prefill, StepShape,
 };
 use specc_models::{lower_dense, Acceptance, Method, TreeKnobs};
+use specc_runtime::admission::LaneSampling;
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
 mod common;
@@ -94,9 +95,18 @@ struct Draws {
     pairs: Vec<(usize, usize, bool)>,
     first_bonus: u32,
     accepted: usize,
+    /// Tokens of the two steps of every greedy lane (mixed lanes only).
+    greedy: Vec<Vec<u32>>,
 }
 
-fn draws(m: TreeMethod, lanes: usize, seeds: &[u64]) -> (Draws, HashMap<String, Tensor>) {
+/// With `mixed`, every even lane decodes greedily (temperature 0 in its device state) next
+/// to the sampled odd lanes, whose draws alone are counted.
+fn draws(
+    m: TreeMethod,
+    lanes: usize,
+    seeds: &[u64],
+    mixed: bool,
+) -> (Draws, HashMap<String, Tensor>) {
     let spec = tiny_dflash_target();
     let dense = lower_dense(&spec).unwrap();
     let prefill = lower_target_prefill(&spec, &taps(m), &Acceptance::Greedy).unwrap();
@@ -105,6 +115,7 @@ fn draws(m: TreeMethod, lanes: usize, seeds: &[u64]) -> (Draws, HashMap<String, 
         pairs: Vec::new(),
         first_bonus: 0,
         accepted: 0,
+        greedy: Vec::new(),
     };
     for &seed in seeds {
         let (contract, dpre, step) = graphs(m, seed);
@@ -116,15 +127,33 @@ fn draws(m: TreeMethod, lanes: usize, seeds: &[u64]) -> (Draws, HashMap<String, 
             target_prefill: &prefill,
             draft_prefill: &dpre,
             step: &step,
+            acceptance: Acceptance::Sample {
+                temperature: TEMPERATURE,
+                top_k: None,
+                top_p: 1.0,
+                seed,
+            },
         };
+        let knobs: Vec<LaneSampling> = (0..lanes as u32)
+            .map(|b| match mixed && b % 2 == 0 {
+                true => LaneSampling::greedy(b),
+                false => LaneSampling::defaults(&g.acceptance, b),
+            })
+            .collect();
         let mut s = SpecCpuSession::new(g, &w, lanes, 256);
-        let first = s.admit(&vec![PROMPT.to_vec(); lanes], 8).unwrap();
+        let first = s
+            .admit_with(&vec![PROMPT.to_vec(); lanes], 8, &knobs)
+            .unwrap();
         out.first_bonus = first[0];
         s.step().unwrap();
         let one = s.drain().unwrap();
         s.step().unwrap();
         let two = s.drain().unwrap();
-        for (a, b) in one.iter().zip(&two) {
+        for (lane, (a, b)) in one.iter().zip(&two).enumerate() {
+            if mixed && lane % 2 == 0 {
+                out.greedy.push(a.iter().chain(b).copied().collect());
+                continue;
+            }
             out.accepted += a.len() - 1;
             let both: Vec<u32> = a.iter().chain(b).copied().collect();
             out.pairs
@@ -135,9 +164,15 @@ fn draws(m: TreeMethod, lanes: usize, seeds: &[u64]) -> (Draws, HashMap<String, 
 }
 
 fn check_tree_sampling(m: TreeMethod, depth: usize) {
-    let lanes = 512;
+    check_tree_lanes(m, depth, false);
+}
+
+/// [`check_tree_sampling`]; with `mixed`, next to as many greedy lanes, each of which must
+/// emit the target's greedy tokens.
+fn check_tree_lanes(m: TreeMethod, depth: usize, mixed: bool) {
+    let lanes = if mixed { 1024 } else { 512 };
     let seeds = [1u64, 2, 3, 4];
-    let (d, w) = draws(m, lanes, &seeds);
+    let (d, w) = draws(m, lanes, &seeds, mixed);
     let dense = lower_dense(&tiny_dflash_target()).unwrap();
     let mut ctx: Vec<u32> = PROMPT.to_vec();
     ctx.push(d.first_bonus);
@@ -172,7 +207,22 @@ fn check_tree_sampling(m: TreeMethod, depth: usize) {
     let (s_top, p_top) = (second(top), after(top));
     let (s_child, p_child) = (second(child), after(child));
     let (x2, x3) = (chi_square(&s_top, &p_top), chi_square(&s_child, &p_child));
-    let steps = seeds.len() * lanes;
+    let steps = d.pairs.len();
+    if mixed {
+        // The greedy lanes: the target's argmax continuation, token for token.
+        let mut want = Vec::new();
+        let mut c = PROMPT.to_vec();
+        let longest = d.greedy.iter().map(Vec::len).max().unwrap();
+        for _ in 0..=longest {
+            let p = target_probs(&dense, &w, &c);
+            let best = (0..VOCAB).max_by(|&a, &b| p[a].total_cmp(&p[b]).then(b.cmp(&a)));
+            want.push(best.unwrap() as u32);
+            c.push(*want.last().unwrap());
+        }
+        for (i, got) in d.greedy.iter().enumerate() {
+            assert_eq!(got[..], want[1..=got.len()], "{m:?}: greedy lane {i}");
+        }
+    }
     eprintln!(
         "{m:?} sampling: first chi2 {x1:.2} {first:?}; second | {top}: chi2 {x2:.2} \
          {s_top:?}; second | {child} (descended {}): chi2 {x3:.2} {s_child:?}; {:.2} drafts \
@@ -206,6 +256,17 @@ fn check_tree_sampling(m: TreeMethod, depth: usize) {
         chi_square(&s_child, &p1) > CRITICAL_7DF,
         "power check (second)"
     );
+}
+
+#[test]
+fn ddtree_mixed_greedy_and_sampled_lanes() {
+    // Half the lanes greedy in the same steps: the sampled half still follows the target's
+    // distribution, the greedy half emits its argmax.
+    let tree = TreeKnobs {
+        budget: 16,
+        topk: 8,
+    };
+    check_tree_lanes(TreeMethod::DDTree(tree), 3, true);
 }
 
 #[test]

@@ -363,15 +363,34 @@ pub(crate) fn infer(op: &Op, a: &[&TensorType]) -> R {
             }
             Ok(tt(DType::I32, u.shape.clone()))
         }
-        Op::TopPThreshold { p } => {
-            if a[0].dtype != DType::F32 {
-                return Err(format!("top_p_threshold takes f32 probs, got {}", a[0]));
+        Op::TopPThreshold => {
+            let (x, p) = (a[0], a[1]);
+            if x.dtype != DType::F32 || p.dtype != DType::F32 {
+                return Err(format!(
+                    "top_p_threshold takes f32 probs and f32 p, got {x}, {p}"
+                ));
             }
-            if !(*p > 0.0 && *p <= 1.0) {
-                return Err(format!("top_p_threshold p={p} out of (0, 1]"));
+            last(x, "top_p_threshold")?;
+            if x.shape.drop_last() != p.shape {
+                return Err(format!(
+                    "top_p_threshold: p {p} must have the shape of probs {x} minus last"
+                ));
             }
-            last(a[0], "top_p_threshold")?;
-            Ok(tt(DType::F32, a[0].shape.drop_last()))
+            Ok(tt(DType::F32, p.shape.clone()))
+        }
+        Op::TopKThreshold => {
+            let (x, k) = (a[0], a[1]);
+            if x.dtype != DType::F32 {
+                return Err(format!("top_k_threshold takes f32 values, got {x}"));
+            }
+            int(k, "top_k_threshold k")?;
+            last(x, "top_k_threshold")?;
+            if x.shape.drop_last() != k.shape {
+                return Err(format!(
+                    "top_k_threshold: k {k} must have the shape of values {x} minus last"
+                ));
+            }
+            Ok(tt(DType::F32, k.shape.clone()))
         }
         Op::RandomUniform { .. } => {
             if a[0].dtype != DType::I64 {

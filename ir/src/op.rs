@@ -228,14 +228,20 @@ pub enum Op {
     /// `(probs f32[..., V], u f32[...]) -> i32[...]`: the smallest `i` with
     /// `cumsum(probs)[i] > u · sum(probs)` (inverse CDF), clamped to `V-1`.
     Sample,
-    /// `(probs f32[..., V]) -> f32[...]`: the nucleus (top-p) threshold of each row, `p` in
-    /// `(0, 1]`. With `w = probs` where positive (NaN and negatives count as 0), `Z = Σ w`
-    /// and `S(t) = Σ_{j: w_j > t} w_j`: the smallest `t ≥ 0` with `S(t) < p · Z`, which is
-    /// an element of the row (`S` only changes at elements); 0 when `p · Z = 0`. The
-    /// elements `≥` it are the nucleus: the smallest set of the largest probabilities whose
-    /// mass reaches `p · Z`, ties with its least element included. Sums to rounding (the
-    /// interpreter adds in f64, kernels in f32).
-    TopPThreshold { p: f64 },
+    /// `(probs f32[..., V], p f32[...]) -> f32[...]`: the nucleus (top-p) threshold of each
+    /// row, with the row's own `p` (per-lane sampling parameters live on the device). With
+    /// `w = probs` where positive (NaN and negatives count as 0), `Z = Σ w` and
+    /// `S(t) = Σ_{j: w_j > t} w_j`: the smallest `t ≥ 0` with `S(t) < p · Z`, which is an
+    /// element of the row (`S` only changes at elements); 0 when `p · Z = 0` and when
+    /// `p ≥ 1` or is NaN (nothing is cut). The elements `≥` it are the nucleus: the smallest
+    /// set of the largest probabilities whose mass reaches `p · Z`, ties with its least
+    /// element included. Sums to rounding (the interpreter adds in f64, kernels in f32).
+    TopPThreshold,
+    /// `(x f32[..., n], k int[...]) -> f32[...]`: the `k`-th largest element of each row
+    /// with the row's own `k` (duplicates counted, NaN counting as −inf; −0 reads as +0);
+    /// −inf when `k < 1` or `k ≥ n` (nothing is cut). The elements `≥` it are the top-k
+    /// set with every tie of its least element (HF's `TopKLogitsWarper`).
+    TopKThreshold,
     /// `(counter i64[...]) -> f32[...]` uniform in `[0, 1)`: `splitmix64(seed ^ counter)`,
     /// top 24 bits / 2^24. Counter-based, so a replay with the same counters repeats.
     RandomUniform { seed: u64 },
@@ -353,7 +359,8 @@ impl Op {
                 false,
             ),
             Op::Sample => ("sample", Exact(2), true, false),
-            Op::TopPThreshold { .. } => ("top_p_threshold", Exact(1), true, false),
+            Op::TopPThreshold => ("top_p_threshold", Exact(2), true, false),
+            Op::TopKThreshold => ("top_k_threshold", Exact(2), true, false),
             Op::RandomUniform { .. } => ("random_uniform", Exact(1), true, true),
             Op::AcceptChain => ("accept_chain", Exact(2), true, false),
             Op::TreeBuild { .. } => ("tree_build", Exact(3), true, false),

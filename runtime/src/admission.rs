@@ -2,9 +2,10 @@
 //! (shorter prompts padded with masked lanes), the step states that arm the device loop,
 //! and the EAGLE-3 pair layout. Backends only move the resulting values into their memory.
 
+use specc_ir::engine::Acceptance;
 use specc_models::methods::{
     BUDGET, DFLASH_BASE, DFLASH_COUNT, EAGLE_BASE, EAGLE_COUNT, EAGLE_TOKENS, EMITTED, LEN,
-    PENDING, STEP, STREAM,
+    PENDING, SAMPLING, STEP, STREAM,
 };
 
 use crate::RuntimeError;
@@ -165,6 +166,79 @@ pub fn stream_state(streams: &[u32]) -> StateInit {
         name: STREAM,
         dims: vec![streams.len()],
         values: streams.iter().map(|&s| (s % STREAMS) as i64).collect(),
+    }
+}
+
+/// How one lane draws its tokens under sampled acceptance (a greedy engine has nothing to
+/// set: its lanes take the argmax). Written into the lane's device state at admission.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LaneSampling {
+    /// The lane's RNG stream (taken modulo [`STREAMS`]): the same stream, prompt and knobs
+    /// give the same tokens in any lane, next to any others.
+    pub stream: u32,
+    /// ≤ 0: greedy decoding for this lane (the target's argmax, exactly).
+    pub temperature: f32,
+    /// 0: every token.
+    pub top_k: u32,
+    /// 1: every token.
+    pub top_p: f32,
+}
+
+impl LaneSampling {
+    /// Greedy decoding on stream `stream`.
+    pub fn greedy(stream: u32) -> LaneSampling {
+        LaneSampling {
+            stream,
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+        }
+    }
+
+    /// The engine's knobs (what lanes admitted without their own get) on stream `stream`.
+    pub fn defaults(acceptance: &Acceptance, stream: u32) -> LaneSampling {
+        match *acceptance {
+            Acceptance::Greedy => LaneSampling::greedy(stream),
+            Acceptance::Sample {
+                temperature,
+                top_k,
+                top_p,
+                ..
+            } => LaneSampling {
+                stream,
+                temperature: temperature as f32,
+                top_k: top_k.map_or(0, |k| u32::try_from(k).unwrap_or(u32::MAX)),
+                top_p: top_p as f32,
+            },
+        }
+    }
+}
+
+/// An f32 state value to set at admission.
+pub struct StateInitF32 {
+    pub name: &'static str,
+    pub dims: Vec<usize>,
+    pub values: Vec<f32>,
+}
+
+impl StateInitF32 {
+    /// Little-endian f32 bytes (what the device holds).
+    pub fn f32_bytes(&self) -> Vec<u8> {
+        self.values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+}
+
+/// The lanes' sampling knobs, `[lanes, 3]` rows `[temperature, top_k, top_p]` (the step
+/// graphs' [`SAMPLING`] state), written before the prefill, whose draw of the first token
+/// reads them. top_k is exact in f32 below 2^24, past any vocabulary.
+pub fn sampling_state(lanes: &[LaneSampling]) -> StateInitF32 {
+    StateInitF32 {
+        name: SAMPLING,
+        dims: vec![lanes.len(), 3],
+        values: lanes
+            .iter()
+            .flat_map(|l| [l.temperature, l.top_k.min(1 << 24) as f32, l.top_p])
+            .collect(),
     }
 }
 

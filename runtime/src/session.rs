@@ -1,5 +1,6 @@
 //! What a host loop needs from a backend: admit a batch, run steps, read emitted tokens.
 
+use crate::admission::LaneSampling;
 use crate::{RuntimeError, SpecStats};
 
 /// A batch of lanes advanced one (speculative) step at a time; implemented by the CPU
@@ -10,15 +11,19 @@ pub trait Speculator {
     /// Lanes of the session.
     fn lanes(&self) -> usize;
     /// Prefills lane `lane` alone, keeping every other lane's state (continuous batching);
-    /// the lane's first token. Sampled acceptance draws from RNG stream `stream` (the same
-    /// stream, prompt and budget give the same tokens in any lane).
+    /// the lane's first token. Under sampled acceptance the lane draws with `sampling`'s
+    /// knobs (temperature 0: greedy) from its RNG stream (the same stream, knobs, prompt and
+    /// budget give the same tokens in any lane); a greedy engine ignores them.
     fn admit_lane(
         &mut self,
         lane: usize,
         prompt: &[u32],
         max_new: usize,
-        stream: u32,
+        sampling: LaneSampling,
     ) -> Result<u32, RuntimeError>;
+    /// The knobs of a lane admitted without its own (the engine's acceptance), on RNG
+    /// stream `stream`.
+    fn default_sampling(&self, stream: u32) -> LaneSampling;
     /// Queues one step.
     fn step(&mut self) -> Result<(), RuntimeError>;
     /// Queues one step of a batch whose lanes from `n` on are all free or finished: the
@@ -46,9 +51,12 @@ impl Speculator for crate::SpecCpuSession<'_> {
         lane: usize,
         prompt: &[u32],
         max_new: usize,
-        stream: u32,
+        sampling: LaneSampling,
     ) -> Result<u32, RuntimeError> {
-        crate::SpecCpuSession::admit_lane(self, lane, prompt, max_new, stream)
+        crate::SpecCpuSession::admit_lane(self, lane, prompt, max_new, sampling)
+    }
+    fn default_sampling(&self, stream: u32) -> LaneSampling {
+        LaneSampling::defaults(self.acceptance(), stream)
     }
     fn step_upto(&mut self, n: usize) -> Result<(), RuntimeError> {
         crate::SpecCpuSession::step_upto(self, n)
@@ -87,12 +95,18 @@ impl Speculator for crate::cuda::CudaSpecSession<'_> {
         lane: usize,
         prompt: &[u32],
         max_new: usize,
-        stream: u32,
+        sampling: LaneSampling,
     ) -> Result<u32, RuntimeError> {
-        crate::cuda::CudaSpecSession::admit_lane(self, lane, prompt, max_new, stream)
+        crate::cuda::CudaSpecSession::admit_lane(self, lane, prompt, max_new, sampling)
+    }
+    fn default_sampling(&self, stream: u32) -> LaneSampling {
+        LaneSampling::defaults(&self.engine.engine.acceptance, stream)
     }
     fn admit(&mut self, prompts: &[Vec<u32>], max_new: usize) -> Result<Vec<u32>, RuntimeError> {
         crate::cuda::CudaSpecSession::admit(self, prompts, max_new)
+    }
+    fn step_upto(&mut self, n: usize) -> Result<(), RuntimeError> {
+        crate::cuda::CudaSpecSession::step_upto(self, n)
     }
     fn step(&mut self) -> Result<(), RuntimeError> {
         crate::cuda::CudaSpecSession::step(self)

@@ -4,15 +4,15 @@
 
 use std::collections::HashMap;
 
-use specc_ir::engine::{Engine, GraphRole, Priming, StepContract};
+use specc_ir::engine::{Acceptance, Engine, GraphRole, Priming, StepContract};
 use specc_ir::interp::{self, Data, Env, Tensor, WeightSource};
 use specc_ir::{Bindings, DType, Graph};
 use specc_models::methods::{
-    BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, RING, STREAM,
+    BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, RING, SAMPLING, STREAM,
 };
 use specc_models::SpecBundle;
 
-use crate::admission;
+use crate::admission::{self, LaneSampling};
 
 use crate::RuntimeError;
 
@@ -26,6 +26,9 @@ pub struct SpecGraphs<'a> {
     /// The target prefill again for plain decoding (no draft prefill runs).
     pub draft_prefill: &'a Graph,
     pub step: &'a Graph,
+    /// How the graphs choose tokens; under sampled acceptance its knobs are those of lanes
+    /// admitted without their own ([`SpecCpuSession::admit`]).
+    pub acceptance: Acceptance,
 }
 
 impl<'a> SpecGraphs<'a> {
@@ -36,17 +39,24 @@ impl<'a> SpecGraphs<'a> {
             target_prefill: &b.target_prefill,
             draft_prefill: &b.draft_prefill,
             step: &b.step,
+            acceptance: b.shape.acceptance.clone(),
         }
     }
 
-    /// Plain decoding (k = 0): `prefill` and the decode `step`, no draft.
+    /// Plain decoding (k = 0): `prefill` and the decode `step`, no draft, greedy.
     pub fn plain(prefill: &'a Graph, step: &'a Graph, ring: usize) -> SpecGraphs<'a> {
         SpecGraphs {
             contract: StepContract::plain(ring),
             target_prefill: prefill,
             draft_prefill: prefill,
             step,
+            acceptance: Acceptance::Greedy,
         }
+    }
+
+    /// The same graphs built for `acceptance`.
+    pub fn with_acceptance(self, acceptance: Acceptance) -> SpecGraphs<'a> {
+        SpecGraphs { acceptance, ..self }
     }
 
     /// The graphs of `contract` among `graphs` (parsed from an engine).
@@ -63,6 +73,7 @@ impl<'a> SpecGraphs<'a> {
                 None => target_prefill,
             },
             step: graphs.get(contract.step)?,
+            acceptance: graphs.acceptance.clone(),
         })
     }
 }
@@ -70,6 +81,7 @@ impl<'a> SpecGraphs<'a> {
 /// An engine's graphs, parsed from their IR text once (what the CPU backend executes).
 pub struct EngineGraphs {
     graphs: Vec<(GraphRole, Graph)>,
+    acceptance: Acceptance,
 }
 
 impl EngineGraphs {
@@ -80,7 +92,10 @@ impl EngineGraphs {
                 .map_err(|e| RuntimeError::Engine(format!("graph `{}`: {e}", g.role)))?;
             graphs.push((g.role, parsed));
         }
-        Ok(EngineGraphs { graphs })
+        Ok(EngineGraphs {
+            graphs,
+            acceptance: engine.acceptance.clone(),
+        })
     }
 
     pub fn get(&self, role: GraphRole) -> Result<&Graph, RuntimeError> {
@@ -175,31 +190,42 @@ impl<'a> SpecCpuSession<'a> {
     }
 
     /// Prefills every lane with its prompt (lengths may differ: shorter prompts are padded
-    /// with masked lanes) and arms the step states. Returns each lane's first token.
+    /// with masked lanes) and arms the step states. Returns each lane's first token. Under
+    /// sampled acceptance lane `b` draws on stream `b` with the graphs' default knobs.
     pub fn admit(
         &mut self,
         prompts: &[Vec<u32>],
         max_new: usize,
     ) -> Result<Vec<u32>, RuntimeError> {
-        let streams: Vec<u32> = (0..prompts.len() as u32).collect();
-        self.admit_streams(prompts, max_new, &streams)
+        let lanes: Vec<LaneSampling> = (0..prompts.len() as u32)
+            .map(|b| LaneSampling::defaults(&self.graphs.acceptance, b))
+            .collect();
+        self.admit_with(prompts, max_new, &lanes)
     }
 
-    /// [`SpecCpuSession::admit`] with each lane's RNG stream (sampled acceptance).
-    fn admit_streams(
+    /// [`SpecCpuSession::admit`] with each lane's sampling knobs and RNG stream.
+    pub fn admit_with(
         &mut self,
         prompts: &[Vec<u32>],
         max_new: usize,
-        streams: &[u32],
+        sampling: &[LaneSampling],
     ) -> Result<Vec<u32>, RuntimeError> {
         assert_eq!(prompts.len(), self.rows, "one prompt per lane");
-        if self.graphs.step.find_leaf(STREAM).is_some()
-            || self.graphs.target_prefill.find_leaf(STREAM).is_some()
-        {
-            let s = admission::stream_state(streams);
+        assert_eq!(sampling.len(), prompts.len(), "one sampling per lane");
+        let graphs = [self.graphs.step, self.graphs.target_prefill];
+        if graphs.iter().any(|g| g.find_leaf(STREAM).is_some()) {
+            let streams: Vec<u32> = sampling.iter().map(|l| l.stream).collect();
+            let s = admission::stream_state(&streams);
             self.states.insert(
                 s.name.into(),
                 Tensor::from_i64(DType::I32, s.dims, s.values),
+            );
+        }
+        if graphs.iter().any(|g| g.find_leaf(SAMPLING).is_some()) {
+            let s = admission::sampling_state(sampling);
+            self.states.insert(
+                s.name.into(),
+                Tensor::from_f32(DType::F32, s.dims, s.values),
             );
         }
         let k = self.graphs.contract.num_steps;
@@ -300,6 +326,11 @@ impl<'a> SpecCpuSession<'a> {
         Ok(first)
     }
 
+    /// How the session's graphs choose tokens (under sampling, the default knobs of lanes).
+    pub fn acceptance(&self) -> &Acceptance {
+        &self.graphs.acceptance
+    }
+
     /// Lanes of the session (the largest batch a step runs at).
     pub fn lanes(&self) -> usize {
         self.lanes
@@ -311,15 +342,15 @@ impl<'a> SpecCpuSession<'a> {
     /// `lane`, so a lane's tokens do not depend on what the other lanes hold (the interpreter
     /// computes every row on its own, in the same order at any batch). Slots past the
     /// prompt in the lane's caches keep stale values, which no step reads before writing.
-    /// Under sampled acceptance the lane draws from RNG stream `stream` (taken modulo
-    /// [`admission::STREAMS`]): the same prompt, budget and stream give the same tokens in any
-    /// lane, next to any others.
+    /// Under sampled acceptance the lane draws with `sampling`'s knobs from its RNG stream
+    /// (taken modulo [`admission::STREAMS`]): the same prompt, budget, knobs and stream give
+    /// the same tokens in any lane, next to any others.
     pub fn admit_lane(
         &mut self,
         lane: usize,
         prompt: &[u32],
         max_new: usize,
-        stream: u32,
+        sampling: LaneSampling,
     ) -> Result<u32, RuntimeError> {
         if lane >= self.lanes {
             return Err(RuntimeError::Engine(format!(
@@ -333,7 +364,7 @@ impl<'a> SpecCpuSession<'a> {
         let full = std::mem::take(&mut self.states);
         let rows = std::mem::replace(&mut self.rows, 1);
         let drained = std::mem::take(&mut self.drained);
-        let first = self.admit_streams(&[prompt.to_vec()], max_new, &[stream]);
+        let first = self.admit_with(&[prompt.to_vec()], max_new, &[sampling]);
         let one = std::mem::replace(&mut self.states, full);
         self.rows = rows;
         self.drained = drained;

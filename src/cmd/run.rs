@@ -65,8 +65,10 @@ pub fn run(a: RunArgs) -> Result<()> {
             fit: Fit::of_backend(cuda, lanes)?,
         },
     )?;
+    let mut r = r;
     if let Some(dir) = &engine_dir {
-        sampling::check_engine(&a.sampling, &r.engine.acceptance, dir)?;
+        // The lanes' knobs are the engine's defaults, which the flags replace.
+        r.engine.acceptance = sampling::for_engine(&a.sampling, &r.engine.acceptance, dir)?;
     }
     let speculative = r.engine.spec.is_some() && !a.no_spec;
     let contract = r.engine.contract(speculative).clone();

@@ -48,27 +48,68 @@ fn knobs(flags: &SamplingArgs) -> Result<SamplingKnobs> {
     Ok(knobs)
 }
 
-/// An engine directory runs only with the acceptance it was compiled with: an error naming
-/// the first sampling flag when `flags` ask for another.
-pub fn check_engine(flags: &SamplingArgs, compiled: &Acceptance, engine_dir: &Path) -> Result<()> {
+/// What an engine directory runs with: a greedy engine only decodes greedily (an error
+/// naming the first sampling flag otherwise); a sampling engine reads each lane's
+/// temperature, top-k and top-p from device state, so the flags replace its default knobs
+/// (`--temperature 0`: greedy lanes), but its seed is compiled into its draws (another
+/// `--seed` is an error).
+pub fn for_engine(
+    flags: &SamplingArgs,
+    compiled: &Acceptance,
+    engine_dir: &Path,
+) -> Result<Acceptance> {
     let wanted = acceptance(flags, compiled)?;
-    if wanted == *compiled {
-        return Ok(());
+    match (compiled, &wanted) {
+        (Acceptance::Greedy, Acceptance::Greedy) => Ok(wanted),
+        (Acceptance::Greedy, Acceptance::Sample { .. }) => {
+            let flag = [
+                flags.temperature.map(|v| format!("--temperature {v}")),
+                flags.top_k.map(|v| format!("--top-k {v}")),
+                flags.top_p.map(|v| format!("--top-p {v}")),
+                flags.seed.map(|v| format!("--seed {v}")),
+            ]
+            .into_iter()
+            .flatten()
+            .next()
+            .unwrap_or_default();
+            bail!(
+                "{flag}: {} was compiled for greedy decoding, and its step graphs take the argmax (compile it with a --temperature to sample, or run the model directory)",
+                engine_dir.display()
+            )
+        }
+        (Acceptance::Sample { seed, .. }, _) => {
+            if let Some(s) = flags.seed.filter(|s| s != seed) {
+                bail!(
+                    "--seed {s}: {} was compiled with seed {seed}, which its draws mix in (compile it again with --seed {s}, or run the model directory)",
+                    engine_dir.display()
+                );
+            }
+            Ok(match wanted {
+                Acceptance::Greedy => Acceptance::Sample {
+                    temperature: 0.0,
+                    top_k: None,
+                    top_p: 1.0,
+                    seed: *seed,
+                },
+                w => w,
+            })
+        }
     }
-    let flag = [
-        flags.temperature.map(|v| format!("--temperature {v}")),
-        flags.top_k.map(|v| format!("--top-k {v}")),
-        flags.top_p.map(|v| format!("--top-p {v}")),
-        flags.seed.map(|v| format!("--seed {v}")),
-    ]
-    .into_iter()
-    .flatten()
-    .next()
-    .unwrap_or_default();
-    bail!(
-        "{flag}: {} was compiled for {compiled} decoding, and sampling is compiled into its step graphs (compile it again with the same flags, or run the model directory)",
-        engine_dir.display()
-    )
+}
+
+/// The acceptance a server builds for: sampling, so one step graph serves greedy and
+/// sampled requests together (each lane's knobs in device state); a greedy `acceptance`
+/// becomes sampling whose lanes decode greedily unless a request says otherwise.
+pub fn per_lane(acceptance: Acceptance) -> Acceptance {
+    match acceptance {
+        Acceptance::Greedy => Acceptance::Sample {
+            temperature: 0.0,
+            top_k: None,
+            top_p: 1.0,
+            seed: 0,
+        },
+        a => a,
+    }
 }
 
 #[cfg(test)]
@@ -151,12 +192,47 @@ mod tests {
     fn an_engine_keeps_its_acceptance() {
         let dir = Path::new("/e");
         let greedy = Acceptance::Greedy;
-        check_engine(&SamplingArgs::default(), &greedy, dir).unwrap();
-        check_engine(&flags(Some(0.0), None, None), &greedy, dir).unwrap();
-        let e = check_engine(&flags(None, Some(4), None), &greedy, dir).unwrap_err();
+        for_engine(&SamplingArgs::default(), &greedy, dir).unwrap();
+        for_engine(&flags(Some(0.0), None, None), &greedy, dir).unwrap();
+        let e = for_engine(&flags(None, Some(4), None), &greedy, dir).unwrap_err();
         let e = e.to_string();
         assert!(
             e.starts_with("--top-k 4: /e was compiled for greedy decoding"),
+            "{e}"
+        );
+        // A sampling engine takes other knobs per lane, but not another seed.
+        let sample = Acceptance::Sample {
+            temperature: 0.7,
+            top_k: None,
+            top_p: 1.0,
+            seed: 3,
+        };
+        assert_eq!(
+            for_engine(&flags(Some(1.5), Some(4), None), &sample, dir).unwrap(),
+            Acceptance::Sample {
+                temperature: 1.5,
+                top_k: Some(4),
+                top_p: 1.0,
+                seed: 3
+            }
+        );
+        assert_eq!(
+            for_engine(&flags(Some(0.0), None, None), &sample, dir).unwrap(),
+            Acceptance::Sample {
+                temperature: 0.0,
+                top_k: None,
+                top_p: 1.0,
+                seed: 3
+            },
+            "--temperature 0: greedy lanes"
+        );
+        let seeded = SamplingArgs {
+            seed: Some(4),
+            ..SamplingArgs::default()
+        };
+        let e = for_engine(&seeded, &sample, dir).unwrap_err().to_string();
+        assert!(
+            e.starts_with("--seed 4: /e was compiled with seed 3"),
             "{e}"
         );
     }

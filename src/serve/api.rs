@@ -14,7 +14,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde_json::{json, Value};
 use specc_models::Acceptance;
-use specc_runtime::admission;
+use specc_runtime::admission::{self, LaneSampling};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::batcher::{Event, Job, Queue};
@@ -177,7 +177,7 @@ fn accept(
     if let Some(m) = p.model.as_deref().filter(|m| *m != app.served_name) {
         return Err(ApiError::unknown_model(m, &app.served_name));
     }
-    check_sampling(&p.sampling, &app.acceptance)?;
+    let sampling = lane_sampling(&p.sampling, &app.acceptance)?;
     let (ids, param) = tokenize(app, &p.input)?;
     let k = app.k;
     if ids.len() + k + 3 > app.max_context as usize {
@@ -215,7 +215,7 @@ fn accept(
         max_tokens,
         stop: p.stop.clone(),
         ignore_eos: p.ignore_eos,
-        stream: stream_of(p.sampling.seed),
+        sampling,
         arrived,
         events: tx,
     })?;
@@ -240,9 +240,13 @@ fn body_has(body: &[u8], key: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// The sampling distribution is compiled into the step graph, so a request may only ask for
-/// the engine's temperature, top-k and top-p; its seed is its own.
-fn check_sampling(s: &Sampling, engine: &Acceptance) -> Result<(), ApiError> {
+/// A request's lane knobs. A sampling engine reads temperature, top-k and top-p per lane
+/// from device state, so any request gets its own (the engine's where it sends none;
+/// temperature 0 is greedy, exactly the target's argmax, next to sampled lanes); a greedy
+/// engine's step graph only takes the argmax, so it refuses a temperature > 0. The seed picks
+/// the lane's RNG stream ([`stream_of`]); the engine's compiled seed is mixed into every draw.
+fn lane_sampling(s: &Sampling, engine: &Acceptance) -> Result<LaneSampling, ApiError> {
+    let stream = stream_of(s.seed);
     match *engine {
         Acceptance::Greedy => {
             // top_k / top_p keep the argmax and a seed draws nothing: only a temperature
@@ -250,38 +254,23 @@ fn check_sampling(s: &Sampling, engine: &Acceptance) -> Result<(), ApiError> {
             if let Some(t) = s.temperature.filter(|&t| t > 0.0) {
                 return Err(ApiError::field(
                     "temperature",
-                    format!("this server decodes greedily (sampling is compiled into its step graph: start it with --temperature {t} to sample); send 0 or leave it out"),
+                    format!("this server's engine was compiled for greedy decoding only (its step graph takes the argmax): start it on a model directory, or with --temperature {t}, to sample; send 0 or leave it out"),
                 ));
             }
+            Ok(LaneSampling::greedy(stream))
         }
-        Acceptance::Sample {
-            temperature,
-            top_k,
-            top_p,
-            seed,
-        } => {
-            let off = |key: &str, asked: String, served: String| {
-                ApiError::field(
-                    key,
-                    format!("{asked}: this server samples with {key} = {served} (compiled into its step graph); send that or leave it out"),
-                )
-            };
-            if let Some(t) = s.temperature.filter(|&t| t != temperature) {
-                return Err(off("temperature", t.to_string(), temperature.to_string()));
-            }
-            if let Some(p) = s.top_p.filter(|&p| p != top_p) {
-                return Err(off("top_p", p.to_string(), top_p.to_string()));
-            }
-            if s.top_k.is_some() && s.top_k != top_k {
-                let served = top_k.map_or("all tokens".into(), |k| k.to_string());
-                return Err(off("top_k", format!("{:?}", s.top_k.unwrap_or(0)), served));
-            }
-            // A request's seed picks its RNG stream (`stream_of`); the engine's seed is mixed
-            // into every draw.
-            let _ = seed;
+        Acceptance::Sample { .. } => {
+            let d = LaneSampling::defaults(engine, stream);
+            Ok(LaneSampling {
+                stream,
+                temperature: s.temperature.map_or(d.temperature, |t| t as f32),
+                top_k: s
+                    .top_k
+                    .map_or(d.top_k, |k| u32::try_from(k).unwrap_or(u32::MAX)),
+                top_p: s.top_p.map_or(d.top_p, |p| p as f32),
+            })
         }
     }
-    Ok(())
 }
 
 /// The prompt's token ids, and the field they came from.

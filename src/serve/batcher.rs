@@ -11,6 +11,7 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Instant;
 
+use specc_runtime::admission::LaneSampling;
 use specc_runtime::Speculator;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -38,8 +39,8 @@ pub struct Job {
     pub max_tokens: usize,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
-    /// The RNG stream the lane draws from under sampled acceptance.
-    pub stream: u32,
+    /// How the lane draws its tokens (knobs and RNG stream) under sampled acceptance.
+    pub sampling: LaneSampling,
     pub arrived: Instant,
     pub events: UnboundedSender<Event>,
 }
@@ -266,7 +267,7 @@ fn next_job(ready: &mut VecDeque<Job>, rx: &Receiver<Job>, c: &LoopCtx) -> Optio
 
 /// Prefills lane `b` with `job`; the lane, unless the request already ended.
 fn admit<'a>(s: &mut dyn Speculator, b: usize, job: Job, c: &LoopCtx<'a>) -> Option<Lane<'a>> {
-    let first = match s.admit_lane(b, &job.ids, job.max_tokens, job.stream) {
+    let first = match s.admit_lane(b, &job.ids, job.max_tokens, job.sampling) {
         Ok(t) => t,
         Err(e) => {
             let _ = job

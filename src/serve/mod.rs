@@ -50,7 +50,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         .as_ref()
         .map(|c| c.acceptance.clone())
         .unwrap_or_default();
-    let acceptance = sampling::acceptance(&a.sampling, &base)?;
+    let acceptance = sampling::per_lane(sampling::acceptance(&a.sampling, &base)?);
     let cuda = a.backend == Backend::Cuda;
     let want_lanes = match (a.lanes, cuda) {
         (Some(0), _) => bail!("--lanes 0: expected at least 1"),
@@ -74,8 +74,10 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             fit: Fit::of_backend(cuda, want_lanes as u64)?,
         },
     )?;
+    let mut r = r;
     if let Some(dir) = &engine_dir {
-        sampling::check_engine(&a.sampling, &r.engine.acceptance, dir)?;
+        // The lanes' knobs are the engine's defaults, which the flags replace.
+        r.engine.acceptance = sampling::for_engine(&a.sampling, &r.engine.acceptance, dir)?;
     }
     let speculative = r.engine.spec.is_some() && !a.no_spec;
     let contract = r.engine.contract(speculative).clone();
@@ -170,11 +172,12 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                     );
                 }
                 let sources = r.weight_sources();
-                let mut s = specc_runtime::cuda::CudaSpecSession::new(
+                let mut s = specc_runtime::cuda::CudaSpecSession::with_buckets(
                     &r.engine,
                     speculative,
                     &sources,
                     want_lanes,
+                    a.shrink_buckets,
                 )?;
                 let addr = listen(&a.host, a.port, app)?;
                 announce(addr);

@@ -38,7 +38,7 @@ pub enum Input {
 pub struct Sampling {
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
-    /// `None` also for the "disabled" values −1 and 0.
+    /// `Some(0)` for the "disabled" values −1 and 0 (every token).
     pub top_k: Option<u64>,
     pub seed: Option<u64>,
 }
@@ -413,7 +413,9 @@ fn sampling(o: &Map<String, Value>) -> Result<Sampling, ApiError> {
         ));
     }
     let top_k = match opt_int(o, "top_k")? {
-        None | Some(-1) | Some(0) => None,
+        None => None,
+        // Every token, whatever the server's default.
+        Some(-1) | Some(0) => Some(0),
         Some(k) if k < -1 => {
             return Err(ApiError::field(
                 "top_k",
@@ -513,7 +515,7 @@ mod tests {
                 },
             ])
         );
-        assert_eq!((p.max_tokens, p.sampling.top_k), (Some(4), None));
+        assert_eq!((p.max_tokens, p.sampling.top_k), (Some(4), Some(0)));
     }
 
     #[test]

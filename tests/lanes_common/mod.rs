@@ -5,13 +5,25 @@
 
 #![allow(dead_code)]
 
+use specc_runtime::admission::LaneSampling;
 use specc_runtime::Speculator;
 
-/// One request: its prompt, its token budget and the step at which it arrives.
+/// One request: its prompt, its token budget, the step at which it arrives and its own
+/// sampling knobs (`None`: the engine's; the stream is always the request's index).
 pub struct Arrival {
     pub prompt: Vec<u32>,
     pub max_new: usize,
     pub at_step: usize,
+    pub knobs: Option<LaneSampling>,
+}
+
+/// Request `r`'s lane sampling: its knobs or the session's defaults, on stream `r`.
+fn sampling_of(s: &dyn Speculator, a: &Arrival, r: usize) -> LaneSampling {
+    let stream = r as u32;
+    match a.knobs {
+        Some(k) => LaneSampling { stream, ..k },
+        None => s.default_sampling(stream),
+    }
 }
 
 /// Six requests over `prompts` (at least 4): staggered arrivals, different budgets; on a
@@ -30,6 +42,7 @@ pub fn staggered(prompts: &[Vec<u32>]) -> Vec<Arrival> {
         prompt: prompts[p].clone(),
         max_new,
         at_step,
+        knobs: None,
     })
     .collect()
 }
@@ -48,9 +61,8 @@ pub fn serve(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
             };
             let a = &arrivals[next];
             // Request r draws from stream r wherever it runs.
-            let first = s
-                .admit_lane(free, &a.prompt, a.max_new, next as u32)
-                .unwrap();
+            let knobs = sampling_of(s, a, next);
+            let first = s.admit_lane(free, &a.prompt, a.max_new, knobs).unwrap();
             out[next].push(first);
             lane_of[free] = Some(next);
             next += 1;
@@ -89,7 +101,8 @@ pub fn alone(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
         .iter()
         .enumerate()
         .map(|(r, a)| {
-            let mut out = vec![s.admit_lane(0, &a.prompt, a.max_new, r as u32).unwrap()];
+            let knobs = sampling_of(s, a, r);
+            let mut out = vec![s.admit_lane(0, &a.prompt, a.max_new, knobs).unwrap()];
             while out.len() < a.max_new && s.live().unwrap()[0] {
                 s.step_upto(1).unwrap();
                 out.extend(&s.drain().unwrap()[0]);

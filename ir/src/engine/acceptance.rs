@@ -1,6 +1,7 @@
-//! How an engine's graphs choose tokens. The knobs are compiled into the graphs (constants
-//! and attributes of their sampling ops), so the engine records them: a run can only use
-//! the acceptance its engine was built with.
+//! How an engine's graphs choose tokens. Greedy graphs take the argmax and cannot sample;
+//! sampled graphs read each lane's temperature, top-k and top-p from device state (set at
+//! admission, so one captured step serves greedy and sampled lanes together) and draw with
+//! the engine's compiled seed; the engine records which, and the knobs lanes get by default.
 
 use std::fmt;
 
@@ -17,9 +18,11 @@ pub enum Acceptance {
     /// Tokens are draws from the target's distribution `softmax(logits / temperature)`,
     /// restricted to the `top_k` largest logits (ties with the k-th kept) and then to the
     /// nucleus of mass `top_p`, renormalised; speculative steps accept drafts by rejection
-    /// sampling against it, which keeps the output exactly that distribution.
+    /// sampling against it, which keeps the output exactly that distribution. Each lane has
+    /// its own temperature, top-k and top-p (device state); these are the values of lanes
+    /// admitted without their own.
     Sample {
-        /// `> 0` and finite.
+        /// `≥ 0` and finite; 0: lanes decode greedily unless admitted with a temperature.
         temperature: f64,
         /// `≥ 1`; `None` keeps every token.
         top_k: Option<u64>,

@@ -34,22 +34,28 @@ pub(crate) fn sample(probs: &Tensor, u: &Tensor, out: &Out) -> OpResult {
 }
 
 /// Per row, the smallest `t ≥ 0` with `S(t) = Σ_{w_j > t} w_j < p · Z` (`w` = the positive
-/// elements, others 0; `Z = Σ w`), 0 when `p · Z = 0`. `S` only drops at elements, so the
-/// answer is the least element whose strictly larger elements weigh less than `p · Z`:
-/// walk the distinct values in descending order, adding each one's mass after testing it.
-/// Sums are f64 (a kernel's f32 sums may differ only where `S` lies within rounding of
-/// `p · Z`).
-pub(crate) fn top_p_threshold(probs: &Tensor, p: f64, out: &Out) -> OpResult {
+/// elements, others 0; `Z = Σ w`; `p` the row's), 0 when `p · Z = 0` or `p ≥ 1` (or NaN).
+/// `S` only drops at elements, so the answer is the least element whose strictly larger
+/// elements weigh less than `p · Z`: walk the distinct values in descending order, adding
+/// each one's mass after testing it. Sums are f64 (a kernel's f32 sums may differ only
+/// where `S` lies within rounding of `p · Z`).
+pub(crate) fn top_p_threshold(probs: &Tensor, ps: &Tensor, out: &Out) -> OpResult {
     let x = f32s(probs, "top_p_threshold probs")?;
+    let ps = f32s(ps, "top_p_threshold p")?;
     let v = last_dim(probs);
     if v == 0 {
         return Err("top_p_threshold over an empty row".into());
     }
     let res = x
         .chunks(v)
-        .map(|row| {
+        .zip(ps)
+        .map(|(row, &p)| {
+            // p ≥ 1 or NaN: nothing is cut.
+            if p >= 1.0 || p.is_nan() {
+                return 0.0;
+            }
             let mut w: Vec<f32> = row.iter().map(|&e| if e > 0.0 { e } else { 0.0 }).collect();
-            let target = p * w.iter().map(|&e| e as f64).sum::<f64>();
+            let target = p as f64 * w.iter().map(|&e| e as f64).sum::<f64>();
             if target <= 0.0 {
                 return 0.0;
             }
@@ -63,6 +69,33 @@ pub(crate) fn top_p_threshold(probs: &Tensor, p: f64, out: &Out) -> OpResult {
                 }
             }
             tau
+        })
+        .collect();
+    Ok(out.f32(res))
+}
+
+/// Per row, its `k`-th largest element (duplicates counted, NaN as −inf, −0 as +0); −inf
+/// when `k < 1` or `k ≥ n`.
+pub(crate) fn top_k_threshold(x: &Tensor, ks: &Tensor, out: &Out) -> OpResult {
+    let xs = f32s(x, "top_k_threshold values")?;
+    let ks = i64s(ks, "top_k_threshold k")?;
+    let n = last_dim(x);
+    if n == 0 {
+        return Err("top_k_threshold over an empty row".into());
+    }
+    let res = xs
+        .chunks(n)
+        .zip(ks)
+        .map(|(row, &k)| {
+            if k < 1 || k as u64 >= n as u64 {
+                return f32::NEG_INFINITY;
+            }
+            let mut w: Vec<f32> = row
+                .iter()
+                .map(|&e| if e.is_nan() { f32::NEG_INFINITY } else { e })
+                .collect();
+            w.sort_unstable_by(|a, b| b.total_cmp(a));
+            w[k as usize - 1] + 0.0
         })
         .collect();
     Ok(out.f32(res))
@@ -146,7 +179,10 @@ mod tests {
 
     fn threshold(row: &[f32], p: f64) -> f32 {
         let x = tf(DType::F32, &[1, row.len()], row);
-        let r = run_op(Op::TopPThreshold { p }, vec![x]);
+        let r = run_op(
+            Op::TopPThreshold,
+            vec![x, tf(DType::F32, &[1], &[p as f32])],
+        );
         assert_eq!((r.dtype, r.shape.as_slice()), (DType::F32, &[1usize][..]));
         r.as_f32().unwrap()[0]
     }
@@ -164,7 +200,8 @@ mod tests {
             0.125,
             "both 0.125s kept: ties included"
         );
-        assert_eq!(threshold(&row, 1.0), 0.125);
+        assert_eq!(threshold(&row, 0.99), 0.125);
+        assert_eq!(threshold(&row, 1.0), 0.0, "p = 1 cuts nothing");
         // Unnormalised rows scale p by the row's sum (Z = 8): 6 alone is 0.75 of it.
         assert_eq!(threshold(&[2.0, 6.0], 0.75), 6.0);
         assert_eq!(threshold(&[2.0, 6.0], 0.76), 2.0);
@@ -176,8 +213,40 @@ mod tests {
     #[test]
     fn top_p_threshold_rows() {
         let x = tf(DType::F32, &[2, 3], &[0.2, 0.7, 0.1, 0.3, 0.3, 0.4]);
-        let r = run_op(Op::TopPThreshold { p: 0.5 }, vec![x]);
+        let p = tf(DType::F32, &[2], &[0.5, 0.5]);
+        let r = run_op(Op::TopPThreshold, vec![x.clone(), p]);
         assert_eq!(r.as_f32().unwrap(), &[0.7, 0.3]);
+        // Each row has its own p; p >= 1 cuts nothing.
+        let p = tf(DType::F32, &[2], &[1.0, 0.5]);
+        let r = run_op(Op::TopPThreshold, vec![x, p]);
+        assert_eq!(r.as_f32().unwrap(), &[0.0, 0.3]);
+    }
+
+    fn kth(row: &[f32], k: i64) -> f32 {
+        let x = tf(DType::F32, &[1, row.len()], row);
+        let r = run_op(Op::TopKThreshold, vec![x, ti(DType::I32, &[1], &[k])]);
+        assert_eq!((r.dtype, r.shape.as_slice()), (DType::F32, &[1usize][..]));
+        r.as_f32().unwrap()[0]
+    }
+
+    #[test]
+    fn top_k_threshold_by_hand() {
+        let row = [0.5, -2.0, 3.0, 0.5, f32::NAN, -1.0];
+        assert_eq!(kth(&row, 1), 3.0);
+        assert_eq!(kth(&row, 2), 0.5);
+        assert_eq!(kth(&row, 3), 0.5, "duplicates count");
+        assert_eq!(kth(&row, 4), -1.0);
+        assert_eq!(kth(&row, 5), -2.0);
+        assert_eq!(kth(&row, 6), f32::NEG_INFINITY, "k = n cuts nothing");
+        assert_eq!(kth(&row, 0), f32::NEG_INFINITY, "k = 0 cuts nothing");
+        assert_eq!(kth(&row, -3), f32::NEG_INFINITY);
+        assert!(
+            kth(&[-0.0, 1.0, -0.0], 2).is_sign_positive(),
+            "-0 reads as +0"
+        );
+        let x = tf(DType::F32, &[2, 3], &[1.0, 2.0, 3.0, 6.0, 5.0, 4.0]);
+        let r = run_op(Op::TopKThreshold, vec![x, ti(DType::I64, &[2], &[1, 2])]);
+        assert_eq!(r.as_f32().unwrap(), &[3.0, 5.0]);
     }
 
     #[test]

@@ -478,7 +478,8 @@ fn build_op(
             mask: a.one_of("mask", &ATTN_MASKS, attn_mask_name)?,
         },
         "sample" => Op::Sample,
-        "top_p_threshold" => Op::TopPThreshold { p: a.f64("p")? },
+        "top_p_threshold" => Op::TopPThreshold,
+        "top_k_threshold" => Op::TopKThreshold,
         "random_uniform" => Op::RandomUniform {
             seed: a.u64("seed")?,
         },

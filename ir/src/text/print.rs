@@ -67,6 +67,8 @@ fn op_text(op: &Op) -> String {
         | Op::KvMove
         | Op::Assign
         | Op::Sample
+        | Op::TopPThreshold
+        | Op::TopKThreshold
         | Op::AcceptChain
         | Op::MoeExperts
         | Op::AllReduce
@@ -84,7 +86,6 @@ fn op_text(op: &Op) -> String {
         Op::TreeAccept { max_depth } => vec![("max_depth", max_depth.to_string())],
         Op::TreeSelect { nodes } => vec![("nodes", nodes.to_string())],
         Op::RmsNorm { eps } => vec![("eps", fmt_f64(*eps))],
-        Op::TopPThreshold { p } => vec![("p", fmt_f64(*p))],
         Op::Rope {
             theta,
             scaling,

@@ -54,13 +54,14 @@ fn variant(op: &Op) -> usize {
         Op::TreeAccept { .. } => 33,
         Op::KvMove => 34,
         Op::TreeSelect { .. } => 35,
-        Op::TopPThreshold { .. } => 36,
+        Op::TopPThreshold => 36,
         Op::HeadMatMul { .. } => 37,
         Op::MlaAttention { .. } => 38,
         Op::Dequantize { .. } => 39,
+        Op::TopKThreshold => 40,
     }
 }
-const VARIANTS: usize = 40;
+const VARIANTS: usize = 41;
 
 /// A type-correct graph using every op, every op kind and every attribute enum value.
 fn every_op_graph() -> Result<Graph, IrError> {
@@ -229,7 +230,10 @@ fn every_op_graph() -> Result<Graph, IrError> {
     let counter = g.input("counter", ty(DType::I64, &[B, T]))?;
     let u = g.add(Op::RandomUniform { seed: u64::MAX }, &[counter])?;
     let sampled = g.add(Op::Sample, &[probs, u])?;
-    g.add(Op::TopPThreshold { p: 0.9 }, &[probs])?;
+    let row_p = g.add(Op::Reduce(ReduceOp::Max), &[probs])?;
+    g.add(Op::TopPThreshold, &[probs, row_p])?;
+    let row_k = g.input("row_k", ty(DType::I32, &[B, T]))?;
+    g.add(Op::TopKThreshold, &[probs, row_k])?;
     let draft = g.input("draft", ty(DType::I32, &[B, s(4)]))?;
     let target = g.input("target", ty(DType::I64, &[B, s(5)]))?;
     let accepted = g.add(Op::AcceptChain, &[draft, target])?;

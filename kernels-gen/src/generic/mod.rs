@@ -18,7 +18,8 @@
 //!   (NaN ranks as -inf, ties to the lower index), `reduce_max`, integer `reduce_sum`,
 //!   `sample` (the interpreter's sequential f32 running sum, see `cuda/generic.cuh`),
 //!   `random_uniform`, `accept_chain`, `tree_build` (f32 scores, one `__fadd_rn` per node),
-//!   `tree_accept`, `tree_select` (f32 ranks, ties to the lower index), `kv_move`, and
+//!   `tree_accept`, `tree_select` (f32 ranks, ties to the lower index), `kv_move`,
+//!   `top_k_threshold` (an element of its row, found by exact counts), and
 //!   float `add`/`sub`/`mul`/`div`/`max`/`min`/`rem`,
 //!   `neg`, `sqrt`, `recip` (one IEEE operation, rounded once to the result dtype).
 //! - To rounding: `exp`, `log`, `silu`, `sigmoid`, `silu_mul`, `softmax` (CUDA's `expf` /
@@ -30,7 +31,7 @@
 //! # Kernels
 //! Elementwise ops and data movement run one thread per output element (or per 1–16-byte
 //! unit of a contiguous copy), grid-stride; row ops (`reduce`, `argmax`, `topk`, `softmax`,
-//! `top_p_threshold`) one block per row; `sample` one warp per row; `matmul` one warp per
+//! `top_p_threshold`, `top_k_threshold`) one block per row; `sample` one warp per row; `matmul` one warp per
 //! output column and 8 rows; `rmsnorm` is the [`crate::norm`] family. A kernel is named
 //! `{op}_{dtype}_{hash8}` like every family ([`crate::abi`]), with the IR dtype name in the
 //! middle so `bool` can appear; which dtype characterises each op is listed at [`single`].
@@ -111,7 +112,8 @@ impl TensorArg {
 /// Supported: `fill`, `iota`, every binary and unary op, `silu_mul`, `cast`, `select`,
 /// `copy`, `reshape` (as a copy), `assign`, `kv_write` and `kv_move` (in place: `output` must
 /// be at the state's location), `slice`, `concat`, `gather`, `embedding`, `reduce_sum`,
-/// `reduce_max`, `argmax`, `topk`, `softmax`, `top_p_threshold`, `sample`, `random_uniform`,
+/// `reduce_max`, `argmax`, `topk`, `softmax`, `top_p_threshold`, `top_k_threshold`, `sample`,
+/// `random_uniform`,
 /// `accept_chain`,
 /// `tree_build`, `tree_accept`, `tree_select`, `rmsnorm`,
 /// `matmul` (plain float weights), a standalone `rope`, `head_matmul`, `mla_attention`, `moe_route`,
@@ -154,7 +156,8 @@ pub fn single(
         Op::TopK { k } => rows::topk(*k, x(), output),
         Op::Softmax => rows::softmax(x(), output),
         Op::Sample => rows::sample(x(), &inputs[1], output)?,
-        Op::TopPThreshold { p } => rows::top_p_threshold(*p, x(), output),
+        Op::TopPThreshold => rows::top_p_threshold(x(), &inputs[1], output),
+        Op::TopKThreshold => rows::top_k_threshold(x(), &inputs[1], output),
         Op::AcceptChain => rows::accept_chain(x(), &inputs[1], output),
         Op::TreeBuild { budget } => tree::tree_build(*budget, x(), &inputs[1], &inputs[2], output),
         Op::TreeAccept { max_depth } => tree::tree_accept(*max_depth, x(), &inputs[1], output),

@@ -1,12 +1,12 @@
 //! Row ops over the last axis: `reduce_sum` / `reduce_max`, `argmax`, `topk`, `softmax`,
-//! `top_p_threshold` (one block per row), `sample` (one warp per row), `accept_chain` (one
+//! `top_p_threshold` and `top_k_threshold` (one block per row), `sample` (one warp per row), `accept_chain` (one
 //! thread per row),
 //! and the standalone dense layers `matmul` (one warp per output column) and `rmsnorm`
 //! (the [`crate::norm`] family).
 
 use super::{
-    c_type, f32_expr, flat_launch, is_float, load, row_launch, row_threads, store, value_type,
-    Kernel, TensorArg,
+    c_type, flat_launch, is_float, load, row_launch, row_threads, store, value_type, Kernel,
+    TensorArg,
 };
 use crate::abi::{Dtype, Extent, KernelSource, LaunchSpec, Rows, View};
 use crate::norm::{rmsnorm as norm_rmsnorm, RmsNormParams};
@@ -144,22 +144,29 @@ pub(super) fn softmax(x: &TensorArg, out: &TensorArg) -> KernelSource {
 }
 
 /// The nucleus threshold of each row: with `w` = the positive elements (others 0), `Z = Σ w`
-/// and `S(t) = Σ_{w > t} w`, the smallest `t ≥ 0` with `S(t) < p · Z` (0 when `p · Z = 0`),
+/// and `S(t) = Σ_{w > t} w`, the smallest `t ≥ 0` with `S(t) < p · Z` (0 when `p · Z = 0` or the row's `p ≥ 1`),
 /// found by bisection over the bit patterns of non-negative floats, which order like their
 /// values: 31 rounds of one block-wide sum each. Any fixed summation order keeps `S`
 /// monotone in `t` (rounding is monotone), so the bisection finds exactly the threshold of
 /// the sums it computes; those are f32 block trees, the interpreter's are f64.
-pub(super) fn top_p_threshold(p: f64, x: &TensorArg, out: &TensorArg) -> KernelSource {
+pub(super) fn top_p_threshold(x: &TensorArg, p: &TensorArg, out: &TensorArg) -> KernelSource {
     let (mut k, rows, nt) = row_kernel("top_p_threshold", x, out, 1);
+    k.ptr("ps", p, false);
     let w = &mut k.body;
     w.line("__shared__ float red[NT / 32];");
+    w.line("const float p = ps[row];");
+    w.comment("Uniform across the block: a row that keeps every token leaves at once.");
+    w.if_block("!(p < 1.0f)", |w| {
+        w.if_block("threadIdx.x == 0", |w| w.line("yr[0] = 0.0f;"));
+        w.line("return;");
+    });
     w.line("float z = 0.0f;");
     w.for_block("int i = threadIdx.x", "i < N", "i += NT", |w| {
         w.line("const float v = xr[i];");
         w.line("z += v > 0.0f ? v : 0.0f;");
     });
     w.line("z = block_reduce(z, SumF32(), red);");
-    emit!(w, "const float target = {} * z;", f32_expr(p as f32));
+    w.line("const float target = p * z;");
     w.comment("Uniform across the block (like the bounds below): every thread leaves.");
     w.if_block("!(target > 0.0f)", |w| {
         w.if_block("threadIdx.x == 0", |w| w.line("yr[0] = 0.0f;"));
@@ -184,6 +191,46 @@ pub(super) fn top_p_threshold(p: f64, x: &TensorArg, out: &TensorArg) -> KernelS
     });
     w.if_block("threadIdx.x == 0", |w| {
         w.line("yr[0] = __uint_as_float(lo);")
+    });
+    k.finish(row_launch(rows, nt))
+}
+
+/// The `k`-th largest element of each row (the row's own `k`; −inf when `k < 1` or
+/// `k ≥ N`): with `C(t) = #{x > t}` (NaN never counts, so it ranks as −inf), the least `t`
+/// with `C(t) < k`, found by bisection over the keys of the floats from −inf to +inf in
+/// value order (sign bit flipped for positives, every bit for negatives): 32 rounds of one
+/// block-wide count each. `C` is monotone in `t` and only drops at elements, so the answer
+/// is exactly the interpreter's element; −0 comes out as +0.
+pub(super) fn top_k_threshold(x: &TensorArg, kk: &TensorArg, out: &TensorArg) -> KernelSource {
+    let (mut k, rows, nt) = row_kernel("top_k_threshold", x, out, 1);
+    k.ptr("ks", kk, false);
+    let w = &mut k.body;
+    w.line("__shared__ float red[NT / 32];");
+    w.line("const long long kr = (long long)ks[row];");
+    w.comment("Uniform across the block: a row that keeps every token leaves at once.");
+    w.if_block("kr < 1 || kr >= N", |w| {
+        w.if_block("threadIdx.x == 0", |w| w.line("yr[0] = neg_inf();"));
+        w.line("return;");
+    });
+    w.line("const float want = (float)kr;");
+    w.comment("Keys of -inf and +inf; invariant: C(key hi) < k, and C(t) >= k below key lo.");
+    w.line("unsigned int lo = 0x007fffffu, hi = 0xff800000u;");
+    w.while_block("lo < hi", |w| {
+        w.line("const unsigned int mid = lo + ((hi - lo) >> 1);");
+        w.line("const float t = __uint_as_float(mid & 0x80000000u ? mid ^ 0x80000000u : ~mid);");
+        w.line("float c = 0.0f;");
+        w.for_block("int i = threadIdx.x", "i < N", "i += NT", |w| {
+            w.line("c += xr[i] > t ? 1.0f : 0.0f;");
+        });
+        w.line("c = block_reduce(c, SumF32(), red);");
+        w.if_else(
+            "c < want",
+            |w| w.line("hi = mid;"),
+            |w| w.line("lo = mid + 1u;"),
+        );
+    });
+    w.if_block("threadIdx.x == 0", |w| {
+        w.line("yr[0] = __uint_as_float(lo & 0x80000000u ? lo ^ 0x80000000u : ~lo) + 0.0f;")
     });
     k.finish(row_launch(rows, nt))
 }

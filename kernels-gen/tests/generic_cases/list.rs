@@ -725,10 +725,44 @@ fn rows(v: &mut Vec<Case>) {
     ] {
         v.push(case(
             &format!("top_p_threshold p={p} [4,{vocab}] {probs:?}"),
-            Op::TopPThreshold { p },
-            vec![opd(F32, &[4, vocab], probs)],
+            Op::TopPThreshold,
+            vec![
+                opd(F32, &[4, vocab], probs),
+                opd(F32, &[4], Values::List(vec![p, p, p, p])),
+            ],
             (F32, &[4]),
             tol,
+        ));
+    }
+    // Each row its own p: one keeps everything (p = 1), one is cut.
+    v.push(case(
+        "top_p_threshold per-row p [4,512] Probs",
+        Op::TopPThreshold,
+        vec![
+            opd(F32, &[4, 512], Values::Probs),
+            opd(F32, &[4], Values::List(vec![1.0, 0.5, 0.9, 1.5])),
+        ],
+        (F32, &[4]),
+        Tol::Exact,
+    ));
+    // The k-th largest is an element found by exact counts: every row exact, k per row
+    // (k < 1 and k >= n cut nothing), ties, NaN and infinities included.
+    for (vocab, xs, ks) in [
+        (512u64, Values::Probs, vec![1.0, 7.0, 40.0, 511.0]),
+        (300, Values::Special, vec![3.0, 0.0, 300.0, 150.0]),
+        (
+            8,
+            Values::List(vec![0.5, -1.0, 0.5, 2.0]),
+            vec![1.0, 2.0, 3.0, 4.0],
+        ),
+        (V_LLAMA3, Values::Float(4.0), vec![50.0, 1.0, -1.0, 1000.0]),
+    ] {
+        v.push(case(
+            &format!("top_k_threshold [4,{vocab}] {xs:?} k={ks:?}"),
+            Op::TopKThreshold,
+            vec![opd(F32, &[4, vocab], xs), opd(I32, &[4], Values::List(ks))],
+            (F32, &[4]),
+            Tol::Exact,
         ));
     }
     // Rows: all K accepted; none (later matches do not count); 2; 3.

@@ -37,7 +37,7 @@ pub use eagle3::{
     EAGLE_HIDDEN, EAGLE_TOKENS,
 };
 pub use plain::{lower_decode_step, lower_plain, lower_plain_greedy};
-pub use sampling::FIRST_TOKEN;
+pub use sampling::{FIRST_TOKEN, SAMPLING};
 pub use step::{
     forward, forward_with_taps, lower_target_prefill, StepShape, ACCEPTED, BUDGET, EMITTED, HIDDEN,
     LEN, PENDING, RING, STEP, STREAM, VERIFY_TOKENS,

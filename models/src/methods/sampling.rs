@@ -20,7 +20,7 @@ pub(super) fn choose(
 ) -> Result<ValueId, IrError> {
     match (&shape.acceptance, c.uniforms) {
         (Acceptance::Sample { .. }, Some(u)) => {
-            let q = probs(b, row, &shape.acceptance)?;
+            let q = probs(b, row)?;
             dists.push(q);
             let q2 = b.reshape(q, &[B, b_vocab(b.g, q)])?;
             let uj = b.slice_cols(u, col, 1)?;
@@ -62,70 +62,130 @@ pub(super) fn b_vocab(g: &Graph, x: ValueId) -> Dim {
         .expect("logits have a vocab axis")
 }
 
-/// The distribution sampled acceptance draws from, f32 `[..., V]` for `logits[..., V]`:
-/// softmax(logits / temperature), restricted to the `top_k` largest scaled logits (those
-/// tying the k-th are kept, as HF's `TopKLogitsWarper` does), then to the nucleus of mass
-/// `top_p` of what remains ([`Op::TopPThreshold`]), renormalised by a softmax over the
-/// kept logits (the others set to −inf). A filter at its no-op value (`top_k ≥ V`,
-/// `top_p = 1`) is left out, so plain temperature sampling lowers as it always has.
+/// Per lane, the distribution its draws come from, f32 `[B, 3]`: `[temperature, top_k,
+/// top_p]` (sampled acceptance only). Temperature ≤ 0 (or NaN) is greedy decoding for the
+/// lane; top_k < 1 or ≥ V and top_p ≥ 1 keep every token. Admission writes a lane's row
+/// before its prefill (whose draw of the first token reads it), so one captured step serves
+/// greedy and sampled lanes together, each with its own knobs.
+pub const SAMPLING: &str = "spec.sampling";
+
+/// The distribution sampled acceptance draws from, f32 `[..., V]` for `logits[..., V]`, per
+/// lane with its own [`SAMPLING`] row: softmax(logits / temperature), restricted to the
+/// `top_k` largest scaled logits (those tying the k-th are kept, as HF's
+/// `TopKLogitsWarper` does; [`Op::TopKThreshold`]), then to the nucleus of mass `top_p` of
+/// what remains ([`Op::TopPThreshold`]), renormalised by a softmax over the kept logits (the
+/// others set to −inf). A greedy lane (temperature ≤ 0) gets the one-hot of the argmax of its
+/// logits instead: a draw from it is the argmax, and rejection sampling between one-hot
+/// distributions accepts a draft exactly when it is the target's argmax, with the target's
+/// argmax as the correction and the bonus — greedy acceptance, token for token.
 ///
 /// Drafts that sample draw from the same filtered distribution of their own logits:
 /// speculative sampling is exact for whatever distribution the drafts were drawn from (it
 /// is passed as `q`), and one filtered like the target's agrees with it more often.
-pub(super) fn probs(
-    b: &mut Builder,
-    logits: ValueId,
-    acceptance: &Acceptance,
-) -> Result<ValueId, IrError> {
-    let Acceptance::Sample {
-        temperature,
-        top_k,
-        top_p,
-        ..
-    } = *acceptance
-    else {
-        unreachable!("only sampled acceptance draws tokens")
-    };
+pub(super) fn probs(b: &mut Builder, logits: ValueId) -> Result<ValueId, IrError> {
     let ty = b.g.ty(logits).clone();
-    let inv_t = b.g.add(
-        Op::Fill {
-            value: 1.0 / temperature,
-            ty: ty.clone(),
-        },
-        &[],
-    )?;
-    let mut scaled = b.bin(BinaryOp::Mul, logits, inv_t)?;
+    let dims = ty.shape.dims().to_vec();
     let vocab = b_vocab(b.g, logits)
         .as_static()
         .expect("logits have a static vocab axis");
-    if let Some(k) = top_k.filter(|&k| k < vocab) {
-        let top = b.g.add(Op::TopK { k }, &[scaled])?;
-        let axis = ty.shape.rank() - 1;
-        let kth = b.g.add(
-            Op::Slice {
-                axis,
-                start: k - 1,
-                len: 1,
-            },
-            &[top],
-        )?;
-        let kth = b.g.add(Op::Gather { axis }, &[scaled, kth])?;
-        let kth = spread_last(b, kth, vocab)?;
-        let below = b.bin(BinaryOp::Lt, scaled, kth)?;
-        scaled = drop_logits(b, below, scaled)?;
-    }
+    let x = match ty.dtype {
+        DType::F32 => logits,
+        _ => b.g.add(Op::Cast { to: DType::F32 }, &[logits])?,
+    };
+    let params =
+        b.g.state(SAMPLING, TensorType::new(DType::F32, [B, s(3)]))?;
+    let row_dims = &dims[..dims.len() - 1];
+    let knob = |b: &mut Builder, col: u64| -> Result<ValueId, IrError> {
+        let v = b.slice_cols(params, col, 1)?;
+        let v = b.reshape(v, &[B])?;
+        per_row(b, v, row_dims)
+    };
+    let temperature = knob(b, 0)?;
+    let top_k = knob(b, 1)?;
+    let top_p = knob(b, 2)?;
+    let f32_rows = TensorType::new(DType::F32, row_dims.iter().copied());
+    let zero = b.g.add(
+        Op::Fill {
+            value: 0.0,
+            ty: f32_rows.clone(),
+        },
+        &[],
+    )?;
+    let one = b.g.add(
+        Op::Fill {
+            value: 1.0,
+            ty: f32_rows,
+        },
+        &[],
+    )?;
+    let sampled = b.bin(BinaryOp::Lt, zero, temperature)?;
+    // A greedy lane's sampled branch is discarded; temperature 1 keeps it finite.
+    let t = b.g.add(Op::Select, &[sampled, temperature, one])?;
+    let inv_t = b.bin(BinaryOp::Div, one, t)?;
+    let inv_t = spread_rows(b, inv_t, vocab)?;
+    let scaled = b.bin(BinaryOp::Mul, x, inv_t)?;
+    let k = b.g.add(Op::Cast { to: DType::I32 }, &[top_k])?;
+    let kth = b.g.add(Op::TopKThreshold, &[scaled, k])?;
+    let kth = spread_rows(b, kth, vocab)?;
+    let below = b.bin(BinaryOp::Lt, scaled, kth)?;
+    let scaled = drop_logits(b, below, scaled)?;
     let p = b.g.add(Op::Softmax, &[scaled])?;
-    if top_p >= 1.0 {
-        return Ok(p);
-    }
-    let tau = b.g.add(Op::TopPThreshold { p: top_p }, &[p])?;
-    let mut dims = b.g.ty(tau).shape.dims().to_vec();
-    dims.push(Dim::Static(1));
-    let tau = b.reshape(tau, &dims)?;
-    let tau = spread_last(b, tau, vocab)?;
+    let tau = b.g.add(Op::TopPThreshold, &[p, top_p])?;
+    let tau = spread_rows(b, tau, vocab)?;
     let outside = b.bin(BinaryOp::Lt, p, tau)?;
     let kept = drop_logits(b, outside, scaled)?;
-    b.g.add(Op::Softmax, &[kept])
+    let p = b.g.add(Op::Softmax, &[kept])?;
+    // Greedy lanes: the one-hot of the argmax of the logits as they are.
+    let best = b.g.add(Op::Argmax, &[logits])?;
+    let best = spread_rows(b, best, vocab)?;
+    let io = b.g.add(
+        Op::Iota {
+            axis: dims.len() - 1,
+            ty: TensorType::new(DType::I32, dims.iter().copied()),
+        },
+        &[],
+    )?;
+    let hot = b.bin(BinaryOp::Eq, io, best)?;
+    let hot = b.g.add(Op::Cast { to: DType::F32 }, &[hot])?;
+    let t_full = spread_rows(b, temperature, vocab)?;
+    let zero_full = b.g.add(
+        Op::Fill {
+            value: 0.0,
+            ty: TensorType::new(DType::F32, dims.iter().copied()),
+        },
+        &[],
+    )?;
+    let sampled = b.bin(BinaryOp::Lt, zero_full, t_full)?;
+    b.g.add(Op::Select, &[sampled, p, hot])
+}
+
+/// A per-lane value `v[B]` repeated over the rows `[B, ...]` of one lane (`row_dims`, led by
+/// `B`): gathers with zero indices along each further axis.
+fn per_row(b: &mut Builder, v: ValueId, row_dims: &[Dim]) -> Result<ValueId, IrError> {
+    let mut cur: Vec<Dim> = std::iter::once(B)
+        .chain(row_dims[1..].iter().map(|_| Dim::Static(1)))
+        .collect();
+    let mut x = b.reshape(v, &cur)?;
+    for (axis, &d) in row_dims.iter().enumerate().skip(1) {
+        cur[axis] = d;
+        let zeros = b.g.add(
+            Op::Fill {
+                value: 0.0,
+                ty: TensorType::new(DType::I32, cur.iter().copied()),
+            },
+            &[],
+        )?;
+        x = b.g.add(Op::Gather { axis }, &[x, zeros])?;
+    }
+    Ok(x)
+}
+
+/// A per-row value `x[...]` repeated along a new last axis of `n`.
+fn spread_rows(b: &mut Builder, x: ValueId, n: u64) -> Result<ValueId, IrError> {
+    let mut dims = b.g.ty(x).shape.dims().to_vec();
+    dims.push(Dim::Static(1));
+    let x = b.reshape(x, &dims)?;
+    spread_last(b, x, n)
 }
 
 /// `x[..., 1]` repeated along its last axis into `[..., n]` (a gather with zero indices).
@@ -189,7 +249,7 @@ pub(super) fn first_token(
     )?;
     let rows = b.g.add(Op::Gather { axis: 2 }, &[last, zeros])?;
     let row = b.g.add(Op::Gather { axis: 1 }, &[logits, rows])?;
-    let p = probs(b, row, acceptance)?;
+    let p = probs(b, row)?;
     let p = b.reshape(p, &[B, v])?;
     let i64_b = TensorType::new(DType::I64, [B]);
     let stream =

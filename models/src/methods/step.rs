@@ -12,6 +12,9 @@
 //! - `spec.ring[B,R,1,1]` and `spec.emitted[B]`: every emitted token, token number `e`
 //!   at ring slot `e mod R`; `emitted` counts them (the host reads both asynchronously);
 //! - `spec.step[B]`: steps taken (the RNG counter of sampled acceptance);
+//! - under sampled acceptance, `spec.stream[B]` (each lane's RNG stream) and the f32
+//!   `spec.sampling[B,3]` (each lane's temperature, top-k and top-p; temperature 0 is greedy
+//!   for that lane), which admission writes before the prefill;
 //! - the target's KV caches `kv.{l}.{k,v}`, and the draft's own states under its prefix.
 //!
 //! Cache slots past a sequence's length may hold stale values: attention reads slots
@@ -296,7 +299,7 @@ pub(super) fn verify_and_commit(
         _ if k == 0 => {
             let bonus = match (&shape.acceptance, c.uniforms) {
                 (Acceptance::Sample { .. }, Some(u)) => {
-                    let p = probs(b, target_logits, &shape.acceptance)?;
+                    let p = probs(b, target_logits)?;
                     let p = b.reshape(p, &[B, b_vocab(b.g, p)])?;
                     let u0 = b.slice_cols(u, 0, 1)?;
                     let u0 = b.reshape(u0, &[B])?;
@@ -310,7 +313,7 @@ pub(super) fn verify_and_commit(
         (Acceptance::Sample { .. }, Some(u)) => {
             let draft_tokens = b.g.add(Op::Concat { axis: 1 }, &drafted.tokens)?;
             let q = b.g.add(Op::Concat { axis: 1 }, &drafted.dists)?;
-            let p = probs(b, target_logits, &shape.acceptance)?;
+            let p = probs(b, target_logits)?;
             sample_accept(b, p, q, draft_tokens, u, k)?
         }
         _ => {

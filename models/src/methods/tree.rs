@@ -192,7 +192,7 @@ pub(super) fn accept_and_commit(
                 .expect("sampled acceptance reads the lanes' streams");
             let counters = rng_counters(b, c.step, stream, nodes)?;
             let u = uniforms(b, counters, *seed)?;
-            let p = probs(b, v.logits, &shape.acceptance)?;
+            let p = probs(b, v.logits)?;
             b.g.add(Op::Sample, &[p, u])?
         }
     };

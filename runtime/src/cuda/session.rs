@@ -7,11 +7,11 @@ use std::collections::HashMap;
 
 use specc_ir::engine::{BucketPlan, Engine, GraphRole, Priming, StepContract};
 use specc_models::methods::{
-    BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, RING, STREAM,
+    BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, RING, SAMPLING, STREAM,
 };
 
 use super::{CudaEngine, LoadedGraph, StepGraph, TokenRing, WeightSources, DEFAULT_RING_DEPTH};
-use crate::admission::{self, PrefillInputs};
+use crate::admission::{self, LaneSampling, PrefillInputs, StateInit};
 use crate::memory::Footprint;
 use crate::{RuntimeError, SpecStats};
 
@@ -21,11 +21,27 @@ pub fn prefill_bucket(t: usize) -> usize {
     t.next_power_of_two().max(MIN_PREFILL_T)
 }
 
+/// One lane to admit: where, its prompt, how it samples.
+struct Admit<'p> {
+    lane: usize,
+    prompt: &'p [u32],
+    sampling: LaneSampling,
+}
+
 pub struct CudaSpecSession<'a> {
     contract: StepContract,
     pub engine: CudaEngine<'a>,
     step: LoadedGraph,
     pub step_graph: StepGraph,
+    /// The step captured at each smaller batch bucket of the engine, ascending: a step over
+    /// lanes `0..n` replays the smallest that holds them ([`CudaSpecSession::step_upto`]).
+    /// States are lane-major and sized for the largest bucket, so a bucket-`b` graph reads
+    /// and writes lanes `0..b` of the same buffers.
+    smaller: Vec<(usize, LoadedGraph, StepGraph)>,
+    /// Whether [`CudaSpecSession::step_upto`] replays a smaller bucket (off: every step
+    /// replays the session's bucket, whose tokens do not depend on how many lanes are in
+    /// use; kernels tile by bucket, so another bucket may round differently).
+    shrink: bool,
     ring: TokenRing,
     prefills: HashMap<(GraphRole, usize), LoadedGraph>,
     lanes: usize,
@@ -65,24 +81,35 @@ fn read_i32(bytes: &[u8]) -> Vec<i64> {
         .collect()
 }
 
-/// Re-pads `[lanes, t]` prefill inputs to `[lanes, tb]` (extra slots are masked lanes).
-fn repad(p: &PrefillInputs, lanes: usize, tb: usize) -> (Vec<i64>, Vec<i64>) {
-    let mut tokens = vec![0i64; lanes * tb];
-    let mut pos = vec![-1i64; lanes * tb];
-    for b in 0..lanes {
-        tokens[b * tb..b * tb + p.t].copy_from_slice(&p.tokens[b * p.t..(b + 1) * p.t]);
-        pos[b * tb..b * tb + p.t].copy_from_slice(&p.positions[b * p.t..(b + 1) * p.t]);
+/// Whether every state of the method's graphs leads with the lane axis, so the first `b`
+/// lanes of each state buffer are what a bucket-`b` graph reads.
+fn lane_major(engine: &Engine, contract: &StepContract) -> Result<bool, RuntimeError> {
+    for g in engine
+        .graphs
+        .iter()
+        .filter(|g| contract.roles().contains(&g.role))
+    {
+        let parsed = specc_ir::text::parse(&g.ir)
+            .map_err(|e| RuntimeError::Engine(format!("graph `{}`: {e}", g.role)))?;
+        if !parsed
+            .states()
+            .all(|(_, _, ty)| ty.shape.dims().first() == Some(&specc_ir::op::B))
+        {
+            return Ok(false);
+        }
     }
-    (tokens, pos)
+    Ok(true)
 }
 
-/// `[lanes, tb]` tokens and positions holding one lane's `[1, t]` prefill inputs in lane
-/// `lane`; every other slot is padding (token 0, position −1).
-fn place_lane(p: &PrefillInputs, lane: usize, lanes: usize, tb: usize) -> (Vec<i64>, Vec<i64>) {
+/// `[lanes, tb]` tokens and positions holding row `i` of the `[n, t]` prefill inputs `p` in
+/// lane `at[i]`; every other slot is padding (token 0, position −1).
+fn place(p: &PrefillInputs, at: &[usize], lanes: usize, tb: usize) -> (Vec<i64>, Vec<i64>) {
     let mut tokens = vec![0i64; lanes * tb];
     let mut pos = vec![-1i64; lanes * tb];
-    tokens[lane * tb..][..p.t].copy_from_slice(&p.tokens[..p.t]);
-    pos[lane * tb..][..p.t].copy_from_slice(&p.positions[..p.t]);
+    for (i, &lane) in at.iter().enumerate() {
+        tokens[lane * tb..][..p.t].copy_from_slice(&p.tokens[i * p.t..][..p.t]);
+        pos[lane * tb..][..p.t].copy_from_slice(&p.positions[i * p.t..][..p.t]);
+    }
     (tokens, pos)
 }
 
@@ -95,6 +122,19 @@ impl<'a> CudaSpecSession<'a> {
         sources: &WeightSources,
         lanes: usize,
     ) -> Result<Self, RuntimeError> {
+        Self::with_buckets(engine, speculative, sources, lanes, false)
+    }
+
+    /// [`CudaSpecSession::new`], and with `shrink` the step of every smaller batch bucket of
+    /// the engine captured too (their weights and arenas loaded), with
+    /// [`CudaSpecSession::shrink_buckets`] on.
+    pub fn with_buckets(
+        engine: &'a Engine,
+        speculative: bool,
+        sources: &WeightSources,
+        lanes: usize,
+        shrink: bool,
+    ) -> Result<Self, RuntimeError> {
         let contract = engine.contract(speculative).clone();
         let need = Footprint::of_cuda_engine(engine, &contract, lanes as u32, &|n| {
             sources.stored_bytes(n)
@@ -102,15 +142,35 @@ impl<'a> CudaSpecSession<'a> {
         let mut dev = CudaEngine::new(engine, &need)?;
         let step_plan = plan_of(engine, contract.step, lanes, 1)?;
         // Every plan of the method at this batch, so a prefill of any length finds its
-        // weights uploaded.
+        // weights uploaded, and the steps of the smaller buckets.
+        let smaller_buckets: Vec<usize> = match shrink && lane_major(engine, &contract)? {
+            true => engine
+                .batch_buckets()
+                .into_iter()
+                .map(|b| b as usize)
+                .filter(|&b| b < lanes && engine.plan(contract.step, b as u32, Some(1)).is_some())
+                .collect(),
+            false => Vec::new(),
+        };
         let plans: Vec<&BucketPlan> = engine
             .plans
             .iter()
-            .filter(|p| contract.roles().contains(&p.role) && p.bucket.b == lanes as u32)
+            .filter(|p| {
+                let b = p.bucket.b as usize;
+                contract.roles().contains(&p.role)
+                    && (b == lanes || (p.role == contract.step && smaller_buckets.contains(&b)))
+            })
             .collect();
         dev.upload(&plans, sources)?;
         let step = dev.load(step_plan)?;
         let step_graph = dev.capture(&step)?;
+        let mut smaller = Vec::new();
+        for b in smaller_buckets {
+            let loaded = dev.load(plan_of(engine, contract.step, b, 1)?)?;
+            let captured = dev.capture(&loaded)?;
+            smaller.push((b, loaded, captured));
+        }
+        smaller.sort_by_key(|s| s.0);
         let ring = TokenRing::from_states(
             &dev.dev,
             dev.state(RING)?.clone(),
@@ -125,6 +185,8 @@ impl<'a> CudaSpecSession<'a> {
             engine: dev,
             step,
             step_graph,
+            smaller,
+            shrink,
             ring,
             prefills: HashMap::new(),
             lanes,
@@ -192,7 +254,8 @@ impl<'a> CudaSpecSession<'a> {
         let prompts = vec![ids.to_vec(); self.lanes];
         let pre = admission::prefill_inputs(&prompts, 0, self.max_context)?;
         let tb = prefill_bucket(pre.t);
-        let (tokens, pos) = repad(&pre, self.lanes, tb);
+        let all: Vec<usize> = (0..self.lanes).collect();
+        let (tokens, pos) = place(&pre, &all, self.lanes, tb);
         let out = self.run_prefill(true, tb, &tokens, &pos, &[], &["logits"])?;
         let all: Vec<f32> = out[0]
             .chunks_exact(4)
@@ -202,16 +265,64 @@ impl<'a> CudaSpecSession<'a> {
         Ok(all[..ids.len() * v].to_vec())
     }
 
-    /// Prefills every lane and arms the step states; returns each lane's first token.
+    /// Prefills every lane and arms the step states; returns each lane's first token. Under
+    /// sampled acceptance lane `b` draws on stream `b` with the engine's default knobs.
     pub fn admit(
         &mut self,
         prompts: &[Vec<u32>],
         max_new: usize,
     ) -> Result<Vec<u32>, RuntimeError> {
         assert_eq!(prompts.len(), self.lanes, "one prompt per lane");
+        let acceptance = &self.engine.engine.acceptance;
+        let rows: Vec<Admit> = prompts
+            .iter()
+            .enumerate()
+            .map(|(b, p)| Admit {
+                lane: b,
+                prompt: p,
+                sampling: LaneSampling::defaults(acceptance, b as u32),
+            })
+            .collect();
+        self.admit_rows(&rows, max_new)
+    }
+
+    /// Prefills lane `lane` alone and arms its step states, leaving the other lanes' states
+    /// as they are (continuous batching). The prefill runs at the session's batch bucket
+    /// with every other lane padding (position −1: it writes nothing), so the captured
+    /// step and its tilings stay those of one bucket and a lane's tokens do not depend on
+    /// the others'. Returns the lane's first token. Under sampled acceptance the lane draws
+    /// with `sampling`'s knobs from its RNG stream.
+    pub fn admit_lane(
+        &mut self,
+        lane: usize,
+        prompt: &[u32],
+        max_new: usize,
+        sampling: LaneSampling,
+    ) -> Result<u32, RuntimeError> {
+        let lanes = self.lanes;
+        if lane >= lanes {
+            return Err(RuntimeError::Engine(format!(
+                "lane {lane} is out of range: the session has {lanes} lanes"
+            )));
+        }
+        let row = Admit {
+            lane,
+            prompt,
+            sampling,
+        };
+        Ok(self.admit_rows(&[row], max_new)?[0])
+    }
+
+    /// The one admission routine: prefills the listed lanes together in one target prefill
+    /// (and the method's draft priming) at the session's batch bucket, every lane not listed
+    /// padding, and arms the listed lanes' step states, sampling knobs and rings; the other
+    /// lanes' states are left as they are. Each listed lane's first token, in list order.
+    fn admit_rows(&mut self, rows: &[Admit], max_new: usize) -> Result<Vec<u32>, RuntimeError> {
         let k = self.contract.num_steps;
         let lanes = self.lanes;
-        let pre = admission::prefill_inputs(prompts, k, self.max_context)?;
+        let prompts: Vec<Vec<u32>> = rows.iter().map(|r| r.prompt.to_vec()).collect();
+        let at: Vec<usize> = rows.iter().map(|r| r.lane).collect();
+        let pre = admission::prefill_inputs(&prompts, k, self.max_context)?;
         let tb = prefill_bucket(pre.t);
         if tb as u64 > self.max_context {
             return Err(RuntimeError::ContextOverflow {
@@ -219,11 +330,19 @@ impl<'a> CudaSpecSession<'a> {
                 max_context: self.max_context,
             });
         }
-        let (tokens, pos) = repad(&pre, lanes, tb);
+        let (tokens, pos) = place(&pre, &at, lanes, tb);
+        let sampling: Vec<LaneSampling> = rows.iter().map(|r| r.sampling).collect();
         if self.engine.state(STREAM).is_ok() {
-            let streams: Vec<u32> = (0..lanes as u32).collect();
-            let s = admission::stream_state(&streams);
-            self.engine.write_state(s.name, &s.i32_bytes())?;
+            let streams: Vec<u32> = sampling.iter().map(|l| l.stream).collect();
+            self.write_rows(&admission::stream_state(&streams), &at)?;
+        }
+        if self.engine.state(SAMPLING).is_ok() {
+            let s = admission::sampling_state(&sampling);
+            for (i, &lane) in at.iter().enumerate() {
+                let bytes = s.f32_bytes();
+                let per = bytes.len() / at.len();
+                self.write_lane(s.name, lane, &bytes[i * per..][..per])?;
+            }
         }
         let want_taps = self.contract.wants_taps();
         // Under sampled acceptance the prefill also draws each lane's first token.
@@ -235,8 +354,15 @@ impl<'a> CudaSpecSession<'a> {
         outs.extend(want_taps.then_some("taps"));
         outs.extend(drawn.then_some(FIRST_TOKEN));
         let out = self.run_prefill(true, tb, &tokens, &pos, &[], &outs)?;
+        let next = read_i32(&out[0]);
         let drawn = drawn.then(|| read_i32(&out[outs.len() - 1]));
-        let first = admission::first_tokens_of(drawn.as_deref(), &read_i32(&out[0]), prompts, tb);
+        let first: Vec<u32> = rows
+            .iter()
+            .map(|r| match &drawn {
+                Some(d) => d[r.lane] as u32,
+                None => next[r.lane * tb + r.prompt.len() - 1] as u32,
+            })
+            .collect();
         match self.contract.priming() {
             Priming::None => {}
             Priming::Prompt => {
@@ -249,24 +375,32 @@ impl<'a> CudaSpecSession<'a> {
                 let taps = &out[1];
                 let row = taps.len() / (lanes * tb);
                 debug_assert_eq!(row % taps_width, 0);
-                let prime = admission::eagle_prime(prompts, &first, tb, k);
+                let prime = admission::eagle_prime(&prompts, &first, tb, k);
                 let tp = prime.inputs.t;
                 let tpb = prefill_bucket(tp);
-                let (ht, hp) = repad(&prime.inputs, lanes, tpb);
+                let (ht, hp) = place(&prime.inputs, &at, lanes, tpb);
+                // `eagle_prime` lays row `i` of the listed prompts out at `i`: the head
+                // prefill's row `i·tp + j` and the taps' row `i·tb + s` go to lane `at[i]`.
                 let mut hidden = vec![0u8; lanes * tpb * row];
                 for &(dst, src) in &prime.hidden_rows {
-                    let (b, i) = (dst / tp, dst % tp);
-                    let d = b * tpb + i;
-                    hidden[d * row..][..row].copy_from_slice(&taps[src * row..][..row]);
+                    let (i, j) = (dst / tp, dst % tp);
+                    let d = at[i] * tpb + j;
+                    let s = at[i] * tb + src % tb;
+                    hidden[d * row..][..row].copy_from_slice(&taps[s * row..][..row]);
                 }
                 self.run_prefill(false, tpb, &ht, &hp, &[(HIDDEN, hidden)], &[])?;
-                let mut slots = vec![0u8; lanes * (k + 1) * row];
+                let per = (k + 1) * row;
+                let mut slots = vec![0u8; at.len() * per];
                 for &(dst, src) in &prime.slot_rows {
-                    slots[dst * row..][..row].copy_from_slice(&taps[src * row..][..row]);
+                    let i = dst / (k + 1);
+                    let s = at[i] * tb + src % tb;
+                    slots[dst * row..][..row].copy_from_slice(&taps[s * row..][..row]);
                 }
-                self.engine.write_state(EAGLE_HIDDEN, &slots)?;
+                for (i, &lane) in at.iter().enumerate() {
+                    self.write_lane(EAGLE_HIDDEN, lane, &slots[i * per..][..per])?;
+                }
                 for s in &prime.states {
-                    self.engine.write_state(s.name, &s.i32_bytes())?;
+                    self.write_rows(s, &at)?;
                 }
             }
             Priming::Context { taps_width, .. } => {
@@ -275,123 +409,33 @@ impl<'a> CudaSpecSession<'a> {
                 let taps = out[1].clone();
                 debug_assert_eq!((taps.len() / (lanes * tb)) % taps_width, 0);
                 self.run_prefill(false, tb, &tokens, &pos, &[(HIDDEN, taps)], &[])?;
-                let n = self.engine.state(DFLASH_HIDDEN)?.bytes() as usize;
-                self.engine.write_state(DFLASH_HIDDEN, &vec![0u8; n])?;
-                for s in admission::dflash_states(prompts) {
-                    self.engine.write_state(s.name, &s.i32_bytes())?;
+                let n = self.lane_bytes(DFLASH_HIDDEN)? as usize;
+                for &lane in &at {
+                    self.write_lane(DFLASH_HIDDEN, lane, &vec![0u8; n])?;
+                }
+                for s in admission::dflash_states(&prompts) {
+                    self.write_rows(&s, &at)?;
                 }
             }
         }
-        for s in admission::step_states(prompts, &first, max_new, self.max_context, k) {
-            self.engine.write_state(s.name, &s.i32_bytes())?;
+        for s in admission::step_states(&prompts, &first, max_new, self.max_context, k) {
+            self.write_rows(&s, &at)?;
         }
-        for b in 0..lanes {
-            self.ring.reset_lane(b)?;
+        for &lane in &at {
+            self.ring.reset_lane(lane)?;
         }
         self.engine.synchronize()?;
         Ok(first)
     }
 
-    /// Prefills lane `lane` alone and arms its step states, leaving the other lanes' states
-    /// as they are (continuous batching). The prefill runs at the session's batch bucket
-    /// with every other lane padding (position −1: it writes nothing), so the captured
-    /// step and its tilings stay those of one bucket and a lane's tokens do not depend on
-    /// the others'. Returns the lane's first token.
-    /// Under sampled acceptance the lane draws from RNG stream `stream`.
-    pub fn admit_lane(
-        &mut self,
-        lane: usize,
-        prompt: &[u32],
-        max_new: usize,
-        stream: u32,
-    ) -> Result<u32, RuntimeError> {
-        let lanes = self.lanes;
-        if lane >= lanes {
-            return Err(RuntimeError::Engine(format!(
-                "lane {lane} is out of range: the session has {lanes} lanes"
-            )));
+    /// Writes row `i` of the i32 state value `s` (`[n, ...]`) into lane `at[i]`.
+    fn write_rows(&self, s: &StateInit, at: &[usize]) -> Result<(), RuntimeError> {
+        let bytes = s.i32_bytes();
+        let per = bytes.len() / at.len().max(1);
+        for (i, &lane) in at.iter().enumerate() {
+            self.write_lane(s.name, lane, &bytes[i * per..][..per])?;
         }
-        let k = self.contract.num_steps;
-        let one = [prompt.to_vec()];
-        let pre = admission::prefill_inputs(&one, k, self.max_context)?;
-        let tb = prefill_bucket(pre.t);
-        if tb as u64 > self.max_context {
-            return Err(RuntimeError::ContextOverflow {
-                needed: tb,
-                max_context: self.max_context,
-            });
-        }
-        let (tokens, pos) = place_lane(&pre, lane, lanes, tb);
-        if self.engine.state(STREAM).is_ok() {
-            let s = admission::stream_state(&[stream]);
-            self.write_lane(s.name, lane, &s.i32_bytes())?;
-        }
-        let want_taps = self.contract.wants_taps();
-        let drawn = self
-            .prefill(self.contract.target_prefill, tb)?
-            .io(FIRST_TOKEN)
-            .is_ok();
-        let mut outs = vec!["next_token"];
-        outs.extend(want_taps.then_some("taps"));
-        outs.extend(drawn.then_some(FIRST_TOKEN));
-        let out = self.run_prefill(true, tb, &tokens, &pos, &[], &outs)?;
-        let next = read_i32(&out[0]);
-        let first = if drawn {
-            read_i32(&out[outs.len() - 1])[lane] as u32
-        } else {
-            next[lane * tb + prompt.len() - 1] as u32
-        };
-        match self.contract.priming() {
-            Priming::None => {}
-            Priming::Prompt => {
-                self.run_prefill(false, tb, &tokens, &pos, &[], &[])?;
-            }
-            Priming::Pairs {
-                taps_width,
-                depth: k,
-            } => {
-                let taps = &out[1];
-                let row = taps.len() / (lanes * tb);
-                debug_assert_eq!(row % taps_width, 0);
-                let prime = admission::eagle_prime(&one, &[first], tb, k);
-                let tp = prime.inputs.t;
-                let tpb = prefill_bucket(tp);
-                let (ht, hp) = place_lane(&prime.inputs, lane, lanes, tpb);
-                let mut hidden = vec![0u8; lanes * tpb * row];
-                // One-lane layout: rows `i` of the head prefill and `src` of the lane's taps.
-                for &(dst, src) in &prime.hidden_rows {
-                    let d = lane * tpb + dst;
-                    let s = lane * tb + src;
-                    hidden[d * row..][..row].copy_from_slice(&taps[s * row..][..row]);
-                }
-                self.run_prefill(false, tpb, &ht, &hp, &[(HIDDEN, hidden)], &[])?;
-                let mut slots = vec![0u8; (k + 1) * row];
-                for &(dst, src) in &prime.slot_rows {
-                    let s = lane * tb + src;
-                    slots[dst * row..][..row].copy_from_slice(&taps[s * row..][..row]);
-                }
-                self.write_lane(EAGLE_HIDDEN, lane, &slots)?;
-                for s in &prime.states {
-                    self.write_lane(s.name, lane, &s.i32_bytes())?;
-                }
-            }
-            Priming::Context { taps_width, .. } => {
-                let taps = out[1].clone();
-                debug_assert_eq!((taps.len() / (lanes * tb)) % taps_width, 0);
-                self.run_prefill(false, tb, &tokens, &pos, &[(HIDDEN, taps)], &[])?;
-                let n = self.lane_bytes(DFLASH_HIDDEN)? as usize;
-                self.write_lane(DFLASH_HIDDEN, lane, &vec![0u8; n])?;
-                for s in admission::dflash_states(&one) {
-                    self.write_lane(s.name, lane, &s.i32_bytes())?;
-                }
-            }
-        }
-        for s in admission::step_states(&one, &[first], max_new, self.max_context, k) {
-            self.write_lane(s.name, lane, &s.i32_bytes())?;
-        }
-        self.ring.reset_lane(lane)?;
-        self.engine.synchronize()?;
-        Ok(first)
+        Ok(())
     }
 
     /// Bytes of one lane of a lane-major state (`[B, ...]`): the engine sizes states for
@@ -468,6 +512,15 @@ impl<'a> CudaSpecSession<'a> {
             &i32_bytes(&[1, 2].repeat(lanes)),
         )?;
         self.engine.write_state(BUDGET, &per(i32::MAX as i64 / 2))?;
+        if self.engine.state(SAMPLING).is_ok() {
+            // Every lane draws with the engine's knobs, as a sampled run does.
+            let acceptance = &self.engine.engine.acceptance;
+            let knobs: Vec<LaneSampling> = (0..lanes as u32)
+                .map(|b| LaneSampling::defaults(acceptance, b))
+                .collect();
+            let s = admission::sampling_state(&knobs);
+            self.engine.write_state(s.name, &s.f32_bytes())?;
+        }
         match self.contract.priming() {
             Priming::Pairs { .. } => {
                 self.engine
@@ -492,6 +545,55 @@ impl<'a> CudaSpecSession<'a> {
         self.ring.after_replay()?;
         self.stats.steps += 1;
         Ok(())
+    }
+
+    /// Lets [`CudaSpecSession::step_upto`] replay the smallest captured bucket that holds
+    /// the lanes in use (fewer rows at low load; buckets are captured by
+    /// [`CudaSpecSession::with_buckets`]). Greedy tokens then stay the target's up to
+    /// rounding, but a request's tokens may depend on the load: the kernels of another
+    /// bucket may sum in another order, which can flip a near-tie.
+    pub fn shrink_buckets(&mut self, on: bool) {
+        self.shrink = on;
+    }
+
+    /// The batch buckets smaller than the session's whose steps are captured, ascending.
+    pub fn smaller_buckets(&self) -> Vec<usize> {
+        self.smaller.iter().map(|s| s.0).collect()
+    }
+
+    /// Queues one step of a batch whose lanes from `n` on are all free or finished: with
+    /// [`CudaSpecSession::shrink_buckets`] on, the replay of the smallest captured bucket
+    /// holding lanes `0..n`, else (or when none is smaller) of the session's own. Lanes past
+    /// the bucket keep their states untouched, as a masked lane of the full bucket would.
+    pub fn step_upto(&mut self, n: usize) -> Result<(), RuntimeError> {
+        let b = self.bucket_for(n);
+        match self.smaller.iter().find(|s| s.0 == b) {
+            Some((_, _, g)) => g.replay()?,
+            None => self.step_graph.replay()?,
+        }
+        self.ring.after_replay()?;
+        self.stats.steps += 1;
+        Ok(())
+    }
+
+    /// The batch bucket [`CudaSpecSession::step_upto`] replays for lanes `0..n`.
+    pub fn bucket_for(&self, n: usize) -> usize {
+        if !self.shrink {
+            return self.lanes;
+        }
+        self.smaller
+            .iter()
+            .find(|s| s.0 >= n.max(1))
+            .map_or(self.lanes, |s| s.0)
+    }
+
+    /// Replays of the step captured at batch bucket `b` so far.
+    pub fn replays_at(&self, b: usize) -> u64 {
+        match self.smaller.iter().find(|s| s.0 == b) {
+            Some((_, _, g)) => g.replays(),
+            None if b == self.lanes => self.step_graph.replays(),
+            None => 0,
+        }
     }
 
     /// Tokens emitted since the last drain (blocks until queued steps finished).
