@@ -201,7 +201,7 @@ pub(crate) fn dots(x: &[f32], rows: &[&[f32]], out: &mut [f32]) {
 unsafe fn dots_avx(x: &[f32], rows: &[&[f32]], out: &mut [f32]) {
     // SAFETY: AVX is enabled in this function. Four rows per tile: these rows are in
     // cache, where independent sums pay.
-    unsafe { avx::row_block::<1, 4>([x], rows, out, 0) }
+    unsafe { avx::row_block::<1, 4>([x], rows, out, 0, false) }
 }
 
 /// What every part of one matmul reads.
@@ -233,7 +233,7 @@ impl Operands<'_> {
 
     /// [`Operands::columns`] one [`dot`] at a time.
     fn columns_portable(&self, cols: Range<usize>, dst: &mut [f32], stride: usize) {
-        self.blocks(cols, dst, stride, |x, w, sums| {
+        self.blocks(cols, dst, stride, |x, w, sums, _| {
             for (r, xr) in x.iter().enumerate() {
                 for (j, wr) in w.iter().enumerate() {
                     sums[r * COLS + j] = dot(xr, wr);
@@ -246,7 +246,7 @@ impl Operands<'_> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx")]
     unsafe fn columns_avx(&self, cols: Range<usize>, dst: &mut [f32], stride: usize) {
-        self.blocks(cols, dst, stride, |x, w, sums| match x.len() {
+        self.blocks(cols, dst, stride, |x, w, sums, pf| match x.len() {
             // SAFETY (all arms): AVX is enabled in this function, which they inline into.
             // One weight row per tile from 2 rows of x: measured on an AMD EPYC (Zen 4)
             // with weights streamed from memory, tiles over 2+ weight rows ran 2-3x slower
@@ -254,14 +254,22 @@ impl Operands<'_> {
             // against 2). One row of x takes four weight rows: one sum alone waits on its
             // add's latency (Xeon, the embedded default's layers: 13 µs instead of 26 µs
             // in L2, no slower from L3).
-            1 => unsafe { avx::row_block::<1, 4>([x[0]], w, sums, COLS) },
-            2 => unsafe { avx::row_block::<2, 1>([x[0], x[1]], w, sums, COLS) },
-            3 => unsafe { avx::row_block::<3, 1>([x[0], x[1], x[2]], w, sums, COLS) },
-            4 => unsafe { avx::row_block::<4, 1>([x[0], x[1], x[2], x[3]], w, sums, COLS) },
-            5 => unsafe { avx::row_block::<5, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS) },
-            6 => unsafe { avx::row_block::<6, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS) },
-            7 => unsafe { avx::row_block::<7, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS) },
-            _ => unsafe { avx::row_block::<8, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS) },
+            1 => unsafe { avx::row_block::<1, 4>([x[0]], w, sums, COLS, pf) },
+            2 => unsafe { avx::row_block::<2, 1>([x[0], x[1]], w, sums, COLS, pf) },
+            3 => unsafe { avx::row_block::<3, 1>([x[0], x[1], x[2]], w, sums, COLS, pf) },
+            4 => unsafe { avx::row_block::<4, 1>([x[0], x[1], x[2], x[3]], w, sums, COLS, pf) },
+            5 => unsafe {
+                avx::row_block::<5, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS, pf)
+            },
+            6 => unsafe {
+                avx::row_block::<6, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS, pf)
+            },
+            7 => unsafe {
+                avx::row_block::<7, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS, pf)
+            },
+            _ => unsafe {
+                avx::row_block::<8, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS, pf)
+            },
         });
     }
 
@@ -271,32 +279,42 @@ impl Operands<'_> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx,avx512f")]
     unsafe fn columns_avx512(&self, cols: Range<usize>, dst: &mut [f32], stride: usize) {
-        self.blocks(cols, dst, stride, |x, w, sums| match x.len() {
+        self.blocks(cols, dst, stride, |x, w, sums, pf| match x.len() {
             // SAFETY (all arms): AVX-512F and AVX are enabled in this function, which they
             // inline into. With 2-3 rows two registers (4 weight rows) per tile keep
             // enough independent sums in flight; from 4 rows one is enough.
-            1 => unsafe { avx::row_block::<1, 4>([x[0]], w, sums, COLS) },
-            2 => unsafe { avx512::row_block::<2, 2>([x[0], x[1]], w, sums, COLS) },
-            3 => unsafe { avx512::row_block::<3, 2>([x[0], x[1], x[2]], w, sums, COLS) },
-            4 => unsafe { avx512::row_block::<4, 1>([x[0], x[1], x[2], x[3]], w, sums, COLS) },
-            5 => unsafe { avx512::row_block::<5, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS) },
-            6 => unsafe { avx512::row_block::<6, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS) },
-            7 => unsafe { avx512::row_block::<7, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS) },
-            _ => unsafe { avx512::row_block::<8, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS) },
+            1 => unsafe { avx::row_block::<1, 4>([x[0]], w, sums, COLS, pf) },
+            2 => unsafe { avx512::row_block::<2, 2>([x[0], x[1]], w, sums, COLS, pf) },
+            3 => unsafe { avx512::row_block::<3, 2>([x[0], x[1], x[2]], w, sums, COLS, pf) },
+            4 => unsafe { avx512::row_block::<4, 1>([x[0], x[1], x[2], x[3]], w, sums, COLS, pf) },
+            5 => unsafe {
+                avx512::row_block::<5, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS, pf)
+            },
+            6 => unsafe {
+                avx512::row_block::<6, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS, pf)
+            },
+            7 => unsafe {
+                avx512::row_block::<7, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS, pf)
+            },
+            _ => unsafe {
+                avx512::row_block::<8, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS, pf)
+            },
         });
     }
 
     /// Walks the output in blocks: [`COLS`] columns at a time (their weight rows
     /// dequantised once), and for them the rows of `x` up to [`ROWS`] at a time;
-    /// `kernel(x rows, weight rows, sums)` writes the unrounded dot product of every pair
-    /// `(r, j)` into `sums[r · COLS + j]`, rounded and stored here.
+    /// `kernel(x rows, weight rows, sums, first)` writes the unrounded dot product of every
+    /// pair `(r, j)` into `sums[r · COLS + j]`, rounded and stored here; `first` says the
+    /// weight rows are new (the first rows of `x` against them: prefetching the weights
+    /// ahead pays there, not when later rows of `x` find them in cache).
     #[inline(always)]
     fn blocks(
         &self,
         cols: Range<usize>,
         dst: &mut [f32],
         stride: usize,
-        mut kernel: impl FnMut(&[&[f32]], &[&[f32]], &mut [f32; ROWS * COLS]),
+        mut kernel: impl FnMut(&[&[f32]], &[&[f32]], &mut [f32; ROWS * COLS], bool),
     ) {
         let (m, k) = (self.m, self.k);
         let mut scratch = match self.rows {
@@ -331,7 +349,7 @@ impl Operands<'_> {
                     *xr = &self.x[(i + r) * k..][..k];
                 }
                 let mut sums = [0.0f32; ROWS * COLS];
-                kernel(&x[..rows], &w[..width], &mut sums);
+                kernel(&x[..rows], &w[..width], &mut sums, i == 0);
                 for (r, sr) in sums.chunks_exact(COLS).take(rows).enumerate() {
                     let d = &mut dst[(i + r) * stride + at..][..width];
                     round_into(self.dtype, &sr[..width], d);
@@ -371,12 +389,13 @@ mod avx {
         w: &[&[f32]],
         sums: &mut [f32],
         stride: usize,
+        pf: bool,
     ) {
         let mut j = 0;
         while j + C <= w.len() {
             let ws: [&[f32]; C] = std::array::from_fn(|c| w[j + c]);
             // SAFETY: AVX is supported (this function's contract).
-            let s = unsafe { tile::<R, C>(&x, &ws) };
+            let s = unsafe { tile::<R, C>(&x, &ws, pf) };
             for (r, row) in s.iter().enumerate() {
                 sums[r * stride + j..][..C].copy_from_slice(row);
             }
@@ -384,7 +403,7 @@ mod avx {
         }
         while j < w.len() {
             // SAFETY: as above.
-            let s = unsafe { tile::<R, 1>(&x, &[w[j]]) };
+            let s = unsafe { tile::<R, 1>(&x, &[w[j]], pf) };
             for (r, row) in s.iter().enumerate() {
                 sums[r * stride + j] = row[0];
             }
@@ -398,6 +417,7 @@ mod avx {
     pub(super) unsafe fn tile<const R: usize, const C: usize>(
         x: &[&[f32]; R],
         w: &[&[f32]; C],
+        pf: bool,
     ) -> [[f32; C]; R] {
         let k = w[0].len();
         assert!(x.iter().chain(w).all(|v| v.len() == k));
@@ -408,7 +428,7 @@ mod avx {
             let mut acc: [[__m256; C]; R] = [[_mm256_setzero_ps(); C]; R];
             let mut at = 0;
             while at < body {
-                for wc in w {
+                for wc in w.iter().filter(|_| pf) {
                     // Software prefetch of the weights `PREFETCH` floats ahead: the
                     // hardware prefetchers stop at 4 KiB pages, and a verify step's
                     // matmuls otherwise wait on the weight loads (profiled: most samples
@@ -492,6 +512,7 @@ mod avx512 {
         w: &[&[f32]],
         sums: &mut [f32],
         stride: usize,
+        pf: bool,
     ) {
         let mut j = 0;
         let mut put = |j: usize, s: &[[[f32; 2]; P]; R], pairs: usize| {
@@ -504,12 +525,12 @@ mod avx512 {
         while j + 2 * P <= w.len() {
             let ws: [[&[f32]; 2]; P] = std::array::from_fn(|p| [w[j + 2 * p], w[j + 2 * p + 1]]);
             // SAFETY: AVX-512F is supported (this function's contract).
-            put(j, &unsafe { tile::<R, P>(&x, &ws) }, P);
+            put(j, &unsafe { tile::<R, P>(&x, &ws, pf) }, P);
             j += 2 * P;
         }
         while j + 2 <= w.len() {
             // SAFETY: as above.
-            let s = unsafe { tile::<R, 1>(&x, &[[w[j], w[j + 1]]]) };
+            let s = unsafe { tile::<R, 1>(&x, &[[w[j], w[j + 1]]], pf) };
             for (r, row) in s.iter().enumerate() {
                 sums[r * stride + j..][..2].copy_from_slice(&row[0]);
             }
@@ -517,7 +538,7 @@ mod avx512 {
         }
         if j < w.len() {
             // SAFETY: AVX is supported (this function's contract).
-            let s = unsafe { super::avx::tile::<R, 1>(&x, &[w[j]]) };
+            let s = unsafe { super::avx::tile::<R, 1>(&x, &[w[j]], pf) };
             for (r, row) in s.iter().enumerate() {
                 sums[r * stride + j] = row[0];
             }
@@ -530,6 +551,7 @@ mod avx512 {
     unsafe fn tile<const R: usize, const P: usize>(
         x: &[&[f32]; R],
         w: &[[&[f32]; 2]; P],
+        pf: bool,
     ) -> [[[f32; 2]; P]; R] {
         let k = x[0].len();
         assert!(x.iter().chain(w.iter().flatten()).all(|v| v.len() == k));
@@ -541,7 +563,7 @@ mod avx512 {
             let mut acc: [[__m512; P]; R] = [[_mm512_setzero_ps(); P]; R];
             let mut at = 0;
             while at < body {
-                for wc in w.iter().flatten() {
+                for wc in w.iter().flatten().filter(|_| pf) {
                     _mm_prefetch::<_MM_HINT_T0>(wc.as_ptr().wrapping_add(at + PREFETCH).cast());
                 }
                 let wv: [__m512; P] = std::array::from_fn(|p| {
