@@ -8,9 +8,11 @@
 //! its own row and column: the tiling changes which elements are computed together, never
 //! the order of any element's additions, so results are identical for any row count (a
 //! row alone or in a batch) and any thread count. Threads split the columns into
-//! contiguous ranges ([`super::pool`]). On x86-64 the tiles are AVX registers (AVX-512
-//! from two rows of `x`: two columns per register), the lane sums are combined with
-//! `hadd` in `dot`'s order, and the weights are prefetched ahead of the loads.
+//! contiguous ranges ([`super::pool`]). On x86-64 the tiles are AVX registers, the lane
+//! sums are combined with `hadd` in `dot`'s order, and the weights are prefetched ahead of
+//! the loads. (AVX-512 tiles, two columns per register, were faster in isolation but
+//! slower in whole runs on the Xeon this was measured on: 410-418 ms of CPU against
+//! 359-371 ms for the default's 200 tokens, `bench/NOTES.md`.)
 
 use std::ops::Range;
 use std::sync::Mutex;
@@ -217,12 +219,6 @@ impl Operands<'_> {
     /// Output columns `cols` for every row into `dst` (`dst[i·stride + j - cols.start]`).
     fn columns(&self, cols: Range<usize>, dst: &mut [f32], stride: usize) {
         #[cfg(target_arch = "x86_64")]
-        if self.m > 1 && std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F (checked just above), hence AVX.
-            unsafe { self.columns_avx512(cols, dst, stride) };
-            return;
-        }
-        #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx") {
             // SAFETY: the CPU supports AVX (checked just above).
             unsafe { self.columns_avx(cols, dst, stride) };
@@ -269,35 +265,6 @@ impl Operands<'_> {
             },
             _ => unsafe {
                 avx::row_block::<8, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS, pf)
-            },
-        });
-    }
-
-    /// [`Operands::columns`] with AVX-512 tiles (see [`avx512`]) from two rows of `x`:
-    /// each multiply and add covers two output columns. One row of `x` is no faster this
-    /// way (its loads bound it), so it keeps the AVX tiles.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx,avx512f")]
-    unsafe fn columns_avx512(&self, cols: Range<usize>, dst: &mut [f32], stride: usize) {
-        self.blocks(cols, dst, stride, |x, w, sums, pf| match x.len() {
-            // SAFETY (all arms): AVX-512F and AVX are enabled in this function, which they
-            // inline into. With 2-3 rows two registers (4 weight rows) per tile keep
-            // enough independent sums in flight; from 4 rows one is enough.
-            1 => unsafe { avx::row_block::<1, 4>([x[0]], w, sums, COLS, pf) },
-            2 => unsafe { avx512::row_block::<2, 2>([x[0], x[1]], w, sums, COLS, pf) },
-            3 => unsafe { avx512::row_block::<3, 2>([x[0], x[1], x[2]], w, sums, COLS, pf) },
-            4 => unsafe { avx512::row_block::<4, 1>([x[0], x[1], x[2], x[3]], w, sums, COLS, pf) },
-            5 => unsafe {
-                avx512::row_block::<5, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS, pf)
-            },
-            6 => unsafe {
-                avx512::row_block::<6, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS, pf)
-            },
-            7 => unsafe {
-                avx512::row_block::<7, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS, pf)
-            },
-            _ => unsafe {
-                avx512::row_block::<8, 1>(std::array::from_fn(|r| x[r]), w, sums, COLS, pf)
             },
         });
     }
@@ -376,7 +343,7 @@ mod avx {
 
     /// How far ahead of the loads (in floats) the weights are prefetched (512 and 1024
     /// measured alike, 256 slower at 6 rows).
-    pub(super) const PREFETCH: usize = 512;
+    const PREFETCH: usize = 512;
 
     /// The products of `x` with every row of `w` into `sums[r · stride + j]`, `C`
     /// weight rows at a time (the last few one at a time).
@@ -414,7 +381,7 @@ mod avx {
     /// # Safety
     /// The CPU must support AVX; every slice of `x` and `w` has the same length.
     #[inline(always)]
-    pub(super) unsafe fn tile<const R: usize, const C: usize>(
+    unsafe fn tile<const R: usize, const C: usize>(
         x: &[&[f32]; R],
         w: &[&[f32]; C],
         pf: bool,
@@ -476,123 +443,6 @@ mod avx {
                         for t in body..k {
                             out[r][c] += x[r][t] * w[c][t];
                         }
-                    }
-                }
-            }
-            out
-        }
-    }
-}
-
-/// AVX-512 tiles: the same sums as [`avx`], two at a time. A 16-lane register holds the
-/// 8 lanes of pair (row `r`, column `j`) in its low half and those of (row `r`, column
-/// `j + 1`) in its high half: the two weight rows' 8-element chunks side by side, times
-/// the row's chunk repeated in both halves. Every lane still takes one multiply and one
-/// add (never fused) per element in element order, and each half is combined and given
-/// its tail as [`dot`] does: every result is bit for bit [`dot`] of its pair.
-#[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use std::arch::x86_64::{
-        __m512, _mm256_loadu_pd, _mm512_add_ps, _mm512_broadcast_f64x4, _mm512_castpd256_pd512,
-        _mm512_castpd_ps, _mm512_insertf64x4, _mm512_mul_ps, _mm512_setzero_ps, _mm512_storeu_ps,
-        _mm_prefetch, _MM_HINT_T0,
-    };
-
-    use super::avx::PREFETCH;
-
-    /// The products of `x` with every row of `w` into `sums[r · stride + j]`: `2·P`
-    /// weight rows per tile, then the rest two at a time, a last odd one through the AVX
-    /// tile.
-    ///
-    /// # Safety
-    /// The CPU must support AVX and AVX-512F (callers are compiled with them enabled).
-    #[inline(always)]
-    pub(super) unsafe fn row_block<const R: usize, const P: usize>(
-        x: [&[f32]; R],
-        w: &[&[f32]],
-        sums: &mut [f32],
-        stride: usize,
-        pf: bool,
-    ) {
-        let mut j = 0;
-        let mut put = |j: usize, s: &[[[f32; 2]; P]; R], pairs: usize| {
-            for (r, row) in s.iter().enumerate() {
-                for (p, pair) in row.iter().take(pairs).enumerate() {
-                    sums[r * stride + j + 2 * p..][..2].copy_from_slice(pair);
-                }
-            }
-        };
-        while j + 2 * P <= w.len() {
-            let ws: [[&[f32]; 2]; P] = std::array::from_fn(|p| [w[j + 2 * p], w[j + 2 * p + 1]]);
-            // SAFETY: AVX-512F is supported (this function's contract).
-            put(j, &unsafe { tile::<R, P>(&x, &ws, pf) }, P);
-            j += 2 * P;
-        }
-        while j + 2 <= w.len() {
-            // SAFETY: as above.
-            let s = unsafe { tile::<R, 1>(&x, &[[w[j], w[j + 1]]], pf) };
-            for (r, row) in s.iter().enumerate() {
-                sums[r * stride + j..][..2].copy_from_slice(&row[0]);
-            }
-            j += 2;
-        }
-        if j < w.len() {
-            // SAFETY: AVX is supported (this function's contract).
-            let s = unsafe { super::avx::tile::<R, 1>(&x, &[w[j]], pf) };
-            for (r, row) in s.iter().enumerate() {
-                sums[r * stride + j] = row[0];
-            }
-        }
-    }
-
-    /// # Safety
-    /// The CPU must support AVX-512F; every slice of `x` and `w` has the same length.
-    #[inline(always)]
-    unsafe fn tile<const R: usize, const P: usize>(
-        x: &[&[f32]; R],
-        w: &[[&[f32]; 2]; P],
-        pf: bool,
-    ) -> [[[f32; 2]; P]; R] {
-        let k = x[0].len();
-        assert!(x.iter().chain(w.iter().flatten()).all(|v| v.len() == k));
-        let body = k - k % 8;
-        // SAFETY: AVX-512F is supported; every load reads 8 floats at `at + 8 <= body <= k`
-        // of a slice of length `k` (as 4 doubles: only the bits are moved); prefetches
-        // never fault.
-        unsafe {
-            let mut acc: [[__m512; P]; R] = [[_mm512_setzero_ps(); P]; R];
-            let mut at = 0;
-            while at < body {
-                for wc in w.iter().flatten().filter(|_| pf) {
-                    _mm_prefetch::<_MM_HINT_T0>(wc.as_ptr().wrapping_add(at + PREFETCH).cast());
-                }
-                let wv: [__m512; P] = std::array::from_fn(|p| {
-                    let lo = _mm256_loadu_pd(w[p][0].as_ptr().add(at).cast());
-                    let hi = _mm256_loadu_pd(w[p][1].as_ptr().add(at).cast());
-                    _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(lo), hi))
-                });
-                for r in 0..R {
-                    let xr = _mm256_loadu_pd(x[r].as_ptr().add(at).cast());
-                    let xv = _mm512_castpd_ps(_mm512_broadcast_f64x4(xr));
-                    for p in 0..P {
-                        acc[r][p] = _mm512_add_ps(acc[r][p], _mm512_mul_ps(xv, wv[p]));
-                    }
-                }
-                at += 8;
-            }
-            let mut out = [[[0.0f32; 2]; P]; R];
-            for r in 0..R {
-                for p in 0..P {
-                    let mut a = [0.0f32; 16];
-                    _mm512_storeu_ps(a.as_mut_ptr(), acc[r][p]);
-                    for h in 0..2 {
-                        let l = &a[8 * h..][..8];
-                        let mut s =
-                            ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-                        for t in body..k {
-                            s += x[r][t] * w[p][h][t];
-                        }
-                        out[r][p][h] = s;
                     }
                 }
             }
