@@ -141,6 +141,9 @@ pub struct SpecCpuSession<'a> {
     max_context: u64,
     /// Tokens drained from each lane's ring so far.
     drained: Vec<usize>,
+    /// The graphs verified so far (by address: the session borrows them unchanged), so
+    /// each is verified once, not at every step.
+    verified: Vec<usize>,
     pub stats: SpecStats,
 }
 
@@ -167,6 +170,7 @@ impl<'a> SpecCpuSession<'a> {
             lanes,
             max_context,
             drained: vec![0; lanes],
+            verified: Vec::new(),
             stats: SpecStats {
                 steps: 0,
                 histogram: vec![0; k + 1],
@@ -180,13 +184,18 @@ impl<'a> SpecCpuSession<'a> {
         t: u64,
         inputs: HashMap<String, Tensor>,
     ) -> Result<HashMap<String, Tensor>, RuntimeError> {
+        let at = g as *const Graph as usize;
+        if !self.verified.contains(&at) {
+            specc_ir::verify(g)?;
+            self.verified.push(at);
+        }
         let mut env = Env {
             bind: Bindings::new(self.rows as u64, t, self.max_context),
             inputs,
             weights: self.weights,
             states: &mut self.states,
         };
-        Ok(interp::run(g, &mut env)?)
+        Ok(interp::run_verified(g, &mut env)?)
     }
 
     /// Prefills every lane with its prompt (lengths may differ: shorter prompts are padded

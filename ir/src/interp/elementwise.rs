@@ -135,12 +135,43 @@ pub(crate) fn silu_mul(gate: &Tensor, up: &Tensor, out: &Out) -> OpResult {
     let g = f32s(gate, "silu_mul gate")?;
     let u = f32s(up, "silu_mul up")?;
     let d = out.dtype;
+    if gate.dtype == DType::BF16 && d == DType::BF16 {
+        let table = silu_bf16();
+        return Ok(out.f32(
+            g.iter()
+                .zip(u)
+                .map(|(&g, &u)| {
+                    let b = g.to_bits();
+                    // A bf16 tensor holds bf16 values (low 16 bits zero); anything else
+                    // is computed as below.
+                    let a = if b & 0xffff == 0 {
+                        table[(b >> 16) as usize]
+                    } else {
+                        round_to(d, silu(g))
+                    };
+                    round_to(d, a * u)
+                })
+                .collect(),
+        ));
+    }
     Ok(out.f32(
         g.iter()
             .zip(u)
             .map(|(&g, &u)| round_to(d, round_to(d, silu(g)) * u))
             .collect(),
     ))
+}
+
+/// `R(silu(g))` in bf16 for every bf16 value `g`, indexed by its top 16 bits: the
+/// activation of a bf16 `silu_mul` is a function of 65536 inputs, computed once (the same
+/// `silu` and rounding as the op's definition, so the lookup is exact).
+fn silu_bf16() -> &'static [f32] {
+    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|h| round_to(DType::BF16, silu(f32::from_bits((h as u32) << 16))))
+            .collect()
+    })
 }
 
 /// Float → float rounds; float → int truncates toward zero, saturating at the int range
@@ -256,6 +287,35 @@ mod tests {
         assert_eq!(r.as_i64().unwrap(), &[1, 0]);
         let r = run_op(Op::Unary(UnaryOp::Neg), vec![ti(DType::I64, &[1], &[3])]);
         assert_eq!(r.as_i64().unwrap(), &[-3]);
+    }
+
+    /// The bf16 table is `R(silu(g))` for every bf16 `g` (NaNs included), and a gate
+    /// that is not a bf16 value still takes the definition.
+    #[test]
+    fn silu_bf16_table_is_the_definition() {
+        let t = silu_bf16();
+        for h in 0..=u16::MAX {
+            let g = f32::from_bits((h as u32) << 16);
+            let want = round_to(DType::BF16, silu(g));
+            assert_eq!(
+                t[h as usize].to_bits(),
+                want.to_bits(),
+                "bf16 bits {h:#06x}"
+            );
+        }
+        let odd = Tensor {
+            dtype: DType::BF16,
+            shape: vec![2],
+            data: Data::F32(vec![0.75, 1.0 + f32::EPSILON]),
+        };
+        let up = tf(DType::BF16, &[2], &[3.0, 1.0]);
+        let out = Out {
+            dtype: DType::BF16,
+            shape: vec![2],
+        };
+        let r = silu_mul(&odd, &up, &out).unwrap();
+        let want = round_to(DType::BF16, round_to(DType::BF16, silu(1.0 + f32::EPSILON)));
+        assert_eq!(r.as_f32().unwrap(), &[1.5234375, want]);
     }
 
     #[test]

@@ -114,21 +114,18 @@ pub(crate) fn rope(
         return Err(format!("rotary_dim {rotary_dim} invalid for head dim {d}"));
     }
     let half = rotary_dim / 2;
-    let inv = rope_inv_freq(theta, scaling, rotary_dim);
-    let mscale = match scaling {
-        RopeScaling::Yarn { mscale, .. } => *mscale as f32,
-        _ => 1.0,
-    };
     let dt = out.dtype;
     let r = |v: f32| round_to(dt, v);
     let (mut cos, mut sin) = (vec![0.0f32; half], vec![0.0f32; half]);
     let mut res = xv.to_vec();
+    let key = TableKey {
+        theta,
+        scaling: scaling.clone(),
+        rotary_dim,
+        dtype: dt,
+    };
     for (tok, &p) in pv.iter().enumerate() {
-        for i in 0..half {
-            let angle = (p as f32 * inv[i]) as f64;
-            cos[i] = r(angle.cos() as f32 * mscale);
-            sin[i] = r(angle.sin() as f32 * mscale);
-        }
+        TABLES.with_borrow_mut(|tables| cos_sin(tables, &key, p, &mut cos, &mut sin));
         for head in 0..h {
             let base = (tok * h + head) * d;
             let v = &mut res[base..base + d];
@@ -146,6 +143,85 @@ pub(crate) fn rope(
     Ok(out.f32(res))
 }
 
+/// What the rounded `cos` / `sin` of a position depend on besides the position.
+#[derive(Clone, PartialEq)]
+struct TableKey {
+    theta: f64,
+    scaling: RopeScaling,
+    rotary_dim: usize,
+    dtype: crate::DType,
+}
+
+/// The rounded `(cos, sin)` of positions `0..len`, `half` of each per position, filled on
+/// demand: the same values [`rope`] defines, computed once per position instead of once
+/// per token and layer.
+struct Table {
+    key: TableKey,
+    inv: Vec<f32>,
+    mscale: f32,
+    /// Per position: `half` cosines, then `half` sines.
+    values: Vec<f32>,
+}
+
+/// Positions a table holds at most; others are computed each time.
+const TABLE_POSITIONS: i64 = 1 << 20;
+
+thread_local! {
+    static TABLES: std::cell::RefCell<Vec<Table>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `c_i = R(f32(cos(f32(p) · f_i)) · mscale)` and `s_i` likewise into `cos`, `sin`.
+fn cos_sin(tables: &mut Vec<Table>, key: &TableKey, p: i64, cos: &mut [f32], sin: &mut [f32]) {
+    let half = key.rotary_dim / 2;
+    let at = match tables.iter().position(|t| t.key == *key) {
+        Some(i) => i,
+        None => {
+            tables.push(Table {
+                key: key.clone(),
+                inv: rope_inv_freq(key.theta, &key.scaling, key.rotary_dim),
+                mscale: match key.scaling {
+                    RopeScaling::Yarn { mscale, .. } => mscale as f32,
+                    _ => 1.0,
+                },
+                values: Vec::new(),
+            });
+            tables.len() - 1
+        }
+    };
+    let t = &mut tables[at];
+    let dt = key.dtype;
+    let one = |inv: &[f32], mscale: f32, p: i64, i: usize| {
+        let angle = (p as f32 * inv[i]) as f64;
+        (
+            round_to(dt, angle.cos() as f32 * mscale),
+            round_to(dt, angle.sin() as f32 * mscale),
+        )
+    };
+    if !(0..TABLE_POSITIONS).contains(&p) || half == 0 {
+        for i in 0..half {
+            (cos[i], sin[i]) = one(&t.inv, t.mscale, p, i);
+        }
+        return;
+    }
+    let p = p as usize;
+    let have = t.values.len() / (2 * half);
+    if p >= have {
+        for q in have..=p {
+            for i in 0..half {
+                let (c, _) = one(&t.inv, t.mscale, q as i64, i);
+                t.values.push(c);
+            }
+            for i in 0..half {
+                let (_, s) = one(&t.inv, t.mscale, q as i64, i);
+                t.values.push(s);
+            }
+        }
+    }
+    let row = &t.values[p * 2 * half..][..2 * half];
+    cos.copy_from_slice(&row[..half]);
+    sin.copy_from_slice(&row[half..]);
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::testutil::*;
@@ -159,6 +235,46 @@ mod tests {
             scaling,
             style,
             rotary_dim,
+        }
+    }
+
+    /// The position tables give the definition's values whatever order positions come
+    /// in, outside the table's range too.
+    #[test]
+    fn tables_equal_the_definition() {
+        let scaling = RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_position: 64,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            mscale: 1.1,
+        };
+        for dtype in [DType::BF16, DType::F32] {
+            let key = TableKey {
+                theta: 10000.0,
+                scaling: scaling.clone(),
+                rotary_dim: 8,
+                dtype,
+            };
+            let inv = rope_inv_freq(10000.0, &scaling, 8);
+            let mut tables = Vec::new();
+            for p in [7i64, 3, 0, 900, -2, TABLE_POSITIONS + 5, 3] {
+                let (mut c, mut s) = ([0.0f32; 4], [0.0f32; 4]);
+                cos_sin(&mut tables, &key, p, &mut c, &mut s);
+                for i in 0..4 {
+                    let angle = (p as f32 * inv[i]) as f64;
+                    assert_eq!(
+                        c[i],
+                        round_to(dtype, angle.cos() as f32 * 1.1),
+                        "cos {p} {i}"
+                    );
+                    assert_eq!(
+                        s[i],
+                        round_to(dtype, angle.sin() as f32 * 1.1),
+                        "sin {p} {i}"
+                    );
+                }
+            }
         }
     }
 

@@ -198,6 +198,7 @@ impl fmt::Display for Tensor {
 /// `x` rounded to the nearest value of a float `dtype` (ties to even). bf16 and f16 go
 /// through `half` (overflow gives ±inf); fp8e4m3 saturates to ±448. Non-float dtypes return
 /// `x` unchanged.
+#[inline]
 pub fn round_to(dtype: DType, x: f32) -> f32 {
     match dtype {
         DType::BF16 => round_bf16(x),
@@ -217,6 +218,24 @@ pub fn round_bf16(x: f32) -> f32 {
     let quiet = (b | 0x0040_0000) & 0xffff_0000;
     let nan = (b & 0x7fff_ffff) > 0x7f80_0000;
     f32::from_bits(if nan { quiet } else { rounded })
+}
+
+/// `dst[i] = round_to(dtype, src[i])`, the dtype matched once for the whole slice.
+#[inline]
+pub(crate) fn round_into(dtype: DType, src: &[f32], dst: &mut [f32]) {
+    match dtype {
+        DType::BF16 => {
+            for (d, &s) in dst.iter_mut().zip(src) {
+                *d = round_bf16(s);
+            }
+        }
+        DType::F32 => dst.copy_from_slice(src),
+        _ => {
+            for (d, &s) in dst.iter_mut().zip(src) {
+                *d = round_to(dtype, s);
+            }
+        }
+    }
 }
 
 /// Rounds every value in place (see [`round_to`]).
