@@ -18,7 +18,7 @@ use std::ops::Range;
 use std::sync::Mutex;
 
 use super::pool;
-use super::tensor::{round_into, Tensor};
+use super::tensor::{round_into, round_to, Tensor};
 use super::util::{dot, f32s, OpResult, Out};
 use crate::DType;
 
