@@ -801,8 +801,10 @@ fn rows(v: &mut Vec<Case>) {
                 opd(d, &[n], Values::Float(2.0)).table(),
             ],
             (d, &[rows, n]),
+            // bf16 rounds twice (x·inv_rms, then ·w): a last-bit difference in the block's
+            // sum of squares can move both roundings, 2 ulps (2⁻⁶ relative near 1).
             Tol::Close {
-                rtol: if d == BF { 1.0 / 128.0 } else { 1e-5 },
+                rtol: if d == BF { 1.0 / 64.0 } else { 1e-5 },
                 atol: 1e-5,
             },
         ));
