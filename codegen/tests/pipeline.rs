@@ -197,8 +197,9 @@ fn constants_fold_into_homes_with_the_interpreters_bytes() {
     assert!(matches!(homes[&shown], Home::Arena { .. }));
 }
 
-/// A DeepSeek-V3 graph (MLA attention, MoE layers) plans to kernels: the latent attention,
-/// per-head absorption matmuls, router and expert ops get generic kernels.
+/// A DeepSeek-V3 graph (MLA attention, MoE layers) plans to kernels: in f32 the latent
+/// attention is the generic kernel; the per-head absorption matmuls, the router and the
+/// grouped experts (dispatch, gate/up, down, combine) have their own.
 #[test]
 fn deepseek_v3_plans_to_kernels() {
     let spec =
@@ -209,7 +210,15 @@ fn deepseek_v3_plans_to_kernels() {
         let k = specc_codegen::kernels::plan_kernels(&c.graph, &c.groups, p, &target)
             .unwrap_or_else(|e| panic!("{e}"));
         let names: Vec<&str> = k.launches.iter().map(|l| l.kernel.name.as_str()).collect();
-        for family in ["mla_attention", "head_matmul", "moe_route", "moe_experts"] {
+        for family in [
+            "mla_attention",
+            "head_matmul",
+            "moe_route",
+            "moe_dispatch",
+            "moe_gate_up",
+            "moe_down",
+            "moe_combine",
+        ] {
             assert!(
                 names.iter().any(|n| n.starts_with(family)),
                 "no {family} kernel among {names:?}"
