@@ -120,11 +120,20 @@ fn moe_dims(g: &Graph, n: specc_ir::ValueId, bind: &Bindings) -> (u64, u64, u64)
         .resolve(bind)
         .unwrap_or(0);
     let tokens = numel(g, node.args[1], bind) / experts.max(1);
-    let top_k = match g.node(node.args[1]).op {
-        Op::MoeRoute { top_k, .. } => top_k,
-        _ => experts,
-    };
-    (tokens, experts, top_k)
+    (
+        tokens,
+        experts,
+        router_top_k(g, node.args[1]).unwrap_or(experts),
+    )
+}
+
+/// The `top_k` of the router producing `gates` (a token's non-zero gates at most), or `None`
+/// when the gates come from elsewhere.
+pub fn router_top_k(g: &Graph, gates: specc_ir::ValueId) -> Option<u64> {
+    match g.node(gates).op {
+        Op::MoeRoute { top_k, .. } => Some(top_k),
+        _ => None,
+    }
 }
 
 /// `(ffn, hidden)` of a `moe_experts` node's gate weights `[E, F, H]`.

@@ -379,10 +379,7 @@ fn moe_kernels(
     let out = cx.arg(v)?;
     let stat = Loc::arena(cx.moe_stats + 4 * cx.moe_layer);
     cx.moe_layer += 1;
-    let top_k = match cx.g.node(args[1]).op {
-        Op::MoeRoute { top_k, .. } => Some(top_k),
-        _ => None,
-    };
+    let top_k = crate::cost::router_top_k(cx.g, args[1]);
     let Some(shape) = choose::moe::grouped(&ops, &out, top_k) else {
         let ks = single(&Op::MoeExperts, &ops, &out)?;
         return Ok(fixed(ks.into_iter().map(|k| (k, b)).collect()));
