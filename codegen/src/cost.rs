@@ -65,6 +65,8 @@ pub fn group_cost(g: &Graph, gr: &Group, bind: &Bindings) -> Cost {
                 c.weight_bytes += rows_read.min(b);
             }
             Op::Weight { .. } => c.weight_bytes += b,
+            // Blocks gathered from a weight at upload are weight bytes.
+            Op::Slice { .. } if crate::stacks::weight_blocks(g, v).is_some() => c.weight_bytes += b,
             // A cache is read only up to the live context; count it whole (the bound).
             _ => c.act_bytes += b,
         }

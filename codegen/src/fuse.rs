@@ -66,6 +66,7 @@ pub fn run(g: &Graph, constants: &[bool]) -> Vec<Group> {
             || is_view(&node.op)
             || constants[id.index()]
             || stacks::weight_stack(g, id).is_some()
+            || stacks::weight_blocks(g, id).is_some()
         {
             continue;
         }

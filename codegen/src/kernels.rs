@@ -137,6 +137,7 @@ impl Ctx<'_> {
             Home::Arena { offset, .. } => Loc::arena(offset),
             Home::Weight(name) => Loc::table(self.slot(Slot::Weight(name))),
             Home::WeightStack(names) => Loc::table(self.slot(Slot::ConcatRows(names))),
+            Home::WeightBlocks(b) => Loc::table(self.slot(Slot::WeightBlocks(b))),
             Home::State(name) => Loc::table(self.slot(Slot::State(name))),
             Home::Const(bytes) => Loc::table(self.slot(Slot::Const(bytes))),
         })

@@ -2,13 +2,15 @@
 //!
 //! Homes: graph inputs and group results live in one arena at fixed offsets; weights and
 //! states live in their own buffers; folded constants (see `consts`) are their bytes,
-//! uploaded once into a buffer of their own; weight stacks are built at upload; views and in-place `kv_write` results share their
+//! uploaded once into a buffer of their own; weight stacks and blocks are built at upload;
+//! views and in-place `kv_write` results share their
 //! source's home. Two arena values may overlap in memory only if their live ranges (in
 //! schedule positions, both ends inclusive) are disjoint. Inputs are live from before the
 //! first group; graph outputs until after the last.
 
 use std::collections::{BTreeMap, HashMap};
 
+use specc_ir::engine::WeightBlocks;
 use specc_ir::{Bindings, Graph, Op, ValueId};
 
 use crate::consts;
@@ -30,6 +32,8 @@ pub enum Home {
     Weight(String),
     /// Weights stacked at upload (`stacks`): the rows of each, in order.
     WeightStack(Vec<String>),
+    /// Blocks of a weight gathered at upload (`stacks`).
+    WeightBlocks(WeightBlocks),
     State(String),
     /// A folded constant: its bytes at this bucket (little-endian, as kernels read them).
     Const(Vec<u8>),
@@ -100,6 +104,10 @@ pub fn plan(
         }
         if let Some(names) = stacks::weight_stack(g, v) {
             plan.homes.insert(v, Home::WeightStack(names));
+            continue;
+        }
+        if let Some(blocks) = stacks::weight_blocks(g, v) {
+            plan.homes.insert(v, Home::WeightBlocks(blocks));
             continue;
         }
         match &n.op {

@@ -3,7 +3,12 @@
 //! `[rows, cols]` weights) is not computed by a kernel on every step. Its bytes are the
 //! weights' bytes in order, so the runtime builds it once at upload as a
 //! [`specc_ir::engine::Slot::ConcatRows`] slot, and no arena space holds it.
+//!
+//! Weight blocks: a `slice` of a view of a checkpoint weight (MLA's per-head W_UK and W_UV
+//! rows of `kv_b_proj`) is likewise gathered once at upload, a
+//! [`specc_ir::engine::Slot::WeightBlocks`] slot, instead of copied by a kernel every step.
 
+use specc_ir::engine::WeightBlocks;
 use specc_ir::{Graph, Op, ValueId};
 
 use crate::fuse::is_view;
@@ -36,6 +41,43 @@ pub fn weight_stack(g: &Graph, v: ValueId) -> Option<Vec<String>> {
         names.push(name.clone());
     }
     Some(names)
+}
+
+/// The blocks `v` gathers, when `v` is a static slice of a view of one weight of its dtype
+/// (see the module docs).
+pub fn weight_blocks(g: &Graph, v: ValueId) -> Option<WeightBlocks> {
+    let n = g.node(v);
+    let Op::Slice { axis, start, len } = n.op else {
+        return None;
+    };
+    let src = n.args[0];
+    let mut r = src;
+    while is_view(&g.node(r).op) {
+        r = g.node(r).args[0];
+    }
+    let leaf = g.node(r);
+    let Op::Weight { name, .. } = &leaf.op else {
+        return None;
+    };
+    if leaf.ty.dtype != n.ty.dtype || leaf.ty.dtype.size_bytes().is_none() {
+        return None;
+    }
+    let dims = g
+        .ty(src)
+        .shape
+        .dims()
+        .iter()
+        .map(|d| d.as_static())
+        .collect::<Option<Vec<u64>>>()?;
+    let outer: u64 = dims.get(..axis)?.iter().product();
+    let inner: u64 = dims.get(axis + 1..)?.iter().product();
+    Some(WeightBlocks {
+        name: name.clone(),
+        outer,
+        period: dims[axis].checked_mul(inner)?,
+        start: start.checked_mul(inner)?,
+        len: len.checked_mul(inner)?,
+    })
 }
 
 #[cfg(test)]
@@ -77,5 +119,51 @@ mod tests {
         let neg = g.add(Op::Unary(specc_ir::UnaryOp::Neg), &[a]).unwrap();
         let s = g.add(Op::Concat { axis: 0 }, &[a, neg]).unwrap();
         assert_eq!(weight_stack(&g, s), None);
+    }
+
+    #[test]
+    fn a_per_head_slice_of_a_weight_is_gathered_blocks() {
+        let mut g = Graph::new("t");
+        let w = g
+            .weight(
+                "kv_b",
+                TensorType::new(DType::BF16, [Dim::from(2 * 5u64), Dim::from(4u64)]),
+            )
+            .unwrap();
+        let heads = g
+            .add(
+                Op::Reshape {
+                    shape: Shape::new([Dim::from(2u64), Dim::from(5u64), Dim::from(4u64)]),
+                },
+                &[w],
+            )
+            .unwrap();
+        let uv = g
+            .add(
+                Op::Slice {
+                    axis: 1,
+                    start: 3,
+                    len: 2,
+                },
+                &[heads],
+            )
+            .unwrap();
+        let b = weight_blocks(&g, uv).unwrap();
+        assert_eq!(
+            (b.name.as_str(), b.outer, b.period, b.start, b.len),
+            ("kv_b", 2, 20, 12, 8)
+        );
+        let neg = g.add(Op::Unary(specc_ir::UnaryOp::Neg), &[heads]).unwrap();
+        let computed = g
+            .add(
+                Op::Slice {
+                    axis: 1,
+                    start: 0,
+                    len: 3,
+                },
+                &[neg],
+            )
+            .unwrap();
+        assert_eq!(weight_blocks(&g, computed), None);
     }
 }

@@ -121,6 +121,24 @@ impl Planned<'_> {
                         data: Data::F32(data),
                     }
                 }
+                // The gathered blocks of the weight's values, in the slice's shape.
+                Home::WeightBlocks(b) => {
+                    let Data::F32(src) = &self.weights[&b.name].data else {
+                        panic!("weight {} is not a float tensor", b.name);
+                    };
+                    let (period, start, len) =
+                        (b.period as usize, b.start as usize, b.len as usize);
+                    let data = src
+                        .chunks_exact(period)
+                        .flat_map(|blk| blk[start..start + len].iter().copied())
+                        .collect();
+                    let ty = self.g.ty(v);
+                    Tensor {
+                        dtype: ty.dtype,
+                        shape: ty.shape.resolve(bind).unwrap(),
+                        data: Data::F32(data),
+                    }
+                }
                 Home::Const(bytes) => decode(bytes, self.g.ty(v), bind),
             },
         }

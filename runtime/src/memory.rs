@@ -197,6 +197,11 @@ impl Footprint {
                         .iter()
                         .fold(0u64, |a, n| a.saturating_add(weight_bytes(n))),
                 ),
+                // Per-head blocks of a weight: at most the weight's bytes.
+                Slot::WeightBlocks(b) => (
+                    format!("{}[{}+{}]", b.name, b.start, b.len),
+                    weight_bytes(&b.name).saturating_mul(b.len) / b.period.max(1),
+                ),
                 Slot::Const(b) => (format!("const{}", slots.len()), b.len() as u64),
             };
             slots.insert(key, bytes);

@@ -222,6 +222,49 @@ pub enum Slot {
     ConcatRows(Vec<String>),
     /// A folded constant: these bytes, uploaded once at load and never written.
     Const(Vec<u8>),
+    /// Blocks of one weight gathered at upload (a per-head slice: MLA's W_UK and W_UV of
+    /// `kv_b_proj`), so no kernel copies them on every step.
+    WeightBlocks(WeightBlocks),
+}
+
+/// `[outer · len]` elements of weight `name` viewed as `outer` blocks of `period` elements:
+/// elements `[start, start + len)` of each block, in block order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct WeightBlocks {
+    pub name: String,
+    pub outer: u64,
+    pub period: u64,
+    pub start: u64,
+    pub len: u64,
+}
+
+impl WeightBlocks {
+    /// The gathered bytes of `src` (the whole weight, `elem` bytes per element), or `None`
+    /// when `src` does not hold `outer · period` elements or a block overruns its period.
+    pub fn gather(&self, src: &[u8], elem: usize) -> Option<Vec<u8>> {
+        let whole = self
+            .outer
+            .checked_mul(self.period)?
+            .checked_mul(elem as u64)?;
+        if whole != src.len() as u64 || self.start.checked_add(self.len)? > self.period {
+            return None;
+        }
+        let (period, start, len) = (
+            self.period as usize * elem,
+            self.start as usize * elem,
+            self.len as usize * elem,
+        );
+        let mut out = Vec::with_capacity(self.outer as usize * len);
+        for block in src.chunks_exact(period) {
+            out.extend_from_slice(&block[start..start + len]);
+        }
+        Some(out)
+    }
+
+    /// Bytes of the gathered blocks at `elem` bytes per element.
+    pub fn bytes(&self, elem: u64) -> u64 {
+        self.outer.saturating_mul(self.len).saturating_mul(elem)
+    }
 }
 
 /// The parts of a step: kernels reading a draft's weights (with the draft's attention),
@@ -344,5 +387,28 @@ impl Engine {
             (Some(s), true) => s,
             _ => &self.plain,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WeightBlocks;
+
+    #[test]
+    fn weight_blocks_gather_each_blocks_range_in_order() {
+        // Two heads of 3 rows (2-byte elements, one per row): rows 1..3 of each head.
+        let src: Vec<u8> = (0..12).collect();
+        let b = WeightBlocks {
+            name: "w".into(),
+            outer: 2,
+            period: 3,
+            start: 1,
+            len: 2,
+        };
+        assert_eq!(b.gather(&src, 2), Some(vec![2, 3, 4, 5, 8, 9, 10, 11]));
+        assert_eq!(b.bytes(2), 8);
+        assert_eq!(b.gather(&src[..10], 2), None, "a short weight");
+        let over = WeightBlocks { start: 2, ..b };
+        assert_eq!(over.gather(&src, 2), None, "a block past its period");
     }
 }

@@ -79,6 +79,10 @@ fn slot_key(s: &Slot) -> String {
     match s {
         Slot::Weight(n) | Slot::State(n) => n.clone(),
         Slot::ConcatRows(names) => format!("concat[{}]", names.join("+")),
+        Slot::WeightBlocks(b) => format!(
+            "blocks[{}:{}x{}@{}+{}]",
+            b.name, b.outer, b.period, b.start, b.len
+        ),
         // Constants are small (codegen caps them): their bytes are their key.
         Slot::Const(bytes) => format!(
             "const[{}]",
@@ -232,6 +236,20 @@ impl<'e> CudaEngine<'e> {
                         }
                         owned.push((key, dtype, vec![rows, cols], data));
                     }
+                    Slot::WeightBlocks(b) => {
+                        let (dt, _, bytes) = sources.get(&b.name)?;
+                        let gathered = dt.size_bytes().and_then(|e| b.gather(bytes, e));
+                        let data = gathered.ok_or_else(|| {
+                            engine_err(format!(
+                                "weight {}: {} bytes do not hold {} blocks of {} {dt} elements",
+                                b.name,
+                                bytes.len(),
+                                b.outer,
+                                b.period
+                            ))
+                        })?;
+                        owned.push((key, dt, vec![b.outer as usize, b.len as usize], data));
+                    }
                     // Raw bytes, uploaded as a byte tensor (bool is 1 byte per element).
                     Slot::Const(bytes) => {
                         owned.push((key, DType::Bool, vec![bytes.len()], bytes.clone()));
@@ -327,7 +345,9 @@ impl<'e> CudaEngine<'e> {
                     .as_ref()
                     .expect("late constants were uploaded")
                     .buf_ref(&slot_key(s))?,
-                Slot::ConcatRows(_) | Slot::Const(_) => self.derived[&slot_key(s)].clone(),
+                Slot::ConcatRows(_) | Slot::WeightBlocks(_) | Slot::Const(_) => {
+                    self.derived[&slot_key(s)].clone()
+                }
             });
         }
         // Slot bases must be 16-byte aligned: kernels chose vector widths from offsets alone.
