@@ -30,6 +30,14 @@ fn compile_inspect_and_run_an_engine() {
         serde_json::from_str(&std::fs::read_to_string(engine.join("engine.json")).unwrap())
             .unwrap();
     assert_eq!(manifest["max_context"], 256);
+    // Every bucket plan states its physical floor beside the plan's own bytes.
+    let plan = std::fs::read_to_string(engine.join("plan.txt")).unwrap();
+    let plans = plan.lines().filter(|l| l.starts_with("== ")).count();
+    let floors = plan
+        .lines()
+        .filter(|l| l.starts_with("physical floor at a full context: "))
+        .count();
+    assert_eq!(floors, plans, "{plan}");
     for m in manifest["modules"].as_array().unwrap() {
         for c in m["cubins"].as_array().unwrap() {
             let f = c["file"].as_str().unwrap();

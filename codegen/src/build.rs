@@ -15,6 +15,7 @@ use specc_ir::{Bindings, BucketDim, DType};
 use specc_kernels_gen::{group_modules, KernelSource, Nvrtc, PtxasStats};
 
 use crate::kernels::plan_kernels;
+use crate::physical::{self, physical_bytes};
 use crate::{compile, CodegenError};
 
 /// Whether a build without NVRTC is an error or an engine without cubins (which runs on the
@@ -210,6 +211,7 @@ pub fn build(
                     .collect(),
                 groups,
                 passes,
+                physical: physical_bytes(&c.graph, &lp.bind, physical::capacity(&lp.bind)),
             });
             report(BuildProgress::Planned {
                 done: plans.len(),

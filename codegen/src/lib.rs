@@ -12,6 +12,7 @@ mod group;
 pub mod kernels;
 mod launch;
 mod memory;
+mod physical;
 mod report;
 mod schedule;
 mod stacks;
@@ -30,6 +31,7 @@ pub use fuse::is_view;
 pub use group::{Epilogue, Group, GroupId, GroupKind, HeadNorm, MatOut, NormPrologue, RopeKvWrite};
 pub use launch::{ArgSlot, Launch, LaunchPlan};
 pub use memory::{check as check_memory, root, Home, MemoryPlan, ALIGN};
+pub use physical::physical_bytes;
 pub use report::plan_report;
 
 /// Environment variable naming a pass after which the IR (the groups, or the kernel

@@ -279,6 +279,20 @@ fn plan_section(s: &mut String, engine: &Engine, p: &BucketPlan, bw: f64, fl: f6
         total.flops,
         total.roofline_us(bw, fl)
     );
+    let f = &p.physical;
+    if f.total() > 0 {
+        let _ = writeln!(
+            s,
+            "physical floor at a full context: {} bytes ({} weights, {} KV read, {} KV written, {} in/out), roofline {:.3} us (with the flops); this plan moves {:.2}x the floor",
+            f.total(),
+            f.weights,
+            f.kv_read,
+            f.kv_written,
+            f.io,
+            (f.total() as f64 / bw).max(total.flops as f64 / fl) * 1e6,
+            total.bytes() as f64 / f.total() as f64
+        );
+    }
 }
 
 /// One row per kernel and compiled arch: registers, spills, stack, shared memory.

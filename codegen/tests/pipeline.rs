@@ -116,6 +116,34 @@ fn llama8b_plan_streams_the_weights_once() {
     assert!(report.contains("gemv_qkv_rope"));
 }
 
+/// The physical floor of an 8B decode: the same weights (each read once), the live KV of
+/// every layer (k and v, 8 heads of 128, bf16) and the one row written per layer; at a live
+/// context below the capacity only the live slots count, and a batch of 4 reads the weights
+/// once but four sequences' KV.
+#[test]
+fn llama8b_physical_floor_counts_weights_once_and_the_live_kv() {
+    let bind = Bindings::new(1, 1, 1024);
+    let c = compile(llama8b_graph(), &[bind.clone()]).unwrap();
+    let weights = c.plans[0].total_cost().weight_bytes;
+    let slot: u64 = 32 * 2 * 8 * 128 * 2;
+    let full = specc_codegen::physical_bytes(&c.graph, &bind, 1024);
+    assert_eq!(full.weights, weights);
+    assert_eq!(full.kv_read, 1024 * slot);
+    assert_eq!(full.kv_written, slot);
+    assert!(full.io > 0 && full.io < 1 << 20, "in/out {}", full.io);
+    let live = specc_codegen::physical_bytes(&c.graph, &bind, 100);
+    assert_eq!(live.kv_read, 100 * slot);
+    let beyond = specc_codegen::physical_bytes(&c.graph, &bind, 1 << 20);
+    assert_eq!(beyond.kv_read, full.kv_read, "capped at the capacity");
+    let b4 = Bindings::new(4, 1, 1024);
+    let c4 = compile(llama8b_graph(), &[b4.clone()]).unwrap();
+    let four = specc_codegen::physical_bytes(&c4.graph, &b4, 1024);
+    // Four embedding rows instead of one; everything else once.
+    assert_eq!(four.weights, full.weights + 3 * 2 * 4096);
+    assert_eq!(four.kv_read, 4 * full.kv_read);
+    assert_eq!(four.kv_written, 4 * full.kv_written);
+}
+
 #[test]
 fn every_pass_is_timed() {
     let c = compile(default_graph(), &buckets()).unwrap();

@@ -324,6 +324,7 @@ mod tests {
             io: vec![],
             groups: vec![],
             passes: vec![],
+            physical: Default::default(),
         };
         let w = |n: &str| Slot::Weight(n.into());
         let plain = StepContract::plain(64);

@@ -144,6 +144,30 @@ pub struct BucketPlan {
     pub groups: Vec<GroupCost>,
     /// The passes that made the plan, with their times.
     pub passes: Vec<PassTime>,
+    /// The bytes any implementation of this graph must move at a full context (the
+    /// physical roofline; `groups` hold what this plan moves).
+    #[serde(default)]
+    pub physical: PhysicalBytes,
+}
+
+/// The physical floor of a step: weights at their stored bytes (each read once per compute
+/// node that needs it; the routed experts as the union the tokens select), the caches up to
+/// the live context, the cache rows written, and the step's inputs and outputs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PhysicalBytes {
+    pub weights: u64,
+    pub kv_read: u64,
+    pub kv_written: u64,
+    pub io: u64,
+}
+
+impl PhysicalBytes {
+    pub fn total(&self) -> u64 {
+        self.weights
+            .saturating_add(self.kv_read)
+            .saturating_add(self.kv_written)
+            .saturating_add(self.io)
+    }
 }
 
 /// The regions of one plan's arena, in address order.

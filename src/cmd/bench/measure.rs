@@ -148,7 +148,7 @@ impl Figure1<'_> {
         let f = self.f;
         let t = f.tokens();
         let bind = Bindings::new(f.batch as u64, t as u64, self.held as u64);
-        let compiled = specc_codegen::compile(self.graph.clone(), &[bind])?;
+        let compiled = specc_codegen::compile(self.graph.clone(), &[bind.clone()])?;
         let plan = &compiled.plans[0];
         let cost = plan.total_cost();
         let verify = match f.kind {
@@ -171,6 +171,7 @@ impl Figure1<'_> {
             kernels: loaded.launches.len(),
             weight_bytes: cost.weight_bytes,
             act_bytes: cost.act_bytes,
+            floor: specc_codegen::physical_bytes(&compiled.graph, &bind, f.context as u64),
             copy_bw: self.bw,
         };
         let per_kernel = if self.per_kernel {

@@ -198,7 +198,8 @@ fn single(
             "pdl": m.pdl, "pdl_edges": m.figures[0].pdl_edges,
             "kernels": s.kernels, "median_ms": s.median_ms, "p10_ms": s.p10_ms,
             "p90_ms": s.p90_ms, "roofline_ms": s.roofline_ms(), "pct_roofline": s.pct_roofline(),
-            "bytes": s.bytes(), "copy_bw_bytes_per_s": s.copy_bw,
+            "bytes": s.bytes(), "floor_bytes": s.floor.total(), "floor": floor_json(&s.floor),
+            "plan_over_floor": s.plan_over_floor(), "copy_bw_bytes_per_s": s.copy_bw,
             "tok_s": accept * f.batch as f64 / (s.median_ms * 1e-3), "accept_len": accept,
             "moe_experts_per_layer": m.figures[0].moe_experts,
         });
@@ -336,7 +337,9 @@ fn json_multi(
                 "specc": {
                     "median_ms": s.median_ms, "p10_ms": s.p10_ms, "p90_ms": s.p90_ms,
                     "kernels": s.kernels, "bytes": s.bytes(), "weight_bytes": s.weight_bytes,
-                    "act_bytes": s.act_bytes, "roofline_ms": s.roofline_ms(),
+                    "act_bytes": s.act_bytes, "floor_bytes": s.floor.total(),
+                    "floor": floor_json(&s.floor), "plan_over_floor": s.plan_over_floor(),
+                    "roofline_ms": s.roofline_ms(),
                     "pct_roofline": s.pct_roofline(), "copy_bw_bytes_per_s": s.copy_bw,
                 },
                 "reference": refs, "reference_missing": missing,
@@ -350,5 +353,13 @@ fn json_multi(
         "figures": figures,
         "reference": reference.map(|r| r.json.clone()),
         "reference_error": err.map(|e| format!("{e:#}")),
+    })
+}
+
+/// The physical floor's parts, for `--json`.
+#[cfg(feature = "cuda")]
+fn floor_json(f: &table::PhysicalBytes) -> serde_json::Value {
+    serde_json::json!({
+        "weights": f.weights, "kv_read": f.kv_read, "kv_written": f.kv_written, "io": f.io,
     })
 }

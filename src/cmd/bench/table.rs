@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+pub use specc_ir::engine::PhysicalBytes;
+
 /// specc's measurement of one timed graph.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SpeccTiming {
@@ -12,21 +14,31 @@ pub struct SpeccTiming {
     pub p90_ms: f64,
     /// Launches in the captured graph.
     pub kernels: usize,
-    /// Bytes the graph must move (codegen cost model), split into weights and the rest.
+    /// Bytes the plan moves (codegen cost model), split into weights and the rest.
     pub weight_bytes: u64,
     pub act_bytes: u64,
+    /// Bytes any implementation of the step must move at the live context (the physical
+    /// floor: weights at their stored bytes, the live KV once, the KV rows written, the
+    /// step's inputs and outputs).
+    pub floor: PhysicalBytes,
     /// Device-to-device copy bandwidth measured in the same session, bytes/s.
     pub copy_bw: f64,
 }
 
 impl SpeccTiming {
+    /// Bytes the plan moves.
     pub fn bytes(&self) -> u64 {
         self.weight_bytes + self.act_bytes
     }
 
-    /// Time to move [`SpeccTiming::bytes`] at the copy bandwidth.
+    /// The physical roofline: the floor's bytes at the copy bandwidth.
     pub fn roofline_ms(&self) -> f64 {
-        self.bytes() as f64 / self.copy_bw * 1e3
+        self.floor.total() as f64 / self.copy_bw * 1e3
+    }
+
+    /// The plan's bytes over the floor's (1: the plan moves nothing it need not).
+    pub fn plan_over_floor(&self) -> f64 {
+        self.bytes() as f64 / self.floor.total().max(1) as f64
     }
 
     pub fn pct_roofline(&self) -> f64 {
@@ -89,14 +101,18 @@ impl Notes {
 }
 
 /// The table of several figures: specc, then one column per reference mode (none without
-/// `--compare`), the roofline, specc's % of it, and specc's time over the best reference's
-/// (below 1: specc is faster).
+/// `--compare`), the physical roofline, specc's % of it, the plan's bytes over the floor's,
+/// and specc's time over the best reference's (below 1: specc is faster).
 pub fn compare_table(rows: &[Row], modes: &[String]) -> String {
     let mut t = String::new();
     let mut notes = Notes::default();
     let mut head = vec!["figure".to_string(), "specc ms".into()];
     head.extend(modes.iter().map(|m| format!("{} ms", mode_title(m))));
-    head.extend(["roofline ms".into(), "% of roofline".into()]);
+    head.extend([
+        "roofline ms".into(),
+        "% of roofline".into(),
+        "plan bytes / floor".into(),
+    ]);
     if !modes.is_empty() {
         head.push("specc / best reference".into());
     }
@@ -123,6 +139,7 @@ pub fn compare_table(rows: &[Row], modes: &[String]) -> String {
         }
         cells.push(format!("{:.3}", s.roofline_ms()));
         cells.push(format!("{:.1}", s.pct_roofline()));
+        cells.push(format!("{:.2}", s.plan_over_floor()));
         if !modes.is_empty() {
             cells.push(match r.best_reference() {
                 Some((_, best)) => format!("{:.2}", s.median_ms / best),
@@ -149,22 +166,29 @@ pub fn single_table(
     let tok_s = accept * batch as f64 / (s.median_ms * 1e-3);
     let _ = writeln!(
         t,
-        "| step | batch | context | kernels | median ms | p10 | p90 | roofline ms | % of roofline | tok/s @ accept {accept:.2} |"
+        "| step | batch | context | kernels | median ms | p10 | p90 | roofline ms | % of roofline | plan bytes / floor | tok/s @ accept {accept:.2} |"
     );
-    let _ = writeln!(t, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(t, "|---|---|---|---|---|---|---|---|---|---|---|");
     let _ = writeln!(
         t,
-        "| {step} | {batch} | {context} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} | {tok_s:.1} |",
+        "| {step} | {batch} | {context} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} | {:.2} | {tok_s:.1} |",
         s.kernels,
         s.median_ms,
         s.p10_ms,
         s.p90_ms,
         s.roofline_ms(),
-        s.pct_roofline()
+        s.pct_roofline(),
+        s.plan_over_floor()
     );
+    let f = &s.floor;
     let _ = writeln!(
         t,
-        "bytes per step {} (weights {}, activations + KV {}); one cuGraphLaunch per step",
+        "physical floor per step {} (weights {}, KV read {}, KV written {}, in/out {}); the plan moves {} (weights {}, activations + KV {}); one cuGraphLaunch per step",
+        f.total(),
+        f.weights,
+        f.kv_read,
+        f.kv_written,
+        f.io,
         s.bytes(),
         s.weight_bytes,
         s.act_bytes
@@ -333,6 +357,12 @@ mod tests {
             kernels: 275,
             weight_bytes: bytes - 420_000_000,
             act_bytes: 420_000_000,
+            floor: PhysicalBytes {
+                weights: bytes - 420_000_000,
+                kv_read: 134_217_728,
+                kv_written: 131_072,
+                io: 1_000_000,
+            },
             copy_bw: 4.2e12,
         }
     }
@@ -375,11 +405,11 @@ mod tests {
             },
         ];
         insta::assert_snapshot!(compare_table(&rows, &all), @r"
-        | figure | specc ms | torch eager ms | eager+graph ms | torch.compile ms | roofline ms | % of roofline | specc / best reference |
-        |---|---|---|---|---|---|---|---|
-        | decode B=1 ctx=1024 | 5.482 | 31.200 | 8.430 | 5.300 | 3.671 | 67.0 | 1.03 |
-        | verify T=8 B=1 ctx=1024 | 10.335 | 35.000 | 9.560 | skipped [1] | 3.683 | 35.6 | 1.08 |
-        | Eagle3 k=7 B=1 ctx=1024 | 9.100 | n/a [2] | n/a [2] | n/a [2] | 3.833 | 42.1 | — |
+        | figure | specc ms | torch eager ms | eager+graph ms | torch.compile ms | roofline ms | % of roofline | plan bytes / floor | specc / best reference |
+        |---|---|---|---|---|---|---|---|---|
+        | decode B=1 ctx=1024 | 5.482 | 31.200 | 8.430 | 5.300 | 3.604 | 65.7 | 1.02 | 1.03 |
+        | verify T=8 B=1 ctx=1024 | 10.335 | 35.000 | 9.560 | skipped [1] | 3.616 | 35.0 | 1.02 | 1.08 |
+        | Eagle3 k=7 B=1 ctx=1024 | 9.100 | n/a [2] | n/a [2] | n/a [2] | 3.766 | 41.4 | 1.02 | — |
         [1] BackendCompilerFailed: inductor
         [2] no PyTorch reference for method Eagle3
         ");
@@ -394,19 +424,19 @@ mod tests {
             reference: None,
         }];
         insta::assert_snapshot!(compare_table(&rows, &[]), @r"
-        | figure | specc ms | roofline ms | % of roofline |
-        |---|---|---|---|
-        | decode B=8 ctx=1024 | 6.000 | 3.690 | 61.5 |
+        | figure | specc ms | roofline ms | % of roofline | plan bytes / floor |
+        |---|---|---|---|---|
+        | decode B=8 ctx=1024 | 6.000 | 3.623 | 60.4 | 1.02 |
         ");
     }
 
     #[test]
     fn single_table_layout() {
         insta::assert_snapshot!(single_table("decode", 1, 1024, &timing(5.482, 15_420_000_000), 1.0), @r"
-        | step | batch | context | kernels | median ms | p10 | p90 | roofline ms | % of roofline | tok/s @ accept 1.00 |
-        |---|---|---|---|---|---|---|---|---|---|
-        | decode | 1 | 1024 | 275 | 5.482 | 5.427 | 5.537 | 3.671 | 67.0 | 182.4 |
-        bytes per step 15420000000 (weights 15000000000, activations + KV 420000000); one cuGraphLaunch per step
+        | step | batch | context | kernels | median ms | p10 | p90 | roofline ms | % of roofline | plan bytes / floor | tok/s @ accept 1.00 |
+        |---|---|---|---|---|---|---|---|---|---|---|
+        | decode | 1 | 1024 | 275 | 5.482 | 5.427 | 5.537 | 3.604 | 65.7 | 1.02 | 182.4 |
+        physical floor per step 15135348800 (weights 15000000000, KV read 134217728, KV written 131072, in/out 1000000); the plan moves 15420000000 (weights 15000000000, activations + KV 420000000); one cuGraphLaunch per step
         ");
     }
 
