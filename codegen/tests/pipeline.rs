@@ -123,7 +123,7 @@ fn llama8b_plan_streams_the_weights_once() {
 #[test]
 fn llama8b_physical_floor_counts_weights_once_and_the_live_kv() {
     let bind = Bindings::new(1, 1, 1024);
-    let c = compile(llama8b_graph(), &[bind.clone()]).unwrap();
+    let c = compile(llama8b_graph(), std::slice::from_ref(&bind)).unwrap();
     let weights = c.plans[0].total_cost().weight_bytes;
     let slot: u64 = 32 * 2 * 8 * 128 * 2;
     let full = specc_codegen::physical_bytes(&c.graph, &bind, 1024);
@@ -136,7 +136,7 @@ fn llama8b_physical_floor_counts_weights_once_and_the_live_kv() {
     let beyond = specc_codegen::physical_bytes(&c.graph, &bind, 1 << 20);
     assert_eq!(beyond.kv_read, full.kv_read, "capped at the capacity");
     let b4 = Bindings::new(4, 1, 1024);
-    let c4 = compile(llama8b_graph(), &[b4.clone()]).unwrap();
+    let c4 = compile(llama8b_graph(), std::slice::from_ref(&b4)).unwrap();
     let four = specc_codegen::physical_bytes(&c4.graph, &b4, 1024);
     // Four embedding rows instead of one; everything else once.
     assert_eq!(four.weights, full.weights + 3 * 2 * 4096);

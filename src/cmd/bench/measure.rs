@@ -148,7 +148,7 @@ impl Figure1<'_> {
         let f = self.f;
         let t = f.tokens();
         let bind = Bindings::new(f.batch as u64, t as u64, self.held as u64);
-        let compiled = specc_codegen::compile(self.graph.clone(), &[bind.clone()])?;
+        let compiled = specc_codegen::compile(self.graph.clone(), std::slice::from_ref(&bind))?;
         let plan = &compiled.plans[0];
         let cost = plan.total_cost();
         let verify = match f.kind {
