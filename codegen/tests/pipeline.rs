@@ -226,3 +226,21 @@ fn deepseek_v3_plans_to_kernels() {
         }
     }
 }
+
+/// Quantised DeepSeek-V3 fixtures (int4 routed experts; fp8 Linears with partial edge
+/// blocks) plan to kernels that read the stored bytes.
+#[test]
+fn quantised_deepseek_v3_plans_to_kernels() {
+    let target = Target::for_archs(&[Arch::Sm90a]);
+    for name in ["deepseek_v3_int4", "deepseek_v3_fp8"] {
+        let model =
+            specc_models::Model::open(root().join("tests/fixtures").join(name)).unwrap();
+        let c = compile(lower_dense(model.spec()).unwrap(), &buckets()).unwrap();
+        for p in &c.plans {
+            let k = specc_codegen::kernels::plan_kernels(&c.graph, &c.groups, p, &target)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let names: Vec<&str> = k.launches.iter().map(|l| l.kernel.name.as_str()).collect();
+            eprintln!("{name}: {names:?}");
+        }
+    }
+}
