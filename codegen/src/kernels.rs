@@ -32,11 +32,11 @@ use specc_kernels_gen::elementwise::{embedding, EmbeddingParams};
 use specc_kernels_gen::gemv::{gemv_tiled, GemvParams, GemvWeights, RmsNormPrologue};
 use specc_kernels_gen::gemv_mma::{self, SplitScratch};
 use specc_kernels_gen::gemv_quant::{gemv_quant_tiled, QuantWeights};
-use specc_kernels_gen::quant::QuantFormat;
 use specc_kernels_gen::generic::{moe_grouped, single, TensorArg};
 use specc_kernels_gen::mla_tile;
 use specc_kernels_gen::norm::{rmsnorm, RmsNormParams};
 use specc_kernels_gen::qkv_rope::QkvRope;
+use specc_kernels_gen::quant::QuantFormat;
 use specc_kernels_gen::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
 use specc_kernels_gen::Error;
 
@@ -882,26 +882,28 @@ fn scale_loc(q: &QuantWeights) -> Loc {
 /// The scales of the q|k|v weights stacked by rows (`ns` rows each), when they are
 /// quantised: their scale weights stacked the same way, one slot. int4 scales have a row
 /// per weight row; fp8 block rows stack only where every part is whole 128-row blocks.
-fn quant_stacked(
-    cx: &mut Ctx,
-    mats: &[MatOut],
-    ns: &[u64],
-) -> Result<Option<QuantWeights>, Error> {
+fn quant_stacked(cx: &mut Ctx, mats: &[MatOut], ns: &[u64]) -> Result<Option<QuantWeights>, Error> {
     let qs = mats
         .iter()
         .map(|m| quant_single(cx, m))
         .collect::<Result<Vec<_>, _>>()?;
     let Some(first) = qs[0] else {
         if qs.iter().any(Option::is_some) {
-            return Err(unsupported("plan", "q/k/v stored in different formats".into()));
+            return Err(unsupported(
+                "plan",
+                "q/k/v stored in different formats".into(),
+            ));
         }
         return Ok(None);
     };
-    let same = qs.iter().all(|q| {
-        q.is_some_and(|q| (q.format, q.scale_dtype) == (first.format, first.scale_dtype))
-    });
+    let same = qs
+        .iter()
+        .all(|q| q.is_some_and(|q| (q.format, q.scale_dtype) == (first.format, first.scale_dtype)));
     if !same {
-        return Err(unsupported("plan", "q/k/v stored in different formats".into()));
+        return Err(unsupported(
+            "plan",
+            "q/k/v stored in different formats".into(),
+        ));
     }
     if first.format == QuantFormat::Fp8Block
         && ns.iter().any(|n| !n.is_multiple_of(specc_ir::FP8_BLOCK))
@@ -916,7 +918,9 @@ fn quant_stacked(
         .map(|m| {
             m.scale
                 .and_then(|s| cx.g.node(s).op.leaf_name().map(str::to_string))
-                .ok_or_else(|| unsupported("plan", "q/k/v scales must be checkpoint weights".into()))
+                .ok_or_else(|| {
+                    unsupported("plan", "q/k/v scales must be checkpoint weights".into())
+                })
         })
         .collect::<Result<Vec<_>, _>>()?;
     let slot = cx.slot(Slot::ConcatRows(names));

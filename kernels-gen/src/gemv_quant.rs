@@ -40,9 +40,11 @@ pub fn quant_tiling(p: &GemvParams, q: &QuantWeights) -> GemvTiling {
     let g = if p.gate_up() { 2 } else { 1 };
     let mt = p.row_tile.clamp(1, MAX_ROW_TILE);
     let vec = q.format.vec(p.k as u64);
+    // Above 8 rows one column per warp: the row tile's accumulators fill the registers
+    // (two columns spilled at 16 f32 rows on sm_100a).
     let mut cw = [4u32, 2, 1]
         .into_iter()
-        .find(|c| mt * c * g <= 32 && c * g * vec <= MAX_WEIGHT_REGS)
+        .find(|c| mt * c * g <= 32 && c * g * vec <= MAX_WEIGHT_REGS && (mt <= 8 || *c == 1))
         .unwrap_or(1);
     let blocks = |nw: u32, cw: u32| (p.n as u64).div_ceil((nw * cw) as u64);
     let mut nw = 8;
@@ -78,7 +80,10 @@ fn validate(p: &GemvParams, q: &QuantWeights, t: &GemvTiling) -> Result<(), Erro
         return err("k/n", "must be positive".into());
     }
     if !p.x.dtype.is_float() {
-        return err("x.dtype", format!("must be a float type, got {}", p.x.dtype.name()));
+        return err(
+            "x.dtype",
+            format!("must be a float type, got {}", p.x.dtype.name()),
+        );
     }
     q.format.check(FAMILY, p.k as u64, q.scale_dtype)?;
     if p.rope.is_some() {
@@ -119,7 +124,10 @@ fn validate(p: &GemvParams, q: &QuantWeights, t: &GemvTiling) -> Result<(), Erro
         }
     }
     if p.out.is_none() && p.argmax_partials.is_none() {
-        return err("out", "a gemv must store its result or argmax partials".into());
+        return err(
+            "out",
+            "a gemv must store its result or argmax partials".into(),
+        );
     }
     if p.argmax_partials.is_some_and(|l| l.byte_offset() % 8 != 0) {
         return err("argmax_partials", "must be 8-byte aligned".into());
@@ -134,7 +142,10 @@ fn validate(p: &GemvParams, q: &QuantWeights, t: &GemvTiling) -> Result<(), Erro
         || x_bytes > X_SMEM_BYTES
         || t.cols_per_warp * g * vec > MAX_WEIGHT_REGS.max(g * vec)
     {
-        return err("tiling", format!("invalid work split {t:?} for this matmul"));
+        return err(
+            "tiling",
+            format!("invalid work split {t:?} for this matmul"),
+        );
     }
     Ok(())
 }
@@ -171,10 +182,25 @@ pub fn gemv_quant_tiled(
     emit!(pw, "constexpr int MT = {mt};  // row tile");
     emit!(pw, "constexpr int CW = {cw};  // output columns per warp");
     emit!(pw, "constexpr int NW = {nw};  // warps per block");
-    emit!(pw, "constexpr int VW = {};  // elements per weight load", t.vec);
-    emit!(pw, "constexpr int KC = {};  // K chunk staged in shared memory", t.k_chunk);
-    emit!(pw, "constexpr int NA = {};  // accumulators per row: CW, or gate and up", g * cw);
-    emit!(pw, "constexpr long long RB = {row_bytes};  // stored bytes per weight row");
+    emit!(
+        pw,
+        "constexpr int VW = {};  // elements per weight load",
+        t.vec
+    );
+    emit!(
+        pw,
+        "constexpr int KC = {};  // K chunk staged in shared memory",
+        t.k_chunk
+    );
+    emit!(
+        pw,
+        "constexpr int NA = {};  // accumulators per row: CW, or gate and up",
+        g * cw
+    );
+    emit!(
+        pw,
+        "constexpr long long RB = {row_bytes};  // stored bytes per weight row"
+    );
     pw.line("const int lane = threadIdx.x & 31;");
     pw.line("const int warp = threadIdx.x >> 5;");
     pw.line("const int n0 = (blockIdx.x * NW + warp) * CW;");
@@ -198,7 +224,12 @@ pub fn gemv_quant_tiled(
     emit!(w, "const {xt}* x = {};", p.x.loc.ptr(p.x.dtype, false));
     let xs_row = p.x.row_stride;
     if let Some(nm) = &p.norm {
-        emit!(w, "const {}* nw = {};", nm.dtype.c_type(), nm.weight.ptr(nm.dtype, false));
+        emit!(
+            w,
+            "const {}* nw = {};",
+            nm.dtype.c_type(),
+            nm.weight.ptr(nm.dtype, false)
+        );
         emit_row_inv_rms(w, p, None);
     }
     w.line("float acc[MT][NA];");
@@ -214,7 +245,11 @@ pub fn gemv_quant_tiled(
         let ptr = format!("{wp} + r * RB + {elem_off}");
         w.line(fmt.load_stmt("VW", &ptr, dst));
         if one_scale {
-            emit!(w, "const float sc_{wp} = {};", fmt.scale_expr(sp, "r", "k", p.k as u64));
+            emit!(
+                w,
+                "const float sc_{wp} = {};",
+                fmt.scale_expr(sp, "r", "k", p.k as u64)
+            );
             w.for_unrolled("e", 0, "VW", |w| emit!(w, "{dst}[e] *= sc_{wp};"));
         } else {
             w.for_unrolled("e", 0, "VW", |w| {
@@ -226,30 +261,40 @@ pub fn gemv_quant_tiled(
     w.for_block("int k0 = 0", "k0 < K", "k0 += KC", |w| {
         w.comment("stage x[m0 .. m0 + MT, k0 .. k0 + KC] (normalised when fused)");
         w.line("__syncthreads();");
-        w.for_block("int i = threadIdx.x", "i < MT * (KC / VW)", "i += NW * 32", |w| {
-            w.line("const int m = i / (KC / VW);");
-            w.line("const int kk = (i % (KC / VW)) * VW;");
-            w.line("float v[VW];");
-            w.if_else(
-                "m < mr && k0 + kk < K",
-                |w| {
-                    emit!(w, "ld_vec<VW>(x + (long long)(m0 + m) * {xs_row} + k0 + kk, v);");
-                    if p.norm.is_some() {
-                        w.line("float gn[VW];");
-                        w.line("ld_vec<VW>(nw + k0 + kk, gn);");
-                        w.for_unrolled("e", 0, "VW", |w| {
-                            emit!(w, "const float nv = round_to<{xt}>(v[e] * inv_rms[m]);");
-                            emit!(w, "v[e] = round_to<{xt}>(nv * gn[e]);");
-                        });
-                    }
-                },
-                |w| w.for_unrolled("e", 0, "VW", |w| w.line("v[e] = 0.0f;")),
-            );
-            w.line("st_vec<VW>(xs + m * KC + kk, v);");
-        });
+        w.for_block(
+            "int i = threadIdx.x",
+            "i < MT * (KC / VW)",
+            "i += NW * 32",
+            |w| {
+                w.line("const int m = i / (KC / VW);");
+                w.line("const int kk = (i % (KC / VW)) * VW;");
+                w.line("float v[VW];");
+                w.if_else(
+                    "m < mr && k0 + kk < K",
+                    |w| {
+                        emit!(
+                            w,
+                            "ld_vec<VW>(x + (long long)(m0 + m) * {xs_row} + k0 + kk, v);"
+                        );
+                        if p.norm.is_some() {
+                            w.line("float gn[VW];");
+                            w.line("ld_vec<VW>(nw + k0 + kk, gn);");
+                            w.for_unrolled("e", 0, "VW", |w| {
+                                emit!(w, "const float nv = round_to<{xt}>(v[e] * inv_rms[m]);");
+                                emit!(w, "v[e] = round_to<{xt}>(nv * gn[e]);");
+                            });
+                        }
+                    },
+                    |w| w.for_unrolled("e", 0, "VW", |w| w.line("v[e] = 0.0f;")),
+                );
+                w.line("st_vec<VW>(xs + m * KC + kk, v);");
+            },
+        );
         w.line("__syncthreads();");
         w.line("const int kn = min(KC, K - k0);");
-        w.line("#pragma unroll 2");
+        // Two loads in flight per lane up to 8 rows; above, the accumulators take the
+        // registers (unrolling spilled at 16 and 64 f32 rows on sm_100a).
+        emit!(w, "#pragma unroll {}", if mt > 8 { 1 } else { 2 });
         w.for_block("int kk = lane * VW", "kk < kn", "kk += 32 * VW", |w| {
             w.line("const int k = k0 + kk;");
             w.line("float wv[NA][VW];");

@@ -83,7 +83,9 @@ impl QuantFormat {
                     return Err(Error::param(
                         family,
                         "k",
-                        format!("{k} in-features must be a multiple of 8 and of the int4 group {group}"),
+                        format!(
+                            "{k} in-features must be a multiple of 8 and of the int4 group {group}"
+                        ),
                     ));
                 }
                 if !scale.is_float() {
@@ -99,7 +101,11 @@ impl QuantFormat {
                     ));
                 }
                 if scale != Dtype::F32 {
-                    return Err(Error::param(family, "scale", "fp8 block scales must be f32"));
+                    return Err(Error::param(
+                        family,
+                        "scale",
+                        "fp8 block scales must be f32",
+                    ));
                 }
             }
         }
@@ -149,9 +155,9 @@ impl QuantFormat {
             QuantFormat::Int4 { group } => {
                 format!("to_f32({sc}[(long long)({row}) * {cols} + ({col}) / {group}])")
             }
-            QuantFormat::Fp8Block => format!(
-                "{sc}[(long long)(({row}) / {FP8_BLOCK}) * {cols} + ({col}) / {FP8_BLOCK}]"
-            ),
+            QuantFormat::Fp8Block => {
+                format!("{sc}[(long long)(({row}) / {FP8_BLOCK}) * {cols} + ({col}) / {FP8_BLOCK}]")
+            }
         }
     }
 

@@ -6,10 +6,10 @@ use specc_ir::engine::choice::{EpilogueChoice, Feed, MatmulCore, MmaTiling, Norm
 use specc_ir::engine::Target;
 use specc_kernels_gen::abi::Dtype;
 use specc_kernels_gen::gemv::GemvParams;
-use specc_kernels_gen::gemv_quant::{quant_tiling, QuantWeights};
 use specc_kernels_gen::gemv_mma::{
     block_smem_bytes, mats, red_bytes, split_needs, validate, RED_SMEM_MAX, ROPE_PAIR_STRIDE,
 };
+use specc_kernels_gen::gemv_quant::{quant_tiling, QuantWeights};
 use specc_kernels_gen::qkv_rope;
 
 /// Split-K tile counters reserved in every arena: one per output tile of a launch whose

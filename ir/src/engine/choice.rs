@@ -215,7 +215,11 @@ impl fmt::Display for MatmulCore {
                 t.tn, t.wn, t.wk, t.unroll, t.feed, t.ks
             ),
             MatmulCore::Dequant(t) => {
-                write!(f, "gemv_q w{} c{} v{} kc{}", t.warps, t.cols_per_warp, t.vec, t.k_chunk)
+                write!(
+                    f,
+                    "gemv_q w{} c{} v{} kc{}",
+                    t.warps, t.cols_per_warp, t.vec, t.k_chunk
+                )
             }
         }
     }

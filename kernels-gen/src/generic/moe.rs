@@ -271,28 +271,44 @@ pub(super) fn moe_experts(
             [("wg", wg, f * h), ("wu", wu, f * h), ("wd", wd, h * f)]
                 .iter()
                 .map(|(n, a, len)| {
-                    format!("const {t}* {n}e = {n} + (long long)ex * {len};", t = c_type(a.dtype))
+                    format!(
+                        "const {t}* {n}e = {n} + (long long)ex * {len};",
+                        t = c_type(a.dtype)
+                    )
                 })
                 .collect(),
             [
-                Box::new(move |r: &str, c: &str| load(wg.dtype, &format!("wge[(long long)({r}) * H + {c}]"))),
-                Box::new(move |r: &str, c: &str| load(wu.dtype, &format!("wue[(long long)({r}) * H + {c}]"))),
-                Box::new(move |r: &str, c: &str| load(wd.dtype, &format!("wde[(long long)({r}) * F + {c}]"))),
+                Box::new(move |r: &str, c: &str| {
+                    load(wg.dtype, &format!("wge[(long long)({r}) * H + {c}]"))
+                }),
+                Box::new(move |r: &str, c: &str| {
+                    load(wu.dtype, &format!("wue[(long long)({r}) * H + {c}]"))
+                }),
+                Box::new(move |r: &str, c: &str| {
+                    load(wd.dtype, &format!("wde[(long long)({r}) * F + {c}]"))
+                }),
             ],
         ),
         Some(q) => {
-            let ptrs = [("wg", "scg", &q[0]), ("wu", "scu", &q[1]), ("wd", "scd", &q[2])]
-                .iter()
-                .flat_map(|(wn, sn, qr)| {
-                    [
-                        format!(
-                            "const unsigned char* {wn}e = {wn} + (long long)ex * {};",
-                            qr.matrix_bytes()
-                        ),
-                        format!("const auto* {sn}e = {sn} + (long long)ex * {};", qr.matrix_scales()),
-                    ]
-                })
-                .collect();
+            let ptrs = [
+                ("wg", "scg", &q[0]),
+                ("wu", "scu", &q[1]),
+                ("wd", "scd", &q[2]),
+            ]
+            .iter()
+            .flat_map(|(wn, sn, qr)| {
+                [
+                    format!(
+                        "const unsigned char* {wn}e = {wn} + (long long)ex * {};",
+                        qr.matrix_bytes()
+                    ),
+                    format!(
+                        "const auto* {sn}e = {sn} + (long long)ex * {};",
+                        qr.matrix_scales()
+                    ),
+                ]
+            })
+            .collect();
             let [qg, qu, qd] = q;
             (
                 ptrs,

@@ -20,7 +20,11 @@ impl QuantRows {
     /// `w` with `scale`, checked against the format's rules (`family` names errors).
     pub fn of(family: &'static str, w: &TensorArg, scale: &TensorArg) -> Result<Self, Error> {
         let format = QuantFormat::of(w.dtype).ok_or_else(|| {
-            Error::param(family, "weights", format!("{} is not a quantised format", w.dtype))
+            Error::param(
+                family,
+                "weights",
+                format!("{} is not a quantised format", w.dtype),
+            )
         })?;
         let r = w.dims.len();
         if r < 2 {
