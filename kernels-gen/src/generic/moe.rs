@@ -12,6 +12,9 @@ use specc_ir::op::MoeScoring;
 
 /// Static shared memory a block may use (CUDA's cap on static `__shared__` arrays).
 const SMEM_LIMIT: u64 = 48 * 1024;
+/// The C++ f32 expression of element (row, col) of an expert's matrix.
+type ElemExpr<'a> = Box<dyn Fn(&str, &str) -> String + 'a>;
+
 /// Warps of a `moe_experts` block.
 const EXPERT_WARPS: u32 = 8;
 
@@ -266,7 +269,7 @@ pub(super) fn moe_experts(
     k.ptr("y", out, true);
     // Expert `ex`'s matrices: pointers to their stored bytes (and scales), and the f32
     // value of element (row, col) of each.
-    let (expert_ptrs, elem): (Vec<String>, [Box<dyn Fn(&str, &str) -> String>; 3]) = match &quant {
+    let (expert_ptrs, elem): (Vec<String>, [ElemExpr; 3]) = match &quant {
         None => (
             [("wg", wg, f * h), ("wu", wu, f * h), ("wd", wd, h * f)]
                 .iter()
