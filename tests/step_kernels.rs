@@ -989,16 +989,29 @@ fn deepseek_eagle3_tree_step(target: &Model) -> Graph {
     specc_models::SpecBundle::open(target, &cfg).unwrap().step
 }
 
-/// Quantised DeepSeek-V3 targets (int4 routed experts; fp8 Linears) plan on no GPU kernel
-/// yet: the build is one error naming the quantised weights, not a wrong kernel.
+/// Quantised DeepSeek-V3 targets (int4 routed experts; fp8 Linears with partial edge
+/// blocks) build for the GPU: their weights stay as stored (int4 / fp8 slots, never a
+/// dequantised copy), the fp8 projections run `gemv_q`, the quantised experts the
+/// per-token `moe_experts` reading nibbles / fp8 bytes, MLA's fp8 `kv_b` the generic
+/// `dequantize`; the plan's bytes count what is stored.
 #[test]
-fn quantised_deepseek_v3_is_refused_by_codegen() {
+fn quantised_deepseek_v3_builds_with_quantised_kernels() {
     let plain = StepShape {
         num_steps: 0,
         ring: 32,
         acceptance: Acceptance::Greedy,
     };
-    for name in ["deepseek_v3_int4", "deepseek_v3_fp8"] {
+    for (name, must) in [
+        ("deepseek_v3_int4", &["moe_experts_int4g32"][..]),
+        (
+            "deepseek_v3_fp8",
+            &[
+                "gemv_q_fp8e4m3",
+                "moe_experts_fp8e4m3",
+                "dequantize_fp8e4m3",
+            ][..],
+        ),
+    ] {
         let target = Model::open(fixture(name)).unwrap();
         let list = vec![(
             format!("{name}: decode step"),
@@ -1009,11 +1022,18 @@ fn quantised_deepseek_v3_is_refused_by_codegen() {
             cubins: Cubins::IfAvailable,
             ..BuildOptions::default()
         };
-        let e = match build(input_of(&list), &Target::for_archs(&[Arch::Sm90a]), &opts) {
-            Ok(_) => panic!("{name}: a quantised target built"),
-            Err(e) => e.to_string(),
-        };
-        assert!(e.contains("quantised"), "{name}: {e}");
-        assert_eq!(e.lines().count(), 1, "{name}: {e}");
+        let built = build(input_of(&list), &Target::for_archs(&[Arch::Sm90a]), &opts)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let names: Vec<&str> = built.sources.iter().map(|k| k.name.as_str()).collect();
+        for m in must {
+            assert!(
+                names.iter().any(|n| n.starts_with(m)),
+                "{name}: no {m} among {names:?}"
+            );
+        }
+        let nvrtc = built.nvrtc_version.is_some();
+        if !nvrtc {
+            specc_ir::testing::skip("NVRTC absent: planned only (source scripts/nvrtc-env.sh)");
+        }
     }
 }

@@ -11,7 +11,7 @@ use specc_ir::engine::{
     KernelInfo, KernelStats, Launch, ModuleInfo, PassTime, StateBuffer, Target, FORMAT_VERSION,
     SPECC_VERSION,
 };
-use specc_ir::{Bindings, BucketDim, DType};
+use specc_ir::{Bindings, BucketDim};
 use specc_kernels_gen::{group_modules, KernelSource, Nvrtc, PtxasStats};
 
 use crate::kernels::plan_kernels;
@@ -121,17 +121,6 @@ pub fn build(
         }
         if !target.has_kernels() {
             continue;
-        }
-        let quantised = rg
-            .graph
-            .weights()
-            .find(|(_, _, ty)| matches!(ty.dtype, DType::Fp8E4M3 | DType::Int4Group { .. }));
-        if let Some((_, name, ty)) = quantised {
-            return Err(CodegenError::Quantised {
-                graph: rg.role.to_string(),
-                weight: name.to_string(),
-                dtype: ty.dtype.to_string(),
-            });
         }
         let c = compile(rg.graph, &rg.buckets)?;
         let passes: Vec<PassTime> = c

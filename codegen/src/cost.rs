@@ -145,8 +145,11 @@ fn expert_dims(g: &Graph, n: specc_ir::ValueId, bind: &Bindings) -> (u64, u64) {
     (r(1), r(2))
 }
 
-/// For a `moe_experts` node: its three weight operands and the bytes of them a step reads
-/// (the expected union of selected experts, [`expected_union`]).
+/// For a `moe_experts` node: its weight operands (the three stacks, and their three scale
+/// stacks when the experts are stored int4 / fp8) and the bytes of them a step reads (the
+/// expected union of selected experts, [`expected_union`]): stored bytes — nibbles or fp8
+/// bytes plus scales — as [`specc_ir::DType::storage_bytes`] counts them, never a
+/// dequantised size.
 fn moe_weight_bytes(
     g: &Graph,
     n: specc_ir::ValueId,
@@ -157,7 +160,7 @@ fn moe_weight_bytes(
         return None;
     }
     let (tokens, experts, top_k) = moe_dims(g, n, bind);
-    let w = &node.args[2..5];
+    let w = &node.args[2..];
     let all: u64 = w.iter().map(|&v| g.ty(v).bytes(bind).unwrap_or(0)).sum();
     let per_expert = all as f64 / experts.max(1) as f64;
     let bytes = (expected_union(experts, top_k, tokens) * per_expert).round() as u64;

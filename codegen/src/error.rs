@@ -24,15 +24,6 @@ pub enum CodegenError {
     },
     #[error("{0}")]
     Nvrtc(specc_kernels_gen::Error),
-    /// No CUDA kernel reads quantised weights yet (the interpreter does: `--backend cpu`).
-    #[error(
-        "{graph}: weight `{weight}` is stored as {dtype}: quantised (fp8 / int4) weights are not supported by the CUDA kernels yet (run with --backend cpu)"
-    )]
-    Quantised {
-        graph: String,
-        weight: String,
-        dtype: String,
-    },
     #[error("folding constant {value} failed: {source}")]
     Fold {
         value: ValueId,

@@ -31,10 +31,12 @@ use specc_kernels_gen::attention::{self, AttentionParams, AttnMask};
 use specc_kernels_gen::elementwise::{embedding, EmbeddingParams};
 use specc_kernels_gen::gemv::{gemv_tiled, GemvParams, GemvWeights, RmsNormPrologue};
 use specc_kernels_gen::gemv_mma::{self, SplitScratch};
+use specc_kernels_gen::gemv_quant::{gemv_quant_tiled, QuantWeights};
 use specc_kernels_gen::generic::{moe_grouped, single, TensorArg};
 use specc_kernels_gen::mla_tile;
 use specc_kernels_gen::norm::{rmsnorm, RmsNormParams};
 use specc_kernels_gen::qkv_rope::QkvRope;
+use specc_kernels_gen::quant::QuantFormat;
 use specc_kernels_gen::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
 use specc_kernels_gen::Error;
 
@@ -184,10 +186,16 @@ impl Ctx<'_> {
         p: &GemvParams,
         core: &MatmulCore,
         rows: u32,
+        q: Option<&QuantWeights>,
     ) -> Result<KernelSource, Error> {
-        match core {
-            MatmulCore::CudaCores(t) => gemv_tiled(p, t),
-            MatmulCore::TensorCores(t) => {
+        match (core, q) {
+            (MatmulCore::Dequant(t), Some(q)) => gemv_quant_tiled(p, q, t),
+            (MatmulCore::Dequant(_), None) | (_, Some(_)) => Err(unsupported(
+                "plan",
+                "quantised weights run on gemv_q only, with their scales".to_string(),
+            )),
+            (MatmulCore::CudaCores(t), None) => gemv_tiled(p, t),
+            (MatmulCore::TensorCores(t), None) => {
                 let split = gemv_mma::split_needs(p, t, rows).map(|needs| SplitScratch {
                     partials: self.scratch(needs.partial_bytes),
                     counters: self.counters,
@@ -609,7 +617,11 @@ fn matmul_kernels(
         xv = normed;
         prologue = None;
     }
-    let w_dtype = |cx: &Ctx, m: &MatOut| dtype(cx.g.ty(m.weight).dtype);
+    // A quantised weight's `w_dtype` is not read (its format is in `QuantWeights`).
+    let w_dtype = |cx: &Ctx, m: &MatOut| match m.scale {
+        Some(_) => Ok(xv.dtype),
+        None => dtype(cx.g.ty(m.weight).dtype),
+    };
     let n_of = |cx: &Ctx, m: &MatOut| -> Result<u64, Error> { Ok(cx.dims(m.weight)?[0]) };
     let base =
         |cx: &mut Ctx, m: &MatOut, weights: GemvWeights, n: u64| -> Result<GemvParams, Error> {
@@ -628,13 +640,13 @@ fn matmul_kernels(
                 rope: None,
             })
         };
-    if mats.iter().any(|m| m.scale.is_some()) {
-        return Err(unsupported("plan", "quantised matmul weights".to_string()));
-    }
     let target = cx.target;
     let mut cores = Vec::new();
-    let mut core_of = |p: &GemvParams| {
-        let c = choose::matmul::core(p, rows as u32, target);
+    let mut core_of = |p: &GemvParams, q: Option<&QuantWeights>| {
+        let c = match q {
+            Some(q) => choose::matmul::quant_core(p, q),
+            None => choose::matmul::core(p, rows as u32, target),
+        };
         cores.push(c);
         c
     };
@@ -643,10 +655,11 @@ fn matmul_kernels(
             for m in mats {
                 let n = n_of(cx, m)?;
                 let w = cx.loc(m.weight)?;
+                let q = quant_single(cx, m)?;
                 let mut p = base(cx, m, GemvWeights::Single(w), n)?;
                 p.out = Some(cx.view(m.node)?.0);
-                let c = core_of(&p);
-                out.push((cx.matmul(&p, &c, rows as u32)?, b));
+                let c = core_of(&p, q.as_ref());
+                out.push((cx.matmul(&p, &c, rows as u32, q.as_ref())?, b));
             }
             EpilogueChoice::Store
         }
@@ -654,26 +667,46 @@ fn matmul_kernels(
             let m = &mats[0];
             let n = n_of(cx, m)?;
             let w = cx.loc(m.weight)?;
+            let q = quant_single(cx, m)?;
             let mut p = base(cx, m, GemvWeights::Single(w), n)?;
             p.residual = Some(cx.view(*residual)?.0);
             p.out = Some(cx.view(*o)?.0);
-            let c = core_of(&p);
-            out.push((cx.matmul(&p, &c, rows as u32)?, b));
+            let c = core_of(&p, q.as_ref());
+            out.push((cx.matmul(&p, &c, rows as u32, q.as_ref())?, b));
             EpilogueChoice::ResidualAdd
         }
         Epilogue::SiluMul { out: o } => {
             let (gate, up) = (cx.loc(mats[0].weight)?, cx.loc(mats[1].weight)?);
             let n = n_of(cx, &mats[0])?;
+            let q = match (quant_single(cx, &mats[0])?, quant_single(cx, &mats[1])?) {
+                (None, None) => None,
+                (Some(g), Some(u)) if (g.format, g.scale_dtype) == (u.format, u.scale_dtype) => {
+                    Some(QuantWeights {
+                        scales: GemvWeights::GateUp {
+                            gate: scale_loc(&g),
+                            up: scale_loc(&u),
+                        },
+                        ..g
+                    })
+                }
+                _ => {
+                    return Err(unsupported(
+                        "plan",
+                        "gate and up projections stored in different formats".to_string(),
+                    ))
+                }
+            };
             let mut p = base(cx, &mats[0], GemvWeights::GateUp { gate, up }, n)?;
             p.out = Some(cx.view(*o)?.0);
-            let c = core_of(&p);
-            out.push((cx.matmul(&p, &c, rows as u32)?, b));
+            let c = core_of(&p, q.as_ref());
+            out.push((cx.matmul(&p, &c, rows as u32, q.as_ref())?, b));
             EpilogueChoice::SiluMul
         }
         Epilogue::LogitsArgmax { logits, argmax: am } => {
             let m = &mats[0];
             let n = n_of(cx, m)?;
             let w = cx.loc(m.weight)?;
+            let q = quant_single(cx, m)?;
             let mut p = base(cx, m, GemvWeights::Single(w), n)?;
             // Logits only the fused argmax reads have no home: they go to scratch.
             p.out = Some(if cx.plan.memory.homes.contains_key(logits) {
@@ -683,8 +716,8 @@ fn matmul_kernels(
                 View::new(cx.scratch(rows * n * dt.size()), dt, n)
             });
             let Some(a) = am else {
-                let c = core_of(&p);
-                out.push((cx.matmul(&p, &c, rows as u32)?, b));
+                let c = core_of(&p, q.as_ref());
+                out.push((cx.matmul(&p, &c, rows as u32, q.as_ref())?, b));
                 let choice = MatmulChoice {
                     rows: rows as u32,
                     row_tile,
@@ -697,11 +730,11 @@ fn matmul_kernels(
             // The kernel is chosen with its partials (they take shared memory), then the
             // partials are sized by that choice.
             p.argmax_partials = Some(Loc::arena(0));
-            let c = core_of(&p);
+            let c = core_of(&p, q.as_ref());
             let per_row = choose::matmul::partials_per_row(&p, &c);
             let loc = cx.scratch(rows * per_row as u64 * 8);
             p.argmax_partials = Some(loc);
-            out.push((cx.matmul(&p, &c, rows as u32)?, b));
+            out.push((cx.matmul(&p, &c, rows as u32, q.as_ref())?, b));
             let ap = ArgmaxParams {
                 rows: Rows::Fixed(rows as u32),
                 input: ArgmaxInput::Partials {
@@ -729,9 +762,10 @@ fn matmul_kernels(
                 .collect::<Result<_, _>>()?;
             let ns: Vec<u64> = mats.iter().map(|m| n_of(cx, m)).collect::<Result<_, _>>()?;
             let n_total: u64 = ns.iter().sum();
+            let q = quant_stacked(cx, mats, &ns)?;
             let slot = cx.slot(Slot::ConcatRows(names));
             let p = base(cx, &mats[0], GemvWeights::Single(Loc::table(slot)), n_total)?;
-            let (kernels, c, ep) = qkv_rope_kernels(cx, p, rows, &ns, r)?;
+            let (kernels, c, ep) = qkv_rope_kernels(cx, p, rows, &ns, r, q.as_ref())?;
             cores.push(c);
             out.extend(kernels.into_iter().map(|k| (k, b)));
             ep
@@ -756,6 +790,7 @@ fn qkv_rope_kernels(
     rows: u64,
     ns: &[u64],
     r: &crate::RopeKvWrite,
+    q: Option<&QuantWeights>,
 ) -> Result<(Vec<KernelSource>, MatmulCore, EpilogueChoice), Error> {
     let (hd, hq, hkv) = (r.head_dim as u32, r.q_heads as u32, r.kv_heads as u32);
     let act = p.x.dtype;
@@ -790,11 +825,11 @@ fn qkv_rope_kernels(
         },
     };
     let head_norm = r.q_norm.is_some() || r.k_norm.is_some();
-    let ep = choose::matmul::rope_epilogue(&p, hd, rd, head_norm);
+    let ep = choose::matmul::rope_epilogue(&p, hd, rd, head_norm, q.is_some());
     if ep == (EpilogueChoice::RopeKv { fused: true }) {
         p.rope = Some(out);
         let c = choose::matmul::core(&p, rows as u32, cx.target);
-        return Ok((vec![cx.matmul(&p, &c, rows as u32)?], c, ep));
+        return Ok((vec![cx.matmul(&p, &c, rows as u32, None)?], c, ep));
     }
     let n_total = p.n as u64;
     let qkv = cx.scratch(rows * n_total * act.size());
@@ -817,9 +852,82 @@ fn qkv_rope_kernels(
         v: full.cols_from(ns[0] + ns[1]),
         qk_norm,
     };
-    let c = choose::matmul::core(&p, rows as u32, cx.target);
-    let gemv = cx.matmul(&p, &c, rows as u32)?;
+    let c = match q {
+        Some(q) => choose::matmul::quant_core(&p, q),
+        None => choose::matmul::core(&p, rows as u32, cx.target),
+    };
+    let gemv = cx.matmul(&p, &c, rows as u32, q)?;
     Ok((vec![gemv, rope_kv(&rp)?], c, ep))
+}
+
+/// The stored format and scale of matmul `m`'s weight, when it is quantised.
+fn quant_single(cx: &mut Ctx, m: &MatOut) -> Result<Option<QuantWeights>, Error> {
+    let Some(s) = m.scale else { return Ok(None) };
+    let wd = cx.g.ty(m.weight).dtype;
+    let format = QuantFormat::of(wd)
+        .ok_or_else(|| unsupported("plan", format!("a scale operand on a {wd} weight")))?;
+    Ok(Some(QuantWeights {
+        format,
+        scales: GemvWeights::Single(cx.loc(s)?),
+        scale_dtype: dtype(cx.g.ty(s).dtype)?,
+    }))
+}
+
+fn scale_loc(q: &QuantWeights) -> Loc {
+    match q.scales {
+        GemvWeights::Single(l) | GemvWeights::GateUp { gate: l, .. } => l,
+    }
+}
+
+/// The scales of the q|k|v weights stacked by rows (`ns` rows each), when they are
+/// quantised: their scale weights stacked the same way, one slot. int4 scales have a row
+/// per weight row; fp8 block rows stack only where every part is whole 128-row blocks.
+fn quant_stacked(cx: &mut Ctx, mats: &[MatOut], ns: &[u64]) -> Result<Option<QuantWeights>, Error> {
+    let qs = mats
+        .iter()
+        .map(|m| quant_single(cx, m))
+        .collect::<Result<Vec<_>, _>>()?;
+    let Some(first) = qs[0] else {
+        if qs.iter().any(Option::is_some) {
+            return Err(unsupported(
+                "plan",
+                "q/k/v stored in different formats".into(),
+            ));
+        }
+        return Ok(None);
+    };
+    let same = qs
+        .iter()
+        .all(|q| q.is_some_and(|q| (q.format, q.scale_dtype) == (first.format, first.scale_dtype)));
+    if !same {
+        return Err(unsupported(
+            "plan",
+            "q/k/v stored in different formats".into(),
+        ));
+    }
+    if first.format == QuantFormat::Fp8Block
+        && ns.iter().any(|n| !n.is_multiple_of(specc_ir::FP8_BLOCK))
+    {
+        return Err(unsupported(
+            "plan",
+            "fp8 q/k/v projections whose rows are not whole 128-row scale blocks".into(),
+        ));
+    }
+    let names = mats
+        .iter()
+        .map(|m| {
+            m.scale
+                .and_then(|s| cx.g.node(s).op.leaf_name().map(str::to_string))
+                .ok_or_else(|| {
+                    unsupported("plan", "q/k/v scales must be checkpoint weights".into())
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let slot = cx.slot(Slot::ConcatRows(names));
+    Ok(Some(QuantWeights {
+        scales: GemvWeights::Single(Loc::table(slot)),
+        ..first
+    }))
 }
 
 fn rotary_dim(op: &Op, head_dim: u32) -> u32 {

@@ -106,19 +106,27 @@ impl Planned<'_> {
                 }
                 Home::Weight(name) => self.weights[name].clone(),
                 // The stacked weights, in order: their values, in the stack's shape.
+                // (int4 stacks hold their values as integers, scale stacks as floats.)
                 Home::WeightStack(names) => {
-                    let data = names
-                        .iter()
-                        .flat_map(|n| match &self.weights[n].data {
-                            Data::F32(v) => v.clone(),
-                            Data::I64(_) => panic!("weight {n} is not a float tensor"),
-                        })
-                        .collect();
+                    let data = match &self.weights[&names[0]].data {
+                        Data::F32(_) => Data::F32(
+                            names
+                                .iter()
+                                .flat_map(|n| self.weights[n].as_f32().unwrap().to_vec())
+                                .collect(),
+                        ),
+                        Data::I64(_) => Data::I64(
+                            names
+                                .iter()
+                                .flat_map(|n| self.weights[n].as_i64().unwrap().to_vec())
+                                .collect(),
+                        ),
+                    };
                     let ty = self.g.ty(v);
                     Tensor {
                         dtype: ty.dtype,
                         shape: ty.shape.resolve(bind).unwrap(),
-                        data: Data::F32(data),
+                        data,
                     }
                 }
                 // The gathered blocks of the weight's values, in the slice's shape.
@@ -278,7 +286,14 @@ fn fixture(name: &str) -> Model {
 
 #[test]
 fn dense_prefill_runs_over_the_planned_arena() {
-    for name in ["llama3_scaled_untied", "qwen3_headdim"] {
+    // The quantised DeepSeek-V3 fixtures: int4 expert stacks with their scale stacks, fp8
+    // Linears and MLA's dequantised kv_b, in their planned homes.
+    for name in [
+        "llama3_scaled_untied",
+        "qwen3_headdim",
+        "deepseek_v3_int4",
+        "deepseek_v3_fp8",
+    ] {
         let m = fixture(name);
         let inputs = HashMap::from([
             (

@@ -254,3 +254,75 @@ fn deepseek_v3_plans_to_kernels() {
         }
     }
 }
+
+/// Quantised DeepSeek-V3 fixtures (int4 routed experts; fp8 Linears with partial edge
+/// blocks) plan to kernels that read the stored bytes (`gemv_q`, quantised `moe_experts`,
+/// `dequantize`), and the plan's cost counts stored bytes: nibbles + scales for int4,
+/// fp8 bytes + f32 block scales for fp8, never a dequantised size.
+#[test]
+fn quantised_deepseek_v3_plans_to_kernels() {
+    let target = Target::for_archs(&[Arch::Sm90a]);
+    for (name, must) in [
+        ("deepseek_v3_int4", &["moe_experts_int4g32"][..]),
+        (
+            "deepseek_v3_fp8",
+            &[
+                "gemv_q_fp8e4m3",
+                "moe_experts_fp8e4m3",
+                "dequantize_fp8e4m3",
+            ][..],
+        ),
+    ] {
+        let model = specc_models::Model::open(root().join("tests/fixtures").join(name)).unwrap();
+        let c = compile(lower_dense(model.spec()).unwrap(), &buckets()).unwrap();
+        for p in &c.plans {
+            let k = specc_codegen::kernels::plan_kernels(&c.graph, &c.groups, p, &target)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let names: Vec<&str> = k.launches.iter().map(|l| l.kernel.name.as_str()).collect();
+            for m in must {
+                assert!(
+                    names.iter().any(|n| n.starts_with(m)),
+                    "{name}: no {m} among {names:?}"
+                );
+            }
+        }
+        // Every weight's stored bytes, once: what the plan's weight bytes are made of.
+        let bind = &c.plans[0].bind;
+        let stored: u64 = c
+            .graph
+            .weights()
+            .map(|(_, _, ty)| ty.bytes(bind).unwrap())
+            .sum();
+        let expanded: u64 = c
+            .graph
+            .weights()
+            .map(|(_, _, ty)| {
+                let n: u64 = ty
+                    .shape
+                    .resolve(bind)
+                    .unwrap()
+                    .iter()
+                    .map(|&d| d as u64)
+                    .product();
+                match ty.dtype {
+                    specc_ir::DType::Int4Group { .. } | specc_ir::DType::Fp8E4M3 => 2 * n,
+                    _ => ty.bytes(bind).unwrap(),
+                }
+            })
+            .sum();
+        assert!(stored < expanded, "{name}: {stored} vs {expanded}");
+        // One token reads the dense weights whole and top_k of E experts (and their scales):
+        // the plan's weight bytes lie between that floor and all stored bytes, below a
+        // bf16 expansion of the quantised tensors.
+        let cost: u64 = c
+            .groups
+            .iter()
+            .map(|gr| specc_codegen::group_cost(&c.graph, gr, bind).weight_bytes)
+            .sum();
+        eprintln!("{name}: plan weight bytes {cost}, stored {stored}, as bf16 {expanded}");
+        assert!(
+            cost <= stored,
+            "{name}: the plan counts {cost} > stored {stored}"
+        );
+    }
+}

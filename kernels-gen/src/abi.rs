@@ -228,6 +228,8 @@ pub const PRELUDE: &str = concat!(
     include_str!("../cuda/vec.cuh"),
     "\n",
     include_str!("../cuda/reduce.cuh"),
+    "\n",
+    include_str!("../cuda/quant.cuh"),
 );
 
 /// The statement every generated kernel runs before its first access to global memory other
@@ -261,9 +263,16 @@ impl KernelBuilder {
     }
 
     pub fn finish(self, launch: LaunchSpec) -> KernelSource {
+        let dtype = self.dtype.name();
+        self.finish_as(dtype, launch)
+    }
+
+    /// [`Self::finish`] with `dtype` as the name's dtype part (a storage format such as
+    /// `int4g32`, which is no [`Dtype`]).
+    pub fn finish_as(self, dtype: &str, launch: LaunchSpec) -> KernelSource {
         assemble(
             self.family,
-            self.dtype.name(),
+            dtype,
             &self.items.finish(),
             &self.prologue.finish(),
             &self.body.finish(),

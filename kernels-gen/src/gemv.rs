@@ -35,9 +35,9 @@ const FAMILY: &str = "gemv";
 /// Largest row tile: accumulators live in registers.
 pub const MAX_ROW_TILE: u32 = 64;
 /// Shared memory budget for the staged x chunk.
-const X_SMEM_BYTES: u64 = 32 * 1024;
+pub(crate) const X_SMEM_BYTES: u64 = 32 * 1024;
 /// Below this many blocks the tiling trades columns per block for more blocks.
-const MIN_BLOCKS: u64 = 256;
+pub(crate) const MIN_BLOCKS: u64 = 256;
 
 /// The weight operand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -486,7 +486,7 @@ pub(crate) fn weight_row(p: &GemvParams, col: &str) -> String {
 }
 
 /// The epilogue of one `(row m0 + m, column n0 + j)`, run by its owning lane.
-fn epilogue(w: &mut Writer, p: &GemvParams) {
+pub(crate) fn epilogue(w: &mut Writer, p: &GemvParams) {
     w.line("const int n = n0 + j;");
     w.line("const long long row = m0 + m;");
     w.line("const bool live = m < mr && n < N;");

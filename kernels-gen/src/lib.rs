@@ -9,7 +9,8 @@
 //! parameters, through the structured [`writer`].
 //!
 //! Families: [`gemv::gemv`] (and its tensor-core variant [`gemv_mma::gemv_mma`] for
-//! row tiles of 2..=64; both carry the q|k|v RoPE + KV-write epilogue of [`qkv_rope`]), [`norm::rmsnorm`], [`elementwise::binary`] (add, mul,
+//! row tiles of 2..=64, and [`gemv_quant::gemv_quant`] over int4 / fp8 weights read as
+//! stored, [`quant`]; the first two carry the q|k|v RoPE + KV-write epilogue of [`qkv_rope`]), [`norm::rmsnorm`], [`elementwise::binary`] (add, mul,
 //! silu_mul), [`elementwise::embedding`], [`rope::rope_kv`], [`attention::attention`]
 //! (split + combine; [`attention_mma`] on tensor cores for many rows per sequence), [`argmax::argmax`].
 //!
@@ -28,12 +29,14 @@ pub mod elementwise;
 mod error;
 pub mod gemv;
 pub mod gemv_mma;
+pub mod gemv_quant;
 pub mod generic;
 pub mod mla_tile;
 pub mod module;
 pub mod norm;
 pub mod nvrtc;
 pub mod qkv_rope;
+pub mod quant;
 pub mod rope;
 pub mod tensor_map;
 pub mod writer;

@@ -25,7 +25,7 @@ fn gemv_mma(
 
 /// Whether the build fuses RoPE + KV write into the q|k|v matmul `p` (no per-head norm).
 fn select_carries_rope(p: &GemvParams, head_dim: u32, rotary_dim: u32) -> bool {
-    choose::matmul::rope_epilogue(p, head_dim, rotary_dim, false)
+    choose::matmul::rope_epilogue(p, head_dim, rotary_dim, false, false)
         == EpilogueChoice::RopeKv { fused: true }
 }
 

@@ -9,6 +9,7 @@ use specc_kernels_gen::gemv::GemvParams;
 use specc_kernels_gen::gemv_mma::{
     block_smem_bytes, mats, red_bytes, split_needs, validate, RED_SMEM_MAX, ROPE_PAIR_STRIDE,
 };
+use specc_kernels_gen::gemv_quant::{quant_tiling, QuantWeights};
 use specc_kernels_gen::qkv_rope;
 
 /// Split-K tile counters reserved in every arena: one per output tile of a launch whose
@@ -29,6 +30,14 @@ pub fn core(p: &GemvParams, rows: u32, target: &Target) -> MatmulCore {
     MatmulCore::TensorCores(t)
 }
 
+/// The kernel for `p` over weights stored as `q` (int4 groups, fp8 blocks): the CUDA-core
+/// `gemv_q`, which reads every stored weight byte and scale once per row tile of up to 64
+/// rows (decode, verify and tree row counts alike) and dequantises in registers. The
+/// tensor-core kernel takes 16-bit weights only.
+pub fn quant_core(p: &GemvParams, q: &QuantWeights) -> MatmulCore {
+    MatmulCore::Dequant(quant_tiling(p, q))
+}
+
 /// Where the RMSNorm of a matmul's input runs at `row_tile` rows: in the prologue up to
 /// [`NORM_FUSED_MAX_ROWS`], else as a separate launch.
 pub fn norm_placement(has_norm: bool, row_tile: u32) -> NormPlacement {
@@ -43,12 +52,18 @@ pub fn norm_placement(has_norm: bool, row_tile: u32) -> NormPlacement {
 /// of `head_dim` with `rotary_dim` rotated features and no per-head norm, at most
 /// [`ROPE_FUSED_MAX_ROWS`] rows; else the product into scratch and `rope_kv`. No device fact
 /// enters: the pair stride depends only on which kernel [`supports`] picks.
+///
+/// Quantised weights (`quantised`) never carry it: `gemv_q` has no RoPE epilogue.
 pub fn rope_epilogue(
     p: &GemvParams,
     head_dim: u32,
     rotary_dim: u32,
     head_norm: bool,
+    quantised: bool,
 ) -> EpilogueChoice {
+    if quantised {
+        return EpilogueChoice::RopeKv { fused: false };
+    }
     let stride = if supports(p) { ROPE_PAIR_STRIDE } else { 1 };
     let fused = !head_norm
         && p.row_tile <= ROPE_FUSED_MAX_ROWS
@@ -61,6 +76,7 @@ pub fn partials_per_row(p: &GemvParams, core: &MatmulCore) -> u32 {
     match core {
         MatmulCore::CudaCores(t) => p.n.div_ceil(t.warps * t.cols_per_warp),
         MatmulCore::TensorCores(t) => specc_kernels_gen::gemv_mma::partials_per_row(p, t),
+        MatmulCore::Dequant(t) => specc_kernels_gen::gemv_quant::partials_per_row(p, t),
     }
 }
 

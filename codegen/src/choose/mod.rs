@@ -17,6 +17,7 @@ use specc_kernels_gen::abi::KernelSource;
 use specc_kernels_gen::attention::{self as attn, AttentionKernels, AttentionParams};
 use specc_kernels_gen::gemv::{gemv_tiled, GemvParams};
 use specc_kernels_gen::gemv_mma::{gemv_mma_split, SplitScratch};
+use specc_kernels_gen::gemv_quant::{gemv_quant_tiled, quant_tiling, QuantWeights};
 use specc_kernels_gen::Error;
 
 /// The matmul kernel the build emits for `p` on `target` (for tests and benchmarks of one
@@ -33,7 +34,22 @@ pub fn matmul_kernel(
     match matmul::core(p, rows, target) {
         MatmulCore::CudaCores(t) => gemv_tiled(p, &t),
         MatmulCore::TensorCores(t) => gemv_mma_split(p, &t, split),
+        MatmulCore::Dequant(_) => Err(Error::Unsupported {
+            family: "gemv_q",
+            op: "matmul",
+            reason: "quantised weights come with their scales: quant_matmul_kernel".into(),
+        }),
     }
+}
+
+/// The matmul kernel the build emits for `p` over weights stored as `q` (for tests and
+/// benchmarks of one kernel).
+pub fn quant_matmul_kernel(p: &GemvParams, q: &QuantWeights) -> Result<KernelSource, Error> {
+    let t = match matmul::quant_core(p, q) {
+        MatmulCore::Dequant(t) => t,
+        _ => quant_tiling(p, q),
+    };
+    gemv_quant_tiled(p, q, &t)
 }
 
 /// The attention kernels the build emits for `p` on `target`, at `p.splits` splits (for

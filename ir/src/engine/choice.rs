@@ -37,6 +37,9 @@ pub enum MatmulCore {
     CudaCores(GemvTiling),
     /// The tensor-core kernel (`gemv_mma`).
     TensorCores(MmaTiling),
+    /// The CUDA-core kernel over int4 / fp8 weights read as stored and dequantised in
+    /// registers (`gemv_q`); `vec` counts weight elements per load.
+    Dequant(GemvTiling),
 }
 
 /// Where the RMSNorm of the matmul's input runs.
@@ -211,6 +214,13 @@ impl fmt::Display for MatmulCore {
                 "gemv_mma tn{} wn{} wk{} u{} {} ks{}",
                 t.tn, t.wn, t.wk, t.unroll, t.feed, t.ks
             ),
+            MatmulCore::Dequant(t) => {
+                write!(
+                    f,
+                    "gemv_q w{} c{} v{} kc{}",
+                    t.warps, t.cols_per_warp, t.vec, t.k_chunk
+                )
+            }
         }
     }
 }
@@ -280,6 +290,8 @@ impl KernelChoice {
                     (MatmulCore::CudaCores(_), true) => "gemv_rope",
                     (MatmulCore::TensorCores(_), false) => "gemv_mma",
                     (MatmulCore::TensorCores(_), true) => "gemv_mma_rope",
+                    // Never fused with RoPE (the choice keeps `rope_kv` for it).
+                    (MatmulCore::Dequant(_), _) => "gemv_q",
                 }));
                 match m.epilogue {
                     EpilogueChoice::LogitsArgmax { .. } => v.push("argmax"),

@@ -9,7 +9,8 @@
 //! # Storage
 //! Row-major, contiguous. `bool` is one byte holding 0 or 1 (`DType::Bool` is 1 byte in the
 //! memory plan); kernels read any non-zero byte as true and write 0 or 1. fp8 and packed
-//! int4 tensors are rejected ([`Error::Unsupported`]).
+//! int4 tensors are the weights of `dequantize` and `moe_experts` only, read as stored
+//! ([`crate::quant`]); anywhere else they are rejected ([`Error::Unsupported`]).
 //!
 //! # Numerics (each mirrors the interpreter, see `ir/src/interp/mod.rs`)
 //! - Exact (bit for bit): every integer and bool op (i64 arithmetic, wrapping, `x / 0 = x % 0
@@ -41,6 +42,7 @@ mod mla;
 mod moe;
 pub mod moe_grouped;
 mod movement;
+mod quant;
 mod rows;
 mod tree;
 
@@ -117,8 +119,8 @@ impl TensorArg {
 /// `accept_chain`,
 /// `tree_build`, `tree_accept`, `tree_select`, `rmsnorm`,
 /// `matmul` (plain float weights), a standalone `rope`, `head_matmul`, `mla_attention`, `moe_route`,
-/// `moe_experts`. Leaves, `attention` (its own family), `all_reduce` and
-/// quantised weights give [`Error::Unsupported`].
+/// `moe_experts` (also with int4 / fp8 experts and their scales), `dequantize`. Leaves,
+/// `attention` (its own family) and `all_reduce` give [`Error::Unsupported`].
 ///
 /// The dtype in the kernel name: the result's for `fill`, `iota`, `silu_mul`, `cast` and
 /// `random_uniform`; the weight's for `matmul`; the log-probs' (f32) for `tree_build`;
@@ -188,14 +190,12 @@ pub fn single(
             };
             moe::moe_route(&route, x(), inputs.get(1), output)?
         }
-        Op::MoeExperts => {
-            moe::moe_experts(x(), &inputs[1], &inputs[2], &inputs[3], &inputs[4], output)?
-        }
+        Op::MoeExperts => moe::moe_experts(x(), &inputs[1], &inputs[2..], output)?,
+        Op::Dequantize { .. } => quant::dequantize(x(), &inputs[1], output)?,
         Op::Input { .. }
         | Op::Weight { .. }
         | Op::State { .. }
         | Op::Attention { .. }
-        | Op::Dequantize { .. }
         | Op::AllReduce => return Err(unsupported_err(op, unsupported(op).unwrap_or(""))),
     };
     Ok(vec![k])
@@ -209,7 +209,6 @@ fn unsupported(op: &Op) -> Option<&'static str> {
         }
         Op::Attention { .. } => Some("attention is the attention family"),
         Op::AllReduce => Some("a collective across ranks, not a kernel"),
-        Op::Dequantize { .. } => Some("fp8 / int4 weights are not supported on the GPU yet"),
         _ => None,
     }
 }
@@ -239,19 +238,26 @@ fn validate(op: &Op, inputs: &[TensorArg], output: &TensorArg) -> Result<(), Err
             "quantised weights (a scale operand); the gemv family handles them",
         ));
     }
-    if matches!(op, Op::MoeExperts) && inputs.len() > 5 {
-        return Err(unsupported_err(
-            op,
-            "quantised (fp8 / int4) expert weights with their scales",
-        ));
-    }
-    for a in inputs.iter().chain([output]) {
+    // Operands that may be stored quantised: the weights of `dequantize` and of
+    // `moe_experts` with its scales.
+    let stored = |i: usize| match op {
+        Op::Dequantize { .. } => i == 0,
+        Op::MoeExperts => inputs.len() == 8 && (2..=4).contains(&i),
+        _ => false,
+    };
+    for (i, a) in inputs.iter().enumerate() {
+        if stored(i) && matches!(a.dtype, DType::Fp8E4M3 | DType::Int4Group { .. }) {
+            continue;
+        }
         if !matches!(
             a.dtype,
             DType::BF16 | DType::F16 | DType::F32 | DType::I32 | DType::I64 | DType::Bool
         ) {
             return Err(unsupported_err(op, &format!("{} tensors", a.dtype)));
         }
+    }
+    if !is_float(output.dtype) && !output.dtype.is_int() && output.dtype != DType::Bool {
+        return Err(unsupported_err(op, &format!("{} results", output.dtype)));
     }
     match op {
         Op::Reshape { .. } => {

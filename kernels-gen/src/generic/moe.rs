@@ -3,6 +3,7 @@
 //! of the experts it selected and nothing of the others, but tokens that share an expert
 //! each read it (no grouping across tokens yet).
 
+use super::quant::QuantRows;
 use super::{c_type, f32_expr, load, row_launch, store, Kernel, TensorArg};
 use crate::abi::KernelSource;
 use crate::writer::emit;
@@ -11,6 +12,9 @@ use specc_ir::op::MoeScoring;
 
 /// Static shared memory a block may use (CUDA's cap on static `__shared__` arrays).
 const SMEM_LIMIT: u64 = 48 * 1024;
+/// The C++ f32 expression of element (row, col) of an expert's matrix.
+type ElemExpr<'a> = Box<dyn Fn(&str, &str) -> String + 'a>;
+
 /// Warps of a `moe_experts` block.
 const EXPERT_WARPS: u32 = 8;
 
@@ -222,14 +226,24 @@ pub(super) fn moe_route(
 /// lanes over `F`) and `acc += gate·y` in f32 (one multiply, one add, as the interpreter);
 /// `out = R(acc)`. `R` rounds to the dtype of `x`. The activations `a` and the accumulator
 /// live in shared memory.
+///
+/// `weights` is `wg, wu, wd` (float), or those stored int4 / fp8 followed by their stacked
+/// scales `sg, su, sd`, dequantised per element as read ([`super::quant::QuantRows`]).
 pub(super) fn moe_experts(
     x: &TensorArg,
     gates: &TensorArg,
-    wg: &TensorArg,
-    wu: &TensorArg,
-    wd: &TensorArg,
+    weights: &[TensorArg],
     out: &TensorArg,
 ) -> Result<KernelSource, Error> {
+    let (wg, wu, wd) = (&weights[0], &weights[1], &weights[2]);
+    let quant = match weights.get(3..6) {
+        Some([sg, su, sd]) => Some([
+            QuantRows::of("moe_experts", wg, sg)?,
+            QuantRows::of("moe_experts", wu, su)?,
+            QuantRows::of("moe_experts", wd, sd)?,
+        ]),
+        _ => None,
+    };
     let (e, f, h) = (wg.dims[0], wg.dims[1], wg.dims[2]);
     let tokens = x.numel() / h;
     let smem = (f + h) * 4;
@@ -247,7 +261,68 @@ pub(super) fn moe_experts(
     k.ptr("wg", wg, false);
     k.ptr("wu", wu, false);
     k.ptr("wd", wd, false);
+    if quant.is_some() {
+        k.ptr("scg", &weights[3], false);
+        k.ptr("scu", &weights[4], false);
+        k.ptr("scd", &weights[5], false);
+    }
     k.ptr("y", out, true);
+    // Expert `ex`'s matrices: pointers to their stored bytes (and scales), and the f32
+    // value of element (row, col) of each.
+    let (expert_ptrs, elem): (Vec<String>, [ElemExpr; 3]) = match &quant {
+        None => (
+            [("wg", wg, f * h), ("wu", wu, f * h), ("wd", wd, h * f)]
+                .iter()
+                .map(|(n, a, len)| {
+                    format!(
+                        "const {t}* {n}e = {n} + (long long)ex * {len};",
+                        t = c_type(a.dtype)
+                    )
+                })
+                .collect(),
+            [
+                Box::new(move |r: &str, c: &str| {
+                    load(wg.dtype, &format!("wge[(long long)({r}) * H + {c}]"))
+                }),
+                Box::new(move |r: &str, c: &str| {
+                    load(wu.dtype, &format!("wue[(long long)({r}) * H + {c}]"))
+                }),
+                Box::new(move |r: &str, c: &str| {
+                    load(wd.dtype, &format!("wde[(long long)({r}) * F + {c}]"))
+                }),
+            ],
+        ),
+        Some(q) => {
+            let ptrs = [
+                ("wg", "scg", &q[0]),
+                ("wu", "scu", &q[1]),
+                ("wd", "scd", &q[2]),
+            ]
+            .iter()
+            .flat_map(|(wn, sn, qr)| {
+                [
+                    format!(
+                        "const unsigned char* {wn}e = {wn} + (long long)ex * {};",
+                        qr.matrix_bytes()
+                    ),
+                    format!(
+                        "const auto* {sn}e = {sn} + (long long)ex * {};",
+                        qr.matrix_scales()
+                    ),
+                ]
+            })
+            .collect();
+            let [qg, qu, qd] = q;
+            (
+                ptrs,
+                [
+                    Box::new(move |r: &str, c: &str| qg.value("wge", "scge", r, c)),
+                    Box::new(move |r: &str, c: &str| qu.value("wue", "scue", r, c)),
+                    Box::new(move |r: &str, c: &str| qd.value("wde", "scde", r, c)),
+                ],
+            )
+        }
+    };
     let w = &mut k.body;
     emit!(
         w,
@@ -264,35 +339,15 @@ pub(super) fn moe_experts(
         w.comment("Uniform across the block: every thread reads the same gate.");
         w.line("if (gate == 0.0f) continue;");
         w.line("__syncthreads();  // the previous expert's down projection has read act");
-        emit!(
-            w,
-            "const {}* wge = wg + (long long)ex * F * H;",
-            c_type(wg.dtype)
-        );
-        emit!(
-            w,
-            "const {}* wue = wu + (long long)ex * F * H;",
-            c_type(wu.dtype)
-        );
-        emit!(
-            w,
-            "const {}* wde = wd + (long long)ex * H * F;",
-            c_type(wd.dtype)
-        );
+        for p in &expert_ptrs {
+            w.line(p);
+        }
         w.for_block("int j = warp", "j < F", "j += NW", |w| {
             w.line("float sg = 0.0f, su = 0.0f;");
             w.for_block("int i = lane", "i < H", "i += 32", |w| {
                 emit!(w, "const float xv = {};", load(x.dtype, "xr[i]"));
-                emit!(
-                    w,
-                    "sg = fmaf(xv, {}, sg);",
-                    load(wg.dtype, "wge[(long long)j * H + i]")
-                );
-                emit!(
-                    w,
-                    "su = fmaf(xv, {}, su);",
-                    load(wu.dtype, "wue[(long long)j * H + i]")
-                );
+                emit!(w, "sg = fmaf(xv, {}, sg);", elem[0]("j", "i"));
+                emit!(w, "su = fmaf(xv, {}, su);", elem[1]("j", "i"));
             });
             w.line("sg = warp_sum(sg);");
             w.line("su = warp_sum(su);");
@@ -307,11 +362,7 @@ pub(super) fn moe_experts(
         w.for_block("int o = warp", "o < H", "o += NW", |w| {
             w.line("float sd = 0.0f;");
             w.for_block("int j = lane", "j < F", "j += 32", |w| {
-                emit!(
-                    w,
-                    "sd = fmaf(act[j], {}, sd);",
-                    load(wd.dtype, "wde[(long long)o * F + j]")
-                );
+                emit!(w, "sd = fmaf(act[j], {}, sd);", elem[2]("o", "j"));
             });
             w.line("sd = warp_sum(sd);");
             w.if_block("lane == 0", |w| {
