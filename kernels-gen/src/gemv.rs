@@ -110,12 +110,15 @@ impl GemvParams {
             .unwrap_or(1)
             .max(min_cw);
         let blocks = |nw: u32, cw: u32| (self.n as u64).div_ceil((nw * cw) as u64);
+        // Fewer columns per warp first, then fewer warps per block: the warps in flight are
+        // what streams the weights (a 2112-column projection over K = 7168 ran at 22 % of
+        // copy bandwidth as 264 blocks of 2 warps).
         let mut nw = 8;
-        while nw > 2 && blocks(nw, cw) < MIN_BLOCKS {
-            nw /= 2;
-        }
         while cw > min_cw && blocks(nw, cw) < MIN_BLOCKS {
             cw /= 2;
+        }
+        while nw > 2 && blocks(nw, cw) < MIN_BLOCKS {
+            nw /= 2;
         }
         let vec = (16 / self.w_dtype.size()) as u32;
         let xs = self.x.dtype.size();
