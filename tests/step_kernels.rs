@@ -991,8 +991,8 @@ fn deepseek_eagle3_tree_step(target: &Model) -> Graph {
 
 /// Quantised DeepSeek-V3 targets (int4 routed experts; fp8 Linears with partial edge
 /// blocks) build for the GPU: their weights stay as stored (int4 / fp8 slots, never a
-/// dequantised copy), the fp8 projections run `gemv_q`, the quantised experts the
-/// per-token `moe_experts` reading nibbles / fp8 bytes, MLA's fp8 `kv_b` the generic
+/// dequantised copy), the fp8 projections run `gemv_q`, the quantised experts the grouped
+/// kernels reading nibbles / fp8 bytes and scales, MLA's fp8 `kv_b` the generic
 /// `dequantize`; the plan's bytes count what is stored.
 #[test]
 fn quantised_deepseek_v3_builds_with_quantised_kernels() {
@@ -1002,12 +1002,21 @@ fn quantised_deepseek_v3_builds_with_quantised_kernels() {
         acceptance: Acceptance::Greedy,
     };
     for (name, must) in [
-        ("deepseek_v3_int4", &["moe_experts_int4g32"][..]),
+        (
+            "deepseek_v3_int4",
+            &[
+                "moe_dispatch",
+                "moe_gate_up_int4g32",
+                "moe_down_int4g32",
+                "moe_combine",
+            ][..],
+        ),
         (
             "deepseek_v3_fp8",
             &[
                 "gemv_q_fp8e4m3",
-                "moe_experts_fp8e4m3",
+                "moe_gate_up_fp8e4m3",
+                "moe_down_fp8e4m3",
                 "dequantize_fp8e4m3",
             ][..],
         ),
@@ -1031,6 +1040,10 @@ fn quantised_deepseek_v3_builds_with_quantised_kernels() {
                 "{name}: no {m} among {names:?}"
             );
         }
+        assert!(
+            !names.iter().any(|n| n.starts_with("moe_experts")),
+            "{name}: the per-token experts remain in {names:?}"
+        );
         let nvrtc = built.nvrtc_version.is_some();
         if !nvrtc {
             specc_ir::testing::skip("NVRTC absent: planned only (source scripts/nvrtc-env.sh)");

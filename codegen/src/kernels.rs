@@ -389,7 +389,8 @@ fn moe_kernels(
     let stat = Loc::arena(cx.moe_stats + 4 * cx.moe_layer);
     cx.moe_layer += 1;
     let top_k = crate::cost::router_top_k(cx.g, args[1]);
-    let Some(shape) = choose::moe::grouped(&ops, &out, top_k) else {
+    // What the grouped kernels refuse (a typed reason) runs per token.
+    let Ok(shape) = choose::moe::grouped(&ops, &out, top_k) else {
         let ks = single(&Op::MoeExperts, &ops, &out)?;
         return Ok(fixed(ks.into_iter().map(|k| (k, b)).collect()));
     };
@@ -405,9 +406,7 @@ fn moe_kernels(
         act,
         y,
     };
-    let ks = moe_grouped::moe_grouped(
-        shape, &ops[0], &ops[1], &ops[2], &ops[3], &ops[4], &out, &scratch,
-    )?;
+    let ks = moe_grouped::moe_grouped(shape, &ops[0], &ops[1], &ops[2..], &out, &scratch)?;
     Ok(fixed(ks.into_iter().map(|k| (k, b)).collect()))
 }
 

@@ -256,19 +256,28 @@ fn deepseek_v3_plans_to_kernels() {
 }
 
 /// Quantised DeepSeek-V3 fixtures (int4 routed experts; fp8 Linears with partial edge
-/// blocks) plan to kernels that read the stored bytes (`gemv_q`, quantised `moe_experts`,
-/// `dequantize`), and the plan's cost counts stored bytes: nibbles + scales for int4,
+/// blocks) plan to kernels that read the stored bytes (`gemv_q`, the grouped experts over
+/// quantised stacks, `dequantize`), and the plan's cost counts stored bytes: nibbles + scales for int4,
 /// fp8 bytes + f32 block scales for fp8, never a dequantised size.
 #[test]
 fn quantised_deepseek_v3_plans_to_kernels() {
     let target = Target::for_archs(&[Arch::Sm90a]);
     for (name, must) in [
-        ("deepseek_v3_int4", &["moe_experts_int4g32"][..]),
+        (
+            "deepseek_v3_int4",
+            &[
+                "moe_dispatch",
+                "moe_gate_up_int4g32",
+                "moe_down_int4g32",
+                "moe_combine",
+            ][..],
+        ),
         (
             "deepseek_v3_fp8",
             &[
                 "gemv_q_fp8e4m3",
-                "moe_experts_fp8e4m3",
+                "moe_gate_up_fp8e4m3",
+                "moe_down_fp8e4m3",
                 "dequantize_fp8e4m3",
             ][..],
         ),
@@ -285,6 +294,10 @@ fn quantised_deepseek_v3_plans_to_kernels() {
                     "{name}: no {m} among {names:?}"
                 );
             }
+            assert!(
+                !names.iter().any(|n| n.starts_with("moe_experts")),
+                "{name}: the per-token experts remain in {names:?}"
+            );
         }
         // Every weight's stored bytes, once: what the plan's weight bytes are made of.
         let bind = &c.plans[0].bind;

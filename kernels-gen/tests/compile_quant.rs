@@ -1,5 +1,6 @@
 //! The quantised kernels (`gemv_q` over int4 / fp8 weights read as stored, the generic
-//! `dequantize` and quantised per-token `moe_experts`): generated for every case of
+//! `dequantize`, quantised per-token `moe_experts` and the grouped experts over quantised
+//! stacks): generated for every case of
 //! `quant_cases`, compiled by NVRTC for sm_90a, sm_100a and sm_120 with no register
 //! spills; snapshots of the generated text; the kernels refuse what they do not cover.
 //!
@@ -86,6 +87,82 @@ fn snapshots_of_the_quantised_kernels() {
     );
     snap("moe_experts int4g32", "moe_experts_int4");
     snap("dequantize fp8e4m3", "dequantize_fp8");
+    snap(
+        "moe_grouped kimi T=16 moe_gate_up_int4g32",
+        "moe_gate_up_int4_kimi",
+    );
+    snap(
+        "moe_grouped kimi T=16 moe_down_int4g32",
+        "moe_down_int4_kimi",
+    );
+    snap(
+        "moe_grouped fixture fp8 T=16 moe_gate_up_fp8e4m3",
+        "moe_gate_up_fp8_fixture",
+    );
+}
+
+/// The grouped experts over quantised stacks read each used expert's stored bytes (int4
+/// 8-byte / fp8 16-byte loads) and scales in its own block column: one grid slot per
+/// expert a token may use, never more than the pairs.
+#[test]
+fn grouped_quantised_experts_read_the_stored_bytes() {
+    use quant_cases::grouped::{case, shapes};
+    for (label, w, s, act, shape) in shapes() {
+        let ks = case(w, s, act, shape).kernels();
+        let names: Vec<&str> = ks.iter().map(|k| k.name.as_str()).collect();
+        let fmt = QuantFormat::of(w).unwrap();
+        for (k, family) in ks
+            .iter()
+            .zip(["moe_dispatch", "moe_gate_up", "moe_down", "moe_combine"])
+        {
+            assert!(k.name.starts_with(family), "{label}: {names:?}");
+        }
+        for k in &ks[1..3] {
+            assert!(k.name.contains(&fmt.name()), "{label}: {}", k.name);
+            assert!(k
+                .kernel
+                .contains(fmt.load_stmt("V", "", "").split('(').next().unwrap()));
+            let slots = shape.experts.min(shape.pairs()) as u32;
+            assert_eq!(
+                k.launch.grid[1],
+                specc_kernels_gen::abi::Extent::Fixed(slots),
+                "{label}"
+            );
+        }
+    }
+}
+
+/// The grouped kernels refuse, with a typed reason, what they do not take: scales of the
+/// wrong shape, stacks of mixed dtypes, integer activations.
+#[test]
+fn grouped_quantised_experts_refuse_what_they_do_not_cover() {
+    use quant_cases::grouped::{case, shapes};
+    use specc_kernels_gen::generic::moe_grouped::{supported, Unsupported};
+    let (_, w, s, act, shape) = shapes().remove(0);
+    let c = case(w, s, act, shape);
+    assert_eq!(supported(&c.ops[0], &c.ops[2..], &c.out), Ok(()));
+    let mut bad = c.ops.clone();
+    bad[5].dims[2] += 1;
+    assert!(matches!(
+        supported(&bad[0], &bad[2..], &c.out),
+        Err(Unsupported::Quant(_))
+    ));
+    let mut mixed = c.ops.clone();
+    mixed[4].dtype = specc_ir::DType::Fp8E4M3;
+    assert!(matches!(
+        supported(&mixed[0], &mixed[2..], &c.out),
+        Err(Unsupported::Weights(_))
+    ));
+    let mut ints = c.out.clone();
+    ints.dtype = specc_ir::DType::I32;
+    assert!(matches!(
+        supported(&c.ops[0], &c.ops[2..], &ints),
+        Err(Unsupported::Activations(_))
+    ));
+    assert!(matches!(
+        supported(&c.ops[0], &c.ops[2..5], &c.out),
+        Err(Unsupported::Weights(_))
+    ));
 }
 
 /// Every weight byte is read once per row tile: one row tile covers up to 64 rows, and the

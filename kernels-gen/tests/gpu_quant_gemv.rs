@@ -9,75 +9,14 @@
 mod gpu;
 mod quant_cases;
 
+use gpu::quant::{scales, weight};
 use gpu::{assert_close, bf16_tol, tensor, Gpu, Mem, Rng};
 use quant_cases::{params, Kind, ROWS};
-use specc_ir::interp::Tensor;
-use specc_ir::{DType, Op};
+use specc_ir::Op;
 use specc_kernels_gen::abi::{Bucket, Dtype, Loc};
 use specc_kernels_gen::gemv::GemvWeights;
 use specc_kernels_gen::gemv_quant::gemv_quant;
 use specc_kernels_gen::quant::QuantFormat;
-
-/// The e4m3fn value of byte `b` (not NaN).
-fn fp8_value(b: u8) -> f64 {
-    let (e, m) = (((b >> 3) & 15) as i32, (b & 7) as f64);
-    let mag = if e == 0 {
-        m / 8.0 * 2f64.powi(-6)
-    } else {
-        (1.0 + m / 8.0) * 2f64.powi(e - 7)
-    };
-    if b & 0x80 != 0 {
-        -mag
-    } else {
-        mag
-    }
-}
-
-/// A random `[n, k]` weight stored as `f`: its bytes and the interpreter's tensor.
-fn weight(f: QuantFormat, n: usize, k: usize, rng: &mut Rng) -> (Vec<u8>, Tensor) {
-    match f {
-        QuantFormat::Int4 { group } => {
-            let q: Vec<i64> = (0..n * k)
-                .map(|_| (rng.next(8.0).floor() as i64).clamp(-8, 7))
-                .collect();
-            let mut bytes = vec![0u8; n * k / 2];
-            for (i, &v) in q.iter().enumerate() {
-                bytes[i / 2] |= ((v + 8) as u8) << (4 * (i % 2));
-            }
-            (
-                bytes,
-                Tensor::from_i64(DType::Int4Group { group }, vec![n, k], q),
-            )
-        }
-        QuantFormat::Fp8Block => {
-            // Any byte but the NaNs (S.1111.111), magnitudes up to 448.
-            let bytes: Vec<u8> = (0..n * k)
-                .map(|_| {
-                    let b = (rng.next(128.0) + 128.0) as u8;
-                    if b & 0x7f == 0x7f {
-                        b - 1
-                    } else {
-                        b
-                    }
-                })
-                .collect();
-            let vals = bytes.iter().map(|&b| fp8_value(b) as f32).collect();
-            (bytes, Tensor::from_f32(DType::Fp8E4M3, vec![n, k], vals))
-        }
-    }
-}
-
-/// Scales of a `[n, k]` weight as `f` wants them: bf16 per int4 group, f32 per fp8 block.
-fn scales(f: QuantFormat, n: usize, k: usize, rng: &mut Rng) -> (Dtype, Vec<usize>, Vec<f64>) {
-    let shape = vec![
-        f.scale_rows(n as u64) as usize,
-        f.scale_cols(k as u64) as usize,
-    ];
-    let vals = (0..shape[0] * shape[1])
-        .map(|_| (1.0 + rng.next(0.5)) * 0.02)
-        .collect();
-    (quant_cases::scale_dtype(f), shape, vals)
-}
 
 fn check(gpu: &Gpu, f: QuantFormat, k: usize, n: usize, kind: Kind) {
     let act = Dtype::BF16;

@@ -18,11 +18,20 @@
 //! `R` rounds to the output dtype. Each dot product is one warp's sum over a fixed lane
 //! stride, whatever the number of tokens sharing the expert, so a token's result does not
 //! depend on the batch it is in.
+//!
+//! The expert stacks are float, or int4 / fp8 read as stored with their scale stacks
+//! ([`Stacks`]): a lane loads a run of nibbles or fp8 bytes of a row and its scale,
+//! dequantises them in registers as `gemv_q` does (`q · scale` rounded once to f32, the
+//! interpreter's value) and feeds every token of the pass, so each selected expert's stored
+//! bytes and scales are streamed once per pass and nothing of the other experts is read.
 
+use super::quant::QuantRows;
 use super::{c_type, load, store, Kernel, TensorArg};
 use crate::abi::{Extent, KernelSource, LaunchSpec, Loc};
-use crate::writer::emit;
+use crate::quant::QuantFormat;
+use crate::writer::{emit, Writer};
 use crate::Error;
+use specc_ir::DType;
 
 /// Warps of a gate/up or down block.
 const WARPS: u64 = 8;
@@ -30,6 +39,18 @@ const WARPS: u64 = 8;
 const ROWS_PER_WARP: u64 = 4;
 /// Tokens of one expert whose activations a warp holds while it streams a weight row.
 pub const TOKENS_PER_PASS: u64 = 4;
+/// Quantised weights a lane dequantises per row and step of stack `m` (at most; fewer
+/// where the format's loads must be narrower), as ptxas's register use allows with no
+/// spills on sm_90a, sm_100a and sm_120 at Kimi's, DeepSeek-V3's and the fixtures' shapes
+/// (`compile_quant`): 16 for int4's down stack (8-byte loads; with 8, sm_120 kept 80
+/// registers and spilled), else 8 (gate/up hold twice the accumulators: 16 spilled on
+/// sm_90a at Kimi's shapes; fp8's down spilled with 16 at the fixture's).
+fn quant_vec(format: QuantFormat, m: usize) -> u64 {
+    match format {
+        QuantFormat::Int4 { .. } if m == 2 => 16,
+        _ => 8,
+    }
+}
 /// Threads of the dispatch block.
 const DISPATCH_THREADS: u32 = 512;
 
@@ -83,49 +104,215 @@ impl MoeGroupedShape {
     }
 }
 
-/// Elements of one 16-byte weight load of `w`.
-fn vec_of(w: &TensorArg) -> u64 {
-    16 / w.elem_bytes().max(1)
+/// The stacks' names in the kernels (`wg`, `sg`, `wge`, ...).
+const NAMES: [&str; 3] = ["g", "u", "d"];
+
+/// Why the grouped kernels do not take a `moe_experts` (the per-token kernel then runs it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unsupported {
+    /// Activations (`x`, the output) of a dtype other than f32, bf16 or f16.
+    Activations(DType),
+    /// Gate, up and down stacks of different dtypes, or weights neither float nor int4 /
+    /// fp8.
+    Weights(String),
+    /// Float weights whose rows do not split into 16-byte loads.
+    RowLoads { dtype: DType, hidden: u64, ffn: u64 },
+    /// Quantised stacks whose scales or in-features break their format's rules.
+    Quant(String),
 }
 
-/// Whether the grouped kernels take these operands: float weights whose rows split into
-/// 16-byte loads (`hidden` and `ffn` multiples of one load) and activations of 2 or 4 bytes.
-pub fn supported(x: &TensorArg, wg: &TensorArg, wd: &TensorArg, out: &TensorArg) -> bool {
-    let (f, h) = (wg.dims[1], wg.dims[2]);
-    let float = |a: &TensorArg| super::is_float(a.dtype);
-    [x, wg, wd, out].into_iter().all(float)
-        && wg.dtype == wd.dtype
-        && h.is_multiple_of(vec_of(wg))
-        && f.is_multiple_of(vec_of(wd))
+impl std::fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unsupported::Activations(d) => write!(f, "{d} activations"),
+            Unsupported::Weights(m) | Unsupported::Quant(m) => f.write_str(m),
+            Unsupported::RowLoads { dtype, hidden, ffn } => write!(
+                f,
+                "{dtype} weights of hidden {hidden} / ffn {ffn} do not split into 16-byte row loads"
+            ),
+        }
+    }
+}
+
+/// The expert stacks as the grouped kernels read them: `wg, wu, wd` of a float dtype, or
+/// stored int4 / fp8 with their scale stacks `sg, su, sd`, dequantised in registers as
+/// `gemv_q` does (`q · scale` rounded once to f32; REFERENCE.md "Weight formats").
+pub struct Stacks<'a> {
+    /// `wg, wu, wd`.
+    w: [&'a TensorArg; 3],
+    quant: Option<([&'a TensorArg; 3], [QuantRows; 3])>,
+}
+
+impl<'a> Stacks<'a> {
+    /// `weights` as `moe_experts` takes them (3 float stacks, or 3 quantised and 3 scales).
+    pub fn of(weights: &'a [TensorArg]) -> Result<Stacks<'a>, Unsupported> {
+        let (wg, wu, wd) = match weights {
+            [wg, wu, wd, ..] => (wg, wu, wd),
+            _ => return Err(Unsupported::Weights("fewer than 3 expert stacks".into())),
+        };
+        if wg.dtype != wu.dtype || wg.dtype != wd.dtype {
+            return Err(Unsupported::Weights(format!(
+                "stacks of dtypes {} / {} / {}",
+                wg.dtype, wu.dtype, wd.dtype
+            )));
+        }
+        let quant = match weights.get(3..6) {
+            Some([sg, su, sd]) if QuantFormat::of(wg.dtype).is_some() => {
+                let q = |w, s| {
+                    QuantRows::of("moe_grouped", w, s)
+                        .map_err(|e| Unsupported::Quant(e.to_string()))
+                };
+                Some(([sg, su, sd], [q(wg, sg)?, q(wu, su)?, q(wd, sd)?]))
+            }
+            _ if super::is_float(wg.dtype) && weights.len() == 3 => None,
+            _ => {
+                return Err(Unsupported::Weights(format!(
+                    "{} stacks with {} operands",
+                    wg.dtype,
+                    weights.len()
+                )))
+            }
+        };
+        let st = Stacks {
+            w: [wg, wu, wd],
+            quant,
+        };
+        let (f, h) = (wg.dims[1], wg.dims[2]);
+        // Quantised rows always split into their format's loads (`QuantRows::of` checked K).
+        if st.quant.is_none() && (!h.is_multiple_of(st.vec(0)) || !f.is_multiple_of(st.vec(2))) {
+            return Err(Unsupported::RowLoads {
+                dtype: wg.dtype,
+                hidden: h,
+                ffn: f,
+            });
+        }
+        Ok(st)
+    }
+
+    /// Elements of one weight load of stack `m`'s rows: 16 bytes of a float dtype, or the
+    /// quantised format's load for its in-features (as `gemv_q`) of at most
+    /// [`quant_vec`] elements.
+    fn vec(&self, m: usize) -> u64 {
+        match &self.quant {
+            None => 16 / self.w[m].elem_bytes().max(1),
+            Some((_, q)) => (q[m].format.vec(q[m].k) as u64).min(quant_vec(q[m].format, m)),
+        }
+    }
+
+    /// Declares the kernel's pointers to stacks `ms` (`wg`, `wu`, `wd`, and their scales
+    /// `sg`, `su`, `sd`).
+    fn ptrs(&self, k: &mut Kernel, ms: &[usize]) {
+        for &m in ms {
+            k.ptr(&format!("w{}", NAMES[m]), self.w[m], false);
+            if let Some((s, _)) = &self.quant {
+                k.ptr(&format!("s{}", NAMES[m]), s[m], false);
+            }
+        }
+    }
+
+    /// Pointers `w?e` (and `s?e`) to expert `ex`'s matrix of stack `m` (`?` its name).
+    fn expert_ptrs(&self, w: &mut Writer, m: usize) {
+        let (a, nm) = (self.w[m], NAMES[m]);
+        match &self.quant {
+            None => emit!(
+                w,
+                "const {}* w{nm}e = w{nm} + (long long)ex * {};",
+                c_type(a.dtype),
+                a.dims[1] * a.dims[2]
+            ),
+            Some((_, q)) => {
+                emit!(
+                    w,
+                    "const unsigned char* w{nm}e = w{nm} + (long long)ex * {};",
+                    q[m].matrix_bytes()
+                );
+                emit!(
+                    w,
+                    "const auto* s{nm}e = s{nm} + (long long)ex * {};",
+                    q[m].matrix_scales()
+                );
+            }
+        }
+    }
+
+    /// `float w<j>[V]`: this lane's `V` weights of stack `m` at row `j0 + r`, columns
+    /// `i .. i + V`, as f32 (`K` the row length).
+    fn load(&self, w: &mut Writer, m: usize, j: usize) {
+        let nm = NAMES[m];
+        emit!(w, "float w{j}[V];");
+        let Some((_, q)) = &self.quant else {
+            let wt = c_type(self.w[m].dtype);
+            emit!(
+                w,
+                "ld_stream_vec<V, {wt}>(w{nm}e + (long long)(j0 + r) * K + i, w{j});"
+            );
+            return;
+        };
+        let (fmt, k) = (q[m].format, q[m].k);
+        let col = match fmt {
+            QuantFormat::Int4 { .. } => "i / 2",
+            QuantFormat::Fp8Block => "i",
+        };
+        let ptr = format!(
+            "w{nm}e + (long long)(j0 + r) * {} + {col}",
+            fmt.row_bytes(k)
+        );
+        w.line(fmt.load_stmt("V", &ptr, &format!("w{j}")));
+        let sp = format!("s{nm}e");
+        // `q · scale` rounded once to f32, as the interpreter and `gemv_q`.
+        if fmt.one_scale_per_load(self.vec(m) as u32) {
+            emit!(
+                w,
+                "const float sc{j} = {};",
+                fmt.scale_expr(&sp, "j0 + r", "i", k)
+            );
+            w.for_unrolled("v", 0, "V", |w| emit!(w, "w{j}[v] *= sc{j};"));
+        } else {
+            w.for_unrolled("v", 0, "V", |w| {
+                emit!(
+                    w,
+                    "w{j}[v] *= {};",
+                    fmt.scale_expr(&sp, "j0 + r", "i + v", k)
+                );
+            });
+        }
+    }
+
+    /// The dtype in kernel names: the stacks' (`int4g32`, `fp8e4m3`, `bf16`).
+    fn dtype(&self) -> DType {
+        self.w[0].dtype
+    }
+}
+
+/// Whether the grouped kernels take these operands (`weights` as `moe_experts`: 3 float
+/// stacks, or 3 int4 / fp8 stacks and their scales), else why not.
+pub fn supported(x: &TensorArg, weights: &[TensorArg], out: &TensorArg) -> Result<(), Unsupported> {
+    for a in [x, out] {
+        if !super::is_float(a.dtype) {
+            return Err(Unsupported::Activations(a.dtype));
+        }
+    }
+    Stacks::of(weights).map(|_| ())
 }
 
 /// The four kernels (see the module docs). Operands as `moe_experts`: `x [.., H]`, `gates
-/// [.., E]`, `wg`/`wu` `[E, F, H]`, `wd [E, H, F]`.
-#[allow(clippy::too_many_arguments)]
+/// [.., E]`, `weights` = `wg`/`wu` `[E, F, H]`, `wd [E, H, F]` (and their scale stacks when
+/// stored int4 / fp8).
 pub fn moe_grouped(
     shape: MoeGroupedShape,
     x: &TensorArg,
     gates: &TensorArg,
-    wg: &TensorArg,
-    wu: &TensorArg,
-    wd: &TensorArg,
+    weights: &[TensorArg],
     out: &TensorArg,
     s: &MoeScratch,
 ) -> Result<Vec<KernelSource>, Error> {
-    if !supported(x, wg, wd, out) || wu.dtype != wg.dtype {
-        return Err(Error::param(
-            "moe_grouped",
-            "dims",
-            format!(
-                "weights {}{:?} / {}{:?} do not split into 16-byte row loads",
-                wg.dtype, wg.dims, wd.dtype, wd.dims
-            ),
-        ));
-    }
+    supported(x, weights, out)
+        .map_err(|e| Error::param("moe_grouped", "weights", e.to_string()))?;
+    let st = Stacks::of(weights).expect("checked by supported");
     Ok(vec![
         dispatch(shape, gates, s),
-        gate_up(shape, x, wg, wu, out, s),
-        down(shape, wd, out, s),
+        gate_up(shape, x, &st, out, s),
+        down(shape, &st, out, s),
         combine(shape, gates, out, s),
     ])
 }
@@ -247,7 +434,7 @@ fn grouped_prologue(k: &mut Kernel, s: &MoeScratch, e: u64, rows: u64, vec: u64)
 /// The chunk loop `body` (which reads the constant `TB`) twice: with one token per pass for
 /// an expert only one token chose (decode: no idle accumulators), else with
 /// [`TOKENS_PER_PASS`]. Both compute each token's sums the same way.
-fn per_pass(w: &mut crate::writer::Writer, body: impl Fn(&mut crate::writer::Writer)) {
+fn per_pass(w: &mut Writer, body: impl Fn(&mut Writer)) {
     w.if_else(
         "n == 1",
         |w| {
@@ -261,10 +448,12 @@ fn per_pass(w: &mut crate::writer::Writer, body: impl Fn(&mut crate::writer::Wri
     );
 }
 
-/// `acc[r][b] += Σ_i x_b[i] · w_r[i]` over this lane's 16-byte steps of a row of `k_dim`,
-/// for the `RW` rows of `mats` (weight pointer names) and the chunk's `TB` activations
-/// (`xrow(b)` is the C++ pointer to activation `b`'s row, valid where `b < nb`).
-fn stream_rows(w: &mut crate::writer::Writer, mats: &[&str], k_dim: u64, xt: &str, wt: &str) {
+/// `acc<j>[r][b] += Σ_i x_b[i] · w_r[i]` over this lane's steps of `V` columns of a row of
+/// `k_dim`, for the `RW` rows of the stacks `mats` (`j` the position in `mats`) and the chunk's `TB` activations
+/// (`xrow[b]` the activation row of `b`, valid where `b < nb`). The weights are read (and
+/// dequantised) once per row and step, whatever `TB`: each sum is the same sequence of
+/// `fmaf`s for one token or four.
+fn stream_rows(w: &mut Writer, st: &Stacks, mats: &[usize], k_dim: u64, xt: &str) {
     emit!(w, "constexpr long long K = {k_dim};");
     w.for_block("long long i = lane * V", "i < K", "i += 32 * V", |w| {
         w.line("float xv[TB][V];");
@@ -277,15 +466,11 @@ fn stream_rows(w: &mut crate::writer::Writer, mats: &[&str], k_dim: u64, xt: &st
         });
         w.for_unrolled("r", 0, "RW", |w| {
             w.if_block("j0 + r < ROWS", |w| {
-                for (m, name) in mats.iter().enumerate() {
-                    emit!(w, "float w{m}[V];");
-                    emit!(
-                        w,
-                        "ld_stream_vec<V, {wt}>({name} + (long long)(j0 + r) * K + i, w{m});"
-                    );
+                for (j, &m) in mats.iter().enumerate() {
+                    st.load(w, m, j);
                     w.for_unrolled("b", 0, "TB", |w| {
                         w.for_unrolled("v", 0, "V", |w| {
-                            emit!(w, "acc{m}[r][b] = fmaf(xv[b][v], w{m}[v], acc{m}[r][b]);");
+                            emit!(w, "acc{j}[r][b] = fmaf(xv[b][v], w{j}[v], acc{j}[r][b]);");
                         });
                     });
                 }
@@ -297,25 +482,23 @@ fn stream_rows(w: &mut crate::writer::Writer, mats: &[&str], k_dim: u64, xt: &st
 fn gate_up(
     sh: MoeGroupedShape,
     x: &TensorArg,
-    wg: &TensorArg,
-    wu: &TensorArg,
+    st: &Stacks,
     out: &TensorArg,
     s: &MoeScratch,
 ) -> KernelSource {
     use specc_ir::DType::I32;
     let (e, f, h, p) = (sh.experts, sh.ffn, sh.hidden, sh.pairs());
-    let (xt, wt) = (c_type(x.dtype), c_type(wg.dtype));
+    let xt = c_type(x.dtype);
     let r = |v: &str| format!("to_f32({})", store(out.dtype, v));
-    let mut k = Kernel::new("moe_gate_up", wg.dtype);
+    let mut k = Kernel::new("moe_gate_up", st.dtype());
     k.ptr("x", x, false);
-    k.ptr("wg", wg, false);
-    k.ptr("wu", wu, false);
+    st.ptrs(&mut k, &[0, 1]);
     k.ptr("pair_token", &scratch_arg(s.pair_token, I32, p), false);
     k.ptr("act", &TensorArg::new(s.act, out.dtype, &[p, f]), true);
-    grouped_prologue(&mut k, s, e, f, vec_of(wg));
+    grouped_prologue(&mut k, s, e, f, st.vec(0));
     let w = &mut k.body;
-    emit!(w, "const {wt}* wge = wg + (long long)ex * {f} * {h};");
-    emit!(w, "const {wt}* wue = wu + (long long)ex * {f} * {h};");
+    st.expert_ptrs(w, 0);
+    st.expert_ptrs(w, 1);
     per_pass(w, |w| {
         w.for_block("int c0 = 0", "c0 < n", "c0 += TB", |w| {
             w.line("const int nb = n - c0 < TB ? n - c0 : TB;");
@@ -327,7 +510,7 @@ fn gate_up(
                 );
             });
             w.line("float acc0[RW][TB] = {}, acc1[RW][TB] = {};");
-            stream_rows(w, &["wge", "wue"], h, xt, wt);
+            stream_rows(w, st, &[0, 1], h, xt);
             w.for_unrolled("r", 0, "RW", |w| {
                 w.for_unrolled("b", 0, "TB", |w| {
                     w.line("const float sg = warp_sum(acc0[r][b]), su = warp_sum(acc1[r][b]);");
@@ -348,16 +531,16 @@ fn gate_up(
     k.finish(grouped_launch(f, sh))
 }
 
-fn down(sh: MoeGroupedShape, wd: &TensorArg, out: &TensorArg, s: &MoeScratch) -> KernelSource {
+fn down(sh: MoeGroupedShape, st: &Stacks, out: &TensorArg, s: &MoeScratch) -> KernelSource {
     let (e, f, h, p) = (sh.experts, sh.ffn, sh.hidden, sh.pairs());
-    let (wt, ot) = (c_type(wd.dtype), c_type(out.dtype));
-    let mut k = Kernel::new("moe_down", wd.dtype);
-    k.ptr("wd", wd, false);
+    let ot = c_type(out.dtype);
+    let mut k = Kernel::new("moe_down", st.dtype());
+    st.ptrs(&mut k, &[2]);
     k.ptr("act", &TensorArg::new(s.act, out.dtype, &[p, f]), false);
     k.ptr("y", &TensorArg::new(s.y, out.dtype, &[p, h]), true);
-    grouped_prologue(&mut k, s, e, h, vec_of(wd));
+    grouped_prologue(&mut k, s, e, h, st.vec(2));
     let w = &mut k.body;
-    emit!(w, "const {wt}* wde = wd + (long long)ex * {h} * {f};");
+    st.expert_ptrs(w, 2);
     per_pass(w, |w| {
         w.for_block("int c0 = 0", "c0 < n", "c0 += TB", |w| {
             w.line("const int nb = n - c0 < TB ? n - c0 : TB;");
@@ -369,7 +552,7 @@ fn down(sh: MoeGroupedShape, wd: &TensorArg, out: &TensorArg, s: &MoeScratch) ->
                 );
             });
             w.line("float acc0[RW][TB] = {};");
-            stream_rows(w, &["wde"], f, ot, wt);
+            stream_rows(w, st, &[2], f, ot);
             w.for_unrolled("r", 0, "RW", |w| {
                 w.for_unrolled("b", 0, "TB", |w| {
                     w.line("const float sd = warp_sum(acc0[r][b]);");

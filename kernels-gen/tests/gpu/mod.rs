@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod quant;
+
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };

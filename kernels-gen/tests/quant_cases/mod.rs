@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+pub mod grouped;
+
 use specc_ir::DType;
 use specc_ir::Op;
 use specc_kernels_gen::abi::{Dtype, KernelSource, Loc, Rows, View};
@@ -161,5 +163,6 @@ pub fn all() -> Vec<(String, KernelSource)> {
             out.push((format!("dequantize {w}"), k));
         }
     }
+    out.extend(grouped::all());
     out
 }

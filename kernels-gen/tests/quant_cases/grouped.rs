@@ -1,0 +1,143 @@
+//! The grouped MoE kernels over quantised expert stacks, at Kimi-K2.5's routed experts
+//! (H 7168, F 2048, int4 group 32 with bf16 scales, E 384, top-8), DeepSeek-V3's fp8
+//! experts (E 256, 128-blocks) and the quantised fixtures' shapes (int4 H 64 / F 32, fp8
+//! H 160 / F 48: partial edge blocks), and the operand layout the device test runs them in.
+
+use specc_ir::DType;
+use specc_kernels_gen::abi::{KernelSource, Loc};
+use specc_kernels_gen::generic::moe_grouped::{moe_grouped, MoeGroupedShape, MoeScratch};
+use specc_kernels_gen::generic::TensorArg;
+use specc_kernels_gen::quant::QuantFormat;
+
+/// A quantised `moe_experts` for the grouped kernels: `x [T, H]`, `gates [T, E]`, the
+/// output and the scratch in the arena (256-byte aligned, in that order); the stacks
+/// `wg, wu, wd` in table slots 0..3, their scales in 3..6.
+pub struct Case {
+    pub shape: MoeGroupedShape,
+    /// `x, gates, wg, wu, wd, sg, su, sd`.
+    pub ops: Vec<TensorArg>,
+    pub out: TensorArg,
+    pub scratch: MoeScratch,
+    pub arena_bytes: u64,
+}
+
+/// The case for `tokens` tokens of activations `act`, experts stored as `w` with scales
+/// `s`: `e` experts of `[f, h]` gate / up and `[h, f]` down, `top_k` per token.
+pub fn case(w: DType, s: DType, act: DType, shape: MoeGroupedShape) -> Case {
+    let MoeGroupedShape {
+        tokens: t,
+        experts: e,
+        hidden: h,
+        ffn: f,
+        ..
+    } = shape;
+    let fmt = QuantFormat::of(w).expect("a quantised dtype");
+    let elem = act.size_bytes().unwrap() as u64;
+    let mut at = 0u64;
+    let mut next = |bytes: u64| {
+        let l = Loc::arena(at);
+        at += bytes.next_multiple_of(256);
+        l
+    };
+    let x = TensorArg::new(next(t * h * elem), act, &[t, h]);
+    let gates = TensorArg::new(next(t * e * elem), act, &[t, e]);
+    let out = TensorArg::new(next(t * h * elem), act, &[t, h]);
+    let stat = next(4);
+    let [meta, pair_token, pair_gate, pair_of, a, y] = shape.scratch_bytes(elem).map(&mut next);
+    let scratch = MoeScratch {
+        stat,
+        meta,
+        pair_token,
+        pair_gate,
+        pair_of,
+        act: a,
+        y,
+    };
+    let slot = |i: u32, dt, dims: &[u64]| TensorArg::new(Loc::table(i), dt, dims);
+    let ops = vec![
+        x,
+        gates,
+        slot(0, w, &[e, f, h]),
+        slot(1, w, &[e, f, h]),
+        slot(2, w, &[e, h, f]),
+        slot(3, s, &[e, fmt.scale_rows(f), fmt.scale_cols(h)]),
+        slot(4, s, &[e, fmt.scale_rows(f), fmt.scale_cols(h)]),
+        slot(5, s, &[e, fmt.scale_rows(h), fmt.scale_cols(f)]),
+    ];
+    Case {
+        shape,
+        ops,
+        out,
+        scratch,
+        arena_bytes: at,
+    }
+}
+
+impl Case {
+    /// The four kernels: dispatch, gate/up, down, combine.
+    pub fn kernels(&self) -> Vec<KernelSource> {
+        let o = &self.ops;
+        moe_grouped(self.shape, &o[0], &o[1], &o[2..], &self.out, &self.scratch)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+/// `(label, weights, scales, activations, shape)` of the compiled matrix.
+pub fn shapes() -> Vec<(String, DType, DType, DType, MoeGroupedShape)> {
+    let i4 = DType::Int4Group { group: 32 };
+    let sh = |tokens, experts, hidden, ffn, top_k| MoeGroupedShape {
+        tokens,
+        experts,
+        hidden,
+        ffn,
+        top_k,
+    };
+    let mut out = Vec::new();
+    for t in [1, 16] {
+        out.push((
+            format!("kimi T={t}"),
+            i4,
+            DType::BF16,
+            DType::BF16,
+            sh(t, 384, 7168, 2048, 8),
+        ));
+        out.push((
+            format!("deepseek fp8 T={t}"),
+            DType::Fp8E4M3,
+            DType::F32,
+            DType::BF16,
+            sh(t, 256, 7168, 2048, 8),
+        ));
+        out.push((
+            format!("fixture int4 T={t}"),
+            i4,
+            DType::BF16,
+            DType::F32,
+            sh(t, 8, 64, 32, 2),
+        ));
+        out.push((
+            format!("fixture fp8 T={t}"),
+            DType::Fp8E4M3,
+            DType::F32,
+            DType::F32,
+            sh(t, 8, 160, 48, 2),
+        ));
+    }
+    out
+}
+
+/// Every grouped kernel of [`shapes`], labelled `moe_grouped <shape> <kernel name>`.
+pub fn all() -> Vec<(String, KernelSource)> {
+    let mut out = Vec::new();
+    for (label, w, s, act, shape) in shapes() {
+        for k in case(w, s, act, shape).kernels() {
+            let family = k
+                .name
+                .rsplit_once('_')
+                .map_or(k.name.as_str(), |p| p.0)
+                .to_string();
+            out.push((format!("moe_grouped {label} {family}"), k));
+        }
+    }
+    out
+}
