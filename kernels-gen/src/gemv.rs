@@ -274,7 +274,6 @@ pub fn gemv_tiled(p: &GemvParams, t: &GemvTiling) -> Result<KernelSource, Error>
     w.line("const int m0 = blockIdx.y * MT;");
     emit!(w, "const int mr = min(MT, {} - m0);", p.rows.expr());
     emit!(w, "const {xt}* x = {};", p.x.loc.ptr(p.x.dtype, false));
-    let xs_row = p.x.row_stride;
 
     if let Some(nm) = &p.norm {
         emit!(
@@ -293,35 +292,7 @@ pub fn gemv_tiled(p: &GemvParams, t: &GemvTiling) -> Result<KernelSource, Error>
     w.for_block("int k0 = 0", "k0 < K", "k0 += KC", |w| {
         w.comment("stage x[m0 .. m0 + MT, k0 .. k0 + KC] (normalised when fused)");
         w.line("__syncthreads();");
-        w.for_block(
-            "int i = threadIdx.x",
-            "i < MT * (KC / VW)",
-            "i += NW * 32",
-            |w| {
-                w.line("const int m = i / (KC / VW);");
-                w.line("const int kk = (i % (KC / VW)) * VW;");
-                w.line("float v[VW];");
-                w.if_else(
-                    "m < mr && k0 + kk < K",
-                    |w| {
-                        emit!(
-                            w,
-                            "ld_vec<VW>(x + (long long)(m0 + m) * {xs_row} + k0 + kk, v);"
-                        );
-                        if p.norm.is_some() {
-                            w.line("float g[VW];");
-                            w.line("ld_vec<VW>(nw + k0 + kk, g);");
-                            w.for_unrolled("e", 0, "VW", |w| {
-                                emit!(w, "const float nv = round_to<{xt}>(v[e] * inv_rms[m]);");
-                                emit!(w, "v[e] = round_to<{xt}>(nv * g[e]);");
-                            });
-                        }
-                    },
-                    |w| w.for_unrolled("e", 0, "VW", |w| w.line("v[e] = 0.0f;")),
-                );
-                w.line("st_vec<VW>(xs + m * KC + kk, v);");
-            },
-        );
+        stage_x(w, p, "g");
         w.line("__syncthreads();");
         w.line("const int kn = min(KC, K - k0);");
         w.line("#pragma unroll 4");
@@ -579,4 +550,42 @@ pub(crate) fn emit_epilogue_value(
             }
         });
     }
+}
+
+/// Stages `x[m0 .. m0 + MT, k0 .. k0 + KC]` into the shared `xs` (zeros past the rows `mr`
+/// and the columns `K`), normalised by `inv_rms[m]` and the norm weight (read into the
+/// register array `norm_var`) when the matmul carries its input's RMSNorm: each value
+/// rounded to x's dtype twice, as the interpreter's `rmsnorm` rounds.
+pub(crate) fn stage_x(w: &mut Writer, p: &GemvParams, norm_var: &str) {
+    let xt = p.x.dtype.c_type();
+    let xs_row = p.x.row_stride;
+    w.for_block(
+        "int i = threadIdx.x",
+        "i < MT * (KC / VW)",
+        "i += NW * 32",
+        |w| {
+            w.line("const int m = i / (KC / VW);");
+            w.line("const int kk = (i % (KC / VW)) * VW;");
+            w.line("float v[VW];");
+            w.if_else(
+                "m < mr && k0 + kk < K",
+                |w| {
+                    emit!(
+                        w,
+                        "ld_vec<VW>(x + (long long)(m0 + m) * {xs_row} + k0 + kk, v);"
+                    );
+                    if p.norm.is_some() {
+                        emit!(w, "float {norm_var}[VW];");
+                        emit!(w, "ld_vec<VW>(nw + k0 + kk, {norm_var});");
+                        w.for_unrolled("e", 0, "VW", |w| {
+                            emit!(w, "const float nv = round_to<{xt}>(v[e] * inv_rms[m]);");
+                            emit!(w, "v[e] = round_to<{xt}>(nv * {norm_var}[e]);");
+                        });
+                    }
+                },
+                |w| w.for_unrolled("e", 0, "VW", |w| w.line("v[e] = 0.0f;")),
+            );
+            w.line("st_vec<VW>(xs + m * KC + kk, v);");
+        },
+    );
 }

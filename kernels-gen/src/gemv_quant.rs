@@ -222,7 +222,6 @@ pub fn gemv_quant_tiled(
     w.line("const int m0 = blockIdx.y * MT;");
     emit!(w, "const int mr = min(MT, {} - m0);", p.rows.expr());
     emit!(w, "const {xt}* x = {};", p.x.loc.ptr(p.x.dtype, false));
-    let xs_row = p.x.row_stride;
     if let Some(nm) = &p.norm {
         emit!(
             w,
@@ -261,35 +260,7 @@ pub fn gemv_quant_tiled(
     w.for_block("int k0 = 0", "k0 < K", "k0 += KC", |w| {
         w.comment("stage x[m0 .. m0 + MT, k0 .. k0 + KC] (normalised when fused)");
         w.line("__syncthreads();");
-        w.for_block(
-            "int i = threadIdx.x",
-            "i < MT * (KC / VW)",
-            "i += NW * 32",
-            |w| {
-                w.line("const int m = i / (KC / VW);");
-                w.line("const int kk = (i % (KC / VW)) * VW;");
-                w.line("float v[VW];");
-                w.if_else(
-                    "m < mr && k0 + kk < K",
-                    |w| {
-                        emit!(
-                            w,
-                            "ld_vec<VW>(x + (long long)(m0 + m) * {xs_row} + k0 + kk, v);"
-                        );
-                        if p.norm.is_some() {
-                            w.line("float gn[VW];");
-                            w.line("ld_vec<VW>(nw + k0 + kk, gn);");
-                            w.for_unrolled("e", 0, "VW", |w| {
-                                emit!(w, "const float nv = round_to<{xt}>(v[e] * inv_rms[m]);");
-                                emit!(w, "v[e] = round_to<{xt}>(nv * gn[e]);");
-                            });
-                        }
-                    },
-                    |w| w.for_unrolled("e", 0, "VW", |w| w.line("v[e] = 0.0f;")),
-                );
-                w.line("st_vec<VW>(xs + m * KC + kk, v);");
-            },
-        );
+        crate::gemv::stage_x(w, p, "gn");
         w.line("__syncthreads();");
         w.line("const int kn = min(KC, K - k0);");
         // Two loads in flight per lane up to 8 rows; above, the accumulators take the
