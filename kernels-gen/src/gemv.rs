@@ -344,39 +344,11 @@ pub fn gemv_tiled(p: &GemvParams, t: &GemvTiling) -> Result<KernelSource, Error>
             });
         });
     } else {
-        w.comment("epilogue: lane (m * CW + j) % 32 owns (row m0 + m, column n0 + j)");
-        w.for_unrolled("m", 0, "MT", |w| {
-            w.for_unrolled("j", 0, "CW", |w| {
-                w.if_block("lane == (m * CW + j) % 32", |w| epilogue(w, p));
-            });
-        });
+        emit_lane_epilogues(w, p);
     }
-    if let Some(part) = p.argmax_partials {
-        w.comment("argmax partial of this block for each row: columns ascend with (warp, j)");
-        w.line("__syncthreads();");
-        w.if_block("threadIdx.x < mr", |w| {
-            w.line("ArgmaxPair best = {neg_inf(), 0x7fffffff};");
-            w.for_block("int i = 0", "i < NW * CW", "++i", |w| {
-                w.line("const ArgmaxPair a = cand[((i / CW) * MT + threadIdx.x) * CW + i % CW];");
-                w.line("if (argmax_better(a.v, a.i, best.v, best.i)) best = a;");
-            });
-            emit!(
-                w,
-                "({})[(long long)(m0 + threadIdx.x) * gridDim.x + blockIdx.x] = best;",
-                part.ptr_as("ArgmaxPair", true)
-            );
-        });
-    }
+    emit_argmax_partials(w, p);
 
-    let launch = LaunchSpec {
-        grid: [
-            Extent::Fixed(p.n.div_ceil(nw * cw)),
-            p.rows.extent(1, mt),
-            Extent::Fixed(1),
-        ],
-        block: [nw * 32, 1, 1],
-        smem_bytes: 0,
-    };
+    let launch = gemv_launch(p, nw, cw, mt);
     Ok(kb.finish(launch))
 }
 
@@ -588,4 +560,49 @@ pub(crate) fn stage_x(w: &mut Writer, p: &GemvParams, norm_var: &str) {
             w.line("st_vec<VW>(xs + m * KC + kk, v);");
         },
     );
+}
+
+/// The per-lane epilogue: after the warp reduction every lane holds every sum, and lane
+/// `(m · CW + j) % 32` stores (row `m0 + m`, column `n0 + j`).
+pub(crate) fn emit_lane_epilogues(w: &mut Writer, p: &GemvParams) {
+    w.comment("epilogue: lane (m * CW + j) % 32 owns (row m0 + m, column n0 + j)");
+    w.for_unrolled("m", 0, "MT", |w| {
+        w.for_unrolled("j", 0, "CW", |w| {
+            w.if_block("lane == (m * CW + j) % 32", |w| epilogue(w, p));
+        });
+    });
+}
+
+/// With argmax partials: each row's best (value, column) of this block's columns into the
+/// partials slot `(row, blockIdx.x)`, columns ascending with (warp, j).
+pub(crate) fn emit_argmax_partials(w: &mut Writer, p: &GemvParams) {
+    if let Some(part) = p.argmax_partials {
+        w.comment("argmax partial of this block for each row: columns ascend with (warp, j)");
+        w.line("__syncthreads();");
+        w.if_block("threadIdx.x < mr", |w| {
+            w.line("ArgmaxPair best = {neg_inf(), 0x7fffffff};");
+            w.for_block("int i = 0", "i < NW * CW", "++i", |w| {
+                w.line("const ArgmaxPair a = cand[((i / CW) * MT + threadIdx.x) * CW + i % CW];");
+                w.line("if (argmax_better(a.v, a.i, best.v, best.i)) best = a;");
+            });
+            emit!(
+                w,
+                "({})[(long long)(m0 + threadIdx.x) * gridDim.x + blockIdx.x] = best;",
+                part.ptr_as("ArgmaxPair", true)
+            );
+        });
+    }
+}
+
+/// The launch of the GEMV family: one block per `nw · cw` columns, one per row tile of `mt`.
+pub(crate) fn gemv_launch(p: &GemvParams, nw: u32, cw: u32, mt: u32) -> LaunchSpec {
+    LaunchSpec {
+        grid: [
+            Extent::Fixed(p.n.div_ceil(nw * cw)),
+            p.rows.extent(1, mt),
+            Extent::Fixed(1),
+        ],
+        block: [nw * 32, 1, 1],
+        smem_bytes: 0,
+    }
 }

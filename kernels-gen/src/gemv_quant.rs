@@ -11,10 +11,10 @@
 //!
 //! Kernel family `gemv_q`; name dtype: the storage format (`int4g32`, `fp8e4m3`).
 
-use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc};
+use crate::abi::{Dtype, KernelBuilder, KernelSource, Loc};
 use crate::gemv::{
-    emit_row_inv_rms, epilogue, GemvParams, GemvTiling, GemvWeights, MAX_ROW_TILE, MIN_BLOCKS,
-    X_SMEM_BYTES,
+    emit_argmax_partials, emit_lane_epilogues, emit_row_inv_rms, gemv_launch, GemvParams,
+    GemvTiling, GemvWeights, MAX_ROW_TILE, MIN_BLOCKS, X_SMEM_BYTES,
 };
 use crate::quant::QuantFormat;
 use crate::writer::emit;
@@ -295,37 +295,9 @@ pub fn gemv_quant_tiled(
             w.for_unrolled("j", 0, "NA", |w| w.line("acc[m][j] = warp_sum(acc[m][j]);"));
         });
     });
-    w.comment("epilogue: lane (m * CW + j) % 32 owns (row m0 + m, column n0 + j)");
-    w.for_unrolled("m", 0, "MT", |w| {
-        w.for_unrolled("j", 0, "CW", |w| {
-            w.if_block("lane == (m * CW + j) % 32", |w| epilogue(w, p));
-        });
-    });
-    if let Some(part) = p.argmax_partials {
-        w.comment("argmax partial of this block for each row: columns ascend with (warp, j)");
-        w.line("__syncthreads();");
-        w.if_block("threadIdx.x < mr", |w| {
-            w.line("ArgmaxPair best = {neg_inf(), 0x7fffffff};");
-            w.for_block("int i = 0", "i < NW * CW", "++i", |w| {
-                w.line("const ArgmaxPair a = cand[((i / CW) * MT + threadIdx.x) * CW + i % CW];");
-                w.line("if (argmax_better(a.v, a.i, best.v, best.i)) best = a;");
-            });
-            emit!(
-                w,
-                "({})[(long long)(m0 + threadIdx.x) * gridDim.x + blockIdx.x] = best;",
-                part.ptr_as("ArgmaxPair", true)
-            );
-        });
-    }
-    let launch = LaunchSpec {
-        grid: [
-            Extent::Fixed(p.n.div_ceil(nw * cw)),
-            p.rows.extent(1, mt),
-            Extent::Fixed(1),
-        ],
-        block: [nw * 32, 1, 1],
-        smem_bytes: 0,
-    };
+    emit_lane_epilogues(w, p);
+    emit_argmax_partials(w, p);
+    let launch = gemv_launch(p, nw, cw, mt);
     Ok(kb.finish_as(&fmt.name(), launch))
 }
 
