@@ -15,7 +15,8 @@ mod gpu_common;
 
 use deepseek_drafters::{dflash_drafter, eagle3_head};
 use gpu_common::{
-    assert_exact, build_engine, drive, fixture, gpu, hf_reference, rel_l2, rel_l2_f32, session,
+    assert_exact, build_engine, drive, fixture, gpu, greedy_cpu, hf_reference, rel_l2, rel_l2_f32,
+    session, spread_prompts,
 };
 use specc_models::{Model, SpecConfig};
 use specc_runtime::DraftKind;
@@ -26,20 +27,9 @@ const FIXTURES: [&str; 3] = [
     "deepseek_v3_bf16",
 ];
 
-fn greedy_cpu(target: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
-    let w = target.load_weights_f32();
-    target.greedy_generate(&w, prompt, n, 256).unwrap()
-}
-
 /// `b` prompts of different lengths inside the fixtures' 256-token vocabulary.
 fn prompts(b: usize) -> Vec<Vec<u32>> {
-    (0..b)
-        .map(|i| {
-            (0..(5 + 3 * i))
-                .map(|j| ((j * 37 + i * 11 + 3) % 256) as u32)
-                .collect()
-        })
-        .collect()
+    spread_prompts(b, 5, (37, 11, 3), 256)
 }
 
 #[test]

@@ -8,25 +8,14 @@ mod common;
 mod gpu_common;
 
 use gpu_common::{
-    build_engine, build_engine_with, default_model, drive, fixture, gpu, hf_reference, rel_l2,
-    rel_l2_f32, session,
+    build_engine, build_engine_with, default_model, drive, fixture, gpu, greedy_cpu, hf_reference,
+    rel_l2, rel_l2_f32, session, spread_prompts,
 };
 use specc_models::{Model, SpecConfig};
 use specc_runtime::DraftKind;
 
-fn greedy_cpu(target: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
-    let w = target.load_weights_f32();
-    target.greedy_generate(&w, prompt, n, 256).unwrap()
-}
-
 fn prompts(b: usize) -> Vec<Vec<u32>> {
-    (0..b)
-        .map(|i| {
-            (0..(5 + 3 * i))
-                .map(|j| ((j * 37 + i * 11 + 3) % 300) as u32)
-                .collect()
-        })
-        .collect()
+    spread_prompts(b, 5, (37, 11, 3), 300)
 }
 
 /// Plain decoding (the engine's k = 0 contract) of `prompts` on the device, KV capacity 256:

@@ -14,26 +14,18 @@
 mod common;
 mod gpu_common;
 
-use gpu_common::{build_engine, drive, fixture, gpu, hf_reference, rel_l2, rel_l2_f32, session};
+use gpu_common::{
+    build_engine, drive, fixture, gpu, greedy_cpu, hf_reference, rel_l2, rel_l2_f32, session,
+    spread_prompts,
+};
 use specc_models::{Model, SpecConfig};
 use specc_runtime::DraftKind;
 
 const FIXTURES: [&str; 2] = ["deepseek_v3_int4", "deepseek_v3_fp8"];
 
-fn greedy_cpu(target: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
-    let w = target.load_weights_f32();
-    target.greedy_generate(&w, prompt, n, 256).unwrap()
-}
-
 /// `b` prompts of different lengths inside the fixtures' 256-token vocabulary.
 fn prompts(b: usize) -> Vec<Vec<u32>> {
-    (0..b)
-        .map(|i| {
-            (0..(4 + 3 * i))
-                .map(|j| ((j * 41 + i * 13 + 5) % 256) as u32)
-                .collect()
-        })
-        .collect()
+    spread_prompts(b, 4, (41, 13, 5), 256)
 }
 
 /// Prefill logits: CUDA vs the HF logits stored with the fixture and vs the interpreter.

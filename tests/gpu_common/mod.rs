@@ -296,3 +296,27 @@ pub fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
 pub fn rel_l2_f32(got: &[f32], want: &[f32]) -> f64 {
     rel_l2(got, &want.iter().map(|&x| x as f64).collect::<Vec<_>>())
 }
+
+/// The interpreter's greedy tokens for `prompt` (f32 weights, context 256): the reference
+/// the device's plain decoding must equal.
+pub fn greedy_cpu(target: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    let w = target.load_weights_f32();
+    target.greedy_generate(&w, prompt, n, 256).unwrap()
+}
+
+/// `b` prompts of lengths `len0 + 3·i`: token `j` of prompt `i` is
+/// `(j·mj + i·mi + add) % vocab`.
+pub fn spread_prompts(
+    b: usize,
+    len0: usize,
+    (mj, mi, add): (usize, usize, usize),
+    vocab: usize,
+) -> Vec<Vec<u32>> {
+    (0..b)
+        .map(|i| {
+            (0..(len0 + 3 * i))
+                .map(|j| ((j * mj + i * mi + add) % vocab) as u32)
+                .collect()
+        })
+        .collect()
+}
