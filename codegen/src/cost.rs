@@ -116,7 +116,7 @@ pub fn expected_union(experts: u64, top_k: u64, tokens: u64) -> f64 {
 
 /// `(tokens, experts, top_k)` of a `moe_experts` node (top_k from its router, else every
 /// expert).
-fn moe_dims(g: &Graph, n: specc_ir::ValueId, bind: &Bindings) -> (u64, u64, u64) {
+pub(crate) fn moe_dims(g: &Graph, n: specc_ir::ValueId, bind: &Bindings) -> (u64, u64, u64) {
     let node = g.node(n);
     let experts = g.ty(node.args[2]).shape.dims()[0]
         .resolve(bind)

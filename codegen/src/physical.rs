@@ -20,7 +20,7 @@
 use specc_ir::engine::PhysicalBytes;
 use specc_ir::{Bindings, BucketDim, Graph, Op, ValueId};
 
-use crate::cost::{expected_union, router_top_k};
+use crate::cost::{expected_union, moe_dims};
 
 /// The physical floor of `g` under `bind` with `live_ctx` cache slots in use per sequence
 /// (at most the cache capacity; the capacity itself gives the bound at a full context).
@@ -47,11 +47,7 @@ pub fn physical_bytes(g: &Graph, bind: &Bindings, live_ctx: u64) -> PhysicalByte
                 }
             }
             Op::MoeExperts => {
-                let experts = g.ty(node.args[2]).shape.dims()[0]
-                    .resolve(bind)
-                    .unwrap_or(0);
-                let tokens = numel(node.args[1]) / experts.max(1);
-                let top_k = router_top_k(g, node.args[1]).unwrap_or(experts);
+                let (tokens, experts, top_k) = moe_dims(g, n, bind);
                 let share = expected_union(experts, top_k, tokens) / experts.max(1) as f64;
                 for &a in &node.args[2..] {
                     if let Some(all) = stored_weight_bytes(g, a, bind) {
