@@ -111,8 +111,7 @@ impl GemvParams {
             .max(min_cw);
         let blocks = |nw: u32, cw: u32| (self.n as u64).div_ceil((nw * cw) as u64);
         // Fewer columns per warp first, then fewer warps per block: the warps in flight are
-        // what streams the weights (a 2112-column projection over K = 7168 ran at 22 % of
-        // copy bandwidth as 264 blocks of 2 warps).
+        // what streams the weights (bench/NOTES.md, 2026-12-03: the GEMV tiling).
         let mut nw = 8;
         while cw > min_cw && blocks(nw, cw) < MIN_BLOCKS {
             cw /= 2;
