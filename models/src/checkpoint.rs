@@ -432,6 +432,19 @@ impl Checkpoint {
         Ok(bytes)
     }
 
+    /// Drops the resident pages of file `file` (its mapping stays valid: a later read pages
+    /// them in again). A streaming upload calls it once the file's last tensor is staged,
+    /// so host memory holds at most the shards in flight, not the whole checkpoint.
+    /// Synthesised files keep their bytes.
+    pub fn release_file(&self, file: usize) {
+        if let Some(Backing::Mapped(m)) = self.files.get(file).map(|f| &f.mmap) {
+            // SAFETY: the map is a read-only file mapping; `DontNeed` only drops its
+            // resident pages, which are read back from the file on the next access, so no
+            // slice borrowed from it changes.
+            let _ = unsafe { m.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+        }
+    }
+
     /// Tensors the coverage check skipped as known-unused families.
     pub fn ignored(&self) -> &[Ignored] {
         &self.ignored

@@ -27,52 +27,118 @@ pub struct WeightSources<'a> {
 }
 
 impl WeightSources<'_> {
-    /// The checkpoint holding graph weight `name`, and the tensor's name in it.
-    fn resolve<'n>(&self, name: &'n str) -> Option<(&Checkpoint, &'n str)> {
+    /// The checkpoint holding graph weight `name` (its index in `sources`), and the
+    /// tensor's name in it.
+    fn resolve<'n>(&self, name: &'n str) -> Option<(usize, &Checkpoint, &'n str)> {
         // Longest prefix first so `draft/x` never resolves in the target.
-        let mut best: Option<(&str, &Checkpoint)> = None;
-        for (p, ck) in &self.sources {
-            if name.starts_with(p) && best.is_none_or(|(bp, _)| p.len() > bp.len()) {
-                best = Some((p, ck));
+        let mut best: Option<(usize, &str, &Checkpoint)> = None;
+        for (i, (p, ck)) in self.sources.iter().enumerate() {
+            if name.starts_with(p) && best.is_none_or(|(_, bp, _)| p.len() > bp.len()) {
+                best = Some((i, p, ck));
             }
         }
-        let (p, ck) = best?;
-        Some((ck, &name[p.len()..]))
+        let (i, p, ck) = best?;
+        Some((i, ck, &name[p.len()..]))
     }
 
     /// Stored dtype, shape and bytes of graph weight `name`, checked to be finite while
     /// they are staged (the error names the tensor and its file).
     pub fn get(&self, name: &str) -> Result<(DType, Vec<usize>, &[u8]), RuntimeError> {
+        let (dt, shape, _) = self.get_unscanned(name)?;
+        let (_, ck, inner) = self.resolve(name).expect("resolved above");
+        Ok((dt, shape, ck.checked_bytes(inner)?))
+    }
+
+    /// [`Self::get`] without the finite-value scan (a streaming upload scans each tensor
+    /// with [`Self::check`] just before staging it, so its pages are read once while hot).
+    fn get_unscanned(&self, name: &str) -> Result<(DType, Vec<usize>, &[u8]), RuntimeError> {
         let missing = || engine_err(format!("weight `{name}` is in no checkpoint"));
-        let (ck, inner) = self.resolve(name).ok_or_else(missing)?;
+        let (_, ck, inner) = self.resolve(name).ok_or_else(missing)?;
         let e = ck.tensor(inner).ok_or_else(missing)?;
+        let bytes = ck.bytes(inner).ok_or_else(missing)?;
         // An int4 `weight_packed` (i32 words of 8 nibbles) is the IR's int4g [out, in].
         if let Some(dt) = ck.int4_dtype(inner)? {
             let mut shape = e.shape.clone();
             if let Some(l) = shape.last_mut() {
                 *l *= 8;
             }
-            return Ok((dt, shape, ck.checked_bytes(inner)?));
+            return Ok((dt, shape, bytes));
         }
         let dt = specc_models::checkpoint::ir_dtype(e.dtype).ok_or_else(missing)?;
-        Ok((dt, e.shape.clone(), ck.checked_bytes(inner)?))
+        Ok((dt, e.shape.clone(), bytes))
+    }
+
+    /// Checks graph weight `name` holds no NaN or infinity.
+    fn check(&self, name: &str) -> Result<(), RuntimeError> {
+        self.get(name).map(|_| ())
+    }
+
+    /// Where graph weight `name` is stored: (source, file in it, byte offset). Uploading in
+    /// this order reads every shard once, front to back.
+    fn location(&self, name: &str) -> Option<StoredAt> {
+        let (source, ck, inner) = self.resolve(name)?;
+        let e = ck.tensor(inner)?;
+        Some(StoredAt {
+            source,
+            file: e.file,
+            offset: e.range.start,
+        })
+    }
+
+    /// Drops the resident host pages of one file (its tensors are all staged).
+    fn release(&self, at: StoredAt) {
+        self.sources[at.source].1.release_file(at.file);
     }
 
     /// Stored bytes of graph weight `name` from its header alone (0 when no checkpoint
     /// holds it: the upload then names it).
     pub fn stored_bytes(&self, name: &str) -> u64 {
         self.resolve(name)
-            .and_then(|(ck, inner)| ck.tensor(inner))
+            .and_then(|(_, ck, inner)| ck.tensor(inner))
             .map_or(0, |e| e.range.len() as u64)
     }
 
     /// Stored dtype, shape and byte count of graph weight `name` from its header alone.
     fn header(&self, name: &str) -> Option<(DType, Vec<usize>, u64)> {
-        let (ck, inner) = self.resolve(name)?;
+        let (_, ck, inner) = self.resolve(name)?;
         let e = ck.tensor(inner)?;
         let dt = specc_models::checkpoint::ir_dtype(e.dtype)?;
         Some((dt, e.shape.clone(), e.range.len() as u64))
     }
+}
+
+/// A tensor uploaded from its checkpoint bytes: its key in the slab, the graph weight it
+/// is, and where it is stored.
+struct Borrowed<'a> {
+    key: String,
+    weight: String,
+    dtype: DType,
+    shape: Vec<usize>,
+    bytes: &'a [u8],
+    at: Option<StoredAt>,
+}
+
+impl<'a> Borrowed<'a> {
+    fn new(sources: &'a WeightSources, key: String, weight: &str) -> Result<Self, RuntimeError> {
+        let (dtype, shape, bytes) = sources.get_unscanned(weight)?;
+        Ok(Borrowed {
+            key,
+            weight: weight.to_string(),
+            dtype,
+            shape,
+            bytes,
+            at: sources.location(weight),
+        })
+    }
+}
+
+/// Where a stored tensor lies: checkpoint (index in [`WeightSources::sources`]), file, byte
+/// offset; ordered as an upload should read them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct StoredAt {
+    source: usize,
+    file: usize,
+    offset: usize,
 }
 
 fn slot_key(s: &Slot) -> String {
@@ -188,20 +254,24 @@ impl<'e> CudaEngine<'e> {
     }
 
     /// Uploads the weights the plans of `roles` name (each once, concatenations built on the
-    /// host), in one slab.
+    /// host), in one slab. Checkpoint tensors go in storage order, shard after shard, each
+    /// scanned for NaN / infinity just before it is staged and each shard's host pages
+    /// dropped after its last tensor: host memory holds about one shard, not the model.
     pub fn upload(
         &mut self,
         plans: &[&BucketPlan],
         sources: &WeightSources,
     ) -> Result<(), RuntimeError> {
         let mut owned: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::new();
-        let mut borrowed: Vec<(String, DType, Vec<usize>, &[u8])> = Vec::new();
+        // Tensors uploaded from the checkpoint bytes as they are, in units that stay
+        // contiguous in the slab (a stack's parts), each with its graph weight names.
+        let mut borrowed: Vec<Vec<Borrowed>> = Vec::new();
         let mut stacked: Vec<String> = Vec::new();
         for plan in plans {
             for s in &plan.slots {
                 let key = slot_key(s);
                 if owned.iter().any(|o| o.0 == key)
-                    || borrowed.iter().any(|b| b.0 == key)
+                    || borrowed.iter().flatten().any(|b| b.key == key)
                     || stacked.contains(&key)
                 {
                     continue;
@@ -209,17 +279,18 @@ impl<'e> CudaEngine<'e> {
                 match s {
                     Slot::State(_) => {}
                     Slot::Weight(n) => {
-                        let (dt, shape, bytes) = sources.get(n)?;
-                        borrowed.push((key, dt, shape, bytes));
+                        borrowed.push(vec![Borrowed::new(sources, key, n)?]);
                     }
                     // Parts whose sizes keep the next part at the following aligned offset
                     // are uploaded in place, one after another (a MoE layer's experts: no
                     // host copy of the stack); the stack's address is its first part's.
                     Slot::ConcatRows(names) if contiguous_parts(names, sources) => {
-                        for (i, n) in names.iter().enumerate() {
-                            let (dt, shape, bytes) = sources.get(n)?;
-                            borrowed.push((part_key(&key, i), dt, shape, bytes));
-                        }
+                        let parts = names.iter().enumerate();
+                        borrowed.push(
+                            parts
+                                .map(|(i, n)| Borrowed::new(sources, part_key(&key, i), n))
+                                .collect::<Result<_, _>>()?,
+                        );
                         stacked.push(key);
                     }
                     Slot::ConcatRows(names) => {
@@ -257,13 +328,23 @@ impl<'e> CudaEngine<'e> {
                 }
             }
         }
+        // Shard by shard, front to back: each file is read once and its pages dropped
+        // after its last tensor is staged.
+        borrowed.sort_by_key(|unit| unit.iter().map(|b| b.at).min());
+        let borrowed: Vec<Borrowed> = borrowed.into_iter().flatten().collect();
+        let mut last_of_file: HashMap<StoredAt, usize> = HashMap::new();
+        for (i, b) in borrowed.iter().enumerate() {
+            if let Some(at) = b.at {
+                last_of_file.insert(StoredAt { offset: 0, ..at }, i);
+            }
+        }
         let tensors: Vec<HostTensor> = borrowed
             .iter()
-            .map(|(n, d, s, b)| HostTensor {
-                name: n,
-                dtype: *d,
-                shape: s,
-                data: b,
+            .map(|b| HostTensor {
+                name: &b.key,
+                dtype: b.dtype,
+                shape: &b.shape,
+                data: b.bytes,
             })
             .chain(owned.iter().map(|(n, d, s, b)| HostTensor {
                 name: n,
@@ -272,7 +353,16 @@ impl<'e> CudaEngine<'e> {
                 data: b,
             }))
             .collect();
-        let w = DeviceWeights::upload(&self.dev, tensors, true)?;
+        let staged = |i: usize| match borrowed.get(i) {
+            Some(b) => sources.check(&b.weight),
+            None => Ok(()),
+        };
+        let done = |i: usize| {
+            for (file, _) in last_of_file.iter().filter(|(_, &last)| last == i) {
+                sources.release(*file);
+            }
+        };
+        let w = DeviceWeights::upload_streamed(&self.dev, tensors, true, staged, done)?;
         for (n, ..) in &owned {
             self.derived.insert(n.clone(), w.buf_ref(n)?);
         }

@@ -93,6 +93,23 @@ impl DeviceWeights {
         T: Into<HostTensor<'a>>,
         I: IntoIterator<Item = T>,
     {
+        Self::upload_streamed(dev, tensors, progress, |_| Ok(()), |_| {})
+    }
+
+    /// [`Self::upload`] with hooks around each tensor `i` (in the given order): `staging(i)`
+    /// runs just before its bytes are read (a failure stops the upload), `staged(i)` once
+    /// they are copied out of host memory (the caller may drop their pages).
+    pub fn upload_streamed<'a, T, I>(
+        dev: &CudaDevice,
+        tensors: I,
+        progress: bool,
+        mut staging: impl FnMut(usize) -> Result<(), RuntimeError>,
+        mut staged: impl FnMut(usize),
+    ) -> Result<DeviceWeights, RuntimeError>
+    where
+        T: Into<HostTensor<'a>>,
+        I: IntoIterator<Item = T>,
+    {
         let tensors: Vec<HostTensor<'a>> = tensors.into_iter().map(Into::into).collect();
         let mut entries = HashMap::with_capacity(tensors.len());
         for t in &tensors {
@@ -132,10 +149,13 @@ impl DeviceWeights {
         }
         let slab = DeviceBuffer::alloc_uninit(dev.stream(), "weights slab", total)?;
         let mut stager = Stager::new(dev, &slab, total, progress)?;
-        for (t, &offset) in tensors.iter().zip(&offsets) {
+        for (i, (t, &offset)) in tensors.iter().zip(&offsets).enumerate() {
+            staging(i)?;
             // Padding is written as zeros so the whole slab is defined.
             stager.pad_to(offset)?;
+            // `push` copies into pinned staging before it returns: the host bytes are free.
             stager.push(t.data)?;
+            staged(i);
         }
         stager.pad_to(total)?;
         stager.finish()?;
