@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 
-use specc_ir::interp::{self, Data, Tensor};
+use specc_ir::interp::{self, Tensor};
 use specc_ir::{Bindings, BucketDim, DType, Dim, Graph, Op, ValueId};
 
 use crate::CodegenError;
@@ -70,27 +70,10 @@ pub fn constant_nodes(g: &Graph) -> Vec<bool> {
     is_const
 }
 
-/// Little-endian bytes of `t` as kernels read its dtype (bf16/f16 as 2 bytes, i32 as 4,
-/// bool as 1): the layout of a value in the arena.
+/// Little-endian bytes of `t` as kernels read its dtype: the layout of a value in the
+/// arena ([`Tensor::le_bytes`]).
 pub fn tensor_bytes(t: &Tensor) -> Vec<u8> {
-    match &t.data {
-        Data::F32(v) => match t.dtype {
-            DType::BF16 => v
-                .iter()
-                .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
-                .collect(),
-            DType::F16 => v
-                .iter()
-                .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-                .collect(),
-            _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        },
-        Data::I64(v) => match t.dtype {
-            DType::I64 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            DType::Bool => v.iter().map(|&x| u8::from(x != 0)).collect(),
-            _ => v.iter().flat_map(|&x| (x as i32).to_le_bytes()).collect(),
-        },
-    }
+    t.le_bytes()
 }
 
 /// The value of constant node `v` at `bind`, evaluated by the interpreter (operands first,

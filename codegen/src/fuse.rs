@@ -67,6 +67,7 @@ pub fn run(g: &Graph, constants: &[bool]) -> Vec<Group> {
             || constants[id.index()]
             || stacks::weight_stack(g, id).is_some()
             || stacks::weight_blocks(g, id).is_some()
+            || stacks::dequant_folded(g, &uses, id)
         {
             continue;
         }

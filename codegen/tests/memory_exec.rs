@@ -131,7 +131,16 @@ impl Planned<'_> {
                 }
                 // The gathered blocks of the weight's values, in the slice's shape.
                 Home::WeightBlocks(b) => {
-                    let Data::F32(src) = &self.weights[&b.name].data else {
+                    let dequantized;
+                    let src = match &b.dequant {
+                        None => &self.weights[&b.name],
+                        Some(d) => {
+                            let (w, s) = (&self.weights[&b.name], &self.weights[&d.scale]);
+                            dequantized = interp::dequantize_weight(w, s, d.to).unwrap();
+                            &dequantized
+                        }
+                    };
+                    let Data::F32(src) = &src.data else {
                         panic!("weight {} is not a float tensor", b.name);
                     };
                     let (period, start, len) =

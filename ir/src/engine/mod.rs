@@ -260,6 +260,35 @@ pub struct WeightBlocks {
     pub period: u64,
     pub start: u64,
     pub len: u64,
+    /// The weight is stored quantised (fp8 blocks, int4 groups): the blocks are gathered
+    /// from its `dequantize` with this scale, to this dtype (the op's own definition), once
+    /// at upload rather than by a kernel on every step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dequant: Option<BlockDequant>,
+}
+
+/// The `dequantize` a [`WeightBlocks`] gathers from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct BlockDequant {
+    /// The scale weight (`weight_scale_inv` of fp8 blocks, `weight_scale` of int4 groups).
+    pub scale: String,
+    #[serde(with = "dtype_text")]
+    pub to: crate::DType,
+}
+
+/// A [`crate::DType`] as its IR text (`bf16`, ...).
+mod dtype_text {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &crate::DType, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(d)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<crate::DType, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse()
+            .map_err(|_| D::Error::custom(format!("unknown dtype `{text}`")))
+    }
 }
 
 impl WeightBlocks {
@@ -428,6 +457,7 @@ mod tests {
             period: 3,
             start: 1,
             len: 2,
+            dequant: None,
         };
         assert_eq!(b.gather(&src, 2), Some(vec![2, 3, 4, 5, 8, 9, 10, 11]));
         assert_eq!(b.bytes(2), 8);

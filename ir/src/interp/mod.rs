@@ -83,7 +83,7 @@ pub use rope::rope_inv_freq;
 pub use spec_ops::splitmix64;
 pub use tensor::{round_fp8e4m3, round_slice, round_to, wrap_int, Data, Tensor, FP8E4M3_MAX};
 
-use crate::{Bindings, Dim, Graph, IrError, Node, Op, ValueId};
+use crate::{Bindings, DType, Dim, Graph, IrError, Node, Op, ValueId};
 use util::{OpResult, Out};
 
 /// Read-only access to weights by checkpoint tensor name.
@@ -444,6 +444,22 @@ pub fn eval_node(
     let t = eval(&node.op, args, &out).map_err(|msg| node_err(id, &node.op, msg))?;
     check_result(id, &node.op, &t, &out)?;
     Ok(t)
+}
+
+/// `dequantize` of a stored weight `w` (int4 groups or fp8 blocks) with its `scale`, to
+/// `to`: what the op computes, for a runtime that derives a weight once at upload.
+pub fn dequantize_weight(w: &Tensor, scale: &Tensor, to: DType) -> Result<Tensor, String> {
+    if w.shape.len() != 2 {
+        return Err(format!(
+            "dequantize: a 2-D weight, found shape {:?}",
+            w.shape
+        ));
+    }
+    let out = Out {
+        dtype: to,
+        shape: w.shape.clone(),
+    };
+    matmul::dequantize(w, scale, &out)
 }
 
 /// Applies an in-place node (`kv_write`, `assign`) to `state` with its other operands.

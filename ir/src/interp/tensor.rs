@@ -45,6 +45,29 @@ pub(crate) fn stored_as_f32(dtype: DType) -> bool {
 }
 
 impl Tensor {
+    /// Little-endian bytes of the values as kernels read this dtype (bf16/f16 as 2 bytes,
+    /// i32 as 4, bool as 1): the layout of a value in the arena or a derived weight.
+    pub fn le_bytes(&self) -> Vec<u8> {
+        match &self.data {
+            Data::F32(v) => match self.dtype {
+                DType::BF16 => v
+                    .iter()
+                    .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+                    .collect(),
+                DType::F16 => v
+                    .iter()
+                    .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                    .collect(),
+                _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            },
+            Data::I64(v) => match self.dtype {
+                DType::I64 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                DType::Bool => v.iter().map(|&x| u8::from(x != 0)).collect(),
+                _ => v.iter().flat_map(|&x| (x as i32).to_le_bytes()).collect(),
+            },
+        }
+    }
+
     /// A float tensor; every value is rounded to `dtype` (round-to-nearest-even, fp8
     /// saturating).
     ///

@@ -68,6 +68,19 @@ impl WeightSources<'_> {
         Ok((dt, e.shape.clone(), bytes))
     }
 
+    /// Bytes of `dequantize(weight, scale)` to `to`, computed by the interpreter's
+    /// definition of the op (a weight derived once at upload, e.g. fp8 `kv_b_proj`).
+    fn dequantized(&self, weight: &str, scale: &str, to: DType) -> Result<Vec<u8>, RuntimeError> {
+        let load = |name: &str| {
+            let missing = || engine_err(format!("weight `{name}` is in no checkpoint"));
+            let (_, ck, inner) = self.resolve(name).ok_or_else(missing)?;
+            ck.load_f32(inner).map_err(RuntimeError::from)
+        };
+        let t = specc_ir::interp::dequantize_weight(&load(weight)?, &load(scale)?, to)
+            .map_err(|e| engine_err(format!("weight `{weight}` (scale `{scale}`): {e}")))?;
+        Ok(t.le_bytes())
+    }
+
     /// Checks graph weight `name` holds no NaN or infinity.
     fn check(&self, name: &str) -> Result<(), RuntimeError> {
         self.get(name).map(|_| ())
@@ -146,8 +159,15 @@ fn slot_key(s: &Slot) -> String {
         Slot::Weight(n) | Slot::State(n) => n.clone(),
         Slot::ConcatRows(names) => format!("concat[{}]", names.join("+")),
         Slot::WeightBlocks(b) => format!(
-            "blocks[{}:{}x{}@{}+{}]",
-            b.name, b.outer, b.period, b.start, b.len
+            "blocks[{}:{}x{}@{}+{}{}]",
+            b.name,
+            b.outer,
+            b.period,
+            b.start,
+            b.len,
+            b.dequant
+                .as_ref()
+                .map_or(String::new(), |d| format!(" dequant {} {}", d.scale, d.to))
         ),
         // Constants are small (codegen caps them): their bytes are their key.
         Slot::Const(bytes) => format!(
@@ -308,7 +328,17 @@ impl<'e> CudaEngine<'e> {
                         owned.push((key, dtype, vec![rows, cols], data));
                     }
                     Slot::WeightBlocks(b) => {
-                        let (dt, _, bytes) = sources.get(&b.name)?;
+                        let dequantized;
+                        let (dt, bytes) = match &b.dequant {
+                            None => {
+                                let (dt, _, bytes) = sources.get(&b.name)?;
+                                (dt, bytes)
+                            }
+                            Some(d) => {
+                                dequantized = sources.dequantized(&b.name, &d.scale, d.to)?;
+                                (d.to, dequantized.as_slice())
+                            }
+                        };
                         let gathered = dt.size_bytes().and_then(|e| b.gather(bytes, e));
                         let data = gathered.ok_or_else(|| {
                             engine_err(format!(
