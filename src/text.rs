@@ -7,10 +7,19 @@ use specc_models::tokenizer::Tokenizer;
 use specc_models::ModelSpec;
 
 pub struct TextCodec {
-    tok: Tokenizer,
+    /// `None`: a model without a tokenizer (random weights from a bare config), served on
+    /// token ids alone ([`TextCodec::ids_only`]).
+    tok: Option<Tokenizer>,
 }
 
 impl TextCodec {
+    /// The codec of a model with no tokenizer (`--random-weights` from a bare config, as
+    /// vLLM's `--skip-tokenizer-init`): prompts must be token ids; generated ids come back
+    /// as their decimal numbers, each after a space (one text chunk per token).
+    pub fn ids_only() -> Self {
+        TextCodec { tok: None }
+    }
+
     /// Loads the tokenizer of `model_dir` (`tokenizer.json`, else Kimi's `tiktoken.model`)
     /// and checks that every id it can produce lies inside the vocabulary of `spec`
     /// (resolved from `config`): an id past it would be clamped by the embedding into a
@@ -33,31 +42,36 @@ impl TextCodec {
                 );
             }
         }
-        Ok(TextCodec { tok })
+        Ok(TextCodec { tok: Some(tok) })
     }
 
     /// Token ids of `text`, without special tokens (the caller adds BOS).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        self.tok
-            .encode(text)
+        let tok = self.tok.as_ref().ok_or_else(|| {
+            anyhow!("this model has no tokenizer (random weights from a config): send token ids")
+        })?;
+        tok.encode(text)
             .map_err(|e| anyhow!("{}: cannot encode prompt: {e}", self.file_name()))
     }
 
     /// The vocabulary's text of token `id` (BOS / EOS names for chat templates).
     pub fn token_text(&self, id: u32) -> Option<String> {
-        self.tok.id_to_token(id)
+        self.tok.as_ref()?.id_to_token(id)
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.tok
-            .decode(ids, true)
-            .map_err(|e| anyhow!("{}: cannot decode ids: {e}", self.file_name()))
+        match &self.tok {
+            Some(tok) => tok
+                .decode(ids, true)
+                .map_err(|e| anyhow!("{}: cannot decode ids: {e}", self.file_name())),
+            None => Ok(ids.iter().map(|i| format!(" {i}")).collect()),
+        }
     }
 
     fn file_name(&self) -> String {
         self.tok
-            .file()
-            .file_name()
+            .as_ref()
+            .and_then(|t| t.file().file_name())
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
     }
 }

@@ -750,3 +750,53 @@ fn bad_flags_are_one_line_errors() {
         );
     }
 }
+
+/// A random-weights model from a bare config has no tokenizer: it is served on token ids
+/// (prompts as id arrays, each generated id back as " <id>"), and a text prompt or a chat
+/// request is a 400 naming the field.
+#[test]
+fn random_weights_without_a_tokenizer_serve_token_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    std::fs::copy(fixture_config("llama_tied"), &config).unwrap();
+    let s = Server::start(&[config.to_str().unwrap(), "--random-weights", "--no-spec"]);
+    let body = |prompt: Value| json!({"prompt": prompt, "max_tokens": 6, "ignore_eos": true});
+    let whole = s.post("/v1/completions", &body(json!([1, 5, 9])));
+    let text = text_of(&whole);
+    let ids: Vec<u64> = text
+        .split_whitespace()
+        .map(|t| {
+            t.parse()
+                .unwrap_or_else(|_| panic!("not an id: {t:?} in {text:?}"))
+        })
+        .collect();
+    assert_eq!(ids.len(), 6, "{text:?}");
+    assert!(text.starts_with(' '), "{text:?}");
+    assert_eq!(whole.json()["usage"]["completion_tokens"], 6);
+    let mut stream = body(json!([1, 5, 9]));
+    stream["stream"] = json!(true);
+    let (streamed_text, finish, _) = streamed(&s.post("/v1/completions", &stream));
+    assert_eq!(streamed_text, text, "streamed and whole replies differ");
+    assert_eq!(finish, "length");
+    let text_prompt = s.post("/v1/completions", &body(json!("hello")));
+    assert_eq!(text_prompt.status, 400, "{}", text_prompt.body);
+    assert_eq!(text_prompt.json()["error"]["param"], "prompt");
+    assert!(
+        text_prompt.body.contains("no tokenizer"),
+        "{}",
+        text_prompt.body
+    );
+    let chat = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(chat.status, 400, "{}", chat.body);
+    assert_eq!(chat.json()["error"]["param"], "messages");
+}
+
+fn fixture_config(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+        .join("config.json")
+}

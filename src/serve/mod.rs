@@ -82,7 +82,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     let speculative = r.engine.spec.is_some() && !a.no_spec;
     let contract = r.engine.contract(speculative).clone();
     let config = r.model_dir.join(CONFIG_FILE);
-    let codec = Arc::new(TextCodec::open(&r.model_dir, &r.spec, &config)?);
+    let codec = Arc::new(codec_of(&r.model_dir, &r.spec, &config, a.random_weights)?);
     let name_of = |id: Option<u32>| id.and_then(|i| codec.token_text(i)).unwrap_or_default();
     let template = chat::ChatTemplate::load(
         &r.model_dir,
@@ -216,4 +216,22 @@ fn listen(host: &str, port: u16, app: Arc<api::App>) -> Result<SocketAddr> {
         })
         .map_err(|e| anyhow!("cannot start the HTTP thread: {e}"))?;
     Ok(addr)
+}
+
+/// The model's tokenizer; a random-weights model from a bare config (no tokenizer file
+/// beside it) is served on token ids alone.
+fn codec_of(
+    dir: &Path,
+    spec: &specc_models::ModelSpec,
+    config: &Path,
+    random_weights: bool,
+) -> Result<TextCodec> {
+    if random_weights && specc_models::tokenizer::Tokenizer::from_dir(dir)?.is_none() {
+        eprintln!(
+            "{}: no tokenizer beside the config: serving token ids only (prompts as id arrays, completions as their ids)",
+            dir.display()
+        );
+        return Ok(TextCodec::ids_only());
+    }
+    TextCodec::open(dir, spec, config)
 }

@@ -37,7 +37,8 @@ pub struct BenchServeArgs {
     /// max_tokens of each request.
     #[arg(long, value_name = "M", default_value_t = 128)]
     pub max_tokens: usize,
-    /// Prompts, cycled through: one per line, or JSON Lines with a `prompt` field (default:
+    /// Prompts, cycled through: one per line, or JSON Lines with a `prompt` field, a string or
+    /// an array of token ids (for a server without a tokenizer) (default:
     /// a built-in set of 16 short instructions).
     #[arg(long, value_name = "FILE")]
     pub prompts: Option<PathBuf>,
@@ -146,7 +147,7 @@ fn validate(args: &BenchServeArgs) -> Result<()> {
     Ok(())
 }
 
-fn request_body(args: &BenchServeArgs, model: &str, prompt: &str) -> Bytes {
+fn request_body(args: &BenchServeArgs, model: &str, prompt: &serde_json::Value) -> Bytes {
     let mut body = serde_json::json!({
         "model": model,
         "prompt": prompt,

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
 
 /// Used when no `--prompts` file is given: short instructions of varied topics and lengths,
 /// so that prefill is small next to decoding (the figures are about generation).
@@ -25,12 +26,13 @@ const BUILT_IN: &[&str] = &[
     "What should someone consider before adopting a dog?",
 ];
 
-/// The prompts of `file`, or the built-in set. A file is JSON Lines when its first
-/// non-empty line starts with `{` (each non-empty line an object with a string `prompt`),
-/// else plain text with one prompt per non-empty line.
-pub fn load(file: Option<&Path>) -> Result<Vec<String>> {
+/// The prompts of `file`, or the built-in set, as the request's `prompt` value. A file is
+/// JSON Lines when its first non-empty line starts with `{` (each non-empty line an object
+/// whose `prompt` is a string or an array of token ids — the form for a server without a
+/// tokenizer), else plain text with one prompt per non-empty line.
+pub fn load(file: Option<&Path>) -> Result<Vec<Value>> {
     let Some(file) = file else {
-        return Ok(BUILT_IN.iter().map(|s| s.to_string()).collect());
+        return Ok(BUILT_IN.iter().map(|&s| Value::from(s)).collect());
     };
     let text = std::fs::read_to_string(file)
         .with_context(|| format!("cannot read --prompts {}", file.display()))?;
@@ -45,15 +47,21 @@ pub fn load(file: Option<&Path>) -> Result<Vec<String>> {
     let prompts = lines
         .map(|(i, line)| {
             if !jsonl {
-                return Ok(line.to_string());
+                return Ok(Value::from(line));
             }
             let at = || format!("{}:{}", file.display(), i + 1);
-            let v: serde_json::Value = serde_json::from_str(line)
+            let mut v: Value = serde_json::from_str(line)
                 .map_err(|e| anyhow!("{}: not a JSON object: {e}", at()))?;
-            v["prompt"]
-                .as_str()
-                .map(str::to_string)
-                .ok_or_else(|| anyhow!("{}: no string field `prompt`", at()))
+            match v["prompt"].take() {
+                p @ Value::String(_) => Ok(p),
+                Value::Array(ids) if !ids.is_empty() && ids.iter().all(Value::is_u64) => {
+                    Ok(Value::Array(ids))
+                }
+                _ => Err(anyhow!(
+                    "{}: no field `prompt` holding a string or a non-empty array of token ids",
+                    at()
+                )),
+            }
         })
         .collect::<Result<Vec<_>>>()?;
     if prompts.is_empty() {
@@ -81,6 +89,14 @@ mod tests {
             "{\"prompt\": \"a\\nb\"}\n\n{\"prompt\": \"c\", \"id\": 2}\n",
         );
         assert_eq!(load(Some(&p)).unwrap(), ["a\nb", "c"]);
+        let p = write(
+            "ids.jsonl",
+            "{\"prompt\": [1, 20, 300]}\n{\"prompt\": \"d\"}\n",
+        );
+        assert_eq!(
+            load(Some(&p)).unwrap(),
+            [serde_json::json!([1, 20, 300]), Value::from("d")]
+        );
         assert_eq!(load(None).unwrap().len(), BUILT_IN.len());
     }
 
@@ -89,9 +105,16 @@ mod tests {
         let p = write("bad.jsonl", "{\"prompt\": \"a\"}\n{\"text\": \"b\"}\n");
         let err = load(Some(&p)).unwrap_err().to_string();
         assert!(
-            err.ends_with("bad.jsonl:2: no string field `prompt`"),
+            err.ends_with(
+                "bad.jsonl:2: no field `prompt` holding a string or a non-empty array of token ids"
+            ),
             "{err}"
         );
+        for bad in ["[]", "[1, -2]", "[\"a\"]"] {
+            let p = write("badids.jsonl", &format!("{{\"prompt\": {bad}}}\n"));
+            let err = load(Some(&p)).unwrap_err().to_string();
+            assert!(err.ends_with("array of token ids"), "{bad}: {err}");
+        }
         let p = write("broken.jsonl", "{\"prompt\": \"a\"}\n{oops\n");
         let err = load(Some(&p)).unwrap_err().to_string();
         assert!(err.contains("broken.jsonl:2: not a JSON object"), "{err}");
