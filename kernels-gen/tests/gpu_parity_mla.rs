@@ -59,7 +59,7 @@ fn inputs(d: Dims, b: usize, t: usize, ctx: usize, seed: u64) -> Inputs {
         .map(|i| {
             let ti = i % t;
             let chain = (1u64 << (ti + 1)) - 1;
-            let pick = (rng.next(1.0).to_bits() as u64) & chain;
+            let pick = rng.next(1.0).to_bits() & chain;
             ((pick | (1 << ti)) as i64) as f64
         })
         .collect();
