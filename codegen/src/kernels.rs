@@ -410,7 +410,7 @@ fn moe_kernels(
     Ok(fixed(ks.into_iter().map(|k| (k, b)).collect()))
 }
 
-/// `mla_attention`: the tensor-core tiles where [`choose::mla::tile_splits`] takes the
+/// `mla_attention`: the tensor-core tiles where [`choose::mla::tiling`] takes the
 /// shapes (their split partials in scratch), else the generic per-row kernel.
 fn mla_kernels(
     cx: &mut Ctx,
@@ -458,15 +458,17 @@ fn mla_kernels(
         mask: tile_mask.unwrap_or(mla_tile::MlaMask::Causal),
         out: out.loc,
         splits: 1,
+        block_row_tiles: 1,
+        stages: 2,
         partial_acc: out.loc,
         partial_ml: out.loc,
     };
-    let splits = if same && tile_mask.is_some() {
-        choose::mla::tile_splits(&p, cx.target)
+    let tiling = if same && tile_mask.is_some() {
+        choose::mla::tiling(&p, cx.target)
     } else {
         None
     };
-    let Some(splits) = splits else {
+    let Some(tiling) = tiling else {
         let inputs = args
             .iter()
             .map(|&a| cx.arg(a))
@@ -474,9 +476,11 @@ fn mla_kernels(
         let ks = single(&Op::MlaAttention { scale, mask }, &inputs, &out)?;
         return Ok(fixed(ks.into_iter().map(|k| (k, b)).collect()));
     };
-    p.splits = splits;
-    if splits > 1 {
-        let (acc, ml) = p.partial_bytes(splits);
+    p.splits = tiling.splits;
+    p.block_row_tiles = tiling.block_row_tiles;
+    p.stages = tiling.stages;
+    if p.splits > 1 {
+        let (acc, ml) = p.partial_bytes(p.splits);
         p.partial_acc = cx.scratch(acc);
         p.partial_ml = cx.scratch(ml);
     }

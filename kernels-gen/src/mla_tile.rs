@@ -1,12 +1,14 @@
 //! Absorbed multi-head latent attention on tensor cores (`mla_tile`, and `mla_combine` for
 //! context splits): the `mla_attention` op for 16-bit q and caches.
 //!
-//! A block owns 16 query rows of one sequence — rows are (token, head) pairs, `t·H + h`, so
-//! every head and token of a sequence shares the latent cache — and one split of the
-//! context. Per tile of [`TILE_SLOTS`] slots the block stages `[c | pe]` once in shared
-//! memory (cp.async, zero-filled past the range), then
-//! 1. scores: warp `w` computes slots `16w .. 16w+16` of `q·[c | pe]ᵀ` for all 16 rows
-//!    (mma m16n8k16, f32 accumulation), scaled, masked (causal `s ≤ pos`, or the tree:
+//! Query rows are (token, head) pairs, `t·H + h`: every head and token of a sequence reads the
+//! same latent cache rows. A block owns `16·RT` consecutive rows of one sequence (RT row
+//! tiles of 16, four warps each) and one split of the context, so each cache tile is read
+//! from memory once for all of them. Per tile of [`TILE_SLOTS`] slots, staged `[c | pe]` in
+//! shared memory by cp.async [`STAGES`] tiles ahead (zero-filled past the range), the four
+//! warps of row tile `r`
+//! 1. scores: warp `w` computes slots `8w .. 8w+8` of `q·[c | pe]ᵀ` for the 16 rows (mma
+//!    m16n8k16, f32 accumulation), scaled, masked (causal `s ≤ pos`, or the tree:
 //!    `s < prefix` or an ancestor bit) into shared memory;
 //! 2. online softmax per row (8 threads a row): the running max, `p = exp(s − m)` split into
 //!    two 16-bit values `p_hi + p_lo` (written over the row's scores) for the next product,
@@ -14,14 +16,18 @@
 //! 3. output: warp `w` owns latent columns `w·L/4 ..` and adds `p_hi · c + p_lo · c` (two
 //!    mma) to its accumulators after rescaling them.
 //!
-//! The splits cut the context at fixed slots (they depend on the context capacity only), so a
-//! row's result is the same whatever else its block, bucket or step computes: the greedy
-//! tokens of a verify equal those of decoding one token at a time.
+//! The splits cut the context at fixed slots (they depend on the context capacity only), and
+//! a row's sums never depend on the other rows of its block (a tile past a row's end adds
+//! exact zeros and rescales by exactly 1), so a row's result is the same whatever its block
+//! size, bucket or step: the greedy tokens of a verify equal those of decoding one token at
+//! a time.
 //!
+//! A split that starts at or past the end of every row of its block returns before reading
+//! anything (the graph is captured for the capacity; a replay's live lengths are shorter).
 //! Without splits the block writes `R(acc / l)` (0 for a row with no allowed slot); with
-//! splits it writes `acc`, `m`, `l` per split in f32 and `mla_combine` merges them. The
-//! numerics are the interpreter's up to the summation order and `p`'s split (relative error
-//! ~2⁻¹⁷ for bf16).
+//! splits it writes `acc`, `m`, `l` per split in f32 and `mla_combine` folds, per row, the
+//! splits that start before the row's end, in split order. The numerics are the
+//! interpreter's up to the summation order and `p`'s split (relative error ~2⁻¹⁷ for bf16).
 
 use crate::abi::{assemble, Extent, KernelSource, LaunchSpec, Loc, PRELUDE};
 use crate::generic::GENERIC_PRELUDE;
@@ -29,10 +35,14 @@ use crate::writer::{emit, f32_lit, Writer};
 use crate::Error;
 use specc_ir::DType;
 
-/// Cache slots per tile: four warps of 16 slots each in the score phase.
-pub const TILE_SLOTS: u64 = 64;
-/// Query rows per block (one mma row tile).
+/// Cache slots per tile: four warps of 8 slots each in the score phase.
+pub const TILE_SLOTS: u64 = 32;
+/// Query rows per row tile (one mma row tile, four warps).
 pub const TILE_ROWS: u64 = 16;
+/// Row tiles of one block at most (16 warps): 64 rows, all heads of a Kimi-K2 token.
+pub const MAX_BLOCK_ROW_TILES: u64 = 4;
+/// Cache tiles in shared memory: one computed while the next ones load.
+pub const STAGES: u64 = 3;
 /// Shared-memory row padding in elements (16 bytes: `ldmatrix` rows on distinct banks).
 const PAD: u64 = 8;
 const HELPERS: &str = include_str!("../cuda/attn_mma.cuh");
@@ -76,14 +86,19 @@ pub struct MlaTileParams {
     pub out: Loc,
     /// Context splits (1: no partials).
     pub splits: u64,
+    /// Row tiles of 16 rows one block covers (1 ..= [`MAX_BLOCK_ROW_TILES`]).
+    pub block_row_tiles: u64,
+    /// Cache tiles in flight in shared memory (2 ..= [`STAGES`]).
+    pub stages: u64,
     /// f32 `[B, T·H, splits, latent]` and `[B, T·H, splits, 2]` (splits > 1).
     pub partial_acc: Loc,
     pub partial_ml: Loc,
 }
 
 impl MlaTileParams {
+    /// `[q | q_pe]` padded to whole 32-element steps (one `ldmatrix_x4` of a score warp).
     fn k_padded(&self) -> u64 {
-        (self.latent + self.rope).next_multiple_of(16)
+        (self.latent + self.rope).next_multiple_of(32)
     }
 
     /// Slots of each split: the context in `splits` equal ranges of whole tiles.
@@ -93,8 +108,19 @@ impl MlaTileParams {
             .next_multiple_of(TILE_SLOTS)
     }
 
+    /// Row tiles of one sequence (`T·H` rows).
     pub fn row_tiles(&self) -> u64 {
         (self.tokens * self.heads).div_ceil(TILE_ROWS)
+    }
+
+    /// Blocks along the rows of one sequence.
+    pub fn row_blocks(&self) -> u64 {
+        self.row_tiles().div_ceil(self.block_row_tiles.max(1))
+    }
+
+    /// Blocks of the tile kernel.
+    pub fn blocks(&self) -> u64 {
+        self.row_blocks() * self.splits * self.batch
     }
 
     /// Bytes of the partials (`partial_acc`, `partial_ml`) at `splits`.
@@ -106,23 +132,27 @@ impl MlaTileParams {
     /// Dynamic shared memory of one block.
     pub fn smem_bytes(&self) -> u64 {
         let st = self.k_padded() + PAD;
+        let rows = TILE_ROWS * self.block_row_tiles;
         let e = 2;
-        TILE_ROWS * st * e
-            + TILE_SLOTS * st * e
-            + TILE_ROWS * (TILE_SLOTS + 4) * 4
-            + 3 * TILE_ROWS * 4
-            + TILE_ROWS * 8
+        rows * st * e
+            + self.stages * TILE_SLOTS * st * e
+            + rows * (TILE_SLOTS + 4) * 4
+            + 3 * rows * 4
+            + rows * 8
     }
 }
 
 /// Whether the kernel takes these shapes: 16-bit q and caches of one type, the latent dims a
-/// multiple of 32 (four warps of whole 8-column mma tiles), the rope dims of 8 (16-byte
-/// loads), and a block within `smem_limit` bytes of shared memory.
+/// multiple of 32 (four warps of whole 8-column mma tiles), the rope dims of 8
+/// (16-byte loads), 1 to [`MAX_BLOCK_ROW_TILES`] row tiles and 2 to [`STAGES`] stages a
+/// block, and a block within `smem_limit` bytes of shared memory.
 pub fn supported(p: &MlaTileParams, smem_limit: u64) -> bool {
     matches!(p.dtype, DType::BF16 | DType::F16)
         && p.latent.is_multiple_of(32)
         && p.latent > 0
         && p.rope.is_multiple_of(8)
+        && (1..=MAX_BLOCK_ROW_TILES).contains(&p.block_row_tiles)
+        && (2..=STAGES).contains(&p.stages)
         && p.smem_bytes() <= smem_limit
         && p.tokens * p.heads > 0
 }
@@ -141,8 +171,8 @@ pub fn mla_tile(p: &MlaTileParams) -> Result<Vec<KernelSource>, Error> {
             "mla_tile",
             "dims",
             format!(
-                "{} latent {} + rope {} is not a tensor-core shape",
-                p.dtype, p.latent, p.rope
+                "{} latent {} + rope {}, {} row tiles and {} stages a block: not a tensor-core shape",
+                p.dtype, p.latent, p.rope, p.block_row_tiles, p.stages
             ),
         ));
     }
@@ -155,6 +185,47 @@ pub fn mla_tile(p: &MlaTileParams) -> Result<Vec<KernelSource>, Error> {
 
 fn prelude() -> String {
     format!("{PRELUDE}\n{GENERIC_PRELUDE}")
+}
+
+/// The mask's pointers and per-sequence constants (`bi` is the sequence).
+fn mask_setup(w: &mut Writer, p: &MlaTileParams) {
+    match p.mask {
+        MlaMask::Causal => {
+            let pt = crate::generic::c_type(p.pos_dtype);
+            emit!(w, "const {pt}* pos = {};", p.pos.ptr_as(pt, false));
+        }
+        MlaMask::Tree {
+            prefix_len,
+            prefix_dtype,
+            ancestors,
+            words,
+        } => {
+            let pt = crate::generic::c_type(prefix_dtype);
+            emit!(w, "const {pt}* pl = {};", prefix_len.ptr_as(pt, false));
+            emit!(
+                w,
+                "const long long* anc = {};",
+                ancestors.ptr_as("long long", false)
+            );
+            emit!(w, "constexpr long long W = {words};");
+            w.line("const long long prefix = to_i64(pl[bi]);");
+            w.line("const long long nodes = T < 64 * W ? T : 64 * W;");
+        }
+    }
+}
+
+/// `e = ` the end of row `gr`'s allowed slots (every allowed slot is below it).
+fn row_end(w: &mut Writer, p: &MlaTileParams) {
+    match p.mask {
+        MlaMask::Causal => {
+            w.line("const long long pv = to_i64(pos[bi * T + gr / H]);");
+            w.line("e = pv < 0 ? 0 : (pv + 1 < CTX ? pv + 1 : CTX);");
+        }
+        MlaMask::Tree { .. } => {
+            w.line("const long long reach = (prefix > 0 ? prefix : 0) + nodes;");
+            w.line("e = reach < CTX ? reach : CTX;");
+        }
+    }
 }
 
 fn tile(p: &MlaTileParams) -> KernelSource {
@@ -186,73 +257,63 @@ fn tile(p: &MlaTileParams) -> KernelSource {
     );
     emit!(
         w,
+        "constexpr int RT = {}, BR = 16 * RT, NST = {};  // row tiles, rows, stages of a block",
+        p.block_row_tiles,
+        p.stages
+    );
+    emit!(
+        w,
         "constexpr int NCOLW = {ncolw}, NTP = NCOLW / 8;  // latent columns / mma tiles per warp"
     );
     emit!(w, "const float scale = {};", f32_lit(p.scale));
     w.line("extern __shared__ __align__(16) unsigned char smem[];");
-    emit!(w, "{ct}* qs = reinterpret_cast<{ct}*>(smem);  // [16][ST]");
-    emit!(w, "{ct}* cs = qs + 16 * ST;  // [TS][ST]: c | pe | 0");
-    w.comment("[16][SST] f32 scores; after the softmax each row holds p_hi[TS] | p_lo[TS].");
-    w.line("float* ss = reinterpret_cast<float*>(cs + TS * ST);");
+    emit!(w, "{ct}* qs = reinterpret_cast<{ct}*>(smem);  // [BR][ST]");
+    emit!(w, "{ct}* cs = qs + BR * ST;  // [NST][TS][ST]: c | pe | 0");
+    w.comment("[BR][SST] f32 scores; after the softmax each row holds p_hi[TS] | p_lo[TS].");
+    w.line("float* ss = reinterpret_cast<float*>(cs + NST * TS * ST);");
     emit!(w, "{ct}* ps = reinterpret_cast<{ct}*>(ss);");
     w.line("constexpr int PST = 2 * SST;  // a row of ps, in 16-bit elements");
-    w.line("float* m_r = ss + 16 * SST;");
-    w.line("float* l_r = m_r + 16;");
-    w.line("float* a_r = l_r + 16;");
-    w.line("long long* end_r = reinterpret_cast<long long*>(a_r + 16);");
+    w.line("float* m_r = ss + BR * SST;");
+    w.line("float* l_r = m_r + BR;");
+    w.line("float* a_r = l_r + BR;");
+    w.line("long long* end_r = reinterpret_cast<long long*>(a_r + BR);");
     emit!(w, "const {ct}* ql = {};", p.q_lat.ptr_as(ct, false));
     emit!(w, "const {ct}* qp = {};", p.q_pe.ptr_as(ct, false));
     emit!(w, "const {ct}* kc = {};", p.c_cache.ptr_as(ct, false));
     emit!(w, "const {ct}* kp = {};", p.pe_cache.ptr_as(ct, false));
     emit!(w, "{ct}* y = {};", p.out.ptr_as(ct, true));
-    w.line("const long long tile = blockIdx.x, split = blockIdx.y, bi = blockIdx.z;");
+    w.line("const long long split = blockIdx.y, bi = blockIdx.z;");
+    w.line("const long long row0 = (long long)blockIdx.x * BR;  // the block's first row");
     w.line("const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;");
     w.line("const int g = lane >> 2, tq = lane & 3;");
-    match p.mask {
-        MlaMask::Causal => {
-            let pt = crate::generic::c_type(p.pos_dtype);
-            emit!(w, "const {pt}* pos = {};", p.pos.ptr_as(pt, false));
-        }
-        MlaMask::Tree {
-            prefix_len,
-            prefix_dtype,
-            ancestors,
-            words,
-        } => {
-            let pt = crate::generic::c_type(prefix_dtype);
-            emit!(w, "const {pt}* pl = {};", prefix_len.ptr_as(pt, false));
-            emit!(
-                w,
-                "const long long* anc = {};",
-                ancestors.ptr_as("long long", false)
-            );
-            emit!(w, "constexpr long long W = {words};");
-            w.line("const long long prefix = to_i64(pl[bi]);");
-            w.line("const long long nodes = T < 64 * W ? T : 64 * W;");
-        }
-    }
+    w.line("const int rt = warp >> 2, wq = warp & 3, ltid = tid & 127;  // row tile, its warp");
+    mask_setup(&mut w, p);
     w.comment("Per row: the end of its allowed slots (the block's range is their maximum).");
-    w.if_block("tid < 16", |w| {
-        w.line("const long long gr = tile * 16 + tid;");
+    w.if_block("tid < BR", |w| {
+        w.line("const long long gr = row0 + tid;");
         w.line("long long e = 0;");
-        w.if_block("gr < ROWS", |w| match p.mask {
-            MlaMask::Causal => {
-                w.line("const long long pv = to_i64(pos[bi * T + gr / H]);");
-                w.line("e = pv < 0 ? 0 : (pv + 1 < CTX ? pv + 1 : CTX);");
-            }
-            MlaMask::Tree { .. } => {
-                w.line("const long long reach = (prefix > 0 ? prefix : 0) + nodes;");
-                w.line("e = reach < CTX ? reach : CTX;");
-            }
-        });
+        w.if_block("gr < ROWS", |w| row_end(w, p));
         w.line("end_r[tid] = e;");
         w.line("m_r[tid] = neg_inf();");
         w.line("l_r[tid] = 0.0f;");
     });
-    w.comment("q rows: q_lat | q_pe | 0, 16-byte copies.");
-    w.for_block("int i = tid", "i < 16 * (KP / 8)", "i += blockDim.x", |w| {
+    w.line("__syncthreads();");
+    w.line("long long len = 0;");
+    w.line("for (int r = 0; r < BR; ++r) len = end_r[r] > len ? end_r[r] : len;");
+    w.comment("This split's slots: a fixed range of whole tiles (so a row's sums never depend on");
+    w.comment("the other rows of its block or bucket), cut at the block's longest row.");
+    emit!(w, "constexpr long long CHUNK = {};", p.chunk());
+    w.line("const long long s_begin = split * CHUNK;");
+    if p.splits > 1 {
+        w.comment("No row of the block reaches this split: `mla_combine` reads none of it.");
+        w.line("if (s_begin >= len) return;");
+    }
+    w.line("const long long s_end = s_begin + CHUNK < len ? s_begin + CHUNK : len;");
+    w.line("const long long ntiles = s_end > s_begin ? (s_end - s_begin + TS - 1) / TS : 0;");
+    w.comment("q rows: q_lat | q_pe | 0, 16-byte copies (the first cp.async group).");
+    w.for_block("int i = tid", "i < BR * (KP / 8)", "i += blockDim.x", |w| {
         w.line("const int row = i / (KP / 8), kv = (i % (KP / 8)) * 8;");
-        w.line("const long long gr = tile * 16 + row;");
+        w.line("const long long gr = row0 + row;");
         w.line("const bool in = gr < ROWS;");
         emit!(w, "const {ct}* src = ql;");
         w.line("bool ok = false;");
@@ -272,20 +333,9 @@ fn tile(p: &MlaTileParams) -> KernelSource {
         w.line("cp_async16(qs + row * ST + kv, ok ? src : ql, ok);");
     });
     w.line("cp_async_commit();");
-    w.line("cp_async_wait<0>();");
-    w.line("__syncthreads();");
-    w.line("long long len = 0;");
-    w.line("for (int r = 0; r < 16; ++r) len = end_r[r] > len ? end_r[r] : len;");
-    w.comment("This split's slots: a fixed range of whole tiles (so a row's sums never depend on");
-    w.comment("the other rows of its block or bucket), cut at the block's longest row.");
-    emit!(w, "constexpr long long CHUNK = {};", p.chunk());
-    w.line("const long long s_begin = split * CHUNK;");
-    w.line("const long long s_end = s_begin + CHUNK < len ? s_begin + CHUNK : len;");
-    w.line("float acc[NTP + 1][4];");
-    w.for_unrolled("n", 0, "NTP + 1", |w| {
-        w.line("acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;");
-    });
-    w.for_block("long long s0 = s_begin", "s0 < s_end", "s0 += TS", |w| {
+    w.comment("Cache tile `it` of the split into stage `buf` (zero past the range).");
+    w.block_semi("auto load_tile = [&](int buf, long long it)", |w| {
+        w.line("const long long s0 = s_begin + it * TS;");
         w.for_block("int i = tid", "i < TS * (KP / 8)", "i += blockDim.x", |w| {
             w.line("const int j = i / (KP / 8), kv = (i % (KP / 8)) * 8;");
             w.line("const long long s = s0 + j;");
@@ -305,68 +355,86 @@ fn tile(p: &MlaTileParams) -> KernelSource {
                     });
                 },
             );
-            w.line("cp_async16(cs + j * ST + kv, ok ? src : kc, ok);");
+            w.line("cp_async16(cs + (buf * TS + j) * ST + kv, ok ? src : kc, ok);");
         });
+    });
+    w.comment("One cp.async group per stage, empty past the last tile (uniform group counts).");
+    w.for_block("int st = 0", "st < NST - 1", "++st", |w| {
+        w.line("if (st < ntiles) load_tile(st, st);");
         w.line("cp_async_commit();");
-        w.line("cp_async_wait<0>();");
+    });
+    w.line("const int rbase = rt * 16;  // this warp's rows in the block's per-row arrays");
+    emit!(w, "const {ct}* qt = qs + rbase * ST;");
+    w.line("float* st_s = ss + rbase * SST;");
+    emit!(w, "{ct}* pt = ps + rbase * PST;");
+    w.line("float acc[NTP + 1][4];");
+    w.for_unrolled("n", 0, "NTP + 1", |w| {
+        w.line("acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;");
+    });
+    w.for_block("long long it = 0", "it < ntiles", "++it", |w| {
+        w.comment("Tile `it` (and q) landed for every thread; every warp is done with tile");
+        w.comment("`it − 1`, whose stage the next load refills, and with the scores.");
+        w.line("cp_async_wait<NST - 2>();");
         w.line("__syncthreads();");
-        w.comment("Scores of slots 16·warp .. +16 for the 16 rows.");
-        w.line("float sc[2][4] = {};");
-        w.for_block("int kd = 0", "kd < KP / 16", "++kd", |w| {
-            w.line("unsigned a[4], kb[4];");
+        w.line("if (it + NST - 1 < ntiles) load_tile((int)((it + NST - 1) % NST), it + NST - 1);");
+        w.line("cp_async_commit();");
+        emit!(w, "const {ct}* kt = cs + (it % NST) * TS * ST;");
+        w.line("const long long s0 = s_begin + it * TS;");
+        w.comment("Scores of slots 8·wq .. +8 for the row tile's 16 rows, 32 features a step.");
+        w.line("float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};");
+        w.for_block("int kd = 0", "kd < KP / 32", "++kd", |w| {
+            w.line("unsigned a0[4], a1[4], kb[4];");
             w.line(
-                "ldmatrix_x4(a, qs + ((lane & 7) + 8 * ((lane >> 3) & 1)) * ST + kd * 16 + 8 * (lane >> 4));",
+                "const int qr = ((lane & 7) + 8 * ((lane >> 3) & 1)) * ST + kd * 32 + 8 * (lane >> 4);",
             );
-            w.line(
-                "ldmatrix_x4(kb, cs + (16 * warp + (lane & 7) + 8 * (lane >> 4)) * ST + kd * 16 + 8 * ((lane >> 3) & 1));",
-            );
-            emit!(w, "{mma}(sc[0], a, kb[0], kb[1]);");
-            emit!(w, "{mma}(sc[1], a, kb[2], kb[3]);");
+            w.line("ldmatrix_x4(a0, qt + qr);");
+            w.line("ldmatrix_x4(a1, qt + qr + 16);");
+            w.line("ldmatrix_x4(kb, kt + (8 * wq + (lane & 7)) * ST + kd * 32 + 8 * (lane >> 3));");
+            emit!(w, "{mma}(sc, a0, kb[0], kb[1]);");
+            emit!(w, "{mma}(sc, a1, kb[2], kb[3]);");
         });
-        w.for_unrolled("nt", 0, "2", |w| {
-            w.for_unrolled("i", 0, "4", |w| {
-                w.line("const int row = g + (i >= 2 ? 8 : 0);");
-                w.line("const int col = 16 * warp + nt * 8 + 2 * tq + (i & 1);");
-                w.line("const long long s = s0 + col;");
-                w.line("bool ok = s < s_end && s < end_r[row];");
-                if let MlaMask::Tree { .. } = p.mask {
-                    w.line("const long long u = s - prefix;");
-                    w.if_block("ok && u >= 0", |w| {
-                        w.line("const long long gr = tile * 16 + row;");
-                        w.line("const long long* aw = anc + (bi * T + gr / H) * W;");
-                        w.line(
-                            "ok = u < nodes && (((unsigned long long)aw[u >> 6] >> (u & 63)) & 1ull);",
-                        );
-                    });
-                }
-                w.line("ss[row * SST + col] = ok ? __fmul_rn(sc[nt][i], scale) : neg_inf();");
-            });
+        w.for_unrolled("i", 0, "4", |w| {
+            w.line("const int row = g + (i >= 2 ? 8 : 0);");
+            w.line("const int col = 8 * wq + 2 * tq + (i & 1);");
+            w.line("const long long s = s0 + col;");
+            w.line("bool ok = s < s_end && s < end_r[rbase + row];");
+            if let MlaMask::Tree { .. } = p.mask {
+                w.line("const long long u = s - prefix;");
+                w.if_block("ok && u >= 0", |w| {
+                    w.line("const long long gr = row0 + rbase + row;");
+                    w.line("const long long* aw = anc + (bi * T + gr / H) * W;");
+                    w.line(
+                        "ok = u < nodes && (((unsigned long long)aw[u >> 6] >> (u & 63)) & 1ull);",
+                    );
+                });
+            }
+            w.line("st_s[row * SST + col] = ok ? __fmul_rn(sc[i], scale) : neg_inf();");
         });
         w.line("__syncthreads();");
-        w.comment("Online softmax: 8 consecutive threads per row, 8 slots each.");
+        w.comment("Online softmax: 8 consecutive threads of the row tile per row, 4 slots each.");
         w.scope(|w| {
-            w.line("const int row = tid >> 3, part = tid & 7;");
-            w.line("float v[8], mx = neg_inf();");
-            w.for_unrolled("c", 0, "8", |w| {
-                w.line("v[c] = ss[row * SST + part * 8 + c];");
+            w.line("const int row = ltid >> 3, part = ltid & 7;");
+            w.line("float v[TS / 8], mx = neg_inf();");
+            w.for_unrolled("c", 0, "TS / 8", |w| {
+                w.line("v[c] = st_s[row * SST + part * (TS / 8) + c];");
                 w.line("mx = fmaxf(mx, v[c]);");
             });
             w.line("mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));");
             w.line("mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));");
             w.line("mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));");
-            w.line("const float m_old = m_r[row], m_new = fmaxf(m_old, mx);");
+            w.line("const float m_old = m_r[rbase + row], m_new = fmaxf(m_old, mx);");
             w.line("float sum = 0.0f;");
             w.comment("The row's 8 threads are one warp's lanes: all scores are read before any");
             w.comment("thread overwrites the row with p = p_hi + p_lo (two 16-bit halves, so the");
             w.comment("product with the cache keeps p to ~16 bits more than one 16-bit value).");
             w.line("__syncwarp();");
-            w.for_unrolled("c", 0, "8", |w| {
+            w.for_unrolled("c", 0, "TS / 8", |w| {
                 w.line("const float pv = v[c] == neg_inf() ? 0.0f : expf(v[c] - m_new);");
                 emit!(w, "const {ct} hi = from_f32<{ct}>(pv);");
-                emit!(w, "ps[row * PST + part * 8 + c] = hi;");
+                emit!(w, "pt[row * PST + part * (TS / 8) + c] = hi;");
                 emit!(
                     w,
-                    "ps[row * PST + TS + part * 8 + c] = from_f32<{ct}>(pv - to_f32(hi));"
+                    "pt[row * PST + TS + part * (TS / 8) + c] = from_f32<{ct}>(pv - to_f32(hi));"
                 );
                 w.line("sum += pv;");
             });
@@ -376,28 +444,28 @@ fn tile(p: &MlaTileParams) -> KernelSource {
             w.line("__syncwarp();");
             w.if_block("part == 0", |w| {
                 w.line("const float alpha = m_old == neg_inf() ? 0.0f : expf(m_old - m_new);");
-                w.line("a_r[row] = alpha;");
-                w.line("l_r[row] = l_r[row] * alpha + sum;");
-                w.line("m_r[row] = m_new;");
+                w.line("a_r[rbase + row] = alpha;");
+                w.line("l_r[rbase + row] = __fmaf_rn(l_r[rbase + row], alpha, sum);");
+                w.line("m_r[rbase + row] = m_new;");
             });
         });
         w.line("__syncthreads();");
         w.comment("acc = alpha·acc + p·c over this warp's latent columns.");
-        w.line("const float a0 = a_r[g], a1 = a_r[g + 8];");
+        w.line("const float al0 = a_r[rbase + g], al1 = a_r[rbase + g + 8];");
         w.for_unrolled("n", 0, "NTP", |w| {
-            w.line("acc[n][0] *= a0; acc[n][1] *= a0; acc[n][2] *= a1; acc[n][3] *= a1;");
+            w.line("acc[n][0] *= al0; acc[n][1] *= al0; acc[n][2] *= al1; acc[n][3] *= al1;");
         });
         w.for_unrolled("k2", 0, "TS / 16", |w| {
             w.line("unsigned pa[4], pl[4];");
             w.line(
                 "const int pr = ((lane & 7) + 8 * ((lane >> 3) & 1)) * PST + k2 * 16 + 8 * (lane >> 4);",
             );
-            w.line("ldmatrix_x4(pa, ps + pr);");
-            w.line("ldmatrix_x4(pl, ps + pr + TS);");
+            w.line("ldmatrix_x4(pa, pt + pr);");
+            w.line("ldmatrix_x4(pl, pt + pr + TS);");
             w.for_unrolled("n2", 0, "(NTP + 1) / 2", |w| {
                 w.line("unsigned vb[4];");
                 w.line(
-                    "ldmatrix_x4_trans(vb, cs + (k2 * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * ST + warp * NCOLW + n2 * 16 + 8 * (lane >> 4));",
+                    "ldmatrix_x4_trans(vb, kt + (k2 * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * ST + wq * NCOLW + n2 * 16 + 8 * (lane >> 4));",
                 );
                 emit!(w, "{mma}(acc[2 * n2], pa, vb[0], vb[1]);");
                 emit!(w, "{mma}(acc[2 * n2], pl, vb[0], vb[1]);");
@@ -407,16 +475,16 @@ fn tile(p: &MlaTileParams) -> KernelSource {
                 });
             });
         });
-        w.line("__syncthreads();  // the tile, scores and probabilities are read");
     });
+    w.line("cp_async_wait<0>();");
     if p.splits == 1 {
         w.for_unrolled("hf", 0, "2", |w| {
             w.line("const int row = g + 8 * hf;");
-            w.line("const long long gr = tile * 16 + row;");
+            w.line("const long long gr = row0 + rbase + row;");
             w.if_block("gr < ROWS", |w| {
-                w.line("const float l = l_r[row];");
+                w.line("const float l = l_r[rbase + row];");
                 w.for_unrolled("n", 0, "NTP", |w| {
-                    w.line("const long long col = warp * NCOLW + n * 8 + 2 * tq;");
+                    w.line("const long long col = wq * NCOLW + n * 8 + 2 * tq;");
                     w.line("const float v0 = l > 0.0f ? acc[n][2 * hf] / l : 0.0f;");
                     w.line("const float v1 = l > 0.0f ? acc[n][2 * hf + 1] / l : 0.0f;");
                     emit!(w, "y[(bi * ROWS + gr) * L + col] = from_f32<{ct}>(v0);");
@@ -429,29 +497,30 @@ fn tile(p: &MlaTileParams) -> KernelSource {
         emit!(w, "float* pml = {};", p.partial_ml.ptr_as("float", true));
         w.for_unrolled("hf", 0, "2", |w| {
             w.line("const int row = g + 8 * hf;");
-            w.line("const long long gr = tile * 16 + row;");
+            w.line("const long long gr = row0 + rbase + row;");
             w.if_block("gr < ROWS", |w| {
                 w.line("float* pr = po + ((bi * ROWS + gr) * S + split) * L;");
                 w.for_unrolled("n", 0, "NTP", |w| {
-                    w.line("const long long col = warp * NCOLW + n * 8 + 2 * tq;");
-                    w.line("pr[col] = acc[n][2 * hf];");
-                    w.line("pr[col + 1] = acc[n][2 * hf + 1];");
+                    w.line("const long long col = wq * NCOLW + n * 8 + 2 * tq;");
+                    w.line(
+                        "*reinterpret_cast<float2*>(pr + col) = make_float2(acc[n][2 * hf], acc[n][2 * hf + 1]);",
+                    );
                 });
             });
         });
-        w.if_block("tid < 16 && tile * 16 + tid < ROWS", |w| {
-            w.line("float* q = pml + ((bi * ROWS + tile * 16 + tid) * S + split) * 2;");
+        w.if_block("tid < BR && row0 + tid < ROWS", |w| {
+            w.line("float* q = pml + ((bi * ROWS + row0 + tid) * S + split) * 2;");
             w.line("q[0] = m_r[tid];");
             w.line("q[1] = l_r[tid];");
         });
     }
     let launch = LaunchSpec {
         grid: [
-            Extent::Fixed(p.row_tiles() as u32),
+            Extent::Fixed(p.row_blocks() as u32),
             Extent::Fixed(p.splits as u32),
             Extent::Fixed(p.batch as u32),
         ],
-        block: [128, 1, 1],
+        block: [(128 * p.block_row_tiles) as u32, 1, 1],
         smem_bytes: p.smem_bytes() as u32,
     };
     assemble(
@@ -465,12 +534,26 @@ fn tile(p: &MlaTileParams) -> KernelSource {
     )
 }
 
-/// One block per query row: `y = R(Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s)`, 0 where no
-/// split saw an allowed slot.
+/// Columns of the latent one combine block writes (one a thread).
+const COMBINE_COLS: u64 = 128;
+
+/// One block per query row and 128 latent columns: over the splits that start before the
+/// row's end (the only ones the tile kernel wrote for it), in split order,
+/// `y = R(Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s)`, 0 where no split saw an allowed slot.
+/// The order and the set of splits depend on the row alone, never on the bucket.
 fn combine(p: &MlaTileParams) -> KernelSource {
     let ct = c_type(p.dtype);
     let mut w = Writer::at_depth(1);
-    emit!(w, "constexpr long long L = {}, S = {};", p.latent, p.splits);
+    emit!(
+        w,
+        "constexpr long long T = {}, H = {}, L = {}, CTX = {}, ROWS = T * H, S = {}, CHUNK = {};",
+        p.tokens,
+        p.heads,
+        p.latent,
+        p.ctx,
+        p.splits,
+        p.chunk()
+    );
     emit!(
         w,
         "const float* po = {};",
@@ -482,21 +565,30 @@ fn combine(p: &MlaTileParams) -> KernelSource {
         p.partial_ml.ptr_as("float", false)
     );
     emit!(w, "{ct}* y = {};", p.out.ptr_as(ct, true));
-    w.line("const long long row = blockIdx.x;");
+    w.line("const long long row = blockIdx.x, bi = row / ROWS, gr = row % ROWS;");
+    mask_setup(&mut w, p);
+    w.line("long long e = 0;");
+    row_end(&mut w, p);
+    w.line("const long long live = (e + CHUNK - 1) / CHUNK < S ? (e + CHUNK - 1) / CHUNK : S;");
     w.line("const float* ml = pml + row * S * 2;");
     w.line("float mx = neg_inf();");
-    w.line("for (int s = 0; s < S; ++s) mx = fmaxf(mx, ml[2 * s]);");
-    w.line("float den = 0.0f;");
-    w.for_block("int s = 0", "s < S", "++s", |w| {
-        w.line("if (ml[2 * s] != neg_inf()) den += expf(ml[2 * s] - mx) * ml[2 * s + 1];");
-    });
-    w.for_block("long long i = threadIdx.x", "i < L", "i += blockDim.x", |w| {
-        w.line("float num = 0.0f;");
-        w.for_block("int s = 0", "s < S", "++s", |w| {
-            w.line(
-                "if (ml[2 * s] != neg_inf()) num += expf(ml[2 * s] - mx) * po[(row * S + s) * L + i];",
-            );
+    w.line("for (long long s = 0; s < live; ++s) mx = fmaxf(mx, ml[2 * s]);");
+    w.line("float den = 0.0f, num = 0.0f;");
+    emit!(
+        w,
+        "const long long i = (long long)blockIdx.y * {COMBINE_COLS} + threadIdx.x;"
+    );
+    w.line("const float* pa = po + row * S * L + (i < L ? i : 0);");
+    w.line("#pragma unroll 4");
+    w.for_block("long long s = 0", "s < live", "++s", |w| {
+        w.line("const float m = ml[2 * s];");
+        w.if_block("m != neg_inf()", |w| {
+            w.line("const float f = expf(m - mx);");
+            w.line("den = __fmaf_rn(f, ml[2 * s + 1], den);");
+            w.line("num = __fmaf_rn(f, pa[s * L], num);");
         });
+    });
+    w.if_block("i < L", |w| {
         emit!(
             w,
             "y[row * L + i] = from_f32<{ct}>(den > 0.0f ? num / den : 0.0f);"
@@ -506,10 +598,10 @@ fn combine(p: &MlaTileParams) -> KernelSource {
     let launch = LaunchSpec {
         grid: [
             Extent::Fixed(rows as u32),
-            Extent::Fixed(1),
+            Extent::Fixed(p.latent.div_ceil(COMBINE_COLS) as u32),
             Extent::Fixed(1),
         ],
-        block: [128, 1, 1],
+        block: [COMBINE_COLS as u32, 1, 1],
         smem_bytes: 0,
     };
     assemble(

@@ -1,21 +1,77 @@
 //! MLA attention: the tensor-core tiles (`mla_tile`) for 16-bit q and caches whose dims
-//! they take, with their context splits; else the generic per-row kernel.
+//! they take, with their context splits and block shape; else the generic per-row kernel.
 
 use specc_ir::engine::Target;
-use specc_kernels_gen::mla_tile::{self, MlaTileParams, TILE_SLOTS};
+use specc_kernels_gen::mla_tile::{self, MlaTileParams, MAX_BLOCK_ROW_TILES, STAGES, TILE_SLOTS};
 
-/// Slots per split at least: two tiles.
-const MIN_SPLIT_SLOTS: u64 = 2 * TILE_SLOTS;
-/// Context splits at most: the f32 partials hold `rows · splits · latent` values.
-const MAX_SPLITS: u64 = 8;
+/// Slots per split at least: four tiles, so that staging a block's q rows (as many bytes as
+/// two tiles at 64 rows) stays a small part of what a split reads.
+const MIN_SPLIT_SLOTS: u64 = 4 * TILE_SLOTS;
+/// Context splits at most: at 8192 slots, 64 splits of 128 slots give a decode of one
+/// Kimi-K2 token (64 heads) 128 blocks of 32 rows for the H200's 132 SMs, while the f32
+/// partials (`rows · splits · latent`, written and read once by `mla_combine`) stay below the
+/// bytes of the cache they summarise at 64 heads (2 KiB per row and split against 1152 B per
+/// slot: 64 · 64 · 2 KiB = 8 MiB for 9.4 MB of cache).
+const MAX_SPLITS: u64 = 64;
 
-/// The splits of the tiles for `p` on `target`, or `None` where the tiles do not take it.
-/// They depend on the context capacity alone, never on the bucket (batch, tokens), so every
-/// graph of an engine cuts a row's context at the same slots and its sums are the same (the
-/// batch invariance greedy exactness needs); at 8192 slots that is 8 splits of 1024.
-pub fn tile_splits(p: &MlaTileParams, target: &Target) -> Option<u64> {
-    if !mla_tile::supported(p, target.smem_per_block as u64) {
-        return None;
-    }
-    Some(p.ctx.div_ceil(MIN_SPLIT_SLOTS).clamp(1, MAX_SPLITS))
+/// How the tiles run one launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlaTiling {
+    pub splits: u64,
+    pub block_row_tiles: u64,
+    pub stages: u64,
+}
+
+/// Context splits at `ctx` slots of capacity. They depend on the capacity alone, never on
+/// the bucket (batch, tokens) or the block shape, so every graph of an engine cuts a row's
+/// context at the same slots and folds the same partials in the same order: a row's result
+/// is bitwise the same in every bucket (the batch invariance greedy exactness needs). At 8192
+/// slots: 64 splits of 128.
+pub fn tile_splits(ctx: u64) -> u64 {
+    ctx.div_ceil(MIN_SPLIT_SLOTS).clamp(1, MAX_SPLITS)
+}
+
+/// The tiling of `p` on `target`, or `None` where the tiles do not take it.
+///
+/// Row tiles per block: each cache tile is staged once per block, so a block takes as many
+/// of its sequence's row tiles as it can (4, 2 or 1: whole warps groups of 16 rows, the
+/// power of two that splits 64 heads evenly) while the launch still has blocks for three
+/// quarters of the SMs — at decode with one 64-head token, 2 (128 blocks at 8192 slots);
+/// at batch 8, 4 (each cache tile read once). A block's row count never changes a row's
+/// result (tiles past a row's end add exact zeros), so this is free to depend on the bucket.
+/// Stages: three cache tiles in shared memory (two loading while one is computed) where
+/// they fit, else two.
+pub fn tiling(p: &MlaTileParams, target: &Target) -> Option<MlaTiling> {
+    let splits = tile_splits(p.ctx);
+    let smem = target.smem_per_block as u64;
+    let fits = |rt: u64| {
+        (2..=STAGES).rev().find_map(|stages| {
+            let q = MlaTileParams {
+                splits,
+                block_row_tiles: rt,
+                stages,
+                ..*p
+            };
+            mla_tile::supported(&q, smem).then_some((
+                q.blocks(),
+                MlaTiling {
+                    splits,
+                    block_row_tiles: rt,
+                    stages,
+                },
+            ))
+        })
+    };
+    let most = p.row_tiles().min(MAX_BLOCK_ROW_TILES);
+    let candidates: Vec<(u64, MlaTiling)> = [4u64, 2, 1]
+        .into_iter()
+        .filter(|&rt| rt <= most || rt == 1)
+        .filter_map(fits)
+        .collect();
+    let busy = (target.sms as u64 * 3).div_ceil(4);
+    candidates
+        .iter()
+        .find(|(blocks, _)| *blocks >= busy)
+        .or(candidates.last())
+        .map(|(_, t)| *t)
 }
