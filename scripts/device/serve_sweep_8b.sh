@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# `specc serve` at the Llama-3.1-8B shape (random bf16 weights, no tokenizer: token-id
+# prompts) against `specc bench-serve`, concurrency 1, 4, 16, 64, for plain decoding and for
+# each spec given (bench/configs/*.toml, drafts with random weights: near-zero acceptance, the
+# worst case for speculation). JSON per run in $OUT. Pack first: scripts/gpu-pack --specc
+# Usage: bash scripts/device/serve_sweep_8b.sh none draft-1b-k7 ...   (LANES, REQUESTS, TOKENS)
+set -uo pipefail
+export SPECC_CACHE_DIR=/tmp/specc-cache
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+find .gpu2 -name '*.gz' -exec gunzip -kf {} \;
+chmod +x .gpu2/specc 2>/dev/null
+S=.gpu2/specc
+LANES=${LANES:-16} REQUESTS=${REQUESTS:-32} TOKENS=${TOKENS:-64}
+# 16 prompts of 32–95 token ids each (ids inside every Llama-3 vocabulary).
+python3 -c '
+import json, random
+r = random.Random(7)
+for i in range(16):
+    print(json.dumps({"prompt": [r.randrange(1000, 100000) for _ in range(32 + 4 * i)]}))
+' > /tmp/ids.jsonl
+for m in "$@"; do
+  if [[ $m == none ]]; then flags=(--no-spec); else flags=(--spec "bench/configs/$m.toml"); fi
+  port=$((8100 + RANDOM % 500))
+  $S serve bench/configs/llama-3.1-8b/config.json --random-weights --backend cuda \
+    --lanes "$LANES" --max-context 2048 --port $port "${flags[@]}" > "$OUT/serve8b_$m.log" 2>&1 &
+  pid=$!
+  for i in $(seq 1 240); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 1; done
+  echo "== sweep 8B $m (ready after ${i}s)"
+  timeout 300 $S bench-serve --url "http://127.0.0.1:$port" --concurrency 1,4,16,64 \
+    --requests "$REQUESTS" --max-tokens "$TOKENS" --ignore-eos --prompts /tmp/ids.jsonl \
+    --json "$OUT/sweep8b_$m.json" 2>&1 | tail -7
+  curl -s "http://127.0.0.1:$port/metrics" | grep -E "spec_decode_num_accepted|spec_decode_num_draft_tokens_total|variant" | head -6
+  kill $pid; wait $pid 2>/dev/null
+  tail -3 "$OUT/serve8b_$m.log"
+done
