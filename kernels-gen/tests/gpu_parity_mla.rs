@@ -109,8 +109,8 @@ fn reference(pl: &Planned, x: &Inputs, tree: bool) -> Vec<f64> {
     let mut g = Reference::new();
     let ql = g.input("q_lat", tensor(BF, &[b, t, h, l], &x.q_lat));
     let qp = g.input("q_pe", tensor(BF, &[b, t, h, r], &x.q_pe));
-    let c = g.input("c", tensor(BF, &[b, ctx, l], &x.c));
-    let pe = g.input("pe", tensor(BF, &[b, ctx, r], &x.pe));
+    let c = g.input("c", tensor(BF, &[b, ctx, 1, l], &x.c));
+    let pe = g.input("pe", tensor(BF, &[b, ctx, 1, r], &x.pe));
     let pos = g.input("pos", tensor(Dtype::I32, &[b, t], &x.pos));
     let mut args = vec![ql, qp, c, pe, pos];
     if tree {
