@@ -146,7 +146,10 @@ mod tests {
         let mut f32_x = p.clone();
         f32_x.x.dtype = Dtype::F32;
         assert!(tiling(&f32_x, 64, &h).is_none());
-        assert!(tiling(&params(4100, 4096, false), 64, &h).is_none(), "K % 8");
+        assert!(
+            tiling(&params(4100, 4096, false), 64, &h).is_none(),
+            "K % 8"
+        );
     }
 
     /// Every tile fits its target's shared memory (sm_120's 99 KiB too, with fewer

@@ -350,12 +350,8 @@ mod tests {
 
     #[test]
     fn tensor_cores_for_several_rows_of_16_bit_operands() {
-        let mma = |p: &GemvParams| {
-            matches!(
-                core(p, p.row_tile, &hopper()),
-                MatmulCore::TensorCores(_)
-            )
-        };
+        let mma =
+            |p: &GemvParams| matches!(core(p, p.row_tile, &hopper()), MatmulCore::TensorCores(_));
         assert!(mma(&params(8, 256, 512, false, Dtype::BF16)));
         assert!(mma(&params(2, 256, 512, true, Dtype::F16)));
         // One row: tensor cores for a plain (or residual) projection, CUDA cores for a normed
@@ -379,7 +375,10 @@ mod tests {
         // From `GEMM_MIN_ROWS` rows in the launch: the tiled GEMM.
         let wide = params(64, 256, 512, false, Dtype::BF16);
         assert!(matches!(core(&wide, 64, &hopper()), MatmulCore::Gemm(_)));
-        assert!(matches!(core(&wide, 31, &hopper()), MatmulCore::TensorCores(_)));
+        assert!(matches!(
+            core(&wide, 31, &hopper()),
+            MatmulCore::TensorCores(_)
+        ));
     }
 
     /// The row policy (measured, see [`NORM_FUSED_MAX_ROWS`]): up to 8 rows the register

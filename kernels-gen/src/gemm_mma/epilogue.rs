@@ -39,9 +39,12 @@ pub(super) fn emit(w: &mut Writer, p: &GemvParams) {
     }
     let argmax = p.argmax_partials;
     if argmax.is_some() {
-        w.line("ArgmaxPair best[MI][2];  // rows g and g + 8 of each fragment");
+        w.comment("the best (value, column) of rows g and g + 8 of each fragment");
+        w.line("float best_v[MI][2];");
+        w.line("int best_i[MI][2];");
         w.for_unrolled("mi", 0, "MI", |w| {
-            w.line("best[mi][0] = best[mi][1] = ArgmaxPair{neg_inf(), 0x7fffffff};");
+            w.line("best_v[mi][0] = best_v[mi][1] = neg_inf();");
+            w.line("best_i[mi][0] = best_i[mi][1] = 0x7fffffff;");
         });
     }
     let up = p.gate_up().then_some("acc[1][mi][ni][d]");
@@ -49,10 +52,14 @@ pub(super) fn emit(w: &mut Writer, p: &GemvParams) {
     for_each_element(w, |w| {
         emit_epilogue_value(w, p, "acc[0][mi][ni][d]", up, res);
         if argmax.is_some() {
-            w.line("ArgmaxPair& b = best[mi][d >> 1];");
-            w.if_block("live && argmax_better(v, n, b.v, b.i)", |w| {
-                w.line("b = ArgmaxPair{v, n};");
-            });
+            w.line("const int h = d >> 1;");
+            w.if_block(
+                "live && argmax_better(v, n, best_v[mi][h], best_i[mi][h])",
+                |w| {
+                    w.line("best_v[mi][h] = v;");
+                    w.line("best_i[mi][h] = n;");
+                },
+            );
         }
     });
     let Some(part) = argmax else { return };
@@ -60,21 +67,28 @@ pub(super) fn emit(w: &mut Writer, p: &GemvParams) {
     w.line("__shared__ ArgmaxPair cand[WN][BM];");
     w.for_unrolled("mi", 0, "MI", |w| {
         w.for_unrolled("h", 0, 2, |w| {
-            w.line("const ArgmaxPair b = quad_row_argmax(best[mi][h]);");
+            w.line(
+                "const ArgmaxPair b = quad_row_argmax(ArgmaxPair{best_v[mi][h], best_i[mi][h]});",
+            );
             w.line("if (t == 0) cand[warp % WN][wm0 + 16 * mi + g + 8 * h] = b;");
         });
     });
     w.line("__syncthreads();");
-    w.for_block("int m = threadIdx.x", "m < BM && m0 + m < M", "m += NT", |w| {
-        w.line("ArgmaxPair b = cand[0][m];");
-        w.for_block("int j = 1", "j < WN", "++j", |w| {
-            w.line("const ArgmaxPair a = cand[j][m];");
-            w.line("if (argmax_better(a.v, a.i, b.v, b.i)) b = a;");
-        });
-        emit!(
-            w,
-            "({})[(long long)(m0 + m) * gridDim.y + blockIdx.y] = b;",
-            part.ptr_as("ArgmaxPair", true)
-        );
-    });
+    w.for_block(
+        "int m = threadIdx.x",
+        "m < BM && m0 + m < M",
+        "m += NT",
+        |w| {
+            w.line("ArgmaxPair b = cand[0][m];");
+            w.for_block("int j = 1", "j < WN", "++j", |w| {
+                w.line("const ArgmaxPair a = cand[j][m];");
+                w.line("if (argmax_better(a.v, a.i, b.v, b.i)) b = a;");
+            });
+            emit!(
+                w,
+                "({})[(long long)(m0 + m) * gridDim.y + blockIdx.y] = b;",
+                part.ptr_as("ArgmaxPair", true)
+            );
+        },
+    );
 }

@@ -80,9 +80,7 @@ fn emit_k16(w: &mut Writer, k16: &str) {
         w.for_unrolled("j", 0, "NI / 2", |w| {
             w.comment("b0, b1 of columns 16j .. 16j + 7, then of 16j + 8 .. 16j + 15");
             w.line("unsigned b[4];");
-            w.line(
-                "const int r = BM + gm * BN + wn0 + 16 * j + (lane & 7) + ((lane >> 4) << 3);",
-            );
+            w.line("const int r = BM + gm * BN + wn0 + 16 * j + (lane & 7) + ((lane >> 4) << 3);");
             w.line("const int c = 2 * kk + ((lane >> 3) & 1);");
             w.line("ldmatrix_x4(b, st + r * CPR + (c ^ (r & 7)));");
             w.for_unrolled("mi", 0, "MI", |w| {
@@ -127,9 +125,7 @@ fn emit_stage(w: &mut Writer, p: &GemvParams, s: &str, kt: &str) {
                 "const void* src = {base} + (long long)n * K + kb + 8 * c;"
             );
             w.line("const int rs = BM + r;");
-            w.line(
-                "cp_async16(dst + rs * CPR + (c ^ (rs & 7)), ok ? src : (const void*)w0, ok);",
-            );
+            w.line("cp_async16(dst + rs * CPR + (c ^ (rs & 7)), ok ? src : (const void*)w0, ok);");
         });
     });
 }

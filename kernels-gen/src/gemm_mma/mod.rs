@@ -148,7 +148,11 @@ pub fn gemm_mma(p: &GemvParams, t: &GemmTiling) -> Result<KernelSource, Error> {
         t.bn
     );
     emit!(w, "constexpr int BK = {};  // k per stage", t.bk);
-    emit!(w, "constexpr int G = {};  // matrices: 2 for gate and up", mats(p));
+    emit!(
+        w,
+        "constexpr int G = {};  // matrices: 2 for gate and up",
+        mats(p)
+    );
     emit!(w, "constexpr int WM = {};  // warps across rows", t.wm);
     emit!(w, "constexpr int WN = {};  // warps across columns", t.wn);
     w.line("constexpr int NT = 32 * WM * WN;");
