@@ -238,7 +238,7 @@ fn checked_rows(c: Case) -> Vec<usize> {
 
 /// Checks case `c` with `d` (generated for at least `c.m` rows).
 fn check(gpu: &Gpu, c: Case, d: &Data) {
-    let (s, kernels, mut mem) = prepare(gpu, c, &d);
+    let (s, kernels, mut mem) = prepare(gpu, c, d);
     gpu.run(&mut mem, &kernels.iter().collect::<Vec<_>>(), bucket(c.m));
     let got = output(c, &s, &mem);
     let rows = checked_rows(c);
