@@ -203,6 +203,7 @@ impl Ctx<'_> {
                 });
                 gemv_mma::gemv_mma_split(p, t, split)
             }
+            (MatmulCore::Gemm(t), None) => specc_kernels_gen::gemm_mma::gemm_mma(p, t),
         }
     }
 

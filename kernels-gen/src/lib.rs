@@ -9,7 +9,7 @@
 //! parameters, through the structured [`writer`].
 //!
 //! Families: [`gemv::gemv`] (and its tensor-core variant [`gemv_mma::gemv_mma`] for
-//! row tiles of 2..=64, and [`gemv_quant::gemv_quant`] over int4 / fp8 weights read as
+//! row tiles of 2..=64, the tiled tensor-core GEMM [`gemm_mma::gemm_mma`] for many rows, and [`gemv_quant::gemv_quant`] over int4 / fp8 weights read as
 //! stored, [`quant`]; the first two carry the q|k|v RoPE + KV-write epilogue of [`qkv_rope`]), [`norm::rmsnorm`], [`elementwise::binary`] (add, mul,
 //! silu_mul), [`elementwise::embedding`], [`rope::rope_kv`], [`attention::attention`]
 //! (split + combine; [`attention_mma`] on tensor cores for many rows per sequence), [`argmax::argmax`].
@@ -27,6 +27,7 @@ pub mod attention;
 pub mod attention_mma;
 pub mod elementwise;
 mod error;
+pub mod gemm_mma;
 pub mod gemv;
 pub mod gemv_mma;
 pub mod gemv_quant;

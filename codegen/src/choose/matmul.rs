@@ -17,11 +17,16 @@ use specc_kernels_gen::qkv_rope;
 /// chosen without K split across blocks (enough blocks come from the row tiles).
 pub const SPLIT_COUNTERS: u32 = 512;
 
-/// The kernel and work split for `p` over at most `rows` rows on `target`: the tensor-core
-/// kernel with [`tiling`] where [`supports`] holds, else the CUDA-core kernel.
+/// The kernel and work split for `p` over at most `rows` rows on `target`: the tiled GEMM
+/// where [`super::gemm::tiling`] gives it a tile (from [`super::gemm::GEMM_MIN_ROWS`] rows),
+/// else the tensor-core GEMV with [`tiling`] where [`supports`] holds, else the CUDA-core
+/// kernel.
 pub fn core(p: &GemvParams, rows: u32, target: &Target) -> MatmulCore {
     if !supports(p) {
         return MatmulCore::CudaCores(p.tiling());
+    }
+    if let Some(t) = super::gemm::tiling(p, rows, target) {
+        return MatmulCore::Gemm(t);
     }
     let mut t = tiling(p, target);
     if split_needs(p, &t, rows).is_some_and(|n| n.counters > SPLIT_COUNTERS) {
@@ -77,6 +82,7 @@ pub fn partials_per_row(p: &GemvParams, core: &MatmulCore) -> u32 {
         MatmulCore::CudaCores(t) => p.n.div_ceil(t.warps * t.cols_per_warp),
         MatmulCore::TensorCores(t) => specc_kernels_gen::gemv_mma::partials_per_row(p, t),
         MatmulCore::Dequant(t) => specc_kernels_gen::gemv_quant::partials_per_row(p, t),
+        MatmulCore::Gemm(t) => specc_kernels_gen::gemm_mma::partials_per_row(p, t),
     }
 }
 
@@ -344,7 +350,8 @@ mod tests {
 
     #[test]
     fn tensor_cores_for_several_rows_of_16_bit_operands() {
-        let mma = |p: &GemvParams| matches!(core(p, 64, &hopper()), MatmulCore::TensorCores(_));
+        let mma =
+            |p: &GemvParams| matches!(core(p, p.row_tile, &hopper()), MatmulCore::TensorCores(_));
         assert!(mma(&params(8, 256, 512, false, Dtype::BF16)));
         assert!(mma(&params(2, 256, 512, true, Dtype::F16)));
         // One row: tensor cores for a plain (or residual) projection, CUDA cores for a normed
@@ -365,6 +372,13 @@ mod tests {
         mixed.x.dtype = Dtype::F32;
         assert!(!supports(&mixed));
         assert!(!mma(&mixed));
+        // From `GEMM_MIN_ROWS` rows in the launch: the tiled GEMM.
+        let wide = params(64, 256, 512, false, Dtype::BF16);
+        assert!(matches!(core(&wide, 64, &hopper()), MatmulCore::Gemm(_)));
+        assert!(matches!(
+            core(&wide, 31, &hopper()),
+            MatmulCore::TensorCores(_)
+        ));
     }
 
     /// The row policy (measured, see [`NORM_FUSED_MAX_ROWS`]): up to 8 rows the register

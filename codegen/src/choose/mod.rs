@@ -7,6 +7,7 @@
 //! architectures come from the target.
 
 pub mod attention;
+pub mod gemm;
 pub mod matmul;
 pub mod mla;
 pub mod moe;
@@ -34,6 +35,7 @@ pub fn matmul_kernel(
     match matmul::core(p, rows, target) {
         MatmulCore::CudaCores(t) => gemv_tiled(p, &t),
         MatmulCore::TensorCores(t) => gemv_mma_split(p, &t, split),
+        MatmulCore::Gemm(t) => specc_kernels_gen::gemm_mma::gemm_mma(p, &t),
         MatmulCore::Dequant(_) => Err(Error::Unsupported {
             family: "gemv_q",
             op: "matmul",

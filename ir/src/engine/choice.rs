@@ -40,6 +40,9 @@ pub enum MatmulCore {
     /// The CUDA-core kernel over int4 / fp8 weights read as stored and dequantised in
     /// registers (`gemv_q`); `vec` counts weight elements per load.
     Dequant(GemvTiling),
+    /// The tiled tensor-core GEMM (`gemm_mma`) for many rows: row and column tiles staged
+    /// in shared memory, each weight tile read once per row tile.
+    Gemm(GemmTiling),
 }
 
 /// Where the RMSNorm of the matmul's input runs.
@@ -98,6 +101,30 @@ pub struct MmaTiling {
     /// K splits across blocks (grid z). Above 1 each split stores its partial sums to
     /// scratch and the last split to arrive sums them in split order and runs the epilogue.
     pub ks: u32,
+}
+
+/// Block tile of the tensor-core GEMM (`gemm_mma`): a block computes `bm` rows × `bn`
+/// columns (per matrix: the gate/up pair stages `2 · bn` weight rows) over K in steps of
+/// `bk`, through a ring of `stages` shared-memory stages; `wm × wn` warps each own a
+/// `bm / wm × bn / wn` sub-tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GemmTiling {
+    pub bm: u32,
+    pub bn: u32,
+    pub bk: u32,
+    pub wm: u32,
+    pub wn: u32,
+    pub stages: u32,
+}
+
+impl GemmTiling {
+    pub fn warps(&self) -> u32 {
+        self.wm * self.wn
+    }
+
+    pub fn threads(&self) -> u32 {
+        32 * self.warps()
+    }
 }
 
 /// How the warps of a tensor-core matmul block get their operands.
@@ -221,6 +248,11 @@ impl fmt::Display for MatmulCore {
                     t.warps, t.cols_per_warp, t.vec, t.k_chunk
                 )
             }
+            MatmulCore::Gemm(t) => write!(
+                f,
+                "gemm_mma {}x{}x{} w{}x{} s{}",
+                t.bm, t.bn, t.bk, t.wm, t.wn, t.stages
+            ),
         }
     }
 }
@@ -292,6 +324,8 @@ impl KernelChoice {
                     (MatmulCore::TensorCores(_), true) => "gemv_mma_rope",
                     // Never fused with RoPE (the choice keeps `rope_kv` for it).
                     (MatmulCore::Dequant(_), _) => "gemv_q",
+                    // Never fused with RoPE either (its rows exceed the fused epilogue's).
+                    (MatmulCore::Gemm(_), _) => "gemm_mma",
                 }));
                 match m.epilogue {
                     EpilogueChoice::LogitsArgmax { .. } => v.push("argmax"),

@@ -1,0 +1,191 @@
+//! Where the tiled tensor-core GEMM (`gemm_mma`) replaces the GEMV kernels, and its tile.
+//!
+//! The row threshold and every tile rule below are predictions from bytes and block
+//! counts, to be measured on the device (`kernels-gen/tests/gpu_gemm.rs` times both kernels
+//! at the 8B shapes): they are not measured choices yet.
+
+use specc_ir::engine::choice::GemmTiling;
+use specc_ir::engine::Target;
+use specc_kernels_gen::gemm_mma::{block_smem_bytes, validate, BK};
+use specc_kernels_gen::gemv::GemvParams;
+
+/// Launches of at least this many rows use the GEMM. `gemv_mma` gives each warp 16 weight
+/// columns and has it read every x row of its tile: per weight byte it moves `M / 16` x
+/// bytes through L1/L2, twice the weights from 32 rows on, and above 64 rows it re-reads
+/// every weight byte once per 64-row tile. The GEMM stages an x tile once per block of
+/// `BN ≥ 32` columns (`M / BN` x bytes per weight byte) and, from 32 rows, holds all the
+/// rows of a launch up to 128 in one tile, so the weights leave HBM once. Below 32 rows the
+/// GEMV's register feeds keep more weight bytes in flight per block (measured at 72 % of
+/// bandwidth up to 8 rows, bench/NOTES.md). Prediction, to be measured.
+pub const GEMM_MIN_ROWS: u32 = 32;
+
+/// The most ring stages: enough weight bytes in flight for the memory-bound tiles of 32
+/// rows (7 steps of 32 columns × 128 bytes = 28 KiB per block, about one block per SM),
+/// beyond which latency is hidden and shared memory only limits blocks per SM.
+pub const MAX_STAGES: u32 = 8;
+
+/// Blocks a launch aims at: at least 8 of every 11 SMs of `target` (the count the
+/// `gemv_mma` tensor-map splits measured best at: 96 on the 132-SM H200).
+fn min_blocks(target: &Target) -> u64 {
+    (target.sms as u64 * 8).div_ceil(11)
+}
+
+/// The GEMM's tile for `p` over at most `rows` rows on `target`, or `None` where the
+/// GEMM does not apply (fewer than [`GEMM_MIN_ROWS`] rows, a fused norm or RoPE, operands
+/// it does not take, or no ring of 2 stages fits the block's shared memory).
+///
+/// - `bm`: the rows rounded up to 32, 64 or 128 (one row tile up to 128 rows, so each
+///   weight tile is read once), 128 above.
+/// - `bn`: the widest of 128, 64, 32, 16 columns whose grid reaches [`min_blocks`] (every
+///   SM streams; wider tiles move fewer x bytes per weight byte); 16 where none does.
+/// - warps: up to 4 across the columns (16 columns each at least), up to 8 in all.
+/// - stages: the most, up to [`MAX_STAGES`], that fit `target.smem_per_block`.
+///
+/// Batch invariance does not depend on this choice: the kernel's K order is fixed
+/// whatever the tile (see `specc_kernels_gen::gemm_mma`), and no split of K is chosen.
+pub fn tiling(p: &GemvParams, rows: u32, target: &Target) -> Option<GemmTiling> {
+    if rows < GEMM_MIN_ROWS {
+        return None;
+    }
+    let bm = match rows {
+        ..=32 => 32,
+        33..=64 => 64,
+        _ => 128,
+    };
+    let row_tiles = rows.div_ceil(bm) as u64;
+    let bn = [128u32, 64, 32, 16]
+        .into_iter()
+        .find(|&bn| row_tiles * p.n.div_ceil(bn) as u64 >= min_blocks(target))
+        .unwrap_or(16);
+    let wn = (bn / 16).min(4);
+    let wm = (bm / 16).min(8 / wn);
+    let at = |stages| GemmTiling {
+        bm,
+        bn,
+        bk: BK,
+        wm,
+        wn,
+        stages,
+    };
+    let t = (2..=MAX_STAGES).rev().map(at).find(|t| {
+        validate(p, t).is_ok() && block_smem_bytes(p, t) <= target.smem_per_block as u64
+    })?;
+    Some(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specc_ir::engine::Arch;
+    use specc_kernels_gen::abi::{Dtype, Loc, Rows, View};
+    use specc_kernels_gen::gemm_mma::gemm_mma;
+    use specc_kernels_gen::gemv::{GemvWeights, RmsNormPrologue};
+
+    fn params(k: u32, n: u32, gate_up: bool) -> GemvParams {
+        let dt = Dtype::BF16;
+        GemvParams {
+            rows: Rows::Tokens,
+            row_tile: 64,
+            k,
+            n,
+            x: View::new(Loc::arena(0), dt, k as u64),
+            weights: if gate_up {
+                GemvWeights::gate_up_concat(Loc::table(0), n, k, dt)
+            } else {
+                GemvWeights::Single(Loc::table(0))
+            },
+            w_dtype: dt,
+            norm: None,
+            residual: None,
+            out: Some(View::new(Loc::arena(1 << 20), dt, n as u64)),
+            argmax_partials: None,
+            rope: None,
+        }
+    }
+
+    fn hopper() -> Target {
+        Target::for_archs(&[Arch::Sm90a])
+    }
+
+    /// The 8B shapes: one row tile up to 128 rows, the widest column tile that keeps 96
+    /// blocks on the H200, 4 × 2 or 2 × 4 warps.
+    #[test]
+    fn tiles_at_the_8b_shapes() {
+        let h = hopper();
+        let pick = |k, n, gu, rows| {
+            let t = tiling(&params(k, n, gu), rows, &h).unwrap();
+            (t.bm, t.bn, t.wm, t.wn)
+        };
+        // o / down at 32 rows: 128 column tiles of 32.
+        assert_eq!(pick(4096, 4096, false, 32), (32, 32, 2, 2));
+        assert_eq!(pick(14336, 4096, false, 32), (32, 32, 2, 2));
+        // q|k|v: 96 tiles of 64.
+        assert_eq!(pick(4096, 6144, false, 32), (32, 64, 2, 4));
+        // gate/up: 112 tiles of 128 per matrix.
+        assert_eq!(pick(4096, 14336, true, 32), (32, 128, 2, 4));
+        assert_eq!(pick(4096, 14336, true, 64), (64, 128, 2, 4));
+        // 256 rows: two row tiles of 128.
+        assert_eq!(pick(4096, 4096, false, 256), (128, 64, 2, 4));
+        assert_eq!(pick(4096, 14336, true, 256), (128, 128, 2, 4));
+        assert_eq!(pick(4096, 128256, false, 1024), (128, 128, 2, 4));
+    }
+
+    #[test]
+    fn below_the_threshold_or_with_fusions_the_gemv_stays() {
+        let h = hopper();
+        let p = params(4096, 4096, false);
+        assert!(tiling(&p, GEMM_MIN_ROWS - 1, &h).is_none());
+        assert!(tiling(&p, GEMM_MIN_ROWS, &h).is_some());
+        let mut normed = p.clone();
+        normed.norm = Some(RmsNormPrologue {
+            weight: Loc::table(1),
+            dtype: Dtype::BF16,
+            eps: 1e-5,
+        });
+        assert!(tiling(&normed, 64, &h).is_none());
+        let mut f32_x = p.clone();
+        f32_x.x.dtype = Dtype::F32;
+        assert!(tiling(&f32_x, 64, &h).is_none());
+        assert!(
+            tiling(&params(4100, 4096, false), 64, &h).is_none(),
+            "K % 8"
+        );
+    }
+
+    /// Every tile fits its target's shared memory (sm_120's 99 KiB too, with fewer
+    /// stages) and generates, at every row count and shape, odd ones included.
+    #[test]
+    fn tiles_fit_and_generate() {
+        let h = hopper();
+        let sm120 = Target {
+            smem_per_block: Arch::Sm120.max_smem_per_block(),
+            ..h.clone()
+        };
+        let shapes = [
+            (4096, 6144, false),
+            (4096, 4096, false),
+            (4096, 14336, true),
+            (14336, 4096, false),
+            (4096, 128256, false),
+            (136, 40, false),
+            (8, 8, true),
+            (1000, 520, true),
+        ];
+        for target in [&h, &sm120] {
+            for rows in [32, 33, 64, 100, 128, 256, 1024] {
+                for (k, n, gu) in shapes {
+                    let p = params(k, n, gu);
+                    let t = tiling(&p, rows, target).unwrap();
+                    let label = format!("rows={rows} K={k} N={n} {t:?}");
+                    assert!(t.bm >= rows.min(128), "{label}");
+                    assert!(t.warps() <= 8 && t.stages >= 2, "{label}");
+                    assert!(
+                        block_smem_bytes(&p, &t) <= target.smem_per_block as u64,
+                        "{label}"
+                    );
+                    gemm_mma(&p, &t).unwrap_or_else(|e| panic!("{label}: {e}"));
+                }
+            }
+        }
+    }
+}

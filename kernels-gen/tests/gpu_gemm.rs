@@ -1,0 +1,489 @@
+//! The tiled tensor-core GEMM (`gemm_mma`) on the GPU, with the tile the selection gives the
+//! device (`specc_codegen::choose::gemm::tiling`): every epilogue (store, residual in place,
+//! SwiGLU over the gate/up pair, f32 logits, argmax partials + `argmax`) at M = 33, 64,
+//! 100, 256 and 1024 over the Llama-3.1-8B shapes and small odd ones (N and K tails),
+//! against an f64 CPU reference with the GEMV numerics (product rounded to x's dtype, then
+//! the epilogue's roundings), printing the largest error; row invariance (rows 0..64 of an
+//! M = 1024 launch equal the M = 64 launch's bit for bit); and, ignored by default
+//! (`--ignored`), timings against the `gemv_mma` split the plan used before, at M = 32, 64,
+//! 128 and 256. Needs `--features cuda` and a device; skips with a message without them.
+
+#![cfg(feature = "cuda")]
+
+mod common;
+mod gpu;
+
+use common::Plan;
+use gpu::{assert_close, bf16_tol, Gpu, Mem, Rng};
+use specc_codegen::choose::gemm::tiling as gemm_tiling;
+use specc_codegen::choose::matmul::{tiling as gemv_tiling, SPLIT_COUNTERS};
+use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
+use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
+use specc_kernels_gen::gemm_mma::{gemm_mma, partials_per_row};
+use specc_kernels_gen::gemv::{GemvParams, GemvWeights};
+use specc_kernels_gen::gemv_mma::{gemv_mma_split, split_needs, SplitScratch};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Epi {
+    Store,
+    Residual,
+    SiluMul,
+    LogitsF32,
+    Argmax,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    m: u32,
+    k: u32,
+    n: u32,
+    epi: Epi,
+    dt: Dtype,
+}
+
+/// A launch's operands in the arena and weight slot 0.
+struct Setup {
+    p: GemvParams,
+    plan: Plan,
+    x: View,
+    res: View,
+    out: Option<View>,
+    parts: Loc,
+    tokens: Loc,
+}
+
+fn setup(c: Case) -> Setup {
+    let mut plan = Plan::new();
+    let x = plan.view(c.m, c.k, c.dt);
+    let res = plan.view(c.m, c.n, c.dt);
+    let out = match c.epi {
+        Epi::Residual => Some(res),
+        Epi::LogitsF32 => Some(plan.view(c.m, c.n, Dtype::F32)),
+        Epi::Argmax => None,
+        _ => Some(plan.view(c.m, c.n, c.dt)),
+    };
+    let parts = plan.alloc(c.m as u64 * c.n.div_ceil(16) as u64 * 8);
+    let tokens = plan.alloc(c.m as u64 * 4);
+    let p = GemvParams {
+        rows: Rows::Fixed(c.m),
+        row_tile: c.m.min(64),
+        k: c.k,
+        n: c.n,
+        x,
+        weights: match c.epi {
+            Epi::SiluMul => GemvWeights::gate_up_concat(Loc::table(0), c.n, c.k, c.dt),
+            _ => GemvWeights::Single(Loc::table(0)),
+        },
+        w_dtype: c.dt,
+        norm: None,
+        residual: (c.epi == Epi::Residual).then_some(res),
+        out,
+        argmax_partials: (c.epi == Epi::Argmax).then_some(parts),
+        rope: None,
+    };
+    Setup {
+        p,
+        plan,
+        x,
+        res,
+        out,
+        parts,
+        tokens,
+    }
+}
+
+fn round(dt: Dtype, v: f64) -> f64 {
+    match dt {
+        Dtype::BF16 => half::bf16::from_f64(v).to_f64(),
+        Dtype::F16 => half::f16::from_f64(v).to_f64(),
+        _ => v as f32 as f64,
+    }
+}
+
+/// Operand values (rounded to the dtype), the same for every M: x and the residual are
+/// generated row after row, and a case of fewer rows uses a prefix of them.
+struct Data {
+    x: Vec<f32>,
+    w: Vec<f32>,
+    res: Vec<f32>,
+}
+
+fn data(c: Case) -> Data {
+    let g = if c.epi == Epi::SiluMul { 2 } else { 1 };
+    let (m, k, n) = (c.m as usize, c.k as usize, c.n as usize);
+    let gen = |seed: u64, len: usize, scale: f64| {
+        let mut rng = Rng::new(seed);
+        (0..len)
+            .map(|_| round(c.dt, rng.next(scale)) as f32)
+            .collect::<Vec<f32>>()
+    };
+    Data {
+        x: gen(1 + k as u64, m * k, 2.0),
+        w: gen(2 + (k * n) as u64, g * n * k, 2.0 / (k as f64).sqrt()),
+        res: gen(3 + n as u64, m * n, 1.0),
+    }
+}
+
+fn put(mem: &mut Mem, loc: Loc, dt: Dtype, v: &[f32]) {
+    let bytes: &mut [u8] = match loc {
+        Loc::Arena { offset } => &mut mem.arena[offset as usize..],
+        Loc::Table { slot, offset } => &mut mem.bufs[slot as usize][offset as usize..],
+        Loc::TensorMap(_) => unreachable!(),
+    };
+    for (i, &e) in v.iter().enumerate() {
+        let b = match dt {
+            Dtype::BF16 => half::bf16::from_f32(e).to_le_bytes(),
+            _ => half::f16::from_f32(e).to_le_bytes(),
+        };
+        bytes[2 * i..2 * i + 2].copy_from_slice(&b);
+    }
+}
+
+/// The kernels of case `c` (the GEMM with the device's tile, `argmax` after it) and the
+/// memory image with its operands.
+fn prepare(gpu: &Gpu, c: Case, d: &Data) -> (Setup, Vec<KernelSource>, Mem) {
+    let mut s = setup(c);
+    let t = gemm_tiling(&s.p, c.m, gpu.target()).expect("the GEMM applies");
+    let mut kernels = vec![gemm_mma(&s.p, &t).unwrap()];
+    if c.epi == Epi::Argmax {
+        kernels.push(
+            argmax(&ArgmaxParams {
+                rows: Rows::Fixed(c.m),
+                input: ArgmaxInput::Partials {
+                    loc: s.parts,
+                    count: partials_per_row(&s.p, &t),
+                },
+                out: View::new(s.tokens, Dtype::I32, 1),
+            })
+            .unwrap(),
+        );
+    }
+    let mut mem = Mem::new(s.plan.alloc(0).byte_offset(), &[d.w.len() as u64 * 2]);
+    if let Some(o) = s.out.filter(|_| c.epi != Epi::Residual) {
+        let Loc::Arena { offset } = o.loc else {
+            unreachable!()
+        };
+        let len = (c.m * c.n) as usize * o.dtype.size() as usize;
+        mem.arena[offset as usize..][..len].fill(0xff);
+    }
+    put(&mut mem, s.x.loc, c.dt, &d.x[..(c.m * c.k) as usize]);
+    put(&mut mem, s.res.loc, c.dt, &d.res[..(c.m * c.n) as usize]);
+    put(&mut mem, Loc::table(0), c.dt, &d.w);
+    (s, kernels, mem)
+}
+
+fn bucket(m: u32) -> Bucket {
+    Bucket { b: 1, t: m, ctx: 1 }
+}
+
+/// The output row `r` (or its argmax token) of a finished run.
+fn output(c: Case, s: &Setup, mem: &Mem) -> Vec<f64> {
+    match s.out {
+        Some(o) => mem.get(o.loc, o.dtype, (c.m * c.n) as usize),
+        None => mem.get(s.tokens, Dtype::I32, c.m as usize),
+    }
+}
+
+/// The reference value of every column of row `r`: the epilogue applied to the f64 dot
+/// products, rounded as the GEMV numerics round.
+fn reference_row(c: Case, d: &Data, r: usize) -> Vec<f64> {
+    let (k, n) = (c.k as usize, c.n as usize);
+    let x = &d.x[r * k..(r + 1) * k];
+    let dot = |row: &[f32]| -> f64 { x.iter().zip(row).map(|(&a, &b)| a as f64 * b as f64).sum() };
+    (0..n)
+        .map(|j| {
+            let acc = dot(&d.w[j * k..(j + 1) * k]);
+            match c.epi {
+                Epi::SiluMul => {
+                    let gate = round(c.dt, acc);
+                    let up = round(c.dt, dot(&d.w[(n + j) * k..(n + j + 1) * k]));
+                    let silu = round(c.dt, gate / (1.0 + (-gate).exp()));
+                    round(c.dt, silu * up)
+                }
+                Epi::Residual => round(c.dt, round(c.dt, acc) + d.res[r * n + j] as f64),
+                _ => round(c.dt, acc),
+            }
+        })
+        .collect()
+}
+
+/// The rows checked against the reference: all of them for small products, else the edges
+/// of the row tiles and a few others (the CPU reference would take minutes).
+fn checked_rows(c: Case) -> Vec<usize> {
+    let m = c.m as usize;
+    if m as u64 * c.n as u64 * c.k as u64 <= 1 << 28 {
+        return (0..m).collect();
+    }
+    let mut rows: Vec<usize> = [
+        0,
+        1,
+        15,
+        16,
+        31,
+        32,
+        63,
+        64,
+        100,
+        127,
+        128,
+        m / 2 + 3,
+        m - 1,
+    ]
+    .into_iter()
+    .filter(|&r| r < m)
+    .collect();
+    rows.dedup();
+    rows
+}
+
+/// Checks case `c` with `d` (generated for at least `c.m` rows).
+fn check(gpu: &Gpu, c: Case, d: &Data) {
+    let (s, kernels, mut mem) = prepare(gpu, c, d);
+    gpu.run(&mut mem, &kernels.iter().collect::<Vec<_>>(), bucket(c.m));
+    let got = output(c, &s, &mem);
+    let rows = checked_rows(c);
+    let want: Vec<Vec<f64>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = rows
+            .iter()
+            .map(|&r| sc.spawn(move || reference_row(c, d, r)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let n = c.n as usize;
+    let label = format!("gemm_mma {c:?} ({})", kernels[0].name);
+    if c.epi == Epi::Argmax {
+        let flat: Vec<f64> = want.iter().flatten().copied().collect();
+        let (_, atol) = bf16_tol(&flat);
+        for (&r, row) in rows.iter().zip(&want) {
+            let gi = got[r] as usize;
+            let best = row.iter().fold(f64::NEG_INFINITY, |a, &v| a.max(v));
+            assert!(
+                gi < n && row[gi] >= best - atol,
+                "{label}: argmax row {r}: got {gi}, want a value of {best}"
+            );
+        }
+        println!("PASS {label}: argmax of {} rows", rows.len());
+        return;
+    }
+    let got: Vec<f64> = rows
+        .iter()
+        .flat_map(|&r| got[r * n..(r + 1) * n].iter().copied())
+        .collect();
+    let want: Vec<f64> = want.into_iter().flatten().collect();
+    let (mut rtol, mut atol) = bf16_tol(&want);
+    if c.epi == Epi::SiluMul {
+        rtol = rtol.max(3.0 / 128.0);
+    }
+    if c.epi == Epi::Residual {
+        atol *= 8.0;
+    }
+    let max_err = got
+        .iter()
+        .zip(&want)
+        .fold(0.0f64, |a, (g, w)| a.max((g - w).abs()));
+    println!(
+        "{label}: {} rows checked, max |err| {max_err:.3e}",
+        rows.len()
+    );
+    assert_close(&label, &got, &want, rtol, atol);
+    println!("PASS {label}");
+}
+
+const BF: Dtype = Dtype::BF16;
+
+/// The 8B projections with the epilogues the step graphs give them.
+const LLAMA_8B: [(u32, u32, Epi); 6] = [
+    (4096, 4096, Epi::Residual),
+    (4096, 6144, Epi::Store),
+    (4096, 14336, Epi::SiluMul),
+    (14336, 4096, Epi::Residual),
+    (4096, 128256, Epi::LogitsF32),
+    (4096, 128256, Epi::Argmax),
+];
+
+#[test]
+fn gemm_mma_8b_shapes_every_epilogue() {
+    let Some(gpu) = Gpu::new() else { return };
+    for (k, n, epi) in LLAMA_8B {
+        let d = data(Case {
+            m: 1024,
+            k,
+            n,
+            epi,
+            dt: BF,
+        });
+        for m in [33, 64, 100, 256, 1024] {
+            check(
+                &gpu,
+                Case {
+                    m,
+                    k,
+                    n,
+                    epi,
+                    dt: BF,
+                },
+                &d,
+            );
+        }
+    }
+}
+
+#[test]
+fn gemm_mma_odd_shapes_and_f16() {
+    let Some(gpu) = Gpu::new() else { return };
+    let epis = [
+        Epi::Store,
+        Epi::Residual,
+        Epi::SiluMul,
+        Epi::LogitsF32,
+        Epi::Argmax,
+    ];
+    let shapes = [
+        (1000, 520, BF),
+        (136, 40, BF),
+        (360, 200, BF),
+        (1064, 1000, BF),
+        (8, 8, BF),
+        (4096, 1000, Dtype::F16),
+    ];
+    for (k, n, dt) in shapes {
+        for epi in epis {
+            let d = data(Case {
+                m: 1024,
+                k,
+                n,
+                epi,
+                dt,
+            });
+            for m in [33, 64, 100, 256, 1024] {
+                check(&gpu, Case { m, k, n, epi, dt }, &d);
+            }
+        }
+    }
+}
+
+/// Rows 0..64 of an M = 1024 launch equal those of the M = 64 launch bit for bit (other
+/// tiles, other blocks, other rows around them), for every epilogue at the 8B shapes.
+#[test]
+fn gemm_mma_rows_do_not_depend_on_the_batch() {
+    let Some(gpu) = Gpu::new() else { return };
+    for (k, n, epi) in LLAMA_8B {
+        let case = |m| Case {
+            m,
+            k,
+            n,
+            epi,
+            dt: BF,
+        };
+        let d = data(case(1024));
+        let run = |m: u32| {
+            let c = case(m);
+            let (s, kernels, mut mem) = prepare(&gpu, c, &d);
+            gpu.run(&mut mem, &kernels.iter().collect::<Vec<_>>(), bucket(m));
+            (output(c, &s, &mem), kernels[0].name.clone())
+        };
+        let (small, ks) = run(64);
+        let (large, kl) = run(1024);
+        let per_row = if epi == Epi::Argmax { 1 } else { n as usize };
+        let prefix = &large[..64 * per_row];
+        let differ = small
+            .iter()
+            .zip(prefix)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        println!("row invariance K={k} N={n} {epi:?}: {ks} (M=64) vs {kl} (M=1024): {differ} of {} values differ", small.len());
+        assert_eq!(differ, 0, "K={k} N={n} {epi:?}: rows depend on M");
+        println!("PASS row invariance K={k} N={n} {epi:?}");
+    }
+}
+
+/// Bytes a launch must move: weights once, x once, the output (and residual) once.
+fn bytes(c: Case) -> f64 {
+    let g = if c.epi == Epi::SiluMul { 2 } else { 1 };
+    let (m, k, n) = (c.m as f64, c.k as f64, c.n as f64);
+    let out = match c.epi {
+        Epi::Residual => 2.0 * m * n * 2.0,
+        Epi::LogitsF32 => m * n * 4.0,
+        Epi::Argmax => 0.0,
+        _ => m * n * 2.0,
+    };
+    g as f64 * n * k * 2.0 + m * k * 2.0 + out
+}
+
+/// Timings (µs and GB/s of the bytes a launch must move) of the GEMM against the
+/// `gemv_mma` split the plan chooses for the same launch without the GEMM.
+#[test]
+#[ignore = "timing: run with --ignored on the device"]
+fn time_gemm_vs_gemv_mma() {
+    let Some(gpu) = Gpu::new() else { return };
+    let names = ["o", "qkv", "gate_up", "down", "lm_head", "lm_head+argmax"];
+    println!(
+        "{:<16} {:>5} {:>11} {:>8} {:>11} {:>8}  tiles",
+        "shape", "M", "gemm µs", "GB/s", "gemv_mma µs", "GB/s"
+    );
+    let mut total = [[0.0f64; 2]; 4];
+    for ((k, n, epi), name) in LLAMA_8B.into_iter().zip(names) {
+        let d = data(Case {
+            m: 256,
+            k,
+            n,
+            epi,
+            dt: BF,
+        });
+        for (mi, m) in [32u32, 64, 128, 256].into_iter().enumerate() {
+            let c = Case {
+                m,
+                k,
+                n,
+                epi,
+                dt: BF,
+            };
+            let (mut s, kernels, mem) = prepare(&gpu, c, &d);
+            let copies = (256e6 / bytes(c)).ceil().max(2.0) as usize;
+            let gemm = gpu.time(
+                &mem,
+                &kernels[..1].iter().collect::<Vec<_>>(),
+                bucket(m),
+                copies,
+                20,
+            );
+            // The GEMV the plan used before: row tiles of 64 at most.
+            let mut t = gemv_tiling(&s.p, gpu.target());
+            if split_needs(&s.p, &t, m).is_some_and(|nd| nd.counters > SPLIT_COUNTERS) {
+                t.ks = 1;
+            }
+            let split = split_needs(&s.p, &t, m).map(|nd| SplitScratch {
+                partials: s.plan.alloc(nd.partial_bytes),
+                counters: s.plan.alloc(nd.counters as u64 * 4),
+                tiles: nd.counters,
+            });
+            let gemv = gemv_mma_split(&s.p, &t, split).unwrap();
+            let mut mem2 = Mem::new(s.plan.alloc(0).byte_offset(), &[d.w.len() as u64 * 2]);
+            put(&mut mem2, Loc::table(0), c.dt, &d.w);
+            let old = gpu.time(&mem2, &[&gemv], bucket(m), copies, 20);
+            let gbs = |us: f64| bytes(c) / (us * 1e3);
+            println!(
+                "{name:<16} {m:>5} {gemm:>11.1} {:>8.0} {old:>11.1} {:>8.0}  {} | {}",
+                gbs(gemm),
+                gbs(old),
+                kernels[0].name,
+                gemv.name
+            );
+            // The 8B forward: 32 layers of o, qkv, gate/up, down, then the greedy lm-head.
+            let times = match epi {
+                Epi::LogitsF32 => 0.0,
+                Epi::Argmax => 1.0,
+                _ => 32.0,
+            };
+            total[mi][0] += times * gemm;
+            total[mi][1] += times * old;
+        }
+    }
+    for (mi, m) in [32, 64, 128, 256].into_iter().enumerate() {
+        println!(
+            "M={m}: the 8B forward's matmuls (32 layers + greedy lm-head): gemm {:.3} ms, gemv_mma {:.3} ms",
+            total[mi][0] / 1e3,
+            total[mi][1] / 1e3
+        );
+    }
+}
