@@ -1,7 +1,7 @@
 //! What a host loop needs from a backend: admit a batch, run steps, read emitted tokens.
 
 use crate::admission::LaneSampling;
-use crate::{RuntimeError, SpecStats};
+use crate::{AdaptivePolicy, RuntimeError, SpecStats};
 
 /// A batch of lanes advanced one (speculative) step at a time; implemented by the CPU
 /// interpreter backend and the CUDA graph backend over the same graphs.
@@ -40,6 +40,9 @@ pub trait Speculator {
     fn finish(&mut self, b: usize) -> Result<(), RuntimeError>;
     fn stats(&self) -> &SpecStats;
     fn stats_mut(&mut self) -> &mut SpecStats;
+    /// Which step variant each step runs (adaptive speculation), with its counts.
+    fn policy(&self) -> &AdaptivePolicy;
+    fn policy_mut(&mut self) -> &mut AdaptivePolicy;
 }
 
 impl Speculator for crate::SpecCpuSession<'_> {
@@ -82,6 +85,12 @@ impl Speculator for crate::SpecCpuSession<'_> {
     }
     fn stats_mut(&mut self) -> &mut SpecStats {
         &mut self.stats
+    }
+    fn policy(&self) -> &AdaptivePolicy {
+        crate::SpecCpuSession::policy(self)
+    }
+    fn policy_mut(&mut self) -> &mut AdaptivePolicy {
+        crate::SpecCpuSession::policy_mut(self)
     }
 }
 
