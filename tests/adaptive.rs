@@ -112,7 +112,10 @@ fn switching_mid_generation_is_exact_and_reprimes_the_draft() {
         let mut s = session(&b, &w, lanes);
         let got = generate(&mut s, &ps, n, &schedule);
         assert_eq!(got, want, "{lanes} lanes");
-        assert!(s.policy().steps().iter().all(|&c| c > 0), "every variant ran");
+        assert!(
+            s.policy().steps().iter().all(|&c| c > 0),
+            "every variant ran"
+        );
     }
 }
 

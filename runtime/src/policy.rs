@@ -78,6 +78,8 @@ pub struct AdaptivePolicy {
     /// Seconds per step, by (bucket, variant).
     times: HashMap<(usize, usize), f64>,
     current: Option<usize>,
+    /// The variant of the last step (the current one, or a probe).
+    last: Option<usize>,
     plain_run: u64,
     probe_after: u64,
     forced: VecDeque<usize>,
@@ -101,6 +103,7 @@ impl AdaptivePolicy {
             prior,
             times: HashMap::new(),
             current: None,
+            last: None,
             plain_run: 0,
             probe_after: PROBE_FIRST,
             forced: VecDeque::new(),
@@ -125,9 +128,14 @@ impl AdaptivePolicy {
         &self.steps
     }
 
-    /// The variant of the last step.
+    /// The variant the policy runs now (probes aside).
     pub fn current(&self) -> Option<usize> {
         self.current
+    }
+
+    /// The variant of the last step (a probe included).
+    pub fn last(&self) -> Option<usize> {
+        self.last
     }
 
     /// Whether the choice is not always the configured variant (so a backend has to
@@ -210,6 +218,7 @@ impl AdaptivePolicy {
     pub fn choose(&mut self, bucket: usize, live: &[bool]) -> usize {
         let (v, probe) = self.pick(bucket, live);
         self.steps[v] += 1;
+        self.last = Some(v);
         // A probe is not the policy's choice: the next step starts from the current one.
         if !probe {
             self.current = Some(v);

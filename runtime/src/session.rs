@@ -121,13 +121,8 @@ impl Speculator for crate::cuda::CudaSpecSession<'_> {
         crate::cuda::CudaSpecSession::step(self)
     }
     fn drain(&mut self) -> Result<Vec<Vec<u32>>, RuntimeError> {
-        let out = crate::cuda::CudaSpecSession::drain(self)?;
-        // The CPU backend counts acceptance from its `accepted` output; here the tokens a
-        // lane emitted in one step are a + 1.
-        for lane in &out {
-            self.record(lane.len());
-        }
-        Ok(out)
+        // Acceptance is counted as the ring is read: a lane's tokens of one step are a + 1.
+        crate::cuda::CudaSpecSession::drain(self)
     }
     fn live(&self) -> Result<Vec<bool>, RuntimeError> {
         crate::cuda::CudaSpecSession::live(self)
@@ -140,5 +135,11 @@ impl Speculator for crate::cuda::CudaSpecSession<'_> {
     }
     fn stats_mut(&mut self) -> &mut SpecStats {
         &mut self.stats
+    }
+    fn policy(&self) -> &AdaptivePolicy {
+        crate::cuda::CudaSpecSession::policy(self)
+    }
+    fn policy_mut(&mut self) -> &mut AdaptivePolicy {
+        crate::cuda::CudaSpecSession::policy_mut(self)
     }
 }
