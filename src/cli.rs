@@ -15,6 +15,37 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// `--spec-policy`: which step graph each step runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SpecPolicyArg {
+    /// Per step, the variant (plain decoding, smaller k, the configured k) with the most
+    /// expected tokens per second, from step times measured at load and each lane's
+    /// running acceptance.
+    Adaptive,
+    /// Always the spec's configured k.
+    Fixed,
+}
+
+impl SpecPolicyArg {
+    /// The policy of `arg`, by default adaptive under greedy acceptance and fixed under
+    /// sampling (where each variant draws differently, so a seed's tokens would depend on
+    /// the load).
+    pub fn resolve(
+        arg: Option<SpecPolicyArg>,
+        acceptance: &specc_ir::engine::Acceptance,
+    ) -> specc_runtime::SpecPolicy {
+        use specc_runtime::SpecPolicy;
+        match arg {
+            Some(SpecPolicyArg::Adaptive) => SpecPolicy::Adaptive,
+            Some(SpecPolicyArg::Fixed) => SpecPolicy::Fixed,
+            None if matches!(acceptance, specc_ir::engine::Acceptance::Greedy) => {
+                SpecPolicy::Adaptive
+            }
+            None => SpecPolicy::Fixed,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Backend {
     /// The IR interpreter: exact, slow, needs no GPU.
@@ -122,6 +153,11 @@ pub enum Command {
         /// own spec.toml: the trained draft, k = 5).
         #[arg(long, conflicts_with = "spec")]
         no_spec: bool,
+        /// Which step graph each step runs: `adaptive` (the default under greedy acceptance)
+        /// switches between plain decoding, smaller k and the configured k by expected
+        /// goodput; `fixed` always runs the configured k.
+        #[arg(long, value_enum, conflicts_with = "no_spec")]
+        spec_policy: Option<SpecPolicyArg>,
         /// Also write the prompt ids and generated ids as JSON here (for parity checks).
         #[arg(long)]
         ids_out: Option<PathBuf>,
@@ -255,6 +291,11 @@ pub struct ServeArgs {
     /// Decode without speculation.
     #[arg(long, conflicts_with = "spec")]
     pub no_spec: bool,
+    /// Which step graph each step runs: `adaptive` (the default under greedy acceptance)
+    /// switches between plain decoding, smaller k and the configured k by expected goodput;
+    /// `fixed` always runs the configured k.
+    #[arg(long, value_enum, conflicts_with = "no_spec")]
+    pub spec_policy: Option<SpecPolicyArg>,
     /// Where the engine runs.
     #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     pub backend: Backend,

@@ -58,6 +58,7 @@ fn dflash_sampling_matches_target_distribution() {
             target_prefill: &prefill,
             draft_prefill: &dpre,
             step: &step,
+            variants: Vec::new(),
             acceptance: shape.acceptance.clone(),
         };
         let mut s = SpecCpuSession::new(graphs, &w, lanes, 64);

@@ -148,6 +148,7 @@ fn generate(
             target_prefill: &prefill,
             draft_prefill: &m.draft,
             step: &step,
+            variants: Vec::new(),
             acceptance: shape.acceptance.clone(),
         },
     };
@@ -228,6 +229,7 @@ fn first_step_counts(top_k: Option<u64>, top_p: f64) -> (Vec<usize>, Vec<f64>) {
             target_prefill: &greedy_prefill,
             draft_prefill: &m.draft,
             step: &step,
+            variants: Vec::new(),
             acceptance: shape.acceptance.clone(),
         };
         let mut s = SpecCpuSession::new(graphs, &m.weights, lanes, 64);
@@ -319,6 +321,7 @@ fn mixed_lanes_each_follow_their_own_knobs() {
             target_prefill: &greedy_prefill,
             draft_prefill: &m.draft,
             step: &step,
+            variants: Vec::new(),
             acceptance: shape.acceptance.clone(),
         };
         let mut s = SpecCpuSession::new(graphs, &m.weights, lanes, 64);

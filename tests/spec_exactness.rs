@@ -64,6 +64,7 @@ fn speculate(
         target_prefill: &target_prefill,
         draft_prefill: &draft_prefill,
         step: &step,
+        variants: Vec::new(),
         acceptance: shape.acceptance.clone(),
     };
     run_session(graphs, &weights, prompts, max_new, ctx)
@@ -195,6 +196,7 @@ fn check_eagle(lanes: usize, k: u64) -> f64 {
         target_prefill: &prefill,
         draft_prefill: &head_prefill,
         step: &step,
+        variants: Vec::new(),
         acceptance: shape.acceptance.clone(),
     };
     let ps = prompts(lanes);
@@ -264,6 +266,7 @@ fn trained_eagle(lanes: usize, k: u64) -> f64 {
         target_prefill: &prefill,
         draft_prefill: &head_prefill,
         step: &step,
+        variants: Vec::new(),
         acceptance: shape.acceptance.clone(),
     };
     // Python-like prompts in the tokenizer's id space (BOS + a few common tokens).

@@ -127,6 +127,7 @@ fn draws(
             target_prefill: &prefill,
             draft_prefill: &dpre,
             step: &step,
+            variants: Vec::new(),
             acceptance: Acceptance::Sample {
                 temperature: TEMPERATURE,
                 top_k: None,

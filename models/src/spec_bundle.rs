@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use specc_ir::engine::{BuildInput, DraftKind, GraphRole, Priming, RoleGraph, StepContract};
+use specc_ir::engine::{
+    BuildInput, DraftKind, GraphRole, Priming, RoleGraph, StepContract, StepVariant,
+};
 use specc_ir::interp::Tensor;
 use specc_ir::{Bindings, Graph};
 
@@ -32,6 +34,9 @@ pub struct SpecBundle {
     pub target_prefill: Graph,
     pub draft_prefill: Graph,
     pub step: Graph,
+    /// The step at other draft sizes over the same states, ascending by k (empty where the
+    /// method cannot switch): the contract's variants.
+    pub variants: Vec<(u64, Graph)>,
     pub shape: StepShape,
     /// The draft tree's knobs (`method = "ddtree"`, or `"eagle3"` with `topk > 1`).
     pub tree: Option<TreeKnobs>,
@@ -91,13 +96,21 @@ impl SpecBundle {
         })?;
         let method = cfg.method.imp();
         let o = method.open(target, cfg, &dir, &shape, random_seed)?;
-        let contract = StepContract::speculative(
+        let variants = method.variants(target.spec(), &o.draft, &shape)?;
+        let mut contract = StepContract::speculative(
             method.name(),
             o.label,
             o.kind,
             method.verify_margin(cfg.num_steps, cfg.tree),
             shape.ring as usize,
         );
+        contract.variants = variants
+            .iter()
+            .map(|(k, _)| StepVariant {
+                k: *k as usize,
+                role: GraphRole::SpecVariant(*k as u32),
+            })
+            .collect();
         let mut bundle = SpecBundle {
             method: cfg.method,
             draft: o.draft,
@@ -106,6 +119,7 @@ impl SpecBundle {
             target_prefill: o.target_prefill,
             draft_prefill: o.draft_prefill,
             step: o.step,
+            variants,
             shape,
             tree: cfg.tree,
             contract,
@@ -121,7 +135,11 @@ impl SpecBundle {
     /// own names, the draft's under the bundle prefix.
     pub fn load_weights_f32(&self, target: &Model) -> Result<HashMap<String, Tensor>, ModelError> {
         let mut out = HashMap::new();
-        for g in [&self.target_prefill, &self.draft_prefill, &self.step] {
+        let fixed = [&self.target_prefill, &self.draft_prefill, &self.step];
+        for g in fixed
+            .into_iter()
+            .chain(self.variants.iter().map(|(_, g)| g))
+        {
             for (_, name, _) in g.weights() {
                 if out.contains_key(name) {
                     continue;
@@ -286,6 +304,13 @@ pub fn engine_input(
             graph: bu.step.clone(),
             buckets: at(&[1]),
         });
+        for (k, g) in &bu.variants {
+            graphs.push(RoleGraph {
+                role: GraphRole::SpecVariant(*k as u32),
+                graph: g.clone(),
+                buckets: at(&[1]),
+            });
+        }
         graphs.push(RoleGraph {
             role: GraphRole::SpecTargetPrefill,
             graph: bu.target_prefill.clone(),

@@ -6,8 +6,10 @@ pub mod admission;
 mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod draft_sync;
 mod error;
 pub mod memory;
+pub mod policy;
 mod session;
 mod spec_cpu;
 
@@ -15,5 +17,6 @@ pub use cpu::{CpuSession, StepOutput};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaDevice, CudaError};
 pub use error::RuntimeError;
+pub use policy::{AdaptivePolicy, SpecPolicy};
 pub use session::Speculator;
 pub use spec_cpu::{DraftKind, EngineGraphs, SpecCpuSession, SpecGraphs, SpecStats};

@@ -1,7 +1,7 @@
 //! What a host loop needs from a backend: admit a batch, run steps, read emitted tokens.
 
 use crate::admission::LaneSampling;
-use crate::{RuntimeError, SpecStats};
+use crate::{AdaptivePolicy, RuntimeError, SpecStats};
 
 /// A batch of lanes advanced one (speculative) step at a time; implemented by the CPU
 /// interpreter backend and the CUDA graph backend over the same graphs.
@@ -40,6 +40,9 @@ pub trait Speculator {
     fn finish(&mut self, b: usize) -> Result<(), RuntimeError>;
     fn stats(&self) -> &SpecStats;
     fn stats_mut(&mut self) -> &mut SpecStats;
+    /// Which step variant each step runs (adaptive speculation), with its counts.
+    fn policy(&self) -> &AdaptivePolicy;
+    fn policy_mut(&mut self) -> &mut AdaptivePolicy;
 }
 
 impl Speculator for crate::SpecCpuSession<'_> {
@@ -83,6 +86,12 @@ impl Speculator for crate::SpecCpuSession<'_> {
     fn stats_mut(&mut self) -> &mut SpecStats {
         &mut self.stats
     }
+    fn policy(&self) -> &AdaptivePolicy {
+        crate::SpecCpuSession::policy(self)
+    }
+    fn policy_mut(&mut self) -> &mut AdaptivePolicy {
+        crate::SpecCpuSession::policy_mut(self)
+    }
 }
 
 #[cfg(feature = "cuda")]
@@ -112,13 +121,8 @@ impl Speculator for crate::cuda::CudaSpecSession<'_> {
         crate::cuda::CudaSpecSession::step(self)
     }
     fn drain(&mut self) -> Result<Vec<Vec<u32>>, RuntimeError> {
-        let out = crate::cuda::CudaSpecSession::drain(self)?;
-        // The CPU backend counts acceptance from its `accepted` output; here the tokens a
-        // lane emitted in one step are a + 1.
-        for lane in &out {
-            self.record(lane.len());
-        }
-        Ok(out)
+        // Acceptance is counted as the ring is read: a lane's tokens of one step are a + 1.
+        crate::cuda::CudaSpecSession::drain(self)
     }
     fn live(&self) -> Result<Vec<bool>, RuntimeError> {
         crate::cuda::CudaSpecSession::live(self)
@@ -131,5 +135,11 @@ impl Speculator for crate::cuda::CudaSpecSession<'_> {
     }
     fn stats_mut(&mut self) -> &mut SpecStats {
         &mut self.stats
+    }
+    fn policy(&self) -> &AdaptivePolicy {
+        crate::cuda::CudaSpecSession::policy(self)
+    }
+    fn policy_mut(&mut self) -> &mut AdaptivePolicy {
+        crate::cuda::CudaSpecSession::policy_mut(self)
     }
 }

@@ -3,6 +3,7 @@
 //! steps, and drains the token ring; every decision inside a step is made by the graph.
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use specc_ir::engine::{Acceptance, Engine, GraphRole, Priming, StepContract};
 use specc_ir::interp::{self, Data, Env, Tensor, WeightSource};
@@ -13,6 +14,8 @@ use specc_models::methods::{
 use specc_models::SpecBundle;
 
 use crate::admission::{self, LaneSampling};
+use crate::draft_sync::DraftSync;
+use crate::policy::{AdaptivePolicy, SpecPolicy};
 
 use crate::RuntimeError;
 
@@ -26,6 +29,8 @@ pub struct SpecGraphs<'a> {
     /// The target prefill again for plain decoding (no draft prefill runs).
     pub draft_prefill: &'a Graph,
     pub step: &'a Graph,
+    /// The contract's step variants (other k over the same states), ascending by k.
+    pub variants: Vec<(usize, &'a Graph)>,
     /// How the graphs choose tokens; under sampled acceptance its knobs are those of lanes
     /// admitted without their own ([`SpecCpuSession::admit`]).
     pub acceptance: Acceptance,
@@ -39,6 +44,7 @@ impl<'a> SpecGraphs<'a> {
             target_prefill: &b.target_prefill,
             draft_prefill: &b.draft_prefill,
             step: &b.step,
+            variants: b.variants.iter().map(|(k, g)| (*k as usize, g)).collect(),
             acceptance: b.shape.acceptance.clone(),
         }
     }
@@ -50,6 +56,7 @@ impl<'a> SpecGraphs<'a> {
             target_prefill: prefill,
             draft_prefill: prefill,
             step,
+            variants: Vec::new(),
             acceptance: Acceptance::Greedy,
         }
     }
@@ -73,6 +80,11 @@ impl<'a> SpecGraphs<'a> {
                 None => target_prefill,
             },
             step: graphs.get(contract.step)?,
+            variants: contract
+                .variants
+                .iter()
+                .map(|v| Ok((v.k, graphs.get(v.role)?)))
+                .collect::<Result<_, RuntimeError>>()?,
             acceptance: graphs.acceptance.clone(),
         })
     }
@@ -144,6 +156,12 @@ pub struct SpecCpuSession<'a> {
     /// The graphs verified so far (by address: the session borrows them unchanged), so
     /// each is verified once, not at every step.
     verified: Vec<usize>,
+    /// Tokens read from the rings but not yet drained, per lane.
+    undrained: Vec<Vec<u32>>,
+    /// Which step variant runs next.
+    policy: AdaptivePolicy,
+    /// Each lane's tokens and draft-cache gap across plain steps.
+    sync: DraftSync,
     pub stats: SpecStats,
 }
 
@@ -162,6 +180,10 @@ impl<'a> SpecCpuSession<'a> {
         max_context: u64,
     ) -> Self {
         let k = graphs.contract.max_accept();
+        let mut ks: Vec<usize> = graphs.variants.iter().map(|v| v.0).collect();
+        ks.push(k);
+        let policy = AdaptivePolicy::new(ks, lanes, SpecPolicy::Fixed);
+        let sync = DraftSync::new(graphs.contract.priming(), lanes);
         SpecCpuSession {
             graphs,
             weights,
@@ -171,6 +193,9 @@ impl<'a> SpecCpuSession<'a> {
             max_context,
             drained: vec![0; lanes],
             verified: Vec::new(),
+            undrained: vec![Vec::new(); lanes],
+            policy,
+            sync,
             stats: SpecStats {
                 steps: 0,
                 histogram: vec![0; k + 1],
@@ -184,6 +209,20 @@ impl<'a> SpecCpuSession<'a> {
         t: u64,
         inputs: HashMap<String, Tensor>,
     ) -> Result<HashMap<String, Tensor>, RuntimeError> {
+        let mut states = std::mem::take(&mut self.states);
+        let out = self.run_on(g, t, inputs, &mut states);
+        self.states = states;
+        out
+    }
+
+    /// [`SpecCpuSession::run`] over `states` instead of the session's.
+    fn run_on(
+        &mut self,
+        g: &Graph,
+        t: u64,
+        inputs: HashMap<String, Tensor>,
+        states: &mut HashMap<String, Tensor>,
+    ) -> Result<HashMap<String, Tensor>, RuntimeError> {
         let at = g as *const Graph as usize;
         if !self.verified.contains(&at) {
             specc_ir::verify(g)?;
@@ -193,7 +232,7 @@ impl<'a> SpecCpuSession<'a> {
             bind: Bindings::new(self.rows as u64, t, self.max_context),
             inputs,
             weights: self.weights,
-            states: &mut self.states,
+            states,
         };
         Ok(interp::run_verified(g, &mut env)?)
     }
@@ -209,7 +248,32 @@ impl<'a> SpecCpuSession<'a> {
         let lanes: Vec<LaneSampling> = (0..prompts.len() as u32)
             .map(|b| LaneSampling::defaults(&self.graphs.acceptance, b))
             .collect();
-        self.admit_with(prompts, max_new, &lanes)
+        let first = self.admit_with(prompts, max_new, &lanes)?;
+        for (lane, (p, &f)) in prompts.iter().zip(&first).enumerate() {
+            self.admitted(lane, p, f);
+        }
+        Ok(first)
+    }
+
+    /// A lane starts a sequence: nothing of its previous one is pending, its acceptance
+    /// starts from the session's, its draft is whole.
+    fn admitted(&mut self, lane: usize, prompt: &[u32], first: u32) {
+        if lane >= self.undrained.len() {
+            self.undrained.resize(lane + 1, Vec::new());
+        }
+        self.undrained[lane].clear();
+        self.sync.admit(lane, prompt, first);
+        self.policy.admit(lane);
+    }
+
+    /// Which step variant runs next (adaptive speculation; [`SpecPolicy::Fixed`] unless
+    /// set).
+    pub fn policy(&self) -> &AdaptivePolicy {
+        &self.policy
+    }
+
+    pub fn policy_mut(&mut self) -> &mut AdaptivePolicy {
+        &mut self.policy
     }
 
     /// [`SpecCpuSession::admit`] with each lane's sampling knobs and RNG stream.
@@ -382,6 +446,7 @@ impl<'a> SpecCpuSession<'a> {
             self.put_lane(&name, lane, &t)?;
         }
         self.drained[lane] = 0;
+        self.admitted(lane, prompt, first);
         Ok(first)
     }
 
@@ -464,14 +529,25 @@ impl<'a> SpecCpuSession<'a> {
     /// Creates, as zeros, every state of the step graph not yet present (a session whose
     /// lanes were admitted one at a time has only the states admission wrote).
     fn ensure_step_states(&mut self) -> Result<(), RuntimeError> {
+        let mut states = std::mem::take(&mut self.states);
+        let r = self.zero_states(self.graphs.step, &mut states);
+        self.states = states;
+        r
+    }
+
+    /// Adds, as zeros at the session's rows, every state of `g` that `states` lacks.
+    fn zero_states(
+        &self,
+        g: &Graph,
+        states: &mut HashMap<String, Tensor>,
+    ) -> Result<(), RuntimeError> {
         let bind = Bindings::new(self.rows as u64, 1, self.max_context);
-        for (_, name, ty) in self.graphs.step.states() {
-            if !self.states.contains_key(name) {
+        for (_, name, ty) in g.states() {
+            if !states.contains_key(name) {
                 let shape = ty.shape.resolve(&bind).ok_or_else(|| {
                     RuntimeError::Engine(format!("state `{name}` has an unresolved shape"))
                 })?;
-                self.states
-                    .insert(name.to_string(), Tensor::zeros(ty.dtype, shape));
+                states.insert(name.to_string(), Tensor::zeros(ty.dtype, shape));
             }
         }
         Ok(())
@@ -516,18 +592,91 @@ impl<'a> SpecCpuSession<'a> {
         .collect()
     }
 
-    /// Runs one step graph over all lanes.
+    /// The step graph of variant `v` (indexed like [`AdaptivePolicy::ks`]).
+    fn variant_graph(&self, v: usize) -> &'a Graph {
+        match self.graphs.variants.get(v) {
+            Some((_, g)) => g,
+            None => self.graphs.step,
+        }
+    }
+
+    /// Times every variant's step at the current batch (the best of two interpreter runs
+    /// on scratch states whose lanes are all finished: the interpreter computes every row
+    /// of a masked lane too, so the time is the step's).
+    fn calibrate(&mut self) -> Result<(), RuntimeError> {
+        let bucket = self.rows;
+        for v in 0..self.policy.ks().len() {
+            let g = self.variant_graph(v);
+            let mut scratch = HashMap::new();
+            self.zero_states(g, &mut scratch)?;
+            let mut best = f64::INFINITY;
+            for _ in 0..2 {
+                let t0 = Instant::now();
+                self.run_on(g, 1, HashMap::new(), &mut scratch)?;
+                best = best.min(t0.elapsed().as_secs_f64());
+            }
+            self.policy.set_time(bucket, v, best);
+        }
+        Ok(())
+    }
+
+    /// Keeps each lane's draft whole for a step of `k` draft tokens over `live`: before a
+    /// plain step every lane's tokens must be read (so its gap starts where it is known),
+    /// before a speculative one every lane behind is re-primed by the draft prefill.
+    fn sync_draft(&mut self, k: usize, live: &[bool]) -> Result<(), RuntimeError> {
+        if k == 0 {
+            if self.sync.needs_tokens_before_plain(live) {
+                self.collect()?;
+            }
+            self.sync.plain_step(live);
+            return Ok(());
+        }
+        if !self.sync.behind(live) {
+            return Ok(());
+        }
+        self.collect()?;
+        if let Some(r) = self.sync.reprime(live, self.rows) {
+            let ids = |v: Vec<i64>| Tensor::from_i64(DType::I32, vec![self.rows, r.t], v);
+            let inputs = HashMap::from([
+                ("tokens".to_string(), ids(r.tokens)),
+                ("positions".to_string(), ids(r.positions)),
+            ]);
+            self.run(self.graphs.draft_prefill, r.t as u64, inputs)?;
+        }
+        Ok(())
+    }
+
+    /// Runs one step graph over all lanes: the variant the policy picks.
     pub fn step(&mut self) -> Result<(), RuntimeError> {
         self.ensure_step_states()?;
         let live = self.live();
-        let out = self.run(self.graphs.step, 1, HashMap::new())?;
+        let bucket = self.rows;
+        if self.policy.needs_times(bucket) {
+            self.calibrate()?;
+        }
+        let v = self.policy.choose(bucket, &live);
+        let k = self.policy.ks()[v];
+        let single = self.policy.ks().len() == 1;
+        if !single {
+            self.sync_draft(k, &live)?;
+        }
+        let t0 = Instant::now();
+        let out = self.run(self.variant_graph(v), 1, HashMap::new())?;
+        if self.policy.switches() {
+            self.policy
+                .observe_time(bucket, v, t0.elapsed().as_secs_f64());
+        }
         let acc = ints(
             out.get("accepted")
                 .ok_or(RuntimeError::MissingOutput("accepted"))?,
-        )?;
+        )?
+        .to_vec();
         for (b, &a) in acc.iter().enumerate() {
-            if live[b] {
-                self.stats.histogram[(a as usize).min(self.graphs.contract.max_accept())] += 1;
+            // Plain steps of a speculative session say nothing about acceptance.
+            if live[b] && (k > 0 || single) {
+                let a = (a as usize).min(k);
+                self.stats.histogram[a] += 1;
+                self.policy.observe(b, v, a);
             }
         }
         self.stats.steps += 1;
@@ -537,6 +686,16 @@ impl<'a> SpecCpuSession<'a> {
     /// Tokens emitted since the last drain, per lane (read from the ring, as the CUDA
     /// backend's host does from its pinned mirror).
     pub fn drain(&mut self) -> Result<Vec<Vec<u32>>, RuntimeError> {
+        self.collect()?;
+        let lanes = self.lanes;
+        let mut out: Vec<Vec<u32>> = self.undrained.iter_mut().map(std::mem::take).collect();
+        out.resize(lanes, Vec::new());
+        Ok(out)
+    }
+
+    /// Reads every lane's new ring tokens into its undrained tokens (and the draft
+    /// bookkeeping).
+    fn collect(&mut self) -> Result<(), RuntimeError> {
         let emitted = ints(
             self.states
                 .get(EMITTED)
@@ -569,6 +728,13 @@ impl<'a> SpecCpuSession<'a> {
             );
             self.drained[b] = upto;
         }
-        Ok(out)
+        for (b, new) in out.into_iter().enumerate() {
+            self.sync.emitted(b, &new);
+            if b >= self.undrained.len() {
+                self.undrained.resize(b + 1, Vec::new());
+            }
+            self.undrained[b].extend(new);
+        }
+        Ok(())
     }
 }

@@ -19,7 +19,7 @@ use specc_runtime::{admission, EngineGraphs, SpecCpuSession, SpecGraphs, Specula
 use super::engine::{ready, target_for, Ready, Source, Want};
 use super::fit::Fit;
 use super::sampling;
-use crate::cli::{Backend, SamplingArgs};
+use crate::cli::{Backend, SamplingArgs, SpecPolicyArg};
 use crate::text::{StopScan, Streamer, TextCodec};
 
 pub struct RunArgs<'a> {
@@ -27,6 +27,7 @@ pub struct RunArgs<'a> {
     pub spec_file: Option<&'a Path>,
     /// Decode plainly even when the engine has a speculative method.
     pub no_spec: bool,
+    pub spec_policy: Option<SpecPolicyArg>,
     pub prompt: &'a str,
     pub max_tokens: usize,
     pub stop: &'a [String],
@@ -105,7 +106,14 @@ pub fn run(a: RunArgs) -> Result<()> {
         Backend::Cpu => "cpu",
         Backend::Cuda => "cuda",
     };
-    let label = format!("{backend}, {}, {}", contract.label, r.engine.acceptance);
+    let policy = SpecPolicyArg::resolve(a.spec_policy, &r.engine.acceptance);
+    let label = match contract.variants.is_empty() {
+        true => format!("{backend}, {}, {}", contract.label, r.engine.acceptance),
+        false => format!(
+            "{backend}, {} ({policy} speculation), {}",
+            contract.label, r.engine.acceptance
+        ),
+    };
     // Said once the weights are read: a weight that fails to load is then the only line.
     let announce = || eprintln!("[{label}] engine: {}", r.origin);
     let out = Out {
@@ -131,6 +139,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             let weights = r.cpu_weights(&graphs, &contract.roles())?;
             announce();
             let mut s = SpecCpuSession::new(sg, &weights, 1, max_context);
+            s.policy_mut().set_mode(policy);
             generate(&mut s, &out)
         }
         Backend::Cuda => {
@@ -142,6 +151,7 @@ pub fn run(a: RunArgs) -> Result<()> {
                     specc_runtime::cuda::CudaSpecSession::new(&r.engine, speculative, &sources, 1);
                 pb.finish_and_clear();
                 let mut s = s?;
+                s.policy_mut().set_mode(policy);
                 announce();
                 eprintln!(
                     "[cuda] step graph: {} kernels in one captured graph",
@@ -285,6 +295,20 @@ fn generate(s: &mut dyn Speculator, o: &Out) -> Result<()> {
     if let Some(p) = o.ids_out {
         let j = serde_json::json!({ "prompt_ids": ids, "generated_ids": all });
         std::fs::write(p, j.to_string())?;
+    }
+    let p = s.policy();
+    if p.ks().len() > 1 {
+        let per: Vec<String> = p
+            .ks()
+            .iter()
+            .zip(p.steps())
+            .map(|(k, n)| format!("k={k} {n}"))
+            .collect();
+        eprintln!(
+            "[{label}] steps per variant ({} policy): {}",
+            p.mode(),
+            per.join(", ")
+        );
     }
     if stats.histogram.len() > 1 {
         let counts: Vec<String> = stats.histogram.iter().map(|c| c.to_string()).collect();

@@ -215,7 +215,16 @@ pub fn run(s: &mut dyn Speculator, rx: Receiver<Job>, c: &LoopCtx) {
             .zip(hist.iter().chain(std::iter::repeat(&0)))
             .map(|(a, b)| a - b)
             .collect();
-        c.metrics.step(&delta);
+        let p = s.policy();
+        c.metrics.step(&delta, p.last().map_or(0, |v| p.ks()[v]));
+        if p.ks().len() > 1 {
+            let steps = p.ks().iter().zip(p.steps());
+            let label = |k: &usize| format!("k={k}");
+            c.metrics.variants(
+                steps.map(|(k, &n)| (label(k), n)).collect(),
+                p.current().map(|v| label(&p.ks()[v])),
+            );
+        }
         hist = now;
         for b in 0..lanes {
             let Some(lane) = slots[b].as_mut() else {

@@ -86,6 +86,9 @@ struct Inner {
     draft_tokens: u64,
     accepted: u64,
     accepted_per_pos: Vec<u64>,
+    /// Steps per step variant (`k=3`), and the variant the policy runs now.
+    variants: Vec<(String, u64)>,
+    current: Option<String>,
 }
 
 pub struct Metrics {
@@ -118,6 +121,8 @@ impl Metrics {
                 drafts: 0,
                 draft_tokens: 0,
                 accepted: 0,
+                variants: Vec::new(),
+                current: None,
                 accepted_per_pos: vec![0; k],
             }),
         }
@@ -174,22 +179,31 @@ impl Metrics {
         self.with(|m| m.rejected += 1)
     }
 
-    /// One step's acceptance: `hist[a]` lane-steps accepted `a` draft tokens.
-    pub fn step(&self, hist: &[usize]) {
+    /// One step's acceptance: `hist[a]` lane-steps accepted `a` of the step's `k` draft
+    /// tokens (a plain step of a speculative session: `k` = 0, no drafts).
+    pub fn step(&self, hist: &[usize], k: usize) {
         self.with(|m| {
             m.steps += 1;
-            if self.k == 0 {
+            if self.k == 0 || k == 0 {
                 return;
             }
             for (a, &c) in hist.iter().enumerate() {
                 let c = c as u64;
                 m.drafts += c;
-                m.draft_tokens += c * self.k as u64;
+                m.draft_tokens += c * k as u64;
                 m.accepted += c * a as u64;
                 for p in m.accepted_per_pos.iter_mut().take(a) {
                     *p += c;
                 }
             }
+        })
+    }
+
+    /// Steps run per step variant (labels `k=…`) and the variant the policy runs now.
+    pub fn variants(&self, steps: Vec<(String, u64)>, current: Option<String>) {
+        self.with(|m| {
+            m.variants = steps;
+            m.current = current;
         })
     }
 
@@ -319,6 +333,22 @@ impl Metrics {
             let _ = writeln!(o, "# HELP {name} Draft tokens accepted at each position of the draft.\n# TYPE {name} counter");
             for (p, c) in m.accepted_per_pos.iter().enumerate() {
                 let _ = writeln!(o, "{name}{{{l},position=\"{p}\"}} {c}");
+            }
+        }
+        if !m.variants.is_empty() {
+            let name = "specc:spec_variant_steps_total";
+            let _ = writeln!(o, "# HELP {name} Steps run per step variant (k draft tokens; k=0: plain decoding), as adaptive speculation chose them.\n# TYPE {name} counter");
+            for (v, c) in &m.variants {
+                let _ = writeln!(o, "{name}{{{l},variant=\"{v}\"}} {c}");
+            }
+            let name = "specc:spec_variant_current";
+            let _ = writeln!(
+                o,
+                "# HELP {name} 1 for the step variant the policy runs now.\n# TYPE {name} gauge"
+            );
+            for (v, _) in &m.variants {
+                let on = u8::from(m.current.as_deref() == Some(v.as_str()));
+                let _ = writeln!(o, "{name}{{{l},variant=\"{v}\"}} {on}");
             }
         }
         o

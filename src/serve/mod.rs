@@ -20,7 +20,7 @@ use specc_models::spec_bundle::EngineExtras;
 use specc_models::{SpecConfig, CONFIG_FILE};
 use specc_runtime::{EngineGraphs, SpecCpuSession, SpecGraphs};
 
-use crate::cli::{Backend, ServeArgs};
+use crate::cli::{Backend, ServeArgs, SpecPolicyArg};
 use crate::cmd::engine::{ready, target_for, Source, Want};
 use crate::cmd::fit::Fit;
 use crate::cmd::sampling;
@@ -96,6 +96,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         }
     });
     let k = contract.num_steps;
+    let policy = SpecPolicyArg::resolve(a.spec_policy, &r.engine.acceptance);
     let metrics = Arc::new(metrics::Metrics::new(
         &served_name,
         want_lanes,
@@ -112,7 +113,10 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             Backend::Cpu => "cpu",
             Backend::Cuda => "cuda",
         },
-        contract.label,
+        match contract.variants.is_empty() {
+            true => contract.label.clone(),
+            false => format!("{} ({policy} speculation)", contract.label),
+        },
         r.engine.acceptance
     );
     let app = Arc::new(api::App {
@@ -158,6 +162,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             let sg = SpecGraphs::from_engine(&contract, &graphs)?;
             let weights = r.cpu_weights(&graphs, &contract.roles())?;
             let mut s = SpecCpuSession::new(sg, &weights, want_lanes, r.engine.max_context);
+            s.policy_mut().set_mode(policy);
             let addr = listen(&a.host, a.port, app)?;
             announce(addr);
             batcher::run(&mut s, rx, &ctx);
@@ -179,6 +184,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                     want_lanes,
                     a.shrink_buckets,
                 )?;
+                s.policy_mut().set_mode(policy);
                 let addr = listen(&a.host, a.port, app)?;
                 announce(addr);
                 batcher::run(&mut s, rx, &ctx);

@@ -63,5 +63,6 @@ pub fn spec_contract(kind: DraftKind, num_steps: usize, ring: usize) -> StepCont
         step: GraphRole::SpecStep,
         target_prefill: GraphRole::SpecTargetPrefill,
         draft_prefill: Some(GraphRole::DraftPrefill),
+        variants: Vec::new(),
     }
 }

@@ -20,6 +20,9 @@ pub enum GraphRole {
     SpecTargetPrefill,
     /// The draft's prefill.
     DraftPrefill,
+    /// The speculative method's step at `k` draft tokens other than its configured k (an
+    /// adaptive variant over the same states; `k = 0` is plain decoding over them).
+    SpecVariant(u32),
 }
 
 impl GraphRole {
@@ -30,19 +33,41 @@ impl GraphRole {
             GraphRole::SpecStep => "spec step",
             GraphRole::SpecTargetPrefill => "spec target prefill",
             GraphRole::DraftPrefill => "draft prefill",
+            GraphRole::SpecVariant(_) => "spec step variant",
         }
     }
 
     /// Whether its token count is a prompt chunk (built at several `T`) rather than one
     /// step per lane.
     pub fn is_prefill(self) -> bool {
-        !matches!(self, GraphRole::Decode | GraphRole::SpecStep)
+        !matches!(
+            self,
+            GraphRole::Decode | GraphRole::SpecStep | GraphRole::SpecVariant(_)
+        )
     }
 }
 
 impl fmt::Display for GraphRole {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        match self {
+            GraphRole::SpecVariant(k) => write!(f, "spec step k={k}"),
+            r => f.write_str(r.name()),
+        }
+    }
+}
+
+/// One step graph an adaptive policy may run: the method's step at `k` draft tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepVariant {
+    /// Draft tokens per step (0: plain decoding over the method's states).
+    pub k: usize,
+    pub role: GraphRole,
+}
+
+impl StepVariant {
+    /// How reports and metrics name it (`k=3`).
+    pub fn label(&self) -> String {
+        format!("k={}", self.k)
     }
 }
 
@@ -104,6 +129,10 @@ pub struct StepContract {
     pub target_prefill: GraphRole,
     /// Absent for plain decoding.
     pub draft_prefill: Option<GraphRole>,
+    /// Further step graphs over the same states (smaller k, and k = 0 where the draft can be
+    /// re-primed after plain steps), ascending by k; empty where the method cannot switch.
+    #[serde(default)]
+    pub variants: Vec<StepVariant>,
 }
 
 impl StepContract {
@@ -118,6 +147,7 @@ impl StepContract {
             step: GraphRole::Decode,
             target_prefill: GraphRole::Prefill,
             draft_prefill: None,
+            variants: Vec::new(),
         }
     }
 
@@ -139,6 +169,7 @@ impl StepContract {
             step: GraphRole::SpecStep,
             target_prefill: GraphRole::SpecTargetPrefill,
             draft_prefill: Some(GraphRole::DraftPrefill),
+            variants: Vec::new(),
         }
     }
 
@@ -176,10 +207,23 @@ impl StepContract {
         !matches!(self.priming(), Priming::None | Priming::Prompt)
     }
 
+    /// Every step the contract can run, ascending by k: its variants and its own step
+    /// (`k` = [`StepContract::max_accept`]).
+    pub fn step_variants(&self) -> Vec<StepVariant> {
+        let mut v = self.variants.clone();
+        v.push(StepVariant {
+            k: self.max_accept(),
+            role: self.step,
+        });
+        v.sort_by_key(|v| v.k);
+        v
+    }
+
     /// Every graph the contract runs.
     pub fn roles(&self) -> Vec<GraphRole> {
         let mut r = vec![self.step, self.target_prefill];
         r.extend(self.draft_prefill);
+        r.extend(self.variants.iter().map(|v| v.role));
         r
     }
 }

@@ -5,6 +5,14 @@
 //! slots `0..n-1`; the first draft forward re-reads `[x(n-1), x(n)]` at `[n-1, n]`, so
 //! whether the previous step accepted everything or nothing, the draft sees every committed
 //! token once.
+//!
+//! Variants (adaptive speculation): the same step at a smaller k keeps that invariant and
+//! every state shape, and so does plain decoding (k = 0) except that it leaves the draft
+//! cache behind: after plain steps from length `n0` on, the cache holds slots `0..n0-1`
+//! only. The host re-primes it before the next speculative step by running the draft
+//! prefill over the committed tokens of slots `n0-1 .. len-1` (it has them all: the prompt
+//! and the emitted tokens), which restores the invariant. Exactness never depends on the
+//! draft cache: verify accepts only tokens equal to the target's own.
 
 use std::path::Path;
 
@@ -17,7 +25,9 @@ use super::sampling::choose;
 use super::step::{
     begin, commit_all, forward, lower_target_prefill, verify_and_commit, Builder, Drafted,
 };
-use super::{chain_label, draft_checkpoint, lower_err, Opened, SpecMethod, StepShape};
+use super::{
+    chain_label, draft_checkpoint, lower_decode_step, lower_err, Opened, SpecMethod, StepShape,
+};
 use crate::config::ModelSpec;
 use crate::error::ModelError;
 use crate::spec_bundle::DraftSide;
@@ -32,6 +42,32 @@ pub(super) struct DraftModel;
 impl SpecMethod for DraftModel {
     fn name(&self) -> &'static str {
         "draft_model"
+    }
+
+    fn variants(
+        &self,
+        target: &ModelSpec,
+        draft: &DraftSide,
+        shape: &StepShape,
+    ) -> Result<Vec<(u64, Graph)>, ModelError> {
+        let DraftSide::Model(d) = draft else {
+            return Ok(Vec::new());
+        };
+        variant_ks(shape.num_steps)
+            .into_iter()
+            .map(|k| {
+                let at = StepShape {
+                    num_steps: k,
+                    ..shape.clone()
+                };
+                let g = match k {
+                    0 => lower_decode_step(target, &at),
+                    _ => lower_draft_model_step(target, d.spec(), &at),
+                };
+                g.map(|g| (k, g))
+                    .map_err(|e| lower_err("draft_model step variant", e))
+            })
+            .collect()
     }
 
     fn open(
@@ -64,6 +100,18 @@ impl SpecMethod for DraftModel {
             label: chain_label(self.name(), shape.num_steps),
         })
     }
+}
+
+/// Draft sizes of the variants besides the configured `k`, ascending: plain decoding, one
+/// token, and about half of `k` (a few graphs cover the range where the best k moves with
+/// load and acceptance).
+pub fn variant_ks(k: u64) -> Vec<u64> {
+    let mut ks: Vec<u64> = [0, 1, k.div_ceil(2)]
+        .into_iter()
+        .filter(|&j| j < k)
+        .collect();
+    ks.dedup();
+    ks
 }
 
 /// The draft proposes target token ids: its vocabulary must be the target's (errors name

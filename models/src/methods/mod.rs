@@ -13,6 +13,7 @@ use specc_ir::engine::DraftKind;
 use specc_ir::{Graph, IrError};
 
 use crate::checkpoint::Checkpoint;
+use crate::config::ModelSpec;
 use crate::error::ModelError;
 use crate::spec_bundle::DraftSide;
 use crate::spec_config::{field, SpecConfig, MAX_STEPS};
@@ -178,6 +179,19 @@ pub(crate) trait SpecMethod: Sync {
     /// keys it comes from (for the error).
     fn context_width(&self, num_steps: u32, _tree: Option<TreeKnobs>) -> (u32, String) {
         chain_context_width(num_steps)
+    }
+
+    /// The step at each draft size an adaptive policy may switch to besides the configured
+    /// `shape.num_steps`, ascending by k: graphs over exactly the configured step's states
+    /// (`k = 0`: plain decoding over them), so any step may follow any other. Empty (the
+    /// default) where a switch could not keep the draft's state whole.
+    fn variants(
+        &self,
+        _target: &ModelSpec,
+        _draft: &DraftSide,
+        _shape: &StepShape,
+    ) -> Result<Vec<(u64, Graph)>, ModelError> {
+        Ok(Vec::new())
     }
 
     /// Opens the draft in `draft_dir` for `target` and lowers the method's graphs.

@@ -4,6 +4,7 @@
 //! replays, and reads the token ring.
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use specc_ir::engine::{BucketPlan, Engine, GraphRole, Priming, StepContract};
 use specc_models::methods::{
@@ -12,7 +13,9 @@ use specc_models::methods::{
 
 use super::{CudaEngine, LoadedGraph, StepGraph, TokenRing, WeightSources, DEFAULT_RING_DEPTH};
 use crate::admission::{self, LaneSampling, PrefillInputs, StateInit};
+use crate::draft_sync::DraftSync;
 use crate::memory::Footprint;
+use crate::policy::{AdaptivePolicy, SpecPolicy};
 use crate::{RuntimeError, SpecStats};
 
 pub use specc_models::spec_bundle::MIN_PREFILL_T;
@@ -38,6 +41,19 @@ pub struct CudaSpecSession<'a> {
     /// States are lane-major and sized for the largest bucket, so a bucket-`b` graph reads
     /// and writes lanes `0..b` of the same buffers.
     smaller: Vec<(usize, LoadedGraph, StepGraph)>,
+    /// The contract's other step variants captured at every bucket above: `(bucket,
+    /// variant index, graph)` (adaptive speculation; the index is the policy's).
+    variants: Vec<(usize, usize, LoadedGraph, StepGraph)>,
+    /// Which variant each step replays.
+    policy: AdaptivePolicy,
+    /// Each lane's tokens and draft-cache gap across plain steps.
+    sync: DraftSync,
+    /// Lanes admitted and not finished by the host (the lanes a step's choice counts).
+    admitted: Vec<bool>,
+    /// Variants of the steps whose tokens are not read from the ring yet.
+    unread: Vec<usize>,
+    /// Tokens read from the ring but not yet drained, per lane.
+    undrained: Vec<Vec<u32>>,
     /// Whether [`CudaSpecSession::step_upto`] replays a smaller bucket (off: every step
     /// replays the session's bucket, whose tokens do not depend on how many lanes are in
     /// use; kernels tile by bucket, so another bucket may round differently).
@@ -157,8 +173,10 @@ impl<'a> CudaSpecSession<'a> {
             .iter()
             .filter(|p| {
                 let b = p.bucket.b as usize;
+                let a_step =
+                    p.role == contract.step || contract.variants.iter().any(|v| v.role == p.role);
                 contract.roles().contains(&p.role)
-                    && (b == lanes || (p.role == contract.step && smaller_buckets.contains(&b)))
+                    && (b == lanes || (a_step && smaller_buckets.contains(&b)))
             })
             .collect();
         dev.upload(&plans, sources)?;
@@ -171,6 +189,15 @@ impl<'a> CudaSpecSession<'a> {
             smaller.push((b, loaded, captured));
         }
         smaller.sort_by_key(|s| s.0);
+        let mut variants = Vec::new();
+        let buckets = std::iter::once(lanes).chain(smaller.iter().map(|s| s.0));
+        for b in buckets.collect::<Vec<_>>() {
+            for (i, v) in contract.variants.iter().enumerate() {
+                let loaded = dev.load(plan_of(engine, v.role, b, 1)?)?;
+                let captured = dev.capture(&loaded)?;
+                variants.push((b, i, loaded, captured));
+            }
+        }
         let ring = TokenRing::from_states(
             &dev.dev,
             dev.state(RING)?.clone(),
@@ -180,12 +207,20 @@ impl<'a> CudaSpecSession<'a> {
             DEFAULT_RING_DEPTH,
         )?;
         let k = contract.max_accept();
-        Ok(CudaSpecSession {
+        let ks = contract.step_variants().iter().map(|v| v.k).collect();
+        let sync = DraftSync::new(contract.priming(), lanes);
+        let mut s = CudaSpecSession {
             contract,
             engine: dev,
             step,
             step_graph,
             smaller,
+            variants,
+            policy: AdaptivePolicy::new(ks, lanes, SpecPolicy::Fixed),
+            sync,
+            admitted: vec![false; lanes],
+            unread: Vec::new(),
+            undrained: vec![Vec::new(); lanes],
             shrink,
             ring,
             prefills: HashMap::new(),
@@ -195,7 +230,66 @@ impl<'a> CudaSpecSession<'a> {
                 steps: 0,
                 histogram: vec![0; k + 1],
             },
-        })
+        };
+        s.calibrate()?;
+        Ok(s)
+    }
+
+    /// Times every step variant at every captured bucket (before any lane is admitted:
+    /// every lane's budget is 0, so the replays write nothing a lane reads; a masked lane
+    /// costs what a live one does, the shapes being static). Nothing to time for a
+    /// contract without variants.
+    fn calibrate(&mut self) -> Result<(), RuntimeError> {
+        if self.contract.variants.is_empty() {
+            return Ok(());
+        }
+        let mut buckets = vec![self.lanes];
+        buckets.extend(self.smaller.iter().map(|s| s.0));
+        for b in buckets {
+            for v in 0..self.policy.ks().len() {
+                let g = self.graph_of(b, v);
+                g.replay()?;
+                self.engine.synchronize()?;
+                let t0 = Instant::now();
+                const REPLAYS: u32 = 5;
+                for _ in 0..REPLAYS {
+                    self.graph_of(b, v).replay()?;
+                }
+                self.engine.synchronize()?;
+                let t = t0.elapsed().as_secs_f64() / f64::from(REPLAYS);
+                self.policy.set_time(b, v, t);
+            }
+        }
+        Ok(())
+    }
+
+    /// The captured step of variant `v` (indexed like [`AdaptivePolicy::ks`]) at bucket
+    /// `b` (the session's own where `b` has none).
+    fn graph_of(&self, b: usize, v: usize) -> &StepGraph {
+        if v + 1 < self.policy.ks().len() {
+            if let Some(g) = self
+                .variants
+                .iter()
+                .find(|g| g.0 == b && g.1 == v)
+                .or_else(|| self.variants.iter().find(|g| g.0 == self.lanes && g.1 == v))
+            {
+                return &g.3;
+            }
+        }
+        match self.smaller.iter().find(|s| s.0 == b) {
+            Some((_, _, g)) => g,
+            None => &self.step_graph,
+        }
+    }
+
+    /// Which variant each step replays (adaptive speculation; [`SpecPolicy::Fixed`] unless
+    /// set).
+    pub fn policy(&self) -> &AdaptivePolicy {
+        &self.policy
+    }
+
+    pub fn policy_mut(&mut self) -> &mut AdaptivePolicy {
+        &mut self.policy
     }
 
     /// The loaded step graph (its plan lists every launch the captured graph holds).
@@ -425,6 +519,12 @@ impl<'a> CudaSpecSession<'a> {
             self.ring.reset_lane(lane)?;
         }
         self.engine.synchronize()?;
+        for ((&lane, p), &f) in at.iter().zip(&prompts).zip(&first) {
+            self.sync.admit(lane, p, f);
+            self.policy.admit(lane);
+            self.admitted[lane] = true;
+            self.undrained[lane].clear();
+        }
         Ok(first)
     }
 
@@ -541,9 +641,85 @@ impl<'a> CudaSpecSession<'a> {
 
     /// Queues one replay of the step graph (one `cuGraphLaunch`) and the ring copy after it.
     pub fn step(&mut self) -> Result<(), RuntimeError> {
-        self.step_graph.replay()?;
+        let lanes = self.lanes;
+        self.step_at(lanes)
+    }
+
+    /// Queues the step the policy picks for bucket `b` (whose graphs hold lanes `0..b`).
+    /// Nothing waits on the device unless the step switches a standalone draft in or out
+    /// of plain decoding: then every ring is read first (between steps), so each lane's
+    /// draft gap is known, and re-priming runs the draft prefill.
+    fn step_at(&mut self, b: usize) -> Result<(), RuntimeError> {
+        let live: Vec<bool> = (0..self.lanes).map(|l| l < b && self.admitted[l]).collect();
+        let v = self.policy.choose(b, &live);
+        let k = self.policy.ks()[v];
+        if self.policy.ks().len() > 1 {
+            self.sync_draft(k, &live)?;
+        }
+        self.graph_of(b, v).replay()?;
         self.ring.after_replay()?;
+        self.unread.push(v);
         self.stats.steps += 1;
+        Ok(())
+    }
+
+    /// Keeps each lane's draft whole for a step of `k` draft tokens over `live`
+    /// ([`DraftSync`]).
+    fn sync_draft(&mut self, k: usize, live: &[bool]) -> Result<(), RuntimeError> {
+        if k == 0 {
+            if self.sync.needs_tokens_before_plain(live) {
+                self.collect()?;
+            }
+            self.sync.plain_step(live);
+            return Ok(());
+        }
+        if !self.sync.behind(live) {
+            return Ok(());
+        }
+        self.collect()?;
+        let lanes = self.lanes;
+        let Some(r) = self.sync.reprime(live, lanes) else {
+            return Ok(());
+        };
+        let tb = prefill_bucket(r.t);
+        if tb as u64 > self.max_context {
+            return Err(RuntimeError::ContextOverflow {
+                needed: tb,
+                max_context: self.max_context,
+            });
+        }
+        let all: Vec<usize> = (0..lanes).collect();
+        let (tokens, pos) = place(&r, &all, lanes, tb);
+        self.run_prefill(false, tb, &tokens, &pos, &[], &[])?;
+        Ok(())
+    }
+
+    /// Reads every lane's new ring tokens (waiting for the queued steps) into its
+    /// undrained tokens, the draft bookkeeping, the acceptance histogram and the policy's
+    /// acceptance (a lane's tokens of one step are its accepted count + 1; when several
+    /// steps were queued between reads, only the histogram of a one-variant session
+    /// learns from them).
+    fn collect(&mut self) -> Result<(), RuntimeError> {
+        let got = self.ring.wait()?;
+        let steps = std::mem::take(&mut self.unread);
+        let single = self.policy.ks().len() == 1;
+        for (lane, toks) in got.into_iter().enumerate() {
+            let toks: Vec<u32> = toks.into_iter().map(|x| x as u32).collect();
+            let n = toks.len();
+            if n > 0 {
+                match steps.as_slice() {
+                    [v] if self.policy.ks()[*v] > 0 || single => {
+                        let a = (n - 1).min(self.policy.ks()[*v]);
+                        self.stats.histogram[a] += 1;
+                        self.policy.observe(lane, *v, a);
+                    }
+                    _ if single => self.record(n),
+                    _ => {}
+                }
+            }
+            self.sync.emitted(lane, &toks);
+            self.undrained[lane].extend(toks);
+        }
         Ok(())
     }
 
@@ -567,13 +743,7 @@ impl<'a> CudaSpecSession<'a> {
     /// the bucket keep their states untouched, as a masked lane of the full bucket would.
     pub fn step_upto(&mut self, n: usize) -> Result<(), RuntimeError> {
         let b = self.bucket_for(n);
-        match self.smaller.iter().find(|s| s.0 == b) {
-            Some((_, _, g)) => g.replay()?,
-            None => self.step_graph.replay()?,
-        }
-        self.ring.after_replay()?;
-        self.stats.steps += 1;
-        Ok(())
+        self.step_at(b)
     }
 
     /// The batch bucket [`CudaSpecSession::step_upto`] replays for lanes `0..n`.
@@ -598,11 +768,8 @@ impl<'a> CudaSpecSession<'a> {
 
     /// Tokens emitted since the last drain (blocks until queued steps finished).
     pub fn drain(&mut self) -> Result<Vec<Vec<u32>>, RuntimeError> {
-        let got = self.ring.wait()?;
-        Ok(got
-            .into_iter()
-            .map(|v| v.into_iter().map(|x| x as u32).collect())
-            .collect())
+        self.collect()?;
+        Ok(self.undrained.iter_mut().map(std::mem::take).collect())
     }
 
     /// Records, per lane, a step that emitted `n` tokens (for the histogram).
@@ -618,7 +785,10 @@ impl<'a> CudaSpecSession<'a> {
         Ok(read_i32(&b).into_iter().map(|x| x > 0).collect())
     }
 
-    pub fn finish(&self, lane: usize) -> Result<(), RuntimeError> {
+    pub fn finish(&mut self, lane: usize) -> Result<(), RuntimeError> {
+        if let Some(a) = self.admitted.get_mut(lane) {
+            *a = false;
+        }
         self.engine
             .state(BUDGET)?
             .write((lane * 4) as u64, &0i32.to_le_bytes())

@@ -1,0 +1,177 @@
+//! Adaptive speculation on the CPU backend: every step variant of the embedded default
+//! (draft_model k = 5: variants k = 0, 1, 3, 5) and any schedule of switches between them
+//! emit exactly the target's greedy tokens, alone and batched; after a stretch of plain
+//! steps the re-primed draft cache equals a fresh draft prefill over the committed tokens.
+
+use std::collections::HashMap;
+
+use specc_ir::interp::Tensor;
+use specc_models::{Model, SpecBundle, SpecConfig};
+use specc_runtime::{SpecCpuSession, SpecGraphs, SpecPolicy};
+
+mod common;
+
+use common::default_model;
+
+const CTX: u64 = 128;
+
+fn embedded() -> (Model, SpecBundle) {
+    let dir = default_model();
+    let target = Model::open(&dir).unwrap();
+    let cfg = SpecConfig::from_file(&dir.join("spec.toml")).unwrap();
+    let bundle = SpecBundle::open(&target, &cfg).unwrap();
+    (target, bundle)
+}
+
+fn prompts(lanes: usize) -> Vec<Vec<u32>> {
+    (0..lanes)
+        .map(|i| {
+            (0..(4 + 3 * i))
+                .map(|j| ((j * 37 + i * 11 + 3) % 300) as u32)
+                .collect()
+        })
+        .collect()
+}
+
+/// Runs `prompts` to `n` tokens, the policy in `mode` after `schedule` (forced variants,
+/// cycled until every lane ends). Returns each lane's tokens and the session's variant
+/// counts.
+fn generate(
+    s: &mut SpecCpuSession,
+    prompts: &[Vec<u32>],
+    n: usize,
+    schedule: &[usize],
+) -> Vec<Vec<u32>> {
+    let first = s.admit(prompts, n).unwrap();
+    let mut tokens: Vec<Vec<u32>> = first.iter().map(|&t| vec![t]).collect();
+    let mut i = 0;
+    while s.live().iter().any(|&l| l) {
+        if !schedule.is_empty() {
+            s.policy_mut().force(&[schedule[i % schedule.len()]]);
+            i += 1;
+        }
+        s.step().unwrap();
+        for (b, new) in s.drain().unwrap().into_iter().enumerate() {
+            tokens[b].extend(new);
+        }
+    }
+    for t in &mut tokens {
+        t.truncate(n);
+    }
+    tokens
+}
+
+fn greedy(target: &Model, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
+    let w = target.load_weights_f32();
+    prompts
+        .iter()
+        .map(|p| target.greedy_generate(&w, p, n, CTX as usize).unwrap())
+        .collect()
+}
+
+fn session<'a>(
+    b: &'a SpecBundle,
+    w: &'a HashMap<String, Tensor>,
+    lanes: usize,
+) -> SpecCpuSession<'a> {
+    SpecCpuSession::new(SpecGraphs::of(b), w, lanes, CTX)
+}
+
+#[test]
+fn the_embedded_default_has_plain_and_smaller_k_variants() {
+    let (_, b) = embedded();
+    let ks: Vec<usize> = b.contract.step_variants().iter().map(|v| v.k).collect();
+    assert_eq!(ks, vec![0, 1, 3, 5]);
+}
+
+#[test]
+fn every_variant_alone_is_exact() {
+    let (target, b) = embedded();
+    let w = b.load_weights_f32(&target).unwrap();
+    for lanes in [1, 3] {
+        let ps = prompts(lanes);
+        let want = greedy(&target, &ps, 24);
+        for v in 0..4 {
+            let mut s = session(&b, &w, lanes);
+            let got = generate(&mut s, &ps, 24, &[v]);
+            assert_eq!(got, want, "variant {v}, {lanes} lanes");
+            assert_eq!(s.policy().steps()[v] as usize, s.stats.steps);
+        }
+    }
+}
+
+#[test]
+fn switching_mid_generation_is_exact_and_reprimes_the_draft() {
+    let (target, b) = embedded();
+    let w = b.load_weights_f32(&target).unwrap();
+    let schedule = [3, 0, 0, 1, 0, 0, 0, 2, 3, 0, 3, 1, 2, 0, 0, 3];
+    for lanes in [1, 4] {
+        let ps = prompts(lanes);
+        let n = 40;
+        let want = greedy(&target, &ps, n);
+        let mut s = session(&b, &w, lanes);
+        let got = generate(&mut s, &ps, n, &schedule);
+        assert_eq!(got, want, "{lanes} lanes");
+        assert!(
+            s.policy().steps().iter().all(|&c| c > 0),
+            "every variant ran"
+        );
+    }
+}
+
+#[test]
+fn after_plain_steps_the_draft_cache_equals_a_fresh_prefill() {
+    let (target, b) = embedded();
+    let w = b.load_weights_f32(&target).unwrap();
+    let ps = prompts(2);
+    let mut s = session(&b, &w, 2);
+    let first = s.admit(&ps, 60).unwrap();
+    let mut tokens: Vec<Vec<u32>> = ps
+        .iter()
+        .zip(&first)
+        .map(|(p, &f)| p.iter().copied().chain([f]).collect())
+        .collect();
+    s.policy_mut().force(&[3, 3, 0, 0, 0, 0, 0, 0, 0, 2]);
+    for _ in 0..10 {
+        s.step().unwrap();
+        for (lane, new) in s.drain().unwrap().into_iter().enumerate() {
+            tokens[lane].extend(new);
+        }
+    }
+    // Lane `b`'s draft cache must hold slots 0..len-1 as a prefill over its tokens writes
+    // them (len = tokens − 1).
+    let mut fresh = session(&b, &w, 1);
+    for (lane, toks) in tokens.iter().enumerate() {
+        let len = toks.len() - 1;
+        fresh.admit(&[toks[..len - 1].to_vec()], 1).unwrap();
+        for name in ["draft/kv.0.k", "draft/kv.1.v"] {
+            let got = s.states()[name].as_f32().unwrap();
+            let want = fresh.states()[name].as_f32().unwrap();
+            let row = want.len() / CTX as usize;
+            let got = &got[lane * row * CTX as usize..][..(len - 1) * row];
+            let want = &want[..(len - 1) * row];
+            for (i, (g, e)) in got.iter().zip(want).enumerate() {
+                assert!(
+                    (g - e).abs() <= 1e-5 * e.abs().max(1.0),
+                    "lane {lane} {name}[{i}] (slot {}): got {g}, want {e}",
+                    i / row
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_adaptive_policy_is_exact_and_reports_its_choices() {
+    let (target, b) = embedded();
+    let w = b.load_weights_f32(&target).unwrap();
+    let ps = prompts(4);
+    let want = greedy(&target, &ps, 48);
+    let mut s = session(&b, &w, 4);
+    s.policy_mut().set_mode(SpecPolicy::Adaptive);
+    let got = generate(&mut s, &ps, 48, &[]);
+    assert_eq!(got, want);
+    let counted: u64 = s.policy().steps().iter().sum();
+    assert_eq!(counted as usize, s.stats.steps);
+    assert!(s.policy().current().is_some());
+}
