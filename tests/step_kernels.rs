@@ -8,7 +8,7 @@
 
 use std::sync::OnceLock;
 
-use specc_codegen::choose::gemm::GEMM_MIN_ROWS;
+use specc_codegen::choose::gemm::{GEMM_MIN_COLUMNS, GEMM_MIN_ROWS};
 use specc_codegen::choose::matmul::{NORM_FUSED_MAX_ROWS, ROPE_FUSED_MAX_ROWS};
 use specc_codegen::{build, BuildOptions, Built, Compiled, Cubins, Epilogue, GroupKind};
 use specc_ir::engine::choice::{EpilogueChoice, Feed, MatmulChoice, MatmulCore, NormPlacement};
@@ -622,54 +622,42 @@ fn every_step_kernel_compiles_for_every_arch() {
     }
 }
 
-/// The embedded default's 80-node DDTree verify (81 rows) runs its bf16 matmuls on the tiled
-/// GEMM (`gemm_mma`, from `GEMM_MIN_ROWS` rows), whose kernels stage operands with
-/// `cp.async`; any wide GEMV left (9 to 31 rows) stages its operands by the copy engine
-/// (`Feed::Tma` or `Feed::XBulk`) where K is tiled by whole chunks. The device tests of that
-/// step then exercise these paths.
+/// The embedded default's 80-node DDTree verify (81 rows: row tiles of 64) runs its wide
+/// bf16 matmuls whose K is tiled by whole chunks with operands staged by the copy engine
+/// (`Feed::Tma` or `Feed::XBulk`), the path the device tests of that step then exercise.
 #[test]
-fn default_tree_verify_runs_the_tiled_gemm() {
+fn default_tree_verify_stages_operands_by_the_copy_engine() {
     let p = shipped();
     let name = "default: ddtree step";
     let (c, plan) = p.plan(name);
     let copied = |f: Feed| matches!(f, Feed::Tma { .. } | Feed::XBulk { .. });
     let xbulk = |core: &MatmulCore| matches!(core, MatmulCore::TensorCores(t) if copied(t.feed));
-    let gemm = |core: &MatmulCore| matches!(core, MatmulCore::Gemm(_));
-    let groups_with = |pred: &dyn Fn(&MatmulCore) -> bool| -> Vec<usize> {
-        (0..c.groups.len())
-            .filter(|&g| {
-                let cores = plan.groups[g].choice.matmul().map(|m| m.cores.as_slice());
-                cores.unwrap_or_default().iter().any(pred)
-            })
-            .collect()
-    };
-    let tiled = groups_with(&gemm);
-    for (kind, groups) in [("gemm", &tiled), ("copy engine", &groups_with(&xbulk))] {
-        for &g in groups {
-            let GroupKind::MatMul { x, mats, .. } = &c.groups[g].kind else {
-                panic!("{name}: group {g} ({kind}) outside a matmul");
-            };
-            let (xd, wd) = (c.graph.ty(*x).dtype, c.graph.ty(mats[0].weight).dtype);
-            assert_eq!((xd, wd), (DType::BF16, DType::BF16), "{name}: group {g}");
-            let rows = rows_of(c, *x);
-            assert!(rows > NORM_FUSED_MAX_ROWS as usize, "{name}: group {g}");
-            // The kernels the choice names are those that run.
-            let (family, marker) = if kind == "gemm" {
-                assert!(rows >= GEMM_MIN_ROWS as usize, "{name}: group {g}");
-                ("gemm_mma", "cp_async16(")
-            } else {
-                ("gemv_mma", "bulk_copy_g2s(")
-            };
-            let runs = p
-                .group_launches(plan, g)
-                .into_iter()
-                .any(|i| p.family(plan, i) == family && p.text(plan, i).contains(marker));
-            assert!(runs, "{name}: group {g} chose {kind} its kernel lacks");
-        }
+    let staged: Vec<usize> = (0..c.groups.len())
+        .filter(|&g| {
+            let cores = plan.groups[g].choice.matmul().map(|m| m.cores.as_slice());
+            cores.unwrap_or_default().iter().any(xbulk)
+        })
+        .collect();
+    for &g in &staged {
+        let GroupKind::MatMul { x, mats, .. } = &c.groups[g].kind else {
+            panic!("{name}: group {g} stages x outside a matmul");
+        };
+        let (xd, wd) = (c.graph.ty(*x).dtype, c.graph.ty(mats[0].weight).dtype);
+        assert_eq!((xd, wd), (DType::BF16, DType::BF16), "{name}: group {g}");
+        assert!(
+            rows_of(c, *x) > NORM_FUSED_MAX_ROWS as usize,
+            "{name}: group {g}"
+        );
+        // The kernels the choice names are those that run.
+        let bulk = p
+            .group_launches(plan, g)
+            .into_iter()
+            .any(|i| p.family(plan, i) == "gemv_mma" && p.text(plan, i).contains("bulk_copy_g2s("));
+        assert!(bulk, "{name}: group {g} chose copies its kernel lacks");
     }
-    // q|k|v, o, gate/up and down of every target layer and the lm-head.
+    // q|k|v, o and gate/up of every target layer (K = hidden = 256) and the lm-head.
     let layers = 6;
-    assert!(tiled.len() > 3 * layers, "{name}: {} groups", tiled.len());
+    assert!(staged.len() > 3 * layers, "{name}: {} groups", staged.len());
 }
 
 #[test]
@@ -716,7 +704,8 @@ fn launches_are_tagged_with_their_part_of_the_step() {
 }
 
 /// Matmul groups over two or more token rows with 16-bit weights of x's dtype run on tensor
-/// cores: the tiled GEMM from `GEMM_MIN_ROWS` rows, the GEMV below; so do single rows except
+/// cores: the tiled GEMM from `GEMM_MIN_ROWS` rows on weights of `GEMM_MIN_COLUMNS` columns,
+/// the GEMV otherwise; so do single rows except
 /// the normed single projection (qkv) and the lm-head's argmax (measured faster on CUDA
 /// cores); f32 models stay on the CUDA-core one.
 #[test]
@@ -742,7 +731,10 @@ fn matmuls_of_several_rows_run_on_tensor_cores() {
                 let want_mma = (rows >= 2 || one_row_mma)
                     && xd == wd
                     && matches!(xd, DType::BF16 | DType::F16);
-                let want_gemm = want_mma && rows >= GEMM_MIN_ROWS as usize;
+                let cols = c.graph.ty(mats[0].weight).shape.dims()[0].as_static();
+                let want_gemm = want_mma
+                    && rows >= GEMM_MIN_ROWS as usize
+                    && cols.is_some_and(|n| n >= GEMM_MIN_COLUMNS as u64);
                 for core in &m.cores {
                     assert_eq!(
                         matches!(core, MatmulCore::TensorCores(_) | MatmulCore::Gemm(_)),

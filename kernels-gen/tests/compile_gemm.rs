@@ -1,5 +1,5 @@
 //! The tiled tensor-core GEMM (`gemm_mma`) compiled by NVRTC for every supported
-//! architecture with every tile the selection (`specc_codegen::choose::gemm::tiling`) gives
+//! architecture with every tile the selection (`specc_codegen::choose::gemm::tile`) gives
 //! at 32..=1024 rows, for the H200 target and sm_120's 99 KiB blocks, at the Llama-3.1-8B
 //! shapes and odd ones, with every epilogue it carries: no spills, no local memory,
 //! registers within the launch bound's budget.
@@ -8,7 +8,7 @@
 
 mod common;
 
-use specc_codegen::choose::gemm::tiling;
+use specc_codegen::choose::gemm::tile as tiling;
 use specc_ir::engine::Target;
 use specc_kernels_gen::abi::{Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::gemm_mma::gemm_mma;

@@ -1,5 +1,5 @@
 //! The tiled tensor-core GEMM (`gemm_mma`) on the GPU, with the tile the selection gives the
-//! device (`specc_codegen::choose::gemm::tiling`): every epilogue (store, residual in place,
+//! device (`specc_codegen::choose::gemm::tile`): every epilogue (store, residual in place,
 //! SwiGLU over the gate/up pair, f32 logits, argmax partials + `argmax`) at M = 33, 64,
 //! 100, 256 and 1024 over the Llama-3.1-8B shapes and small odd ones (N and K tails),
 //! against an f64 CPU reference with the GEMV numerics (product rounded to x's dtype, then
@@ -15,7 +15,7 @@ mod gpu;
 
 use common::Plan;
 use gpu::{assert_close, bf16_tol, Gpu, Mem, Rng};
-use specc_codegen::choose::gemm::tiling as gemm_tiling;
+use specc_codegen::choose::gemm::tile as gemm_tiling;
 use specc_codegen::choose::matmul::{tiling as gemv_tiling, SPLIT_COUNTERS};
 use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};

@@ -1,23 +1,26 @@
 //! Where the tiled tensor-core GEMM (`gemm_mma`) replaces the GEMV kernels, and its tile.
 //!
-//! The row threshold and every tile rule below are predictions from bytes and block
-//! counts, to be measured on the device (`kernels-gen/tests/gpu_gemm.rs` times both kernels
-//! at the 8B shapes): they are not measured choices yet.
+//! Where it applies is measured (H200, 8B shapes, `kernels-gen/tests/gpu_gemm.rs` timing
+//! both kernels, bench/NOTES.md "tiled GEMM"); the tile rules are still predictions from
+//! bytes and block counts.
 
 use specc_ir::engine::choice::GemmTiling;
 use specc_ir::engine::Target;
 use specc_kernels_gen::gemm_mma::{block_smem_bytes, validate, BK};
 use specc_kernels_gen::gemv::GemvParams;
 
-/// Launches of at least this many rows use the GEMM. `gemv_mma` gives each warp 16 weight
-/// columns and has it read every x row of its tile: per weight byte it moves `M / 16` x
-/// bytes through L1/L2, twice the weights from 32 rows on, and above 64 rows it re-reads
-/// every weight byte once per 64-row tile. The GEMM stages an x tile once per block of
-/// `BN ≥ 32` columns (`M / BN` x bytes per weight byte) and, from 32 rows, holds all the
-/// rows of a launch up to 128 in one tile, so the weights leave HBM once. Below 32 rows the
-/// GEMV's register feeds keep more weight bytes in flight per block (measured at 72 % of
-/// bandwidth up to 8 rows, bench/NOTES.md). Prediction, to be measured.
-pub const GEMM_MIN_ROWS: u32 = 32;
+/// Launches of at least this many rows use the GEMM, for weights of at least
+/// [`GEMM_MIN_COLUMNS`] output columns. Measured on the H200 at the 8B shapes: from 128 rows
+/// the GEMM beats `gemv_mma` on the gate/up pair (103 vs 134 µs at 128 rows, 201 vs 259 at
+/// 256) and the lm-head (508 vs 532, 991 vs 1027); below 128 rows, and on the 4096- and
+/// 6144-column projections (o, q|k|v, down) at every row count, `gemv_mma` is as fast or
+/// faster (down at 256 rows: 102 vs 146 µs). The GEMM's mma.sync main loop runs at about
+/// 270 TFLOP/s on those shapes, so where weights are few per row it loses to the GEMV's
+/// deeper register feeds.
+pub const GEMM_MIN_ROWS: u32 = 128;
+
+/// See [`GEMM_MIN_ROWS`].
+pub const GEMM_MIN_COLUMNS: u32 = 8192;
 
 /// The most ring stages: enough weight bytes in flight for the memory-bound tiles of 32
 /// rows (7 steps of 32 columns × 128 bytes = 28 KiB per block, about one block per SM),
@@ -30,9 +33,19 @@ fn min_blocks(target: &Target) -> u64 {
     (target.sms as u64 * 8).div_ceil(11)
 }
 
-/// The GEMM's tile for `p` over at most `rows` rows on `target`, or `None` where the
-/// GEMM does not apply (fewer than [`GEMM_MIN_ROWS`] rows, a fused norm or RoPE, operands
-/// it does not take, or no ring of 2 stages fits the block's shared memory).
+/// The GEMM's tile for `p` over at most `rows` rows on `target` where the selection picks
+/// the GEMM (from [`GEMM_MIN_ROWS`] rows and [`GEMM_MIN_COLUMNS`] columns), else `None`.
+pub fn tiling(p: &GemvParams, rows: u32, target: &Target) -> Option<GemmTiling> {
+    if rows < GEMM_MIN_ROWS || p.n < GEMM_MIN_COLUMNS {
+        return None;
+    }
+    tile(p, rows, target)
+}
+
+/// The GEMM's tile for `p` over at most `rows` rows on `target` (any row count: the
+/// kernel's tests and timings use it below the selection's thresholds too), or `None`
+/// where the GEMM does not apply (a fused norm or RoPE, operands it does not take, or no
+/// ring of 2 stages fits the block's shared memory).
 ///
 /// - `bm`: the rows rounded up to 32, 64 or 128 (one row tile up to 128 rows, so each
 ///   weight tile is read once), 128 above.
@@ -43,10 +56,7 @@ fn min_blocks(target: &Target) -> u64 {
 ///
 /// Batch invariance does not depend on this choice: the kernel's K order is fixed
 /// whatever the tile (see `specc_kernels_gen::gemm_mma`), and no split of K is chosen.
-pub fn tiling(p: &GemvParams, rows: u32, target: &Target) -> Option<GemmTiling> {
-    if rows < GEMM_MIN_ROWS {
-        return None;
-    }
+pub fn tile(p: &GemvParams, rows: u32, target: &Target) -> Option<GemmTiling> {
     let bm = match rows {
         ..=32 => 32,
         33..=64 => 64,
@@ -113,7 +123,7 @@ mod tests {
     fn tiles_at_the_8b_shapes() {
         let h = hopper();
         let pick = |k, n, gu, rows| {
-            let t = tiling(&params(k, n, gu), rows, &h).unwrap();
+            let t = tile(&params(k, n, gu), rows, &h).unwrap();
             (t.bm, t.bn, t.wm, t.wn)
         };
         // o / down at 32 rows: 128 column tiles of 32.
@@ -131,25 +141,28 @@ mod tests {
     }
 
     #[test]
-    fn below_the_threshold_or_with_fusions_the_gemv_stays() {
+    fn below_the_thresholds_or_with_fusions_the_gemv_stays() {
         let h = hopper();
+        let gate_up = params(4096, 14336, true);
+        assert!(tiling(&gate_up, GEMM_MIN_ROWS - 1, &h).is_none());
+        assert!(tiling(&gate_up, GEMM_MIN_ROWS, &h).is_some());
+        assert!(tiling(&params(4096, 128256, false), 256, &h).is_some());
+        // o / down / q|k|v: measured faster on gemv_mma at every row count.
+        for n in [4096, 6144] {
+            assert!(tiling(&params(4096, n, false), 1024, &h).is_none(), "N={n}");
+        }
         let p = params(4096, 4096, false);
-        assert!(tiling(&p, GEMM_MIN_ROWS - 1, &h).is_none());
-        assert!(tiling(&p, GEMM_MIN_ROWS, &h).is_some());
         let mut normed = p.clone();
         normed.norm = Some(RmsNormPrologue {
             weight: Loc::table(1),
             dtype: Dtype::BF16,
             eps: 1e-5,
         });
-        assert!(tiling(&normed, 64, &h).is_none());
+        assert!(tile(&normed, 64, &h).is_none());
         let mut f32_x = p.clone();
         f32_x.x.dtype = Dtype::F32;
-        assert!(tiling(&f32_x, 64, &h).is_none());
-        assert!(
-            tiling(&params(4100, 4096, false), 64, &h).is_none(),
-            "K % 8"
-        );
+        assert!(tile(&f32_x, 64, &h).is_none());
+        assert!(tile(&params(4100, 4096, false), 64, &h).is_none(), "K % 8");
     }
 
     /// Every tile fits its target's shared memory (sm_120's 99 KiB too, with fewer
@@ -175,7 +188,7 @@ mod tests {
             for rows in [32, 33, 64, 100, 128, 256, 1024] {
                 for (k, n, gu) in shapes {
                     let p = params(k, n, gu);
-                    let t = tiling(&p, rows, target).unwrap();
+                    let t = tile(&p, rows, target).unwrap();
                     let label = format!("rows={rows} K={k} N={n} {t:?}");
                     assert!(t.bm >= rows.min(128), "{label}");
                     assert!(t.warps() <= 8 && t.stages >= 2, "{label}");

@@ -18,7 +18,8 @@ use specc_kernels_gen::qkv_rope;
 pub const SPLIT_COUNTERS: u32 = 512;
 
 /// The kernel and work split for `p` over at most `rows` rows on `target`: the tiled GEMM
-/// where [`super::gemm::tiling`] gives it a tile (from [`super::gemm::GEMM_MIN_ROWS`] rows),
+/// where [`super::gemm::tiling`] gives it a tile (from [`super::gemm::GEMM_MIN_ROWS`] rows on
+/// wide weights),
 /// else the tensor-core GEMV with [`tiling`] where [`supports`] holds, else the CUDA-core
 /// kernel.
 pub fn core(p: &GemvParams, rows: u32, target: &Target) -> MatmulCore {
@@ -372,11 +373,18 @@ mod tests {
         mixed.x.dtype = Dtype::F32;
         assert!(!supports(&mixed));
         assert!(!mma(&mixed));
-        // From `GEMM_MIN_ROWS` rows in the launch: the tiled GEMM.
-        let wide = params(64, 256, 512, false, Dtype::BF16);
-        assert!(matches!(core(&wide, 64, &hopper()), MatmulCore::Gemm(_)));
+        // From `GEMM_MIN_ROWS` rows in the launch on `GEMM_MIN_COLUMNS` columns: the tiled
+        // GEMM; narrower weights stay on the GEMV at any row count.
+        let rows = super::super::gemm::GEMM_MIN_ROWS;
+        let wide = params(64, 256, 16384, false, Dtype::BF16);
+        assert!(matches!(core(&wide, rows, &hopper()), MatmulCore::Gemm(_)));
         assert!(matches!(
-            core(&wide, 31, &hopper()),
+            core(&wide, rows - 1, &hopper()),
+            MatmulCore::TensorCores(_)
+        ));
+        let narrow = params(64, 256, 4096, false, Dtype::BF16);
+        assert!(matches!(
+            core(&narrow, 1024, &hopper()),
             MatmulCore::TensorCores(_)
         ));
     }
