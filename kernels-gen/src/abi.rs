@@ -294,6 +294,23 @@ pub(crate) fn assemble(
     launch: LaunchSpec,
     prelude: &str,
 ) -> KernelSource {
+    assemble_bounded(family, dtype, items, prologue, body, launch, prelude, None)
+}
+
+/// [`assemble`] with `__launch_bounds__(threads, min_blocks)` when `min_blocks` is set: ptxas
+/// then keeps registers to what `min_blocks` blocks per SM allow (streaming kernels whose
+/// loads in flight scale with the resident warps).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn assemble_bounded(
+    family: &str,
+    dtype: &str,
+    items: &str,
+    prologue: &str,
+    body: &str,
+    launch: LaunchSpec,
+    prelude: &str,
+    min_blocks: Option<u32>,
+) -> KernelSource {
     let mut inner = prologue.to_string();
     let mut enter = Writer::at_depth(1);
     enter.line(PDL_ENTER);
@@ -306,6 +323,9 @@ pub(crate) fn assemble(
     let mut h = Sha256::new();
     h.update(items.as_bytes());
     h.update(bound.to_le_bytes());
+    if let Some(m) = min_blocks {
+        h.update(m.to_le_bytes());
+    }
     h.update(body.as_bytes());
     let digest = h.finalize();
     let hash8: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
@@ -314,8 +334,12 @@ pub(crate) fn assemble(
     if !kernel.is_empty() {
         kernel.push('\n');
     }
+    let bounds = match min_blocks {
+        Some(m) => format!("{bound}, {m}"),
+        None => bound.to_string(),
+    };
     kernel.push_str(&format!(
-        "extern \"C\" __global__ void __launch_bounds__({bound})\n{name}({PARAMS}) {{\n"
+        "extern \"C\" __global__ void __launch_bounds__({bounds})\n{name}({PARAMS}) {{\n"
     ));
     kernel.push_str(body);
     kernel.push_str("}\n");

@@ -101,8 +101,8 @@ fn snapshots_of_the_quantised_kernels() {
     );
 }
 
-/// The grouped experts over quantised stacks read each used expert's stored bytes (int4
-/// 8-byte / fp8 16-byte loads) and scales in its own block column: one grid slot per
+/// The grouped experts over quantised stacks read each used expert's stored bytes (int4 /
+/// fp8 16-byte loads at these shapes) and scales in its own block column: one grid slot per
 /// expert a token may use, never more than the pairs.
 #[test]
 fn grouped_quantised_experts_read_the_stored_bytes() {
@@ -110,7 +110,13 @@ fn grouped_quantised_experts_read_the_stored_bytes() {
     for (label, w, s, act, shape) in shapes() {
         let ks = case(w, s, act, shape).kernels();
         let names: Vec<&str> = ks.iter().map(|k| k.name.as_str()).collect();
-        let fmt = QuantFormat::of(w).unwrap();
+        let Some(fmt) = QuantFormat::of(w) else {
+            continue;
+        };
+        let load = match fmt {
+            QuantFormat::Int4 { .. } => "ld_stream_words<V / 2>(w",
+            QuantFormat::Fp8Block => "ld_stream_fp8<V>(w",
+        };
         for (k, family) in ks
             .iter()
             .zip(["moe_dispatch", "moe_gate_up", "moe_down", "moe_combine"])
@@ -119,9 +125,7 @@ fn grouped_quantised_experts_read_the_stored_bytes() {
         }
         for k in &ks[1..3] {
             assert!(k.name.contains(&fmt.name()), "{label}: {}", k.name);
-            assert!(k
-                .kernel
-                .contains(fmt.load_stmt("V", "", "").split('(').next().unwrap()));
+            assert!(k.kernel.contains(load), "{label}: {}", k.name);
             let slots = shape.experts.min(shape.pairs()) as u32;
             assert_eq!(
                 k.launch.grid[1],

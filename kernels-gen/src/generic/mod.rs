@@ -46,7 +46,7 @@ mod quant;
 mod rows;
 mod tree;
 
-use crate::abi::{assemble, Extent, KernelSource, LaunchSpec, Loc, PRELUDE};
+use crate::abi::{assemble_bounded, Extent, KernelSource, LaunchSpec, Loc, PRELUDE};
 use crate::writer::{emit, f32_lit, Writer};
 use crate::Error;
 use specc_ir::{DType, Dim, Op, TensorType};
@@ -460,8 +460,13 @@ impl Kernel {
     }
 
     pub fn finish(self, launch: LaunchSpec) -> KernelSource {
+        self.finish_bounded(launch, None)
+    }
+
+    /// [`Kernel::finish`] with a minimum of resident blocks per SM in the launch bounds.
+    pub fn finish_bounded(self, launch: LaunchSpec, min_blocks: Option<u32>) -> KernelSource {
         let prelude = format!("{PRELUDE}\n{GENERIC_PRELUDE}");
-        assemble(
+        assemble_bounded(
             self.family,
             &self.dtype.to_string(),
             "",
@@ -469,6 +474,7 @@ impl Kernel {
             &self.body.finish(),
             launch,
             &prelude,
+            min_blocks,
         )
     }
 }

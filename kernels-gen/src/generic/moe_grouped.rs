@@ -9,7 +9,8 @@
 //!    gates come from a router choosing `top_k` per token, which is what the capacity is.
 //! 2. `moe_gate_up`: grid (row tiles of F, used-expert slots); a block whose slot is past the
 //!    used count exits. Each warp owns rows of the expert's gate and up weights and streams
-//!    them once per chunk of [`TOKENS_PER_PASS`] of the expert's tokens; the SwiGLU
+//!    them once per pass over the expert's tokens (passes of up to 8 tokens for float stacks,
+//!    4 for quantised; see [`stream`] for the loads in flight); the SwiGLU
 //!    `a = R(R(silu(R(g)))·R(u))` is its epilogue, into `act[pair, F]`.
 //! 3. `moe_down`: the same over the down weights, `y[pair, H] = R(a · Wd_eᵀ)`.
 //! 4. `moe_combine` (one block per token): `out = R(Σ_e gate·y)` over the token's pairs in
@@ -20,10 +21,10 @@
 //! depend on the batch it is in.
 //!
 //! The expert stacks are float, or int4 / fp8 read as stored with their scale stacks
-//! ([`Stacks`]): a lane loads a run of nibbles or fp8 bytes of a row and its scale,
-//! dequantises them in registers as `gemv_q` does (`q · scale` rounded once to f32, the
-//! interpreter's value) and feeds every token of the pass, so each selected expert's stored
-//! bytes and scales are streamed once per pass and nothing of the other experts is read.
+//! ([`Stacks`]): a lane loads 16 bytes of a row (32 nibbles, 16 fp8 bytes) and its scale,
+//! converts them in registers and feeds every token of the pass; the scale multiplies the
+//! load's partial sum once (`s · Σ x·q`, [`stream`]), so each selected expert's stored bytes
+//! and scales are streamed once per pass and nothing of the other experts is read.
 
 use super::quant::QuantRows;
 use super::{c_type, load, store, Kernel, TensorArg};
@@ -33,24 +34,25 @@ use crate::writer::{emit, Writer};
 use crate::Error;
 use specc_ir::DType;
 
-/// Warps of a gate/up or down block.
-const WARPS: u64 = 8;
-/// Weight rows each warp owns (gate and up rows count once).
-const ROWS_PER_WARP: u64 = 4;
-/// Tokens of one expert whose activations a warp holds while it streams a weight row.
-pub const TOKENS_PER_PASS: u64 = 4;
-/// Quantised weights a lane dequantises per row and step of stack `m` (at most; fewer
-/// where the format's loads must be narrower), as ptxas's register use allows with no
-/// spills on sm_90a, sm_100a and sm_120 at Kimi's, DeepSeek-V3's and the fixtures' shapes
-/// (`compile_quant`): 16 for int4's down stack (8-byte loads; with 8, sm_120 kept 80
-/// registers and spilled), else 8 (gate/up hold twice the accumulators: 16 spilled on
-/// sm_90a at Kimi's shapes; fp8's down spilled with 16 at the fixture's).
-fn quant_vec(format: QuantFormat, m: usize) -> u64 {
-    match format {
-        QuantFormat::Int4 { .. } if m == 2 => 16,
-        _ => 8,
-    }
-}
+mod stream;
+
+/// Warps of a gate/up or down block: small blocks, many of them, so the last wave is short.
+const WARPS: u64 = 4;
+/// Blocks of a gate/up or down kernel an SM keeps resident (ptxas holds registers to what
+/// they allow): float stacks 4 (128 registers; 16 warps of `UNROLL · rows` 16-byte loads in
+/// flight, 64 KiB an SM), quantised 3 (168 registers: their per-load partial sums spill at
+/// 128 on sm_100a / sm_120 at Kimi's shapes).
+const FLOAT_MIN_BLOCKS: u32 = 4;
+const QUANT_MIN_BLOCKS: u32 = 3;
+/// Rows of `Wg` and of `Wu` each gate/up warp owns (it streams twice as many rows).
+const GATE_UP_ROWS_PER_WARP: u64 = 2;
+/// Rows of `Wd` each down warp owns.
+const DOWN_ROWS_PER_WARP: u64 = 4;
+/// Tokens of one expert whose activations a warp holds while it streams its rows, by the
+/// expert's token count (the smallest size that holds them, else passes of the largest):
+/// up to 4 (8 spills at Kimi's shapes within the registers of [`FLOAT_MIN_BLOCKS`]).
+const FLOAT_PASSES: [u64; 3] = [1, 2, 4];
+const QUANT_PASSES: [u64; 3] = [1, 2, 4];
 /// Threads of the dispatch block.
 const DISPATCH_THREADS: u32 = 512;
 
@@ -173,6 +175,18 @@ impl<'a> Stacks<'a> {
                 )))
             }
         };
+        if let Some((_, q)) = &quant {
+            if let Some(r) = q
+                .iter()
+                .find(|r| stream::quant_vec(r.format, r.k).is_none())
+            {
+                return Err(Unsupported::Quant(format!(
+                    "{} rows of {} columns do not split into loads of one scale",
+                    r.format.name(),
+                    r.k
+                )));
+            }
+        }
         let st = Stacks {
             w: [wg, wu, wd],
             quant,
@@ -189,13 +203,12 @@ impl<'a> Stacks<'a> {
         Ok(st)
     }
 
-    /// Elements of one weight load of stack `m`'s rows: 16 bytes of a float dtype, or the
-    /// quantised format's load for its in-features (as `gemv_q`) of at most
-    /// [`quant_vec`] elements.
+    /// Elements of one weight load of stack `m`'s rows: 16 bytes of a float dtype, or a
+    /// quantised load of one scale ([`stream::quant_vec`]).
     fn vec(&self, m: usize) -> u64 {
         match &self.quant {
             None => 16 / self.w[m].elem_bytes().max(1),
-            Some((_, q)) => (q[m].format.vec(q[m].k) as u64).min(quant_vec(q[m].format, m)),
+            Some((_, q)) => stream::quant_vec(q[m].format, q[m].k).expect("checked by `of`"),
         }
     }
 
@@ -235,46 +248,36 @@ impl<'a> Stacks<'a> {
         }
     }
 
-    /// `float w<j>[V]`: this lane's `V` weights of stack `m` at row `j0 + r`, columns
-    /// `i .. i + V`, as f32 (`K` the row length).
-    fn load(&self, w: &mut Writer, m: usize, j: usize) {
-        let nm = NAMES[m];
-        emit!(w, "float w{j}[V];");
-        let Some((_, q)) = &self.quant else {
-            let wt = c_type(self.w[m].dtype);
-            emit!(
-                w,
-                "ld_stream_vec<V, {wt}>(w{nm}e + (long long)(j0 + r) * K + i, w{j});"
-            );
-            return;
-        };
-        let (fmt, k) = (q[m].format, q[m].k);
-        let col = match fmt {
-            QuantFormat::Int4 { .. } => "i / 2",
-            QuantFormat::Fp8Block => "i",
-        };
-        let ptr = format!(
-            "w{nm}e + (long long)(j0 + r) * {} + {col}",
-            fmt.row_bytes(k)
-        );
-        w.line(fmt.load_stmt("V", &ptr, &format!("w{j}")));
-        let sp = format!("s{nm}e");
-        // `q · scale` rounded once to f32, as the interpreter and `gemv_q`.
-        if fmt.one_scale_per_load(self.vec(m) as u32) {
-            emit!(
-                w,
-                "const float sc{j} = {};",
-                fmt.scale_expr(&sp, "j0 + r", "i", k)
-            );
-            w.for_unrolled("v", 0, "V", |w| emit!(w, "w{j}[v] *= sc{j};"));
+    /// The quantised format of stack `m` (`None`: float).
+    fn format(&self, m: usize) -> Option<QuantFormat> {
+        self.quant.as_ref().map(|(_, q)| q[m].format)
+    }
+
+    /// Columns of stack `m`'s rows.
+    fn k(&self, m: usize) -> u64 {
+        self.w[m].dims[2]
+    }
+
+    /// The C element type of a float stack.
+    fn c_type(&self, m: usize) -> &'static str {
+        c_type(self.w[m].dtype)
+    }
+
+    /// The resident blocks per SM the launch bounds ask for.
+    fn min_blocks(&self) -> u32 {
+        if self.quant.is_some() {
+            QUANT_MIN_BLOCKS
         } else {
-            w.for_unrolled("v", 0, "V", |w| {
-                emit!(
-                    w,
-                    "w{j}[v] *= {};",
-                    fmt.scale_expr(&sp, "j0 + r", "i + v", k)
-                );
-            });
+            FLOAT_MIN_BLOCKS
+        }
+    }
+
+    /// The pass sizes of [`per_pass`] for these stacks.
+    fn passes(&self) -> &'static [u64] {
+        if self.quant.is_some() {
+            &QUANT_PASSES
+        } else {
+            &FLOAT_PASSES
         }
     }
 
@@ -400,12 +403,13 @@ fn dispatch(sh: MoeGroupedShape, gates: &TensorArg, s: &MoeScratch) -> KernelSou
     })
 }
 
-/// Grid of a grouped matmul over `rows` weight rows: row tiles × used-expert slots.
-fn grouped_launch(rows: u64, sh: MoeGroupedShape) -> LaunchSpec {
+/// Grid of a grouped matmul over `rows` weight rows, `rw` per warp: row tiles × used-expert
+/// slots.
+fn grouped_launch(rows: u64, rw: u64, sh: MoeGroupedShape) -> LaunchSpec {
     let slots = sh.experts.min(sh.pairs()).max(1);
     LaunchSpec {
         grid: [
-            Extent::Fixed(rows.div_ceil(WARPS * ROWS_PER_WARP) as u32),
+            Extent::Fixed(rows.div_ceil(WARPS * rw) as u32),
             Extent::Fixed(slots as u32),
             Extent::Fixed(1),
         ],
@@ -416,12 +420,14 @@ fn grouped_launch(rows: u64, sh: MoeGroupedShape) -> LaunchSpec {
 
 /// The prologue of a grouped matmul block: its expert `ex`, its pairs `p0 .. p0 + n` and
 /// its warp's first row `j0` (rows `j0 .. j0 + RW`); blocks past the used count exit.
-fn grouped_prologue(k: &mut Kernel, s: &MoeScratch, e: u64, rows: u64, vec: u64) {
+/// Whether the last row tile overruns `rows` is returned (the loads must then check rows).
+fn grouped_prologue(k: &mut Kernel, s: &MoeScratch, e: u64, rows: u64, rw: u64, vec: u64) -> bool {
     meta_ptrs(k, s, e, false);
     let w = &mut k.body;
     emit!(
         w,
-        "constexpr int RW = {ROWS_PER_WARP}, V = {vec}, ROWS = {rows};"
+        "constexpr int RW = {rw}, V = {vec}, U = {}, ROWS = {rows};",
+        stream::UNROLL
     );
     w.line("const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
     w.comment("Uniform across the block: the used count is one value.");
@@ -429,54 +435,29 @@ fn grouped_prologue(k: &mut Kernel, s: &MoeScratch, e: u64, rows: u64, vec: u64)
     w.line("const int ex = used[blockIdx.y];");
     w.line("const int p0 = first[ex], n = count[ex];");
     w.line("const int j0 = (blockIdx.x * (blockDim.x >> 5) + warp) * RW;");
+    !rows.is_multiple_of(WARPS * rw)
 }
 
-/// The chunk loop `body` (which reads the constant `TB`) twice: with one token per pass for
-/// an expert only one token chose (decode: no idle accumulators), else with
-/// [`TOKENS_PER_PASS`]. Both compute each token's sums the same way.
-fn per_pass(w: &mut Writer, body: impl Fn(&mut Writer)) {
-    w.if_else(
-        "n == 1",
-        |w| {
-            w.line("constexpr int TB = 1;");
+/// The chunk loop `body` (which reads the constant `TB`) once per pass size of `sizes`
+/// (increasing): an expert with `n` tokens runs the smallest size that holds them (no idle
+/// accumulators at decode), else passes of the largest. Every size computes each token's
+/// sums the same way.
+fn per_pass(w: &mut Writer, sizes: &[u64], body: &dyn Fn(&mut Writer)) {
+    match sizes {
+        [] => {}
+        [last] => {
+            emit!(w, "constexpr int TB = {last};");
             body(w);
-        },
-        |w| {
-            emit!(w, "constexpr int TB = {TOKENS_PER_PASS};");
-            body(w);
-        },
-    );
-}
-
-/// `acc<j>[r][b] += Σ_i x_b[i] · w_r[i]` over this lane's steps of `V` columns of a row of
-/// `k_dim`, for the `RW` rows of the stacks `mats` (`j` the position in `mats`) and the chunk's `TB` activations
-/// (`xrow[b]` the activation row of `b`, valid where `b < nb`). The weights are read (and
-/// dequantised) once per row and step, whatever `TB`: each sum is the same sequence of
-/// `fmaf`s for one token or four.
-fn stream_rows(w: &mut Writer, st: &Stacks, mats: &[usize], k_dim: u64, xt: &str) {
-    emit!(w, "constexpr long long K = {k_dim};");
-    w.for_block("long long i = lane * V", "i < K", "i += 32 * V", |w| {
-        w.line("float xv[TB][V];");
-        w.for_unrolled("b", 0, "TB", |w| {
-            w.if_else(
-                "b < nb",
-                |w| emit!(w, "ld_vec<V, {xt}>(xrow[b] + i, xv[b]);"),
-                |w| w.line("for (int v = 0; v < V; ++v) xv[b][v] = 0.0f;"),
-            );
-        });
-        w.for_unrolled("r", 0, "RW", |w| {
-            w.if_block("j0 + r < ROWS", |w| {
-                for (j, &m) in mats.iter().enumerate() {
-                    st.load(w, m, j);
-                    w.for_unrolled("b", 0, "TB", |w| {
-                        w.for_unrolled("v", 0, "V", |w| {
-                            emit!(w, "acc{j}[r][b] = fmaf(xv[b][v], w{j}[v], acc{j}[r][b]);");
-                        });
-                    });
-                }
-            });
-        });
-    });
+        }
+        [first, rest @ ..] => w.if_else(
+            format_args!("n <= {first}"),
+            |w| {
+                emit!(w, "constexpr int TB = {first};");
+                body(w);
+            },
+            |w| per_pass(w, rest, body),
+        ),
+    }
 }
 
 fn gate_up(
@@ -495,11 +476,12 @@ fn gate_up(
     st.ptrs(&mut k, &[0, 1]);
     k.ptr("pair_token", &scratch_arg(s.pair_token, I32, p), false);
     k.ptr("act", &TensorArg::new(s.act, out.dtype, &[p, f]), true);
-    grouped_prologue(&mut k, s, e, f, st.vec(0));
+    let rw = GATE_UP_ROWS_PER_WARP;
+    let guard_rows = grouped_prologue(&mut k, s, e, f, rw, st.vec(0));
     let w = &mut k.body;
     st.expert_ptrs(w, 0);
     st.expert_ptrs(w, 1);
-    per_pass(w, |w| {
+    per_pass(w, st.passes(), &|w| {
         w.for_block("int c0 = 0", "c0 < n", "c0 += TB", |w| {
             w.line("const int nb = n - c0 < TB ? n - c0 : TB;");
             emit!(w, "const {xt}* xrow[TB];");
@@ -510,7 +492,7 @@ fn gate_up(
                 );
             });
             w.line("float acc0[RW][TB] = {}, acc1[RW][TB] = {};");
-            stream_rows(w, st, &[0, 1], h, xt);
+            stream::stream_rows(w, st, &[0, 1], h, xt, guard_rows);
             w.for_unrolled("r", 0, "RW", |w| {
                 w.for_unrolled("b", 0, "TB", |w| {
                     w.line("const float sg = warp_sum(acc0[r][b]), su = warp_sum(acc1[r][b]);");
@@ -528,7 +510,7 @@ fn gate_up(
             });
         });
     });
-    k.finish(grouped_launch(f, sh))
+    k.finish_bounded(grouped_launch(f, rw, sh), Some(st.min_blocks()))
 }
 
 fn down(sh: MoeGroupedShape, st: &Stacks, out: &TensorArg, s: &MoeScratch) -> KernelSource {
@@ -538,10 +520,11 @@ fn down(sh: MoeGroupedShape, st: &Stacks, out: &TensorArg, s: &MoeScratch) -> Ke
     st.ptrs(&mut k, &[2]);
     k.ptr("act", &TensorArg::new(s.act, out.dtype, &[p, f]), false);
     k.ptr("y", &TensorArg::new(s.y, out.dtype, &[p, h]), true);
-    grouped_prologue(&mut k, s, e, h, st.vec(2));
+    let rw = DOWN_ROWS_PER_WARP;
+    let guard_rows = grouped_prologue(&mut k, s, e, h, rw, st.vec(2));
     let w = &mut k.body;
     st.expert_ptrs(w, 2);
-    per_pass(w, |w| {
+    per_pass(w, st.passes(), &|w| {
         w.for_block("int c0 = 0", "c0 < n", "c0 += TB", |w| {
             w.line("const int nb = n - c0 < TB ? n - c0 : TB;");
             emit!(w, "const {ot}* xrow[TB];");
@@ -552,7 +535,7 @@ fn down(sh: MoeGroupedShape, st: &Stacks, out: &TensorArg, s: &MoeScratch) -> Ke
                 );
             });
             w.line("float acc0[RW][TB] = {};");
-            stream_rows(w, st, &[2], f, ot);
+            stream::stream_rows(w, st, &[2], f, ot, guard_rows);
             w.for_unrolled("r", 0, "RW", |w| {
                 w.for_unrolled("b", 0, "TB", |w| {
                     w.line("const float sd = warp_sum(acc0[r][b]);");
@@ -567,7 +550,7 @@ fn down(sh: MoeGroupedShape, st: &Stacks, out: &TensorArg, s: &MoeScratch) -> Ke
             });
         });
     });
-    k.finish(grouped_launch(h, sh))
+    k.finish_bounded(grouped_launch(h, rw, sh), Some(st.min_blocks()))
 }
 
 fn combine(

@@ -130,47 +130,83 @@ impl Gpu {
         copies: usize,
         iters: usize,
     ) -> f64 {
+        self.time_many(mem, &[kernels], bucket, copies, iters)[0]
+    }
+
+    /// [`Gpu::time`] of each list of kernels in turn, over one upload of `mem` (the arena
+    /// carries over from list to list).
+    pub fn time_many(
+        &self,
+        mem: &Mem,
+        lists: &[&[&KernelSource]],
+        bucket: Bucket,
+        copies: usize,
+        iters: usize,
+    ) -> Vec<f64> {
         let s = &self.stream;
         let arena: CudaSlice<u8> = s.clone_htod(&mem.arena).unwrap();
         let sets: Vec<Vec<CudaSlice<u8>>> = (0..copies)
             .map(|_| mem.bufs.iter().map(|b| s.clone_htod(b).unwrap()).collect())
             .collect();
         let arena_ptr = arena.device_ptr(s).0;
-        // Per copy, per kernel: the launch's operand table.
-        let tables: Vec<Vec<CudaSlice<u64>>> = sets
-            .iter()
-            .map(|set| {
-                let slots: Vec<u64> = set.iter().map(|b| b.device_ptr(s).0).collect();
-                kernels
-                    .iter()
-                    .map(|k| operand_table(s, k, arena_ptr, &slots, bucket))
-                    .collect()
-            })
-            .collect();
-        let fns: Vec<_> = kernels
-            .iter()
-            .map(|k| (self.load(k), Self::config(k, bucket)))
-            .collect();
         let consts = StepConsts::of(&bucket);
-        let launch_all = |i: usize| {
-            for (j, (f, cfg)) in fns.iter().enumerate() {
-                let mut b = s.launch_builder(f);
-                b.arg(&tables[i % copies][j]).arg(&consts);
-                // SAFETY: as in `run`.
-                unsafe { b.launch(*cfg) }.unwrap();
+        let mut out = Vec::new();
+        for kernels in lists {
+            // Per copy, per kernel: the launch's operand table.
+            let tables: Vec<Vec<CudaSlice<u64>>> = sets
+                .iter()
+                .map(|set| {
+                    let slots: Vec<u64> = set.iter().map(|b| b.device_ptr(s).0).collect();
+                    kernels
+                        .iter()
+                        .map(|k| operand_table(s, k, arena_ptr, &slots, bucket))
+                        .collect()
+                })
+                .collect();
+            let fns: Vec<_> = kernels
+                .iter()
+                .map(|k| (self.load(k), Self::config(k, bucket)))
+                .collect();
+            let launch_all = |i: usize| {
+                for (j, (f, cfg)) in fns.iter().enumerate() {
+                    let mut b = s.launch_builder(f);
+                    b.arg(&tables[i % copies][j]).arg(&consts);
+                    // SAFETY: as in `run`.
+                    unsafe { b.launch(*cfg) }.unwrap();
+                }
+            };
+            for i in 0..copies.max(3) {
+                launch_all(i);
             }
-        };
-        for i in 0..copies.max(3) {
-            launch_all(i);
+            let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+            let start = s.record_event(flags).unwrap();
+            for i in 0..iters {
+                launch_all(i);
+            }
+            let end = s.record_event(flags).unwrap();
+            end.synchronize().unwrap();
+            out.push(start.elapsed_ms(&end).unwrap() as f64 * 1e3 / iters as f64);
         }
+        out
+    }
+
+    /// Device-to-device copy bandwidth in GB/s (bytes read plus bytes written), over 1 GiB
+    /// copied `iters` times after a warm-up: the ceiling the streaming kernels are held to.
+    pub fn copy_gbps(&self, iters: usize) -> f64 {
+        let s = &self.stream;
+        let n = 1usize << 30;
+        let src: CudaSlice<u8> = s.alloc_zeros(n).unwrap();
+        let mut dst: CudaSlice<u8> = s.alloc_zeros(n).unwrap();
+        s.memcpy_dtod(&src, &mut dst).unwrap();
         let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let start = s.record_event(flags).unwrap();
-        for i in 0..iters {
-            launch_all(i);
+        for _ in 0..iters {
+            s.memcpy_dtod(&src, &mut dst).unwrap();
         }
         let end = s.record_event(flags).unwrap();
         end.synchronize().unwrap();
-        start.elapsed_ms(&end).unwrap() as f64 * 1e3 / iters as f64
+        let ms = start.elapsed_ms(&end).unwrap() as f64 / iters as f64;
+        2.0 * n as f64 / (ms * 1e-3) / 1e9
     }
 
     /// Uploads `mem`, runs `kernels` in order for `bucket`, downloads `mem` again.

@@ -1,5 +1,5 @@
-//! The grouped MoE kernels over quantised expert stacks, at Kimi-K2.5's routed experts
-//! (H 7168, F 2048, int4 group 32 with bf16 scales, E 384, top-8), DeepSeek-V3's fp8
+//! The grouped MoE kernels, at Kimi-K2.5's routed experts (H 7168, F 2048, int4 group 32
+//! with bf16 scales, or bf16 as Kimi-K2's, E 384, top-8), DeepSeek-V3's fp8
 //! experts (E 256, 128-blocks) and the quantised fixtures' shapes (int4 H 64 / F 32, fp8
 //! H 160 / F 48: partial edge blocks), and the operand layout the device test runs them in.
 
@@ -9,20 +9,20 @@ use specc_kernels_gen::generic::moe_grouped::{moe_grouped, MoeGroupedShape, MoeS
 use specc_kernels_gen::generic::TensorArg;
 use specc_kernels_gen::quant::QuantFormat;
 
-/// A quantised `moe_experts` for the grouped kernels: `x [T, H]`, `gates [T, E]`, the
+/// A `moe_experts` for the grouped kernels: `x [T, H]`, `gates [T, E]`, the
 /// output and the scratch in the arena (256-byte aligned, in that order); the stacks
-/// `wg, wu, wd` in table slots 0..3, their scales in 3..6.
+/// `wg, wu, wd` in table slots 0..3, their scales (quantised stacks) in 3..6.
 pub struct Case {
     pub shape: MoeGroupedShape,
-    /// `x, gates, wg, wu, wd, sg, su, sd`.
+    /// `x, gates, wg, wu, wd` and, quantised, `sg, su, sd`.
     pub ops: Vec<TensorArg>,
     pub out: TensorArg,
     pub scratch: MoeScratch,
     pub arena_bytes: u64,
 }
 
-/// The case for `tokens` tokens of activations `act`, experts stored as `w` with scales
-/// `s`: `e` experts of `[f, h]` gate / up and `[h, f]` down, `top_k` per token.
+/// The case for `tokens` tokens of activations `act`, experts stored as `w` (float, or
+/// quantised with scales `s`): `e` experts of `[f, h]` gate / up and `[h, f]` down, `top_k` per token.
 pub fn case(w: DType, s: DType, act: DType, shape: MoeGroupedShape) -> Case {
     let MoeGroupedShape {
         tokens: t,
@@ -31,7 +31,6 @@ pub fn case(w: DType, s: DType, act: DType, shape: MoeGroupedShape) -> Case {
         ffn: f,
         ..
     } = shape;
-    let fmt = QuantFormat::of(w).expect("a quantised dtype");
     let elem = act.size_bytes().unwrap() as u64;
     let mut at = 0u64;
     let mut next = |bytes: u64| {
@@ -54,16 +53,20 @@ pub fn case(w: DType, s: DType, act: DType, shape: MoeGroupedShape) -> Case {
         y,
     };
     let slot = |i: u32, dt, dims: &[u64]| TensorArg::new(Loc::table(i), dt, dims);
-    let ops = vec![
+    let mut ops = vec![
         x,
         gates,
         slot(0, w, &[e, f, h]),
         slot(1, w, &[e, f, h]),
         slot(2, w, &[e, h, f]),
-        slot(3, s, &[e, fmt.scale_rows(f), fmt.scale_cols(h)]),
-        slot(4, s, &[e, fmt.scale_rows(f), fmt.scale_cols(h)]),
-        slot(5, s, &[e, fmt.scale_rows(h), fmt.scale_cols(f)]),
     ];
+    if let Some(fmt) = QuantFormat::of(w) {
+        ops.extend([
+            slot(3, s, &[e, fmt.scale_rows(f), fmt.scale_cols(h)]),
+            slot(4, s, &[e, fmt.scale_rows(f), fmt.scale_cols(h)]),
+            slot(5, s, &[e, fmt.scale_rows(h), fmt.scale_cols(f)]),
+        ]);
+    }
     Case {
         shape,
         ops,
@@ -107,6 +110,13 @@ pub fn shapes() -> Vec<(String, DType, DType, DType, MoeGroupedShape)> {
             DType::F32,
             DType::BF16,
             sh(t, 256, 7168, 2048, 8),
+        ));
+        out.push((
+            format!("kimi bf16 T={t}"),
+            DType::BF16,
+            DType::BF16,
+            DType::BF16,
+            sh(t, 384, 7168, 2048, 8),
         ));
         out.push((
             format!("fixture int4 T={t}"),

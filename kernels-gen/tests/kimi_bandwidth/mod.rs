@@ -1,0 +1,231 @@
+//! The grouped experts at Kimi-K2's shapes (H 7168, F 2048, top-8; 64 experts so the stacks
+//! fit beside each other: 5.6 GB bf16, 1.6 GB int4): bf16 stacks (Kimi-K2) and int4 group 32
+//! with bf16 scales (Kimi-K2.5), bf16 activations, at 16, 8 and 1 tokens of uniform random
+//! routing. Checks: every token's output bit-identical to the 16-token run's (batch
+//! invariance); token 0 against a host reference in f64 with the interpreter's roundings.
+//! Then times the four kernels, `moe_gate_up` and `moe_down` alone, in GB/s over the bytes of
+//! the experts the tokens selected, next to the device's copy bandwidth.
+
+use super::gpu::{assert_close, bf16_tol, Gpu, Mem, Rng};
+use super::quant_cases::grouped::case;
+use specc_ir::DType;
+use specc_kernels_gen::abi::{Bucket, Dtype};
+use specc_kernels_gen::generic::moe_grouped::MoeGroupedShape;
+use specc_kernels_gen::quant::QuantFormat;
+
+const E: usize = 64;
+const H: usize = 7168;
+const F: usize = 2048;
+const TOP_K: usize = 8;
+const GROUP: usize = 32;
+
+/// Stack bytes filled 8 at a time from a xorshift: bf16 values of magnitude 2^-7 .. 2^-4
+/// (no NaN, no infinity), any int4 nibble.
+fn fill(bytes: &mut [u8], bf16: bool, seed: u64) {
+    let mut r = seed | 1;
+    for chunk in bytes.chunks_mut(8) {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        let mut v = r;
+        if bf16 {
+            let mut w = 0u64;
+            for i in 0..4 {
+                let x = (v >> (16 * i)) as u16;
+                let e = 120 + ((x >> 7) & 3);
+                w |= ((x & 0x807F | (e << 7)) as u64) << (16 * i);
+            }
+            v = w;
+        }
+        let b = v.to_le_bytes();
+        chunk.copy_from_slice(&b[..chunk.len()]);
+    }
+}
+
+/// Uniform routing: `TOP_K` distinct experts a token, gates in `[0.1, 1)`.
+fn gates(t: usize, rng: &mut Rng) -> Vec<f64> {
+    let mut g = vec![0.0; t * E];
+    for row in g.chunks_mut(E) {
+        let mut picked = 0;
+        while picked < TOP_K {
+            let ex = ((rng.next(0.5) + 0.5) * E as f64) as usize % E;
+            if row[ex] == 0.0 {
+                row[ex] = 0.55 + rng.next(0.45);
+                picked += 1;
+            }
+        }
+    }
+    g
+}
+
+fn bf16_at(b: &[u8], i: usize) -> f64 {
+    half::bf16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f64()
+}
+
+fn round_bf16(v: f64) -> f64 {
+    half::bf16::from_f32(v as f32).to_f64()
+}
+
+/// The stacks as stored: `w[m]` bytes, `s[m]` bf16 scales (int4).
+struct Stacks {
+    int4: bool,
+    w: Vec<Vec<u8>>,
+    s: Vec<Vec<u8>>,
+}
+
+impl Stacks {
+    /// Weight `(row, col)` of expert `ex`'s matrix `m` (`[rows, k]`).
+    fn at(&self, m: usize, ex: usize, rows: usize, k: usize, row: usize, col: usize) -> f64 {
+        let i = (ex * rows + row) * k + col;
+        if !self.int4 {
+            return bf16_at(&self.w[m], i);
+        }
+        let q = ((self.w[m][i / 2] >> (4 * (i % 2))) & 15) as f64 - 8.0;
+        let s = bf16_at(&self.s[m], (ex * rows + row) * (k / GROUP) + col / GROUP);
+        q * s
+    }
+
+    /// Bytes of one expert (three matrices and their scales).
+    fn expert_bytes(&self) -> u64 {
+        let per: u64 = self.w.iter().chain(&self.s).map(|b| b.len() as u64).sum();
+        per / E as u64
+    }
+}
+
+/// Token `tk`'s output with the interpreter's roundings: `R(silu(R(g)))·R(u)` rounded, the
+/// down product rounded, `Σ gate·y` in f32 in increasing expert order, rounded.
+fn reference(st: &Stacks, x: &[f64], g: &[f64], tk: usize) -> Vec<f64> {
+    let xr = &x[tk * H..(tk + 1) * H];
+    let mut out = vec![0f32; H];
+    for ex in 0..E {
+        let gate = g[tk * E + ex];
+        if gate == 0.0 {
+            continue;
+        }
+        let act: Vec<f64> = (0..F)
+            .map(|j| {
+                let dot = |m| {
+                    (0..H)
+                        .map(|c| xr[c] * st.at(m, ex, F, H, j, c))
+                        .sum::<f64>()
+                };
+                let (gv, uv) = (round_bf16(dot(0)), round_bf16(dot(1)));
+                let sl = round_bf16(gv / (1.0 + (-gv).exp()));
+                round_bf16(sl * uv)
+            })
+            .collect();
+        for (i, o) in out.iter_mut().enumerate() {
+            let y = round_bf16((0..F).map(|j| act[j] * st.at(2, ex, H, F, i, j)).sum());
+            *o += (gate as f32) * y as f32;
+        }
+    }
+    out.iter().map(|&v| round_bf16(v as f64)).collect()
+}
+
+fn run(gpu: &Gpu, int4: bool, copy_gbps: f64) {
+    let name = if int4 { "int4g32" } else { "bf16" };
+    let w_dt = if int4 {
+        DType::Int4Group {
+            group: GROUP as u32,
+        }
+    } else {
+        DType::BF16
+    };
+    let fmt = QuantFormat::of(w_dt);
+    let dims = [(F, H), (F, H), (H, F)];
+    let mut st = Stacks {
+        int4,
+        w: Vec::new(),
+        s: Vec::new(),
+    };
+    for (m, &(n, k)) in dims.iter().enumerate() {
+        let bytes = fmt.map_or(2 * n * k, |f| f.weight_bytes(n as u64, k as u64) as usize);
+        let mut b = vec![0u8; E * bytes];
+        fill(&mut b, !int4, 0x5EED + m as u64);
+        st.w.push(b);
+        if let Some(f) = fmt {
+            let vals: Vec<u8> = (0..E * f.scale_numel(n as u64, k as u64) as usize)
+                .flat_map(|i| half::bf16::from_f64(0.004 + 0.002 * (i % 7) as f64).to_le_bytes())
+                .collect();
+            st.s.push(vals);
+        }
+    }
+    let mut rng = Rng::new(7168);
+    let tmax = 16;
+    let x = rng.vec(tmax * H, 1.0);
+    let g = gates(tmax, &mut rng);
+    let mut bufs: Vec<Vec<u8>> = st.w.iter().chain(&st.s).cloned().collect();
+    let mut full: Option<Vec<f64>> = None;
+    for t in [16usize, 8, 1] {
+        let shape = MoeGroupedShape {
+            tokens: t as u64,
+            experts: E as u64,
+            hidden: H as u64,
+            ffn: F as u64,
+            top_k: TOP_K as u64,
+        };
+        let c = case(w_dt, DType::BF16, DType::BF16, shape);
+        let kernels = c.kernels();
+        let mut mem = Mem::new(c.arena_bytes, &[]);
+        mem.bufs = std::mem::take(&mut bufs);
+        mem.put(c.ops[0].loc, Dtype::BF16, &x[..t * H]);
+        mem.put(c.ops[1].loc, Dtype::BF16, &g[..t * E]);
+        let bucket = Bucket {
+            b: 1,
+            t: t as u32,
+            ctx: 1,
+        };
+        let refs: Vec<_> = kernels.iter().collect();
+        gpu.run(&mut mem, &refs, bucket);
+        let got = mem.get(c.out.loc, Dtype::BF16, t * H);
+        let label = format!("kimi {name} T={t}");
+        match &full {
+            None => {
+                let xs = mem.get(c.ops[0].loc, Dtype::BF16, t * H);
+                let gs = mem.get(c.ops[1].loc, Dtype::BF16, t * E);
+                let want = reference(&st, &xs, &gs, 0);
+                let (rtol, atol) = bf16_tol(&want);
+                assert_close(&format!("{label} token 0"), &got[..H], &want, rtol, atol);
+                full = Some(got);
+            }
+            Some(all) => {
+                let same = got.iter().zip(all).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{label}: outputs differ from the 16-token run's");
+                println!("{label}: bit-identical to the 16-token run's first {t} tokens");
+            }
+        }
+        let used = (0..E)
+            .filter(|&ex| (0..t).any(|tk| g[tk * E + ex] != 0.0))
+            .count() as u64;
+        let per = st.expert_bytes();
+        let wd = (st.w[2].len() + st.s.get(2).map_or(0, Vec::len)) as u64 / E as u64;
+        let bytes = [used * per, used * (per - wd), used * wd];
+        let us = gpu.time_many(&mem, &[&refs, &refs[1..2], &refs[2..3]], bucket, 1, 20);
+        let part = |i: usize| {
+            let gbps = bytes[i] as f64 / (us[i] * 1e-6) / 1e9;
+            format!(
+                "{:.3} ms {:.0} GB/s ({:.1} %)",
+                us[i] * 1e-3,
+                gbps,
+                100.0 * gbps / copy_gbps
+            )
+        };
+        println!(
+            "BANDWIDTH {label}: {used} experts, {:.1} MB; all four kernels {}; gate_up {}; down {}",
+            bytes[0] as f64 / 1e6,
+            part(0),
+            part(1),
+            part(2)
+        );
+        bufs = std::mem::take(&mut mem.bufs);
+    }
+}
+
+#[test]
+fn kimi_bandwidth() {
+    let Some(gpu) = Gpu::new() else { return };
+    let copy = gpu.copy_gbps(20);
+    println!("BANDWIDTH copy: {copy:.0} GB/s (read + write)");
+    run(&gpu, false, copy);
+    run(&gpu, true, copy);
+}
