@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 find .gpu2 -name '*.gz' -exec gunzip -kf {} \;
 chmod +x .gpu2/specc 2>/dev/null
 S=.gpu2/specc
-LANES=${LANES:-16} REQUESTS=${REQUESTS:-32} TOKENS=${TOKENS:-64}
+LANES=${LANES:-16} REQUESTS=${REQUESTS:-32} TOKENS=${TOKENS:-64} CONC=${CONC:-1,4,16,64}
 # 16 prompts of 32–95 token ids each (ids inside every Llama-3 vocabulary).
 python3 -c '
 import json, random
@@ -26,7 +26,7 @@ for m in "$@"; do
   pid=$!
   for i in $(seq 1 240); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 1; done
   echo "== sweep 8B $m (ready after ${i}s)"
-  timeout 300 $S bench-serve --url "http://127.0.0.1:$port" --concurrency 1,4,16,64 \
+  timeout 300 $S bench-serve --url "http://127.0.0.1:$port" --concurrency "$CONC" \
     --requests "$REQUESTS" --max-tokens "$TOKENS" --ignore-eos --prompts /tmp/ids.jsonl \
     --json "$OUT/sweep8b_$m.json" 2>&1 | tail -7
   curl -s "http://127.0.0.1:$port/metrics" | grep -E "spec_decode_num_accepted|spec_decode_num_draft_tokens_total|variant" | head -6
