@@ -27,6 +27,16 @@ pub enum SpecPolicyArg {
 }
 
 impl SpecPolicyArg {
+    /// The server's policy of `arg`, by default adaptive: the server pins each sampled lane
+    /// to the configured k while it is live (`AdaptivePolicy::pin`), so only greedy lanes'
+    /// steps follow the policy and a seeded request's tokens do not depend on the load.
+    pub fn resolve_serving(arg: Option<SpecPolicyArg>) -> specc_runtime::SpecPolicy {
+        match arg {
+            Some(SpecPolicyArg::Fixed) => specc_runtime::SpecPolicy::Fixed,
+            Some(SpecPolicyArg::Adaptive) | None => specc_runtime::SpecPolicy::Adaptive,
+        }
+    }
+
     /// The policy of `arg`, by default adaptive under greedy acceptance and fixed under
     /// sampling (where each variant draws differently, so a seed's tokens would depend on
     /// the load).

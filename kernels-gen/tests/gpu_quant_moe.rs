@@ -141,7 +141,15 @@ fn check(gpu: &Gpu, w: DType, act: Dtype, e: usize, h: usize, f: usize, top_k: u
                 let peak = want.iter().fold(0.0f64, |m, &v| m.max(v.abs()));
                 (1e-4, peak * 1e-5)
             }
-            _ => bf16_tol(&want),
+            // The SwiGLU product is rounded to bf16 before `moe_down` (as the interpreter
+            // does), and the kernel's gate/up sums run in another order than the
+            // interpreter's: one ulp of a rounded product moves every output term it feeds,
+            // so where the F-term sum cancels the error is a few ulps of the terms, not of
+            // the result (measured on the H200: 2 of 8192 values at 1.5× `bf16_tol`'s atol).
+            _ => {
+                let (rtol, atol) = bf16_tol(&want);
+                (rtol, 2.0 * atol)
+            }
         });
         assert_close(&format!("{label} T={t}"), &got, &want, rtol, atol);
         // Batch invariance: the leading tokens' outputs are the 16-token run's, bit for bit.

@@ -83,6 +83,9 @@ pub struct AdaptivePolicy {
     plain_run: u64,
     probe_after: u64,
     forced: VecDeque<usize>,
+    /// Lanes whose tokens must not depend on the variant (sampled lanes: a step's draws
+    /// depend on its k): while one is live every step runs the configured variant.
+    pinned: Vec<bool>,
     /// Steps run per variant.
     steps: Vec<u64>,
 }
@@ -107,7 +110,18 @@ impl AdaptivePolicy {
             plain_run: 0,
             probe_after: PROBE_FIRST,
             forced: VecDeque::new(),
+            pinned: vec![false; lanes],
         }
+    }
+
+    /// Pins lane `lane` to the configured variant while it is live (`true`), or frees it:
+    /// a sampled lane draws differently at each k, so its tokens for a seed would depend on
+    /// which variants the load made the policy pick.
+    pub fn pin(&mut self, lane: usize, pinned: bool) {
+        if lane >= self.pinned.len() {
+            self.pinned.resize(lane + 1, false);
+        }
+        self.pinned[lane] = pinned;
     }
 
     pub fn mode(&self) -> SpecPolicy {
@@ -233,6 +247,11 @@ impl AdaptivePolicy {
         }
         if self.mode == SpecPolicy::Fixed || self.ks.len() == 1 {
             return (self.configured, false);
+        }
+        let pinned = |(lane, &l): (usize, &bool)| l && self.pinned.get(lane) == Some(&true);
+        if live.iter().enumerate().any(pinned) {
+            // Not the policy's choice: it resumes from its current variant afterwards.
+            return (self.configured, true);
         }
         let n = self.ks.len();
         let good: Vec<f64> = (0..n).map(|v| self.goodput(bucket, v, live)).collect();
@@ -365,5 +384,33 @@ mod tests {
         assert!(p.expected_tokens(1, 2) > 2.9, "{}", p.expected_tokens(1, 2));
         p.observe(1, 1, 0);
         assert!(p.expected_tokens(1, 2) < p.expected_tokens(0, 2));
+    }
+
+    /// A live pinned (sampled) lane holds every step at the configured k; once it leaves,
+    /// the policy's own choice resumes.
+    #[test]
+    fn a_pinned_lane_holds_the_configured_variant() {
+        let mut p = AdaptivePolicy::new(vec![0, 1, 3, 5], 2, SpecPolicy::Adaptive);
+        for (v, t) in [1.0, 1.5, 2.0, 2.5].into_iter().enumerate() {
+            p.set_time(1, v, t * 1e-3);
+        }
+        for _ in 0..50 {
+            p.observe(0, 3, 0);
+            p.observe(1, 3, 0);
+        }
+        assert_eq!(
+            p.choose(1, &[true, true]),
+            0,
+            "no acceptance: plain decoding"
+        );
+        p.pin(1, true);
+        assert_eq!(p.choose(1, &[true, true]), 3, "a sampled lane is live");
+        assert_eq!(
+            p.choose(1, &[true, false]),
+            0,
+            "the pinned lane is not live"
+        );
+        p.pin(1, false);
+        assert_eq!(p.choose(1, &[true, true]), 0);
     }
 }

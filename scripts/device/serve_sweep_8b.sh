@@ -18,8 +18,20 @@ r = random.Random(7)
 for i in range(16):
     print(json.dumps({"prompt": [r.randrange(1000, 100000) for _ in range(32 + 4 * i)]}))
 ' > /tmp/ids.jsonl
+# Step graphs at batch 1, 4 and LANES; `--shrink-buckets` replays the smallest holding the
+# lanes in use (a lone request runs at batch 1).
+mkdir -p /tmp/specs
+buckets="[1, 4, $LANES]"
 for m in "$@"; do
-  if [[ $m == none ]]; then flags=(--no-spec); else flags=(--spec "bench/configs/$m.toml"); fi
+  if [[ $m == none ]]; then
+    printf 'method = "none"\nbatch_buckets = %s\n' "$buckets" > /tmp/specs/none.toml
+  else
+    sed -e '/^batch_buckets/d' -e "s|^draft = \"\(.*\)\"|draft = \"$PWD/bench/configs/\1\"|" \
+      "bench/configs/$m.toml" > "/tmp/specs/$m.toml"
+    echo "batch_buckets = $buckets" >> "/tmp/specs/$m.toml"
+  fi
+  flags=(--spec "/tmp/specs/$m.toml" --shrink-buckets)
+  [[ $m == none ]] || flags+=(--spec-policy "${POLICY:-adaptive}")
   port=$((8100 + RANDOM % 500))
   $S serve bench/configs/llama-3.1-8b/config.json --random-weights --backend cuda \
     --lanes "$LANES" --max-context 2048 --port $port "${flags[@]}" > "$OUT/serve8b_$m.log" 2>&1 &

@@ -151,7 +151,7 @@ pub fn run(a: RunArgs) -> Result<()> {
                     specc_runtime::cuda::CudaSpecSession::new(&r.engine, speculative, &sources, 1);
                 pb.finish_and_clear();
                 let mut s = s?;
-                s.policy_mut().set_mode(policy);
+                s.set_policy(policy)?;
                 announce();
                 eprintln!(
                     "[cuda] step graph: {} kernels in one captured graph",

@@ -276,6 +276,9 @@ fn next_job(ready: &mut VecDeque<Job>, rx: &Receiver<Job>, c: &LoopCtx) -> Optio
 
 /// Prefills lane `b` with `job`; the lane, unless the request already ended.
 fn admit<'a>(s: &mut dyn Speculator, b: usize, job: Job, c: &LoopCtx<'a>) -> Option<Lane<'a>> {
+    // A sampled lane's draws depend on each step's k: the policy holds the configured k
+    // while it is live, so a seeded request gets the same tokens whatever the load.
+    s.policy_mut().pin(b, job.sampling.temperature > 0.0);
     let first = match s.admit_lane(b, &job.ids, job.max_tokens, job.sampling) {
         Ok(t) => t,
         Err(e) => {

@@ -96,7 +96,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         }
     });
     let k = contract.num_steps;
-    let policy = SpecPolicyArg::resolve(a.spec_policy, &r.engine.acceptance);
+    let policy = SpecPolicyArg::resolve_serving(a.spec_policy);
     let metrics = Arc::new(metrics::Metrics::new(
         &served_name,
         want_lanes,
@@ -184,7 +184,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                     want_lanes,
                     a.shrink_buckets,
                 )?;
-                s.policy_mut().set_mode(policy);
+                s.set_policy(policy)?;
                 let addr = listen(&a.host, a.port, app)?;
                 announce(addr);
                 batcher::run(&mut s, rx, &ctx);

@@ -46,6 +46,8 @@ pub struct CudaSpecSession<'a> {
     variants: Vec<(usize, usize, LoadedGraph, StepGraph)>,
     /// Which variant each step replays.
     policy: AdaptivePolicy,
+    /// Whether every variant's step time is measured ([`CudaSpecSession::set_policy`]).
+    calibrated: bool,
     /// Each lane's tokens and draft-cache gap across plain steps.
     sync: DraftSync,
     /// Lanes admitted and not finished by the host (the lanes a step's choice counts).
@@ -209,7 +211,7 @@ impl<'a> CudaSpecSession<'a> {
         let k = contract.max_accept();
         let ks = contract.step_variants().iter().map(|v| v.k).collect();
         let sync = DraftSync::new(contract.priming(), lanes);
-        let mut s = CudaSpecSession {
+        let s = CudaSpecSession {
             contract,
             engine: dev,
             step,
@@ -217,6 +219,7 @@ impl<'a> CudaSpecSession<'a> {
             smaller,
             variants,
             policy: AdaptivePolicy::new(ks, lanes, SpecPolicy::Fixed),
+            calibrated: false,
             sync,
             admitted: vec![false; lanes],
             unread: Vec::new(),
@@ -231,8 +234,24 @@ impl<'a> CudaSpecSession<'a> {
                 histogram: vec![0; k + 1],
             },
         };
-        s.calibrate()?;
         Ok(s)
+    }
+
+    /// Sets how each step's variant is chosen. Adaptive speculation needs every variant's
+    /// step time at every captured bucket: timed here, once, before any lane is admitted
+    /// (the replays then write only states no lane reads). A fixed policy replays nothing.
+    pub fn set_policy(&mut self, mode: SpecPolicy) -> Result<(), RuntimeError> {
+        self.policy.set_mode(mode);
+        if mode == SpecPolicy::Adaptive && !self.calibrated {
+            if self.admitted.iter().any(|&a| a) {
+                return Err(RuntimeError::Engine(
+                    "adaptive speculation must be chosen before lanes are admitted (its step times are measured on idle lanes)".into(),
+                ));
+            }
+            self.calibrate()?;
+            self.calibrated = true;
+        }
+        Ok(())
     }
 
     /// Times every step variant at every captured bucket (before any lane is admitted:
