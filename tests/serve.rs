@@ -652,7 +652,8 @@ fn greedy_and_sampled_lanes_share_one_step() {
 
 #[test]
 fn metrics_count_requests_and_return_to_idle() {
-    let s = Server::start(&["--lanes", "2"]);
+    // A fixed k = 5 (the adaptive default would draft at several k): every draft is 5 tokens.
+    let s = Server::start(&["--lanes", "2", "--spec-policy", "fixed"]);
     let bodies: Vec<Value> = (0..5).map(|i| completion("class A:", 10 + i)).collect();
     let replies = s.post_all("/v1/completions", &bodies);
     let (mut prompt, mut gen) = (0.0, 0.0);

@@ -163,6 +163,23 @@ fn default_cache_dir() -> Option<PathBuf> {
 }
 
 impl Nvrtc {
+    /// For tests: NVRTC without a disk cache, or `None` after recording why it is unusable
+    /// here (`specc_ir::testing::skip`); with `SPECC_REQUIRE_NVRTC=1` an unusable NVRTC is a
+    /// panic instead (CI, where a silent skip would hide every compile test).
+    pub fn or_skip() -> Option<Nvrtc> {
+        match Nvrtc::new() {
+            Ok(n) => Some(n.with_cache_dir(None)),
+            Err(e @ (Error::NvrtcUnavailable { .. } | Error::HeadersNotFound { .. })) => {
+                if std::env::var("SPECC_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
+                    panic!("SPECC_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}");
+                }
+                specc_ir::testing::skip(format!("{e} (source scripts/nvrtc-env.sh to enable)"));
+                None
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
     /// Loads NVRTC and finds the CUDA headers; the cache directory defaults as documented.
     pub fn new() -> Result<Nvrtc, Error> {
         // SAFETY: loading a shared library runs its initialisers; libnvrtc's are benign.

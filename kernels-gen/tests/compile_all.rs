@@ -9,20 +9,6 @@ mod common;
 use specc_kernels_gen::{Arch, Error, KernelSource, Nvrtc, PtxasStats};
 use std::time::Instant;
 
-fn nvrtc_or_skip() -> Option<Nvrtc> {
-    match Nvrtc::new() {
-        Ok(n) => Some(n.with_cache_dir(None)),
-        Err(e @ (Error::NvrtcUnavailable { .. } | Error::HeadersNotFound { .. })) => {
-            if std::env::var("SPECC_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
-                panic!("SPECC_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}");
-            }
-            specc_ir::testing::skip(format!("{e} (source scripts/nvrtc-env.sh to enable)"));
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
-}
-
 struct Row {
     label: String,
     name: String,
@@ -35,7 +21,9 @@ struct Row {
 
 #[test]
 fn every_family_compiles_for_every_arch() {
-    let Some(nvrtc) = nvrtc_or_skip() else { return };
+    let Some(nvrtc) = Nvrtc::or_skip() else {
+        return;
+    };
     let mut jobs: Vec<(String, KernelSource, Arch)> = Vec::new();
     for shape in [common::TINY, common::LLAMA_8B] {
         for (label, k) in common::all_kernels(&shape) {
@@ -120,7 +108,9 @@ fn every_family_compiles_for_every_arch() {
 /// a head dim of 96 was refused), for every arch, with no spills past a small bound.
 #[test]
 fn attention_at_ragged_head_dims_compiles_for_every_arch() {
-    let Some(nvrtc) = nvrtc_or_skip() else { return };
+    let Some(nvrtc) = Nvrtc::or_skip() else {
+        return;
+    };
     let mut failures = Vec::new();
     for (d, dv) in common::RAGGED_HEAD_DIMS {
         for (label, k) in common::attention_at_dims(d, dv, 4) {
@@ -141,7 +131,9 @@ fn attention_at_ragged_head_dims_compiles_for_every_arch() {
 
 #[test]
 fn compile_errors_carry_log_and_numbered_source() {
-    let Some(nvrtc) = nvrtc_or_skip() else { return };
+    let Some(nvrtc) = Nvrtc::or_skip() else {
+        return;
+    };
     let src = "extern \"C\" __global__ void broken() {\n  int x = undefined_name;\n}\n";
     let err = nvrtc
         .compile_source("broken", src, Arch::Sm90a)
@@ -157,7 +149,9 @@ fn compile_errors_carry_log_and_numbered_source() {
 
 #[test]
 fn cache_returns_the_same_cubin() {
-    let Some(nvrtc) = nvrtc_or_skip() else { return };
+    let Some(nvrtc) = Nvrtc::or_skip() else {
+        return;
+    };
     let dir = std::env::temp_dir().join(format!("specc-kcache-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let nvrtc = nvrtc.with_cache_dir(Some(dir.clone()));
@@ -180,7 +174,9 @@ fn cache_returns_the_same_cubin() {
 /// GEMV issues its weight prefetch before the wait.
 #[test]
 fn pdl_instructions_reach_the_ptx() {
-    let Some(nvrtc) = nvrtc_or_skip() else { return };
+    let Some(nvrtc) = Nvrtc::or_skip() else {
+        return;
+    };
     let kernels = common::all_kernels(&common::TINY);
     let (_, gemv) = kernels
         .iter()
@@ -227,7 +223,9 @@ fn pdl_instructions_reach_the_ptx() {
 /// each kernel changes nothing in its code).
 #[test]
 fn modules_hold_every_kernel_with_its_own_figures() {
-    let Some(nvrtc) = nvrtc_or_skip() else { return };
+    let Some(nvrtc) = Nvrtc::or_skip() else {
+        return;
+    };
     let kernels: Vec<KernelSource> = common::all_kernels(&common::TINY)
         .into_iter()
         .map(|(_, k)| k)

@@ -13,21 +13,7 @@ use specc_ir::engine::Target;
 use specc_kernels_gen::abi::{Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::gemm_mma::gemm_mma;
 use specc_kernels_gen::gemv::{GemvParams, GemvWeights};
-use specc_kernels_gen::{Arch, Error, Nvrtc};
-
-fn nvrtc_or_skip() -> Option<Nvrtc> {
-    match Nvrtc::new() {
-        Ok(n) => Some(n.with_cache_dir(None)),
-        Err(e @ (Error::NvrtcUnavailable { .. } | Error::HeadersNotFound { .. })) => {
-            if std::env::var("SPECC_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
-                panic!("SPECC_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}");
-            }
-            specc_ir::testing::skip(format!("{e} (source scripts/nvrtc-env.sh to enable)"));
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
-}
+use specc_kernels_gen::{Arch, Nvrtc};
 
 /// One epilogue of the fixtures.
 #[derive(Clone, Copy, Debug)]
@@ -103,7 +89,9 @@ fn cases(targets: &[Target]) -> Vec<(String, KernelSource)> {
 
 #[test]
 fn gemm_mma_compiles_for_every_arch_without_spills() {
-    let Some(nvrtc) = nvrtc_or_skip() else { return };
+    let Some(nvrtc) = Nvrtc::or_skip() else {
+        return;
+    };
     let hopper = common::target();
     let sm120 = Target {
         smem_per_block: Arch::Sm120.max_smem_per_block(),

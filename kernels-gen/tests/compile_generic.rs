@@ -6,14 +6,16 @@
 
 mod generic_cases;
 
-use generic_cases::{cases, lay_out, nvrtc_or_skip};
+use generic_cases::{cases, lay_out};
 use specc_kernels_gen::generic::single;
 use specc_kernels_gen::{Arch, KernelSource};
 use std::time::Instant;
 
 #[test]
 fn every_generic_op_compiles_for_every_arch() {
-    let Some(nvrtc) = nvrtc_or_skip() else { return };
+    let Some(nvrtc) = specc_kernels_gen::Nvrtc::or_skip() else {
+        return;
+    };
     let mut jobs: Vec<(String, KernelSource, Arch)> = Vec::new();
     for c in cases() {
         let laid = lay_out(&c);

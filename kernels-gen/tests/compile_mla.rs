@@ -8,21 +8,7 @@
 mod mla_cases;
 
 use mla_cases::{plan, Dims, FIXTURE, KIMI};
-use specc_kernels_gen::{Arch, Error, Nvrtc, Target};
-
-fn nvrtc_or_skip() -> Option<Nvrtc> {
-    match Nvrtc::new() {
-        Ok(n) => Some(n.with_cache_dir(None)),
-        Err(e @ (Error::NvrtcUnavailable { .. } | Error::HeadersNotFound { .. })) => {
-            if std::env::var("SPECC_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
-                panic!("SPECC_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}");
-            }
-            specc_ir::testing::skip(format!("{e} (source scripts/nvrtc-env.sh to enable)"));
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
-}
+use specc_kernels_gen::{Arch, Nvrtc, Target};
 
 const ARCHS: [Arch; 3] = [Arch::Sm90a, Arch::Sm100a, Arch::Sm120];
 
@@ -53,7 +39,9 @@ fn cases() -> Vec<(String, Dims, u64, u64, u64, bool)> {
 
 #[test]
 fn mla_tiles_compile_for_every_arch_without_spills() {
-    let Some(nvrtc) = nvrtc_or_skip() else { return };
+    let Some(nvrtc) = Nvrtc::or_skip() else {
+        return;
+    };
     let mut failures = Vec::new();
     for arch in ARCHS {
         let target = Target::for_archs(&[arch]);

@@ -14,24 +14,10 @@ use specc_kernels_gen::gemv_mma::{
 };
 use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{RopeStyle, RopeTable};
-use specc_kernels_gen::{Arch, Error, Nvrtc};
+use specc_kernels_gen::{Arch, Nvrtc};
 
 /// Local memory of CUDA's double-precision trig argument reduction (5 × u64).
 const TRIG_REDUCTION_BYTES: u32 = 40;
-
-fn nvrtc_or_skip() -> Option<Nvrtc> {
-    match Nvrtc::new() {
-        Ok(n) => Some(n.with_cache_dir(None)),
-        Err(e @ (Error::NvrtcUnavailable { .. } | Error::HeadersNotFound { .. })) => {
-            if std::env::var("SPECC_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
-                panic!("SPECC_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}");
-            }
-            specc_ir::testing::skip(format!("{e} (source scripts/nvrtc-env.sh to enable)"));
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
-}
 
 /// Llama-3.1-8B gate/up (+norm +silu) and lm-head (+norm +argmax) at row tile `m`.
 fn row_tile_params(m: u32) -> Vec<(&'static str, GemvParams)> {
@@ -209,7 +195,9 @@ fn bulk_cases() -> Vec<(String, KernelSource)> {
 
 #[test]
 fn gemv_mma_compiles_for_every_arch_without_spills() {
-    let Some(nvrtc) = nvrtc_or_skip() else { return };
+    let Some(nvrtc) = Nvrtc::or_skip() else {
+        return;
+    };
     let mut jobs: Vec<(String, KernelSource)> = Vec::new();
     for shape in [common::TINY, common::LLAMA_8B] {
         for (label, k) in common::all_kernels(&shape) {

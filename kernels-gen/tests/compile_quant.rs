@@ -13,26 +13,14 @@ use quant_cases::{int4, params, Kind};
 use specc_kernels_gen::abi::Dtype;
 use specc_kernels_gen::gemv_quant::{gemv_quant, quant_tiling};
 use specc_kernels_gen::quant::QuantFormat;
-use specc_kernels_gen::{Arch, Error, Nvrtc};
-
-fn nvrtc_or_skip() -> Option<Nvrtc> {
-    match Nvrtc::new() {
-        Ok(n) => Some(n.with_cache_dir(None)),
-        Err(e @ (Error::NvrtcUnavailable { .. } | Error::HeadersNotFound { .. })) => {
-            if std::env::var("SPECC_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
-                panic!("SPECC_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}");
-            }
-            specc_ir::testing::skip(format!("{e} (source scripts/nvrtc-env.sh to enable)"));
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
-}
+use specc_kernels_gen::{Arch, Nvrtc};
 
 #[test]
 fn quantised_kernels_compile_for_every_arch_without_spills() {
     let cases = quant_cases::all();
-    let Some(nvrtc) = nvrtc_or_skip() else { return };
+    let Some(nvrtc) = Nvrtc::or_skip() else {
+        return;
+    };
     let mut failures = Vec::new();
     for (label, k) in &cases {
         for arch in Arch::ALL {

@@ -9,7 +9,6 @@ use specc_ir::interp::{run, Env, Tensor};
 use specc_ir::{Bindings, DType, Dim, Graph, Op, TensorType};
 use specc_kernels_gen::abi::Loc;
 use specc_kernels_gen::generic::TensorArg;
-use specc_kernels_gen::{Error, Nvrtc};
 
 mod list;
 pub use list::cases;
@@ -258,21 +257,6 @@ pub fn reference(c: &Case, args: &[Tensor]) -> Result<Tensor, String> {
     };
     let mut outs = run(&g, &mut env).map_err(|e| e.to_string())?;
     outs.remove("out").ok_or_else(|| "no output".to_string())
-}
-
-/// NVRTC, or `None` with a printed reason (a failure with `SPECC_REQUIRE_NVRTC=1`).
-pub fn nvrtc_or_skip() -> Option<Nvrtc> {
-    match Nvrtc::new() {
-        Ok(n) => Some(n.with_cache_dir(None)),
-        Err(e @ (Error::NvrtcUnavailable { .. } | Error::HeadersNotFound { .. })) => {
-            if std::env::var("SPECC_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
-                panic!("SPECC_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}");
-            }
-            specc_ir::testing::skip(format!("{e} (source scripts/nvrtc-env.sh to enable)"));
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
 }
 
 /// Deterministic pseudo-random numbers (xorshift64*).
