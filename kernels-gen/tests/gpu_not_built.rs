@@ -6,6 +6,6 @@
 #[test]
 fn device_tests_need_the_cuda_feature() {
     specc_ir::testing::skip(
-        "gpu_generic, gpu_parity, gpu_parity_attn, gpu_parity_mma, gpu_parity_qkv_rope, gpu_quant_gemv, gpu_quant_moe, runtime_pdl, runtime_smoke not built: the `cuda` feature is off",
+        "gpu_gemm, gpu_generic, gpu_parity, gpu_parity_attn, gpu_parity_mla, gpu_parity_mma, gpu_parity_qkv_rope, gpu_quant_gemv, gpu_quant_moe, runtime_pdl, runtime_smoke not built: the `cuda` feature is off",
     );
 }
