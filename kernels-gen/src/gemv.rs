@@ -605,3 +605,35 @@ pub(crate) fn gemv_launch(p: &GemvParams, nw: u32, cw: u32, mt: u32) -> LaunchSp
         smem_bytes: 0,
     }
 }
+
+/// A plain projection for unit tests: x (`k` wide) at arena 0, the weights (one matrix, or
+/// a gate/up pair of `n` columns each) in table slot 0, the output at 1 MiB; no norm,
+/// residual, argmax or RoPE epilogue.
+#[cfg(test)]
+pub(crate) fn test_projection(
+    rows: Rows,
+    row_tile: u32,
+    k: u32,
+    n: u32,
+    gate_up: bool,
+    dt: Dtype,
+) -> GemvParams {
+    GemvParams {
+        rows,
+        row_tile,
+        k,
+        n,
+        x: View::new(Loc::arena(0), dt, k as u64),
+        weights: if gate_up {
+            GemvWeights::gate_up_concat(Loc::table(0), n, k, dt)
+        } else {
+            GemvWeights::Single(Loc::table(0))
+        },
+        w_dtype: dt,
+        norm: None,
+        residual: None,
+        out: Some(View::new(Loc::arena(1 << 20), dt, n as u64)),
+        argmax_partials: None,
+        rope: None,
+    }
+}

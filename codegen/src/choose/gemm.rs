@@ -87,30 +87,12 @@ pub fn tile(p: &GemvParams, rows: u32, target: &Target) -> Option<GemmTiling> {
 mod tests {
     use super::*;
     use specc_ir::engine::Arch;
-    use specc_kernels_gen::abi::{Dtype, Loc, Rows, View};
+    use specc_kernels_gen::abi::{Dtype, Loc};
     use specc_kernels_gen::gemm_mma::gemm_mma;
-    use specc_kernels_gen::gemv::{GemvWeights, RmsNormPrologue};
+    use specc_kernels_gen::gemv::RmsNormPrologue;
 
     fn params(k: u32, n: u32, gate_up: bool) -> GemvParams {
-        let dt = Dtype::BF16;
-        GemvParams {
-            rows: Rows::Tokens,
-            row_tile: 64,
-            k,
-            n,
-            x: View::new(Loc::arena(0), dt, k as u64),
-            weights: if gate_up {
-                GemvWeights::gate_up_concat(Loc::table(0), n, k, dt)
-            } else {
-                GemvWeights::Single(Loc::table(0))
-            },
-            w_dtype: dt,
-            norm: None,
-            residual: None,
-            out: Some(View::new(Loc::arena(1 << 20), dt, n as u64)),
-            argmax_partials: None,
-            rope: None,
-        }
+        super::super::test_params(64, k, n, gate_up, Dtype::BF16)
     }
 
     fn hopper() -> Target {

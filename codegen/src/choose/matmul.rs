@@ -319,8 +319,7 @@ fn wide_xbulk_tiling(p: &GemvParams, target: &Target) -> Option<MmaTiling> {
 mod tests {
     use super::*;
     use specc_ir::engine::Arch;
-    use specc_kernels_gen::abi::{Loc, Rows, View};
-    use specc_kernels_gen::gemv::GemvWeights;
+    use specc_kernels_gen::abi::Loc;
     use specc_kernels_gen::gemv_mma::{gemv_mma_split, partials_per_row, SplitScratch};
 
     /// The H200-class build target (132 SMs, 227 KiB per block).
@@ -329,24 +328,7 @@ mod tests {
     }
 
     fn params(m: u32, k: u32, n: u32, gate_up: bool, dt: Dtype) -> GemvParams {
-        GemvParams {
-            rows: Rows::Tokens,
-            row_tile: m,
-            k,
-            n,
-            x: View::new(Loc::arena(0), dt, k as u64),
-            weights: if gate_up {
-                GemvWeights::gate_up_concat(Loc::table(0), n, k, dt)
-            } else {
-                GemvWeights::Single(Loc::table(0))
-            },
-            w_dtype: dt,
-            norm: None,
-            residual: None,
-            out: Some(View::new(Loc::arena(1 << 20), dt, n as u64)),
-            argmax_partials: None,
-            rope: None,
-        }
+        super::super::test_params(m, k, n, gate_up, dt)
     }
 
     #[test]

@@ -203,29 +203,11 @@ pub fn gemm_mma(p: &GemvParams, t: &GemmTiling) -> Result<KernelSource, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::abi::{Loc, Rows, View};
+    use crate::abi::{Loc, Rows};
     use crate::gemv::RmsNormPrologue;
 
     fn params(k: u32, n: u32, gate_up: bool) -> GemvParams {
-        let dt = Dtype::BF16;
-        GemvParams {
-            rows: Rows::Fixed(256),
-            row_tile: 64,
-            k,
-            n,
-            x: View::new(Loc::arena(0), dt, k as u64),
-            weights: if gate_up {
-                GemvWeights::gate_up_concat(Loc::table(0), n, k, dt)
-            } else {
-                GemvWeights::Single(Loc::table(0))
-            },
-            w_dtype: dt,
-            norm: None,
-            residual: None,
-            out: Some(View::new(Loc::arena(1 << 20), dt, n as u64)),
-            argmax_partials: None,
-            rope: None,
-        }
+        crate::gemv::test_projection(Rows::Fixed(256), 64, k, n, gate_up, Dtype::BF16)
     }
 
     const T: GemmTiling = GemmTiling {

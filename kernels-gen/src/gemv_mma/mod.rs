@@ -432,26 +432,9 @@ pub(super) fn for_each_acc(w: &mut Writer, body: impl Fn(&mut Writer)) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::abi::{Loc, Rows, View};
+    use crate::abi::Rows;
     fn params(m: u32, k: u32, n: u32, gate_up: bool, dt: Dtype) -> GemvParams {
-        GemvParams {
-            rows: Rows::Tokens,
-            row_tile: m,
-            k,
-            n,
-            x: View::new(Loc::arena(0), dt, k as u64),
-            weights: if gate_up {
-                GemvWeights::gate_up_concat(Loc::table(0), n, k, dt)
-            } else {
-                GemvWeights::Single(Loc::table(0))
-            },
-            w_dtype: dt,
-            norm: None,
-            residual: None,
-            out: Some(View::new(Loc::arena(1 << 20), dt, n as u64)),
-            argmax_partials: None,
-            rope: None,
-        }
+        crate::gemv::test_projection(Rows::Tokens, m, k, n, gate_up, dt)
     }
 
     #[test]
