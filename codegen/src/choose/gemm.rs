@@ -1,8 +1,8 @@
 //! Where the tiled tensor-core GEMM (`gemm_mma`) replaces the GEMV kernels, and its tile.
 //!
 //! Where it applies is measured (H200, 8B shapes, `kernels-gen/tests/gpu_gemm.rs` timing
-//! both kernels, bench/NOTES.md "tiled GEMM"); the tile rules are still predictions from
-//! bytes and block counts.
+//! both kernels, bench/NOTES.md); the tile rules are still predictions from bytes and block
+//! counts.
 
 use specc_ir::engine::choice::GemmTiling;
 use specc_ir::engine::Target;
@@ -10,13 +10,11 @@ use specc_kernels_gen::gemm_mma::{block_smem_bytes, validate, BK};
 use specc_kernels_gen::gemv::GemvParams;
 
 /// Launches of at least this many rows use the GEMM, for weights of at least
-/// [`GEMM_MIN_COLUMNS`] output columns. Measured on the H200 at the 8B shapes: from 128 rows
-/// the GEMM beats `gemv_mma` on the gate/up pair (103 vs 134 µs at 128 rows, 201 vs 259 at
-/// 256) and the lm-head (508 vs 532, 991 vs 1027); below 128 rows, and on the 4096- and
-/// 6144-column projections (o, q|k|v, down) at every row count, `gemv_mma` is as fast or
-/// faster (down at 256 rows: 102 vs 146 µs). The GEMM's mma.sync main loop runs at about
-/// 270 TFLOP/s on those shapes, so where weights are few per row it loses to the GEMV's
-/// deeper register feeds.
+/// [`GEMM_MIN_COLUMNS`] output columns: there the GEMM's one pass over the weights for all
+/// rows beats `gemv_mma` re-reading them per 64-row tile. Below it, and on the narrow
+/// projections (o, q|k|v, down) at every row count, `gemv_mma` measured as fast or faster:
+/// its register feeds keep more weight bytes in flight per block than the GEMM's mma.sync
+/// main loop (the 8B shapes on the H200, bench/NOTES.md, "Tiled GEMM" of session 30).
 pub const GEMM_MIN_ROWS: u32 = 128;
 
 /// See [`GEMM_MIN_ROWS`].
