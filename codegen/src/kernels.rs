@@ -28,6 +28,7 @@ use specc_ir::{
 use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
 use specc_kernels_gen::attention::{self, AttentionParams, AttnMask};
+use specc_kernels_gen::chain::{chain, chainable};
 use specc_kernels_gen::elementwise::{embedding, EmbeddingParams};
 use specc_kernels_gen::gemv::{gemv_tiled, GemvParams, GemvWeights, RmsNormPrologue};
 use specc_kernels_gen::gemv_mma::{self, SplitScratch};
@@ -271,6 +272,7 @@ pub fn plan_kernels(
             });
         }
     }
+    let launches = chain_runs(launches)?;
     let mut io = Vec::new();
     for (id, n) in g.nodes() {
         if let Op::Input { name, .. } = &n.op {
@@ -305,6 +307,45 @@ pub fn plan_kernels(
 }
 
 type Launches = Vec<(KernelSource, Bucket)>;
+
+/// Runs of launches that [`choose::chain::joins`] accepts, each replaced by one launch of
+/// their chain (attributed to the run's first group). Order is kept, so every value is still
+/// written before it is read.
+fn chain_runs(launches: Vec<PlannedLaunch>) -> Result<Vec<PlannedLaunch>, Error> {
+    let mut out: Vec<PlannedLaunch> = Vec::with_capacity(launches.len());
+    let mut run: Vec<PlannedLaunch> = Vec::new();
+    let flush = |run: &mut Vec<PlannedLaunch>, out: &mut Vec<PlannedLaunch>| -> Result<(), Error> {
+        if run.len() >= 2 {
+            let members: Vec<&KernelSource> = run.iter().map(|l| &l.kernel).collect();
+            let kernel = chain(&members)?;
+            out.push(PlannedLaunch {
+                kernel,
+                ..run[0].clone()
+            });
+            run.clear();
+        } else {
+            out.append(run);
+        }
+        Ok(())
+    };
+    for l in launches {
+        let joins = match run.first() {
+            Some(f) => choose::chain::joins((&f.kernel, f.phase), (&l.kernel, l.phase)),
+            None => true,
+        };
+        if !joins {
+            flush(&mut run, &mut out)?;
+        }
+        if chainable(&l.kernel) {
+            run.push(l);
+        } else {
+            flush(&mut run, &mut out)?;
+            out.push(l);
+        }
+    }
+    flush(&mut run, &mut out)?;
+    Ok(out)
+}
 
 fn group_kernels(cx: &mut Ctx, gr: &Group) -> Result<(Launches, KernelChoice), Error> {
     match &gr.kind {

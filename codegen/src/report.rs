@@ -254,9 +254,6 @@ fn plan_section(s: &mut String, engine: &Engine, p: &BucketPlan, bw: f64, fl: f6
                     act_bytes: gc.act_bytes,
                     flops: gc.flops,
                 };
-                total.weight_bytes += c.weight_bytes;
-                total.act_bytes += c.act_bytes;
-                total.flops += c.flops;
                 row.extend([
                     gc.family.clone(),
                     gc.choice.to_string(),
@@ -271,6 +268,12 @@ fn plan_section(s: &mut String, engine: &Engine, p: &BucketPlan, bw: f64, fl: f6
         table.row(row);
     }
     table.render(s);
+    // Over every group: a chain's launch row shows its first group only.
+    for gc in &p.groups {
+        total.weight_bytes += gc.weight_bytes;
+        total.act_bytes += gc.act_bytes;
+        total.flops += gc.flops;
+    }
     let _ = writeln!(
         s,
         "total: {} weight + {} act bytes, {} flops, roofline {:.3} us",

@@ -341,3 +341,42 @@ fn quantised_deepseek_v3_plans_to_kernels() {
         );
     }
 }
+
+/// A decode step's bookkeeping (positions, ring index, lengths: a few integers per op) runs
+/// as chains: no two consecutive launches that could share one remain, each chain replaces
+/// at least two one-block launches, and the step has far fewer launches than groups.
+#[test]
+fn decode_step_bookkeeping_runs_as_chains() {
+    use specc_kernels_gen::chain::chainable;
+    let spec = ModelSpec::from_file(&root().join("models/default/config.json")).unwrap();
+    let (_, decode) = specc_models::methods::lower_plain_greedy(&spec, 64).unwrap();
+    let c = compile(decode, &[Bindings::new(1, 1, 512)]).unwrap();
+    let target = Target::for_archs(&[Arch::Sm90a]);
+    let k =
+        specc_codegen::kernels::plan_kernels(&c.graph, &c.groups, &c.plans[0], &target).unwrap();
+    let chains = k
+        .launches
+        .iter()
+        .filter(|l| l.kernel.family() == "chain")
+        .count();
+    assert!(chains >= 1, "no chain in the decode step");
+    for w in k.launches.windows(2) {
+        let joinable =
+            chainable(&w[0].kernel) && chainable(&w[1].kernel) && w[0].phase == w[1].phase;
+        assert!(
+            !joinable,
+            "{} and {} could share a chain",
+            w[0].kernel.name, w[1].kernel.name
+        );
+    }
+    let groups = c.groups.len();
+    println!(
+        "{groups} groups, {} launches, {chains} chains",
+        k.launches.len()
+    );
+    assert!(
+        k.launches.len() + 10 <= groups,
+        "{} launches for {groups} groups",
+        k.launches.len()
+    );
+}

@@ -189,6 +189,11 @@ pub struct KernelSource {
     /// What `ops[i]` points to, for each `i`: the placement of this launch's operands. Two
     /// launches of the same kernel (same name and text) differ only here.
     pub operands: Vec<Loc>,
+    /// The body is grid-stride loops over extents baked into the text and nothing else (no
+    /// shared memory, no block-level synchronisation, no module items, no bucket constant
+    /// read): it is correct at any grid and block size and in any bucket's launch, so
+    /// [`crate::chain`] may run it inside another kernel's single block.
+    pub grid_stride: bool,
 }
 
 impl KernelSource {
@@ -351,6 +356,7 @@ pub(crate) fn assemble_bounded(
         kernel,
         launch,
         operands,
+        grid_stride: false,
     }
 }
 

@@ -25,6 +25,7 @@ pub mod abi;
 pub mod argmax;
 pub mod attention;
 pub mod attention_mma;
+pub mod chain;
 pub mod elementwise;
 mod error;
 pub mod gemm_mma;

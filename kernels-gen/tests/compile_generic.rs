@@ -102,3 +102,41 @@ fn every_fixture_runs_on_the_interpreter_and_generates() {
         );
     }
 }
+
+/// Every one-block grid-stride kernel of the fixtures, chained in fixture order into one
+/// kernel (`specc_kernels_gen::chain`), compiles for every architecture: the members' bodies
+/// live side by side in one function (their scopes keep their names apart).
+#[test]
+fn a_chain_of_every_chainable_fixture_compiles_for_every_arch() {
+    let Some(nvrtc) = specc_kernels_gen::Nvrtc::or_skip() else {
+        return;
+    };
+    let members: Vec<KernelSource> = cases()
+        .iter()
+        .flat_map(|c| {
+            let laid = lay_out(c);
+            single(&c.op, &laid.inputs, &laid.output).unwrap_or_else(|e| panic!("{}: {e}", c.label))
+        })
+        .filter(specc_kernels_gen::chain::chainable)
+        .collect();
+    assert!(
+        members.len() >= 10,
+        "only {} chainable fixtures",
+        members.len()
+    );
+    let refs: Vec<&KernelSource> = members.iter().collect();
+    let chain = specc_kernels_gen::chain::chain(&refs).unwrap();
+    for arch in Arch::ALL {
+        let c = nvrtc
+            .compile(&chain, arch)
+            .unwrap_or_else(|e| panic!("chain of {} [{arch}]: {e}", members.len()));
+        // Spills are not checked: a chain's members are a few elements each, so local
+        // memory traffic (if ptxas spills the larger members' temporaries) is noise.
+        println!(
+            "chain of {} members {arch:<8} {:>5} registers {:>5} spills",
+            members.len(),
+            c.stats.registers,
+            c.stats.spill_stores + c.stats.spill_loads
+        );
+    }
+}

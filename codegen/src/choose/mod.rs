@@ -7,6 +7,7 @@
 //! architectures come from the target.
 
 pub mod attention;
+pub mod chain;
 pub mod gemm;
 pub mod matmul;
 pub mod mla;

@@ -5,8 +5,7 @@
 //! ([`super::value_type`]), then stored once in the result dtype.
 
 use super::{
-    c_type, f32_expr, flat_launch, i64_lit, is_float, load, raw_type, store, value_type, Kernel,
-    TensorArg,
+    c_type, f32_expr, i64_lit, is_float, load, raw_type, store, value_type, Kernel, TensorArg,
 };
 use crate::abi::KernelSource;
 use crate::writer::emit;
@@ -34,7 +33,7 @@ pub(super) fn fill(value: f64, out: &TensorArg) -> Result<KernelSource, Error> {
     k.ptr("y", out, true);
     emit!(k.body, "const {} v = {lit};", c_type(out.dtype));
     k.grid_stride(n, |w| w.line("y[e] = v;"));
-    Ok(k.finish(flat_launch(n)))
+    Ok(k.finish_flat(n))
 }
 
 /// Element `e` is its index along `axis`.
@@ -45,7 +44,7 @@ pub(super) fn iota(axis: usize, out: &TensorArg) -> KernelSource {
     k.ptr("y", out, true);
     let v = format!("(e / {inner}ll) % {len}ll");
     k.grid_stride(n, |w| emit!(w, "y[e] = {};", store(out.dtype, &v)));
-    k.finish(flat_launch(n))
+    k.finish_flat(n)
 }
 
 /// The f32 (or, for comparisons, bool) expression of a float binary op.
@@ -109,7 +108,7 @@ pub(super) fn binary(op: BinaryOp, a: &TensorArg, b: &TensorArg, out: &TensorArg
         emit!(w, "const {vt} vb = {};", load(d, &format!("b[{bi}]")));
         emit!(w, "y[e] = {};", store(out.dtype, &value));
     });
-    k.finish(flat_launch(n))
+    k.finish_flat(n)
 }
 
 /// `y[e] = f(x[e])`.
@@ -148,7 +147,7 @@ pub(super) fn unary(op: UnaryOp, x: &TensorArg, out: &TensorArg) -> KernelSource
         emit!(w, "const {} v = {};", value_type(d), load(d, "x[e]"));
         emit!(w, "y[e] = {};", store(out.dtype, &expr));
     });
-    k.finish(flat_launch(n))
+    k.finish_flat(n)
 }
 
 /// `y = R(R(silu(g)) · u)`, HF's `act_fn(gate) * up`.
@@ -167,7 +166,7 @@ pub(super) fn silu_mul(gate: &TensorArg, up: &TensorArg, out: &TensorArg) -> Ker
             load(up.dtype, "u[e]")
         );
     });
-    k.finish(flat_launch(n))
+    k.finish_flat(n)
 }
 
 /// Float → float rounds once; float → int truncates toward zero, saturating, NaN → 0;
@@ -191,7 +190,7 @@ pub(super) fn cast(x: &TensorArg, out: &TensorArg) -> KernelSource {
     k.ptr("x", x, false);
     k.ptr("y", out, true);
     k.grid_stride(n, |w| emit!(w, "y[e] = {expr};"));
-    k.finish(flat_launch(n))
+    k.finish_flat(n)
 }
 
 /// `y[e] = cond[e] ? a[e] : b[e]`, copying elements as raw bits.
@@ -209,7 +208,7 @@ pub(super) fn select(
     k.ptr_as("b", b.loc, raw, false);
     k.ptr_as("y", out.loc, raw, true);
     k.grid_stride(n, |w| w.line("y[e] = cond[e] ? a[e] : b[e];"));
-    k.finish(flat_launch(n))
+    k.finish_flat(n)
 }
 
 /// `(splitmix64(seed ^ counter) >> 40) / 2^24`.
@@ -225,5 +224,5 @@ pub(super) fn random_uniform(seed: u64, counter: &TensorArg, out: &TensorArg) ->
             load(counter.dtype, "x[e]")
         );
     });
-    k.finish(flat_launch(n))
+    k.finish_flat(n)
 }

@@ -419,5 +419,5 @@ pub(super) fn rope(
             )
         );
     });
-    Ok(k.finish(flat_launch(n)))
+    Ok(k.finish_flat(n))
 }

@@ -463,6 +463,15 @@ impl Kernel {
         self.finish_bounded(launch, None)
     }
 
+    /// [`Kernel::finish`] for a body of [`Kernel::grid_stride`] loops only, over `n` units
+    /// ([`flat_launch`]): marked [`KernelSource::grid_stride`], so it can be chained.
+    pub fn finish_flat(self, n: u64) -> KernelSource {
+        KernelSource {
+            grid_stride: true,
+            ..self.finish(flat_launch(n))
+        }
+    }
+
     /// [`Kernel::finish`] with a minimum of resident blocks per SM in the launch bounds.
     pub fn finish_bounded(self, launch: LaunchSpec, min_blocks: Option<u32>) -> KernelSource {
         let prelude = format!("{PRELUDE}\n{GENERIC_PRELUDE}");

@@ -4,7 +4,7 @@
 //! Contiguous runs move in the widest unit (up to 16 bytes) that divides every run length
 //! and offset involved, one thread per unit; `gather` moves single elements.
 
-use super::{flat_launch, raw_type, unit_bytes, Kernel, TensorArg};
+use super::{raw_type, unit_bytes, Kernel, TensorArg};
 use crate::abi::KernelSource;
 use crate::writer::emit;
 
@@ -17,7 +17,7 @@ pub(super) fn copy(family: &'static str, x: &TensorArg, out: &TensorArg) -> Kern
     k.ptr_as("x", x.loc, raw_type(w), false);
     k.ptr_as("y", out.loc, raw_type(w), true);
     k.grid_stride(n, |w| w.line("y[e] = x[e];"));
-    k.finish(flat_launch(n))
+    k.finish_flat(n)
 }
 
 /// `y[o, j, i] = x[o, start + j, i]` around `axis`.
@@ -42,7 +42,7 @@ pub(super) fn slice(axis: usize, start: u64, x: &TensorArg, out: &TensorArg) -> 
         emit!(w, "const long long o = e / {run}ll, r = e % {run}ll;");
         emit!(w, "y[e] = x[o * {stride}ll + {skip}ll + r];");
     });
-    k.finish(flat_launch(total))
+    k.finish_flat(total)
 }
 
 /// `y[o, :, i]` is the operands' `[o, :, i]` one after another along `axis`.
@@ -78,7 +78,7 @@ pub(super) fn concat(axis: usize, xs: &[TensorArg], out: &TensorArg) -> KernelSo
             begin += run;
         }
     });
-    k.finish(flat_launch(total))
+    k.finish_flat(total)
 }
 
 /// `y[o, j, i] = x[o, clamp(idx[o, j, i], 0, n - 1), i]` around `axis`.
@@ -101,7 +101,7 @@ pub(super) fn gather(axis: usize, x: &TensorArg, idx: &TensorArg, out: &TensorAr
         emit!(w, "j = j < 0 ? 0 : (j > {0}ll ? {0}ll : j);", n - 1);
         emit!(w, "y[e] = x[(o * {n}ll + j) * {inner}ll + i];");
     });
-    k.finish(flat_launch(total))
+    k.finish_flat(total)
 }
 
 /// `y[r, :] = table[clamp(ids[r], 0, V - 1), :]`, any table dtype.
@@ -121,7 +121,7 @@ pub(super) fn embedding(table: &TensorArg, ids: &TensorArg, out: &TensorArg) -> 
         emit!(w, "id = id < 0 ? 0 : (id > {0}ll ? {0}ll : id);", v - 1);
         emit!(w, "y[e] = t[id * {row}ll + u];");
     });
-    k.finish(flat_launch(total))
+    k.finish_flat(total)
 }
 
 /// Row `x[b, t]` into `cache[b, min(pos[b, t], Ctx - 1)]` in place; `pos < 0` writes
@@ -165,5 +165,5 @@ pub(super) fn kv_write(
         w.if_block("later", |w| w.line("continue;"));
         emit!(w, "y[(b * {ctx}ll + slot) * {row}ll + u] = x[e];");
     });
-    k.finish(flat_launch(total))
+    k.finish_flat(total)
 }

@@ -3,7 +3,7 @@
 //! `moe_experts` kernel. Values are the interpreter's: `q · scale` rounded once to f32
 //! (and `dequantize` rounds that to its output dtype).
 
-use super::{flat_launch, store, Kernel, TensorArg};
+use super::{store, Kernel, TensorArg};
 use crate::abi::{Dtype, KernelSource};
 use crate::quant::QuantFormat;
 use crate::writer::emit;
@@ -97,5 +97,5 @@ pub(super) fn dequantize(
         let v = q.value("wm", "sm", "r", "c");
         emit!(b, "y[e] = {};", store(out.dtype, &v));
     });
-    Ok(k.finish(flat_launch(n)))
+    Ok(k.finish_flat(n))
 }

@@ -205,13 +205,7 @@ fn kernel_rows(
     per: &[f32],
     cost_plan: &specc_codegen::LaunchPlan,
 ) -> Vec<KernelRow> {
-    let groups = loaded
-        .plan
-        .launches
-        .iter()
-        .map(|l| l.group as usize + 1)
-        .max()
-        .unwrap_or(0);
+    let groups = loaded.plan.groups.len();
     let costs = (groups == cost_plan.launches.len()).then_some(&cost_plan.launches);
     let mut rows: Vec<KernelRow> = Vec::new();
     for ((pl, l), ms) in loaded.plan.launches.iter().zip(&loaded.launches).zip(per) {
