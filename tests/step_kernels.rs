@@ -457,6 +457,29 @@ fn choice_families(cost: &GroupCost) -> Vec<&str> {
     cost.choice.families()
 }
 
+/// Which of `groups` groups run inside a chain launch (`chain_mixed_*`): from the chain's
+/// own group up to the group of the launch after it (or the last group).
+fn chained_groups(p: &Planned, plan: &BucketPlan, groups: usize) -> Vec<bool> {
+    let mut chained = vec![false; groups];
+    for (i, l) in plan.launches.iter().enumerate() {
+        if p.family(plan, i) != "chain" {
+            continue;
+        }
+        let end = plan
+            .launches
+            .get(i + 1)
+            .map_or(groups, |next| next.group as usize);
+        assert!(
+            end > l.group as usize + 1,
+            "a chain runs two groups or more"
+        );
+        for c in &mut chained[l.group as usize..end] {
+            *c = true;
+        }
+    }
+    chained
+}
+
 /// The matmul choice of group `g` of `plan` (a panic names the graph otherwise).
 fn matmul_choice<'a>(name: &str, plan: &'a BucketPlan, g: usize) -> &'a MatmulChoice {
     plan.groups[g]
@@ -490,8 +513,10 @@ fn every_graph_plans_to_kernels() {
                 l.smem_bytes
             );
         }
-        // Every group launched; its cost names the group's own family, and its choice the
-        // families of its launches.
+        // Every group launched, alone or in a chain; its cost names the group's own family,
+        // and its choice the families of its launches. A chain launch carries its first
+        // group and runs the groups up to the next launch's: one-launch generic groups.
+        let chained = chained_groups(&p, plan, c.groups.len());
         for (g, (gr, cost)) in c.groups.iter().zip(&plan.groups).enumerate() {
             assert_eq!(cost.family, gr.family(&c.graph), "{name}: group {g}");
             let launched: Vec<&str> = p
@@ -499,6 +524,18 @@ fn every_graph_plans_to_kernels() {
                 .into_iter()
                 .map(|i| p.family(plan, i))
                 .collect();
+            if chained[g] {
+                assert!(
+                    launched.is_empty() || launched == ["chain"],
+                    "{name}: group {g} is chained but also launches {launched:?}"
+                );
+                assert_eq!(
+                    choice_families(cost),
+                    [cost.family.as_str()],
+                    "{name}: group {g}: a chain member is one generic kernel"
+                );
+                continue;
+            }
             assert!(
                 !launched.is_empty(),
                 "{name}: group {g} ({}) never launches",
