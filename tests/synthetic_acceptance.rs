@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
+use specc_models::checkpoint::planted::expected_accepted;
 use specc_models::checkpoint::{Plant, PlantRole};
 use specc_models::{Model, RandomWeights, SpecBundle, SpecConfig};
 
@@ -147,7 +148,7 @@ fn a_planted_draft_model_accepts_p_per_draft_and_stays_exact() {
         let h = &out.histogram;
         let steps: usize = h.iter().sum();
         let mean = h.iter().enumerate().map(|(i, c)| i * c).sum::<usize>() as f64 / steps as f64;
-        let want: f64 = (1..=K as i32).map(|i| p.powi(i)).sum();
+        let want = expected_accepted(p, K);
         let second: f64 = (1..=K as i32).map(|i| (2 * i - 1) as f64 * p.powi(i)).sum();
         let stderr = ((second - want * want) / steps as f64).sqrt();
         eprintln!(

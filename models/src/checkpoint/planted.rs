@@ -174,6 +174,12 @@ impl Plant {
     }
 }
 
+/// Mean accepted drafts per step of a chain of `k` drafts, each accepted with probability
+/// `p` independently until the first rejection: `Σ_{i=1..k} p^i`.
+pub fn expected_accepted(p: f64, k: usize) -> f64 {
+    (1..=k as i32).map(|i| p.powi(i)).sum()
+}
+
 /// Whether a planted tensor can be stored as `dt` (a float: quantised heads are refused).
 pub(super) fn plantable(dt: Dtype) -> bool {
     matches!(dt, Dtype::F32 | Dtype::F16 | Dtype::BF16)
