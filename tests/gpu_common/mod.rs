@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use specc_codegen::{build, BuildOptions, Cubins};
 use specc_ir::engine::{Arch, Engine, Target};
 use specc_models::spec_bundle::{engine_input, EngineExtras};
-use specc_models::{Model, SpecBundle, SpecConfig};
+use specc_models::{Model, RandomWeights, SpecBundle, SpecConfig};
 use specc_runtime::cuda::{driver_present, CudaDevice, CudaSpecSession, WeightSources};
 use specc_runtime::{SpecCpuSession, SpecGraphs, Speculator};
 
@@ -75,7 +75,7 @@ pub fn build_engine_with(
         model,
         spec,
         max_context,
-        random_seed,
+        random_seed.map(RandomWeights::seeded),
         &extras,
         &|p: &Path| p.to_path_buf(),
     )
