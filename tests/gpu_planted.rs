@@ -5,6 +5,9 @@
 //! decoding, and the mean number of accepted drafts per step must lie within 3 standard
 //! errors of `Σ_{i=1..7} P^i`. The reference is π itself: the interpreter checks the same
 //! construction at small shapes (tests/synthetic_acceptance.rs). Prints PASS/FAIL lines.
+//! Run with `--features cuda`; without a driver it skips.
+
+#![cfg(feature = "cuda")]
 
 mod common;
 mod gpu_common;
