@@ -112,6 +112,12 @@ pub enum Command {
         /// on a device that holds a few of its layers; dense and MoE layers keep their places).
         #[arg(long, requires = "random_weights", value_parser = clap::value_parser!(u32).range(1..))]
         layers: Option<u32>,
+        /// With --random-weights: plant a controlled acceptance P (0..=1, a benchmarking aid):
+        /// the target's greedy next token is a fixed permutation of the current token, and a
+        /// `draft_model` draft agrees with it on a fraction P of the tokens, so each drafted
+        /// token is accepted with probability ≈ P. Needs untied lm_heads.
+        #[arg(long, value_name = "P", requires = "random_weights", value_parser = parse_fraction)]
+        synthetic_acceptance: Option<f64>,
         /// Compile the speculative engine this spec.toml describes (its step, prefills and
         /// batch buckets) rather than plain decoding alone.
         #[arg(long)]
@@ -179,6 +185,12 @@ pub enum Command {
         /// on a device that holds a few of its layers; dense and MoE layers keep their places).
         #[arg(long, requires = "random_weights", value_parser = clap::value_parser!(u32).range(1..))]
         layers: Option<u32>,
+        /// With --random-weights: plant a controlled acceptance P (0..=1, a benchmarking aid):
+        /// the target's greedy next token is a fixed permutation of the current token, and a
+        /// `draft_model` draft agrees with it on a fraction P of the tokens, so each drafted
+        /// token is accepted with probability ≈ P. Needs untied lm_heads.
+        #[arg(long, value_name = "P", requires = "random_weights", value_parser = parse_fraction)]
+        synthetic_acceptance: Option<f64>,
     },
     /// Serve an OpenAI-compatible HTTP API (completions, chat, models, health, metrics)
     /// with continuous batching over the engine's lanes.
@@ -221,6 +233,12 @@ pub enum Command {
         /// on a device that holds a few of its layers; dense and MoE layers keep their places).
         #[arg(long, requires = "random_weights", value_parser = clap::value_parser!(u32).range(1..))]
         layers: Option<u32>,
+        /// With --random-weights: plant a controlled acceptance P (0..=1, a benchmarking aid):
+        /// the target's greedy next token is a fixed permutation of the current token, and a
+        /// `draft_model` draft agrees with it on a fraction P of the tokens, so each drafted
+        /// token is accepted with probability ≈ P. Needs untied lm_heads.
+        #[arg(long, value_name = "P", requires = "random_weights", value_parser = parse_fraction)]
+        synthetic_acceptance: Option<f64>,
         /// Also time a PyTorch model of the same shapes (`bench/torch_reference.py`, run with
         /// $SPECC_PYTHON or python3) and print one table: decode, the `--tokens` verify and
         /// the `--spec` step, each against torch eager, eager under a CUDA graph and
@@ -346,4 +364,18 @@ pub struct ServeArgs {
     /// Use deterministic random weights: only config.json is read.
     #[arg(long)]
     pub random_weights: bool,
+    /// With --random-weights: plant a controlled acceptance P (0..=1, a benchmarking aid):
+    /// the target's greedy next token is a fixed permutation of the current token, and a
+    /// `draft_model` draft agrees with it on a fraction P of the tokens, so each drafted
+    /// token is accepted with probability ≈ P. Needs untied lm_heads.
+    #[arg(long, value_name = "P", requires = "random_weights", value_parser = parse_fraction)]
+    pub synthetic_acceptance: Option<f64>,
+}
+
+/// A fraction in [0, 1].
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        _ => Err(format!("expected a number from 0 to 1, found `{s}`")),
+    }
 }

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use specc_ir::interp::Tensor;
 use specc_models::methods::DRAFT_PREFIX;
-use specc_models::{Checkpoint, Model, SpecConfig};
+use specc_models::{Checkpoint, Model, RandomWeights, SpecConfig};
 use specc_runtime::cuda::{driver_present, CudaSpecSession, WeightSources};
 use specc_runtime::{DraftKind, Speculator};
 
@@ -66,7 +66,14 @@ fn first_step_tokens(draft_seed: u64, seeds: &[u64]) -> Draws {
             ),
         )
         .unwrap();
-        let (engine, _) = build_engine_with(&target, Some(&cfg), &[LANES as u32], 64, &[], Some(7));
+        let (engine, _) = build_engine_with(
+            &target,
+            Some(&cfg),
+            &[LANES as u32],
+            64,
+            &[],
+            Some(RandomWeights::seeded(7)),
+        );
         let sources = WeightSources {
             sources: vec![("", target.checkpoint()), (DRAFT_PREFIX, &draft_ck)],
         };

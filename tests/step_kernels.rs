@@ -346,6 +346,7 @@ fn input_of(list: &[(String, Graph, Bindings)]) -> BuildInput {
         acceptance: Acceptance::Greedy,
         checkpoints: Vec::new(),
         random_seed: None,
+        synthetic_acceptance: None,
     }
 }
 

@@ -305,6 +305,7 @@ pub fn build(
         acceptance: input.acceptance,
         checkpoints: input.checkpoints,
         random_seed: input.random_seed,
+        synthetic_acceptance: input.synthetic_acceptance,
         graphs,
         plans,
         states,

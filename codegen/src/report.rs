@@ -144,6 +144,9 @@ pub fn plan_report(engine: &Engine, sources: Option<&[KernelSource]>) -> String 
     }
     if let Some(seed) = engine.random_seed {
         let _ = writeln!(s, "random weights: seed {seed:#x}");
+        if let Some(p) = engine.synthetic_acceptance {
+            let _ = writeln!(s, "synthetic acceptance: {p}");
+        }
     }
     if !engine.states.is_empty() {
         let total: u64 = engine.states.iter().map(|st| st.bytes).sum();

@@ -32,8 +32,10 @@ use crate::error::ModelError;
 use crate::files::{is_regular, read_text};
 
 mod part;
+pub mod planted;
 mod quantised;
 pub use part::scale_part;
+pub use planted::{Plant, PlantRole};
 pub use quantised::fp8e4m3_to_f32;
 
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -67,13 +69,21 @@ enum Backing {
 /// A synthesised file: its layout now, its bytes on first use.
 struct RandomFile {
     seed: u64,
+    /// Controlled acceptance: the embedding, head and final norm it overrides.
+    plant: Option<Plant>,
     len: usize,
     jobs: Vec<RandomJob>,
     bytes: std::sync::OnceLock<Vec<u8>>,
 }
 
-/// One tensor of a [`RandomFile`]: its name, IR dtype, byte range and shape.
-type RandomJob = (String, DType, usize, usize, Vec<usize>);
+/// One tensor of a [`RandomFile`].
+struct RandomJob {
+    name: String,
+    dtype: DType,
+    stored: Dtype,
+    bytes: Range<usize>,
+    shape: Vec<usize>,
+}
 
 impl std::ops::Deref for Backing {
     type Target = [u8];
@@ -95,12 +105,16 @@ impl RandomFile {
         let mut rest: &mut [u8] = &mut data;
         let mut slices = Vec::new();
         let mut at = 0;
-        for (name, dt, start, end, shape) in &self.jobs {
-            let (_, tail) = rest.split_at_mut(start - at);
-            let (mine, tail) = tail.split_at_mut(end - start);
-            slices.push((name.as_str(), *dt, shape.clone(), mine));
+        for j in &self.jobs {
+            let (_, tail) = rest.split_at_mut(j.bytes.start - at);
+            let (mine, tail) = tail.split_at_mut(j.bytes.len());
             rest = tail;
-            at = *end;
+            at = j.bytes.end;
+            match self.plant.as_ref().zip(planted::Planted::of(&j.name)) {
+                // Planted tensors are few and large: each fills its rows in parallel.
+                Some((p, which)) => p.fill(which, j.stored, &j.shape, mine),
+                None => slices.push((j.name.as_str(), j.dtype, j.shape.clone(), mine)),
+            }
         }
         let per = slices.len().div_ceil(threads).max(1);
         let seed = self.seed;
@@ -242,6 +256,51 @@ impl Checkpoint {
     /// the variance of N(0, 1/in); norm weights are 1 ± 0.1; integer tables are zero.
     /// Values depend only on (`seed`, tensor name, index) and are made on first read.
     pub fn random(dir: &Path, graph: &Graph, seed: u64) -> Checkpoint {
+        Self::random_with(dir, graph, seed, None)
+    }
+
+    /// [`Checkpoint::random`] with `plant`'s embedding, lm_head and final norm (controlled
+    /// acceptance, [`planted`]). `config` is the file errors name: a tied or quantised head
+    /// (or a graph without one of the three tensors) cannot carry the plant.
+    pub fn random_planted(
+        dir: &Path,
+        config: &Path,
+        graph: &Graph,
+        seed: u64,
+        plant: Plant,
+    ) -> Result<Checkpoint, ModelError> {
+        let refuse = |why: String| ModelError::SyntheticAcceptance {
+            file: config.to_path_buf(),
+            why,
+        };
+        let ck = Self::random_with(dir, graph, seed, Some(plant));
+        let embedding = ck.tensors.get(planted::EMBEDDING);
+        let head = ck.tensors.get(planted::HEAD);
+        if head.is_none() && embedding.is_some() {
+            return Err(refuse(
+                "needs a separate lm_head, and this config ties it to the embedding (tie_word_embeddings: set it to false for a benchmark shape)".into(),
+            ));
+        }
+        for name in [planted::EMBEDDING, planted::HEAD, planted::FINAL_NORM] {
+            let Some(e) = ck.tensors.get(name) else {
+                return Err(refuse(format!("the model has no tensor `{name}` to plant")));
+            };
+            if !planted::plantable(e.dtype) {
+                return Err(refuse(format!(
+                    "`{name}` is stored as {}, and only a float tensor can be planted",
+                    dtype_name(e.dtype)
+                )));
+            }
+        }
+        if embedding.map(|e| &e.shape) != head.map(|e| &e.shape) {
+            return Err(refuse(
+                "the embedding and lm_head shapes differ (a vocabulary-mapped head)".into(),
+            ));
+        }
+        Ok(ck)
+    }
+
+    fn random_with(dir: &Path, graph: &Graph, seed: u64, plant: Option<Plant>) -> Checkpoint {
         let mut tensors = BTreeMap::new();
         let mut len = 0usize;
         let mut jobs = Vec::new();
@@ -268,7 +327,13 @@ impl Checkpoint {
             };
             let start = len.next_multiple_of(16);
             let end = start + numel * size;
-            jobs.push((name.to_string(), ty.dtype, start, end, shape.clone()));
+            jobs.push(RandomJob {
+                name: name.to_string(),
+                dtype: ty.dtype,
+                stored: dtype,
+                bytes: start..end,
+                shape: shape.clone(),
+            });
             tensors.insert(
                 name.to_string(),
                 TensorEntry {
@@ -287,6 +352,7 @@ impl Checkpoint {
                 header_sha256: String::new(),
                 mmap: Backing::Random(Box::new(RandomFile {
                     seed,
+                    plant,
                     len,
                     jobs,
                     bytes: std::sync::OnceLock::new(),

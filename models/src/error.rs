@@ -98,6 +98,9 @@ pub enum ModelError {
         expected: String,
         found: String,
     },
+    /// `--synthetic-acceptance` asked of a model or method that cannot carry it.
+    #[error("{}: --synthetic-acceptance {why}", file.display())]
+    SyntheticAcceptance { file: PathBuf, why: String },
     /// Building the graph failed: a bug in the lowering, not in the user's files.
     #[error("lowering {model}: {source}")]
     Lower { model: String, source: IrError },

@@ -33,6 +33,6 @@ pub use config::{Arch, ModelSpec, RawConfig};
 pub use error::ModelError;
 pub use lower::{decoder_layer, lower_dense, lower_dense_prefixed, LayerNames};
 pub use methods::{Method, TreeKnobs};
-pub use model::{Model, CONFIG_FILE};
+pub use model::{Model, RandomWeights, CONFIG_FILE};
 pub use spec_bundle::{DraftSide, SpecBundle};
 pub use spec_config::{Acceptance, SamplingKnobs, SpecConfig};

@@ -7,13 +7,44 @@ use std::path::{Path, PathBuf};
 use specc_ir::interp::{self, Data, Env, Tensor, WeightSource};
 use specc_ir::{Bindings, DType, Graph};
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, Plant, PlantRole};
 use crate::config::ModelSpec;
 use crate::coverage;
 use crate::error::ModelError;
 use crate::lower::{self, LOGITS, NEXT_TOKEN, POSITIONS, TOKENS};
 
 pub const CONFIG_FILE: &str = "config.json";
+
+/// How `--random-weights` synthesises a model's (and its draft's) checkpoints.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RandomWeights {
+    pub seed: u64,
+    /// `--synthetic-acceptance P`: a target whose greedy next token is a fixed permutation
+    /// of the current one, and a draft model that agrees with it on a fraction P of the
+    /// tokens ([`crate::checkpoint::planted`]).
+    pub synthetic_acceptance: Option<f64>,
+}
+
+impl RandomWeights {
+    /// Plain random weights (acceptance ≈ 0 for any draft).
+    pub fn seeded(seed: u64) -> Self {
+        RandomWeights {
+            seed,
+            synthetic_acceptance: None,
+        }
+    }
+
+    /// The plant of `role` in a pair whose target is `target` (its end-of-sequence ids are
+    /// the tokens π fixes); `None` without a synthetic acceptance.
+    pub fn plant(&self, target: &ModelSpec, role: PlantRole) -> Option<Plant> {
+        self.synthetic_acceptance.map(|acceptance| Plant {
+            seed: self.seed,
+            acceptance,
+            fixed: target.eos_token_ids.clone(),
+            role,
+        })
+    }
+}
 
 /// An opened dense model.
 ///
@@ -70,6 +101,17 @@ impl Model {
         seed: u64,
         layers: Option<usize>,
     ) -> Result<Model, ModelError> {
+        Self::open_synthetic(path, RandomWeights::seeded(seed), layers)
+    }
+
+    /// [`Model::open_random_layers`] for any [`RandomWeights`]: with a synthetic acceptance,
+    /// the target of a planted pair ([`crate::checkpoint::planted`]).
+    pub fn open_synthetic(
+        path: impl AsRef<Path>,
+        random: RandomWeights,
+        layers: Option<usize>,
+    ) -> Result<Model, ModelError> {
+        let seed = random.seed;
         let (dir, config) = Self::random_paths(path.as_ref());
         let mut spec = ModelSpec::from_file(&config)?;
         if let Some(n) = layers {
@@ -85,7 +127,10 @@ impl Model {
         }
         spec.quant.formats = crate::quant::published_formats(&spec)?;
         let graph = lower::lower_dense(&spec)?;
-        let checkpoint = Checkpoint::random(&dir, &graph, seed);
+        let checkpoint = match random.plant(&spec, PlantRole::Target) {
+            Some(p) => Checkpoint::random_planted(&dir, &config, &graph, seed, p)?,
+            None => Checkpoint::random(&dir, &graph, seed),
+        };
         Ok(Model {
             config,
             dir,

@@ -10,13 +10,14 @@ use specc_ir::engine::{
 use specc_ir::interp::Tensor;
 use specc_ir::{Bindings, Graph};
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, PlantRole};
+use crate::config::ModelSpec;
 use crate::error::ModelError;
 use crate::methods::dflash::DFlashSpec;
 use crate::methods::eagle3::Eagle3Spec;
 use crate::methods::{lower_plain, Method, StepShape, TreeKnobs};
 use crate::spec_config::{Acceptance, SpecConfig};
-use crate::Model;
+use crate::{Model, RandomWeights};
 
 /// The draft side of a bundle.
 pub enum DraftSide {
@@ -57,6 +58,30 @@ pub fn random_draft(dir: &Path, step: &Graph, prefix: &str, seed: u64) -> Checkp
     Checkpoint::random(dir, &g, seed ^ 0xe461)
 }
 
+/// The draft's random checkpoint for `random` (as [`random_draft`], planted when `random`
+/// has a synthetic acceptance: `target` is the pair's target). `dir` is the draft's model
+/// directory or config file.
+pub fn synthetic_draft(
+    dir: &Path,
+    step: &Graph,
+    prefix: &str,
+    random: RandomWeights,
+    target: &ModelSpec,
+) -> Result<Checkpoint, ModelError> {
+    let Some(plant) = random.plant(target, PlantRole::Draft) else {
+        return Ok(random_draft(dir, step, prefix, random.seed));
+    };
+    let (dir, config) = Model::random_paths(dir);
+    let mut g = Graph::new("draft weights");
+    for (_, name, ty) in step.weights() {
+        if let Some(n) = name.strip_prefix(prefix) {
+            g.weight(n, ty.clone())
+                .expect("a weight leaf always type-checks");
+        }
+    }
+    Checkpoint::random_planted(&dir, &config, &g, random.seed ^ 0xe461, plant)
+}
+
 /// Smallest prefill bucket: prompts are padded to a power of two at least this long, so a
 /// handful of prefill plans serve every prompt.
 pub const MIN_PREFILL_T: usize = 16;
@@ -74,13 +99,26 @@ impl SpecBundle {
         Self::open_with(target, cfg, None)
     }
 
-    /// [`SpecBundle::open`], or with `random_seed` the draft's weights synthesised from its
-    /// config alone (benchmarks of full-size shapes without downloads).
+    /// [`SpecBundle::open`], or with `random` the draft's weights synthesised from its
+    /// config alone (benchmarks of full-size shapes without downloads). A synthetic
+    /// acceptance plants a `draft_model` draft only: the other methods' drafters read the
+    /// target's hidden states, which the plant does not shape.
     pub fn open_with(
         target: &Model,
         cfg: &SpecConfig,
-        random_seed: Option<u64>,
+        random: Option<RandomWeights>,
     ) -> Result<SpecBundle, ModelError> {
+        let planted = random.filter(|r| r.synthetic_acceptance.is_some());
+        if planted.is_some() && cfg.method != Method::DraftModel {
+            return Err(ModelError::SyntheticAcceptance {
+                file: cfg.file.clone(),
+                why: format!(
+                    "plants a draft model's embedding and head: method \"{}\" drafts from the target's hidden states (use method = \"draft_model\")",
+                    cfg.method.name()
+                ),
+            });
+        }
+        let random_seed = random.map(|r| r.seed);
         let shape = StepShape {
             num_steps: cfg.num_steps as u64,
             ring: RING.max(2 * (cfg.num_steps as u64 + 1)),
@@ -95,7 +133,10 @@ impl SpecBundle {
             )
         })?;
         let method = cfg.method.imp();
-        let o = method.open(target, cfg, &dir, &shape, random_seed)?;
+        let mut o = method.open(target, cfg, &dir, &shape, random_seed)?;
+        if let Some(r) = planted {
+            o.draft_checkpoint = synthetic_draft(&dir, &o.step, o.prefix, r, target.spec())?;
+        }
         let variants = method.variants(target.spec(), &o.draft, &shape)?;
         let mut contract = StepContract::speculative(
             method.name(),
@@ -226,14 +267,15 @@ pub type DirRef<'a> = &'a dyn Fn(&Path) -> PathBuf;
 /// The build input of an engine for `model` and (optionally) a speculative `cfg`: the plain
 /// prefill and decode step, and with a method its step, the target prefill that records the
 /// draft's inputs and the draft prefill; prefills at every [`prefill_buckets`] of
-/// `max_context`, steps at each batch bucket. `random_seed` synthesises every weight. Every
+/// `max_context`, steps at each batch bucket. `random` synthesises every weight (`model`
+/// must have been opened with the same). Every
 /// graph chooses tokens by one acceptance: `extras.acceptance`, else the spec's (also for
 /// `method = "none"`), else greedy.
 pub fn engine_input(
     model: &Model,
     cfg: Option<&SpecConfig>,
     max_context: u64,
-    random_seed: Option<u64>,
+    random: Option<RandomWeights>,
     extras: &EngineExtras,
     dir_ref: DirRef,
 ) -> Result<(BuildInput, Option<SpecBundle>), ModelError> {
@@ -254,7 +296,7 @@ pub fn engine_input(
             source,
         })?;
     let bundle = match cfg {
-        Some(c) if c.method != Method::None => Some(SpecBundle::open_with(model, c, random_seed)?),
+        Some(c) if c.method != Method::None => Some(SpecBundle::open_with(model, c, random)?),
         _ => None,
     };
     let batches = extras
@@ -322,7 +364,7 @@ pub fn engine_input(
             buckets: at(&chunk_ts),
         });
     }
-    if random_seed.is_some() {
+    if random.is_some() {
         target_ref.config = Some(dir_ref(model.config_file()));
     }
     checkpoints.push(target_ref);
@@ -331,7 +373,7 @@ pub fn engine_input(
         let mut r = bu
             .draft_checkpoint
             .reference(bu.prefix, &dir, dir_ref(&dir));
-        if random_seed.is_some() {
+        if random.is_some() {
             r.config = Some(dir_ref(&dir));
         }
         checkpoints.push(r);
@@ -347,7 +389,8 @@ pub fn engine_input(
             .map(|c| c.text.clone()),
         acceptance,
         checkpoints,
-        random_seed,
+        random_seed: random.map(|r| r.seed),
+        synthetic_acceptance: random.and_then(|r| r.synthetic_acceptance),
     };
     Ok((input, bundle))
 }

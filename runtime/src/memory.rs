@@ -340,6 +340,7 @@ mod tests {
             acceptance: Default::default(),
             checkpoints: vec![],
             random_seed: None,
+            synthetic_acceptance: None,
             graphs: vec![],
             plans: vec![
                 plan(GraphRole::Decode, 1, 1, 100, vec![w("a"), w("b")]),

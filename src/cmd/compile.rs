@@ -11,7 +11,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use specc_codegen::{build, plan_report, BuildOptions, Built, CodegenError, Cubins};
 use specc_ir::engine::{Arch, Engine, GraphRole, Target, ENGINE_FILE, PLAN_FILE};
 use specc_models::spec_bundle::{engine_input, EngineExtras};
-use specc_models::SpecConfig;
+use specc_models::{RandomWeights, SpecConfig};
 
 use super::engine::{dir_ref, RANDOM_SEED};
 use super::fit::{self, open_model};
@@ -25,6 +25,8 @@ pub struct CompileArgs<'a> {
     pub max_context: Option<u64>,
     pub archs: &'a [String],
     pub random_weights: bool,
+    /// `--synthetic-acceptance` (random weights).
+    pub synthetic_acceptance: Option<f64>,
     /// `--layers`: the first this many decoder layers (random weights).
     pub layers: Option<usize>,
     pub spec: Option<&'a Path>,
@@ -110,7 +112,11 @@ pub fn compile(a: CompileArgs) -> Result<()> {
         );
     }
     // The engine runs elsewhere: no memory here to fit it to.
-    let model = open_model(&path, a.random_weights, a.layers, None)?;
+    let random = a.random_weights.then_some(RandomWeights {
+        seed: RANDOM_SEED,
+        synthetic_acceptance: a.synthetic_acceptance,
+    });
+    let model = open_model(&path, random, a.layers, None)?;
     let cfg = spec_file
         .as_deref()
         .map(SpecConfig::from_file)
@@ -145,9 +151,14 @@ pub fn compile(a: CompileArgs) -> Result<()> {
         }
         relative(dir)
     };
-    let seed = a.random_weights.then_some(RANDOM_SEED);
-    let (input, bundle) =
-        engine_input(&model, cfg.as_ref(), max_context, seed, &extras, &name_dir)?;
+    let (input, bundle) = engine_input(
+        &model,
+        cfg.as_ref(),
+        max_context,
+        random,
+        &extras,
+        &name_dir,
+    )?;
     if let Some(b) = &bundle {
         fit::note_skipped(&b.draft_checkpoint);
     }

@@ -12,8 +12,8 @@ use specc_codegen::{build, BuildOptions, Built, Cubins};
 use specc_ir::engine::{CheckpointRef, Engine, GraphRole, Target, ENGINE_FILE};
 use specc_ir::interp::Tensor;
 use specc_models::context::ContextFrom;
-use specc_models::spec_bundle::{engine_input, random_draft, EngineExtras};
-use specc_models::{Checkpoint, Model, ModelSpec, SpecConfig};
+use specc_models::spec_bundle::{engine_input, synthetic_draft, EngineExtras};
+use specc_models::{Checkpoint, Model, ModelSpec, RandomWeights, SpecConfig};
 use specc_runtime::EngineGraphs;
 
 use super::fit::{self, open_model, Fit};
@@ -33,6 +33,8 @@ pub struct Source {
     pub random_weights: bool,
     /// With random weights: the first this many decoder layers only (`--layers`).
     pub layers: Option<usize>,
+    /// With random weights: the planted acceptance (`--synthetic-acceptance`).
+    pub synthetic_acceptance: Option<f64>,
 }
 
 impl Source {
@@ -41,7 +43,22 @@ impl Source {
             path,
             random_weights,
             layers: None,
+            synthetic_acceptance: None,
         }
+    }
+
+    /// The same source with a planted acceptance (random weights only: clap enforces it).
+    pub fn with_synthetic_acceptance(mut self, p: Option<f64>) -> Self {
+        self.synthetic_acceptance = p;
+        self
+    }
+
+    /// How its weights are synthesised; `None`: read from the checkpoint.
+    pub fn random(&self) -> Option<RandomWeights> {
+        self.random_weights.then_some(RandomWeights {
+            seed: RANDOM_SEED,
+            synthetic_acceptance: self.synthetic_acceptance,
+        })
     }
 
     /// The same source cut to `layers` decoder layers (random weights only: clap enforces it).
@@ -245,20 +262,20 @@ fn baked_fits(want: &Want) -> Result<Option<Engine>> {
 
 /// A model directory (or config, with random weights) built in memory for `want`.
 pub fn build_for(src: Source, want: Want) -> Result<Ready> {
-    let seed = src.random_weights.then_some(RANDOM_SEED);
+    let random = src.random();
     let path = match src.path {
         Some(p) => p,
         None => embedded::default_model_dir()?,
     };
     let fit = want.fit.as_ref();
-    let model = open_model(&path, seed.is_some(), src.layers, fit)?;
+    let model = open_model(&path, random, src.layers, fit)?;
     let context = fit::context(&model, want.max_context, want.spec, fit)?;
     let t = Instant::now();
     let (input, bundle) = engine_input(
         &model,
         want.spec,
         context.tokens,
-        seed,
+        random,
         &want.extras,
         &|p: &Path| p.to_path_buf(),
     )?;
@@ -355,11 +372,16 @@ fn open_engine(
                 .map(|c| locate(c, engine_dir))
                 .transpose()?
                 .unwrap_or_else(|| model_dir.join("config.json"));
-            let model = Model::open_random(&config, seed)?;
+            let random = RandomWeights {
+                seed,
+                synthetic_acceptance: engine.synthetic_acceptance,
+            };
+            let model = Model::open_synthetic(&config, random, None)?;
             let spec = model.spec().clone();
             checkpoints.push((String::new(), model.into_checkpoint()));
             for r in engine.checkpoints.iter().filter(|c| !c.prefix.is_empty()) {
-                checkpoints.push((r.prefix.clone(), random_for(&engine, r, engine_dir, seed)?));
+                let ck = random_for(&engine, r, engine_dir, random, &spec)?;
+                checkpoints.push((r.prefix.clone(), ck));
             }
             spec
         }
@@ -390,12 +412,13 @@ fn random_for(
     engine: &Engine,
     r: &CheckpointRef,
     engine_dir: &Path,
-    seed: u64,
+    random: RandomWeights,
+    target: &ModelSpec,
 ) -> Result<Checkpoint> {
     let dir = locate(&r.dir, engine_dir)?;
     let step = engine
         .graph_ir(GraphRole::SpecStep)
         .ok_or_else(|| anyhow!("the engine has a draft but no spec step"))?;
     let g = specc_ir::text::parse(step)?;
-    Ok(random_draft(&dir, &g, &r.prefix, seed))
+    Ok(synthetic_draft(&dir, &g, &r.prefix, random, target)?)
 }

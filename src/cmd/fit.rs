@@ -12,10 +12,8 @@ use std::path::Path;
 use anyhow::{bail, Result};
 use specc_ir::{Bindings, Graph};
 use specc_models::context::Context;
-use specc_models::{Checkpoint, Model, ModelSpec, SpecConfig};
+use specc_models::{Checkpoint, Model, ModelSpec, RandomWeights, SpecConfig};
 use specc_runtime::memory::{Budget, Footprint, Human, Storage};
-
-use super::engine::RANDOM_SEED;
 
 /// The memory a build must fit: its budget, how the backend stores tensors, and the
 /// sequences whose states it sizes.
@@ -68,11 +66,11 @@ fn gpu_budget() -> Result<Option<Budget>> {
 /// says), printing the note of tensors its checkpoint holds that nothing reads.
 pub fn open_model(
     path: &Path,
-    random: bool,
+    random: Option<RandomWeights>,
     layers: Option<usize>,
     fit: Option<&Fit>,
 ) -> Result<Model> {
-    if random {
+    if let Some(random) = random {
         let (_, config) = Model::random_paths(path);
         let mut spec = ModelSpec::from_file(&config)?;
         if let Some(n) = layers {
@@ -95,7 +93,7 @@ pub fn open_model(
                 ),
             )?;
         }
-        return Ok(Model::open_random_layers(path, RANDOM_SEED, layers)?);
+        return Ok(Model::open_synthetic(path, random, layers)?);
     }
     if !path.is_dir() {
         bail!("{}: no such model directory", path.display());

@@ -23,7 +23,7 @@ pub fn logits(model: Source, ids: &[u32], backend: Backend, out: &Path) -> Resul
         // One forward over the ids: a KV cache of exactly their length.
         Backend::Cpu => {
             let f = Fit::of_backend(false, 1)?;
-            let m = open_model(&path, model.random_weights, model.layers, f.as_ref())?;
+            let m = open_model(&path, model.random(), model.layers, f.as_ref())?;
             check_ids(m.spec(), m.config_file(), ids)?;
             if let Some(f) = &f {
                 fit::estimate(m.graph(), f, n, n).check(

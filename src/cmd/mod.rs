@@ -25,6 +25,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             arch,
             random_weights,
             layers,
+            synthetic_acceptance,
             spec,
             sampling,
         } => compile::compile(compile::CompileArgs {
@@ -33,6 +34,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             max_context,
             archs: &arch,
             random_weights,
+            synthetic_acceptance,
             layers: layers.map(|n| n as usize),
             spec: spec.as_deref(),
             sampling,
@@ -51,12 +53,15 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             accept_len,
             random_weights,
             layers,
+            synthetic_acceptance,
             compare,
             suite,
             torch_modes,
         } => bench::bench(bench::BenchArgs {
             tokens,
-            src: engine::Source::new(model, random_weights).with_layers(layers),
+            src: engine::Source::new(model, random_weights)
+                .with_layers(layers)
+                .with_synthetic_acceptance(synthetic_acceptance),
             spec,
             batch,
             context,
@@ -83,6 +88,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             ids_out,
             random_weights,
             layers,
+            synthetic_acceptance,
         } => {
             let prompt = crate::prompt::read(prompt.as_deref(), prompt_file.as_deref())?;
             // The embedded default speculates with its own spec unless told otherwise.
@@ -92,7 +98,9 @@ pub fn dispatch(cli: Cli) -> Result<()> {
                 }
                 (_, spec, _) => spec,
             };
-            let src = engine::Source::new(model, random_weights).with_layers(layers);
+            let src = engine::Source::new(model, random_weights)
+                .with_layers(layers)
+                .with_synthetic_acceptance(synthetic_acceptance);
             run::run(run::RunArgs {
                 model: src,
                 spec_file: spec.as_deref(),

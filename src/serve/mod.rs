@@ -44,7 +44,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         .as_deref()
         .map(SpecConfig::from_file)
         .transpose()?;
-    let src = Source::new(a.model.clone(), a.random_weights);
+    let src = Source::new(a.model.clone(), a.random_weights)
+        .with_synthetic_acceptance(a.synthetic_acceptance);
     let engine_dir = src.is_engine().then(|| src.path.clone()).flatten();
     let base = cfg
         .as_ref()

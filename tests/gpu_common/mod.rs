@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use specc_codegen::{build, BuildOptions, Cubins};
 use specc_ir::engine::{Arch, Engine, Target};
 use specc_models::spec_bundle::{engine_input, EngineExtras};
-use specc_models::{Model, SpecBundle, SpecConfig};
+use specc_models::{Model, RandomWeights, SpecBundle, SpecConfig};
 use specc_runtime::cuda::{driver_present, CudaDevice, CudaSpecSession, WeightSources};
 use specc_runtime::{SpecCpuSession, SpecGraphs, Speculator};
 
@@ -55,8 +55,8 @@ pub fn device_target() -> Target {
 
 /// The engine of `model` (plain decoding, and `spec`'s method when given) for the detected
 /// GPU with its cubins (`Cubins::Require`), at `batch_buckets` and KV capacity
-/// `max_context`, with further target-prefill token counts `verify_tokens`; `random_seed`
-/// as `specc --random-weights` (the draft's weights synthesised). Returns the engine and
+/// `max_context`, with further target-prefill token counts `verify_tokens`; `random` as
+/// `specc --random-weights` (the draft's weights synthesised). Returns the engine and
 /// the bundle that opened the draft (its checkpoint feeds the draft's weights).
 pub fn build_engine_with(
     model: &Model,
@@ -64,21 +64,16 @@ pub fn build_engine_with(
     batch_buckets: &[u32],
     max_context: u64,
     verify_tokens: &[u32],
-    random_seed: Option<u64>,
+    random: Option<RandomWeights>,
 ) -> (Engine, Option<SpecBundle>) {
     let extras = EngineExtras {
         batch_buckets: Some(batch_buckets.to_vec()),
         verify_tokens: verify_tokens.to_vec(),
         ..EngineExtras::default()
     };
-    let (input, bundle) = engine_input(
-        model,
-        spec,
-        max_context,
-        random_seed,
-        &extras,
-        &|p: &Path| p.to_path_buf(),
-    )
+    let (input, bundle) = engine_input(model, spec, max_context, random, &extras, &|p: &Path| {
+        p.to_path_buf()
+    })
     .unwrap_or_else(|e| panic!("{}: engine input: {e}", model.dir().display()));
     let opts = BuildOptions {
         cubins: Cubins::Require,

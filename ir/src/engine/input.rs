@@ -23,4 +23,6 @@ pub struct BuildInput {
     pub acceptance: Acceptance,
     pub checkpoints: Vec<CheckpointRef>,
     pub random_seed: Option<u64>,
+    /// With `random_seed`: the planted acceptance P of the synthesised pair.
+    pub synthetic_acceptance: Option<f64>,
 }

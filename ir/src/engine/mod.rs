@@ -62,6 +62,11 @@ pub struct Engine {
     /// Deterministic random weights (benchmarks of full-size shapes): the seed the loader
     /// synthesises every checkpoint from.
     pub random_seed: Option<u64>,
+    /// With `random_seed`: the draft agrees with the target's greedy token on this fraction
+    /// of the tokens (`--synthetic-acceptance`; the target and draft_model checkpoints are
+    /// planted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synthetic_acceptance: Option<f64>,
     /// IR text of each graph, by role.
     pub graphs: Vec<GraphText>,
     /// Every built (graph, bucket), in build order.

@@ -185,7 +185,13 @@ fn single(
 ) -> Result<()> {
     let s = &m.figures[0].timing;
     let name = f.step_name(method);
-    let accept = a.accept_len.unwrap_or(1.0);
+    // A planted acceptance P knows its own mean: 1 + Σ_{i=1..k} P^i tokens per step.
+    let planted = a.src.synthetic_acceptance.zip(method);
+    let accept = a.accept_len.unwrap_or_else(|| {
+        planted.map_or(1.0, |(p, (_, k))| {
+            1.0 + specc_models::checkpoint::planted::expected_accepted(p, k)
+        })
+    });
     print!(
         "{}",
         table::single_table(&name, f.batch, f.context, s, accept)
