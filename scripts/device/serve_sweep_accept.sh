@@ -4,7 +4,8 @@
 #   default: the embedded default (tiny trained target) with each trained drafter
 #            (draft_model k = 5, EAGLE-3, DFlash, DDTree; the server's default policy);
 #   8b:      the Llama-3.1-8B shape with --random-weights --synthetic-acceptance P (a planted
-#            target and a Llama-3.2-1B-shaped untied draft, draft_model k = 7, adaptive) at
+#            target and a draft of the same vocabulary (DRAFT: a 2-layer 512-wide one by
+#            default, or the untied Llama-3.2-1B shape), draft_model k = 7, adaptive) at
 #            P = 0.3 / 0.6 / 0.9 (ACCEPT), and plain decoding of the same planted target.
 # JSON per run in $OUT (sweep_<shape>_<config>.json), then a table and an SVG per shape by
 # bench/plot_sweep.py. Pack first: scripts/gpu-pack --specc
@@ -77,8 +78,11 @@ for shape in "${shapes[@]}"; do
     PROMPTS=(--prompts /tmp/ids.jsonl)
     T=bench/configs/llama-3.1-8b/config.json
     printf 'method = "none"\nbatch_buckets = %s\n' "$buckets" > /tmp/specs/8b_none.toml
+    # DRAFT: bench/configs/llama-tiny-128k (2 layers, 512 wide: ≈ 2 % of a target step) by
+    # default; llama-3.2-1b-untied for a 1B-shaped draft (≈ 38 % of a target step today).
+    DRAFT=${DRAFT:-llama-tiny-128k}
     printf 'method = "draft_model"\ndraft = "%s"\nnum_steps = 7\nbatch_buckets = %s\n' \
-      "$PWD/bench/configs/llama-3.2-1b-untied" "$buckets" > /tmp/specs/8b_draft.toml
+      "$PWD/bench/configs/$DRAFT" "$buckets" > /tmp/specs/8b_draft.toml
     first=${ACCEPT%% *}
     # Plain decoding of the planted target (P changes no target weight).
     measure 8b_none $T --random-weights --synthetic-acceptance "$first" --max-context "$MAX_CONTEXT" \
@@ -87,7 +91,7 @@ for shape in "${shapes[@]}"; do
     for p in $ACCEPT; do
       measure "8b_p$p" $T --random-weights --synthetic-acceptance "$p" --max-context "$MAX_CONTEXT" \
         --spec /tmp/specs/8b_draft.toml --shrink-buckets --spec-policy adaptive
-      args+=("draft_model k=7, P=$p"="$OUT/sweep_8b_p$p.json")
+      args+=("draft_model ($DRAFT) k=7, P=$p"="$OUT/sweep_8b_p$p.json")
     done
     python3 bench/plot_sweep.py --title "Llama-3.1-8B shape, planted acceptance P, H200, $LANES lanes" \
       --svg "$OUT/sweep_8b.svg" --md "$OUT/sweep_8b.md" "${args[@]}"
