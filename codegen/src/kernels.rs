@@ -408,15 +408,7 @@ fn moe_kernels(
         y,
     };
     let matmul = choose::moe::expert_matmul(&ops, &out);
-    let ks = moe_grouped::moe_grouped(
-        shape,
-        matmul,
-        &ops[0],
-        &ops[1],
-        &ops[2..],
-        &out,
-        &scratch,
-    )?;
+    let ks = moe_grouped::moe_grouped(shape, matmul, &ops[0], &ops[1], &ops[2..], &out, &scratch)?;
     Ok(fixed(ks.into_iter().map(|k| (k, b)).collect()))
 }
 

@@ -21,7 +21,8 @@ __device__ __forceinline__ void cp_async8(void* dst, const void* src, bool ok) {
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&d)[4], const void* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-               : "r"(smem_addr(row)));
+               : "r"(smem_addr(row))
+               : "memory");
 }
 
 // 16 bytes of activations through the read-only path (allocated in L1: the block's other

@@ -87,6 +87,14 @@ fn snapshots_of_the_quantised_kernels() {
         "moe_grouped fixture fp8 T=16 moe_gate_up_fp8e4m3",
         "moe_gate_up_fp8_fixture",
     );
+    snap(
+        "moe_grouped kimi mma T=16 moe_gate_up_int4g32",
+        "moe_gate_up_int4_mma_kimi",
+    );
+    snap(
+        "moe_grouped kimi mma T=16 moe_down_int4g32",
+        "moe_down_int4_mma_kimi",
+    );
 }
 
 /// The grouped experts over quantised stacks read each used expert's stored bytes (int4 /
@@ -221,7 +229,12 @@ fn int4_tensor_core_experts_fit_every_arch() {
                         let s = &r.stats;
                         println!(
                             "{:<16} {:<40} {arch:<8} regs {:>3} spill {} {} smem {}",
-                            c.label, k.name, s.registers, s.spill_stores, s.spill_loads, s.smem_bytes
+                            c.label,
+                            k.name,
+                            s.registers,
+                            s.spill_stores,
+                            s.spill_loads,
+                            s.smem_bytes
                         );
                         if s.spill_stores + s.spill_loads > 0 || s.registers > 128 {
                             failures.push(format!("{} {} [{arch}]: {s:?}", c.label, k.name));

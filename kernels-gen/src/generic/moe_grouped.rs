@@ -371,7 +371,12 @@ pub fn moe_grouped(
             )
         }
     };
-    Ok(vec![dispatch(shape, gates, s), gu, dn, combine(shape, gates, out, s)])
+    Ok(vec![
+        dispatch(shape, gates, s),
+        gu,
+        dn,
+        combine(shape, gates, out, s),
+    ])
 }
 
 fn scratch_arg(loc: Loc, dtype: specc_ir::DType, n: u64) -> TensorArg {

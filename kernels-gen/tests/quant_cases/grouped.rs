@@ -6,7 +6,7 @@
 use specc_ir::DType;
 use specc_kernels_gen::abi::{KernelSource, Loc};
 use specc_kernels_gen::generic::moe_grouped::{
-    int4_tensor_cores, moe_grouped, ExpertMatmul, MoeGroupedShape, MoeScratch,
+    moe_grouped, ExpertMatmul, MoeGroupedShape, MoeScratch,
 };
 use specc_kernels_gen::generic::TensorArg;
 use specc_kernels_gen::quant::QuantFormat;
@@ -23,20 +23,6 @@ pub struct Case {
     pub out: TensorArg,
     pub scratch: MoeScratch,
     pub arena_bytes: u64,
-}
-
-/// [`case_with`] multiplying as `codegen::choose::moe::expert_matmul` picks: on tensor cores
-/// where [`int4_tensor_cores`] takes the operands, else on the CUDA cores.
-pub fn case(w: DType, s: DType, act: DType, shape: MoeGroupedShape) -> Case {
-    let c = case_with(ExpertMatmul::CudaCores, w, s, act, shape);
-    if int4_tensor_cores(&c.ops[0], &c.ops[2..], &c.out).is_ok() {
-        Case {
-            matmul: ExpertMatmul::Int4TensorCores,
-            ..c
-        }
-    } else {
-        c
-    }
 }
 
 /// The case for `tokens` tokens of activations `act`, experts stored as `w` (float, or
@@ -115,7 +101,7 @@ impl Case {
             &self.out,
             &self.scratch,
         )
-            .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
@@ -160,7 +146,14 @@ pub fn shapes() -> Vec<Compiled> {
     };
     for t in [1, 16] {
         let kimi = sh(t, 384, 7168, 2048, 8);
-        push(format!("kimi T={t}"), i4, DType::BF16, DType::BF16, kimi, cuda);
+        push(
+            format!("kimi T={t}"),
+            i4,
+            DType::BF16,
+            DType::BF16,
+            kimi,
+            cuda,
+        );
         push(
             format!("deepseek fp8 T={t}"),
             DType::Fp8E4M3,
@@ -196,7 +189,14 @@ pub fn shapes() -> Vec<Compiled> {
     }
     for t in [1, 2, 4, 8, 16] {
         let kimi = sh(t, 384, 7168, 2048, 8);
-        push(format!("kimi mma T={t}"), i4, DType::BF16, DType::BF16, kimi, mma);
+        push(
+            format!("kimi mma T={t}"),
+            i4,
+            DType::BF16,
+            DType::BF16,
+            kimi,
+            mma,
+        );
     }
     push(
         "small mma T=16".into(),

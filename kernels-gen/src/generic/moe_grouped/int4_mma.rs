@@ -126,7 +126,11 @@ fn issue(w: &mut Writer, s: &str) {
         w.line("const bool ok = si < NSTG;");
         w.line("const int so = ok ? si : 0;");
         w.for_unrolled("i", 0, 4, |w| {
-            emit!(w, "cp_async16(dst + wdst[i], wsrc[i] + so * {}, ok);", GROUPS * 16);
+            emit!(
+                w,
+                "cp_async16(dst + wdst[i], wsrc[i] + so * {}, ok);",
+                GROUPS * 16
+            );
         });
         w.line("cp_async8(dst + W_BYTES + lane * 8, ssrc + so * SG, ok);");
         w.line("cp_async_commit();");
