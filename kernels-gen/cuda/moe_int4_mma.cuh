@@ -41,8 +41,9 @@ __device__ __forceinline__ uint4 ld_x16_if(const void* p, bool ok) {
 // the mantissa of 128.0 (0x4300) gives exactly 128 + u, and 128 + u − 136 is exact.
 template <int P> __device__ __forceinline__ unsigned int4_pair(unsigned q) {
   const unsigned v = ((q >> (4 * P)) & 0x000F000Fu) | 0x43004300u;
+  const unsigned c136 = 0x43084308u;  // bf16x2 (136, 136)
   const __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&v),
-                                   __floats2bfloat162_rn(136.0f, 136.0f));
+                                   *reinterpret_cast<const __nv_bfloat162*>(&c136));
   return *reinterpret_cast<const unsigned*>(&r);
 }
 

@@ -25,6 +25,9 @@
 //! converts them in registers and feeds every token of the pass; the scale multiplies the
 //! load's partial sum once (`s · Σ x·q`, [`stream`]), so each selected expert's stored bytes
 //! and scales are streamed once per pass and nothing of the other experts is read.
+//! int4 group-32 stacks with bf16 activations can instead run `moe_gate_up` / `moe_down` on
+//! tensor cores ([`ExpertMatmul::Int4TensorCores`], [`int4_mma`]); dispatch and combine are
+//! the same for both.
 
 use super::quant::QuantRows;
 use super::{c_type, load, store, Kernel, TensorArg};
