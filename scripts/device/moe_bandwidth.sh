@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The grouped MoE expert kernels on the H200 (issues 19, 20): correctness against the
-# interpreter (bf16, int4, fp8 stacks), batch invariance and GB/s at Kimi's shapes, then the
+# interpreter (bf16, int4 on CUDA cores and on tensor cores, fp8 stacks), batch invariance
+# and GB/s at Kimi's shapes (`BANDWIDTH kimi int4g32 mma` = the tensor-core path), then the
 # Kimi-K2 (bf16) and Kimi-K2.5 (int4) benches per kernel. Binaries from
 # `scripts/gpu-pack --specc kernels-gen/gpu_quant_moe gpu_quant gpu_deepseek`.
 # Usage: bash scripts/device/moe_bandwidth.sh [checks] [bench]  (default: both)
