@@ -448,7 +448,8 @@ fn moe_kernels(
         act,
         y,
     };
-    let ks = moe_grouped::moe_grouped(shape, &ops[0], &ops[1], &ops[2..], &out, &scratch)?;
+    let matmul = choose::moe::expert_matmul(&ops, &out);
+    let ks = moe_grouped::moe_grouped(shape, matmul, &ops[0], &ops[1], &ops[2..], &out, &scratch)?;
     Ok(fixed(ks.into_iter().map(|k| (k, b)).collect()))
 }
 

@@ -87,6 +87,14 @@ fn snapshots_of_the_quantised_kernels() {
         "moe_grouped fixture fp8 T=16 moe_gate_up_fp8e4m3",
         "moe_gate_up_fp8_fixture",
     );
+    snap(
+        "moe_grouped kimi mma T=16 moe_gate_up_int4g32",
+        "moe_gate_up_int4_mma_kimi",
+    );
+    snap(
+        "moe_grouped kimi mma T=16 moe_down_int4g32",
+        "moe_down_int4_mma_kimi",
+    );
 }
 
 /// The grouped experts over quantised stacks read each used expert's stored bytes (int4 /
@@ -94,16 +102,19 @@ fn snapshots_of_the_quantised_kernels() {
 /// expert a token may use, never more than the pairs.
 #[test]
 fn grouped_quantised_experts_read_the_stored_bytes() {
-    use quant_cases::grouped::{case, shapes};
-    for (label, w, s, act, shape) in shapes() {
-        let ks = case(w, s, act, shape).kernels();
+    use quant_cases::grouped::shapes;
+    use specc_kernels_gen::generic::moe_grouped::ExpertMatmul;
+    for c in shapes() {
+        let (label, w, shape) = (&c.label, c.w, c.shape);
+        let ks = c.case().kernels();
         let names: Vec<&str> = ks.iter().map(|k| k.name.as_str()).collect();
         let Some(fmt) = QuantFormat::of(w) else {
             continue;
         };
-        let load = match fmt {
-            QuantFormat::Int4 { .. } => "ld_stream_words<V / 2>(w",
-            QuantFormat::Fp8Block => "ld_stream_fp8<V>(w",
+        let load = match (fmt, c.matmul) {
+            (_, ExpertMatmul::Int4TensorCores) => "cp_async16(dst + wdst[i], wsrc[i]",
+            (QuantFormat::Int4 { .. }, _) => "ld_stream_words<V / 2>(w",
+            (QuantFormat::Fp8Block, _) => "ld_stream_fp8<V>(w",
         };
         for (k, family) in ks
             .iter()
@@ -128,10 +139,9 @@ fn grouped_quantised_experts_read_the_stored_bytes() {
 /// wrong shape, stacks of mixed dtypes, integer activations.
 #[test]
 fn grouped_quantised_experts_refuse_what_they_do_not_cover() {
-    use quant_cases::grouped::{case, shapes};
+    use quant_cases::grouped::shapes;
     use specc_kernels_gen::generic::moe_grouped::{supported, Unsupported};
-    let (_, w, s, act, shape) = shapes().remove(0);
-    let c = case(w, s, act, shape);
+    let c = shapes().remove(0).case();
     assert_eq!(supported(&c.ops[0], &c.ops[2..], &c.out), Ok(()));
     let mut bad = c.ops.clone();
     bad[5].dims[2] += 1;
@@ -195,4 +205,46 @@ fn quantised_kernels_refuse_what_they_do_not_cover() {
     q.scales = specc_kernels_gen::gemv::GemvWeights::Single(specc_kernels_gen::Loc::table(2));
     let e = gemv_quant(&p, &q).unwrap_err().to_string();
     assert!(e.contains("shape of the weights"), "{e}");
+}
+
+/// The tensor-core int4 expert kernels at Kimi-K2.5's shapes (T = 1..16) and a small one:
+/// every arch compiles them with no spill, within the registers their launch bounds allow
+/// (4 blocks of 128 threads: 128), and with the ring in static shared memory (36 KiB).
+#[test]
+fn int4_tensor_core_experts_fit_every_arch() {
+    use quant_cases::grouped::shapes;
+    use specc_kernels_gen::generic::moe_grouped::ExpertMatmul;
+    let Some(nvrtc) = Nvrtc::or_skip() else {
+        return;
+    };
+    let mut failures = Vec::new();
+    for c in shapes()
+        .into_iter()
+        .filter(|c| c.matmul == ExpertMatmul::Int4TensorCores)
+    {
+        for k in &c.case().kernels()[1..3] {
+            for arch in Arch::ALL {
+                match nvrtc.compile(k, arch) {
+                    Ok(r) => {
+                        let s = &r.stats;
+                        println!(
+                            "{:<16} {:<40} {arch:<8} regs {:>3} spill {} {} smem {}",
+                            c.label,
+                            k.name,
+                            s.registers,
+                            s.spill_stores,
+                            s.spill_loads,
+                            s.smem_bytes
+                        );
+                        if s.spill_stores + s.spill_loads > 0 || s.registers > 128 {
+                            failures.push(format!("{} {} [{arch}]: {s:?}", c.label, k.name));
+                        }
+                        assert_eq!(s.smem_bytes, 4 * 4 * (2048 + 256), "{}", k.name);
+                    }
+                    Err(e) => failures.push(format!("{} {} [{arch}]: {e}", c.label, k.name)),
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -1,6 +1,7 @@
 //! The grouped MoE kernels (`moe_dispatch`, `moe_gate_up`, `moe_down`, `moe_combine`; bf16
-//! stacks, int4 group 32 with bf16 scales, fp8 blocks with f32 scales and partial edge
-//! blocks) on the GPU against the IR interpreter's `moe_experts`, at 1, 2, 4,
+//! stacks, int4 group 32 with bf16 scales on the CUDA cores and on tensor cores, fp8 blocks
+//! with f32 scales and partial edge blocks) on the GPU against the IR interpreter's
+//! `moe_experts`, at 1, 2, 4,
 //! 8 and 16 tokens (experts shared by up to all of them, so both the one-token and the
 //! multi-token passes run), and batch invariance: each token's output is bit-identical
 //! whatever the number of tokens it runs with. The stacks are uploaded as the checkpoint
@@ -16,10 +17,10 @@ mod quant_cases;
 
 use gpu::quant::{scale_dtype, weight};
 use gpu::{assert_close, bf16_tol, tensor, Gpu, Mem, Rng};
-use quant_cases::grouped::case;
+use quant_cases::grouped::case_with;
 use specc_ir::{DType, Op};
 use specc_kernels_gen::abi::{Bucket, Dtype, Loc};
-use specc_kernels_gen::generic::moe_grouped::MoeGroupedShape;
+use specc_kernels_gen::generic::moe_grouped::{ExpertMatmul, MoeGroupedShape};
 use specc_kernels_gen::quant::QuantFormat;
 
 const TOKENS: [u64; 5] = [1, 2, 4, 8, 16];
@@ -43,14 +44,25 @@ fn gates(t: usize, e: usize, top_k: usize, rng: &mut Rng) -> Vec<f64> {
     g
 }
 
-/// Runs the grouped kernels for `e` experts of `[f, h]` / `[h, f]` stored as `w`, `top_k`
-/// per token, activations `act`, at every count of [`TOKENS`] over the leading tokens of
-/// the same inputs; checks each against the interpreter and against the 16-token run.
-fn check(gpu: &Gpu, w: DType, act: Dtype, e: usize, h: usize, f: usize, top_k: usize) {
+/// Runs the grouped kernels (expert matmuls as `mm`) for `e` experts of `[f, h]` / `[h, f]`
+/// stored as `w`, `top_k` per token, activations `act`, at every count of [`TOKENS`] over
+/// the leading tokens of the same inputs; checks each against the interpreter and against
+/// the 16-token run.
+#[allow(clippy::too_many_arguments)]
+fn check(
+    gpu: &Gpu,
+    mm: ExpertMatmul,
+    w: DType,
+    act: Dtype,
+    e: usize,
+    h: usize,
+    f: usize,
+    top_k: usize,
+) {
     let fmt = QuantFormat::of(w);
     let sdt = fmt.map_or(Dtype::BF16, scale_dtype);
     let label = format!(
-        "moe grouped {} {} E={e} H={h} F={f}",
+        "moe grouped {} {} {mm:?} E={e} H={h} F={f}",
         fmt.map_or(w.to_string(), |f| f.name()),
         act.name()
     );
@@ -96,7 +108,7 @@ fn check(gpu: &Gpu, w: DType, act: Dtype, e: usize, h: usize, f: usize, top_k: u
             ffn: f as u64,
             top_k: top_k as u64,
         };
-        let c = case(w, ir(sdt), ir(act), shape);
+        let c = case_with(mm, w, ir(sdt), ir(act), shape);
         let kernels = c.kernels();
         let mut bufs: Vec<u64> = stacks.iter().map(|s| s.0.len() as u64).collect();
         bufs.extend(scales.iter().map(|s| s.1.len() as u64 * sdt.size()));
@@ -146,6 +158,12 @@ fn check(gpu: &Gpu, w: DType, act: Dtype, e: usize, h: usize, f: usize, top_k: u
             // interpreter's: one ulp of a rounded product moves every output term it feeds,
             // so where the F-term sum cancels the error is a few ulps of the terms, not of
             // the result (measured on the H200: 2 of 8192 values at 1.5× `bf16_tol`'s atol).
+            // The tensor-core int4 path has the same error sources and no other: its
+            // products (u − 8)·x are exact in the mma, each group's 32-term sum is f32 (as
+            // the interpreter's), times the group's scale once, then f32 over the groups —
+            // a reordering of the interpreter's f32 sum of f32 products q·s·x, so within
+            // f32 rounding (≈ 1e-6 relative) of it before the bf16 roundings; no weight is
+            // rounded to bf16.
             _ => {
                 let (rtol, atol) = bf16_tol(&want);
                 (rtol, 2.0 * atol)
@@ -191,17 +209,30 @@ fn bf16_weight(dims: &[usize], rng: &mut Rng) -> (Vec<u8>, specc_ir::interp::Ten
 fn bf16_grouped_experts_match_interpreter() {
     let Some(gpu) = Gpu::new() else { return };
     // Kimi-K2's layout (bf16 stacks and activations) at a small width, and f32 activations.
-    check(&gpu, DType::BF16, Dtype::BF16, 8, 512, 256, 2);
-    check(&gpu, DType::BF16, Dtype::F32, 8, 64, 32, 2);
+    let cuda = ExpertMatmul::CudaCores;
+    check(&gpu, cuda, DType::BF16, Dtype::BF16, 8, 512, 256, 2);
+    check(&gpu, cuda, DType::BF16, Dtype::F32, 8, 64, 32, 2);
 }
 
 #[test]
 fn int4_grouped_experts_match_interpreter() {
     let Some(gpu) = Gpu::new() else { return };
     let i4 = DType::Int4Group { group: 32 };
+    let cuda = ExpertMatmul::CudaCores;
     // Kimi's layout (bf16 activations, group 32) at a small width; the fixture's shape.
-    check(&gpu, i4, Dtype::BF16, 8, 512, 256, 2);
-    check(&gpu, i4, Dtype::F32, 8, 64, 32, 2);
+    check(&gpu, cuda, i4, Dtype::BF16, 8, 512, 256, 2);
+    check(&gpu, cuda, i4, Dtype::F32, 8, 64, 32, 2);
+}
+
+#[test]
+fn int4_tensor_core_experts_match_interpreter() {
+    let Some(gpu) = Gpu::new() else { return };
+    let i4 = DType::Int4Group { group: 32 };
+    let mma = ExpertMatmul::Int4TensorCores;
+    // Kimi's layout at a small width (4 row blocks of gate/up and of down, stages of 128
+    // columns), and a wider one with more stages than the ring (H 1024: 8 stages).
+    check(&gpu, mma, i4, Dtype::BF16, 8, 512, 256, 2);
+    check(&gpu, mma, i4, Dtype::BF16, 4, 1024, 384, 3);
 }
 
 #[test]
@@ -209,6 +240,7 @@ fn fp8_grouped_experts_match_interpreter() {
     let Some(gpu) = Gpu::new() else { return };
     // The fixture's shape (partial edge blocks both ways), and 136 in-features (8-element
     // loads) with bf16 activations.
-    check(&gpu, DType::Fp8E4M3, Dtype::F32, 8, 160, 48, 2);
-    check(&gpu, DType::Fp8E4M3, Dtype::BF16, 8, 136, 200, 2);
+    let cuda = ExpertMatmul::CudaCores;
+    check(&gpu, cuda, DType::Fp8E4M3, Dtype::F32, 8, 160, 48, 2);
+    check(&gpu, cuda, DType::Fp8E4M3, Dtype::BF16, 8, 136, 200, 2);
 }

@@ -1,8 +1,9 @@
 //! MoE expert kernels: the grouped kernels (each selected expert's weights read once for
 //! all its tokens; float stacks, or int4 / fp8 stacks read as stored with their scales)
-//! wherever they take the operands, else the per-token generic kernel.
+//! wherever they take the operands, else the per-token generic kernel; and how their expert
+//! matmuls multiply.
 
-use specc_kernels_gen::generic::moe_grouped::{self, MoeGroupedShape, Unsupported};
+use specc_kernels_gen::generic::moe_grouped::{self, ExpertMatmul, MoeGroupedShape, Unsupported};
 use specc_kernels_gen::generic::TensorArg;
 
 /// The grouped kernels' shape for `moe_experts` over `ops` (`x, gates, wg, wu, wd` and,
@@ -25,4 +26,83 @@ pub fn grouped(
         ffn,
         top_k: top_k.unwrap_or(experts),
     })
+}
+
+/// How the grouped kernels multiply `ops` (as [`grouped`]) into `out`: int4 group-32 stacks
+/// with bf16 activations on tensor cores on every arch we emit (mma.sync m16n8k16 bf16 is
+/// on sm_90a, sm_100a and sm_120): two integer-free unpack operations per two weights
+/// instead of the CUDA-core path's ~3 issued instructions per weight and token, which bound
+/// the int4 stacks to about a third of the copy bandwidth (bench/NOTES.md, "int4 grouped
+/// experts on tensor cores"). Everything else (f32 activations, fp8 and float stacks) on
+/// the CUDA cores.
+pub fn expert_matmul(ops: &[TensorArg], out: &TensorArg) -> ExpertMatmul {
+    match moe_grouped::int4_tensor_cores(&ops[0], &ops[2..], out) {
+        Ok(()) => ExpertMatmul::Int4TensorCores,
+        Err(_) => ExpertMatmul::CudaCores,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specc_ir::DType;
+    use specc_kernels_gen::abi::Loc;
+
+    /// `moe_experts` operands: `x [t, h]`, `gates [t, e]`, stacks of `w` (with scales of
+    /// `s` when quantised), activations `act`; and the output.
+    fn operands(w: DType, s: DType, act: DType, h: u64, f: u64) -> (Vec<TensorArg>, TensorArg) {
+        let (t, e) = (4, 384);
+        let arg = |i: u64, dt, dims: &[u64]| TensorArg::new(Loc::arena(i << 20), dt, dims);
+        let mut ops = vec![
+            arg(0, act, &[t, h]),
+            arg(1, act, &[t, e]),
+            arg(2, w, &[e, f, h]),
+            arg(3, w, &[e, f, h]),
+            arg(4, w, &[e, h, f]),
+        ];
+        let scales = |rows: u64, k: u64, blk: u64| [e, rows.div_ceil(blk), k.div_ceil(blk)];
+        match w {
+            DType::Int4Group { group } => {
+                let g = group as u64;
+                ops.push(arg(5, s, &[e, f, h / g]));
+                ops.push(arg(6, s, &[e, f, h / g]));
+                ops.push(arg(7, s, &[e, h, f / g]));
+            }
+            DType::Fp8E4M3 => {
+                ops.push(arg(5, s, &scales(f, h, 128)));
+                ops.push(arg(6, s, &scales(f, h, 128)));
+                ops.push(arg(7, s, &scales(h, f, 128)));
+            }
+            _ => {}
+        }
+        (ops, arg(8, act, &[t, h]))
+    }
+
+    fn pick(w: DType, s: DType, act: DType, h: u64, f: u64) -> ExpertMatmul {
+        let (ops, out) = operands(w, s, act, h, f);
+        grouped(&ops, &out, Some(8)).expect("grouped kernels take these operands");
+        expert_matmul(&ops, &out)
+    }
+
+    /// Kimi-K2.5's int4 experts with bf16 activations run on tensor cores; f32 activations,
+    /// another group, widths off the 128-column stages, fp8 and bf16 stacks on CUDA cores.
+    #[test]
+    fn int4_bf16_experts_take_tensor_cores() {
+        let i4 = DType::Int4Group { group: 32 };
+        let (bf, f32) = (DType::BF16, DType::F32);
+        let tc = ExpertMatmul::Int4TensorCores;
+        let cuda = ExpertMatmul::CudaCores;
+        assert_eq!(pick(i4, bf, bf, 7168, 2048), tc);
+        assert_eq!(pick(i4, bf, bf, 512, 256), tc);
+        assert_eq!(pick(i4, bf, f32, 7168, 2048), cuda);
+        assert_eq!(pick(i4, f32, bf, 7168, 2048), cuda);
+        assert_eq!(
+            pick(DType::Int4Group { group: 64 }, bf, bf, 7168, 2048),
+            cuda
+        );
+        assert_eq!(pick(i4, bf, bf, 7168 + 32, 2048), cuda);
+        assert_eq!(pick(i4, bf, bf, 64, 32), cuda);
+        assert_eq!(pick(DType::Fp8E4M3, f32, bf, 7168, 2048), cuda);
+        assert_eq!(pick(bf, bf, bf, 7168, 2048), cuda);
+    }
 }

@@ -420,6 +420,8 @@ pub(crate) fn i64_lit(v: i64) -> String {
 pub(crate) struct Kernel {
     family: &'static str,
     dtype: DType,
+    /// Module-scope declarations before the kernel (helpers of one family).
+    pub items: Writer,
     /// The function body, written at depth 1.
     pub body: Writer,
 }
@@ -429,6 +431,7 @@ impl Kernel {
         Kernel {
             family,
             dtype,
+            items: Writer::new(),
             body: Writer::at_depth(1),
         }
     }
@@ -478,7 +481,7 @@ impl Kernel {
         assemble_bounded(
             self.family,
             &self.dtype.to_string(),
-            "",
+            &self.items.finish(),
             "",
             &self.body.finish(),
             launch,

@@ -25,6 +25,9 @@
 //! converts them in registers and feeds every token of the pass; the scale multiplies the
 //! load's partial sum once (`s · Σ x·q`, [`stream`]), so each selected expert's stored bytes
 //! and scales are streamed once per pass and nothing of the other experts is read.
+//! int4 group-32 stacks with bf16 activations can instead run `moe_gate_up` / `moe_down` on
+//! tensor cores ([`ExpertMatmul::Int4TensorCores`], [`int4_mma`]); dispatch and combine are
+//! the same for both.
 
 use super::quant::QuantRows;
 use super::{c_type, load, store, Kernel, TensorArg};
@@ -34,7 +37,18 @@ use crate::writer::{emit, Writer};
 use crate::Error;
 use specc_ir::DType;
 
+mod int4_mma;
 mod stream;
+
+/// How `moe_gate_up` and `moe_down` multiply (chosen by `codegen::choose::moe`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertMatmul {
+    /// One f32 FMA per weight and token on the CUDA cores (every stack [`supported`] takes).
+    CudaCores,
+    /// int4 group-32 stacks with bf16 scales and bf16 activations on tensor cores
+    /// (`mma.m16n8k16` bf16, f32 accumulation; where [`int4_tensor_cores`] takes them).
+    Int4TensorCores,
+}
 
 /// Warps of a gate/up or down block: small blocks, many of them, so the last wave is short.
 const WARPS: u64 = 4;
@@ -298,11 +312,48 @@ pub fn supported(x: &TensorArg, weights: &[TensorArg], out: &TensorArg) -> Resul
     Stacks::of(weights).map(|_| ())
 }
 
-/// The four kernels (see the module docs). Operands as `moe_experts`: `x [.., H]`, `gates
-/// [.., E]`, `weights` = `wg`/`wu` `[E, F, H]`, `wd [E, H, F]` (and their scale stacks when
-/// stored int4 / fp8).
+/// Whether the tensor-core int4 kernels take these operands, else why not: bf16 activations,
+/// int4 group-32 stacks with bf16 scales, hidden and ffn multiples of 128 (whole ring stages
+/// of the in-features; whole warp tiles of 16 gate/up and 32 down rows).
+pub fn int4_tensor_cores(
+    x: &TensorArg,
+    weights: &[TensorArg],
+    out: &TensorArg,
+) -> Result<(), Unsupported> {
+    supported(x, weights, out)?;
+    for a in [x, out] {
+        if a.dtype != DType::BF16 {
+            return Err(Unsupported::Activations(a.dtype));
+        }
+    }
+    let st = Stacks::of(weights)?;
+    if st.format(0) != Some(QuantFormat::Int4 { group: 32 }) {
+        return Err(Unsupported::Weights(format!(
+            "{} stacks (int4 group 32 only)",
+            st.dtype()
+        )));
+    }
+    if let Some((s, _)) = &st.quant {
+        if let Some(a) = s.iter().find(|a| a.dtype != DType::BF16) {
+            return Err(Unsupported::Quant(format!("{} int4 scales", a.dtype)));
+        }
+    }
+    let (f, h) = (st.w[0].dims[1], st.w[0].dims[2]);
+    let cols = int4_mma::STAGE_COLS;
+    if !h.is_multiple_of(cols) || !f.is_multiple_of(cols) {
+        return Err(Unsupported::Quant(format!(
+            "hidden {h} / ffn {f} not multiples of {cols} (tensor-core stages)"
+        )));
+    }
+    Ok(())
+}
+
+/// The four kernels (see the module docs), `moe_gate_up` / `moe_down` multiplying as
+/// `matmul` says. Operands as `moe_experts`: `x [.., H]`, `gates [.., E]`, `weights` =
+/// `wg`/`wu` `[E, F, H]`, `wd [E, H, F]` (and their scale stacks when stored int4 / fp8).
 pub fn moe_grouped(
     shape: MoeGroupedShape,
+    matmul: ExpertMatmul,
     x: &TensorArg,
     gates: &TensorArg,
     weights: &[TensorArg],
@@ -312,10 +363,21 @@ pub fn moe_grouped(
     supported(x, weights, out)
         .map_err(|e| Error::param("moe_grouped", "weights", e.to_string()))?;
     let st = Stacks::of(weights).expect("checked by supported");
+    let (gu, dn) = match matmul {
+        ExpertMatmul::CudaCores => (gate_up(shape, x, &st, out, s), down(shape, &st, out, s)),
+        ExpertMatmul::Int4TensorCores => {
+            int4_tensor_cores(x, weights, out)
+                .map_err(|e| Error::param("moe_grouped", "weights", e.to_string()))?;
+            (
+                int4_mma::gate_up(shape, x, &st, out, s),
+                int4_mma::down(shape, &st, out, s),
+            )
+        }
+    };
     Ok(vec![
         dispatch(shape, gates, s),
-        gate_up(shape, x, &st, out, s),
-        down(shape, &st, out, s),
+        gu,
+        dn,
         combine(shape, gates, out, s),
     ])
 }

@@ -1,16 +1,17 @@
 //! The grouped experts at Kimi-K2's shapes (H 7168, F 2048, top-8; 64 experts so the stacks
 //! fit beside each other: 5.6 GB bf16, 1.6 GB int4): bf16 stacks (Kimi-K2) and int4 group 32
 //! with bf16 scales (Kimi-K2.5), bf16 activations, at 16, 8 and 1 tokens of uniform random
-//! routing. Checks: every token's output bit-identical to the 16-token run's (batch
-//! invariance); token 0 against a host reference in f64 with the interpreter's roundings.
+//! routing; int4 on the CUDA cores and on tensor cores. Checks: every token's output
+//! bit-identical to the 16-token run's at 8, 4, 2 and 1 tokens (batch invariance); token 0
+//! against a host reference in f64 with the interpreter's roundings.
 //! Then times the four kernels, `moe_gate_up` and `moe_down` alone, in GB/s over the bytes of
 //! the experts the tokens selected, next to the device's copy bandwidth.
 
 use super::gpu::{assert_close, bf16_tol, Gpu, Mem, Rng};
-use super::quant_cases::grouped::case;
+use super::quant_cases::grouped::case_with;
 use specc_ir::DType;
 use specc_kernels_gen::abi::{Bucket, Dtype};
-use specc_kernels_gen::generic::moe_grouped::MoeGroupedShape;
+use specc_kernels_gen::generic::moe_grouped::{ExpertMatmul, MoeGroupedShape};
 use specc_kernels_gen::quant::QuantFormat;
 
 const E: usize = 64;
@@ -122,8 +123,12 @@ fn reference(st: &Stacks, x: &[f64], g: &[f64], tk: usize) -> Vec<f64> {
     out.iter().map(|&v| round_bf16(v as f64)).collect()
 }
 
-fn run(gpu: &Gpu, int4: bool, copy_gbps: f64) {
-    let name = if int4 { "int4g32" } else { "bf16" };
+fn run(gpu: &Gpu, int4: bool, mm: ExpertMatmul, copy_gbps: f64) {
+    let name = match (int4, mm) {
+        (false, _) => "bf16",
+        (true, ExpertMatmul::CudaCores) => "int4g32",
+        (true, ExpertMatmul::Int4TensorCores) => "int4g32 mma",
+    };
     let w_dt = if int4 {
         DType::Int4Group {
             group: GROUP as u32,
@@ -156,7 +161,7 @@ fn run(gpu: &Gpu, int4: bool, copy_gbps: f64) {
     let g = gates(tmax, &mut rng);
     let mut bufs: Vec<Vec<u8>> = st.w.iter().chain(&st.s).cloned().collect();
     let mut full: Option<Vec<f64>> = None;
-    for t in [16usize, 8, 1] {
+    for t in [16usize, 8, 4, 2, 1] {
         let shape = MoeGroupedShape {
             tokens: t as u64,
             experts: E as u64,
@@ -164,7 +169,7 @@ fn run(gpu: &Gpu, int4: bool, copy_gbps: f64) {
             ffn: F as u64,
             top_k: TOP_K as u64,
         };
-        let c = case(w_dt, DType::BF16, DType::BF16, shape);
+        let c = case_with(mm, w_dt, DType::BF16, DType::BF16, shape);
         let kernels = c.kernels();
         let mut mem = Mem::new(c.arena_bytes, &[]);
         mem.bufs = std::mem::take(&mut bufs);
@@ -226,6 +231,7 @@ fn kimi_bandwidth() {
     let Some(gpu) = Gpu::new() else { return };
     let copy = gpu.copy_gbps(20);
     println!("BANDWIDTH copy: {copy:.0} GB/s (read + write)");
-    run(&gpu, false, copy);
-    run(&gpu, true, copy);
+    run(&gpu, false, ExpertMatmul::CudaCores, copy);
+    run(&gpu, true, ExpertMatmul::CudaCores, copy);
+    run(&gpu, true, ExpertMatmul::Int4TensorCores, copy);
 }

@@ -5,7 +5,9 @@
 
 use specc_ir::DType;
 use specc_kernels_gen::abi::{KernelSource, Loc};
-use specc_kernels_gen::generic::moe_grouped::{moe_grouped, MoeGroupedShape, MoeScratch};
+use specc_kernels_gen::generic::moe_grouped::{
+    moe_grouped, ExpertMatmul, MoeGroupedShape, MoeScratch,
+};
 use specc_kernels_gen::generic::TensorArg;
 use specc_kernels_gen::quant::QuantFormat;
 
@@ -14,6 +16,8 @@ use specc_kernels_gen::quant::QuantFormat;
 /// `wg, wu, wd` in table slots 0..3, their scales (quantised stacks) in 3..6.
 pub struct Case {
     pub shape: MoeGroupedShape,
+    /// How `moe_gate_up` / `moe_down` multiply.
+    pub matmul: ExpertMatmul,
     /// `x, gates, wg, wu, wd` and, quantised, `sg, su, sd`.
     pub ops: Vec<TensorArg>,
     pub out: TensorArg,
@@ -22,8 +26,15 @@ pub struct Case {
 }
 
 /// The case for `tokens` tokens of activations `act`, experts stored as `w` (float, or
-/// quantised with scales `s`): `e` experts of `[f, h]` gate / up and `[h, f]` down, `top_k` per token.
-pub fn case(w: DType, s: DType, act: DType, shape: MoeGroupedShape) -> Case {
+/// quantised with scales `s`): `e` experts of `[f, h]` gate / up and `[h, f]` down, `top_k`
+/// per token, the expert matmuls as `matmul`.
+pub fn case_with(
+    matmul: ExpertMatmul,
+    w: DType,
+    s: DType,
+    act: DType,
+    shape: MoeGroupedShape,
+) -> Case {
     let MoeGroupedShape {
         tokens: t,
         experts: e,
@@ -69,6 +80,7 @@ pub fn case(w: DType, s: DType, act: DType, shape: MoeGroupedShape) -> Case {
     }
     Case {
         shape,
+        matmul,
         ops,
         out,
         scratch,
@@ -80,13 +92,38 @@ impl Case {
     /// The four kernels: dispatch, gate/up, down, combine.
     pub fn kernels(&self) -> Vec<KernelSource> {
         let o = &self.ops;
-        moe_grouped(self.shape, &o[0], &o[1], &o[2..], &self.out, &self.scratch)
-            .unwrap_or_else(|e| panic!("{e}"))
+        moe_grouped(
+            self.shape,
+            self.matmul,
+            &o[0],
+            &o[1],
+            &o[2..],
+            &self.out,
+            &self.scratch,
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
-/// `(label, weights, scales, activations, shape)` of the compiled matrix.
-pub fn shapes() -> Vec<(String, DType, DType, DType, MoeGroupedShape)> {
+/// One compiled grouped case: its label, stacks, scales, activations, shape and matmul.
+pub struct Compiled {
+    pub label: String,
+    pub w: DType,
+    pub s: DType,
+    pub act: DType,
+    pub shape: MoeGroupedShape,
+    pub matmul: ExpertMatmul,
+}
+
+impl Compiled {
+    pub fn case(&self) -> Case {
+        case_with(self.matmul, self.w, self.s, self.act, self.shape)
+    }
+}
+
+/// The compiled matrix: Kimi-K2.5 int4 on both paths (tensor cores at every token count of
+/// a verify, 1..16), DeepSeek-V3 fp8, Kimi-K2 bf16 and the fixtures on the CUDA cores.
+pub fn shapes() -> Vec<Compiled> {
     let i4 = DType::Int4Group { group: 32 };
     let sh = |tokens, experts, hidden, ffn, top_k| MoeGroupedShape {
         tokens,
@@ -95,58 +132,94 @@ pub fn shapes() -> Vec<(String, DType, DType, DType, MoeGroupedShape)> {
         ffn,
         top_k,
     };
+    let (cuda, mma) = (ExpertMatmul::CudaCores, ExpertMatmul::Int4TensorCores);
     let mut out = Vec::new();
+    let mut push = |label: String, w, s, act, shape, matmul| {
+        out.push(Compiled {
+            label,
+            w,
+            s,
+            act,
+            shape,
+            matmul,
+        })
+    };
     for t in [1, 16] {
-        out.push((
+        let kimi = sh(t, 384, 7168, 2048, 8);
+        push(
             format!("kimi T={t}"),
             i4,
             DType::BF16,
             DType::BF16,
-            sh(t, 384, 7168, 2048, 8),
-        ));
-        out.push((
+            kimi,
+            cuda,
+        );
+        push(
             format!("deepseek fp8 T={t}"),
             DType::Fp8E4M3,
             DType::F32,
             DType::BF16,
             sh(t, 256, 7168, 2048, 8),
-        ));
-        out.push((
+            cuda,
+        );
+        push(
             format!("kimi bf16 T={t}"),
             DType::BF16,
             DType::BF16,
             DType::BF16,
-            sh(t, 384, 7168, 2048, 8),
-        ));
-        out.push((
+            kimi,
+            cuda,
+        );
+        push(
             format!("fixture int4 T={t}"),
             i4,
             DType::BF16,
             DType::F32,
             sh(t, 8, 64, 32, 2),
-        ));
-        out.push((
+            cuda,
+        );
+        push(
             format!("fixture fp8 T={t}"),
             DType::Fp8E4M3,
             DType::F32,
             DType::F32,
             sh(t, 8, 160, 48, 2),
-        ));
+            cuda,
+        );
     }
+    for t in [1, 2, 4, 8, 16] {
+        let kimi = sh(t, 384, 7168, 2048, 8);
+        push(
+            format!("kimi mma T={t}"),
+            i4,
+            DType::BF16,
+            DType::BF16,
+            kimi,
+            mma,
+        );
+    }
+    push(
+        "small mma T=16".into(),
+        i4,
+        DType::BF16,
+        DType::BF16,
+        sh(16, 8, 512, 256, 2),
+        mma,
+    );
     out
 }
 
 /// Every grouped kernel of [`shapes`], labelled `moe_grouped <shape> <kernel name>`.
 pub fn all() -> Vec<(String, KernelSource)> {
     let mut out = Vec::new();
-    for (label, w, s, act, shape) in shapes() {
-        for k in case(w, s, act, shape).kernels() {
+    for c in shapes() {
+        for k in c.case().kernels() {
             let family = k
                 .name
                 .rsplit_once('_')
                 .map_or(k.name.as_str(), |p| p.0)
                 .to_string();
-            out.push((format!("moe_grouped {label} {family}"), k));
+            out.push((format!("moe_grouped {} {family}", c.label), k));
         }
     }
     out
