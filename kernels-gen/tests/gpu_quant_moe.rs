@@ -163,10 +163,11 @@ fn check(
             // the interpreter's), times the group's scale once, then f32 over the groups —
             // a reordering of the interpreter's f32 sum of f32 products q·s·x, so within
             // f32 rounding (≈ 1e-6 relative) of it before the bf16 roundings; no weight is
-            // rounded to bf16.
+            // rounded to bf16. More SwiGLU terms, more such flips: at F = 384 one of 16384
+            // values measured 2.15× `bf16_tol`'s atol (H200), hence 3×.
             _ => {
                 let (rtol, atol) = bf16_tol(&want);
-                (rtol, 2.0 * atol)
+                (rtol, 3.0 * atol)
             }
         });
         assert_close(&format!("{label} T={t}"), &got, &want, rtol, atol);

@@ -28,14 +28,24 @@ pub fn grouped(
     })
 }
 
+/// Tokens of a step from which int4 experts run on tensor cores: below it the CUDA-core
+/// kernels stream faster (H200, Kimi-K2.5 shapes, all four grouped kernels: 1 token 0.132
+/// vs 0.146 ms, 2 tokens 0.227 vs 0.246, 4 tokens 0.379 vs 0.375, 8 tokens 0.645 vs 0.499,
+/// 16 tokens 1.128 vs 0.715; bench/NOTES.md, "int4 grouped experts on tensor cores").
+pub const INT4_TENSOR_CORE_MIN_TOKENS: u64 = 8;
+
 /// How the grouped kernels multiply `ops` (as [`grouped`]) into `out`: int4 group-32 stacks
-/// with bf16 activations on tensor cores on every arch we emit (mma.sync m16n8k16 bf16 is
-/// on sm_90a, sm_100a and sm_120): two integer-free unpack operations per two weights
-/// instead of the CUDA-core path's ~3 issued instructions per weight and token, which bound
-/// the int4 stacks to about a third of the copy bandwidth (bench/NOTES.md, "int4 grouped
-/// experts on tensor cores"). Everything else (f32 activations, fp8 and float stacks) on
-/// the CUDA cores.
+/// with bf16 activations on tensor cores (mma.sync m16n8k16 bf16, on every arch we emit)
+/// from [`INT4_TENSOR_CORE_MIN_TOKENS`] tokens a step: two integer-free unpack operations per
+/// two weights instead of the CUDA-core path's ~3 issued instructions per weight and token,
+/// which bound the int4 stacks to about a third of the copy bandwidth. Everything else (fewer
+/// tokens, f32 activations, fp8 and float stacks) on the CUDA cores.
 pub fn expert_matmul(ops: &[TensorArg], out: &TensorArg) -> ExpertMatmul {
+    let hidden = ops[0].dims.last().copied().unwrap_or(1).max(1);
+    let tokens = ops[0].numel() / hidden;
+    if tokens < INT4_TENSOR_CORE_MIN_TOKENS {
+        return ExpertMatmul::CudaCores;
+    }
     match moe_grouped::int4_tensor_cores(&ops[0], &ops[2..], out) {
         Ok(()) => ExpertMatmul::Int4TensorCores,
         Err(_) => ExpertMatmul::CudaCores,
@@ -50,8 +60,15 @@ mod tests {
 
     /// `moe_experts` operands: `x [t, h]`, `gates [t, e]`, stacks of `w` (with scales of
     /// `s` when quantised), activations `act`; and the output.
-    fn operands(w: DType, s: DType, act: DType, h: u64, f: u64) -> (Vec<TensorArg>, TensorArg) {
-        let (t, e) = (4, 384);
+    fn operands(
+        w: DType,
+        s: DType,
+        act: DType,
+        h: u64,
+        f: u64,
+        t: u64,
+    ) -> (Vec<TensorArg>, TensorArg) {
+        let e = 384;
         let arg = |i: u64, dt, dims: &[u64]| TensorArg::new(Loc::arena(i << 20), dt, dims);
         let mut ops = vec![
             arg(0, act, &[t, h]),
@@ -79,13 +96,18 @@ mod tests {
     }
 
     fn pick(w: DType, s: DType, act: DType, h: u64, f: u64) -> ExpertMatmul {
-        let (ops, out) = operands(w, s, act, h, f);
+        pick_at(w, s, act, h, f, INT4_TENSOR_CORE_MIN_TOKENS)
+    }
+
+    fn pick_at(w: DType, s: DType, act: DType, h: u64, f: u64, t: u64) -> ExpertMatmul {
+        let (ops, out) = operands(w, s, act, h, f, t);
         grouped(&ops, &out, Some(8)).expect("grouped kernels take these operands");
         expert_matmul(&ops, &out)
     }
 
-    /// Kimi-K2.5's int4 experts with bf16 activations run on tensor cores; f32 activations,
-    /// another group, widths off the 128-column stages, fp8 and bf16 stacks on CUDA cores.
+    /// Kimi-K2.5's int4 experts with bf16 activations run on tensor cores from 8 tokens a
+    /// step; fewer tokens, f32 activations, another group, widths off the 128-column stages,
+    /// fp8 and bf16 stacks on CUDA cores.
     #[test]
     fn int4_bf16_experts_take_tensor_cores() {
         let i4 = DType::Int4Group { group: 32 };
@@ -93,6 +115,9 @@ mod tests {
         let tc = ExpertMatmul::Int4TensorCores;
         let cuda = ExpertMatmul::CudaCores;
         assert_eq!(pick(i4, bf, bf, 7168, 2048), tc);
+        assert_eq!(pick_at(i4, bf, bf, 7168, 2048, 16), tc);
+        assert_eq!(pick_at(i4, bf, bf, 7168, 2048, 4), cuda);
+        assert_eq!(pick_at(i4, bf, bf, 7168, 2048, 1), cuda);
         assert_eq!(pick(i4, bf, bf, 512, 256), tc);
         assert_eq!(pick(i4, bf, f32, 7168, 2048), cuda);
         assert_eq!(pick(i4, f32, bf, 7168, 2048), cuda);
