@@ -11,16 +11,26 @@
 //!   `a < k`): what the host reads from the token ring anyway (a lane's tokens of one step
 //!   are `a + 1`). A lane starts from the session-wide average, which every observation
 //!   also updates. Expected tokens of one lane-step at `k`: `1 + Σ_{i ≤ k} Π_{j ≤ i} α_j`.
-//! - **Step times** per (batch bucket, variant), measured when a bucket is first used (a
-//!   few timed runs of each variant on scratch states: replays on CUDA, interpreter runs on
-//!   the CPU) and, where a step's time is known without a sync (the CPU), refined by an
-//!   average of the steps that ran.
+//! - **Step times** per (batch bucket, variant), measured at load (a few timed runs of
+//!   each variant on scratch states: replays of every captured bucket on CUDA; interpreter
+//!   runs at batch 1 and at the session's lanes on the CPU, whose buckets in between are
+//!   interpolated per variant, the interpreter's step being a fixed part plus a part per
+//!   row). Where a step's time is known without a sync (the CPU), the steps that run refine
+//!   it, and every other variant of that bucket moves by [`DRIFT_SHARE`] of the same
+//!   (logarithmic) change: what changes a running step's time (the context growing, the
+//!   machine's load) changes the others too, so a variant that has not run for a while is
+//!   not compared at a stale, shorter context; only a share, so that a variant whose time
+//!   was misjudged relative to the others is corrected by running it.
+//! - **Re-priming** (a standalone draft after plain steps) costs host time before the next
+//!   speculative step; the CPU measures it per draft-prefill row-token, and a probe (below)
+//!   must be worth it paying that cost.
 //! - **Choice**: the variant with the most expected tokens per second over the lanes in the
 //!   step, kept unless another beats it by [`HYSTERESIS`] (no flapping on noise).
 //! - **Probing**: acceptance is learnt from speculative steps only, so while plain decoding
 //!   wins the estimates freeze. When a speculative variant could still win with every draft
-//!   token accepted, one step of it runs after [`PROBE_FIRST`] plain steps, then after
-//!   twice as many each time plain stays ahead (up to [`PROBE_LAST`]).
+//!   token accepted, even paying the re-priming each plain step adds (its draft falls one
+//!   more token behind in every lane), one step of it runs after [`PROBE_FIRST`] plain
+//!   steps, then after twice as many each time plain stays ahead (up to [`PROBE_LAST`]).
 //!
 //! Switching keeps every lane exact: verify accepts only the target's own tokens whatever
 //! the draft proposed. It does move the draft: a plain step leaves a standalone draft's
@@ -32,6 +42,21 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::sync::OnceLock;
+
+/// Whether `SPECC_POLICY_TRACE=1`: every decision prints each variant's estimate, and each
+/// step its measured time and tokens, to stderr.
+pub fn trace_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SPECC_POLICY_TRACE").is_ok_and(|v| v == "1"))
+}
+
+/// Prints one trace line, prefixed with the seconds since the first line.
+pub fn trace(line: fmt::Arguments) {
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    let t = START.get_or_init(std::time::Instant::now).elapsed();
+    eprintln!("{:.4} {line}", t.as_secs_f64());
+}
 
 /// How the host picks each step's variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +86,9 @@ const PRIOR_EMA: f64 = 0.02;
 const PRIOR_ALPHA: f64 = 0.7;
 /// Weight of one measured step in a variant's time.
 const TIME_EMA: f64 = 0.1;
+/// Share of the running variant's (logarithmic) time change the other variants of its
+/// bucket follow: the part put down to what moves every variant (context, load).
+pub const DRIFT_SHARE: f64 = 0.5;
 /// Plain steps before the first probe of a speculative variant, and the most between two.
 pub const PROBE_FIRST: u64 = 64;
 pub const PROBE_LAST: u64 = 4096;
@@ -77,6 +105,9 @@ pub struct AdaptivePolicy {
     lanes: Vec<Vec<f64>>,
     /// Seconds per step, by (bucket, variant).
     times: HashMap<(usize, usize), f64>,
+    /// Seconds of draft re-priming per prefill row-token (rows × tokens of the gap), once
+    /// measured.
+    reprime: Option<f64>,
     current: Option<usize>,
     /// The variant of the last step (the current one, or a probe).
     last: Option<usize>,
@@ -105,6 +136,7 @@ impl AdaptivePolicy {
             lanes: vec![prior.clone(); lanes],
             prior,
             times: HashMap::new(),
+            reprime: None,
             current: None,
             last: None,
             plain_run: 0,
@@ -167,9 +199,9 @@ impl AdaptivePolicy {
         self.forced.extend(schedule);
     }
 
-    /// Whether step times at `bucket` are still to be measured.
-    pub fn needs_times(&self, bucket: usize) -> bool {
-        self.switches() && (0..self.ks.len()).any(|v| !self.times.contains_key(&(bucket, v)))
+    /// Whether a variant has no step time at any bucket yet (a backend must measure some).
+    pub fn needs_times(&self) -> bool {
+        self.switches() && (0..self.ks.len()).any(|v| !self.times.keys().any(|&(_, u)| u == v))
     }
 
     /// Sets a variant's step time at `bucket` (a measurement at load).
@@ -177,10 +209,59 @@ impl AdaptivePolicy {
         self.times.insert((bucket, variant), seconds.max(1e-9));
     }
 
-    /// Folds the measured time of a step that ran into its variant's average.
+    /// A variant's step time at `bucket`: measured or refined there, else interpolated
+    /// linearly in the bucket between the nearest buckets with a time below and above it
+    /// (the nearest one's time where only one side has one).
+    pub fn time(&self, bucket: usize, variant: usize) -> Option<f64> {
+        if let Some(&t) = self.times.get(&(bucket, variant)) {
+            return Some(t);
+        }
+        let known = self.times.iter().filter(|((_, v), _)| *v == variant);
+        let below = known
+            .clone()
+            .filter(|((b, _), _)| *b < bucket)
+            .max_by_key(|((b, _), _)| *b);
+        let above = known
+            .filter(|((b, _), _)| *b > bucket)
+            .min_by_key(|((b, _), _)| *b);
+        match (below, above) {
+            (Some((&(b0, _), &t0)), Some((&(b1, _), &t1))) => {
+                let f = (bucket - b0) as f64 / (b1 - b0) as f64;
+                Some(t0 + f * (t1 - t0))
+            }
+            (Some((_, &t)), None) | (None, Some((_, &t))) => Some(t),
+            (None, None) => None,
+        }
+    }
+
+    /// Folds the measured time of a step that ran into its variant's average at `bucket`,
+    /// and moves every other variant's time there by [`DRIFT_SHARE`] of the change.
     pub fn observe_time(&mut self, bucket: usize, variant: usize, seconds: f64) {
+        for v in 0..self.ks.len() {
+            if let Some(t) = self.time(bucket, v) {
+                self.times.entry((bucket, v)).or_insert(t);
+            }
+        }
         let t = self.times.entry((bucket, variant)).or_insert(seconds);
+        let before = *t;
         *t += TIME_EMA * (seconds.max(1e-9) - *t);
+        let factor = (*t / before).powf(DRIFT_SHARE);
+        for v in (0..self.ks.len()).filter(|&v| v != variant) {
+            if let Some(t) = self.times.get_mut(&(bucket, v)) {
+                *t *= factor;
+            }
+        }
+    }
+
+    /// Folds a measured re-priming of the draft (`row_tokens` = prefill rows × tokens) into
+    /// its cost per row-token.
+    pub fn observe_reprime(&mut self, row_tokens: usize, seconds: f64) {
+        if row_tokens == 0 {
+            return;
+        }
+        let per = seconds / row_tokens as f64;
+        let r = self.reprime.get_or_insert(per);
+        *r += TIME_EMA * (per - *r);
     }
 
     /// Lane `lane` starts a new sequence: its acceptance is the session-wide average.
@@ -218,7 +299,7 @@ impl AdaptivePolicy {
 
     /// Expected tokens per second of `variant` at `bucket` over the lanes in `live`.
     pub fn goodput(&self, bucket: usize, variant: usize, live: &[bool]) -> f64 {
-        let t = self.times.get(&(bucket, variant)).copied().unwrap_or(1.0);
+        let t = self.time(bucket, variant).unwrap_or(1.0);
         let tokens: f64 = live
             .iter()
             .enumerate()
@@ -231,6 +312,9 @@ impl AdaptivePolicy {
     /// The variant of the next step at `bucket` over the lanes in `live`; counts it.
     pub fn choose(&mut self, bucket: usize, live: &[bool]) -> usize {
         let (v, probe) = self.pick(bucket, live);
+        if trace_on() {
+            self.trace_choice(bucket, live, v, probe);
+        }
         self.steps[v] += 1;
         self.last = Some(v);
         // A probe is not the policy's choice: the next step starts from the current one.
@@ -238,6 +322,51 @@ impl AdaptivePolicy {
             self.current = Some(v);
         }
         v
+    }
+
+    /// Prints each variant's estimate at `bucket` over `live` and the pick.
+    fn trace_choice(&self, bucket: usize, live: &[bool], v: usize, probe: bool) {
+        let n = live.iter().filter(|&&l| l).count();
+        let est: Vec<String> = (0..self.ks.len())
+            .map(|u| {
+                let t = self.time(bucket, u).unwrap_or(f64::NAN);
+                let tok = self.goodput(bucket, u, live) * t;
+                format!(
+                    "k={} {:.2}ms {:.1}tok {:.0}tok/s",
+                    self.ks[u],
+                    t * 1e3,
+                    tok,
+                    tok / t
+                )
+            })
+            .collect();
+        trace(format_args!(
+            "policy bucket={bucket} live={n} | {} | pick k={}{}",
+            est.join(" | "),
+            self.ks[v],
+            if probe { " (probe)" } else { "" }
+        ));
+    }
+
+    /// Prints what a step of `variant` did: its measured time, the tokens it emitted, and
+    /// the host work before it (draft re-priming).
+    pub fn trace_step(
+        &self,
+        bucket: usize,
+        variant: usize,
+        step_s: f64,
+        tokens: usize,
+        host_s: f64,
+    ) {
+        if trace_on() {
+            trace(format_args!(
+                "step bucket={bucket} k={} {:.2}ms {tokens}tok {:.0}tok/s host {:.2}ms",
+                self.ks[variant],
+                step_s * 1e3,
+                tokens as f64 / step_s,
+                host_s * 1e3
+            ));
+        }
     }
 
     /// The variant, and whether it is a probe.
@@ -271,9 +400,12 @@ impl AdaptivePolicy {
         }
         self.plain_run += 1;
         let live_n = live.iter().filter(|&&l| l).count() as f64;
+        // Each plain step leaves every live lane's draft one more token behind: a switch
+        // back pays that much re-priming per plain step it follows.
+        let reprime = self.reprime.unwrap_or(0.0) * live_n;
         let optimistic = |v: usize| {
-            let t = self.times.get(&(bucket, v)).copied().unwrap_or(1.0);
-            live_n * (self.ks[v] + 1) as f64 / t
+            let t = self.time(bucket, v).unwrap_or(1.0);
+            live_n * (self.ks[v] + 1) as f64 / (t + reprime)
         };
         let could_win = (0..n).any(|v| self.ks[v] > 0 && optimistic(v) > good[keep]);
         if could_win && self.plain_run >= self.probe_after {
@@ -412,5 +544,108 @@ mod tests {
         );
         p.pin(1, false);
         assert_eq!(p.choose(1, &[true, true]), 0);
+    }
+
+    /// The embedded default at 16 lanes on the 2-core EPYC (bench/NOTES.md): variants k = 0,
+    /// 1, 3, 5 timed at load (`calibrated`, ms), the lanes accepting what forced runs
+    /// measured (22.7 / 28.2 tokens a step over 16 lanes at k = 1 / 3).
+    fn sixteen_lanes(calibrated: [f64; 4]) -> (AdaptivePolicy, Vec<bool>) {
+        let mut p = AdaptivePolicy::new(vec![0, 1, 3, 5], 16, SpecPolicy::Adaptive);
+        for (v, t) in calibrated.into_iter().enumerate() {
+            p.set_time(16, v, t * 1e-3);
+        }
+        for lane in 0..16 {
+            p.lanes[lane] = vec![0.42, 0.55, 0.47, 0.35, 0.3];
+        }
+        (p, vec![true; 16])
+    }
+
+    #[test]
+    fn sixteen_lanes_at_the_measured_step_times_pick_plain_decoding() {
+        // Forced-variant step times at realistic contexts: 5.8 / 14.4 / 23.5 / 30.1 ms.
+        let (mut p, live) = sixteen_lanes([5.8, 14.4, 23.5, 30.1]);
+        let tokens = |p: &AdaptivePolicy, v| (0..16).map(|l| p.expected_tokens(l, v)).sum::<f64>();
+        assert!((tokens(&p, 1) - 22.7).abs() < 0.1 && (tokens(&p, 3) - 28.2).abs() < 0.1);
+        assert_eq!(p.choose(16, &live), 0);
+    }
+
+    /// The failure at c = 16: variants timed at context 0 at load, then plain steps ran
+    /// while the contexts grew (5.8 → 9 ms a step). Only the running variant's time used
+    /// to follow, so k = 1's context-0 time soon looked cheaper than it was and the policy
+    /// switched to it.
+    #[test]
+    fn a_growing_context_does_not_make_an_idle_variant_look_cheaper() {
+        let (mut p, live) = sixteen_lanes([4.56, 9.92, 22.71, 29.13]);
+        assert_eq!(p.choose(16, &live), 0);
+        for step in 0..130 {
+            let ms = 5.8 + 3.2 * step as f64 / 130.0;
+            p.observe_time(16, 0, ms * 1e-3);
+            let v = p.choose(16, &live);
+            assert_eq!(p.current(), Some(0), "step {step}: ran k = {}", p.ks()[v]);
+        }
+        // k = 1 followed half of plain's (logarithmic) growth.
+        let grown = p.time(16, 1).unwrap() / 9.92e-3;
+        assert!(grown > 1.15 && grown < 1.5, "{grown}");
+    }
+
+    /// A variant whose time was misjudged at load (too cheap) is corrected by running it:
+    /// the others follow only part of its change.
+    #[test]
+    fn a_variant_timed_too_cheap_at_load_is_corrected_by_running_it() {
+        let (mut p, live) = sixteen_lanes([5.8, 6.0, 23.5, 30.1]);
+        assert_eq!(p.choose(16, &live), 1);
+        for _ in 0..60 {
+            p.observe_time(16, 1, 14.4e-3);
+            p.choose(16, &live);
+        }
+        assert_eq!(p.current(), Some(0));
+    }
+
+    #[test]
+    fn one_lane_accepting_three_and_a_half_tokens_picks_a_long_draft() {
+        // Times at load at batch 1 on the EPYC: 2.0 / 2.3 / 3.1 / 3.9 ms.
+        let mut p = AdaptivePolicy::new(vec![0, 1, 3, 5], 1, SpecPolicy::Adaptive);
+        for (v, t) in [2.0, 2.3, 3.1, 3.9].into_iter().enumerate() {
+            p.set_time(1, v, t * 1e-3);
+        }
+        p.lanes[0] = vec![0.78; 5];
+        assert!((p.expected_tokens(0, 5) - 3.5).abs() < 0.1);
+        let v = p.choose(1, &[true]);
+        assert!(p.ks()[v] >= 3, "picked k = {}", p.ks()[v]);
+    }
+
+    #[test]
+    fn buckets_between_timed_ones_are_interpolated_and_refined_where_they_run() {
+        let mut p = AdaptivePolicy::new(vec![0, 1], 16, SpecPolicy::Adaptive);
+        p.set_time(1, 0, 2e-3);
+        p.set_time(16, 0, 5e-3);
+        p.set_time(1, 1, 2e-3);
+        p.set_time(16, 1, 14e-3);
+        assert!(!p.needs_times());
+        assert!((p.time(6, 0).unwrap() - 3e-3).abs() < 1e-9);
+        assert!((p.time(6, 1).unwrap() - 6e-3).abs() < 1e-9);
+        p.observe_time(6, 0, 4e-3);
+        assert!((p.time(6, 0).unwrap() - 3.1e-3).abs() < 1e-9);
+        let followed = (p.time(6, 1).unwrap() / 6e-3).ln() / (3.1f64 / 3.0).ln();
+        assert!((followed - DRIFT_SHARE).abs() < 1e-9, "{followed}");
+        assert_eq!(p.time(16, 0), Some(5e-3), "other buckets keep theirs");
+    }
+
+    /// A probe must be worth its re-priming: a plain step costs every lane's draft one more
+    /// token of re-priming, which a speculative step that could win must still beat.
+    #[test]
+    fn speculation_that_cannot_pay_for_re_priming_is_not_probed() {
+        let (mut p, live) = sixteen_lanes([5.8, 14.4, 23.5, 30.1]);
+        let probes = |p: &mut AdaptivePolicy| {
+            (0..4 * PROBE_FIRST)
+                .filter(|_| p.choose(16, &live) != 0)
+                .count()
+        };
+        // k = 5 fully accepted: 96 tokens / 30.1 ms beats plain's 16 / 5.8 ms.
+        assert!(probes(&mut p) > 0);
+        // Re-priming at 0.5 ms per row-token: 96 / (30.1 + 8) ms does not.
+        let (mut p, _) = sixteen_lanes([5.8, 14.4, 23.5, 30.1]);
+        p.observe_reprime(16 * 40, 16.0 * 40.0 * 0.5e-3);
+        assert_eq!(probes(&mut p), 0);
     }
 }

@@ -9,7 +9,7 @@ use specc_ir::engine::{Acceptance, Engine, GraphRole, Priming, StepContract};
 use specc_ir::interp::{self, Data, Env, Tensor, WeightSource};
 use specc_ir::{Bindings, DType, Graph};
 use specc_models::methods::{
-    BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, RING, SAMPLING, STREAM,
+    BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, LEN, RING, SAMPLING, STREAM,
 };
 use specc_models::SpecBundle;
 
@@ -140,6 +140,10 @@ impl SpecStats {
         tot as f64 / n.max(1) as f64
     }
 }
+
+/// Context every scratch lane sits at when variants are timed: a step's time grows with the
+/// context its attention reads, and at context 0 the draft's share of a step is largest.
+const CALIBRATION_CONTEXT: u64 = 128;
 
 /// B lanes of speculative decoding over interpreter states.
 pub struct SpecCpuSession<'a> {
@@ -434,6 +438,7 @@ impl<'a> SpecCpuSession<'a> {
         if lane >= self.rows {
             self.resize(lane + 1)?;
         }
+        let t0 = Instant::now();
         let full = std::mem::take(&mut self.states);
         let rows = std::mem::replace(&mut self.rows, 1);
         let drained = std::mem::take(&mut self.drained);
@@ -447,6 +452,13 @@ impl<'a> SpecCpuSession<'a> {
         }
         self.drained[lane] = 0;
         self.admitted(lane, prompt, first);
+        if crate::policy::trace_on() {
+            crate::policy::trace(format_args!(
+                "admit lane={lane} prompt={} {:.2}ms",
+                prompt.len(),
+                t0.elapsed().as_secs_f64() * 1e3
+            ));
+        }
         Ok(first)
     }
 
@@ -600,24 +612,58 @@ impl<'a> SpecCpuSession<'a> {
         }
     }
 
-    /// Times every variant's step at the current batch (the best of two interpreter runs
-    /// on scratch states whose lanes are all finished: the interpreter computes every row
-    /// of a masked lane too, so the time is the step's).
-    fn calibrate(&mut self) -> Result<(), RuntimeError> {
-        let bucket = self.rows;
-        for v in 0..self.policy.ks().len() {
-            let g = self.variant_graph(v);
-            let mut scratch = HashMap::new();
-            self.zero_states(g, &mut scratch)?;
-            let mut best = f64::INFINITY;
-            for _ in 0..2 {
-                let t0 = Instant::now();
-                self.run_on(g, 1, HashMap::new(), &mut scratch)?;
-                best = best.min(t0.elapsed().as_secs_f64());
+    /// Sets how each step's variant is chosen. Adaptive speculation times every variant
+    /// here, at load, at batch 1 and at the session's lanes (buckets in between are
+    /// interpolated, [`AdaptivePolicy::time`]), so no step pays for timing.
+    pub fn set_policy(&mut self, mode: SpecPolicy) -> Result<(), RuntimeError> {
+        self.policy.set_mode(mode);
+        if self.policy.switches() {
+            self.calibrate(1)?;
+            if self.lanes > 1 {
+                self.calibrate(self.lanes)?;
             }
-            self.policy.set_time(bucket, v, best);
         }
         Ok(())
+    }
+
+    /// Times every variant's step at batch `rows`: the best of two interpreter runs, after
+    /// one untimed, on scratch states whose lanes are all finished but sit at
+    /// [`CALIBRATION_CONTEXT`] (the interpreter computes every row of a masked lane too,
+    /// and attention reads the slots below a lane's length, so the time is a step's at that
+    /// context). The session's own states are not touched.
+    fn calibrate(&mut self, rows: usize) -> Result<(), RuntimeError> {
+        let k = self.graphs.contract.max_accept() as u64;
+        let context = CALIBRATION_CONTEXT.min(self.max_context.saturating_sub(k + 2));
+        let session_rows = std::mem::replace(&mut self.rows, rows);
+        let res = (|| {
+            for v in 0..self.policy.ks().len() {
+                let g = self.variant_graph(v);
+                let mut scratch = HashMap::new();
+                self.zero_states(g, &mut scratch)?;
+                if let Some(Data::I64(len)) = scratch.get_mut(LEN).map(|t| &mut t.data) {
+                    len.fill(context as i64);
+                }
+                let mut best = f64::INFINITY;
+                for run in 0..3 {
+                    let t0 = Instant::now();
+                    self.run_on(g, 1, HashMap::new(), &mut scratch)?;
+                    if run > 0 {
+                        best = best.min(t0.elapsed().as_secs_f64());
+                    }
+                }
+                self.policy.set_time(rows, v, best);
+                if crate::policy::trace_on() {
+                    crate::policy::trace(format_args!(
+                        "calibrate bucket={rows} k={} {:.2}ms",
+                        self.policy.ks()[v],
+                        best * 1e3
+                    ));
+                }
+            }
+            Ok(())
+        })();
+        self.rows = session_rows;
+        res
     }
 
     /// Keeps each lane's draft whole for a step of `k` draft tokens over `live`: before a
@@ -641,7 +687,10 @@ impl<'a> SpecCpuSession<'a> {
                 ("tokens".to_string(), ids(r.tokens)),
                 ("positions".to_string(), ids(r.positions)),
             ]);
+            let t0 = Instant::now();
             self.run(self.graphs.draft_prefill, r.t as u64, inputs)?;
+            self.policy
+                .observe_reprime(self.rows * r.t, t0.elapsed().as_secs_f64());
         }
         Ok(())
     }
@@ -651,20 +700,22 @@ impl<'a> SpecCpuSession<'a> {
         self.ensure_step_states()?;
         let live = self.live();
         let bucket = self.rows;
-        if self.policy.needs_times(bucket) {
-            self.calibrate()?;
+        if self.policy.needs_times() {
+            self.calibrate(bucket)?;
         }
         let v = self.policy.choose(bucket, &live);
         let k = self.policy.ks()[v];
         let single = self.policy.ks().len() == 1;
+        let t_sync = Instant::now();
         if !single {
             self.sync_draft(k, &live)?;
         }
+        let host_s = t_sync.elapsed().as_secs_f64();
         let t0 = Instant::now();
         let out = self.run(self.variant_graph(v), 1, HashMap::new())?;
+        let step_s = t0.elapsed().as_secs_f64();
         if self.policy.switches() {
-            self.policy
-                .observe_time(bucket, v, t0.elapsed().as_secs_f64());
+            self.policy.observe_time(bucket, v, step_s);
         }
         let acc = ints(
             out.get("accepted")
@@ -679,6 +730,13 @@ impl<'a> SpecCpuSession<'a> {
                 self.policy.observe(b, v, a);
             }
         }
+        let tokens = acc
+            .iter()
+            .zip(&live)
+            .filter(|(_, &l)| l)
+            .map(|(&a, _)| (a as usize).min(k) + 1)
+            .sum();
+        self.policy.trace_step(bucket, v, step_s, tokens, host_s);
         self.stats.steps += 1;
         Ok(())
     }
