@@ -20,17 +20,22 @@
 //!   (logarithmic) change: what changes a running step's time (the context growing, the
 //!   machine's load) changes the others too, so a variant that has not run for a while is
 //!   not compared at a stale, shorter context; only a share, so that a variant whose time
-//!   was misjudged relative to the others is corrected by running it.
+//!   was misjudged relative to the others is corrected by running it. A variant's first
+//!   step after others corrects its own time alone. While speculation runs, one plain step
+//!   in [`RETIME_PLAIN`] re-times plain decoding (its draft falls one token behind).
 //! - **Re-priming** (a standalone draft after plain steps) costs host time before the next
 //!   speculative step; the CPU measures it per draft-prefill row-token, and a probe (below)
 //!   must be worth it paying that cost.
 //! - **Choice**: the variant with the most expected tokens per second over the lanes in the
 //!   step, kept unless another beats it by [`HYSTERESIS`] (no flapping on noise).
 //! - **Probing**: acceptance is learnt from speculative steps only, so while plain decoding
-//!   wins the estimates freeze. When a speculative variant could still win with every draft
-//!   token accepted, even paying the re-priming each plain step adds (its draft falls one
-//!   more token behind in every lane), one step of it runs after [`PROBE_FIRST`] plain
-//!   steps, then after twice as many each time plain stays ahead (up to [`PROBE_LAST`]).
+//!   wins the estimates freeze. One step of a speculative variant runs after
+//!   [`PROBE_FIRST`] plain steps, then after twice as many each time plain stays ahead (up
+//!   to [`PROBE_LAST`]), when it is worth its cost: the probe's step and the re-priming of
+//!   the plain stretch behind it (measured, per row-token) must cost fewer tokens than the
+//!   variant, with every draft token accepted, would gain over plain decoding in a stretch
+//!   as long again. At many lanes, where a fully accepted draft barely beats plain
+//!   decoding, nothing is probed.
 //!
 //! Switching keeps every lane exact: verify accepts only the target's own tokens whatever
 //! the draft proposed. It does move the draft: a plain step leaves a standalone draft's
@@ -91,6 +96,12 @@ const TIME_EMA: f64 = 0.1;
 pub const DRIFT_SHARE: f64 = 0.5;
 /// Plain steps before the first probe of a speculative variant, and the most between two.
 pub const PROBE_FIRST: u64 = 64;
+/// Speculative steps between two plain steps that re-time plain decoding (cheap: its
+/// draft falls one token behind).
+pub const RETIME_PLAIN: u64 = 64;
+/// Weight of a step's time in its variant's when the step before ran another variant (or
+/// another bucket): the estimate may be stale, the measurement is fresh.
+const RETIME_EMA: f64 = 0.5;
 pub const PROBE_LAST: u64 = 4096;
 
 /// The policy's state: acceptance per lane, step times per bucket, the current choice.
@@ -113,6 +124,10 @@ pub struct AdaptivePolicy {
     last: Option<usize>,
     plain_run: u64,
     probe_after: u64,
+    /// Speculative steps since plain decoding last ran (or was re-timed).
+    spec_run: u64,
+    /// The variant and bucket of the last step whose time was observed.
+    timed: Option<(usize, usize)>,
     forced: VecDeque<usize>,
     /// Lanes whose tokens must not depend on the variant (sampled lanes: a step's draws
     /// depend on its k): while one is live every step runs the configured variant.
@@ -141,6 +156,8 @@ impl AdaptivePolicy {
             last: None,
             plain_run: 0,
             probe_after: PROBE_FIRST,
+            spec_run: 0,
+            timed: None,
             forced: VecDeque::new(),
             pinned: vec![false; lanes],
         }
@@ -234,17 +251,26 @@ impl AdaptivePolicy {
         }
     }
 
-    /// Folds the measured time of a step that ran into its variant's average at `bucket`,
-    /// and moves every other variant's time there by [`DRIFT_SHARE`] of the change.
+    /// Folds the measured time of a step that ran into its variant's average at `bucket`.
+    /// A step that continues a run of its variant moves every other variant's time there by
+    /// [`DRIFT_SHARE`] of its change; the first after others corrects its own time only,
+    /// with more weight ([`RETIME_EMA`]).
     pub fn observe_time(&mut self, bucket: usize, variant: usize, seconds: f64) {
         for v in 0..self.ks.len() {
             if let Some(t) = self.time(bucket, v) {
                 self.times.entry((bucket, v)).or_insert(t);
             }
         }
+        let continuing = self.timed == Some((bucket, variant));
+        self.timed = Some((bucket, variant));
         let t = self.times.entry((bucket, variant)).or_insert(seconds);
         let before = *t;
-        *t += TIME_EMA * (seconds.max(1e-9) - *t);
+        let weight = if continuing { TIME_EMA } else { RETIME_EMA };
+        *t += weight * (seconds.max(1e-9) - *t);
+        if !continuing {
+            // The first step after others corrects this variant's own (stale) time.
+            return;
+        }
         let factor = (*t / before).powf(DRIFT_SHARE);
         for v in (0..self.ks.len()).filter(|&v| v != variant) {
             if let Some(t) = self.times.get_mut(&(bucket, v)) {
@@ -396,25 +422,39 @@ impl AdaptivePolicy {
             if keep == best {
                 self.probe_after = PROBE_FIRST;
             }
+            self.spec_run += 1;
+            if self.ks[0] == 0 && self.spec_run >= RETIME_PLAIN {
+                self.spec_run = 0;
+                return (0, true);
+            }
             return (keep, false);
         }
+        self.spec_run = 0;
         self.plain_run += 1;
+        if self.plain_run < self.probe_after {
+            return (keep, false);
+        }
+        // A probe of `v` costs the tokens plain decoding would have emitted in its time
+        // (its step and the re-priming of every lane's draft over the plain stretch behind
+        // it) less its own; it is worth it when `v`, were every draft token accepted, would
+        // gain more than that over a stretch as long again.
         let live_n = live.iter().filter(|&&l| l).count() as f64;
-        // Each plain step leaves every live lane's draft one more token behind: a switch
-        // back pays that much re-priming per plain step it follows.
-        let reprime = self.reprime.unwrap_or(0.0) * live_n;
-        let optimistic = |v: usize| {
+        let run = self.plain_run as f64;
+        let plain_t = self.time(bucket, keep).unwrap_or(1.0);
+        let reprime = self.reprime.unwrap_or(0.0) * live_n * run;
+        let worth = |v: usize| {
             let t = self.time(bucket, v).unwrap_or(1.0);
-            live_n * (self.ks[v] + 1) as f64 / (t + reprime)
+            let best_case = live_n * (self.ks[v] + 1) as f64 / t;
+            let gain = (best_case - good[keep]) * run * plain_t;
+            let cost = (t + reprime) * good[keep] - good[v] * t;
+            gain > cost
         };
-        let could_win = (0..n).any(|v| self.ks[v] > 0 && optimistic(v) > good[keep]);
-        if could_win && self.plain_run >= self.probe_after {
+        let probe = (0..n)
+            .filter(|&v| self.ks[v] > 0 && worth(v))
+            .max_by(|&a, &b| good[a].total_cmp(&good[b]));
+        if let Some(probe) = probe {
             self.plain_run = 0;
             self.probe_after = (self.probe_after * 2).min(PROBE_LAST);
-            let probe = (0..n)
-                .filter(|&v| self.ks[v] > 0)
-                .max_by(|&a, &b| good[a].total_cmp(&good[b]))
-                .expect("a speculative variant");
             return (probe, true);
         }
         (keep, false)
@@ -624,28 +664,58 @@ mod tests {
         assert!(!p.needs_times());
         assert!((p.time(6, 0).unwrap() - 3e-3).abs() < 1e-9);
         assert!((p.time(6, 1).unwrap() - 6e-3).abs() < 1e-9);
+        // The first step at bucket 6 corrects plain's time alone, by half the error.
         p.observe_time(6, 0, 4e-3);
-        assert!((p.time(6, 0).unwrap() - 3.1e-3).abs() < 1e-9);
-        let followed = (p.time(6, 1).unwrap() / 6e-3).ln() / (3.1f64 / 3.0).ln();
+        assert!((p.time(6, 0).unwrap() - 3.5e-3).abs() < 1e-9);
+        assert!((p.time(6, 1).unwrap() - 6e-3).abs() < 1e-9);
+        // The next refines it by a tenth, and k = 1 follows a share of that.
+        p.observe_time(6, 0, 4e-3);
+        assert!((p.time(6, 0).unwrap() - 3.55e-3).abs() < 1e-9);
+        let followed = (p.time(6, 1).unwrap() / 6e-3).ln() / (3.55f64 / 3.5).ln();
         assert!((followed - DRIFT_SHARE).abs() < 1e-9, "{followed}");
         assert_eq!(p.time(16, 0), Some(5e-3), "other buckets keep theirs");
     }
 
-    /// A probe must be worth its re-priming: a plain step costs every lane's draft one more
-    /// token of re-priming, which a speculative step that could win must still beat.
+    /// A probe must be worth its re-priming: a plain step leaves every lane's draft one more
+    /// token behind, and a probe re-primes the whole stretch.
     #[test]
     fn speculation_that_cannot_pay_for_re_priming_is_not_probed() {
-        let (mut p, live) = sixteen_lanes([5.8, 14.4, 23.5, 30.1]);
-        let probes = |p: &mut AdaptivePolicy| {
-            (0..4 * PROBE_FIRST)
-                .filter(|_| p.choose(16, &live) != 0)
+        let probes = |p: &mut AdaptivePolicy, steps: u64| {
+            (0..steps)
+                .filter(|_| p.choose(16, &[true; 16]) != 0)
                 .count()
         };
-        // k = 5 fully accepted: 96 tokens / 30.1 ms beats plain's 16 / 5.8 ms.
-        assert!(probes(&mut p) > 0);
-        // Re-priming at 0.5 ms per row-token: 96 / (30.1 + 8) ms does not.
+        // Re-priming unknown: k = 5 fully accepted (96 tokens / 30.1 ms against plain's
+        // 16 / 5.8 ms) would gain 160 tokens over 64 plain steps; its step costs 53.
         let (mut p, _) = sixteen_lanes([5.8, 14.4, 23.5, 30.1]);
-        p.observe_reprime(16 * 40, 16.0 * 40.0 * 0.5e-3);
-        assert_eq!(probes(&mut p), 0);
+        assert_eq!(probes(&mut p, PROBE_FIRST), 1);
+        // Re-priming at 50 µs per row-token (measured on the idle EPYC): after 64 plain
+        // steps the probe costs 195 tokens for 160 to gain, after 128 336 for 319. Each
+        // plain step adds 2.2 tokens of re-priming to the cost and 2.5 to the gain, so a
+        // longer stretch would pay: not within the 128 steps of a 128-token request.
+        let (mut p, _) = sixteen_lanes([5.8, 14.4, 23.5, 30.1]);
+        p.observe_reprime(16 * 40, 16.0 * 40.0 * 50e-6);
+        assert_eq!(probes(&mut p, 2 * PROBE_FIRST), 0);
+        // At 112 µs (measured with builds running beside it) a stretch never pays.
+        let (mut p, _) = sixteen_lanes([5.8, 14.4, 23.5, 30.1]);
+        p.observe_reprime(16 * 40, 16.0 * 40.0 * 112e-6);
+        assert_eq!(probes(&mut p, 2 * PROBE_LAST), 0);
+    }
+
+    /// Plain decoding timed too slow at load (a build running beside the calibration) is
+    /// re-timed by an occasional plain step while speculation runs.
+    #[test]
+    fn plain_timed_too_slow_at_load_is_re_timed_while_speculation_runs() {
+        let (mut p, live) = sixteen_lanes([15.3, 21.5, 29.5, 42.2]);
+        assert_eq!(p.choose(16, &live), 1);
+        p.observe_time(16, 1, 14.4e-3);
+        let mut ran = Vec::new();
+        for _ in 0..3 * RETIME_PLAIN {
+            let v = p.choose(16, &live);
+            p.observe_time(16, v, [5.8, 14.4, 23.5, 30.1][v] * 1e-3);
+            ran.push(v);
+        }
+        assert_eq!(p.current(), Some(0), "{ran:?}");
+        assert!(ran[..RETIME_PLAIN as usize].contains(&0));
     }
 }

@@ -144,6 +144,8 @@ impl SpecStats {
 /// Context every scratch lane sits at when variants are timed: a step's time grows with the
 /// context its attention reads, and at context 0 the draft's share of a step is largest.
 const CALIBRATION_CONTEXT: u64 = 128;
+/// Tokens per row of the draft re-priming timed at load.
+const CALIBRATION_GAP: usize = 16;
 
 /// B lanes of speculative decoding over interpreter states.
 pub struct SpecCpuSession<'a> {
@@ -660,10 +662,52 @@ impl<'a> SpecCpuSession<'a> {
                     ));
                 }
             }
+            if self.sync.can_reprime() {
+                self.time_reprime(context)?;
+            }
             Ok(())
         })();
         self.rows = session_rows;
         res
+    }
+
+    /// Times a draft re-priming of [`CALIBRATION_GAP`] tokens in every row up to `context`
+    /// (the best of two runs on scratch states) for the policy's cost of switching back
+    /// from plain decoding.
+    fn time_reprime(&mut self, context: u64) -> Result<(), RuntimeError> {
+        let g = self.graphs.draft_prefill;
+        let (rows, t) = (self.rows, CALIBRATION_GAP);
+        let mut scratch = HashMap::new();
+        self.zero_states(g, &mut scratch)?;
+        // The gap ends at `context` (below the context the engine holds).
+        let from = (context as usize).saturating_sub(t);
+        let positions: Vec<i64> = (0..rows)
+            .flat_map(|_| (0..t).map(|j| (from + j) as i64))
+            .collect();
+        let inputs = HashMap::from([
+            (
+                "tokens".to_string(),
+                Tensor::from_i64(DType::I32, vec![rows, t], vec![0; rows * t]),
+            ),
+            (
+                "positions".to_string(),
+                Tensor::from_i64(DType::I32, vec![rows, t], positions),
+            ),
+        ]);
+        let mut best = f64::INFINITY;
+        for _ in 0..2 {
+            let t0 = Instant::now();
+            self.run_on(g, t as u64, inputs.clone(), &mut scratch)?;
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        self.policy.observe_reprime(rows * t, best);
+        if crate::policy::trace_on() {
+            crate::policy::trace(format_args!(
+                "calibrate bucket={rows} reprime of {t} tokens {:.2}ms",
+                best * 1e3
+            ));
+        }
+        Ok(())
     }
 
     /// Keeps each lane's draft whole for a step of `k` draft tokens over `live`: before a
