@@ -144,6 +144,8 @@ impl SpecStats {
 /// Context every scratch lane sits at when variants are timed: a step's time grows with the
 /// context its attention reads, and at context 0 the draft's share of a step is largest.
 const CALIBRATION_CONTEXT: u64 = 128;
+/// Timed runs of each variant at load (after one untimed).
+const CALIBRATION_ROUNDS: usize = 3;
 /// Tokens per row of the draft re-priming timed at load.
 const CALIBRATION_GAP: usize = 16;
 
@@ -628,37 +630,45 @@ impl<'a> SpecCpuSession<'a> {
         Ok(())
     }
 
-    /// Times every variant's step at batch `rows`: the best of two interpreter runs, after
-    /// one untimed, on scratch states whose lanes are all finished but sit at
-    /// [`CALIBRATION_CONTEXT`] (the interpreter computes every row of a masked lane too,
-    /// and attention reads the slots below a lane's length, so the time is a step's at that
-    /// context). The session's own states are not touched.
+    /// Times every variant's step at batch `rows`: the best of [`CALIBRATION_ROUNDS`]
+    /// interpreter runs, after one untimed, the variants taking turns in each round (so a
+    /// burst of load on the machine slows all of them, not one), on scratch states whose
+    /// lanes are all finished but sit at [`CALIBRATION_CONTEXT`] (the interpreter computes
+    /// every row of a masked lane too, and attention reads the slots below a lane's
+    /// length, so the time is a step's at that context). The session's states are not
+    /// touched.
     fn calibrate(&mut self, rows: usize) -> Result<(), RuntimeError> {
         let k = self.graphs.contract.max_accept() as u64;
         let context = CALIBRATION_CONTEXT.min(self.max_context.saturating_sub(k + 2));
         let session_rows = std::mem::replace(&mut self.rows, rows);
         let res = (|| {
-            for v in 0..self.policy.ks().len() {
-                let g = self.variant_graph(v);
-                let mut scratch = HashMap::new();
-                self.zero_states(g, &mut scratch)?;
-                if let Some(Data::I64(len)) = scratch.get_mut(LEN).map(|t| &mut t.data) {
+            let n = self.policy.ks().len();
+            let mut scratch = Vec::with_capacity(n);
+            for v in 0..n {
+                let mut states = HashMap::new();
+                self.zero_states(self.variant_graph(v), &mut states)?;
+                if let Some(Data::I64(len)) = states.get_mut(LEN).map(|t| &mut t.data) {
                     len.fill(context as i64);
                 }
-                let mut best = f64::INFINITY;
-                for run in 0..3 {
+                scratch.push(states);
+            }
+            let mut best = vec![f64::INFINITY; n];
+            for round in 0..=CALIBRATION_ROUNDS {
+                for (v, states) in scratch.iter_mut().enumerate() {
                     let t0 = Instant::now();
-                    self.run_on(g, 1, HashMap::new(), &mut scratch)?;
-                    if run > 0 {
-                        best = best.min(t0.elapsed().as_secs_f64());
+                    self.run_on(self.variant_graph(v), 1, HashMap::new(), states)?;
+                    if round > 0 {
+                        best[v] = best[v].min(t0.elapsed().as_secs_f64());
                     }
                 }
-                self.policy.set_time(rows, v, best);
+            }
+            for (v, &t) in best.iter().enumerate() {
+                self.policy.set_time(rows, v, t);
                 if crate::policy::trace_on() {
                     crate::policy::trace(format_args!(
                         "calibrate bucket={rows} k={} {:.2}ms",
                         self.policy.ks()[v],
-                        best * 1e3
+                        t * 1e3
                     ));
                 }
             }
