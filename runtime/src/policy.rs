@@ -22,7 +22,8 @@
 //!   not compared at a stale, shorter context; only a share, so that a variant whose time
 //!   was misjudged relative to the others is corrected by running it. A variant's first
 //!   step after others corrects its own time alone. While speculation runs, one plain step
-//!   in [`RETIME_PLAIN`] re-times plain decoding (its draft falls one token behind).
+//!   in [`RETIME_PLAIN`] re-times plain decoding where the backend times steps (its draft
+//!   falls one token behind).
 //! - **Re-priming** (a standalone draft after plain steps) costs host time before the next
 //!   speculative step; the CPU measures it per draft-prefill row-token, and a probe (below)
 //!   must be worth it paying that cost.
@@ -128,6 +129,9 @@ pub struct AdaptivePolicy {
     spec_run: u64,
     /// The variant and bucket of the last step whose time was observed.
     timed: Option<(usize, usize)>,
+    /// Whether the backend observes every step's time ([`AdaptivePolicy::observe_time`]):
+    /// only then does a plain step re-time plain decoding while speculation runs.
+    steps_timed: bool,
     forced: VecDeque<usize>,
     /// Lanes whose tokens must not depend on the variant (sampled lanes: a step's draws
     /// depend on its k): while one is live every step runs the configured variant.
@@ -158,6 +162,7 @@ impl AdaptivePolicy {
             probe_after: PROBE_FIRST,
             spec_run: 0,
             timed: None,
+            steps_timed: false,
             forced: VecDeque::new(),
             pinned: vec![false; lanes],
         }
@@ -214,6 +219,12 @@ impl AdaptivePolicy {
             "a known variant"
         );
         self.forced.extend(schedule);
+    }
+
+    /// Says the backend observes every step's time (the CPU; CUDA would have to sync), so
+    /// plain decoding is re-timed now and then while speculation runs.
+    pub fn set_steps_timed(&mut self, timed: bool) {
+        self.steps_timed = timed;
     }
 
     /// Whether a variant has no step time at any bucket yet (a backend must measure some).
@@ -423,7 +434,7 @@ impl AdaptivePolicy {
                 self.probe_after = PROBE_FIRST;
             }
             self.spec_run += 1;
-            if self.ks[0] == 0 && self.spec_run >= RETIME_PLAIN {
+            if self.steps_timed && self.ks[0] == 0 && self.spec_run >= RETIME_PLAIN {
                 self.spec_run = 0;
                 return (0, true);
             }
@@ -707,6 +718,7 @@ mod tests {
     #[test]
     fn plain_timed_too_slow_at_load_is_re_timed_while_speculation_runs() {
         let (mut p, live) = sixteen_lanes([15.3, 21.5, 29.5, 42.2]);
+        p.set_steps_timed(true);
         assert_eq!(p.choose(16, &live), 1);
         p.observe_time(16, 1, 14.4e-3);
         let mut ran = Vec::new();

@@ -190,7 +190,8 @@ impl<'a> SpecCpuSession<'a> {
         let k = graphs.contract.max_accept();
         let mut ks: Vec<usize> = graphs.variants.iter().map(|v| v.0).collect();
         ks.push(k);
-        let policy = AdaptivePolicy::new(ks, lanes, SpecPolicy::Fixed);
+        let mut policy = AdaptivePolicy::new(ks, lanes, SpecPolicy::Fixed);
+        policy.set_steps_timed(true);
         let sync = DraftSync::new(graphs.contract.priming(), lanes);
         SpecCpuSession {
             graphs,
