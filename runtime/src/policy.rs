@@ -103,6 +103,8 @@ pub const RETIME_PLAIN: u64 = 64;
 /// Weight of a step's time in its variant's when the step before ran another variant (or
 /// another bucket): the estimate may be stale, the measurement is fresh.
 const RETIME_EMA: f64 = 0.5;
+/// A step's time counts as at most this factor off its variant's estimate.
+const OUTLIER: f64 = 2.0;
 pub const PROBE_LAST: u64 = 4096;
 
 /// The policy's state: acceptance per lane, step times per bucket, the current choice.
@@ -274,10 +276,16 @@ impl AdaptivePolicy {
         }
         let continuing = self.timed == Some((bucket, variant));
         self.timed = Some((bucket, variant));
-        let t = self.times.entry((bucket, variant)).or_insert(seconds);
+        let t = self
+            .times
+            .entry((bucket, variant))
+            .or_insert(seconds.max(1e-9));
         let before = *t;
         let weight = if continuing { TIME_EMA } else { RETIME_EMA };
-        *t += weight * (seconds.max(1e-9) - *t);
+        // One step (a burst of load beside it) moves the estimate by a bounded factor; a
+        // lasting change gets through over a few steps.
+        let seconds = seconds.clamp(before / OUTLIER, before * OUTLIER);
+        *t += weight * (seconds - *t);
         if !continuing {
             // The first step after others corrects this variant's own (stale) time.
             return;
@@ -729,5 +737,14 @@ mod tests {
         }
         assert_eq!(p.current(), Some(0), "{ran:?}");
         assert!(ran[..RETIME_PLAIN as usize].contains(&0));
+    }
+
+    /// A step slowed by a burst of load beside it (10× its time) moves its variant's time
+    /// by a bounded factor, so the variant is not priced out of every later comparison.
+    #[test]
+    fn one_slow_step_moves_its_variant_by_a_bounded_factor() {
+        let mut p = policy(SpecPolicy::Adaptive);
+        p.observe_time(1, 1, 15e-3);
+        assert!((p.time(1, 1).unwrap() - 2.25e-3).abs() < 1e-12);
     }
 }
