@@ -11,16 +11,32 @@
 //!   `a < k`): what the host reads from the token ring anyway (a lane's tokens of one step
 //!   are `a + 1`). A lane starts from the session-wide average, which every observation
 //!   also updates. Expected tokens of one lane-step at `k`: `1 + Σ_{i ≤ k} Π_{j ≤ i} α_j`.
-//! - **Step times** per (batch bucket, variant), measured when a bucket is first used (a
-//!   few timed runs of each variant on scratch states: replays on CUDA, interpreter runs on
-//!   the CPU) and, where a step's time is known without a sync (the CPU), refined by an
-//!   average of the steps that ran.
+//! - **Step times** per (batch bucket, variant), measured at load (a few timed runs of
+//!   each variant on scratch states: replays of every captured bucket on CUDA; interpreter
+//!   runs at batch 1 and at the session's lanes on the CPU, whose buckets in between are
+//!   interpolated per variant, the interpreter's step being a fixed part plus a part per
+//!   row). Where a step's time is known without a sync (the CPU), the steps that run refine
+//!   it, and every other variant of that bucket moves by [`DRIFT_SHARE`] of the same
+//!   (logarithmic) change: what changes a running step's time (the context growing, the
+//!   machine's load) changes the others too, so a variant that has not run for a while is
+//!   not compared at a stale, shorter context; only a share, so that a variant whose time
+//!   was misjudged relative to the others is corrected by running it. A variant's first
+//!   step after others corrects its own time alone. While speculation runs, one plain step
+//!   in [`RETIME_PLAIN`] re-times plain decoding where the backend times steps (its draft
+//!   falls one token behind).
+//! - **Re-priming** (a standalone draft after plain steps) costs host time before the next
+//!   speculative step; the CPU measures it per draft-prefill row-token, and a probe (below)
+//!   must be worth it paying that cost.
 //! - **Choice**: the variant with the most expected tokens per second over the lanes in the
 //!   step, kept unless another beats it by [`HYSTERESIS`] (no flapping on noise).
 //! - **Probing**: acceptance is learnt from speculative steps only, so while plain decoding
-//!   wins the estimates freeze. When a speculative variant could still win with every draft
-//!   token accepted, one step of it runs after [`PROBE_FIRST`] plain steps, then after
-//!   twice as many each time plain stays ahead (up to [`PROBE_LAST`]).
+//!   wins the estimates freeze. One step of a speculative variant runs after
+//!   [`PROBE_FIRST`] plain steps, then after twice as many each time plain stays ahead (up
+//!   to [`PROBE_LAST`]), when it is worth its cost: the probe's step and the re-priming of
+//!   the plain stretch behind it (measured, per row-token) must cost fewer tokens than the
+//!   variant, with every draft token accepted, would gain over plain decoding in a stretch
+//!   as long again. At many lanes, where a fully accepted draft barely beats plain
+//!   decoding, nothing is probed.
 //!
 //! Switching keeps every lane exact: verify accepts only the target's own tokens whatever
 //! the draft proposed. It does move the draft: a plain step leaves a standalone draft's
@@ -32,6 +48,21 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::sync::OnceLock;
+
+/// Whether `SPECC_POLICY_TRACE=1`: every decision prints each variant's estimate, and each
+/// step its measured time and tokens, to stderr.
+pub fn trace_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SPECC_POLICY_TRACE").is_ok_and(|v| v == "1"))
+}
+
+/// Prints one trace line, prefixed with the seconds since the first line.
+pub fn trace(line: fmt::Arguments) {
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    let t = START.get_or_init(std::time::Instant::now).elapsed();
+    eprintln!("{:.4} {line}", t.as_secs_f64());
+}
 
 /// How the host picks each step's variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,8 +92,19 @@ const PRIOR_EMA: f64 = 0.02;
 const PRIOR_ALPHA: f64 = 0.7;
 /// Weight of one measured step in a variant's time.
 const TIME_EMA: f64 = 0.1;
+/// Share of the running variant's (logarithmic) time change the other variants of its
+/// bucket follow: the part put down to what moves every variant (context, load).
+pub const DRIFT_SHARE: f64 = 0.5;
 /// Plain steps before the first probe of a speculative variant, and the most between two.
 pub const PROBE_FIRST: u64 = 64;
+/// Speculative steps between two plain steps that re-time plain decoding (cheap: its
+/// draft falls one token behind).
+pub const RETIME_PLAIN: u64 = 64;
+/// Weight of a step's time in its variant's when the step before ran another variant (or
+/// another bucket): the estimate may be stale, the measurement is fresh.
+const RETIME_EMA: f64 = 0.5;
+/// A step's time counts as at most this factor off its variant's estimate.
+const OUTLIER: f64 = 2.0;
 pub const PROBE_LAST: u64 = 4096;
 
 /// The policy's state: acceptance per lane, step times per bucket, the current choice.
@@ -77,11 +119,21 @@ pub struct AdaptivePolicy {
     lanes: Vec<Vec<f64>>,
     /// Seconds per step, by (bucket, variant).
     times: HashMap<(usize, usize), f64>,
+    /// Seconds of draft re-priming per prefill row-token (rows × tokens of the gap), once
+    /// measured.
+    reprime: Option<f64>,
     current: Option<usize>,
     /// The variant of the last step (the current one, or a probe).
     last: Option<usize>,
     plain_run: u64,
     probe_after: u64,
+    /// Speculative steps since plain decoding last ran (or was re-timed).
+    spec_run: u64,
+    /// The variant and bucket of the last step whose time was observed.
+    timed: Option<(usize, usize)>,
+    /// Whether the backend observes every step's time ([`AdaptivePolicy::observe_time`]):
+    /// only then does a plain step re-time plain decoding while speculation runs.
+    steps_timed: bool,
     forced: VecDeque<usize>,
     /// Lanes whose tokens must not depend on the variant (sampled lanes: a step's draws
     /// depend on its k): while one is live every step runs the configured variant.
@@ -105,10 +157,14 @@ impl AdaptivePolicy {
             lanes: vec![prior.clone(); lanes],
             prior,
             times: HashMap::new(),
+            reprime: None,
             current: None,
             last: None,
             plain_run: 0,
             probe_after: PROBE_FIRST,
+            spec_run: 0,
+            timed: None,
+            steps_timed: false,
             forced: VecDeque::new(),
             pinned: vec![false; lanes],
         }
@@ -167,9 +223,15 @@ impl AdaptivePolicy {
         self.forced.extend(schedule);
     }
 
-    /// Whether step times at `bucket` are still to be measured.
-    pub fn needs_times(&self, bucket: usize) -> bool {
-        self.switches() && (0..self.ks.len()).any(|v| !self.times.contains_key(&(bucket, v)))
+    /// Says the backend observes every step's time (the CPU; CUDA would have to sync), so
+    /// plain decoding is re-timed now and then while speculation runs.
+    pub fn set_steps_timed(&mut self, timed: bool) {
+        self.steps_timed = timed;
+    }
+
+    /// Whether a variant has no step time at any bucket yet (a backend must measure some).
+    pub fn needs_times(&self) -> bool {
+        self.switches() && (0..self.ks.len()).any(|v| !self.times.keys().any(|&(_, u)| u == v))
     }
 
     /// Sets a variant's step time at `bucket` (a measurement at load).
@@ -177,10 +239,74 @@ impl AdaptivePolicy {
         self.times.insert((bucket, variant), seconds.max(1e-9));
     }
 
-    /// Folds the measured time of a step that ran into its variant's average.
+    /// A variant's step time at `bucket`: measured or refined there, else interpolated
+    /// linearly in the bucket between the nearest buckets with a time below and above it
+    /// (the nearest one's time where only one side has one).
+    pub fn time(&self, bucket: usize, variant: usize) -> Option<f64> {
+        if let Some(&t) = self.times.get(&(bucket, variant)) {
+            return Some(t);
+        }
+        let known = self.times.iter().filter(|((_, v), _)| *v == variant);
+        let below = known
+            .clone()
+            .filter(|((b, _), _)| *b < bucket)
+            .max_by_key(|((b, _), _)| *b);
+        let above = known
+            .filter(|((b, _), _)| *b > bucket)
+            .min_by_key(|((b, _), _)| *b);
+        match (below, above) {
+            (Some((&(b0, _), &t0)), Some((&(b1, _), &t1))) => {
+                let f = (bucket - b0) as f64 / (b1 - b0) as f64;
+                Some(t0 + f * (t1 - t0))
+            }
+            (Some((_, &t)), None) | (None, Some((_, &t))) => Some(t),
+            (None, None) => None,
+        }
+    }
+
+    /// Folds the measured time of a step that ran into its variant's average at `bucket`.
+    /// A step that continues a run of its variant moves every other variant's time there by
+    /// [`DRIFT_SHARE`] of its change; the first after others corrects its own time only,
+    /// with more weight ([`RETIME_EMA`]).
     pub fn observe_time(&mut self, bucket: usize, variant: usize, seconds: f64) {
-        let t = self.times.entry((bucket, variant)).or_insert(seconds);
-        *t += TIME_EMA * (seconds.max(1e-9) - *t);
+        for v in 0..self.ks.len() {
+            if let Some(t) = self.time(bucket, v) {
+                self.times.entry((bucket, v)).or_insert(t);
+            }
+        }
+        let continuing = self.timed == Some((bucket, variant));
+        self.timed = Some((bucket, variant));
+        let t = self
+            .times
+            .entry((bucket, variant))
+            .or_insert(seconds.max(1e-9));
+        let before = *t;
+        let weight = if continuing { TIME_EMA } else { RETIME_EMA };
+        // One step (a burst of load beside it) moves the estimate by a bounded factor; a
+        // lasting change gets through over a few steps.
+        let seconds = seconds.clamp(before / OUTLIER, before * OUTLIER);
+        *t += weight * (seconds - *t);
+        if !continuing {
+            // The first step after others corrects this variant's own (stale) time.
+            return;
+        }
+        let factor = (*t / before).powf(DRIFT_SHARE);
+        for v in (0..self.ks.len()).filter(|&v| v != variant) {
+            if let Some(t) = self.times.get_mut(&(bucket, v)) {
+                *t *= factor;
+            }
+        }
+    }
+
+    /// Folds a measured re-priming of the draft (`row_tokens` = prefill rows × tokens) into
+    /// its cost per row-token.
+    pub fn observe_reprime(&mut self, row_tokens: usize, seconds: f64) {
+        if row_tokens == 0 {
+            return;
+        }
+        let per = seconds / row_tokens as f64;
+        let r = self.reprime.get_or_insert(per);
+        *r += TIME_EMA * (per - *r);
     }
 
     /// Lane `lane` starts a new sequence: its acceptance is the session-wide average.
@@ -218,7 +344,7 @@ impl AdaptivePolicy {
 
     /// Expected tokens per second of `variant` at `bucket` over the lanes in `live`.
     pub fn goodput(&self, bucket: usize, variant: usize, live: &[bool]) -> f64 {
-        let t = self.times.get(&(bucket, variant)).copied().unwrap_or(1.0);
+        let t = self.time(bucket, variant).unwrap_or(1.0);
         let tokens: f64 = live
             .iter()
             .enumerate()
@@ -231,6 +357,9 @@ impl AdaptivePolicy {
     /// The variant of the next step at `bucket` over the lanes in `live`; counts it.
     pub fn choose(&mut self, bucket: usize, live: &[bool]) -> usize {
         let (v, probe) = self.pick(bucket, live);
+        if trace_on() {
+            self.trace_choice(bucket, live, v, probe);
+        }
         self.steps[v] += 1;
         self.last = Some(v);
         // A probe is not the policy's choice: the next step starts from the current one.
@@ -238,6 +367,51 @@ impl AdaptivePolicy {
             self.current = Some(v);
         }
         v
+    }
+
+    /// Prints each variant's estimate at `bucket` over `live` and the pick.
+    fn trace_choice(&self, bucket: usize, live: &[bool], v: usize, probe: bool) {
+        let n = live.iter().filter(|&&l| l).count();
+        let est: Vec<String> = (0..self.ks.len())
+            .map(|u| {
+                let t = self.time(bucket, u).unwrap_or(f64::NAN);
+                let tok = self.goodput(bucket, u, live) * t;
+                format!(
+                    "k={} {:.2}ms {:.1}tok {:.0}tok/s",
+                    self.ks[u],
+                    t * 1e3,
+                    tok,
+                    tok / t
+                )
+            })
+            .collect();
+        trace(format_args!(
+            "policy bucket={bucket} live={n} | {} | pick k={}{}",
+            est.join(" | "),
+            self.ks[v],
+            if probe { " (probe)" } else { "" }
+        ));
+    }
+
+    /// Prints what a step of `variant` did: its measured time, the tokens it emitted, and
+    /// the host work before it (draft re-priming).
+    pub fn trace_step(
+        &self,
+        bucket: usize,
+        variant: usize,
+        step_s: f64,
+        tokens: usize,
+        host_s: f64,
+    ) {
+        if trace_on() {
+            trace(format_args!(
+                "step bucket={bucket} k={} {:.2}ms {tokens}tok {:.0}tok/s host {:.2}ms",
+                self.ks[variant],
+                step_s * 1e3,
+                tokens as f64 / step_s,
+                host_s * 1e3
+            ));
+        }
     }
 
     /// The variant, and whether it is a probe.
@@ -267,22 +441,39 @@ impl AdaptivePolicy {
             if keep == best {
                 self.probe_after = PROBE_FIRST;
             }
+            self.spec_run += 1;
+            if self.steps_timed && self.ks[0] == 0 && self.spec_run >= RETIME_PLAIN {
+                self.spec_run = 0;
+                return (0, true);
+            }
             return (keep, false);
         }
+        self.spec_run = 0;
         self.plain_run += 1;
+        if self.plain_run < self.probe_after {
+            return (keep, false);
+        }
+        // A probe of `v` costs the tokens plain decoding would have emitted in its time
+        // (its step and the re-priming of every lane's draft over the plain stretch behind
+        // it) less its own; it is worth it when `v`, were every draft token accepted, would
+        // gain more than that over a stretch as long again.
         let live_n = live.iter().filter(|&&l| l).count() as f64;
-        let optimistic = |v: usize| {
-            let t = self.times.get(&(bucket, v)).copied().unwrap_or(1.0);
-            live_n * (self.ks[v] + 1) as f64 / t
+        let run = self.plain_run as f64;
+        let plain_t = self.time(bucket, keep).unwrap_or(1.0);
+        let reprime = self.reprime.unwrap_or(0.0) * live_n * run;
+        let worth = |v: usize| {
+            let t = self.time(bucket, v).unwrap_or(1.0);
+            let best_case = live_n * (self.ks[v] + 1) as f64 / t;
+            let gain = (best_case - good[keep]) * run * plain_t;
+            let cost = (t + reprime) * good[keep] - good[v] * t;
+            gain > cost
         };
-        let could_win = (0..n).any(|v| self.ks[v] > 0 && optimistic(v) > good[keep]);
-        if could_win && self.plain_run >= self.probe_after {
+        let probe = (0..n)
+            .filter(|&v| self.ks[v] > 0 && worth(v))
+            .max_by(|&a, &b| good[a].total_cmp(&good[b]));
+        if let Some(probe) = probe {
             self.plain_run = 0;
             self.probe_after = (self.probe_after * 2).min(PROBE_LAST);
-            let probe = (0..n)
-                .filter(|&v| self.ks[v] > 0)
-                .max_by(|&a, &b| good[a].total_cmp(&good[b]))
-                .expect("a speculative variant");
             return (probe, true);
         }
         (keep, false)
@@ -412,5 +603,148 @@ mod tests {
         );
         p.pin(1, false);
         assert_eq!(p.choose(1, &[true, true]), 0);
+    }
+
+    /// The embedded default at 16 lanes on the 2-core EPYC (bench/NOTES.md): variants k = 0,
+    /// 1, 3, 5 timed at load (`calibrated`, ms), the lanes accepting what forced runs
+    /// measured (22.7 / 28.2 tokens a step over 16 lanes at k = 1 / 3).
+    fn sixteen_lanes(calibrated: [f64; 4]) -> (AdaptivePolicy, Vec<bool>) {
+        let mut p = AdaptivePolicy::new(vec![0, 1, 3, 5], 16, SpecPolicy::Adaptive);
+        for (v, t) in calibrated.into_iter().enumerate() {
+            p.set_time(16, v, t * 1e-3);
+        }
+        for lane in 0..16 {
+            p.lanes[lane] = vec![0.42, 0.55, 0.47, 0.35, 0.3];
+        }
+        (p, vec![true; 16])
+    }
+
+    #[test]
+    fn sixteen_lanes_at_the_measured_step_times_pick_plain_decoding() {
+        // Forced-variant step times at realistic contexts: 5.8 / 14.4 / 23.5 / 30.1 ms.
+        let (mut p, live) = sixteen_lanes([5.8, 14.4, 23.5, 30.1]);
+        let tokens = |p: &AdaptivePolicy, v| (0..16).map(|l| p.expected_tokens(l, v)).sum::<f64>();
+        assert!((tokens(&p, 1) - 22.7).abs() < 0.1 && (tokens(&p, 3) - 28.2).abs() < 0.1);
+        assert_eq!(p.choose(16, &live), 0);
+    }
+
+    /// The failure at c = 16: variants timed at context 0 at load, then plain steps ran
+    /// while the contexts grew (5.8 → 9 ms a step). Only the running variant's time used
+    /// to follow, so k = 1's context-0 time soon looked cheaper than it was and the policy
+    /// switched to it.
+    #[test]
+    fn a_growing_context_does_not_make_an_idle_variant_look_cheaper() {
+        let (mut p, live) = sixteen_lanes([4.56, 9.92, 22.71, 29.13]);
+        assert_eq!(p.choose(16, &live), 0);
+        for step in 0..130 {
+            let ms = 5.8 + 3.2 * step as f64 / 130.0;
+            p.observe_time(16, 0, ms * 1e-3);
+            let v = p.choose(16, &live);
+            assert_eq!(p.current(), Some(0), "step {step}: ran k = {}", p.ks()[v]);
+        }
+        // k = 1 followed half of plain's (logarithmic) growth.
+        let grown = p.time(16, 1).unwrap() / 9.92e-3;
+        assert!(grown > 1.15 && grown < 1.5, "{grown}");
+    }
+
+    /// A variant whose time was misjudged at load (too cheap) is corrected by running it:
+    /// the others follow only part of its change.
+    #[test]
+    fn a_variant_timed_too_cheap_at_load_is_corrected_by_running_it() {
+        let (mut p, live) = sixteen_lanes([5.8, 6.0, 23.5, 30.1]);
+        assert_eq!(p.choose(16, &live), 1);
+        for _ in 0..60 {
+            p.observe_time(16, 1, 14.4e-3);
+            p.choose(16, &live);
+        }
+        assert_eq!(p.current(), Some(0));
+    }
+
+    #[test]
+    fn one_lane_accepting_three_and_a_half_tokens_picks_a_long_draft() {
+        // Times at load at batch 1 on the EPYC: 2.0 / 2.3 / 3.1 / 3.9 ms.
+        let mut p = AdaptivePolicy::new(vec![0, 1, 3, 5], 1, SpecPolicy::Adaptive);
+        for (v, t) in [2.0, 2.3, 3.1, 3.9].into_iter().enumerate() {
+            p.set_time(1, v, t * 1e-3);
+        }
+        p.lanes[0] = vec![0.78; 5];
+        assert!((p.expected_tokens(0, 5) - 3.5).abs() < 0.1);
+        let v = p.choose(1, &[true]);
+        assert!(p.ks()[v] >= 3, "picked k = {}", p.ks()[v]);
+    }
+
+    #[test]
+    fn buckets_between_timed_ones_are_interpolated_and_refined_where_they_run() {
+        let mut p = AdaptivePolicy::new(vec![0, 1], 16, SpecPolicy::Adaptive);
+        p.set_time(1, 0, 2e-3);
+        p.set_time(16, 0, 5e-3);
+        p.set_time(1, 1, 2e-3);
+        p.set_time(16, 1, 14e-3);
+        assert!(!p.needs_times());
+        assert!((p.time(6, 0).unwrap() - 3e-3).abs() < 1e-9);
+        assert!((p.time(6, 1).unwrap() - 6e-3).abs() < 1e-9);
+        // The first step at bucket 6 corrects plain's time alone, by half the error.
+        p.observe_time(6, 0, 4e-3);
+        assert!((p.time(6, 0).unwrap() - 3.5e-3).abs() < 1e-9);
+        assert!((p.time(6, 1).unwrap() - 6e-3).abs() < 1e-9);
+        // The next refines it by a tenth, and k = 1 follows a share of that.
+        p.observe_time(6, 0, 4e-3);
+        assert!((p.time(6, 0).unwrap() - 3.55e-3).abs() < 1e-9);
+        let followed = (p.time(6, 1).unwrap() / 6e-3).ln() / (3.55f64 / 3.5).ln();
+        assert!((followed - DRIFT_SHARE).abs() < 1e-9, "{followed}");
+        assert_eq!(p.time(16, 0), Some(5e-3), "other buckets keep theirs");
+    }
+
+    /// A probe must be worth its re-priming: a plain step leaves every lane's draft one more
+    /// token behind, and a probe re-primes the whole stretch.
+    #[test]
+    fn speculation_that_cannot_pay_for_re_priming_is_not_probed() {
+        let probes = |p: &mut AdaptivePolicy, steps: u64| {
+            (0..steps)
+                .filter(|_| p.choose(16, &[true; 16]) != 0)
+                .count()
+        };
+        // Re-priming unknown: k = 5 fully accepted (96 tokens / 30.1 ms against plain's
+        // 16 / 5.8 ms) would gain 160 tokens over 64 plain steps; its step costs 53.
+        let (mut p, _) = sixteen_lanes([5.8, 14.4, 23.5, 30.1]);
+        assert_eq!(probes(&mut p, PROBE_FIRST), 1);
+        // Re-priming at 50 µs per row-token (measured on the idle EPYC): after 64 plain
+        // steps the probe costs 195 tokens for 160 to gain, after 128 336 for 319. Each
+        // plain step adds 2.2 tokens of re-priming to the cost and 2.5 to the gain, so a
+        // longer stretch would pay: not within the 128 steps of a 128-token request.
+        let (mut p, _) = sixteen_lanes([5.8, 14.4, 23.5, 30.1]);
+        p.observe_reprime(16 * 40, 16.0 * 40.0 * 50e-6);
+        assert_eq!(probes(&mut p, 2 * PROBE_FIRST), 0);
+        // At 112 µs (measured with builds running beside it) a stretch never pays.
+        let (mut p, _) = sixteen_lanes([5.8, 14.4, 23.5, 30.1]);
+        p.observe_reprime(16 * 40, 16.0 * 40.0 * 112e-6);
+        assert_eq!(probes(&mut p, 2 * PROBE_LAST), 0);
+    }
+
+    /// Plain decoding timed too slow at load (a build running beside the calibration) is
+    /// re-timed by an occasional plain step while speculation runs.
+    #[test]
+    fn plain_timed_too_slow_at_load_is_re_timed_while_speculation_runs() {
+        let (mut p, live) = sixteen_lanes([15.3, 21.5, 29.5, 42.2]);
+        p.set_steps_timed(true);
+        assert_eq!(p.choose(16, &live), 1);
+        p.observe_time(16, 1, 14.4e-3);
+        let mut ran = Vec::new();
+        for _ in 0..3 * RETIME_PLAIN {
+            let v = p.choose(16, &live);
+            p.observe_time(16, v, [5.8, 14.4, 23.5, 30.1][v] * 1e-3);
+            ran.push(v);
+        }
+        assert_eq!(p.current(), Some(0), "{ran:?}");
+        assert!(ran[..RETIME_PLAIN as usize].contains(&0));
+    }
+
+    /// A step slowed by a burst of load beside it (10× its time) moves its variant's time
+    /// by a bounded factor, so the variant is not priced out of every later comparison.
+    #[test]
+    fn one_slow_step_moves_its_variant_by_a_bounded_factor() {
+        let mut p = policy(SpecPolicy::Adaptive);
+        p.observe_time(1, 1, 15e-3);
+        assert!((p.time(1, 1).unwrap() - 2.25e-3).abs() < 1e-12);
     }
 }

@@ -19,6 +19,8 @@ use crate::policy::{AdaptivePolicy, SpecPolicy};
 
 use crate::RuntimeError;
 
+mod timing;
+
 pub use specc_ir::engine::DraftKind;
 
 /// The graphs of one method and its contract: prefill of target and draft, and the step.
@@ -182,7 +184,8 @@ impl<'a> SpecCpuSession<'a> {
         let k = graphs.contract.max_accept();
         let mut ks: Vec<usize> = graphs.variants.iter().map(|v| v.0).collect();
         ks.push(k);
-        let policy = AdaptivePolicy::new(ks, lanes, SpecPolicy::Fixed);
+        let mut policy = AdaptivePolicy::new(ks, lanes, SpecPolicy::Fixed);
+        policy.set_steps_timed(true);
         let sync = DraftSync::new(graphs.contract.priming(), lanes);
         SpecCpuSession {
             graphs,
@@ -434,6 +437,7 @@ impl<'a> SpecCpuSession<'a> {
         if lane >= self.rows {
             self.resize(lane + 1)?;
         }
+        let t0 = Instant::now();
         let full = std::mem::take(&mut self.states);
         let rows = std::mem::replace(&mut self.rows, 1);
         let drained = std::mem::take(&mut self.drained);
@@ -447,6 +451,13 @@ impl<'a> SpecCpuSession<'a> {
         }
         self.drained[lane] = 0;
         self.admitted(lane, prompt, first);
+        if crate::policy::trace_on() {
+            crate::policy::trace(format_args!(
+                "admit lane={lane} prompt={} {:.2}ms",
+                prompt.len(),
+                t0.elapsed().as_secs_f64() * 1e3
+            ));
+        }
         Ok(first)
     }
 
@@ -600,26 +611,6 @@ impl<'a> SpecCpuSession<'a> {
         }
     }
 
-    /// Times every variant's step at the current batch (the best of two interpreter runs
-    /// on scratch states whose lanes are all finished: the interpreter computes every row
-    /// of a masked lane too, so the time is the step's).
-    fn calibrate(&mut self) -> Result<(), RuntimeError> {
-        let bucket = self.rows;
-        for v in 0..self.policy.ks().len() {
-            let g = self.variant_graph(v);
-            let mut scratch = HashMap::new();
-            self.zero_states(g, &mut scratch)?;
-            let mut best = f64::INFINITY;
-            for _ in 0..2 {
-                let t0 = Instant::now();
-                self.run_on(g, 1, HashMap::new(), &mut scratch)?;
-                best = best.min(t0.elapsed().as_secs_f64());
-            }
-            self.policy.set_time(bucket, v, best);
-        }
-        Ok(())
-    }
-
     /// Keeps each lane's draft whole for a step of `k` draft tokens over `live`: before a
     /// plain step every lane's tokens must be read (so its gap starts where it is known),
     /// before a speculative one every lane behind is re-primed by the draft prefill.
@@ -641,7 +632,10 @@ impl<'a> SpecCpuSession<'a> {
                 ("tokens".to_string(), ids(r.tokens)),
                 ("positions".to_string(), ids(r.positions)),
             ]);
+            let t0 = Instant::now();
             self.run(self.graphs.draft_prefill, r.t as u64, inputs)?;
+            self.policy
+                .observe_reprime(self.rows * r.t, t0.elapsed().as_secs_f64());
         }
         Ok(())
     }
@@ -651,20 +645,22 @@ impl<'a> SpecCpuSession<'a> {
         self.ensure_step_states()?;
         let live = self.live();
         let bucket = self.rows;
-        if self.policy.needs_times(bucket) {
-            self.calibrate()?;
+        if self.policy.needs_times() {
+            self.calibrate(bucket)?;
         }
         let v = self.policy.choose(bucket, &live);
         let k = self.policy.ks()[v];
         let single = self.policy.ks().len() == 1;
+        let t_sync = Instant::now();
         if !single {
             self.sync_draft(k, &live)?;
         }
+        let host_s = t_sync.elapsed().as_secs_f64();
         let t0 = Instant::now();
         let out = self.run(self.variant_graph(v), 1, HashMap::new())?;
+        let step_s = t0.elapsed().as_secs_f64();
         if self.policy.switches() {
-            self.policy
-                .observe_time(bucket, v, t0.elapsed().as_secs_f64());
+            self.policy.observe_time(bucket, v, step_s);
         }
         let acc = ints(
             out.get("accepted")
@@ -679,6 +675,13 @@ impl<'a> SpecCpuSession<'a> {
                 self.policy.observe(b, v, a);
             }
         }
+        let tokens = acc
+            .iter()
+            .zip(&live)
+            .filter(|(_, &l)| l)
+            .map(|(&a, _)| (a as usize).min(k) + 1)
+            .sum();
+        self.policy.trace_step(bucket, v, step_s, tokens, host_s);
         self.stats.steps += 1;
         Ok(())
     }

@@ -139,7 +139,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             let weights = r.cpu_weights(&graphs, &contract.roles())?;
             announce();
             let mut s = SpecCpuSession::new(sg, &weights, 1, max_context);
-            s.policy_mut().set_mode(policy);
+            s.set_policy(policy)?;
             generate(&mut s, &out)
         }
         Backend::Cuda => {

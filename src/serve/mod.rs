@@ -163,7 +163,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             let sg = SpecGraphs::from_engine(&contract, &graphs)?;
             let weights = r.cpu_weights(&graphs, &contract.roles())?;
             let mut s = SpecCpuSession::new(sg, &weights, want_lanes, r.engine.max_context);
-            s.policy_mut().set_mode(policy);
+            s.set_policy(policy)?;
             let addr = listen(&a.host, a.port, app)?;
             announce(addr);
             batcher::run(&mut s, rx, &ctx);

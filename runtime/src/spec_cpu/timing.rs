@@ -1,0 +1,127 @@
+//! Step times for adaptive speculation on the CPU: every variant timed at load, and the
+//! cost of re-priming a standalone draft (what [`crate::AdaptivePolicy`] compares).
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use specc_ir::interp::{Data, Tensor};
+use specc_ir::DType;
+use specc_models::methods::LEN;
+
+use super::SpecCpuSession;
+use crate::policy::SpecPolicy;
+use crate::RuntimeError;
+
+/// Context every scratch lane sits at when variants are timed: a step's time grows with the
+/// context its attention reads, and at context 0 the draft's share of a step is largest.
+const CALIBRATION_CONTEXT: u64 = 128;
+/// Timed runs of each variant at load (after one untimed).
+const CALIBRATION_ROUNDS: usize = 3;
+/// Tokens per row of the draft re-priming timed at load.
+const CALIBRATION_GAP: usize = 16;
+
+impl SpecCpuSession<'_> {
+    /// Sets how each step's variant is chosen. Adaptive speculation times every variant
+    /// here, at load, at batch 1 and at the session's lanes (buckets in between are
+    /// interpolated, [`AdaptivePolicy::time`]), so no step pays for timing.
+    pub fn set_policy(&mut self, mode: SpecPolicy) -> Result<(), RuntimeError> {
+        self.policy.set_mode(mode);
+        if self.policy.switches() {
+            self.calibrate(1)?;
+            if self.lanes > 1 {
+                self.calibrate(self.lanes)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Times every variant's step at batch `rows`: the best of [`CALIBRATION_ROUNDS`]
+    /// interpreter runs, after one untimed, the variants taking turns in each round (so a
+    /// burst of load on the machine slows all of them, not one), on scratch states whose
+    /// lanes are all finished but sit at [`CALIBRATION_CONTEXT`] (the interpreter computes
+    /// every row of a masked lane too, and attention reads the slots below a lane's
+    /// length, so the time is a step's at that context). The session's states are not
+    /// touched.
+    pub(super) fn calibrate(&mut self, rows: usize) -> Result<(), RuntimeError> {
+        let k = self.graphs.contract.max_accept() as u64;
+        let context = CALIBRATION_CONTEXT.min(self.max_context.saturating_sub(k + 2));
+        let session_rows = std::mem::replace(&mut self.rows, rows);
+        let res = (|| {
+            let n = self.policy.ks().len();
+            let mut scratch = Vec::with_capacity(n);
+            for v in 0..n {
+                let mut states = HashMap::new();
+                self.zero_states(self.variant_graph(v), &mut states)?;
+                if let Some(Data::I64(len)) = states.get_mut(LEN).map(|t| &mut t.data) {
+                    len.fill(context as i64);
+                }
+                scratch.push(states);
+            }
+            let mut best = vec![f64::INFINITY; n];
+            for round in 0..=CALIBRATION_ROUNDS {
+                for (v, states) in scratch.iter_mut().enumerate() {
+                    let t0 = Instant::now();
+                    self.run_on(self.variant_graph(v), 1, HashMap::new(), states)?;
+                    if round > 0 {
+                        best[v] = best[v].min(t0.elapsed().as_secs_f64());
+                    }
+                }
+            }
+            for (v, &t) in best.iter().enumerate() {
+                self.policy.set_time(rows, v, t);
+                if crate::policy::trace_on() {
+                    crate::policy::trace(format_args!(
+                        "calibrate bucket={rows} k={} {:.2}ms",
+                        self.policy.ks()[v],
+                        t * 1e3
+                    ));
+                }
+            }
+            if self.sync.can_reprime() {
+                self.time_reprime(context)?;
+            }
+            Ok(())
+        })();
+        self.rows = session_rows;
+        res
+    }
+
+    /// Times a draft re-priming of [`CALIBRATION_GAP`] tokens in every row up to `context`
+    /// (the best of two runs on scratch states) for the policy's cost of switching back
+    /// from plain decoding.
+    fn time_reprime(&mut self, context: u64) -> Result<(), RuntimeError> {
+        let g = self.graphs.draft_prefill;
+        let (rows, t) = (self.rows, CALIBRATION_GAP);
+        let mut scratch = HashMap::new();
+        self.zero_states(g, &mut scratch)?;
+        // The gap ends at `context` (below the context the engine holds).
+        let from = (context as usize).saturating_sub(t);
+        let positions: Vec<i64> = (0..rows)
+            .flat_map(|_| (0..t).map(|j| (from + j) as i64))
+            .collect();
+        let inputs = HashMap::from([
+            (
+                "tokens".to_string(),
+                Tensor::from_i64(DType::I32, vec![rows, t], vec![0; rows * t]),
+            ),
+            (
+                "positions".to_string(),
+                Tensor::from_i64(DType::I32, vec![rows, t], positions),
+            ),
+        ]);
+        let mut best = f64::INFINITY;
+        for _ in 0..2 {
+            let t0 = Instant::now();
+            self.run_on(g, t as u64, inputs.clone(), &mut scratch)?;
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        self.policy.observe_reprime(rows * t, best);
+        if crate::policy::trace_on() {
+            crate::policy::trace(format_args!(
+                "calibrate bucket={rows} reprime of {t} tokens {:.2}ms",
+                best * 1e3
+            ));
+        }
+        Ok(())
+    }
+}
