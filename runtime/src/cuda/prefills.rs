@@ -7,6 +7,7 @@
 //! written into the arena's input slots before the replay, outputs read after it), so
 //! nothing in a prefill depends on a host value at capture time.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use specc_ir::engine::{BucketPlan, GraphRole};
@@ -58,13 +59,14 @@ impl PrefillGraphs {
         t: usize,
         plan: &BucketPlan,
     ) -> Result<&PrefillGraph, RuntimeError> {
-        if !self.graphs.contains_key(&(role, t)) {
-            let loaded = engine.load(plan)?;
-            let captured = engine.capture(&loaded)?;
-            self.graphs
-                .insert((role, t), PrefillGraph { loaded, captured });
-        }
-        Ok(&self.graphs[&(role, t)])
+        Ok(match self.graphs.entry((role, t)) {
+            Entry::Occupied(g) => g.into_mut(),
+            Entry::Vacant(slot) => {
+                let loaded = engine.load(plan)?;
+                let captured = engine.capture(&loaded)?;
+                slot.insert(PrefillGraph { loaded, captured })
+            }
+        })
     }
 
     /// The graph of `(role, t)` if it was captured.
