@@ -40,7 +40,7 @@ fn engine_8b(max_context: u64, extras: EngineExtras) -> (Model, Engine) {
     })
     .unwrap();
     let opts = BuildOptions {
-        cubins: Cubins::IfAvailable,
+        cubins: Cubins::Never,
         ..BuildOptions::default()
     };
     let built = build(input, &Target::for_archs(&[Arch::Sm90a]), &opts)
