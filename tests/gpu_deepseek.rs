@@ -15,8 +15,8 @@ mod gpu_common;
 
 use deepseek_drafters::{dflash_drafter, eagle3_head};
 use gpu_common::{
-    assert_exact, build_engine, drive, fixture, gpu, greedy_cpu, hf_reference, rel_l2, rel_l2_f32,
-    session, spread_prompts,
+    assert_exact, build_engine, build_logits_engine, drive, fixture, gpu, greedy_cpu, hf_reference,
+    rel_l2, rel_l2_f32, session, spread_prompts,
 };
 use specc_models::{Model, SpecConfig};
 use specc_runtime::DraftKind;
@@ -40,7 +40,7 @@ fn prefill_logits_match_hf_transformers() {
     for name in FIXTURES {
         let target = Model::open(fixture(name)).unwrap();
         let (ids, want) = hf_reference(&fixture(name));
-        let (engine, _) = build_engine(&target, None, &[1], 256);
+        let engine = build_logits_engine(&target, 256, None);
         let mut s = session(&engine, &target, None, 1);
         let got = s.prefill_logits(&ids).unwrap();
         assert_eq!(got.len(), want.len());

@@ -8,8 +8,8 @@ mod common;
 mod gpu_common;
 
 use gpu_common::{
-    build_engine, build_engine_with, default_model, drive, fixture, gpu, greedy_cpu, hf_reference,
-    rel_l2, rel_l2_f32, session, spread_prompts,
+    build_engine, build_logits_engine, default_model, drive, fixture, gpu, greedy_cpu,
+    hf_reference, rel_l2, rel_l2_f32, session, spread_prompts,
 };
 use specc_models::{Model, RandomWeights, SpecConfig};
 use specc_runtime::DraftKind;
@@ -76,7 +76,7 @@ fn prefill_logits_match_hf_transformers() {
     for name in ["llama3_scaled_untied", "llama_tied", "qwen3_headdim"] {
         let target = Model::open(fixture(name)).unwrap();
         let (ids, want) = hf_reference(&fixture(name));
-        let (engine, _) = build_engine(&target, None, &[1], 256);
+        let engine = build_logits_engine(&target, 256, None);
         let mut s = session(&engine, &target, None, 1);
         let got = s.prefill_logits(&ids).unwrap();
         assert_eq!(got.len(), want.len());
@@ -191,14 +191,7 @@ fn llama8b_shaped_first_step_logits_match_cpu() {
     let target = Model::open_random(&dir, 7).unwrap();
     let ids: Vec<u32> = vec![128000, 791, 4062, 14198, 39935, 35308, 927, 279];
     let (_, cpu) = target.logits(&target.load_weights_f32(), &ids).unwrap();
-    let (engine, _) = build_engine_with(
-        &target,
-        None,
-        &[1],
-        1024,
-        &[],
-        Some(RandomWeights::seeded(7)),
-    );
+    let engine = build_logits_engine(&target, 1024, Some(RandomWeights::seeded(7)));
     let mut s = session(&engine, &target, None, 1);
     let gpu = s.prefill_logits(&ids).unwrap();
     let rel = rel_l2_f32(&gpu, &cpu);
@@ -236,14 +229,7 @@ fn uncommon_head_dims_match_cpu() {
         let target = random_llama_with_head_dim(head_dim);
         let ids: Vec<u32> = vec![1, 17, 300, 41, 5, 77, 200, 9];
         let (_, cpu) = target.logits(&target.load_weights_f32(), &ids).unwrap();
-        let (engine, _) = build_engine_with(
-            &target,
-            None,
-            &[1],
-            256,
-            &[],
-            Some(RandomWeights::seeded(11)),
-        );
+        let engine = build_logits_engine(&target, 256, Some(RandomWeights::seeded(11)));
         let mut s = session(&engine, &target, None, 1);
         let gpu = s.prefill_logits(&ids).unwrap();
         let rel = rel_l2_f32(&gpu, &cpu);

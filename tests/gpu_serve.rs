@@ -13,6 +13,7 @@ mod lanes_common;
 use gpu_common::{build_engine, corpus_prompts, default_model, gpu, session};
 use lanes_common::{alone, serve, staggered};
 use specc_ir::engine::Engine;
+use specc_models::spec_bundle::prefill_buckets;
 use specc_models::{Model, SpecBundle, SpecConfig};
 use specc_runtime::admission::LaneSampling;
 use specc_runtime::cuda::CudaSpecSession;
@@ -38,7 +39,23 @@ fn check_cfg(spec_file: &str, cfg: SpecConfig) {
     let mut s = session(&engine, &target, Some(&bundle), 4);
     let arrivals = staggered(&corpus_prompts());
     let want = alone(&mut s, &arrivals);
+    let captured = s.captured_prefills();
     let got = serve(&mut s, &arrivals);
+    // Serving admits the same prompts again: every prefill replays a graph captured above.
+    assert_eq!(
+        s.captured_prefills(),
+        captured,
+        "{spec_file}: a second admission at a captured prompt bucket captured again"
+    );
+    let replays: u64 = prefill_buckets(256)
+        .into_iter()
+        .map(|t| s.target_prefill_replays(t as usize))
+        .sum();
+    assert_eq!(
+        replays,
+        2 * arrivals.len() as u64,
+        "{spec_file}: one target prefill replay per admission"
+    );
     let w = target.load_weights_f32();
     for (i, a) in arrivals.iter().enumerate() {
         assert_eq!(
@@ -53,7 +70,8 @@ fn check_cfg(spec_file: &str, cfg: SpecConfig) {
         }
     }
     eprintln!(
-        "{spec_file}: 6 requests on 4 lanes, joining and leaving, equal to their lone tokens"
+        "{spec_file}: 6 requests on 4 lanes, joining and leaving, equal to their lone tokens; \
+         {captured} prefill graphs captured, {replays} target prefill replays"
     );
 }
 

@@ -10,7 +10,7 @@ use specc_models::methods::eagle3::{Eagle3Spec, EAGLE_PREFIX};
 use specc_models::methods::{lower_draft_model_step, StepShape, DRAFT_PREFIX};
 use specc_models::methods::{lower_eagle3_prefill, lower_eagle3_step, lower_target_prefill};
 use specc_models::Checkpoint;
-use specc_models::{lower_dense, lower_dense_prefixed, Acceptance, Model};
+use specc_models::{lower_dense_prefixed, Acceptance, Model};
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
 mod common;
@@ -55,7 +55,7 @@ fn speculate(
         acceptance: Acceptance::Greedy,
     };
     let step = lower_draft_model_step(target.spec(), draft.spec(), &shape).unwrap();
-    let target_prefill = lower_dense(target.spec()).unwrap();
+    let target_prefill = lower_target_prefill(target.spec(), &[], &Acceptance::Greedy).unwrap();
     let draft_prefill = lower_dense_prefixed(draft.spec(), DRAFT_PREFIX, Phase::Draft).unwrap();
     let mut weights = target.load_weights_f32();
     weights.extend(draft_weights(draft, noise));

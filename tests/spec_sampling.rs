@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use specc_ir::engine::Phase;
 use specc_ir::interp::Tensor;
 use specc_ir::Graph;
-use specc_models::methods::{lower_draft_model_step, StepShape, DRAFT_PREFIX};
+use specc_models::methods::{
+    lower_draft_model_step, lower_target_prefill, StepShape, DRAFT_PREFIX,
+};
 use specc_models::{lower_dense, lower_dense_prefixed, Acceptance};
 use specc_runtime::{DraftKind, SpecCpuSession, SpecGraphs};
 
@@ -33,6 +35,8 @@ fn first_step_tokens(draft_seed: u64, seeds: &[u64]) -> (Vec<usize>, Vec<f64>) {
     let spec = tiny_spec();
     let target = lower_dense(&spec).unwrap();
     let draft = lower_dense_prefixed(&spec, DRAFT_PREFIX, Phase::Draft).unwrap();
+    // The prefill's token is greedy so every lane shares the context.
+    let prefill = lower_target_prefill(&spec, &[], &Acceptance::Greedy).unwrap();
     let mut w = random_weights(&target, 7, "");
     w.extend(random_weights(&target, draft_seed, DRAFT_PREFIX));
     let prompt: Vec<u32> = vec![1, 5, 2, 7];
@@ -53,7 +57,7 @@ fn first_step_tokens(draft_seed: u64, seeds: &[u64]) -> (Vec<usize>, Vec<f64>) {
         let step = lower_draft_model_step(&spec, &spec, &shape).unwrap();
         let graphs = SpecGraphs {
             contract: spec_contract(DraftKind::Model, 3, 16),
-            target_prefill: &target,
+            target_prefill: &prefill,
             draft_prefill: &draft,
             step: &step,
             variants: Vec::new(),

@@ -24,6 +24,8 @@ use crate::{compile, CodegenError};
 pub enum Cubins {
     Require,
     IfAvailable,
+    /// Plans and kernel sources only, NVRTC never runs (tests of plans and memory).
+    Never,
 }
 
 /// What a build reports as it goes, for a progress display.
@@ -224,9 +226,17 @@ pub fn build(
     let mut cached_modules = 0;
     let mut nvrtc_version = None;
     if !sources.is_empty() {
-        match Nvrtc::new() {
-            Err(e) if opts.cubins == Cubins::IfAvailable => {
-                uncompiled = Some(e.to_string());
+        // `Err(None)`: NVRTC was not asked for.
+        let nvrtc = match opts.cubins {
+            Cubins::Never => Err(None),
+            Cubins::Require | Cubins::IfAvailable => Nvrtc::new().map_err(Some),
+        };
+        match nvrtc {
+            Err(e) if opts.cubins != Cubins::Require => {
+                uncompiled = Some(e.map_or_else(
+                    || "not compiled: the build was asked for plans only".to_string(),
+                    |e| e.to_string(),
+                ));
                 // The modules NVRTC would have compiled, without cubins: every kernel still
                 // names an existing module.
                 let refs: Vec<&KernelSource> = sources.iter().collect();
@@ -240,7 +250,10 @@ pub fn build(
                     });
                 }
             }
-            Err(e) => return Err(CodegenError::Nvrtc(e)),
+            Err(e) => {
+                let e = e.expect("a build that requires cubins runs NVRTC");
+                return Err(CodegenError::Nvrtc(e));
+            }
             Ok(nvrtc) => {
                 report(BuildProgress::Compiling {
                     kernels: sources.len(),

@@ -170,6 +170,7 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}({PARAMS}) {{
             smem_bytes: c.smem() as u32,
         },
         operands: vec![Loc::table(0), Loc::table(1), Loc::arena(0)],
+        grid_stride: false,
     }
 }
 

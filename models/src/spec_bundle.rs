@@ -250,8 +250,13 @@ pub fn prefill_buckets(max_context: u64) -> Vec<u32> {
 pub struct EngineExtras {
     /// Batch buckets instead of the spec's (bench, tests).
     pub batch_buckets: Option<Vec<u32>>,
-    /// Further token counts of the target prefill (verify-width timings).
+    /// Token counts of the all-row target forward ([`GraphRole::Logits`]: verify-width
+    /// timings), at every batch bucket.
     pub verify_tokens: Vec<u32>,
+    /// Plan the all-row target forward at every prompt chunk and batch bucket too (engines
+    /// for `specc logits` and parity tests; serving engines leave it off: its logits take
+    /// `B·T·V` floats).
+    pub all_logits: bool,
     /// Plan prompt chunks at the smallest bucket only (timings that never admit a long
     /// prompt: fewer kernels to compile).
     pub smallest_chunk_only: bool,
@@ -267,8 +272,10 @@ pub type DirRef<'a> = &'a dyn Fn(&Path) -> PathBuf;
 /// The build input of an engine for `model` and (optionally) a speculative `cfg`: the plain
 /// prefill and decode step, and with a method its step, the target prefill that records the
 /// draft's inputs and the draft prefill; prefills at every [`prefill_buckets`] of
-/// `max_context`, steps at each batch bucket. `random` synthesises every weight (`model`
-/// must have been opened with the same). Every
+/// `max_context`, steps at each batch bucket. Prefills choose the token after each lane's
+/// last prompt row only; the all-row forward ([`GraphRole::Logits`]) is planned where
+/// `extras` asks for it. `random` synthesises every weight (`model` must have been opened
+/// with the same). Every
 /// graph chooses tokens by one acceptance: `extras.acceptance`, else the spec's (also for
 /// `method = "none"`), else greedy.
 pub fn engine_input(
@@ -308,10 +315,12 @@ pub fn engine_input(
     if extras.smallest_chunk_only {
         chunk_ts.truncate(1);
     }
-    let mut prefill_ts = chunk_ts.clone();
-    prefill_ts.extend(extras.verify_tokens.iter().copied());
-    prefill_ts.sort_unstable();
-    prefill_ts.dedup();
+    let mut logits_ts = extras.verify_tokens.clone();
+    if extras.all_logits {
+        logits_ts.extend(&chunk_ts);
+    }
+    logits_ts.sort_unstable();
+    logits_ts.dedup();
     let at = |ts: &[u32]| -> Vec<Bindings> {
         batches
             .iter()
@@ -325,7 +334,7 @@ pub fn engine_input(
         RoleGraph {
             role: GraphRole::Prefill,
             graph: prefill,
-            buckets: at(&prefill_ts),
+            buckets: at(&chunk_ts),
         },
         RoleGraph {
             role: GraphRole::Decode,
@@ -333,6 +342,13 @@ pub fn engine_input(
             buckets: at(&[1]),
         },
     ];
+    if !logits_ts.is_empty() {
+        graphs.push(RoleGraph {
+            role: GraphRole::Logits,
+            graph: model.graph().clone(),
+            buckets: at(&logits_ts),
+        });
+    }
     let target_dir = model.dir();
     let mut target_ref = model
         .checkpoint()
@@ -356,7 +372,7 @@ pub fn engine_input(
         graphs.push(RoleGraph {
             role: GraphRole::SpecTargetPrefill,
             graph: bu.target_prefill.clone(),
-            buckets: at(&prefill_ts),
+            buckets: at(&chunk_ts),
         });
         graphs.push(RoleGraph {
             role: GraphRole::DraftPrefill,

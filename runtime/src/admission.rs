@@ -67,27 +67,16 @@ fn padded(
 }
 
 /// Each lane's first generated token: the target's greedy token after its last prompt
-/// token (`next` is the prefill's `next_token`, `[lanes, t]`).
-pub fn first_tokens(next: &[i64], prompts: &[Vec<u32>], t: usize) -> Vec<u32> {
-    prompts
-        .iter()
-        .enumerate()
-        .map(|(b, p)| next[b * t + p.len() - 1] as u32)
-        .collect()
+/// token (`next` is the prefill's `next_token`, `[lanes, 1]`: the prefill chooses on each
+/// lane's last prompt row only).
+pub fn first_tokens(next: &[i64], prompts: &[Vec<u32>]) -> Vec<u32> {
+    next[..prompts.len()].iter().map(|&x| x as u32).collect()
 }
 
 /// Each lane's first generated token: the prefill's drawn `first_token` (`[lanes]`, present
 /// under sampled acceptance) when it has one, else [`first_tokens`].
-pub fn first_tokens_of(
-    drawn: Option<&[i64]>,
-    next: &[i64],
-    prompts: &[Vec<u32>],
-    t: usize,
-) -> Vec<u32> {
-    match drawn {
-        Some(d) => d[..prompts.len()].iter().map(|&x| x as u32).collect(),
-        None => first_tokens(next, prompts, t),
-    }
+pub fn first_tokens_of(drawn: Option<&[i64]>, next: &[i64], prompts: &[Vec<u32>]) -> Vec<u32> {
+    first_tokens(drawn.unwrap_or(next), prompts)
 }
 
 /// An i32 state value to set at admission.

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use specc_ir::engine::{Engine, Slot, StepContract};
+use specc_ir::engine::{Engine, GraphRole, Slot, StepContract};
 use specc_ir::{Bindings, DType, Graph, Op, TensorType};
 
 use crate::RuntimeError;
@@ -180,7 +180,10 @@ impl Footprint {
         lanes: u32,
         weight_bytes: &dyn Fn(&str) -> u64,
     ) -> Footprint {
-        let roles = contract.roles();
+        // A session loads its method's graphs and, where the engine plans it, the all-row
+        // forward (`prefill_logits`, verify timings).
+        let mut roles = contract.roles();
+        roles.push(GraphRole::Logits);
         let plans: Vec<_> = engine
             .plans
             .iter()
@@ -214,7 +217,7 @@ impl Footprint {
                 .max()
                 .unwrap_or(0)
         };
-        let mut prefill_roles = vec![contract.target_prefill];
+        let mut prefill_roles = vec![contract.target_prefill, GraphRole::Logits];
         prefill_roles.extend(
             contract
                 .draft_prefill
@@ -313,7 +316,7 @@ mod tests {
     #[test]
     fn cuda_footprint_counts_what_a_session_allocates() {
         use specc_ir::engine::abi::Bucket;
-        use specc_ir::engine::{BucketPlan, GraphRole, StateBuffer, Target};
+        use specc_ir::engine::{BucketPlan, StateBuffer, Target};
         let plan = |role, b, t, arena_bytes, slots: Vec<Slot>| BucketPlan {
             role,
             bucket: Bucket { b, t, ctx: 64 },

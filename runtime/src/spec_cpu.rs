@@ -319,7 +319,7 @@ impl<'a> SpecCpuSession<'a> {
                 .ok_or(RuntimeError::MissingOutput("next_token"))?,
         )?;
         let drawn = out.get(FIRST_TOKEN).map(ints).transpose()?;
-        let first = admission::first_tokens_of(drawn, next, prompts, t);
+        let first = admission::first_tokens_of(drawn, next, prompts);
         match self.graphs.contract.priming() {
             Priming::None => {}
             Priming::Prompt => {

@@ -256,7 +256,8 @@ fn baked_fits(want: &Want) -> Result<Option<Engine>> {
                 && engine.target.sms == want.target.sms
                 && engine.target.smem_per_block <= want.target.smem_per_block
         });
-    let extras_ok = acceptance_ok && want.extras.verify_tokens.is_empty();
+    let extras_ok =
+        acceptance_ok && want.extras.verify_tokens.is_empty() && !want.extras.all_logits;
     Ok((spec_ok && ctx_ok && target_ok && extras_ok).then_some(engine))
 }
 

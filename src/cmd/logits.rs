@@ -78,18 +78,24 @@ fn check_ids(spec: &ModelSpec, config: &Path, ids: &[u32]) -> Result<()> {
     Ok(())
 }
 
-/// One prefill over `ids` on the GPU: the plain engine's prefill plan of the smallest
-/// bucket that holds them, built for this device.
+/// One forward over `ids` on the GPU: the all-row forward ([`GraphRole::Logits`]) of the
+/// smallest prompt bucket that holds them, in an engine built for this device with it.
+///
+/// [`GraphRole::Logits`]: specc_ir::engine::GraphRole::Logits
 #[cfg(feature = "cuda")]
 fn cuda_logits(model: Source, ids: &[u32], max_context: u64) -> Result<Vec<f32>> {
     use super::engine::{build_for, target_for, Want};
+    use specc_models::spec_bundle::EngineExtras;
     let r = build_for(
         model,
         Want {
             spec: None,
             max_context: Some(max_context),
             target: target_for(true)?,
-            extras: Default::default(),
+            extras: EngineExtras {
+                all_logits: true,
+                ..EngineExtras::default()
+            },
             fit: Fit::of_backend(true, 1)?,
         },
     )?;

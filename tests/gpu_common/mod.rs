@@ -71,7 +71,33 @@ pub fn build_engine_with(
         verify_tokens: verify_tokens.to_vec(),
         ..EngineExtras::default()
     };
-    let (input, bundle) = engine_input(model, spec, max_context, random, &extras, &|p: &Path| {
+    build_with_extras(model, spec, max_context, random, &extras)
+}
+
+/// Plain decoding of `model` at batch 1 with the all-row forward at every prompt chunk
+/// (`GraphRole::Logits`, what `CudaSpecSession::prefill_logits` runs), as `specc logits`
+/// builds it.
+pub fn build_logits_engine(
+    model: &Model,
+    max_context: u64,
+    random: Option<RandomWeights>,
+) -> Engine {
+    let extras = EngineExtras {
+        batch_buckets: Some(vec![1]),
+        all_logits: true,
+        ..EngineExtras::default()
+    };
+    build_with_extras(model, None, max_context, random, &extras).0
+}
+
+fn build_with_extras(
+    model: &Model,
+    spec: Option<&SpecConfig>,
+    max_context: u64,
+    random: Option<RandomWeights>,
+    extras: &EngineExtras,
+) -> (Engine, Option<SpecBundle>) {
+    let (input, bundle) = engine_input(model, spec, max_context, random, extras, &|p: &Path| {
         p.to_path_buf()
     })
     .unwrap_or_else(|e| panic!("{}: engine input: {e}", model.dir().display()));

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 /// The graphs of an engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum GraphRole {
-    /// The target over a prompt chunk: `next_token`, `logits` (plain decoding's prefill,
-    /// `logits`, and verify timings).
+    /// The target over a prompt chunk: `next_token` after each lane's last prompt row
+    /// (plain decoding's prefill).
     Prefill,
     /// Plain decoding's step (k = 0).
     Decode,
@@ -23,6 +23,9 @@ pub enum GraphRole {
     /// The speculative method's step at `k` draft tokens other than its configured k (an
     /// adaptive variant over the same states; `k = 0` is plain decoding over them).
     SpecVariant(u32),
+    /// The target over a prompt chunk with every row's `logits` and `next_token` (`specc
+    /// logits`, parity tests, verify-width timings): planned only in engines built for them.
+    Logits,
 }
 
 impl GraphRole {
@@ -34,6 +37,7 @@ impl GraphRole {
             GraphRole::SpecTargetPrefill => "spec target prefill",
             GraphRole::DraftPrefill => "draft prefill",
             GraphRole::SpecVariant(_) => "spec step variant",
+            GraphRole::Logits => "logits forward",
         }
     }
 

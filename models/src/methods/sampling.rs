@@ -3,7 +3,7 @@
 //! counter-based RNG every draw reads.
 
 use specc_ir::op::B;
-use specc_ir::{BinaryOp, DType, Dim, Graph, IrError, Op, ReduceOp, TensorType, ValueId};
+use specc_ir::{BinaryOp, DType, Dim, Graph, IrError, Op, TensorType, ValueId};
 
 use super::step::{i32_ty, s, Builder, Common, StepShape};
 use crate::spec_config::Acceptance;
@@ -222,33 +222,20 @@ fn drop_logits(b: &mut Builder, drop: ValueId, logits: ValueId) -> Result<ValueI
 pub const FIRST_TOKEN: &str = "first_token";
 
 /// The token after each lane's prompt under sampled acceptance, `i32[B]`: a draw from
-/// [`probs`] of the logits `[B, T, V]` at the lane's last prompt position — the largest of
-/// `positions[B, T]`, since a prompt sits at positions `0..P` and padding is −1 — with the
+/// [`probs`] of `row` `[B, 1, V]`, the logits at the lane's last prompt row, with the
 /// uniform of counter `−1 − stream` (the lane's [`STREAM`](super::step::STREAM), which
 /// admission writes before the prefill runs). Step counters ([`rng_counters`]) are never negative,
 /// so this draw shares no uniform with a step ([`uniforms`] XORs one seed word into both,
 /// which keeps their sign bits apart).
 pub(super) fn first_token(
     b: &mut Builder,
-    logits: ValueId,
-    positions: ValueId,
+    row: ValueId,
     acceptance: &Acceptance,
 ) -> Result<ValueId, IrError> {
     let Acceptance::Sample { seed, .. } = *acceptance else {
         unreachable!("only sampled acceptance draws the first token")
     };
-    let v = b_vocab(b.g, logits);
-    let last = b.g.add(Op::Reduce(ReduceOp::Max), &[positions])?;
-    let last = b.reshape(last, &[B, s(1), s(1)])?;
-    let zeros = b.g.add(
-        Op::Fill {
-            value: 0.0,
-            ty: i32_ty(&[B, s(1), v]),
-        },
-        &[],
-    )?;
-    let rows = b.g.add(Op::Gather { axis: 2 }, &[last, zeros])?;
-    let row = b.g.add(Op::Gather { axis: 1 }, &[logits, rows])?;
+    let v = b_vocab(b.g, row);
     let p = probs(b, row)?;
     let p = b.reshape(p, &[B, v])?;
     let i64_b = TensorType::new(DType::I64, [B]);

@@ -29,7 +29,7 @@
 
 use specc_ir::engine::Phase;
 use specc_ir::op::B;
-use specc_ir::{BinaryOp, DType, Dim, Graph, IrError, Op, Shape, TensorType, ValueId};
+use specc_ir::{BinaryOp, DType, Dim, Graph, IrError, Op, ReduceOp, Shape, TensorType, ValueId};
 
 use super::sampling::{
     b_vocab, first_token, probs, rng_counters, sample_accept, uniforms, FIRST_TOKEN,
@@ -173,6 +173,20 @@ pub fn forward_with_taps(
     positions: ValueId,
     taps: &[usize],
 ) -> Result<(ValueId, Option<ValueId>), IrError> {
+    let (x, table, taps_v) = forward_hidden(g, spec, prefix, tokens, positions, taps)?;
+    Ok((lm_head(g, spec, prefix, x, table)?, taps_v))
+}
+
+/// [`forward_with_taps`] up to the last decoder layer: its output `[B, t, H]` (before the
+/// final norm), the embedding table (the LM head of tied embeddings) and the taps.
+fn forward_hidden(
+    g: &mut Graph,
+    spec: &ModelSpec,
+    prefix: &str,
+    tokens: ValueId,
+    positions: ValueId,
+    taps: &[usize],
+) -> Result<(ValueId, ValueId, Option<ValueId>), IrError> {
     let (mut x, table) = embed(g, spec, prefix, tokens)?;
     let mut tapped = vec![None; taps.len()];
     for layer in 0..spec.layers {
@@ -192,7 +206,28 @@ pub fn forward_with_taps(
             .collect();
         Some(g.add(Op::Concat { axis: 2 }, &vals)?)
     };
-    Ok((lm_head(g, spec, prefix, x, table)?, taps_v))
+    Ok((x, table, taps_v))
+}
+
+/// Each lane's last prompt row of `x[B, T, W]`, as `[B, 1, W]`. A prefill chunk holds a
+/// lane's tokens in rows `0..n` and padding (position −1) after them, so the last row is
+/// `n − 1` with `n` the count of positions ≥ 0, whatever position the chunk starts at; a
+/// lane of padding only reads row 0 (its outputs are meaningless, the index stays in range).
+fn last_rows(b: &mut Builder, x: ValueId, positions: ValueId) -> Result<ValueId, IrError> {
+    let t = specc_ir::op::T;
+    let width = b.g.ty(x).shape.dims()[2];
+    let padding = b.fill_i32(-1, &[B, t])?;
+    let real = b.bin(BinaryOp::Lt, padding, positions)?;
+    let real = b.g.add(Op::Cast { to: DType::I32 }, &[real])?;
+    let n = b.g.add(Op::Reduce(ReduceOp::Sum), &[real])?;
+    let one = b.fill_i32(1, &[B])?;
+    let zero = b.fill_i32(0, &[B])?;
+    let row = b.bin(BinaryOp::Sub, n, one)?;
+    let row = b.bin(BinaryOp::Max, row, zero)?;
+    let row = b.reshape(row, &[B, s(1), s(1)])?;
+    let zeros = b.fill_i32(0, &[B, s(1), width])?;
+    let rows = b.g.add(Op::Gather { axis: 2 }, &[row, zeros])?;
+    b.g.add(Op::Gather { axis: 1 }, &[x, rows])
 }
 
 /// [`forward_with_taps`] without taps.
@@ -433,10 +468,13 @@ pub(super) fn commit_all(b: &mut Builder, commits: &[(ValueId, ValueId)]) -> Res
 /// Input of a draft prefill that reads the target prefill's `taps` (EAGLE-3, DFlash).
 pub const HIDDEN: &str = "hidden";
 
-/// The target's prefill (bucket `T`): `logits`, `next_token` (the argmax at every
-/// position), under sampled acceptance [`FIRST_TOKEN`] (each lane's first generated token,
+/// The target's prefill (bucket `T`) as admission needs it: the final norm, LM head and
+/// token choice run on each lane's last prompt row only ([`last_rows`]), so the logits
+/// never take `B·T·V` floats. Outputs: `next_token` `[B, 1]` (the argmax after each lane's
+/// prompt), under sampled acceptance [`FIRST_TOKEN`] (each lane's first generated token,
 /// drawn) and, when `taps` is not empty, `taps` `[B, T, n_tap·H]` (the tapped layers'
-/// outputs, for a draft that reads them).
+/// outputs at every row, for a draft that reads them). Every row's logits are
+/// [`crate::lower::lower_dense`]'s (`specc logits`).
 pub fn lower_target_prefill(
     target: &ModelSpec,
     taps: &[usize],
@@ -446,14 +484,15 @@ pub fn lower_target_prefill(
     let ids = TensorType::new(DType::I32, [B, specc_ir::op::T]);
     let tokens = g.input("tokens", ids.clone())?;
     let positions = g.input("positions", ids)?;
-    let (logits, taps_v) = g.with_phase(Phase::Target, |g| {
-        forward_with_taps(g, target, "", tokens, positions, taps)
+    let (hidden, table, taps_v) = g.with_phase(Phase::Target, |g| {
+        forward_hidden(g, target, "", tokens, positions, taps)
     })?;
+    let last = last_rows(&mut Builder { g: &mut g }, hidden, positions)?;
+    let logits = g.with_phase(Phase::Target, |g| lm_head(g, target, "", last, table))?;
     let next = g.add(Op::Argmax, &[logits])?;
-    g.set_output("logits", logits);
     g.set_output("next_token", next);
     if let Acceptance::Sample { .. } = acceptance {
-        let first = first_token(&mut Builder { g: &mut g }, logits, positions, acceptance)?;
+        let first = first_token(&mut Builder { g: &mut g }, logits, acceptance)?;
         g.set_output(FIRST_TOKEN, first);
     }
     if let Some(t) = taps_v {

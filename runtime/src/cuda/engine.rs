@@ -583,11 +583,6 @@ impl<'e> CudaEngine<'e> {
         })
     }
 
-    /// Issues a loaded graph's launches directly (not captured).
-    pub fn launch(&self, g: &LoadedGraph) -> Result<(), RuntimeError> {
-        super::launch_all(&self.dev, &g.launches)
-    }
-
     /// Captures a loaded graph as one CUDA graph.
     pub fn capture(&self, g: &LoadedGraph) -> Result<StepGraph, RuntimeError> {
         StepGraph::from_launches(&self.dev, g.launches.clone(), vec![])

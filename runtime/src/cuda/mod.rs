@@ -49,6 +49,7 @@ mod error;
 mod graph;
 mod launch;
 mod module;
+mod prefills;
 mod ring;
 mod session;
 mod table;

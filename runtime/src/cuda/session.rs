@@ -3,7 +3,6 @@
 //! over an engine's plans. The step is one captured graph; the host only admits lanes,
 //! replays, and reads the token ring.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use specc_ir::engine::{BucketPlan, Engine, GraphRole, Priming, StepContract};
@@ -11,6 +10,7 @@ use specc_models::methods::{
     BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, RING, SAMPLING, STREAM,
 };
 
+use super::prefills::PrefillGraphs;
 use super::{CudaEngine, LoadedGraph, StepGraph, TokenRing, WeightSources, DEFAULT_RING_DEPTH};
 use crate::admission::{self, LaneSampling, PrefillInputs, StateInit};
 use crate::draft_sync::DraftSync;
@@ -61,7 +61,8 @@ pub struct CudaSpecSession<'a> {
     /// use; kernels tile by bucket, so another bucket may round differently).
     shrink: bool,
     ring: TokenRing,
-    prefills: HashMap<(GraphRole, usize), LoadedGraph>,
+    /// Prefill graphs by role and prompt bucket, captured on first use.
+    prefills: PrefillGraphs,
     lanes: usize,
     max_context: u64,
     pub stats: SpecStats,
@@ -177,8 +178,8 @@ impl<'a> CudaSpecSession<'a> {
                 let b = p.bucket.b as usize;
                 let a_step =
                     p.role == contract.step || contract.variants.iter().any(|v| v.role == p.role);
-                contract.roles().contains(&p.role)
-                    && (b == lanes || (a_step && smaller_buckets.contains(&b)))
+                let ours = contract.roles().contains(&p.role) || p.role == GraphRole::Logits;
+                ours && (b == lanes || (a_step && smaller_buckets.contains(&b)))
             })
             .collect();
         dev.upload(&plans, sources)?;
@@ -226,7 +227,7 @@ impl<'a> CudaSpecSession<'a> {
             undrained: vec![Vec::new(); lanes],
             shrink,
             ring,
-            prefills: HashMap::new(),
+            prefills: PrefillGraphs::default(),
             lanes,
             max_context: engine.max_context,
             stats: SpecStats {
@@ -320,17 +321,43 @@ impl<'a> CudaSpecSession<'a> {
         &self.contract
     }
 
+    /// The loaded plan of prefill `role` at prompt bucket `t` (captured on first use).
     fn prefill(&mut self, role: GraphRole, t: usize) -> Result<&LoadedGraph, RuntimeError> {
-        if !self.prefills.contains_key(&(role, t)) {
-            let plan = plan_of(self.engine.engine, role, self.lanes, t)?;
-            let loaded = self.engine.load(plan)?;
-            self.prefills.insert((role, t), loaded);
-        }
-        Ok(&self.prefills[&(role, t)])
+        let plan = plan_of(self.engine.engine, role, self.lanes, t)?;
+        let g = self
+            .prefills
+            .get_or_capture(&mut self.engine, role, t, plan)?;
+        Ok(&g.loaded)
     }
 
-    /// Runs a prefill graph over `[lanes, tb]` tokens/positions (+ extra inputs) and returns
-    /// the bytes of the requested outputs.
+    /// Runs the prefill graph of `role` over `[lanes, tb]` tokens/positions (+ extra inputs)
+    /// and returns the bytes of the requested outputs.
+    fn run_role(
+        &mut self,
+        role: GraphRole,
+        tb: usize,
+        tokens: &[i64],
+        positions: &[i64],
+        extra: &[(&str, Vec<u8>)],
+        outputs: &[&str],
+    ) -> Result<Vec<Vec<u8>>, RuntimeError> {
+        self.prefill(role, tb)?;
+        let g = self
+            .prefills
+            .get(role, tb)
+            .expect("the prefill was captured above");
+        let (tokens, positions) = (i32_bytes(tokens), i32_bytes(positions));
+        let mut inputs: Vec<(&str, &[u8])> = vec![("positions", &positions)];
+        // A DFlash drafter's prefill reads taps and positions only.
+        if g.loaded.io("tokens").is_ok() {
+            inputs.push(("tokens", &tokens));
+        }
+        inputs.extend(extra.iter().map(|(n, b)| (*n, b.as_slice())));
+        g.run(&self.engine, &inputs, outputs)
+    }
+
+    /// Runs the target's (`target`) or the draft's prefill graph over `[lanes, tb]` tokens
+    /// and positions (+ extra inputs) and returns the bytes of the requested outputs.
     fn run_prefill(
         &mut self,
         target: bool,
@@ -347,29 +374,31 @@ impl<'a> CudaSpecSession<'a> {
                 .draft_prefill
                 .unwrap_or(self.contract.target_prefill)
         };
-        self.prefill(role, tb)?;
-        let g = &self.prefills[&(role, tb)];
-        // A DFlash drafter's prefill reads taps and positions only.
-        if g.io("tokens").is_ok() {
-            g.write("tokens", &i32_bytes(tokens))?;
-        }
-        g.write("positions", &i32_bytes(positions))?;
-        for (n, bytes) in extra {
-            g.write(n, bytes)?;
-        }
-        self.engine.launch(g)?;
-        self.engine.synchronize()?;
-        outputs.iter().map(|o| g.read(o)).collect()
+        self.run_role(role, tb, tokens, positions, extra, outputs)
     }
 
-    /// Logits `[lanes, t, V]` (f32) of one target prefill over `ids` (one lane).
+    /// Prefill graphs captured so far (each role and prompt bucket once; later prefills of
+    /// the same bucket replay them).
+    pub fn captured_prefills(&self) -> usize {
+        self.prefills.captured()
+    }
+
+    /// Replays of the target prefill captured at prompt bucket `t` so far.
+    pub fn target_prefill_replays(&self, t: usize) -> u64 {
+        self.prefills
+            .get(self.contract.target_prefill, t)
+            .map_or(0, |g| g.replays())
+    }
+
+    /// Logits `[t, V]` (f32) of one forward over `ids` (in every lane): the engine's
+    /// all-row forward ([`GraphRole::Logits`]), which only engines built for it plan.
     pub fn prefill_logits(&mut self, ids: &[u32]) -> Result<Vec<f32>, RuntimeError> {
         let prompts = vec![ids.to_vec(); self.lanes];
         let pre = admission::prefill_inputs(&prompts, 0, self.max_context)?;
         let tb = prefill_bucket(pre.t);
         let all: Vec<usize> = (0..self.lanes).collect();
         let (tokens, pos) = place(&pre, &all, self.lanes, tb);
-        let out = self.run_prefill(true, tb, &tokens, &pos, &[], &["logits"])?;
+        let out = self.run_role(GraphRole::Logits, tb, &tokens, &pos, &[], &["logits"])?;
         let all: Vec<f32> = out[0]
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -473,7 +502,7 @@ impl<'a> CudaSpecSession<'a> {
             .iter()
             .map(|r| match &drawn {
                 Some(d) => d[r.lane] as u32,
-                None => next[r.lane * tb + r.prompt.len() - 1] as u32,
+                None => next[r.lane] as u32,
             })
             .collect();
         match self.contract.priming() {
@@ -587,20 +616,15 @@ impl<'a> CudaSpecSession<'a> {
         self.lanes
     }
 
-    /// The target forward over `t` tokens per lane at positions `len..len + t` (a verify
-    /// of `t` tokens), loaded from the engine's `t`-token prefill plan and captured as its
-    /// own graph, for timing.
+    /// The target forward over `t` tokens per lane at positions `len..len + t` with every
+    /// row's logits (a verify of `t` tokens), loaded from the engine's `t`-token all-row
+    /// forward ([`GraphRole::Logits`]) and captured as its own graph, for timing.
     pub fn verify_graph(
         &mut self,
         t: usize,
         len: usize,
     ) -> Result<(LoadedGraph, StepGraph), RuntimeError> {
-        let plan = plan_of(
-            self.engine.engine,
-            self.contract.target_prefill,
-            self.lanes,
-            t,
-        )?;
+        let plan = plan_of(self.engine.engine, GraphRole::Logits, self.lanes, t)?;
         let g = self.engine.load(plan)?;
         let tokens: Vec<i64> = (0..self.lanes * t).map(|i| (i % 7) as i64 + 1).collect();
         let pos: Vec<i64> = (0..self.lanes)

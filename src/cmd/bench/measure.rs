@@ -11,6 +11,7 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
+use specc_ir::engine::GraphRole;
 use specc_ir::{Bindings, Graph};
 use specc_models::spec_bundle::EngineExtras;
 use specc_models::SpecConfig;
@@ -108,7 +109,8 @@ pub fn measure(
         for &i in &group.figures {
             let f = plan[i];
             let graph = match f.kind {
-                Kind::Verify(_) => graphs.get(contract.target_prefill)?,
+                // A verify computes every row's logits: the all-row forward.
+                Kind::Verify(_) => graphs.get(GraphRole::Logits)?,
                 Kind::Decode | Kind::Spec => graphs.get(contract.step)?,
             };
             let one = Figure1 {

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One device call (session 31): serving through captured last-row prefills (gpu_serve,
+# gpu_e2e), the 8B planted-acceptance concurrency sweep (plain vs draft_model k = 7 with the
+# 2-layer draft at P = 0.3 / 0.6 / 0.9, 16 lanes, ctx 2048), then gpu_deepseek and gpu_sampling
+# while the call has time left (BUDGET seconds, default 540).
+# Pack: scripts/gpu-pack --specc gpu_serve gpu_e2e gpu_deepseek gpu_sampling
+set -uo pipefail
+export SPECC_CACHE_DIR=/tmp/specc-cache
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+find .gpu2 -name "*.gz" -exec gunzip -kf {} \;
+for f in .gpu2/*.xz; do  # xz (the carry limit); python lzma where xz is absent
+  [[ -e $f ]] && python3 -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[1][:-3], "wb"))' "$f"
+done
+chmod +x .gpu2/tests/* .gpu2/specc 2>/dev/null
+start=$SECONDS; BUDGET=${BUDGET:-540}
+left() { echo $((BUDGET - (SECONDS - start))); }
+bash scripts/device/suite.sh gpu_serve gpu_e2e
+grep -h "prefill graphs captured\|replays" "$OUT/gpu_serve.log" | head -4
+echo "== 8B sweep ($(left)s left)"
+LANES=16 MAX_CONTEXT=2048 REQUESTS=${REQUESTS:-16} TOKENS=${TOKENS:-64} \
+  timeout $(( $(left) - 90 )) bash scripts/device/serve_sweep_accept.sh 8b 2>&1 | grep -v uploading | tail -40
+for b in gpu_deepseek gpu_sampling; do
+  (( $(left) < 70 )) && { echo "skip $b: $(left)s left"; continue; }
+  OUT=$OUT timeout $(( $(left) - 5 )) bash scripts/device/suite.sh $b
+done

@@ -1,0 +1,127 @@
+//! A server's engine at a full-size vocabulary: prefills are planned at every batch bucket
+//! and prompt chunk, so their logits must not grow with `B·T·V`. The target prefill runs
+//! its LM head on each lane's last prompt row only; the all-row forward
+//! ([`GraphRole::Logits`]) is planned only where asked for.
+
+use std::path::Path;
+
+use specc_codegen::{build, BuildOptions, Cubins};
+use specc_ir::engine::{Arch, Engine, GraphRole, Target};
+use specc_models::spec_bundle::{engine_input, EngineExtras};
+use specc_models::{Acceptance, Model, RandomWeights};
+use specc_runtime::memory::Footprint;
+
+mod common;
+
+use common::repo_path;
+
+const LANES: u32 = 16;
+const MAX_CONTEXT: u64 = 2048;
+
+/// The Llama-3.1-8B shape (two of its layers: the LM head and the arenas' widest values are
+/// the full model's) planned for sm_90a at batch [`LANES`] and `max_context`, plain decoding
+/// under the acceptance a server builds for (sampling, each lane greedy unless a request
+/// asks otherwise: its prefill also draws each lane's first token).
+fn engine_8b(max_context: u64, extras: EngineExtras) -> (Model, Engine) {
+    let config = repo_path("bench/configs/llama-3.1-8b/config.json");
+    let model = Model::open_random_layers(&config, 1, Some(2)).unwrap();
+    let extras = EngineExtras {
+        batch_buckets: Some(vec![LANES]),
+        acceptance: Some(Acceptance::Sample {
+            temperature: 0.0,
+            top_k: None,
+            top_p: 1.0,
+            seed: 0,
+        }),
+        ..extras
+    };
+    let (input, _) = engine_input(
+        &model,
+        None,
+        max_context,
+        Some(RandomWeights::seeded(1)),
+        &extras,
+        &|p: &Path| p.to_path_buf(),
+    )
+    .unwrap();
+    let opts = BuildOptions {
+        cubins: Cubins::Never,
+        ..BuildOptions::default()
+    };
+    let built = build(input, &Target::for_archs(&[Arch::Sm90a]), &opts)
+        .unwrap_or_else(|e| panic!("the 8B engine at {LANES} lanes, {max_context} tokens: {e}"));
+    (model, built.engine)
+}
+
+fn arena(engine: &Engine, role: GraphRole, t: u32) -> u64 {
+    engine
+        .plan(role, LANES, Some(t))
+        .unwrap_or_else(|| panic!("no {role} plan at B={LANES}, T={t}"))
+        .arena_bytes
+}
+
+/// `specc serve CONFIG --random-weights --lanes 16 --max-context 2048` at the 8B shape: every
+/// prefill plans, no all-row forward is planned, and the session's estimated activations
+/// are the longest prefill's arena and the step's, far below every row's logits.
+#[test]
+fn an_8b_serving_engine_plans_batch_16_prefills_of_2048_tokens() {
+    let (model, engine) = engine_8b(MAX_CONTEXT, EngineExtras::default());
+    let vocab = model.spec().vocab as u64;
+    let prefill_ts = engine.token_buckets(GraphRole::Prefill, LANES);
+    assert_eq!(
+        prefill_ts.last(),
+        Some(&(MAX_CONTEXT as u32)),
+        "{prefill_ts:?}"
+    );
+    assert!(engine.token_buckets(GraphRole::Logits, LANES).is_empty());
+
+    let longest = arena(&engine, GraphRole::Prefill, MAX_CONTEXT as u32);
+    let step = arena(&engine, GraphRole::Decode, 1);
+    let contract = engine.contract(false).clone();
+    let need = Footprint::of_cuda_engine(&engine, &contract, LANES, &|n| {
+        model
+            .checkpoint()
+            .tensor(n)
+            .map_or(0, |e| e.range.len() as u64)
+    });
+    // The f32 logits of every row alone were 15.7 GiB at T = 2048.
+    let every_row_logits = u64::from(LANES) * MAX_CONTEXT * vocab * 4;
+    println!(
+        "B={LANES}: prefill arena at T={MAX_CONTEXT}: {:.2} GiB, estimated activations {:.2} GiB \
+         (every row's f32 logits: {:.2} GiB)",
+        gib(longest),
+        gib(need.activations),
+        gib(every_row_logits)
+    );
+    assert_eq!(need.activations, longest + step, "{need:?}");
+    assert!(need.activations < every_row_logits / 4, "{need:?}");
+}
+
+/// At a chunk where both plan, the all-row forward (`specc logits`) holds every row's f32
+/// logits and the serving prefill a small fraction of its arena.
+#[test]
+fn the_last_row_prefill_needs_a_fraction_of_the_all_row_arena() {
+    const T: u32 = 256;
+    let extras = EngineExtras {
+        all_logits: true,
+        ..EngineExtras::default()
+    };
+    let (model, engine) = engine_8b(u64::from(T), extras);
+    let rows_logits = u64::from(LANES * T) * model.spec().vocab as u64 * 4;
+    let all_rows = arena(&engine, GraphRole::Logits, T);
+    let last_row = arena(&engine, GraphRole::Prefill, T);
+    println!(
+        "B={LANES} T={T}: {:.2} GiB last row vs {:.2} GiB all rows",
+        gib(last_row),
+        gib(all_rows)
+    );
+    assert!(
+        all_rows >= rows_logits && last_row <= all_rows / 8,
+        "last-row prefill arena {last_row} B, all-row forward {all_rows} B (every row's f32 \
+         logits: {rows_logits} B)"
+    );
+}
+
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1u32 << 30)
+}
