@@ -23,3 +23,6 @@ for b in gpu_deepseek gpu_sampling; do
   (( $(left) < 70 )) && { echo "skip $b: $(left)s left"; continue; }
   OUT=$OUT timeout $(( $(left) - 5 )) bash scripts/device/suite.sh $b
 done
+# Only a few files come back from a call: keep the sweep's table, plot and JSON.
+mkdir -p /tmp/rest; find "$OUT" -maxdepth 1 -type f ! -name 'sweep_8b*' -exec mv {} /tmp/rest/ \;
+ls "$OUT"
