@@ -158,8 +158,9 @@ pub fn run(a: RunArgs) -> Result<()> {
                     s.step_plan().launches.len(),
                 );
                 let res = generate(&mut s, &out);
+                let prefills = s.prefill_replays();
                 eprintln!(
-                    "[cuda] graph launches: {} for {} steps",
+                    "[cuda] graph launches: {} for {} steps and {prefills} prefills",
                     s.engine.dev.counters().graph_launches(),
                     s.stats.steps
                 );

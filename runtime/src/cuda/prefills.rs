@@ -78,4 +78,9 @@ impl PrefillGraphs {
     pub fn captured(&self) -> usize {
         self.graphs.len()
     }
+
+    /// Replays of every prefill graph so far.
+    pub fn replays(&self) -> u64 {
+        self.graphs.values().map(PrefillGraph::replays).sum()
+    }
 }

@@ -383,6 +383,12 @@ impl<'a> CudaSpecSession<'a> {
         self.prefills.captured()
     }
 
+    /// Replays of every prefill graph (target, draft, all-row) so far: the graph launches
+    /// that are not steps.
+    pub fn prefill_replays(&self) -> u64 {
+        self.prefills.replays()
+    }
+
     /// Replays of the target prefill captured at prompt bucket `t` so far.
     pub fn target_prefill_replays(&self, t: usize) -> u64 {
         self.prefills
