@@ -517,7 +517,7 @@ fn every_graph_plans_to_kernels() {
         // Every group launched, alone or in a chain; its cost names the group's own family,
         // and its choice the families of its launches. A chain launch carries its first
         // group and runs the groups up to the next launch's: one-launch generic groups.
-        let chained = chained_groups(&p, plan, c.groups.len());
+        let chained = chained_groups(p, plan, c.groups.len());
         for (g, (gr, cost)) in c.groups.iter().zip(&plan.groups).enumerate() {
             assert_eq!(cost.family, gr.family(&c.graph), "{name}: group {g}");
             let launched: Vec<&str> = p
