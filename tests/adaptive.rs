@@ -175,3 +175,53 @@ fn the_adaptive_policy_is_exact_and_reports_its_choices() {
     assert_eq!(counted as usize, s.stats.steps);
     assert!(s.policy().current().is_some());
 }
+
+/// A lane that joins while plain decoding runs skips the draft prefill (it would be wasted
+/// if plain decoding goes on); the first speculative step re-primes its whole draft cache,
+/// and its tokens, and those of the lane already running, stay the target's greedy tokens.
+#[test]
+fn a_lane_joining_during_plain_decoding_is_primed_only_when_speculation_resumes() {
+    use specc_runtime::admission::LaneSampling;
+    let (target, b) = embedded();
+    let w = b.load_weights_f32(&target).unwrap();
+    let ps = prompts(2);
+    let n = 30;
+    let want = greedy(&target, &ps, n);
+    let mut s = session(&b, &w, 2);
+    // Adaptive, as a server runs it; every step's variant is forced below.
+    s.policy_mut().set_mode(SpecPolicy::Adaptive);
+    let mut tokens = vec![Vec::new(), Vec::new()];
+    tokens[0].push(s.admit_lane(0, &ps[0], n, LaneSampling::greedy(0)).unwrap());
+    // Plain steps with lane 0 alone, then lane 1 joins, then speculation resumes.
+    let mut schedule = vec![0usize; 4];
+    schedule.extend([3, 1, 3, 2, 0, 3].repeat(20));
+    let mut joined = false;
+    for (i, &v) in schedule.iter().enumerate() {
+        if i == 4 {
+            tokens[1].push(s.admit_lane(1, &ps[1], n, LaneSampling::greedy(1)).unwrap());
+            joined = true;
+        }
+        if !s.live().iter().any(|&l| l) {
+            break;
+        }
+        s.policy_mut().force(&[v]);
+        s.step().unwrap();
+        for (lane, new) in s.drain().unwrap().into_iter().enumerate() {
+            tokens[lane].extend(new);
+        }
+    }
+    assert!(joined);
+    assert_eq!(
+        s.unprimed_admissions(),
+        1,
+        "lane 1 joined during plain steps"
+    );
+    for (lane, t) in tokens.iter_mut().enumerate() {
+        t.truncate(n);
+        assert_eq!(*t, want[lane], "lane {lane}");
+    }
+    assert!(
+        s.policy().steps()[2] > 0,
+        "speculation resumed after the join"
+    );
+}

@@ -53,6 +53,16 @@ impl DraftSync {
         self.behind[lane] = None;
     }
 
+    /// Lane `lane` was admitted with `prompt` without priming its draft (plain decoding ran
+    /// when it joined): its cache holds nothing, so the lane is behind from slot 0 and the
+    /// next speculative step first re-primes all of it.
+    pub fn admit_unprimed(&mut self, lane: usize, prompt: &[u32], first: u32) {
+        self.admit(lane, prompt, first);
+        if self.enabled {
+            self.behind[lane] = Some(0);
+        }
+    }
+
     /// Tokens read from lane `lane`'s ring.
     pub fn emitted(&mut self, lane: usize, tokens: &[u32]) {
         if let Some(t) = self.tokens.get_mut(lane) {
@@ -151,6 +161,18 @@ mod tests {
         assert_eq!(r.positions, vec![2, 3, -1, -1]);
         assert!(!s.behind(&[true, true]));
         assert!(s.reprime(&[true, true], 2).is_none());
+    }
+
+    #[test]
+    fn an_unprimed_lane_is_reprimed_from_slot_zero() {
+        let mut s = DraftSync::new(Priming::Prompt, 1);
+        s.admit_unprimed(0, &[10, 11, 12], 13); // len 3: slots 0..=1 must be cached
+        assert!(s.behind(&[true]));
+        s.emitted(0, &[14]); // len 4: slots 0..=2
+        let r = s.reprime(&[true], 1).expect("the lane is behind");
+        assert_eq!(r.tokens, vec![10, 11, 12]);
+        assert_eq!(r.positions, vec![0, 1, 2]);
+        assert!(!s.behind(&[true]));
     }
 
     #[test]

@@ -164,6 +164,11 @@ pub struct SpecCpuSession<'a> {
     policy: AdaptivePolicy,
     /// Each lane's tokens and draft-cache gap across plain steps.
     sync: DraftSync,
+    /// The admission running now skips the draft prefill ([`SpecCpuSession::admit_lane`]
+    /// while plain decoding runs).
+    skip_priming: bool,
+    /// Admissions that skipped the draft prefill.
+    unprimed: u64,
     pub stats: SpecStats,
 }
 
@@ -199,6 +204,8 @@ impl<'a> SpecCpuSession<'a> {
             undrained: vec![Vec::new(); lanes],
             policy,
             sync,
+            skip_priming: false,
+            unprimed: 0,
             stats: SpecStats {
                 steps: 0,
                 histogram: vec![0; k + 1],
@@ -269,6 +276,11 @@ impl<'a> SpecCpuSession<'a> {
         self.policy.admit(lane);
     }
 
+    /// Admissions that skipped the draft prefill because plain decoding was running.
+    pub fn unprimed_admissions(&self) -> u64 {
+        self.unprimed
+    }
+
     /// Which step variant runs next (adaptive speculation; [`SpecPolicy::Fixed`] unless
     /// set).
     pub fn policy(&self) -> &AdaptivePolicy {
@@ -322,6 +334,7 @@ impl<'a> SpecCpuSession<'a> {
         let first = admission::first_tokens_of(drawn, next, prompts);
         match self.graphs.contract.priming() {
             Priming::None => {}
+            Priming::Prompt if self.skip_priming => {}
             Priming::Prompt => {
                 self.run(self.graphs.draft_prefill, t as u64, inputs)?;
             }
@@ -438,10 +451,18 @@ impl<'a> SpecCpuSession<'a> {
             self.resize(lane + 1)?;
         }
         let t0 = Instant::now();
+        // While the policy runs plain decoding a standalone draft's prefill would be wasted:
+        // the lane joins unprimed and the first speculative step re-primes it (DraftSync).
+        let plain_now = self
+            .policy
+            .current()
+            .is_some_and(|v| self.policy.ks()[v] == 0);
+        self.skip_priming = plain_now && self.policy.switches() && self.sync.can_reprime();
         let full = std::mem::take(&mut self.states);
         let rows = std::mem::replace(&mut self.rows, 1);
         let drained = std::mem::take(&mut self.drained);
         let first = self.admit_with(&[prompt.to_vec()], max_new, &[sampling]);
+        let unprimed = std::mem::take(&mut self.skip_priming);
         let one = std::mem::replace(&mut self.states, full);
         self.rows = rows;
         self.drained = drained;
@@ -451,10 +472,15 @@ impl<'a> SpecCpuSession<'a> {
         }
         self.drained[lane] = 0;
         self.admitted(lane, prompt, first);
+        if unprimed {
+            self.sync.admit_unprimed(lane, prompt, first);
+            self.unprimed += 1;
+        }
         if crate::policy::trace_on() {
             crate::policy::trace(format_args!(
-                "admit lane={lane} prompt={} {:.2}ms",
+                "admit lane={lane} prompt={}{} {:.2}ms",
                 prompt.len(),
+                if unprimed { " unprimed" } else { "" },
                 t0.elapsed().as_secs_f64() * 1e3
             ));
         }
