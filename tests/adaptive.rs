@@ -190,7 +190,7 @@ fn a_lane_joining_during_plain_decoding_is_primed_only_when_speculation_resumes(
     let mut s = session(&b, &w, 2);
     // Adaptive, as a server runs it; every step's variant is forced below.
     s.policy_mut().set_mode(SpecPolicy::Adaptive);
-    let mut tokens = vec![Vec::new(), Vec::new()];
+    let mut tokens = [Vec::new(), Vec::new()];
     tokens[0].push(s.admit_lane(0, &ps[0], n, LaneSampling::greedy(0)).unwrap());
     // Plain steps with lane 0 alone, then lane 1 joins, then speculation resumes.
     let mut schedule = vec![0usize; 4];
