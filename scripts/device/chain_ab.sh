@@ -5,13 +5,7 @@
 # Pack: scripts/gpu-pack --specc gpu_e2e gpu_deepseek gpu_serve kernels-gen/gpu_quant_moe
 # kernels-gen/gpu_generic, plus the base binary as .gpu2/specc_base.gz.
 set -uo pipefail
-export SPECC_CACHE_DIR=/tmp/specc-cache
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-find .gpu2 -name "*.gz" -exec gunzip -kf {} \;
-for f in .gpu2/*.xz; do  # xz -9 (the carry limit); python's lzma where xz is absent
-  [[ -e $f ]] && python3 -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[1][:-3], "wb"))' "$f"
-done
-chmod +x .gpu2/tests/* .gpu2/specc .gpu2/specc_base 2>/dev/null
+source scripts/device/unpack.sh
 start=$SECONDS; BUDGET=${BUDGET:-540}
 left() { echo $((BUDGET - (SECONDS - start))); }
 bash scripts/device/suite.sh ${SUITES:-gpu_e2e gpu_deepseek gpu_serve gpu_generic gpu_quant_moe}

@@ -5,13 +5,7 @@
 # while the call has time left (BUDGET seconds, default 540).
 # Pack: scripts/gpu-pack --specc gpu_serve gpu_e2e gpu_deepseek gpu_sampling
 set -uo pipefail
-export SPECC_CACHE_DIR=/tmp/specc-cache
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-find .gpu2 -name "*.gz" -exec gunzip -kf {} \;
-for f in .gpu2/*.xz; do  # xz (the carry limit); python lzma where xz is absent
-  [[ -e $f ]] && python3 -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[1][:-3], "wb"))' "$f"
-done
-chmod +x .gpu2/tests/* .gpu2/specc 2>/dev/null
+source scripts/device/unpack.sh
 start=$SECONDS; BUDGET=${BUDGET:-540}
 left() { echo $((BUDGET - (SECONDS - start))); }
 bash scripts/device/suite.sh gpu_serve gpu_e2e
