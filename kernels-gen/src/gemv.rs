@@ -606,11 +606,11 @@ pub(crate) fn gemv_launch(p: &GemvParams, nw: u32, cw: u32, mt: u32) -> LaunchSp
     }
 }
 
-/// A plain projection for unit tests: x (`k` wide) at arena 0, the weights (one matrix, or
-/// a gate/up pair of `n` columns each) in table slot 0, the output at 1 MiB; no norm,
-/// residual, argmax or RoPE epilogue.
-#[cfg(test)]
-pub(crate) fn test_projection(
+/// A plain projection at fixed placements, for tests and single-kernel benchmarks (here and
+/// in the selection module's tests): x (`k` wide) at arena 0, the weights (one matrix, or a
+/// gate/up pair of `n` columns each) in table slot 0, the output at 1 MiB; no norm, residual,
+/// argmax or RoPE epilogue.
+pub fn test_projection(
     rows: Rows,
     row_tile: u32,
     k: u32,

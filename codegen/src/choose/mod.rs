@@ -75,9 +75,7 @@ pub fn attention_tiles(p: &AttentionParams, target: &Target) -> Result<Attention
     attn::attention_tiles_tiled(p, attention::tiling(p, target).unwrap_or(smallest))
 }
 
-/// A plain projection for the selection tests: x (`k` wide) at arena 0, the weights (one
-/// matrix, or a gate/up pair of `n` columns each) in table slot 0, the output at 1 MiB; no
-/// norm, residual, argmax or RoPE epilogue.
+/// A plain projection for the selection tests (`gemv::test_projection` over token rows).
 #[cfg(test)]
 pub(crate) fn test_params(
     row_tile: u32,
@@ -86,24 +84,6 @@ pub(crate) fn test_params(
     gate_up: bool,
     dt: specc_kernels_gen::abi::Dtype,
 ) -> specc_kernels_gen::gemv::GemvParams {
-    use specc_kernels_gen::abi::{Loc, Rows, View};
-    use specc_kernels_gen::gemv::{GemvParams, GemvWeights};
-    GemvParams {
-        rows: Rows::Tokens,
-        row_tile,
-        k,
-        n,
-        x: View::new(Loc::arena(0), dt, k as u64),
-        weights: if gate_up {
-            GemvWeights::gate_up_concat(Loc::table(0), n, k, dt)
-        } else {
-            GemvWeights::Single(Loc::table(0))
-        },
-        w_dtype: dt,
-        norm: None,
-        residual: None,
-        out: Some(View::new(Loc::arena(1 << 20), dt, n as u64)),
-        argmax_partials: None,
-        rope: None,
-    }
+    use specc_kernels_gen::abi::Rows;
+    specc_kernels_gen::gemv::test_projection(Rows::Tokens, row_tile, k, n, gate_up, dt)
 }

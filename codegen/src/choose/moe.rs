@@ -29,9 +29,8 @@ pub fn grouped(
 }
 
 /// Tokens of a step from which int4 experts run on tensor cores: below it the CUDA-core
-/// kernels stream faster (H200, Kimi-K2.5 shapes, all four grouped kernels: 1 token 0.132
-/// vs 0.146 ms, 2 tokens 0.227 vs 0.246, 4 tokens 0.379 vs 0.375, 8 tokens 0.645 vs 0.499,
-/// 16 tokens 1.128 vs 0.715; bench/NOTES.md, "int4 grouped experts on tensor cores").
+/// kernels measured faster at Kimi-K2.5's shapes (bench/NOTES.md, session 31, "int4
+/// tensor-core experts").
 pub const INT4_TENSOR_CORE_MIN_TOKENS: u64 = 8;
 
 /// How the grouped kernels multiply `ops` (as [`grouped`]) into `out`: int4 group-32 stacks

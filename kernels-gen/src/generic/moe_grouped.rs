@@ -50,7 +50,8 @@ pub enum ExpertMatmul {
     Int4TensorCores,
 }
 
-/// Warps of a gate/up or down block: small blocks, many of them, so the last wave is short.
+/// Warps of a gate/up or down block (CUDA cores and tensor cores): small blocks, many of them,
+/// so the last wave is short.
 const WARPS: u64 = 4;
 /// Blocks of a gate/up or down kernel an SM keeps resident (ptxas holds registers to what
 /// they allow): float stacks 4 (128 registers; 16 warps of `UNROLL · rows` 16-byte loads in

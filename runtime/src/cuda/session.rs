@@ -341,11 +341,10 @@ impl<'a> CudaSpecSession<'a> {
         extra: &[(&str, Vec<u8>)],
         outputs: &[&str],
     ) -> Result<Vec<Vec<u8>>, RuntimeError> {
-        self.prefill(role, tb)?;
+        let plan = plan_of(self.engine.engine, role, self.lanes, tb)?;
         let g = self
             .prefills
-            .get(role, tb)
-            .expect("the prefill was captured above");
+            .get_or_capture(&mut self.engine, role, tb, plan)?;
         let (tokens, positions) = (i32_bytes(tokens), i32_bytes(positions));
         let mut inputs: Vec<(&str, &[u8])> = vec![("positions", &positions)];
         // A DFlash drafter's prefill reads taps and positions only.

@@ -19,13 +19,14 @@
 //! column is its position among the expert's tokens, and the group and stage order is
 //! fixed, so its result does not depend on the other tokens of its expert.
 
-use super::{meta_ptrs, per_pass, scratch_arg, MoeGroupedShape, MoeScratch, Stacks, NAMES};
-use crate::abi::{Extent, KernelSource, LaunchSpec};
+use super::{
+    grouped_launch, meta_ptrs, per_pass, scratch_arg, MoeGroupedShape, MoeScratch, Stacks, NAMES,
+    WARPS,
+};
+use crate::abi::KernelSource;
 use crate::generic::{store, Kernel, TensorArg};
 use crate::writer::{emit, Writer};
 
-/// Warps of a block (each with its own ring).
-const WARPS: u64 = 4;
 /// Weight rows of a warp: two m16 tiles.
 const ROWS_PER_WARP: u64 = 32;
 /// Groups of 32 columns per ring stage: 64 contiguous bytes of each row.
@@ -278,7 +279,7 @@ pub(super) fn gate_up(
             });
         },
     );
-    k.finish_bounded(launch(f, 16, sh), Some(MIN_BLOCKS))
+    k.finish_bounded(grouped_launch(f, 16, sh), Some(MIN_BLOCKS))
 }
 
 /// The tensor-core `moe_down`: `y[pair, i] = R(act[pair] · Wd[i])`.
@@ -328,20 +329,5 @@ pub(super) fn down(
             });
         },
     );
-    k.finish_bounded(launch(h, 32, sh), Some(MIN_BLOCKS))
-}
-
-/// Grid: blocks of [`WARPS`] warps of `out_rows` output rows over `rows`, × used-expert
-/// slots.
-fn launch(rows: u64, out_rows: u64, sh: MoeGroupedShape) -> LaunchSpec {
-    let slots = sh.experts.min(sh.pairs()).max(1);
-    LaunchSpec {
-        grid: [
-            Extent::Fixed(rows.div_ceil(WARPS * out_rows) as u32),
-            Extent::Fixed(slots as u32),
-            Extent::Fixed(1),
-        ],
-        block: [(32 * WARPS) as u32, 1, 1],
-        smem_bytes: 0,
-    }
+    k.finish_bounded(grouped_launch(h, 32, sh), Some(MIN_BLOCKS))
 }
