@@ -24,17 +24,20 @@ fn check(spec_file: &str) {
     check_cfg(
         spec_file,
         SpecConfig::from_file(&dir.join(spec_file)).unwrap(),
+        &[4],
     );
 }
 
-/// `cfg` served as [`check`] does; `spec_file` labels failures.
-fn check_cfg(spec_file: &str, cfg: SpecConfig) {
+/// `cfg` served as [`check`] does on 4 lanes of an engine of batch `buckets`; `spec_file`
+/// labels failures. With buckets below 4, every admission prefills one lane's window at
+/// bucket 1 (`CudaSpecSession::lone_window`), its state slots moved to the lane.
+fn check_cfg(spec_file: &str, cfg: SpecConfig, buckets: &[u32]) {
     if !gpu() {
         return;
     }
     let dir = default_model();
     let target = Model::open(&dir).unwrap();
-    let (engine, bundle) = build_engine(&target, Some(&cfg), &[4], 256);
+    let (engine, bundle) = build_engine(&target, Some(&cfg), buckets, 256);
     let bundle = bundle.expect("a spec opens its draft");
     let mut s = session(&engine, &target, Some(&bundle), 4);
     let arrivals = staggered(&corpus_prompts());
@@ -55,6 +58,20 @@ fn check_cfg(spec_file: &str, cfg: SpecConfig) {
         replays,
         2 * arrivals.len() as u64,
         "{spec_file}: one target prefill replay per admission"
+    );
+    let target_role = engine.contract(true).target_prefill;
+    let widest = s
+        .prefill_places()
+        .iter()
+        .filter(|(r, _)| *r == target_role)
+        .map(|(_, at)| at.b)
+        .max();
+    let smallest = *buckets.iter().min().unwrap() as usize;
+    assert_eq!(
+        widest,
+        Some(smallest),
+        "{spec_file}: admissions prefill at the smallest bucket: {:?}",
+        s.prefill_places()
     );
     let w = target.load_weights_f32();
     for (i, a) in arrivals.iter().enumerate() {
@@ -106,7 +123,28 @@ fn sampled_draft_model_lanes_keep_their_draws() {
     let dir = default_model();
     let text = "method = \"draft_model\"\ndraft = \"draft\"\nnum_steps = 5\n[acceptance]\nmode = \"sample\"\ntemperature = 0.9\nseed = 11\n";
     let cfg = SpecConfig::from_toml(&dir.join("sampled.toml"), text).unwrap();
-    check_cfg("sampled draft_model", cfg);
+    check_cfg("sampled draft_model", cfg, &[4]);
+}
+
+/// Every way a method primes a lane, with admissions at bucket 1 in the lane's own window
+/// (sampled acceptance too: its per-lane knobs and streams are shadowed, 12 and 4 bytes a
+/// lane): batched equals alone, and each admission replays one bucket-1 target prefill.
+#[test]
+fn lanes_join_through_one_lane_windows() {
+    let dir = default_model();
+    for spec_file in [
+        "spec.toml",
+        "spec.eagle3.toml",
+        "spec.eagle3-tree.toml",
+        "spec.dflash.toml",
+        "ddtree.toml",
+    ] {
+        let cfg = SpecConfig::from_file(&dir.join(spec_file)).unwrap();
+        check_cfg(spec_file, cfg, &[1, 2, 4]);
+    }
+    let text = "method = \"draft_model\"\ndraft = \"draft\"\nnum_steps = 5\n[acceptance]\nmode = \"sample\"\ntemperature = 0.9\nseed = 11\n";
+    let cfg = SpecConfig::from_toml(&dir.join("sampled.toml"), text).unwrap();
+    check_cfg("sampled draft_model", cfg, &[1, 2, 4]);
 }
 
 /// Request `i`'s knobs in the mixed tests: even requests greedy, odd ones sampled with a
@@ -239,6 +277,15 @@ fn steps_replay_the_smallest_bucket_holding_the_lanes() {
     );
     let before = s.replays_at(4);
     let shrunk = serve(&mut s, &arrivals);
+    // With shrinking on, the two requests arriving at step 0 join in one 2-lane window.
+    let target_role = engine.contract(true).target_prefill;
+    assert!(
+        s.prefill_places()
+            .iter()
+            .any(|(r, at)| *r == target_role && at.b == 2 && at.lane == 0),
+        "lanes 0 and 1 admitted together prefill in one window of 2: {:?}",
+        s.prefill_places()
+    );
     let (r1, r2, r4) = (s.replays_at(1), s.replays_at(2), s.replays_at(4) - before);
     assert!(
         r1 > 0 && r2 > 0 && r4 > 0,

@@ -8,8 +8,9 @@ use std::path::Path;
 use specc_codegen::{build, BuildOptions, Cubins};
 use specc_ir::engine::{Arch, Engine, GraphRole, Target};
 use specc_models::spec_bundle::{engine_input, EngineExtras};
-use specc_models::{Acceptance, Model, RandomWeights};
+use specc_models::{Acceptance, Model, RandomWeights, SpecConfig};
 use specc_runtime::memory::Footprint;
+use specc_runtime::windows::{lane_major, AdmissionWindows};
 
 mod common;
 
@@ -124,4 +125,72 @@ fn the_last_row_prefill_needs_a_fraction_of_the_all_row_arena() {
 
 fn gib(bytes: u64) -> f64 {
     bytes as f64 / f64::from(1u32 << 30)
+}
+
+/// The embedded default's engine for `spec` at batch buckets 1, 2 and 4, under the
+/// acceptance `specc serve` builds for (per-lane sampling, greedy lanes by default).
+fn default_engine(spec: &str) -> Engine {
+    let dir = repo_path("models/default");
+    let model = Model::open(&dir).unwrap();
+    let cfg = SpecConfig::from_file(&dir.join(spec)).unwrap();
+    let extras = EngineExtras {
+        batch_buckets: Some(vec![1, 2, 4]),
+        acceptance: Some(Acceptance::Sample {
+            temperature: 0.0,
+            top_k: None,
+            top_p: 1.0,
+            seed: 0,
+        }),
+        ..EngineExtras::default()
+    };
+    let (input, _) = engine_input(&model, Some(&cfg), 256, None, &extras, &|p: &Path| {
+        p.to_path_buf()
+    })
+    .unwrap();
+    let opts = BuildOptions {
+        cubins: Cubins::Never,
+        ..BuildOptions::default()
+    };
+    build(input, &Target::for_archs(&[Arch::Sm90a]), &opts)
+        .unwrap_or_else(|e| panic!("{spec}: {e}"))
+        .engine
+}
+
+/// A lane joins a 4-lane session at the smallest batch bucket whose window of lanes holds
+/// it, the same bucket whatever the lane (so its tokens do not depend on the load), for
+/// every way a method primes its draft; lanes admitted together share one window.
+#[test]
+fn admissions_prefill_in_the_smallest_window_of_lanes() {
+    for spec in [
+        "spec.toml",
+        "spec.eagle3.toml",
+        "spec.eagle3-tree.toml",
+        "spec.dflash.toml",
+        "ddtree.toml",
+    ] {
+        let engine = default_engine(spec);
+        for speculative in [false, true] {
+            let contract = engine.contract(speculative).clone();
+            let major = lane_major(&engine, &contract).unwrap();
+            let w = AdmissionWindows::of_engine(&engine, &contract, 4, major);
+            println!(
+                "{spec} ({}): windows {:?}, first lanes aligned to {}, lone lane 3 at {:?}",
+                if speculative { "speculative" } else { "plain" },
+                w.buckets,
+                w.align,
+                w.lone(3)
+            );
+            assert!(major, "{spec}: states lead with the lane axis");
+            assert_eq!(w.buckets, vec![1, 2, 4], "{spec}");
+            let (b, first) = w.lone(3);
+            assert!(
+                b < 4 && first <= 3 && 3 < first + b,
+                "{spec}: {:?}",
+                w.lone(3)
+            );
+            assert_eq!(w.lone(0).0, b, "{spec}: one bucket for every lane");
+            let (b2, first2) = w.covering(&[1, 2]);
+            assert!(b2 <= 4 && first2 <= 1 && 2 < first2 + b2, "{spec}");
+        }
+    }
 }

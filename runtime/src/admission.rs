@@ -105,6 +105,15 @@ pub fn max_new_tokens(prompt: usize, k: usize, max_context: u64) -> usize {
     ctx.saturating_sub(prompt).saturating_sub(k + 2)
 }
 
+/// One lane to admit: where, its prompt, its budget of new tokens, how it samples.
+#[derive(Clone, Copy, Debug)]
+pub struct Admit<'p> {
+    pub lane: usize,
+    pub prompt: &'p [u32],
+    pub max_new: usize,
+    pub sampling: LaneSampling,
+}
+
 /// The common step states: `len = P`, `pending = [x(P-1), x(P)]`, the budget
 /// (`max_new` clamped to [`max_new_tokens`]), and zeroed counters.
 pub fn step_states(

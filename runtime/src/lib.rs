@@ -12,6 +12,7 @@ pub mod memory;
 pub mod policy;
 mod session;
 mod spec_cpu;
+pub mod windows;
 
 pub use cpu::{CpuSession, StepOutput};
 #[cfg(feature = "cuda")]

@@ -173,7 +173,7 @@ impl Footprint {
     /// `CudaSpecSession::new` and its first admission make): the weights and constants the
     /// method's plans name, each once (`weight_bytes` gives a checkpoint tensor's size),
     /// every state of the engine, the step plan's arena and the largest arena of each
-    /// prefill role.
+    /// prefill role (one arena per role, shared by its plans at every bucket up to `lanes`).
     pub fn of_cuda_engine(
         engine: &Engine,
         contract: &StepContract,
@@ -184,10 +184,16 @@ impl Footprint {
         // forward (`prefill_logits`, verify timings).
         let mut roles = contract.roles();
         roles.push(GraphRole::Logits);
+        // Admissions prefill at the smallest bucket that holds the lanes they admit.
+        let admits =
+            |r: GraphRole| r == contract.target_prefill || Some(r) == contract.draft_prefill;
         let plans: Vec<_> = engine
             .plans
             .iter()
-            .filter(|p| roles.contains(&p.role) && p.bucket.b == lanes)
+            .filter(|p| {
+                roles.contains(&p.role)
+                    && (p.bucket.b == lanes || (admits(p.role) && p.bucket.b < lanes))
+            })
             .collect();
         let mut slots: BTreeMap<String, u64> = BTreeMap::new();
         for s in plans.iter().flat_map(|p| &p.slots) {

@@ -1,6 +1,6 @@
 //! What a host loop needs from a backend: admit a batch, run steps, read emitted tokens.
 
-use crate::admission::LaneSampling;
+use crate::admission::{Admit, LaneSampling};
 use crate::{AdaptivePolicy, RuntimeError, SpecStats};
 
 /// A batch of lanes advanced one (speculative) step at a time; implemented by the CPU
@@ -21,6 +21,13 @@ pub trait Speculator {
         max_new: usize,
         sampling: LaneSampling,
     ) -> Result<u32, RuntimeError>;
+    /// Prefills several free lanes (as [`Speculator::admit_lane`] each); a backend may run
+    /// them in one prefill. Their first tokens, in list order.
+    fn admit_lanes(&mut self, rows: &[Admit]) -> Result<Vec<u32>, RuntimeError> {
+        rows.iter()
+            .map(|r| self.admit_lane(r.lane, r.prompt, r.max_new, r.sampling))
+            .collect()
+    }
     /// The knobs of a lane admitted without its own (the engine's acceptance), on RNG
     /// stream `stream`.
     fn default_sampling(&self, stream: u32) -> LaneSampling;
@@ -107,6 +114,9 @@ impl Speculator for crate::cuda::CudaSpecSession<'_> {
         sampling: LaneSampling,
     ) -> Result<u32, RuntimeError> {
         crate::cuda::CudaSpecSession::admit_lane(self, lane, prompt, max_new, sampling)
+    }
+    fn admit_lanes(&mut self, rows: &[Admit]) -> Result<Vec<u32>, RuntimeError> {
+        crate::cuda::CudaSpecSession::admit_lanes(self, rows)
     }
     fn default_sampling(&self, stream: u32) -> LaneSampling {
         LaneSampling::defaults(&self.engine.engine.acceptance, stream)

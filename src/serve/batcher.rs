@@ -1,6 +1,6 @@
 //! The engine loop: one thread owns the session (the interpreter and the CUDA stream are
-//! synchronous). Between steps it admits queued requests into free lanes (each lane's
-//! prefill on its own, the other lanes' states kept), then runs one step over the lanes in
+//! synchronous). Between steps it admits queued requests into free lanes (the lanes'
+//! prefill at the smallest batch bucket the backend can, the other lanes' states kept), then runs one step over the lanes in
 //! use, drains every lane's tokens, detokenizes them incrementally, ends lanes at EOS, a
 //! stop string, `max_tokens`, the end of the context or a client that went away, and frees
 //! them for the next request. Nothing inside a step waits on the host.
@@ -11,7 +11,7 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Instant;
 
-use specc_runtime::admission::LaneSampling;
+use specc_runtime::admission::{Admit, LaneSampling};
 use specc_runtime::Speculator;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -173,15 +173,23 @@ pub fn run(s: &mut dyn Speculator, rx: Receiver<Job>, c: &LoopCtx) {
                 Err(_) => return,
             }
         }
-        // Admit into the lowest free lanes, so the bucket that holds them stays small.
-        for (b, slot) in slots.iter_mut().enumerate() {
+        // Admit into the lowest free lanes, so the bucket that holds them stays small; the
+        // jobs that arrived together are admitted together (the backend may prefill them
+        // in one graph).
+        let mut joining = Vec::new();
+        for (b, slot) in slots.iter().enumerate() {
             if slot.is_some() {
                 continue;
             }
             let Some(job) = next_job(&mut ready, &rx, c) else {
                 break;
             };
-            *slot = admit(s, b, job, c);
+            joining.push((b, job));
+        }
+        if !joining.is_empty() {
+            for (b, lane) in admit(s, joining, c) {
+                slots[b] = lane;
+            }
         }
         let upto = slots.iter().rposition(Option::is_some).map_or(0, |b| b + 1);
         publish(&slots, c);
@@ -274,23 +282,62 @@ fn next_job(ready: &mut VecDeque<Job>, rx: &Receiver<Job>, c: &LoopCtx) -> Optio
     }
 }
 
-/// Prefills lane `b` with `job`; the lane, unless the request already ended.
-fn admit<'a>(s: &mut dyn Speculator, b: usize, job: Job, c: &LoopCtx<'a>) -> Option<Lane<'a>> {
+/// Prefills each lane `b` with its job; per lane, the running lane unless the request
+/// already ended (or its admission failed).
+fn admit<'a>(
+    s: &mut dyn Speculator,
+    joining: Vec<(usize, Job)>,
+    c: &LoopCtx<'a>,
+) -> Vec<(usize, Option<Lane<'a>>)> {
     // A sampled lane's draws depend on each step's k: the policy holds the configured k
     // while it is live, so a seeded request gets the same tokens whatever the load.
-    s.policy_mut().pin(b, job.sampling.temperature > 0.0);
-    let first = match s.admit_lane(b, &job.ids, job.max_tokens, job.sampling) {
-        Ok(t) => t,
+    for (b, job) in &joining {
+        s.policy_mut().pin(*b, job.sampling.temperature > 0.0);
+    }
+    let rows: Vec<Admit> = joining
+        .iter()
+        .map(|(b, job)| Admit {
+            lane: *b,
+            prompt: &job.ids,
+            max_new: job.max_tokens,
+            sampling: job.sampling,
+        })
+        .collect();
+    let firsts = s.admit_lanes(&rows);
+    drop(rows);
+    let firsts = match firsts {
+        Ok(f) => f,
         Err(e) => {
-            let _ = job
-                .events
-                .send(Event::Failed(format!("admission failed: {e}")));
-            c.metrics
-                .finished(Finish::Abort, job.arrived.elapsed().as_secs_f64());
-            let _ = s.finish(b);
-            return None;
+            return joining
+                .into_iter()
+                .map(|(b, job)| {
+                    let _ = job
+                        .events
+                        .send(Event::Failed(format!("admission failed: {e}")));
+                    c.metrics
+                        .finished(Finish::Abort, job.arrived.elapsed().as_secs_f64());
+                    let _ = s.finish(b);
+                    (b, None)
+                })
+                .collect();
         }
     };
+    joining
+        .into_iter()
+        .zip(firsts)
+        .map(|((b, job), first)| (b, start(s, b, job, first, c)))
+        .collect()
+}
+
+/// The lane of `job`, admitted into lane `b` with first token `first`, unless the request
+/// already ended.
+fn start<'a>(
+    s: &mut dyn Speculator,
+    b: usize,
+    job: Job,
+    first: u32,
+    c: &LoopCtx<'a>,
+) -> Option<Lane<'a>> {
     c.metrics.prompt(job.ids.len());
     c.metrics.first_token(job.arrived.elapsed().as_secs_f64());
     let mut lane = Lane::new(job, c.codec);

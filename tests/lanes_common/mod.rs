@@ -1,11 +1,11 @@
 //! Continuous batching as `specc serve` drives a session, for the interpreter and the
 //! device tests alike: requests arrive at given steps, join the lowest free lanes
-//! (`admit_lane`, the other lanes' states kept), every step runs over the lanes in use
+//! (`admit_lanes`: those due at one step together, the other lanes' states kept), every step runs over the lanes in use
 //! (`step_upto`), and a lane whose request is done is finished and reused.
 
 #![allow(dead_code)]
 
-use specc_runtime::admission::LaneSampling;
+use specc_runtime::admission::{Admit, LaneSampling};
 use specc_runtime::Speculator;
 
 /// One request: its prompt, its token budget, the step at which it arrives and its own
@@ -55,17 +55,31 @@ pub fn serve(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
     let mut next = 0;
     let mut step = 0;
     while next < arrivals.len() || lane_of.iter().any(Option::is_some) {
+        // The requests due by this step join together, as `specc serve` admits them.
+        let mut joining = Vec::new();
         while next < arrivals.len() && arrivals[next].at_step <= step {
             let Some(free) = lane_of.iter().position(Option::is_none) else {
                 break;
             };
-            let a = &arrivals[next];
-            // Request r draws from stream r wherever it runs.
-            let knobs = sampling_of(s, a, next);
-            let first = s.admit_lane(free, &a.prompt, a.max_new, knobs).unwrap();
-            out[next].push(first);
             lane_of[free] = Some(next);
+            joining.push((free, next));
             next += 1;
+        }
+        let rows: Vec<Admit> = joining
+            .iter()
+            .map(|&(lane, r)| Admit {
+                lane,
+                prompt: &arrivals[r].prompt,
+                max_new: arrivals[r].max_new,
+                // Request r draws from stream r wherever it runs.
+                sampling: sampling_of(s, &arrivals[r], r),
+            })
+            .collect();
+        if !rows.is_empty() {
+            let firsts = s.admit_lanes(&rows).unwrap();
+            for (&(_, r), first) in joining.iter().zip(firsts) {
+                out[r].push(first);
+            }
         }
         let upto = lane_of
             .iter()

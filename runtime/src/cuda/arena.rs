@@ -13,7 +13,9 @@ use super::table::BufRef;
 use crate::RuntimeError;
 
 /// One zero-initialised device arena of `arena_bytes` (codegen's `MemoryPlan::arena_bytes`);
-/// graph inputs, outputs and intermediates live at the plan's offsets.
+/// graph inputs, outputs and intermediates live at the plan's offsets. A clone shares the
+/// buffer.
+#[derive(Clone)]
 pub struct DeviceArena {
     buf: Arc<DeviceBuffer>,
 }

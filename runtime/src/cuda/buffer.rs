@@ -145,6 +145,39 @@ impl DeviceBuffer {
         Ok(())
     }
 
+    /// Enqueues a device-to-device copy of `len` bytes of `src` at `src_offset` to
+    /// `offset`.
+    pub fn copy_from(
+        &self,
+        offset: u64,
+        src: &DeviceBuffer,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<(), RuntimeError> {
+        self.check(offset, len)?;
+        src.check(src_offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let ctx = self.stream.context();
+        ctx.bind_to_thread().during("binding the context")?;
+        // SAFETY: both ranges were bounds-checked against live allocations of this context;
+        // the copy is ordered on the stream with every other use of them.
+        unsafe {
+            result::memcpy_dtod_async(
+                self.ptr + offset,
+                src.ptr + src_offset,
+                len as usize,
+                self.stream.cu_stream(),
+            )
+        }
+        .during(format!(
+            "copying {len} bytes of {} to {}",
+            src.label, self.label
+        ))?;
+        Ok(())
+    }
+
     /// Copies `out.len()` bytes at `offset` into `out`, after all work queued before it on
     /// the stream; blocks until the bytes are there.
     pub fn read_into(&self, offset: u64, out: &mut [u8]) -> Result<(), RuntimeError> {

@@ -16,6 +16,7 @@ use super::weights::WEIGHT_ALIGN;
 use super::{
     operand_table, pointer_table, BufRef, CudaDevice, DeviceArena, DeviceBuffer, DeviceWeights,
     HostTensor, KernelImage, KernelModule, KernelParam, PreparedLaunch, StateBuffers, StepGraph,
+    TABLE_ENTRY_ALIGN,
 };
 use crate::memory::{Budget, Footprint};
 use crate::RuntimeError;
@@ -189,6 +190,20 @@ pub struct LoadedGraph {
     pub arena: DeviceArena,
     pub launches: Vec<PreparedLaunch>,
     pub table: Arc<DeviceBuffer>,
+    /// States the plan reads and writes through an aligned copy of its lanes
+    /// ([`CudaEngine::load_at`]): [`LoadedGraph::shadow_in`] before a replay,
+    /// [`LoadedGraph::shadow_out`] after it.
+    pub shadows: Vec<Shadow>,
+}
+
+/// Lanes `offset..offset + bytes` of a small state, moved to a buffer of their own whose
+/// base is 16-byte aligned (kernels pick vector widths from offsets alone, so a slot base
+/// must be), for a plan loaded at a lane where the state's own bytes are not.
+pub struct Shadow {
+    pub state: Arc<DeviceBuffer>,
+    pub offset: u64,
+    pub bytes: u64,
+    pub copy: Arc<DeviceBuffer>,
 }
 
 impl LoadedGraph {
@@ -216,6 +231,22 @@ impl LoadedGraph {
     pub fn read(&self, name: &str) -> Result<Vec<u8>, RuntimeError> {
         let (off, len) = self.io(name)?;
         self.arena.read(off, len)
+    }
+
+    /// Enqueues the copies of the shadowed states' lanes into their shadows.
+    pub fn shadow_in(&self) -> Result<(), RuntimeError> {
+        for s in &self.shadows {
+            s.copy.copy_from(0, &s.state, s.offset, s.bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues the copies of the shadows back into their states' lanes.
+    pub fn shadow_out(&self) -> Result<(), RuntimeError> {
+        for s in &self.shadows {
+            s.state.copy_from(s.offset, &s.copy, 0, s.bytes)?;
+        }
+        Ok(())
     }
 }
 
@@ -426,6 +457,34 @@ impl<'e> CudaEngine<'e> {
     /// Loads one plan: its arena, its operand table and its launches (weights must be
     /// uploaded already).
     pub fn load(&mut self, plan: &BucketPlan) -> Result<LoadedGraph, RuntimeError> {
+        self.load_at(plan, 0, None)
+    }
+
+    /// Bytes of one lane of the lane-major state `name` (`[B, ...]`): states are sized for
+    /// the engine's largest batch bucket, whatever bucket a plan runs at.
+    pub fn state_lane_bytes(&self, name: &str) -> Result<u64, RuntimeError> {
+        let most = self.engine.batch_buckets().into_iter().max().unwrap_or(1);
+        Ok(self.states.get(name)?.bytes() / u64::from(most.max(1)))
+    }
+
+    /// [`CudaEngine::load`] with every state slot moved `lane` lanes in, so a bucket-`b`
+    /// plan reads and writes lanes `lane..lane + b` of the lane-major states (a state whose
+    /// moved base is not 16-byte aligned goes through a [`Shadow`]), and its activations in
+    /// `arena` where given (shared by plans that never run at once; it must hold the
+    /// plan's arena).
+    pub fn load_at(
+        &mut self,
+        plan: &BucketPlan,
+        lane: u64,
+        arena: Option<&DeviceArena>,
+    ) -> Result<LoadedGraph, RuntimeError> {
+        let most = self.engine.batch_buckets().into_iter().max().unwrap_or(1);
+        if lane + u64::from(plan.bucket.b) > u64::from(most) {
+            return Err(engine_err(format!(
+                "lanes {lane}..{} are past the states' {most} lanes",
+                lane + u64::from(plan.bucket.b)
+            )));
+        }
         // Constants of a plan `upload` did not see: uploaded here, kept alive by the operand
         // table that points into them.
         let late: Vec<(String, Vec<usize>, &[u8])> = plan
@@ -457,9 +516,35 @@ impl<'e> CudaEngine<'e> {
             .as_ref()
             .ok_or_else(|| engine_err("weights are not uploaded".into()))?;
         let mut slots = Vec::with_capacity(plan.slots.len());
+        let mut shadows = Vec::new();
         for s in &plan.slots {
             slots.push(match s {
-                Slot::State(n) => self.states.buf_ref(n)?,
+                Slot::State(n) => {
+                    let per = self.state_lane_bytes(n)?;
+                    let state = self.states.get(n)?.clone();
+                    let offset = lane * per;
+                    if offset.is_multiple_of(TABLE_ENTRY_ALIGN) {
+                        BufRef { buf: state, offset }
+                    } else {
+                        let bytes = per * u64::from(plan.bucket.b);
+                        let label = format!("state `{n}`, lanes from {lane}");
+                        let copy = Arc::new(DeviceBuffer::alloc_uninit(
+                            self.dev.stream(),
+                            &label,
+                            bytes,
+                        )?);
+                        shadows.push(Shadow {
+                            state,
+                            offset,
+                            bytes,
+                            copy: copy.clone(),
+                        });
+                        BufRef {
+                            buf: copy,
+                            offset: 0,
+                        }
+                    }
+                }
                 Slot::Weight(n) => weights.buf_ref(n)?,
                 Slot::Const(_) if !self.derived.contains_key(&slot_key(s)) => late_consts
                     .as_ref()
@@ -472,7 +557,17 @@ impl<'e> CudaEngine<'e> {
         }
         // Slot bases must be 16-byte aligned: kernels chose vector widths from offsets alone.
         pointer_table(&self.dev, "slot bases", &slots)?;
-        let arena = DeviceArena::new(&self.dev, plan.arena_bytes.max(256))?;
+        let arena = match arena {
+            Some(a) if a.bytes() >= plan.arena_bytes => a.clone(),
+            Some(a) => {
+                return Err(engine_err(format!(
+                    "a shared arena of {} bytes cannot hold a plan's {}",
+                    a.bytes(),
+                    plan.arena_bytes
+                )))
+            }
+            None => DeviceArena::new(&self.dev, plan.arena_bytes.max(256))?,
+        };
         // A tensor map resolves to its tensor; its table entry is replaced by its descriptor.
         let resolve = |loc: Loc| match loc {
             Loc::TensorMap(m) => m.tensor(),
@@ -580,6 +675,7 @@ impl<'e> CudaEngine<'e> {
             arena,
             launches,
             table,
+            shadows,
         })
     }
 

@@ -67,6 +67,7 @@ pub use error::CudaError;
 pub use graph::{Retained, StepGraph};
 pub use launch::{launch_all, KernelParam, PreparedLaunch};
 pub use module::{KernelFunction, KernelImage, KernelModule};
+pub use prefills::PrefillAt;
 pub use ring::{TokenRing, DEFAULT_RING_DEPTH};
 pub use session::{prefill_bucket, CudaSpecSession, MIN_PREFILL_T};
 pub use table::{operand_table, pointer_table, BufRef, TABLE_ENTRY_ALIGN};

@@ -2,6 +2,9 @@
 //! CUDA graph on its first use and replayed from then on, so a prefill costs one
 //! `cuGraphLaunch` instead of one launch per kernel.
 //!
+//! A graph is captured per (role, batch bucket, prompt bucket, first lane): an admission
+//! prefills the smallest bucket holding the lanes it admits, its state slots moved to them.
+//!
 //! Every prefill is captured: its launches are plain kernel launches over fixed arena
 //! offsets, and the host moves its inputs and outputs with copies outside the graph (inputs
 //! written into the arena's input slots before the replay, outputs read after it), so
@@ -12,7 +15,7 @@ use std::collections::HashMap;
 
 use specc_ir::engine::{BucketPlan, GraphRole};
 
-use super::{CudaEngine, LoadedGraph, StepGraph};
+use super::{CudaEngine, DeviceArena, LoadedGraph, StepGraph};
 use crate::RuntimeError;
 
 /// One prefill plan, loaded and captured.
@@ -33,7 +36,9 @@ impl PrefillGraph {
         for (name, bytes) in inputs {
             self.loaded.write(name, bytes)?;
         }
+        self.loaded.shadow_in()?;
         self.captured.replay()?;
+        self.loaded.shadow_out()?;
         engine.synchronize()?;
         outputs.iter().map(|o| self.loaded.read(o)).collect()
     }
@@ -44,34 +49,59 @@ impl PrefillGraph {
     }
 }
 
-/// The prefill graphs captured so far, by role and prompt bucket.
+/// Where a prefill runs: batch bucket `b`, prompt bucket `t`, first lane `lane` (a
+/// bucket-`b` plan over lanes `lane..lane + b` of the states).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PrefillAt {
+    pub b: usize,
+    pub t: usize,
+    pub lane: usize,
+}
+
+/// The prefill graphs captured so far, by role and place, and one activation arena per
+/// role that every graph of the role shares (prefills run one at a time on the session's
+/// stream; the arena holds the role's largest plan, so the footprint is that of one).
 #[derive(Default)]
 pub struct PrefillGraphs {
-    graphs: HashMap<(GraphRole, usize), PrefillGraph>,
+    graphs: HashMap<(GraphRole, PrefillAt), PrefillGraph>,
+    arenas: HashMap<GraphRole, DeviceArena>,
 }
 
 impl PrefillGraphs {
-    /// The graph of `plan` (role `role`, bucket `t`), loaded and captured on first use.
+    /// The graph of `plan` (role `role`) at `at`, loaded and captured on first use, in
+    /// the role's arena of `arena_bytes` (allocated by the first graph of the role).
     pub fn get_or_capture(
         &mut self,
         engine: &mut CudaEngine,
         role: GraphRole,
-        t: usize,
+        at: PrefillAt,
         plan: &BucketPlan,
+        arena_bytes: u64,
     ) -> Result<&PrefillGraph, RuntimeError> {
-        Ok(match self.graphs.entry((role, t)) {
+        Ok(match self.graphs.entry((role, at)) {
             Entry::Occupied(g) => g.into_mut(),
             Entry::Vacant(slot) => {
-                let loaded = engine.load(plan)?;
+                let arena = match self.arenas.entry(role) {
+                    Entry::Occupied(a) => a.into_mut(),
+                    Entry::Vacant(a) => {
+                        a.insert(DeviceArena::new(&engine.dev, arena_bytes.max(256))?)
+                    }
+                };
+                let loaded = engine.load_at(plan, at.lane as u64, Some(arena))?;
                 let captured = engine.capture(&loaded)?;
                 slot.insert(PrefillGraph { loaded, captured })
             }
         })
     }
 
-    /// The graph of `(role, t)` if it was captured.
-    pub fn get(&self, role: GraphRole, t: usize) -> Option<&PrefillGraph> {
-        self.graphs.get(&(role, t))
+    /// The graph of `role` at `at` if it was captured.
+    pub fn get(&self, role: GraphRole, at: PrefillAt) -> Option<&PrefillGraph> {
+        self.graphs.get(&(role, at))
+    }
+
+    /// The role and place of every captured graph.
+    pub fn places(&self) -> Vec<(GraphRole, PrefillAt)> {
+        self.graphs.keys().copied().collect()
     }
 
     /// How many prefill graphs were captured.
@@ -82,5 +112,15 @@ impl PrefillGraphs {
     /// Replays of every prefill graph so far.
     pub fn replays(&self) -> u64 {
         self.graphs.values().map(PrefillGraph::replays).sum()
+    }
+
+    /// Replays of the `role` graphs at prompt bucket `t` so far, at any batch bucket and
+    /// lane.
+    pub fn replays_of(&self, role: GraphRole, t: usize) -> u64 {
+        self.graphs
+            .iter()
+            .filter(|((r, at), _)| *r == role && at.t == t)
+            .map(|(_, g)| g.replays())
+            .sum()
     }
 }

@@ -10,25 +10,19 @@ use specc_models::methods::{
     BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, RING, SAMPLING, STREAM,
 };
 
-use super::prefills::PrefillGraphs;
+use super::prefills::{PrefillAt, PrefillGraphs};
 use super::{CudaEngine, LoadedGraph, StepGraph, TokenRing, WeightSources, DEFAULT_RING_DEPTH};
-use crate::admission::{self, LaneSampling, PrefillInputs, StateInit};
+use crate::admission::{self, Admit, LaneSampling, PrefillInputs, StateInit};
 use crate::draft_sync::DraftSync;
 use crate::memory::Footprint;
 use crate::policy::{AdaptivePolicy, SpecPolicy};
+use crate::windows::{lane_major, AdmissionWindows};
 use crate::{RuntimeError, SpecStats};
 
 pub use specc_models::spec_bundle::MIN_PREFILL_T;
 
 pub fn prefill_bucket(t: usize) -> usize {
     t.next_power_of_two().max(MIN_PREFILL_T)
-}
-
-/// One lane to admit: where, its prompt, how it samples.
-struct Admit<'p> {
-    lane: usize,
-    prompt: &'p [u32],
-    sampling: LaneSampling,
 }
 
 pub struct CudaSpecSession<'a> {
@@ -61,8 +55,11 @@ pub struct CudaSpecSession<'a> {
     /// use; kernels tile by bucket, so another bucket may round differently).
     shrink: bool,
     ring: TokenRing,
-    /// Prefill graphs by role and prompt bucket, captured on first use.
+    /// Prefill graphs by role and place, captured on first use.
     prefills: PrefillGraphs,
+    /// Where admissions prefill (the session's own bucket only where the states are not
+    /// all lane-major).
+    windows: AdmissionWindows,
     lanes: usize,
     max_context: u64,
     pub stats: SpecStats,
@@ -98,26 +95,6 @@ fn read_i32(bytes: &[u8]) -> Vec<i64> {
         .chunks_exact(4)
         .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
         .collect()
-}
-
-/// Whether every state of the method's graphs leads with the lane axis, so the first `b`
-/// lanes of each state buffer are what a bucket-`b` graph reads.
-fn lane_major(engine: &Engine, contract: &StepContract) -> Result<bool, RuntimeError> {
-    for g in engine
-        .graphs
-        .iter()
-        .filter(|g| contract.roles().contains(&g.role))
-    {
-        let parsed = specc_ir::text::parse(&g.ir)
-            .map_err(|e| RuntimeError::Engine(format!("graph `{}`: {e}", g.role)))?;
-        if !parsed
-            .states()
-            .all(|(_, _, ty)| ty.shape.dims().first() == Some(&specc_ir::op::B))
-        {
-            return Ok(false);
-        }
-    }
-    Ok(true)
 }
 
 /// `[lanes, tb]` tokens and positions holding row `i` of the `[n, t]` prefill inputs `p` in
@@ -162,7 +139,8 @@ impl<'a> CudaSpecSession<'a> {
         let step_plan = plan_of(engine, contract.step, lanes, 1)?;
         // Every plan of the method at this batch, so a prefill of any length finds its
         // weights uploaded, and the steps of the smaller buckets.
-        let smaller_buckets: Vec<usize> = match shrink && lane_major(engine, &contract)? {
+        let lane_major = lane_major(engine, &contract)?;
+        let smaller_buckets: Vec<usize> = match shrink && lane_major {
             true => engine
                 .batch_buckets()
                 .into_iter()
@@ -178,8 +156,12 @@ impl<'a> CudaSpecSession<'a> {
                 let b = p.bucket.b as usize;
                 let a_step =
                     p.role == contract.step || contract.variants.iter().any(|v| v.role == p.role);
+                let a_prefill =
+                    Some(p.role) == contract.draft_prefill || p.role == contract.target_prefill;
                 let ours = contract.roles().contains(&p.role) || p.role == GraphRole::Logits;
-                ours && (b == lanes || (a_step && smaller_buckets.contains(&b)))
+                ours && (b == lanes
+                    || (a_step && smaller_buckets.contains(&b))
+                    || (a_prefill && lane_major && b < lanes))
             })
             .collect();
         dev.upload(&plans, sources)?;
@@ -201,6 +183,7 @@ impl<'a> CudaSpecSession<'a> {
                 variants.push((b, i, loaded, captured));
             }
         }
+        let windows = AdmissionWindows::of_engine(engine, &contract, lanes, lane_major);
         let ring = TokenRing::from_states(
             &dev.dev,
             dev.state(RING)?.clone(),
@@ -228,6 +211,7 @@ impl<'a> CudaSpecSession<'a> {
             shrink,
             ring,
             prefills: PrefillGraphs::default(),
+            windows,
             lanes,
             max_context: engine.max_context,
             stats: SpecStats {
@@ -321,30 +305,42 @@ impl<'a> CudaSpecSession<'a> {
         &self.contract
     }
 
-    /// The loaded plan of prefill `role` at prompt bucket `t` (captured on first use).
-    fn prefill(&mut self, role: GraphRole, t: usize) -> Result<&LoadedGraph, RuntimeError> {
-        let plan = plan_of(self.engine.engine, role, self.lanes, t)?;
-        let g = self
-            .prefills
-            .get_or_capture(&mut self.engine, role, t, plan)?;
-        Ok(&g.loaded)
+    /// The loaded plan of prefill `role` at `at` (captured on first use).
+    fn prefill(&mut self, role: GraphRole, at: PrefillAt) -> Result<&LoadedGraph, RuntimeError> {
+        self.capture_prefill(role, at)?;
+        Ok(&self.prefills.get(role, at).expect("captured above").loaded)
     }
 
-    /// Runs the prefill graph of `role` over `[lanes, tb]` tokens/positions (+ extra inputs)
-    /// and returns the bytes of the requested outputs.
+    /// Loads and captures the prefill of `role` at `at` unless it was already.
+    fn capture_prefill(&mut self, role: GraphRole, at: PrefillAt) -> Result<(), RuntimeError> {
+        let engine = self.engine.engine;
+        let plan = plan_of(engine, role, at.b, at.t)?;
+        // One arena per role, holding its largest plan at any bucket this session runs.
+        let arena_bytes = engine
+            .plans
+            .iter()
+            .filter(|p| p.role == role && p.bucket.b as usize <= self.lanes)
+            .map(|p| p.arena_bytes)
+            .max()
+            .unwrap_or(0);
+        self.prefills
+            .get_or_capture(&mut self.engine, role, at, plan, arena_bytes)?;
+        Ok(())
+    }
+
+    /// Runs the prefill graph of `role` at `at` over `[at.b, at.t]` tokens/positions (+
+    /// extra inputs) and returns the bytes of the requested outputs.
     fn run_role(
         &mut self,
         role: GraphRole,
-        tb: usize,
+        at: PrefillAt,
         tokens: &[i64],
         positions: &[i64],
         extra: &[(&str, Vec<u8>)],
         outputs: &[&str],
     ) -> Result<Vec<Vec<u8>>, RuntimeError> {
-        let plan = plan_of(self.engine.engine, role, self.lanes, tb)?;
-        let g = self
-            .prefills
-            .get_or_capture(&mut self.engine, role, tb, plan)?;
+        self.capture_prefill(role, at)?;
+        let g = self.prefills.get(role, at).expect("captured above");
         let (tokens, positions) = (i32_bytes(tokens), i32_bytes(positions));
         let mut inputs: Vec<(&str, &[u8])> = vec![("positions", &positions)];
         // A DFlash drafter's prefill reads taps and positions only.
@@ -355,12 +351,13 @@ impl<'a> CudaSpecSession<'a> {
         g.run(&self.engine, &inputs, outputs)
     }
 
-    /// Runs the target's (`target`) or the draft's prefill graph over `[lanes, tb]` tokens
-    /// and positions (+ extra inputs) and returns the bytes of the requested outputs.
+    /// Runs the target's (`target`) or the draft's prefill graph at `at` over
+    /// `[at.b, at.t]` tokens and positions (+ extra inputs) and returns the bytes of the
+    /// requested outputs.
     fn run_prefill(
         &mut self,
         target: bool,
-        tb: usize,
+        at: PrefillAt,
         tokens: &[i64],
         positions: &[i64],
         extra: &[(&str, Vec<u8>)],
@@ -373,13 +370,41 @@ impl<'a> CudaSpecSession<'a> {
                 .draft_prefill
                 .unwrap_or(self.contract.target_prefill)
         };
-        self.run_role(role, tb, tokens, positions, extra, outputs)
+        self.run_role(role, at, tokens, positions, extra, outputs)
     }
 
-    /// Prefill graphs captured so far (each role and prompt bucket once; later prefills of
-    /// the same bucket replay them).
+    /// The session's own bucket from lane 0 at prompt bucket `t`.
+    fn every_lane(&self, t: usize) -> PrefillAt {
+        PrefillAt {
+            b: self.lanes,
+            t,
+            lane: 0,
+        }
+    }
+
+    /// Where a prefill admitting the lanes `at` together runs at prompt bucket `t`
+    /// ([`AdmissionWindows::covering`]).
+    pub fn admission_window(&self, at: &[usize], t: usize) -> PrefillAt {
+        let (b, lane) = self.windows.covering(at);
+        PrefillAt { b, t, lane }
+    }
+
+    /// Where lane `lane` is prefilled when admitted alone at prompt bucket `t`
+    /// ([`AdmissionWindows::lone`]: the same plan whatever the lane and the load).
+    pub fn lone_window(&self, lane: usize, t: usize) -> PrefillAt {
+        let (b, lane) = self.windows.lone(lane);
+        PrefillAt { b, t, lane }
+    }
+
+    /// Prefill graphs captured so far (each role and place once; later prefills of the
+    /// same place replay them).
     pub fn captured_prefills(&self) -> usize {
         self.prefills.captured()
+    }
+
+    /// The role and place of every prefill graph captured so far.
+    pub fn prefill_places(&self) -> Vec<(GraphRole, PrefillAt)> {
+        self.prefills.places()
     }
 
     /// Replays of every prefill graph (target, draft, all-row) so far: the graph launches
@@ -388,11 +413,9 @@ impl<'a> CudaSpecSession<'a> {
         self.prefills.replays()
     }
 
-    /// Replays of the target prefill captured at prompt bucket `t` so far.
+    /// Replays of the target prefill at prompt bucket `t` so far (any bucket and lane).
     pub fn target_prefill_replays(&self, t: usize) -> u64 {
-        self.prefills
-            .get(self.contract.target_prefill, t)
-            .map_or(0, |g| g.replays())
+        self.prefills.replays_of(self.contract.target_prefill, t)
     }
 
     /// Logits `[t, V]` (f32) of one forward over `ids` (in every lane): the engine's
@@ -403,7 +426,8 @@ impl<'a> CudaSpecSession<'a> {
         let tb = prefill_bucket(pre.t);
         let all: Vec<usize> = (0..self.lanes).collect();
         let (tokens, pos) = place(&pre, &all, self.lanes, tb);
-        let out = self.run_role(GraphRole::Logits, tb, &tokens, &pos, &[], &["logits"])?;
+        let at = self.every_lane(tb);
+        let out = self.run_role(GraphRole::Logits, at, &tokens, &pos, &[], &["logits"])?;
         let all: Vec<f32> = out[0]
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -427,18 +451,21 @@ impl<'a> CudaSpecSession<'a> {
             .map(|(b, p)| Admit {
                 lane: b,
                 prompt: p,
+                max_new,
                 sampling: LaneSampling::defaults(acceptance, b as u32),
             })
             .collect();
-        self.admit_rows(&rows, max_new)
+        let tb = self.prompt_bucket(&rows)?;
+        let every = self.every_lane(tb);
+        self.admit_rows(&rows, every)
     }
 
     /// Prefills lane `lane` alone and arms its step states, leaving the other lanes' states
-    /// as they are (continuous batching). The prefill runs at the session's batch bucket
-    /// with every other lane padding (position −1: it writes nothing), so the captured
-    /// step and its tilings stay those of one bucket and a lane's tokens do not depend on
-    /// the others'. Returns the lane's first token. Under sampled acceptance the lane draws
-    /// with `sampling`'s knobs from its RNG stream.
+    /// as they are (continuous batching). The prefill runs at [`CudaSpecSession::
+    /// lone_window`]: the same plan whatever the lane and the load, the lanes of the window
+    /// other than `lane` padding (position −1: they write nothing), so a lane's tokens do
+    /// not depend on the others'. Returns the lane's first token. Under sampled acceptance
+    /// the lane draws with `sampling`'s knobs from its RNG stream.
     pub fn admit_lane(
         &mut self,
         lane: usize,
@@ -446,30 +473,46 @@ impl<'a> CudaSpecSession<'a> {
         max_new: usize,
         sampling: LaneSampling,
     ) -> Result<u32, RuntimeError> {
-        let lanes = self.lanes;
-        if lane >= lanes {
-            return Err(RuntimeError::Engine(format!(
-                "lane {lane} is out of range: the session has {lanes} lanes"
-            )));
-        }
         let row = Admit {
             lane,
             prompt,
+            max_new,
             sampling,
         };
-        Ok(self.admit_rows(&[row], max_new)?[0])
+        Ok(self.admit_lanes(&[row])?[0])
     }
 
-    /// The one admission routine: prefills the listed lanes together in one target prefill
-    /// (and the method's draft priming) at the session's batch bucket, every lane not listed
-    /// padding, and arms the listed lanes' step states, sampling knobs and rings; the other
-    /// lanes' states are left as they are. Each listed lane's first token, in list order.
-    fn admit_rows(&mut self, rows: &[Admit], max_new: usize) -> Result<Vec<u32>, RuntimeError> {
-        let k = self.contract.num_steps;
+    /// Admits several free lanes: each alone at its [`CudaSpecSession::lone_window`], or,
+    /// with [`CudaSpecSession::shrink_buckets`] on (tokens may then depend on the load),
+    /// all in one prefill at the smallest window that holds them
+    /// ([`CudaSpecSession::admission_window`]). Each lane's first token, in list order.
+    pub fn admit_lanes(&mut self, rows: &[Admit]) -> Result<Vec<u32>, RuntimeError> {
         let lanes = self.lanes;
+        if let Some(r) = rows.iter().find(|r| r.lane >= lanes) {
+            return Err(RuntimeError::Engine(format!(
+                "lane {} is out of range: the session has {lanes} lanes",
+                r.lane
+            )));
+        }
+        if self.shrink {
+            let tb = self.prompt_bucket(rows)?;
+            let at: Vec<usize> = rows.iter().map(|r| r.lane).collect();
+            let window = self.admission_window(&at, tb);
+            return self.admit_rows(rows, window);
+        }
+        let mut first = Vec::with_capacity(rows.len());
+        for r in rows {
+            let tb = self.prompt_bucket(std::slice::from_ref(r))?;
+            let window = self.lone_window(r.lane, tb);
+            first.extend(self.admit_rows(std::slice::from_ref(r), window)?);
+        }
+        Ok(first)
+    }
+
+    /// The prompt bucket a prefill of `rows` runs at (prompts padded to the longest).
+    fn prompt_bucket(&self, rows: &[Admit]) -> Result<usize, RuntimeError> {
         let prompts: Vec<Vec<u32>> = rows.iter().map(|r| r.prompt.to_vec()).collect();
-        let at: Vec<usize> = rows.iter().map(|r| r.lane).collect();
-        let pre = admission::prefill_inputs(&prompts, k, self.max_context)?;
+        let pre = admission::prefill_inputs(&prompts, self.contract.num_steps, self.max_context)?;
         let tb = prefill_bucket(pre.t);
         if tb as u64 > self.max_context {
             return Err(RuntimeError::ContextOverflow {
@@ -477,7 +520,24 @@ impl<'a> CudaSpecSession<'a> {
                 max_context: self.max_context,
             });
         }
-        let (tokens, pos) = place(&pre, &at, lanes, tb);
+        Ok(tb)
+    }
+
+    /// The one admission routine: prefills the listed lanes together in one target prefill
+    /// (and the method's draft priming) at `window`, every lane of the window not listed
+    /// padding, and arms the listed lanes' step states, sampling knobs and rings; the other
+    /// lanes' states are left as they are. Each listed lane's first token, in list order.
+    fn admit_rows(&mut self, rows: &[Admit], window: PrefillAt) -> Result<Vec<u32>, RuntimeError> {
+        let k = self.contract.num_steps;
+        let prompts: Vec<Vec<u32>> = rows.iter().map(|r| r.prompt.to_vec()).collect();
+        let at: Vec<usize> = rows.iter().map(|r| r.lane).collect();
+        // Each listed lane's place inside the window (the prefill's batch rows).
+        let rel: Vec<usize> = at.iter().map(|&l| l - window.lane).collect();
+        debug_assert!(rel.iter().all(|&r| r < window.b));
+        let pre = admission::prefill_inputs(&prompts, k, self.max_context)?;
+        let (wb, tb) = (window.b, window.t);
+        debug_assert_eq!(tb, prefill_bucket(pre.t));
+        let (tokens, pos) = place(&pre, &rel, wb, tb);
         let sampling: Vec<LaneSampling> = rows.iter().map(|r| r.sampling).collect();
         if self.engine.state(STREAM).is_ok() {
             let streams: Vec<u32> = sampling.iter().map(|l| l.stream).collect();
@@ -494,53 +554,55 @@ impl<'a> CudaSpecSession<'a> {
         let want_taps = self.contract.wants_taps();
         // Under sampled acceptance the prefill also draws each lane's first token.
         let drawn = self
-            .prefill(self.contract.target_prefill, tb)?
+            .prefill(self.contract.target_prefill, window)?
             .io(FIRST_TOKEN)
             .is_ok();
         let mut outs = vec!["next_token"];
         outs.extend(want_taps.then_some("taps"));
         outs.extend(drawn.then_some(FIRST_TOKEN));
-        let out = self.run_prefill(true, tb, &tokens, &pos, &[], &outs)?;
+        let out = self.run_prefill(true, window, &tokens, &pos, &[], &outs)?;
         let next = read_i32(&out[0]);
         let drawn = drawn.then(|| read_i32(&out[outs.len() - 1]));
-        let first: Vec<u32> = rows
+        let first: Vec<u32> = rel
             .iter()
-            .map(|r| match &drawn {
-                Some(d) => d[r.lane] as u32,
-                None => next[r.lane] as u32,
+            .map(|&r| match &drawn {
+                Some(d) => d[r] as u32,
+                None => next[r] as u32,
             })
             .collect();
         match self.contract.priming() {
             Priming::None => {}
             Priming::Prompt => {
-                self.run_prefill(false, tb, &tokens, &pos, &[], &[])?;
+                self.run_prefill(false, window, &tokens, &pos, &[], &[])?;
             }
             Priming::Pairs {
                 taps_width,
                 depth: k,
             } => {
                 let taps = &out[1];
-                let row = taps.len() / (lanes * tb);
+                let row = taps.len() / (wb * tb);
                 debug_assert_eq!(row % taps_width, 0);
                 let prime = admission::eagle_prime(&prompts, &first, tb, k);
                 let tp = prime.inputs.t;
                 let tpb = prefill_bucket(tp);
-                let (ht, hp) = place(&prime.inputs, &at, lanes, tpb);
+                let (ht, hp) = place(&prime.inputs, &rel, wb, tpb);
                 // `eagle_prime` lays row `i` of the listed prompts out at `i`: the head
-                // prefill's row `i·tp + j` and the taps' row `i·tb + s` go to lane `at[i]`.
-                let mut hidden = vec![0u8; lanes * tpb * row];
+                // prefill's row `i·tp + j` and the taps' row `i·tb + s` go to window row
+                // `rel[i]`.
+                let mut hidden = vec![0u8; wb * tpb * row];
                 for &(dst, src) in &prime.hidden_rows {
                     let (i, j) = (dst / tp, dst % tp);
-                    let d = at[i] * tpb + j;
-                    let s = at[i] * tb + src % tb;
+                    let d = rel[i] * tpb + j;
+                    let s = rel[i] * tb + src % tb;
                     hidden[d * row..][..row].copy_from_slice(&taps[s * row..][..row]);
                 }
-                self.run_prefill(false, tpb, &ht, &hp, &[(HIDDEN, hidden)], &[])?;
+                let head_at = PrefillAt { t: tpb, ..window };
+                self.run_prefill(false, head_at, &ht, &hp, &[(HIDDEN, hidden)], &[])?;
                 let per = (k + 1) * row;
                 let mut slots = vec![0u8; at.len() * per];
                 for &(dst, src) in &prime.slot_rows {
                     let i = dst / (k + 1);
-                    let s = at[i] * tb + src % tb;
+                    let s = rel[i] * tb + src % tb;
                     slots[dst * row..][..row].copy_from_slice(&taps[s * row..][..row]);
                 }
                 for (i, &lane) in at.iter().enumerate() {
@@ -551,11 +613,11 @@ impl<'a> CudaSpecSession<'a> {
                 }
             }
             Priming::Context { taps_width, .. } => {
-                // The target prefill's taps [lanes, tb, W] are the drafter prefill's input
+                // The target prefill's taps [wb, tb, W] are the drafter prefill's input
                 // as they are, at the same (padded) positions.
                 let taps = out[1].clone();
-                debug_assert_eq!((taps.len() / (lanes * tb)) % taps_width, 0);
-                self.run_prefill(false, tb, &tokens, &pos, &[(HIDDEN, taps)], &[])?;
+                debug_assert_eq!((taps.len() / (wb * tb)) % taps_width, 0);
+                self.run_prefill(false, window, &tokens, &pos, &[(HIDDEN, taps)], &[])?;
                 let n = self.lane_bytes(DFLASH_HIDDEN)? as usize;
                 for &lane in &at {
                     self.write_lane(DFLASH_HIDDEN, lane, &vec![0u8; n])?;
@@ -565,8 +627,11 @@ impl<'a> CudaSpecSession<'a> {
                 }
             }
         }
-        for s in admission::step_states(&prompts, &first, max_new, self.max_context, k) {
-            self.write_rows(&s, &at)?;
+        for (i, r) in rows.iter().enumerate() {
+            let one = [prompts[i].clone()];
+            for s in admission::step_states(&one, &first[i..=i], r.max_new, self.max_context, k) {
+                self.write_rows(&s, &at[i..=i])?;
+            }
         }
         for &lane in &at {
             self.ring.reset_lane(lane)?;
@@ -591,17 +656,9 @@ impl<'a> CudaSpecSession<'a> {
         Ok(())
     }
 
-    /// Bytes of one lane of a lane-major state (`[B, ...]`): the engine sizes states for
-    /// its largest batch bucket, whatever bucket this session runs at.
+    /// Bytes of one lane of a lane-major state (`[B, ...]`).
     fn lane_bytes(&self, name: &str) -> Result<u64, RuntimeError> {
-        let most = self
-            .engine
-            .engine
-            .batch_buckets()
-            .into_iter()
-            .max()
-            .unwrap_or(1);
-        Ok(self.engine.state(name)?.bytes() / u64::from(most.max(1)))
+        self.engine.state_lane_bytes(name)
     }
 
     /// Writes one lane's bytes of a lane-major state.
@@ -738,7 +795,8 @@ impl<'a> CudaSpecSession<'a> {
         }
         let all: Vec<usize> = (0..lanes).collect();
         let (tokens, pos) = place(&r, &all, lanes, tb);
-        self.run_prefill(false, tb, &tokens, &pos, &[], &[])?;
+        let every = self.every_lane(tb);
+        self.run_prefill(false, every, &tokens, &pos, &[], &[])?;
         Ok(())
     }
 
