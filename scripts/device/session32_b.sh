@@ -3,15 +3,20 @@
 # (gpu_serve: every priming path through one-lane windows, shadows of the per-lane knobs,
 # joint windows under shrinking), then the 8B planted sweep of session 31 again (16 lanes,
 # ctx 2048, 16 requests x 64 tokens; plain vs draft_model k = 7 at P = 0.3 / 0.6 / 0.9).
+# and the 8B soak with what time is left (scripts/device/serve_soak_8b.sh).
 # Pack: scripts/gpu-pack --specc gpu_serve
 set -uo pipefail
 source scripts/device/unpack.sh
-start=$SECONDS; BUDGET=${BUDGET:-560}
+start=$SECONDS; BUDGET=${BUDGET:-585}
 left() { echo $((BUDGET - (SECONDS - start))); }
 bash scripts/device/suite.sh gpu_serve
 grep -h "prefill graphs captured\|replays\|shrinking" "$OUT/gpu_serve.log" | head -12
 echo "== 8B sweep ($(left)s left)"
 LANES=16 MAX_CONTEXT=2048 REQUESTS=${REQUESTS:-16} TOKENS=${TOKENS:-64} \
   timeout $(( $(left) - 10 )) bash scripts/device/serve_sweep_accept.sh 8b 2>&1 | grep -v uploading | tail -40
-mkdir -p /tmp/rest; find "$OUT" -maxdepth 1 -type f ! -name 'sweep_8b*' ! -name gpu_serve.log -exec mv {} /tmp/rest/ \;
+if (( $(left) > 150 )); then
+  echo "== 8B soak ($(left)s left)"
+  SOAK_S=$(( $(left) - 10 )) bash scripts/device/serve_soak_8b.sh
+fi
+mkdir -p /tmp/rest; find "$OUT" -maxdepth 1 -type f ! -name 'sweep_8b*' ! -name gpu_serve.log ! -name serve_soak_8b.txt -exec mv {} /tmp/rest/ \;
 ls "$OUT"
