@@ -88,10 +88,11 @@ pub fn tile(p: &GemvParams, rows: u32, target: &Target) -> Option<GemmTiling> {
 /// x in flight per SM, past the latency of HBM at its bandwidth.
 pub const WGMMA_MAX_STAGES: u32 = 6;
 
-/// The rows and weight columns from which the wgmma GEMM would replace the kernels above
-/// on sm_90a: deliberately conservative predictions until the device timings of
-/// `kernels-gen/tests/gpu_gemm.rs` (`time_wgmma_vs_gemm_vs_gemv_mma`) decide; the build
-/// does not select the wgmma GEMM yet (its first device run validates it).
+/// The rows and weight columns from which the wgmma GEMM replaces the kernels above on
+/// sm_90a: deliberately conservative predictions until the device timings of
+/// `kernels-gen/tests/gpu_gemm.rs` (`time_wgmma_vs_gemm_vs_gemv_mma`) decide. The build
+/// does not consult [`wgmma_tiling`] yet (`super::matmul::core`): its first device run
+/// validates the kernel.
 pub const WGMMA_MIN_ROWS: u32 = 64;
 
 /// See [`WGMMA_MIN_ROWS`].

@@ -42,6 +42,7 @@ use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc, Ro
 use crate::gemv::{GemvParams, GemvWeights};
 use crate::writer::emit;
 use crate::Error;
+pub use specc_ir::engine::choice::WgmmaTiling;
 
 mod epilogue;
 mod mainloop;
@@ -49,8 +50,6 @@ mod mainloop;
 const FAMILY: &str = "gemm_wgmma";
 /// K per ring stage: one 128-byte swizzled box row of 16-bit elements.
 pub const BK: u32 = 64;
-/// Rows of one warpgroup's mma (the m64 of m64nNk16).
-pub const WG_ROWS: u32 = 64;
 /// The widest wgmma (n ≤ 256) and so the most accumulator columns per consumer thread.
 pub const MAX_MMA_N: u32 = 256;
 /// Module items: shared-memory addresses.
@@ -63,30 +62,6 @@ const TMA_HELPERS: &str = include_str!("../../cuda/tma.cuh");
 const WGMMA_HELPERS: &str = include_str!("../../cuda/wgmma.cuh");
 /// Module items: the quad argmax of the m16n8 C layout (shared with `gemm_mma`).
 const GEMM_HELPERS: &str = include_str!("../../cuda/gemm_mma.cuh");
-
-/// The block shape of a `gemm_wgmma` launch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct WgmmaTiling {
-    /// Rows per block: 64 (one consumer warpgroup) or 128 (two).
-    pub bm: u32,
-    /// Columns per block and matrix: a multiple of 8, `G · bn ≤ 256` (one wgmma per matrix
-    /// and k16 step, `G · bn / 2` accumulator registers per thread).
-    pub bn: u32,
-    /// Ring stages (at least 2).
-    pub stages: u32,
-}
-
-impl WgmmaTiling {
-    /// Consumer warpgroups.
-    pub fn consumers(&self) -> u32 {
-        self.bm / WG_ROWS
-    }
-
-    /// Threads per block: the consumer warpgroups and the producer warp.
-    pub fn threads(&self) -> u32 {
-        128 * self.consumers() + 32
-    }
-}
 
 /// Weight matrices one x tile feeds (2 for the gate/up pair).
 pub fn mats(p: &GemvParams) -> u32 {
