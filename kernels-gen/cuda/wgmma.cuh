@@ -34,3 +34,12 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void wgmma_fence_operand(float& r) {
   asm volatile("" : "+f"(r)::"memory");
 }
+
+// L2 prefetch of box `{c0, c1}` of the tensor described by the descriptor at `map` (no
+// shared memory, no barrier): the weight boxes of the first ring stages, issued before the
+// PDL wait while the previous kernel ends.
+__device__ __forceinline__ void tma_prefetch_l2_2d(const void* map, int c0, int c1) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];"
+               ::"l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1)
+               : "memory");
+}

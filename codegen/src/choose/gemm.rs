@@ -113,10 +113,11 @@ pub fn wgmma_tiling(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaT
 /// `gemm_mma`), operands it does not take, or no ring of 2 stages in shared memory.
 ///
 /// - `bm`: 64 rows (one consumer warpgroup) up to 64 rows, else 128 (two).
-/// - `bn`: the widest of 256, 128, 64 columns (`G · bn ≤ 256`: one wgmma per matrix;
-///   at most 128 with a residual epilogue, whose loads do not fit beside 128 accumulators
-///   in the 168 registers ptxas gives the threads of a 288-thread block) whose grid
-///   reaches [`min_blocks`]; 64 where none does; at most N rounded up to 8.
+/// - `bn`: the widest of 256, 128, 64, 32, 16 columns (`G · bn ≤ 256`: one wgmma per
+///   matrix; at most 128 with a residual epilogue, whose loads do not fit beside 128
+///   accumulators in the 168 registers ptxas gives the threads of a 288-thread block)
+///   whose grid reaches [`min_blocks`] (every SM streams weights: o and down at 64–128
+///   rows need 32); 16 where none does; at most N rounded up to 8.
 /// - bf16 only: with f16 operands ptxas serialises the mma batches of this loop (its
 ///   C7514 "wgmma serialized" note, checked by `kernels-gen/tests/compile_gemm.rs`), so f16
 ///   keeps `gemm_mma`.
@@ -133,11 +134,11 @@ pub fn wgmma_tile(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaTil
     } else {
         wgmma::MAX_MMA_N
     };
-    let bn = [256u32, 128, 64]
+    let bn = [256u32, 128, 64, 32, 16]
         .into_iter()
         .filter(|&bn| g * bn <= widest)
         .find(|&bn| row_tiles * p.n.div_ceil(bn) as u64 >= min_blocks(target))
-        .unwrap_or(64)
+        .unwrap_or(16)
         .min(p.n.next_multiple_of(8));
     (2..=WGMMA_MAX_STAGES)
         .rev()
@@ -257,7 +258,9 @@ mod tests {
             let t = wgmma_tile(&params(k, n, gu), rows, &h).unwrap();
             (t.bm, t.bn)
         };
-        assert_eq!(pick(4096, 4096, false, 64), (64, 64));
+        assert_eq!(pick(4096, 4096, false, 64), (64, 32));
+        assert_eq!(pick(4096, 4096, false, 128), (128, 32));
+        assert_eq!(pick(4096, 6144, false, 64), (64, 64));
         assert_eq!(pick(4096, 14336, true, 64), (64, 128));
         assert_eq!(pick(4096, 4096, false, 256), (128, 64));
         assert_eq!(pick(4096, 14336, true, 256), (128, 128));

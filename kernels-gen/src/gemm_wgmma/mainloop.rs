@@ -52,6 +52,29 @@ pub(super) fn emit_mma_function(w: &mut Writer, dtype: Dtype, n: u32) {
     );
 }
 
+/// The L2 prefetch of the weight boxes of the first `NS` chunks, by the producer's lane 0
+/// before the PDL wait (weights are only written by the host, so this may overlap the
+/// previous kernel; the descriptors in the operand table are the host's too).
+pub(super) fn emit_weight_prefetch(w: &mut Writer, p: &GemvParams, t: &WgmmaTiling) {
+    let (_, w0, w1) = maps(p, t);
+    w.if_block("threadIdx.x == 4 * NC * 32", |w| {
+        w.for_block("int n = 0", "n < NS && n < KT", "++n", |w| {
+            emit!(
+                w,
+                "tma_prefetch_l2_2d({}, n * 64, n0);",
+                w0.ptr_as("void", false)
+            );
+            if let Some(up) = w1 {
+                emit!(
+                    w,
+                    "tma_prefetch_l2_2d({}, n * 64, n0);",
+                    up.ptr_as("void", false)
+                );
+            }
+        });
+    });
+}
+
 /// The main loop: ring setup, then the producer warp's copies (it returns) and the consumer
 /// warpgroups' mma batches.
 pub(super) fn emit(w: &mut Writer, p: &GemvParams, t: &WgmmaTiling) {

@@ -190,6 +190,7 @@ pub fn gemm_wgmma(p: &GemvParams, t: &WgmmaTiling) -> Result<KernelSource, Error
     w.line("constexpr unsigned STAGE = XBOX + G * WBOX;");
     w.line("const int m0 = blockIdx.x * BM;");
     w.line("const int n0 = blockIdx.y * BN;");
+    mainloop::emit_weight_prefetch(w, p, t);
     let w = &mut kb.body;
     emit!(w, "const int M = {};", p.rows.expr());
     w.line("const int lane = threadIdx.x & 31;");
