@@ -167,10 +167,9 @@ fn put(mem: &mut Mem, loc: Loc, dt: Dtype, v: &[f32]) {
     }
 }
 
-/// The kernels of case `c` (the GEMM `gemm` with the device's tile, `argmax` after it) and
-/// the memory image with its operands.
-fn prepare(gpu: &Gpu, c: Case, d: &Data, gemm: Gemm) -> (Setup, Vec<KernelSource>, Mem) {
-    let mut s = setup(c);
+/// The kernels of case `c` over `s`: the GEMM `gemm` with the device's tile, `argmax`
+/// after it.
+fn gemm_kernels(gpu: &Gpu, s: &Setup, c: Case, gemm: Gemm) -> Vec<KernelSource> {
     let (kernel, count) = match gemm {
         Gemm::Mma => {
             let t = gemm_tiling(&s.p, c.m, gpu.target()).expect("the GEMM applies");
@@ -195,6 +194,12 @@ fn prepare(gpu: &Gpu, c: Case, d: &Data, gemm: Gemm) -> (Setup, Vec<KernelSource
             .unwrap(),
         );
     }
+    kernels
+}
+
+/// The memory image of case `c` over `s` (its plan's arena, as allocated so far) with the
+/// operands of `d`; outputs poisoned.
+fn memory(s: &mut Setup, c: Case, d: &Data) -> Mem {
     let mut mem = Mem::new(s.plan.alloc(0).byte_offset(), &[d.w.len() as u64 * 2]);
     if let Some(o) = s.out.filter(|_| c.epi != Epi::Residual) {
         let Loc::Arena { offset } = o.loc else {
@@ -206,6 +211,15 @@ fn prepare(gpu: &Gpu, c: Case, d: &Data, gemm: Gemm) -> (Setup, Vec<KernelSource
     put(&mut mem, s.x.loc, c.dt, &d.x[..(c.m * c.k) as usize]);
     put(&mut mem, s.res.loc, c.dt, &d.res[..(c.m * c.n) as usize]);
     put(&mut mem, Loc::table(0), c.dt, &d.w);
+    mem
+}
+
+/// The kernels of case `c` (the GEMM `gemm` with the device's tile, `argmax` after it) and
+/// the memory image with its operands.
+fn prepare(gpu: &Gpu, c: Case, d: &Data, gemm: Gemm) -> (Setup, Vec<KernelSource>, Mem) {
+    let mut s = setup(c);
+    let kernels = gemm_kernels(gpu, &s, c, gemm);
+    let mem = memory(&mut s, c, d);
     (s, kernels, mem)
 }
 
@@ -600,18 +614,17 @@ fn time_wgmma_vs_gemm_vs_gemv_mma() {
             };
             let copies = (256e6 / bytes(c)).ceil().max(2.0) as usize;
             let iters = if flops(c) > 2e11 { 10 } else { 20 };
-            let time_of = |gemm| {
-                let (_, kernels, mem) = prepare(&gpu, c, &d, gemm);
-                let us = gpu.time(&mem, &[&kernels[0]], bucket(m), copies, iters);
-                (us, kernels[0].name.clone())
-            };
-            let (wg, wg_name) = time_of(Gemm::Wgmma);
-            let (mma, _) = time_of(Gemm::Mma);
+            // One image for the three (the GEMV's split scratch allocated first).
             let mut s = setup(c);
             let gemv = gemv_kernel(&gpu, &mut s, m);
-            let mut mem = Mem::new(s.plan.alloc(0).byte_offset(), &[d.w.len() as u64 * 2]);
-            put(&mut mem, Loc::table(0), c.dt, &d.w);
-            let gv = gpu.time(&mem, &[&gemv], bucket(m), copies, iters);
+            let wg_kernel = gemm_kernels(&gpu, &s, c, Gemm::Wgmma).swap_remove(0);
+            let mma_kernel = gemm_kernels(&gpu, &s, c, Gemm::Mma).swap_remove(0);
+            let mem = memory(&mut s, c, &d);
+            let lists: [&[&KernelSource]; 3] = [&[&wg_kernel], &[&mma_kernel], &[&gemv]];
+            let [wg, mma, gv] = gpu
+                .time_many(&mem, &lists, bucket(m), copies, iters)
+                .try_into()
+                .unwrap();
             let tf = |us: f64| flops(c) / (us * 1e6);
             let best = [("wgmma", wg), ("mma", mma), ("gemv", gv)]
                 .into_iter()
@@ -619,14 +632,15 @@ fn time_wgmma_vs_gemm_vs_gemv_mma() {
                 .unwrap();
             let tile = wgmma_tile(&s.p, m, gpu.target()).unwrap();
             println!(
-                "{name:<15} {m:>5} {wg:>9.1} {:>7.0} {mma:>9.1} {:>7.0} {gv:>9.1} {:>7.0}  {:<8} {}x{}x{} {wg_name}",
+                "{name:<15} {m:>5} {wg:>9.1} {:>7.0} {mma:>9.1} {:>7.0} {gv:>9.1} {:>7.0}  {:<8} {}x{}x{} {}",
                 tf(wg),
                 tf(mma),
                 tf(gv),
                 best.0,
                 tile.bm,
                 tile.bn,
-                tile.stages
+                tile.stages,
+                wg_kernel.name
             );
             let times = match epi {
                 Epi::LogitsF32 => 0.0,
