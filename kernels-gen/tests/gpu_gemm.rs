@@ -18,7 +18,7 @@ mod gpu;
 
 use common::Plan;
 use gpu::{assert_close, bf16_tol, Gpu, Mem, Rng};
-use specc_codegen::choose::gemm::{tile as gemm_tiling, wgmma_tile};
+use specc_codegen::choose::gemm::{tile as gemm_tiling, wgmma_ring, wgmma_tile};
 use specc_codegen::choose::matmul::{tiling as gemv_tiling, SPLIT_COUNTERS};
 use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
@@ -657,5 +657,79 @@ fn time_wgmma_vs_gemm_vs_gemv_mma() {
         println!(
             "M={m}: the 8B forward's matmuls (32 layers + greedy lm-head): wgmma {wg:.3} ms, gemm_mma {mma:.3} ms, gemv_mma {gv:.3} ms, fastest per launch {best:.3} ms"
         );
+    }
+}
+
+/// The wgmma GEMM's tile rule against its alternatives: per 8B shape and M = 64 .. 1024,
+/// µs of the chosen tile and of every other `bm × bn` (bm 64 or 128, bn 32 .. 256, the
+/// most stages that fit), the fastest marked: the data for `choose::gemm::wgmma_tile`.
+#[test]
+#[ignore = "timing: run with --ignored on the device"]
+fn time_wgmma_tiles() {
+    let Some(gpu) = gpu_for(Gemm::Wgmma) else {
+        return;
+    };
+    let names = ["o", "qkv", "gate_up", "down", "lm_head", "lm_head+argmax"];
+    for ((k, n, epi), name) in LLAMA_8B.into_iter().zip(names) {
+        let d = data(Case {
+            m: 1024,
+            k,
+            n,
+            epi,
+            dt: BF,
+        });
+        for m in [64u32, 256, 1024] {
+            let c = Case {
+                m,
+                k,
+                n,
+                epi,
+                dt: BF,
+            };
+            let mut s = setup(c);
+            let chosen = wgmma_tile(&s.p, m, gpu.target()).unwrap();
+            let mut tiles = vec![chosen];
+            for bm in [64, 128] {
+                for bn in [32, 64, 128, 256] {
+                    if let Some(t) = wgmma_ring(&s.p, bm, bn, gpu.target()) {
+                        if !tiles.contains(&t) && (bm == 128 || m <= 256) {
+                            tiles.push(t);
+                        }
+                    }
+                }
+            }
+            let kernels: Vec<KernelSource> =
+                tiles.iter().map(|t| gemm_wgmma(&s.p, t).unwrap()).collect();
+            let lists: Vec<[&KernelSource; 1]> = kernels.iter().map(|k| [k]).collect();
+            let lists: Vec<&[&KernelSource]> = lists.iter().map(|l| &l[..]).collect();
+            let mem = memory(&mut s, c, &d);
+            let copies = (256e6 / bytes(c)).ceil().max(2.0) as usize;
+            let iters = if flops(c) > 2e11 { 10 } else { 20 };
+            let us = gpu.time_many(&mem, &lists, bucket(m), copies, iters);
+            let best = us
+                .iter()
+                .enumerate()
+                .min_by(|a, b| a.1.total_cmp(b.1))
+                .unwrap()
+                .0;
+            let row: Vec<String> = tiles
+                .iter()
+                .zip(&us)
+                .enumerate()
+                .map(|(i, (t, us))| {
+                    let mark = match (i == 0, i == best) {
+                        (true, true) => "=*",
+                        (true, false) => "=",
+                        (false, true) => "*",
+                        _ => "",
+                    };
+                    format!("{}x{}s{} {us:.1}{mark}", t.bm, t.bn, t.stages)
+                })
+                .collect();
+            println!(
+                "tiles {name:<15} M={m:<5} (= chosen, * fastest, µs): {}",
+                row.join("  ")
+            );
+        }
     }
 }

@@ -4,7 +4,8 @@
 #   bash scripts/device/wgmma.sh check     parity with the CPU reference at every epilogue and
 #                                          shape, and row invariance
 #   bash scripts/device/wgmma.sh time      the wgmma | gemm_mma | gemv_mma table at
-#                                          M = 32..1024 that sets choose::gemm's thresholds
+#                                          M = 32..1024 that sets choose::gemm's thresholds,
+#                                          then the wgmma tile sweep (chosen vs other tiles)
 #   bash scripts/device/wgmma.sh sanitize  the odd-shape checks under compute-sanitizer memcheck
 # Pack first: scripts/gpu-pack kernels-gen/gpu_gemm; run with carry=[".gpu2"].
 set -uo pipefail
@@ -23,9 +24,14 @@ case ${1:-check} in
     echo "PASS lines: $(grep -c '^PASS ' "$OUT/wgmma_checks.log")"
     grep -E "max \|err\|" "$OUT/wgmma_checks.log" | sort -t'|' -k3 -g | tail -5 ;;
   time)
-    timeout 560 "$bin" --test-threads=1 --nocapture --ignored time_wgmma > "$OUT/wgmma_time.log" 2>&1
+    timeout 330 "$bin" --test-threads=1 --nocapture --ignored --exact time_wgmma_vs_gemm_vs_gemv_mma \
+      > "$OUT/wgmma_time.log" 2>&1
     echo "timing rc=$?"
-    grep -vE "^(running|test |$)" "$OUT/wgmma_time.log" | tail -50 ;;
+    grep -vE "^(running|test |$)" "$OUT/wgmma_time.log" | tail -50
+    timeout 225 "$bin" --test-threads=1 --nocapture --ignored --exact time_wgmma_tiles \
+      > "$OUT/wgmma_tiles.log" 2>&1
+    echo "tile sweep rc=$?"
+    grep -E "^tiles|panicked" "$OUT/wgmma_tiles.log" | tail -20 ;;
   sanitize)
     timeout 560 /usr/local/cuda/bin/compute-sanitizer --tool memcheck "$bin" --test-threads=1 \
       --nocapture gemm_wgmma_odd_shapes > "$OUT/wgmma_memcheck.log" 2>&1

@@ -140,6 +140,13 @@ pub fn wgmma_tile(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaTil
         .find(|&bn| row_tiles * p.n.div_ceil(bn) as u64 >= min_blocks(target))
         .unwrap_or(16)
         .min(p.n.next_multiple_of(8));
+    wgmma_ring(p, bm, bn, target)
+}
+
+/// The `bm × bn` wgmma tile with the most ring stages, up to [`WGMMA_MAX_STAGES`], that fit
+/// `target.smem_per_block`, or `None` where the tile is invalid for `p` or no 2 stages fit
+/// (also the tile sweep of the kernel's timing test).
+pub fn wgmma_ring(p: &GemvParams, bm: u32, bn: u32, target: &Target) -> Option<WgmmaTiling> {
     (2..=WGMMA_MAX_STAGES)
         .rev()
         .map(|stages| WgmmaTiling { bm, bn, stages })
