@@ -9,18 +9,27 @@ use crate::writer::{emit, Writer};
 /// flight per thread, without doubling the accumulators' registers at `BN = 256`.
 const RES_GROUPS: u32 = 4;
 
-/// `body` once per accumulator `(j, d)` of the 8-column groups `j` in `groups` with `m`
-/// (row in the tile), `n` (column), `row` (global row) and `live` in scope: in the m64nN
-/// layout thread `(wq, g, t)` of warpgroup `wg` holds row `64 wg + 16 wq + g + 8 (d >> 1)`
-/// and column `8 j + 2 t + (d & 1)` in `acc[gm][4 j + d]`.
-fn for_each_element(w: &mut Writer, groups: (&str, &str), body: impl Fn(&mut Writer)) {
-    w.for_unrolled("j", groups.0, groups.1, |w| {
-        w.for_unrolled("d", 0, 4, |w| {
-            w.line("const int m = 64 * wg + 16 * wq + g + 8 * (d >> 1);");
-            w.line("const int n = n0 + 8 * j + 2 * t + (d & 1);");
-            w.line("const long long row = m0 + m;");
-            w.line("const bool live = row < M && n < N;");
-            body(w);
+/// Declares `m` (row in the tile), `n` (column), `row` (global row) and `live` of the
+/// accumulator `(j, d)`: in the m64nN layout thread `(wq, g, t)` of warpgroup `wg` holds
+/// row `64 wg + 16 wq + g + 8 (d >> 1)` and column `8 j + 2 t + (d & 1)` in
+/// `acc[gm][4 j + d]`.
+fn emit_element_place(w: &mut Writer) {
+    w.line("const int m = 64 * wg + 16 * wq + g + 8 * (d >> 1);");
+    w.line("const int n = n0 + 8 * j + 2 * t + (d & 1);");
+    w.line("const long long row = m0 + m;");
+    w.line("const bool live = row < M && n < N;");
+}
+
+/// `body` once per accumulator `(j, d)` of the 8-column groups `jb + jj`, `jj < RG` (those
+/// below `BN / 8`), with the element's place in scope.
+fn for_each_in_batch(w: &mut Writer, body: impl Fn(&mut Writer)) {
+    w.for_unrolled("jj", 0, "RG", |w| {
+        w.line("const int j = jb + jj;");
+        w.if_block("j < BN / 8", |w| {
+            w.for_unrolled("d", 0, 4, |w| {
+                emit_element_place(w);
+                body(w);
+            });
         });
     });
 }
@@ -54,37 +63,23 @@ pub(super) fn emit(w: &mut Writer, p: &GemvParams) {
             w.line("#pragma unroll");
             w.for_block("int jb = 0", "jb < BN / 8", "jb += RG", |w| {
                 w.line("float resv[RG][4];");
-                w.for_unrolled("jj", 0, "RG", |w| {
-                    w.line("const int j = jb + jj;");
-                    w.if_block("j < BN / 8", |w| {
-                        w.for_unrolled("d", 0, 4, |w| {
-                            w.line("const int m = 64 * wg + 16 * wq + g + 8 * (d >> 1);");
-                            w.line("const int n = n0 + 8 * j + 2 * t + (d & 1);");
-                            w.line("const long long row = m0 + m;");
-                            emit!(
-                                w,
-                                "resv[jj][d] = row < M && n < N ? to_f32(({})[row * {} + n]) : 0.0f;",
-                                r.loc.ptr(r.dtype, false),
-                                r.row_stride
-                            );
-                        });
-                    });
+                for_each_in_batch(w, |w| {
+                    emit!(
+                        w,
+                        "resv[jj][d] = live ? to_f32(({})[row * {} + n]) : 0.0f;",
+                        r.loc.ptr(r.dtype, false),
+                        r.row_stride
+                    );
                 });
-                w.for_unrolled("jj", 0, "RG", |w| {
-                    w.line("const int j = jb + jj;");
-                    w.if_block("j < BN / 8", |w| {
-                        w.for_unrolled("d", 0, 4, |w| {
-                            w.line("const int m = 64 * wg + 16 * wq + g + 8 * (d >> 1);");
-                            w.line("const int n = n0 + 8 * j + 2 * t + (d & 1);");
-                            w.line("const long long row = m0 + m;");
-                            w.line("const bool live = row < M && n < N;");
-                            element(w, Some("resv[jj][d]"));
-                        });
-                    });
-                });
+                for_each_in_batch(w, |w| element(w, Some("resv[jj][d]")));
             });
         }
-        None => for_each_element(w, ("0", "BN / 8"), |w| element(w, None)),
+        None => w.for_unrolled("j", 0, "BN / 8", |w| {
+            w.for_unrolled("d", 0, 4, |w| {
+                emit_element_place(w);
+                element(w, None);
+            });
+        }),
     }
     let Some(part) = argmax else { return };
     w.comment("the quad holds every column of the block for its rows: its best is the block's");
