@@ -205,6 +205,7 @@ impl Ctx<'_> {
                 gemv_mma::gemv_mma_split(p, t, split)
             }
             (MatmulCore::Gemm(t), None) => specc_kernels_gen::gemm_mma::gemm_mma(p, t),
+            (MatmulCore::Wgmma(t), None) => specc_kernels_gen::gemm_wgmma::gemm_wgmma(p, t),
         }
     }
 

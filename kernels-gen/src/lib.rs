@@ -29,6 +29,7 @@ pub mod chain;
 pub mod elementwise;
 mod error;
 pub mod gemm_mma;
+pub mod gemm_wgmma;
 pub mod gemv;
 pub mod gemv_mma;
 pub mod gemv_quant;

@@ -1,12 +1,15 @@
-//! The tiled tensor-core GEMM (`gemm_mma`) on the GPU, with the tile the selection gives the
-//! device (`specc_codegen::choose::gemm::tile`): every epilogue (store, residual in place,
-//! SwiGLU over the gate/up pair, f32 logits, argmax partials + `argmax`) at M = 33, 64,
-//! 100, 256 and 1024 over the Llama-3.1-8B shapes and small odd ones (N and K tails),
-//! against an f64 CPU reference with the GEMV numerics (product rounded to x's dtype, then
-//! the epilogue's roundings), printing the largest error; row invariance (rows 0..64 of an
-//! M = 1024 launch equal the M = 64 launch's bit for bit); and, ignored by default
-//! (`--ignored`), timings against the `gemv_mma` split the plan used before, at M = 32, 64,
-//! 128 and 256. Needs `--features cuda` and a device; skips with a message without them.
+//! The tiled tensor-core GEMMs on the GPU — `gemm_mma` (every arch) and `gemm_wgmma`
+//! (sm_90a: TMA producer warp, wgmma consumer warpgroups) — with the tiles the selection
+//! gives the device (`specc_codegen::choose::gemm::{tile, wgmma_tile}`): every epilogue
+//! (store, residual in place, SwiGLU over the gate/up pair, f32 logits, argmax partials +
+//! `argmax`) at M = 33, 64, 100, 256 and 1024 over the Llama-3.1-8B shapes and small odd
+//! ones (N and K tails), against an f64 CPU reference with the GEMV numerics (product
+//! rounded to x's dtype, then the epilogue's roundings), printing the largest error; row
+//! invariance (rows 0..64 of an M = 1024 launch equal the M = 64 launch's bit for bit);
+//! and, ignored by default (`--ignored`), timings: `gemm_mma` against the `gemv_mma` split
+//! the plan used before at M = 32..256, and the three kernels side by side in TFLOP/s at
+//! M = 32..1024 (`time_wgmma_vs_gemm_vs_gemv_mma`). Needs `--features cuda` and a device;
+//! skips with a message without them (the wgmma tests also on devices other than sm_90a).
 
 #![cfg(feature = "cuda")]
 
@@ -15,13 +18,15 @@ mod gpu;
 
 use common::Plan;
 use gpu::{assert_close, bf16_tol, Gpu, Mem, Rng};
-use specc_codegen::choose::gemm::tile as gemm_tiling;
+use specc_codegen::choose::gemm::{tile as gemm_tiling, wgmma_ring, wgmma_tile};
 use specc_codegen::choose::matmul::{tiling as gemv_tiling, SPLIT_COUNTERS};
 use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
 use specc_kernels_gen::gemm_mma::{gemm_mma, partials_per_row};
+use specc_kernels_gen::gemm_wgmma::{self as wgmma, gemm_wgmma};
 use specc_kernels_gen::gemv::{GemvParams, GemvWeights};
 use specc_kernels_gen::gemv_mma::{gemv_mma_split, split_needs, SplitScratch};
+use specc_kernels_gen::Arch;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Epi {
@@ -30,6 +35,29 @@ enum Epi {
     SiluMul,
     LogitsF32,
     Argmax,
+}
+
+/// Which GEMM a case runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Gemm {
+    /// `gemm_mma` (mma.sync, cp.async ring).
+    Mma,
+    /// `gemm_wgmma` (sm_90a: TMA + wgmma).
+    Wgmma,
+}
+
+/// The device for the `gemm` tests: `None` (with a printed reason) without a device, or for
+/// the wgmma GEMM on a device other than sm_90a.
+fn gpu_for(gemm: Gemm) -> Option<Gpu> {
+    let gpu = Gpu::new()?;
+    if gemm == Gemm::Wgmma && gpu.arch() != Arch::Sm90a {
+        println!(
+            "SKIP gemm_wgmma: needs sm_90a, the device is {}",
+            gpu.arch().name()
+        );
+        return None;
+    }
+    Some(gpu)
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -139,25 +167,39 @@ fn put(mem: &mut Mem, loc: Loc, dt: Dtype, v: &[f32]) {
     }
 }
 
-/// The kernels of case `c` (the GEMM with the device's tile, `argmax` after it) and the
-/// memory image with its operands.
-fn prepare(gpu: &Gpu, c: Case, d: &Data) -> (Setup, Vec<KernelSource>, Mem) {
-    let mut s = setup(c);
-    let t = gemm_tiling(&s.p, c.m, gpu.target()).expect("the GEMM applies");
-    let mut kernels = vec![gemm_mma(&s.p, &t).unwrap()];
+/// The kernels of case `c` over `s`: the GEMM `gemm` with the device's tile, `argmax`
+/// after it.
+fn gemm_kernels(gpu: &Gpu, s: &Setup, c: Case, gemm: Gemm) -> Vec<KernelSource> {
+    let (kernel, count) = match gemm {
+        Gemm::Mma => {
+            let t = gemm_tiling(&s.p, c.m, gpu.target()).expect("the GEMM applies");
+            (gemm_mma(&s.p, &t), partials_per_row(&s.p, &t))
+        }
+        Gemm::Wgmma => {
+            let t = wgmma_tile(&s.p, c.m, gpu.target()).expect("the wgmma GEMM applies");
+            (gemm_wgmma(&s.p, &t), wgmma::partials_per_row(&s.p, &t))
+        }
+    };
+    let mut kernels = vec![kernel.unwrap()];
     if c.epi == Epi::Argmax {
         kernels.push(
             argmax(&ArgmaxParams {
                 rows: Rows::Fixed(c.m),
                 input: ArgmaxInput::Partials {
                     loc: s.parts,
-                    count: partials_per_row(&s.p, &t),
+                    count,
                 },
                 out: View::new(s.tokens, Dtype::I32, 1),
             })
             .unwrap(),
         );
     }
+    kernels
+}
+
+/// The memory image of case `c` over `s` (its plan's arena, as allocated so far) with the
+/// operands of `d`; outputs poisoned.
+fn memory(s: &mut Setup, c: Case, d: &Data) -> Mem {
     let mut mem = Mem::new(s.plan.alloc(0).byte_offset(), &[d.w.len() as u64 * 2]);
     if let Some(o) = s.out.filter(|_| c.epi != Epi::Residual) {
         let Loc::Arena { offset } = o.loc else {
@@ -169,6 +211,15 @@ fn prepare(gpu: &Gpu, c: Case, d: &Data) -> (Setup, Vec<KernelSource>, Mem) {
     put(&mut mem, s.x.loc, c.dt, &d.x[..(c.m * c.k) as usize]);
     put(&mut mem, s.res.loc, c.dt, &d.res[..(c.m * c.n) as usize]);
     put(&mut mem, Loc::table(0), c.dt, &d.w);
+    mem
+}
+
+/// The kernels of case `c` (the GEMM `gemm` with the device's tile, `argmax` after it) and
+/// the memory image with its operands.
+fn prepare(gpu: &Gpu, c: Case, d: &Data, gemm: Gemm) -> (Setup, Vec<KernelSource>, Mem) {
+    let mut s = setup(c);
+    let kernels = gemm_kernels(gpu, &s, c, gemm);
+    let mem = memory(&mut s, c, d);
     (s, kernels, mem)
 }
 
@@ -236,9 +287,9 @@ fn checked_rows(c: Case) -> Vec<usize> {
     rows
 }
 
-/// Checks case `c` with `d` (generated for at least `c.m` rows).
-fn check(gpu: &Gpu, c: Case, d: &Data) {
-    let (s, kernels, mut mem) = prepare(gpu, c, d);
+/// Checks case `c` of `gemm` with `d` (generated for at least `c.m` rows).
+fn check(gpu: &Gpu, c: Case, d: &Data, gemm: Gemm) {
+    let (s, kernels, mut mem) = prepare(gpu, c, d, gemm);
     gpu.run(&mut mem, &kernels.iter().collect::<Vec<_>>(), bucket(c.m));
     let got = output(c, &s, &mem);
     let rows = checked_rows(c);
@@ -250,7 +301,7 @@ fn check(gpu: &Gpu, c: Case, d: &Data) {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let n = c.n as usize;
-    let label = format!("gemm_mma {c:?} ({})", kernels[0].name);
+    let label = format!("{c:?} ({})", kernels[0].name);
     if c.epi == Epi::Argmax {
         let flat: Vec<f64> = want.iter().flatten().copied().collect();
         let (_, atol) = bf16_tol(&flat);
@@ -301,9 +352,9 @@ const LLAMA_8B: [(u32, u32, Epi); 6] = [
     (4096, 128256, Epi::Argmax),
 ];
 
-#[test]
-fn gemm_mma_8b_shapes_every_epilogue() {
-    let Some(gpu) = Gpu::new() else { return };
+/// Every epilogue of `gemm` at the 8B shapes, M = 33 .. 1024.
+fn eight_b_shapes_every_epilogue(gemm: Gemm) {
+    let Some(gpu) = gpu_for(gemm) else { return };
     for (k, n, epi) in LLAMA_8B {
         let d = data(Case {
             m: 1024,
@@ -313,24 +364,21 @@ fn gemm_mma_8b_shapes_every_epilogue() {
             dt: BF,
         });
         for m in [33, 64, 100, 256, 1024] {
-            check(
-                &gpu,
-                Case {
-                    m,
-                    k,
-                    n,
-                    epi,
-                    dt: BF,
-                },
-                &d,
-            );
+            let c = Case {
+                m,
+                k,
+                n,
+                epi,
+                dt: BF,
+            };
+            check(&gpu, c, &d, gemm);
         }
     }
 }
 
-#[test]
-fn gemm_mma_odd_shapes_and_f16() {
-    let Some(gpu) = Gpu::new() else { return };
+/// Every epilogue of `gemm` at odd shapes (N and K tails) of `dtypes`, M = 33 .. 1024.
+fn odd_shapes(gemm: Gemm, dtypes: &[Dtype]) {
+    let Some(gpu) = gpu_for(gemm) else { return };
     let epis = [
         Epi::Store,
         Epi::Residual,
@@ -346,7 +394,7 @@ fn gemm_mma_odd_shapes_and_f16() {
         (8, 8, BF),
         (4096, 1000, Dtype::F16),
     ];
-    for (k, n, dt) in shapes {
+    for (k, n, dt) in shapes.into_iter().filter(|s| dtypes.contains(&s.2)) {
         for epi in epis {
             let d = data(Case {
                 m: 1024,
@@ -356,17 +404,37 @@ fn gemm_mma_odd_shapes_and_f16() {
                 dt,
             });
             for m in [33, 64, 100, 256, 1024] {
-                check(&gpu, Case { m, k, n, epi, dt }, &d);
+                check(&gpu, Case { m, k, n, epi, dt }, &d, gemm);
             }
         }
     }
 }
 
+#[test]
+fn gemm_mma_8b_shapes_every_epilogue() {
+    eight_b_shapes_every_epilogue(Gemm::Mma);
+}
+
+#[test]
+fn gemm_mma_odd_shapes_and_f16() {
+    odd_shapes(Gemm::Mma, &[BF, Dtype::F16]);
+}
+
+#[test]
+fn gemm_wgmma_8b_shapes_every_epilogue() {
+    eight_b_shapes_every_epilogue(Gemm::Wgmma);
+}
+
+/// bf16 only: the selection keeps f16 on `gemm_mma` (`choose::gemm::wgmma_tile`).
+#[test]
+fn gemm_wgmma_odd_shapes() {
+    odd_shapes(Gemm::Wgmma, &[BF]);
+}
+
 /// Rows 0..64 of an M = 1024 launch equal those of the M = 64 launch bit for bit (other
 /// tiles, other blocks, other rows around them), for every epilogue at the 8B shapes.
-#[test]
-fn gemm_mma_rows_do_not_depend_on_the_batch() {
-    let Some(gpu) = Gpu::new() else { return };
+fn rows_do_not_depend_on_the_batch(gemm: Gemm) {
+    let Some(gpu) = gpu_for(gemm) else { return };
     for (k, n, epi) in LLAMA_8B {
         let case = |m| Case {
             m,
@@ -378,7 +446,7 @@ fn gemm_mma_rows_do_not_depend_on_the_batch() {
         let d = data(case(1024));
         let run = |m: u32| {
             let c = case(m);
-            let (s, kernels, mut mem) = prepare(&gpu, c, &d);
+            let (s, kernels, mut mem) = prepare(&gpu, c, &d, gemm);
             gpu.run(&mut mem, &kernels.iter().collect::<Vec<_>>(), bucket(m));
             (output(c, &s, &mem), kernels[0].name.clone())
         };
@@ -397,6 +465,16 @@ fn gemm_mma_rows_do_not_depend_on_the_batch() {
     }
 }
 
+#[test]
+fn gemm_mma_rows_do_not_depend_on_the_batch() {
+    rows_do_not_depend_on_the_batch(Gemm::Mma);
+}
+
+#[test]
+fn gemm_wgmma_rows_do_not_depend_on_the_batch() {
+    rows_do_not_depend_on_the_batch(Gemm::Wgmma);
+}
+
 /// Bytes a launch must move: weights once, x once, the output (and residual) once.
 fn bytes(c: Case) -> f64 {
     let g = if c.epi == Epi::SiluMul { 2 } else { 1 };
@@ -408,6 +486,21 @@ fn bytes(c: Case) -> f64 {
         _ => m * n * 2.0,
     };
     g as f64 * n * k * 2.0 + m * k * 2.0 + out
+}
+
+/// The `gemv_mma` launch the plan makes for `s` at `m` rows without a GEMM (row tiles of
+/// 64 at most, split-K where its counters fit), its scratch allocated in `s.plan`.
+fn gemv_kernel(gpu: &Gpu, s: &mut Setup, m: u32) -> KernelSource {
+    let mut t = gemv_tiling(&s.p, gpu.target());
+    if split_needs(&s.p, &t, m).is_some_and(|nd| nd.counters > SPLIT_COUNTERS) {
+        t.ks = 1;
+    }
+    let split = split_needs(&s.p, &t, m).map(|nd| SplitScratch {
+        partials: s.plan.alloc(nd.partial_bytes),
+        counters: s.plan.alloc(nd.counters as u64 * 4),
+        tiles: nd.counters,
+    });
+    gemv_mma_split(&s.p, &t, split).unwrap()
 }
 
 /// Timings (µs and GB/s of the bytes a launch must move) of the GEMM against the
@@ -438,7 +531,7 @@ fn time_gemm_vs_gemv_mma() {
                 epi,
                 dt: BF,
             };
-            let (mut s, kernels, mem) = prepare(&gpu, c, &d);
+            let (mut s, kernels, mem) = prepare(&gpu, c, &d, Gemm::Mma);
             let copies = (256e6 / bytes(c)).ceil().max(2.0) as usize;
             let gemm = gpu.time(
                 &mem,
@@ -447,17 +540,7 @@ fn time_gemm_vs_gemv_mma() {
                 copies,
                 20,
             );
-            // The GEMV the plan used before: row tiles of 64 at most.
-            let mut t = gemv_tiling(&s.p, gpu.target());
-            if split_needs(&s.p, &t, m).is_some_and(|nd| nd.counters > SPLIT_COUNTERS) {
-                t.ks = 1;
-            }
-            let split = split_needs(&s.p, &t, m).map(|nd| SplitScratch {
-                partials: s.plan.alloc(nd.partial_bytes),
-                counters: s.plan.alloc(nd.counters as u64 * 4),
-                tiles: nd.counters,
-            });
-            let gemv = gemv_mma_split(&s.p, &t, split).unwrap();
+            let gemv = gemv_kernel(&gpu, &mut s, m);
             let mut mem2 = Mem::new(s.plan.alloc(0).byte_offset(), &[d.w.len() as u64 * 2]);
             put(&mut mem2, Loc::table(0), c.dt, &d.w);
             let old = gpu.time(&mem2, &[&gemv], bucket(m), copies, 20);
@@ -485,5 +568,168 @@ fn time_gemm_vs_gemv_mma() {
             total[mi][0] / 1e3,
             total[mi][1] / 1e3
         );
+    }
+}
+
+/// FLOPs of a launch: 2 · M · N · K per weight matrix.
+fn flops(c: Case) -> f64 {
+    let g = if c.epi == Epi::SiluMul { 2.0 } else { 1.0 };
+    2.0 * g * c.m as f64 * c.n as f64 * c.k as f64
+}
+
+/// The three matmul kernels side by side — `gemm_wgmma`, `gemm_mma` and the `gemv_mma`
+/// split — at M = 32 .. 1024 on the 8B shapes with their step-graph epilogues: µs per
+/// launch and TFLOP/s, weights streamed from HBM (copies past L2), then the 8B forward's
+/// matmul total per M for each kernel and for the fastest per launch. The table the
+/// selection's thresholds (`choose::gemm::{WGMMA_MIN_ROWS, GEMM_MIN_ROWS}`) are set from.
+#[test]
+#[ignore = "timing: run with --ignored on the device"]
+fn time_wgmma_vs_gemm_vs_gemv_mma() {
+    let Some(gpu) = gpu_for(Gemm::Wgmma) else {
+        return;
+    };
+    const ROWS: [u32; 6] = [32, 64, 128, 256, 512, 1024];
+    let names = ["o", "qkv", "gate_up", "down", "lm_head", "lm_head+argmax"];
+    println!(
+        "{:<15} {:>5} {:>9} {:>7} {:>9} {:>7} {:>9} {:>7}  best     wgmma tile",
+        "shape", "M", "wgmma µs", "TFLOP/s", "mma µs", "TFLOP/s", "gemv µs", "TFLOP/s"
+    );
+    // Per M: the forward's total of wgmma, gemm_mma, gemv_mma and the fastest per launch.
+    let mut total = [[0.0f64; 4]; ROWS.len()];
+    for ((k, n, epi), name) in LLAMA_8B.into_iter().zip(names) {
+        let d = data(Case {
+            m: 1024,
+            k,
+            n,
+            epi,
+            dt: BF,
+        });
+        for (mi, m) in ROWS.into_iter().enumerate() {
+            let c = Case {
+                m,
+                k,
+                n,
+                epi,
+                dt: BF,
+            };
+            let copies = (256e6 / bytes(c)).ceil().max(2.0) as usize;
+            let iters = if flops(c) > 2e11 { 10 } else { 20 };
+            // One image for the three (the GEMV's split scratch allocated first).
+            let mut s = setup(c);
+            let gemv = gemv_kernel(&gpu, &mut s, m);
+            let wg_kernel = gemm_kernels(&gpu, &s, c, Gemm::Wgmma).swap_remove(0);
+            let mma_kernel = gemm_kernels(&gpu, &s, c, Gemm::Mma).swap_remove(0);
+            let mem = memory(&mut s, c, &d);
+            let lists: [&[&KernelSource]; 3] = [&[&wg_kernel], &[&mma_kernel], &[&gemv]];
+            let [wg, mma, gv] = gpu
+                .time_many(&mem, &lists, bucket(m), copies, iters)
+                .try_into()
+                .unwrap();
+            let tf = |us: f64| flops(c) / (us * 1e6);
+            let best = [("wgmma", wg), ("mma", mma), ("gemv", gv)]
+                .into_iter()
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .unwrap();
+            let tile = wgmma_tile(&s.p, m, gpu.target()).unwrap();
+            println!(
+                "{name:<15} {m:>5} {wg:>9.1} {:>7.0} {mma:>9.1} {:>7.0} {gv:>9.1} {:>7.0}  {:<8} {}x{}x{} {}",
+                tf(wg),
+                tf(mma),
+                tf(gv),
+                best.0,
+                tile.bm,
+                tile.bn,
+                tile.stages,
+                wg_kernel.name
+            );
+            let times = match epi {
+                Epi::LogitsF32 => 0.0,
+                Epi::Argmax => 1.0,
+                _ => 32.0,
+            };
+            for (j, us) in [wg, mma, gv, best.1].into_iter().enumerate() {
+                total[mi][j] += times * us;
+            }
+        }
+    }
+    for (mi, m) in ROWS.into_iter().enumerate() {
+        let [wg, mma, gv, best] = total[mi].map(|us| us / 1e3);
+        println!(
+            "M={m}: the 8B forward's matmuls (32 layers + greedy lm-head): wgmma {wg:.3} ms, gemm_mma {mma:.3} ms, gemv_mma {gv:.3} ms, fastest per launch {best:.3} ms"
+        );
+    }
+}
+
+/// The wgmma GEMM's tile rule against its alternatives: per 8B shape and M = 64 .. 1024,
+/// µs of the chosen tile and of every other `bm × bn` (bm 64 or 128, bn 32 .. 256, the
+/// most stages that fit), the fastest marked: the data for `choose::gemm::wgmma_tile`.
+#[test]
+#[ignore = "timing: run with --ignored on the device"]
+fn time_wgmma_tiles() {
+    let Some(gpu) = gpu_for(Gemm::Wgmma) else {
+        return;
+    };
+    let names = ["o", "qkv", "gate_up", "down", "lm_head", "lm_head+argmax"];
+    for ((k, n, epi), name) in LLAMA_8B.into_iter().zip(names) {
+        let d = data(Case {
+            m: 1024,
+            k,
+            n,
+            epi,
+            dt: BF,
+        });
+        for m in [64u32, 256, 1024] {
+            let c = Case {
+                m,
+                k,
+                n,
+                epi,
+                dt: BF,
+            };
+            let mut s = setup(c);
+            let chosen = wgmma_tile(&s.p, m, gpu.target()).unwrap();
+            let mut tiles = vec![chosen];
+            for bm in [64, 128] {
+                for bn in [32, 64, 128, 256] {
+                    if let Some(t) = wgmma_ring(&s.p, bm, bn, gpu.target()) {
+                        if !tiles.contains(&t) && (bm == 128 || m <= 256) {
+                            tiles.push(t);
+                        }
+                    }
+                }
+            }
+            let kernels: Vec<KernelSource> =
+                tiles.iter().map(|t| gemm_wgmma(&s.p, t).unwrap()).collect();
+            let lists: Vec<[&KernelSource; 1]> = kernels.iter().map(|k| [k]).collect();
+            let lists: Vec<&[&KernelSource]> = lists.iter().map(|l| &l[..]).collect();
+            let mem = memory(&mut s, c, &d);
+            let copies = (256e6 / bytes(c)).ceil().max(2.0) as usize;
+            let iters = if flops(c) > 2e11 { 10 } else { 20 };
+            let us = gpu.time_many(&mem, &lists, bucket(m), copies, iters);
+            let best = us
+                .iter()
+                .enumerate()
+                .min_by(|a, b| a.1.total_cmp(b.1))
+                .unwrap()
+                .0;
+            let row: Vec<String> = tiles
+                .iter()
+                .zip(&us)
+                .enumerate()
+                .map(|(i, (t, us))| {
+                    let mark = match (i == 0, i == best) {
+                        (true, true) => "=*",
+                        (true, false) => "=",
+                        (false, true) => "*",
+                        _ => "",
+                    };
+                    format!("{}x{}s{} {us:.1}{mark}", t.bm, t.bn, t.stages)
+                })
+                .collect();
+            println!(
+                "tiles {name:<15} M={m:<5} (= chosen, * fastest, µs): {}",
+                row.join("  ")
+            );
+        }
     }
 }

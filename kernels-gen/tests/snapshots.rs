@@ -143,3 +143,45 @@ fn generation_is_deterministic() {
         "distinct fixtures must get distinct names"
     );
 }
+
+/// The sm_90a wgmma GEMM with the tile `choose::gemm::wgmma_tile` gives the 8B shapes at
+/// 256 token rows: the gate/up pair with SwiGLU (two weight maps, two accumulators) and
+/// the lm-head with argmax partials.
+fn snap_wgmma(label: &str, file: &str, n: u32, gate_up: bool, argmax: bool) {
+    use specc_kernels_gen::abi::{Dtype, Loc, Rows};
+    use specc_kernels_gen::gemm_wgmma::gemm_wgmma;
+    use specc_kernels_gen::gemv::test_projection;
+    let mut p = test_projection(Rows::Tokens, 64, 4096, n, gate_up, Dtype::BF16);
+    if argmax {
+        p.out = None;
+        p.argmax_partials = Some(Loc::arena(1 << 30));
+    }
+    let t = specc_codegen::choose::gemm::wgmma_tile(&p, 256, &common::target()).unwrap();
+    let k = gemm_wgmma(&p, &t).unwrap();
+    let description = format!("{label}; {t:?}; launch {:?}", k.launch);
+    insta::with_settings!({ description => description, omit_expression => true }, {
+        insta::assert_snapshot!(file, k.kernel);
+    });
+}
+
+#[test]
+fn gemm_wgmma_gate_up_silu() {
+    snap_wgmma(
+        "gemm_wgmma gate_up +silu_mul, 256 rows",
+        "gemm_wgmma_gate_up_silu",
+        14336,
+        true,
+        false,
+    );
+}
+
+#[test]
+fn gemm_wgmma_lm_head_argmax() {
+    snap_wgmma(
+        "gemm_wgmma lm_head +argmax, 256 rows",
+        "gemm_wgmma_lm_head_argmax",
+        128256,
+        false,
+        true,
+    );
+}

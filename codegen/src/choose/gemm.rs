@@ -1,12 +1,15 @@
-//! Where the tiled tensor-core GEMM (`gemm_mma`) replaces the GEMV kernels, and its tile.
+//! Where the tiled tensor-core GEMM (`gemm_mma`) replaces the GEMV kernels, and its tile;
+//! the tile of its sm_90a variant (`gemm_wgmma`, [`wgmma_tile`]).
 //!
 //! Where it applies is measured (H200, 8B shapes, `kernels-gen/tests/gpu_gemm.rs` timing
 //! both kernels, bench/NOTES.md); the tile rules are still predictions from bytes and block
 //! counts.
 
 use specc_ir::engine::choice::GemmTiling;
-use specc_ir::engine::Target;
+use specc_ir::engine::{Arch, Target};
+use specc_kernels_gen::abi::Dtype;
 use specc_kernels_gen::gemm_mma::{block_smem_bytes, validate, BK};
+use specc_kernels_gen::gemm_wgmma::{self as wgmma, WgmmaTiling};
 use specc_kernels_gen::gemv::GemvParams;
 
 /// Launches of at least this many rows use the GEMM, for weights of at least
@@ -81,11 +84,82 @@ pub fn tile(p: &GemvParams, rows: u32, target: &Target) -> Option<GemmTiling> {
     Some(t)
 }
 
+/// The most ring stages of `gemm_wgmma`: 4–6 stages of 64 k keep 100+ KiB of weights and
+/// x in flight per SM, past the latency of HBM at its bandwidth.
+pub const WGMMA_MAX_STAGES: u32 = 6;
+
+/// The rows and weight columns from which the wgmma GEMM replaces the kernels above on
+/// sm_90a: deliberately conservative predictions until the device timings of
+/// `kernels-gen/tests/gpu_gemm.rs` (`time_wgmma_vs_gemm_vs_gemv_mma`) decide. The build
+/// does not consult [`wgmma_tiling`] yet (`super::matmul::core`): its first device run
+/// validates the kernel.
+pub const WGMMA_MIN_ROWS: u32 = 64;
+
+/// See [`WGMMA_MIN_ROWS`].
+pub const WGMMA_MIN_COLUMNS: u32 = 4096;
+
+/// The wgmma GEMM's tile for `p` over at most `rows` rows where the thresholds
+/// ([`WGMMA_MIN_ROWS`], [`WGMMA_MIN_COLUMNS`]) hold, else `None`.
+pub fn wgmma_tiling(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaTiling> {
+    if rows < WGMMA_MIN_ROWS || p.n < WGMMA_MIN_COLUMNS {
+        return None;
+    }
+    wgmma_tile(p, rows, target)
+}
+
+/// The wgmma GEMM's tile for `p` over at most `rows` rows on `target` (any row count: its
+/// tests and timings use it below the thresholds too), or `None` where it does not apply:
+/// a target that is not sm_90a only (wgmma exists on sm_90a alone; the other archs keep
+/// `gemm_mma`), operands it does not take, or no ring of 2 stages in shared memory.
+///
+/// - `bm`: 64 rows (one consumer warpgroup) up to 64 rows, else 128 (two).
+/// - `bn`: the widest of 256, 128, 64, 32, 16 columns (`G · bn ≤ 256`: one wgmma per
+///   matrix; at most 128 with a residual epilogue, whose loads do not fit beside 128
+///   accumulators in the 168 registers ptxas gives the threads of a 288-thread block)
+///   whose grid reaches [`min_blocks`] (every SM streams weights: o and down at 64–128
+///   rows need 32); 16 where none does; at most N rounded up to 8.
+/// - bf16 only: with f16 operands ptxas serialises the mma batches of this loop (its
+///   C7514 "wgmma serialized" note, checked by `kernels-gen/tests/compile_gemm.rs`), so f16
+///   keeps `gemm_mma`.
+/// - stages: the most, up to [`WGMMA_MAX_STAGES`], that fit `target.smem_per_block`.
+pub fn wgmma_tile(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaTiling> {
+    if target.archs != [Arch::Sm90a] || p.w_dtype != Dtype::BF16 {
+        return None;
+    }
+    let bm = if rows <= 64 { 64 } else { 128 };
+    let row_tiles = rows.div_ceil(bm) as u64;
+    let g = wgmma::mats(p);
+    let widest = if p.residual.is_some() {
+        wgmma::MAX_MMA_N / 2
+    } else {
+        wgmma::MAX_MMA_N
+    };
+    let bn = [256u32, 128, 64, 32, 16]
+        .into_iter()
+        .filter(|&bn| g * bn <= widest)
+        .find(|&bn| row_tiles * p.n.div_ceil(bn) as u64 >= min_blocks(target))
+        .unwrap_or(16)
+        .min(p.n.next_multiple_of(8));
+    wgmma_ring(p, bm, bn, target)
+}
+
+/// The `bm × bn` wgmma tile with the most ring stages, up to [`WGMMA_MAX_STAGES`], that fit
+/// `target.smem_per_block`, or `None` where the tile is invalid for `p` or no 2 stages fit
+/// (also the tile sweep of the kernel's timing test).
+pub fn wgmma_ring(p: &GemvParams, bm: u32, bn: u32, target: &Target) -> Option<WgmmaTiling> {
+    (2..=WGMMA_MAX_STAGES)
+        .rev()
+        .map(|stages| WgmmaTiling { bm, bn, stages })
+        .find(|t| {
+            wgmma::validate(p, t).is_ok()
+                && wgmma::block_smem_bytes(p, t) <= target.smem_per_block as u64
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use specc_ir::engine::Arch;
-    use specc_kernels_gen::abi::{Dtype, Loc};
+    use specc_kernels_gen::abi::Loc;
     use specc_kernels_gen::gemm_mma::gemm_mma;
     use specc_kernels_gen::gemv::RmsNormPrologue;
 
@@ -178,6 +252,66 @@ mod tests {
                     );
                     gemm_mma(&p, &t).unwrap_or_else(|e| panic!("{label}: {e}"));
                 }
+            }
+        }
+    }
+
+    /// wgmma tiles: sm_90a only; one warpgroup up to 64 rows; the widest column tile that
+    /// keeps 96 blocks; every tile fits and generates, odd shapes included.
+    #[test]
+    fn wgmma_tiles_are_sm90a_only_and_fit() {
+        let h = hopper();
+        let pick = |k, n, gu, rows| {
+            let t = wgmma_tile(&params(k, n, gu), rows, &h).unwrap();
+            (t.bm, t.bn)
+        };
+        assert_eq!(pick(4096, 4096, false, 64), (64, 32));
+        assert_eq!(pick(4096, 4096, false, 128), (128, 32));
+        assert_eq!(pick(4096, 6144, false, 64), (64, 64));
+        assert_eq!(pick(4096, 14336, true, 64), (64, 128));
+        assert_eq!(pick(4096, 4096, false, 256), (128, 64));
+        assert_eq!(pick(4096, 14336, true, 256), (128, 128));
+        assert_eq!(pick(4096, 128256, false, 1024), (128, 256));
+        assert_eq!(pick(4096, 4096, false, 1024), (128, 256));
+        let mut residual = params(4096, 4096, false);
+        residual.residual = residual.out;
+        assert_eq!(wgmma_tile(&residual, 1024, &h).unwrap().bn, 128);
+        let mut f16 = params(4096, 4096, false);
+        f16.w_dtype = Dtype::F16;
+        f16.x.dtype = Dtype::F16;
+        assert!(wgmma_tile(&f16, 256, &h).is_none(), "f16 keeps gemm_mma");
+        for archs in [
+            &[Arch::Sm100a][..],
+            &[Arch::Sm120],
+            &[Arch::Sm90a, Arch::Sm100a],
+        ] {
+            let t = Target::for_archs(archs);
+            assert!(wgmma_tile(&params(4096, 4096, false), 256, &t).is_none());
+        }
+        let wide = params(4096, 14336, true);
+        assert!(wgmma_tiling(&wide, WGMMA_MIN_ROWS - 1, &h).is_none());
+        assert!(wgmma_tiling(&wide, WGMMA_MIN_ROWS, &h).is_some());
+        let shapes = [
+            (4096, 6144, false),
+            (4096, 4096, false),
+            (4096, 14336, true),
+            (14336, 4096, false),
+            (4096, 128256, false),
+            (136, 40, false),
+            (8, 8, true),
+            (1000, 520, true),
+        ];
+        for rows in [32, 33, 64, 100, 128, 256, 1024] {
+            for (k, n, gu) in shapes {
+                let p = params(k, n, gu);
+                let t = wgmma_tile(&p, rows, &h).unwrap();
+                let label = format!("rows={rows} K={k} N={n} {t:?}");
+                assert!(t.stages >= 2, "{label}");
+                assert!(
+                    wgmma::block_smem_bytes(&p, &t) <= h.smem_per_block as u64,
+                    "{label}"
+                );
+                wgmma::gemm_wgmma(&p, &t).unwrap_or_else(|e| panic!("{label}: {e}"));
             }
         }
     }

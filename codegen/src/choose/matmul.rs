@@ -21,7 +21,9 @@ pub const SPLIT_COUNTERS: u32 = 512;
 /// where [`super::gemm::tiling`] gives it a tile (from [`super::gemm::GEMM_MIN_ROWS`] rows on
 /// wide weights),
 /// else the tensor-core GEMV with [`tiling`] where [`supports`] holds, else the CUDA-core
-/// kernel.
+/// kernel. The sm_90a wgmma GEMM ([`super::gemm::wgmma_tiling`], `MatmulCore::Wgmma`) is
+/// not consulted yet: it is chosen here, ahead of `gemm_mma`, once its first device run
+/// (`scripts/device/wgmma.sh`) has validated it and set its thresholds.
 pub fn core(p: &GemvParams, rows: u32, target: &Target) -> MatmulCore {
     if !supports(p) {
         return MatmulCore::CudaCores(p.tiling());
@@ -84,6 +86,7 @@ pub fn partials_per_row(p: &GemvParams, core: &MatmulCore) -> u32 {
         MatmulCore::TensorCores(t) => specc_kernels_gen::gemv_mma::partials_per_row(p, t),
         MatmulCore::Dequant(t) => specc_kernels_gen::gemv_quant::partials_per_row(p, t),
         MatmulCore::Gemm(t) => specc_kernels_gen::gemm_mma::partials_per_row(p, t),
+        MatmulCore::Wgmma(t) => specc_kernels_gen::gemm_wgmma::partials_per_row(p, t),
     }
 }
 

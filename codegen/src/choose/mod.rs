@@ -37,6 +37,7 @@ pub fn matmul_kernel(
         MatmulCore::CudaCores(t) => gemv_tiled(p, &t),
         MatmulCore::TensorCores(t) => gemv_mma_split(p, &t, split),
         MatmulCore::Gemm(t) => specc_kernels_gen::gemm_mma::gemm_mma(p, &t),
+        MatmulCore::Wgmma(t) => specc_kernels_gen::gemm_wgmma::gemm_wgmma(p, &t),
         MatmulCore::Dequant(_) => Err(Error::Unsupported {
             family: "gemv_q",
             op: "matmul",

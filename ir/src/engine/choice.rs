@@ -43,6 +43,8 @@ pub enum MatmulCore {
     /// The tiled tensor-core GEMM (`gemm_mma`) for many rows: row and column tiles staged
     /// in shared memory, each weight tile read once per row tile.
     Gemm(GemmTiling),
+    /// The sm_90a GEMM (`gemm_wgmma`): the same tiles fed by TMA to warpgroup mma.
+    Wgmma(WgmmaTiling),
 }
 
 /// Where the RMSNorm of the matmul's input runs.
@@ -124,6 +126,32 @@ impl GemmTiling {
 
     pub fn threads(&self) -> u32 {
         32 * self.warps()
+    }
+}
+
+/// Block tile of the sm_90a GEMM (`gemm_wgmma`): a block computes `bm` rows (64 per
+/// consumer warpgroup) × `bn` columns per matrix over K in chunks of 64 through a ring of
+/// `stages` shared-memory stages that one producer warp fills by TMA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct WgmmaTiling {
+    /// Rows per block: 64 (one consumer warpgroup) or 128 (two).
+    pub bm: u32,
+    /// Columns per block and matrix: a multiple of 8, `G · bn ≤ 256` (one wgmma per matrix
+    /// and k16 step, `G · bn / 2` accumulator registers per thread).
+    pub bn: u32,
+    /// Ring stages (at least 2).
+    pub stages: u32,
+}
+
+impl WgmmaTiling {
+    /// Consumer warpgroups.
+    pub fn consumers(&self) -> u32 {
+        self.bm / 64
+    }
+
+    /// Threads per block: the consumer warpgroups and the producer warp.
+    pub fn threads(&self) -> u32 {
+        128 * self.consumers() + 32
     }
 }
 
@@ -253,6 +281,7 @@ impl fmt::Display for MatmulCore {
                 "gemm_mma {}x{}x{} w{}x{} s{}",
                 t.bm, t.bn, t.bk, t.wm, t.wn, t.stages
             ),
+            MatmulCore::Wgmma(t) => write!(f, "gemm_wgmma {}x{} s{}", t.bm, t.bn, t.stages),
         }
     }
 }
@@ -326,6 +355,7 @@ impl KernelChoice {
                     (MatmulCore::Dequant(_), _) => "gemv_q",
                     // Never fused with RoPE either (its rows exceed the fused epilogue's).
                     (MatmulCore::Gemm(_), _) => "gemm_mma",
+                    (MatmulCore::Wgmma(_), _) => "gemm_wgmma",
                 }));
                 match m.epilogue {
                     EpilogueChoice::LogitsArgmax { .. } => v.push("argmax"),
@@ -357,5 +387,35 @@ impl KernelChoice {
             KernelChoice::Attention(a) => Some(a),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wgmma matmul choice prints, names its families and survives the engine's serde.
+    #[test]
+    fn wgmma_choices_print_and_round_trip() {
+        let c = KernelChoice::Matmul(MatmulChoice {
+            rows: 256,
+            row_tile: 64,
+            cores: vec![MatmulCore::Wgmma(WgmmaTiling {
+                bm: 128,
+                bn: 256,
+                stages: 4,
+            })],
+            norm: NormPlacement::None,
+            epilogue: EpilogueChoice::LogitsArgmax {
+                partials_per_row: 502,
+            },
+        });
+        assert_eq!(
+            c.to_string(),
+            "gemm_wgmma 128x256 s4 m256/64 → argmax/502 + argmax"
+        );
+        assert_eq!(c.families(), ["gemm_wgmma", "argmax"]);
+        let json = serde_json::to_string(&c).unwrap();
+        assert_eq!(serde_json::from_str::<KernelChoice>(&json).unwrap(), c);
     }
 }

@@ -1,0 +1,146 @@
+//! The ring, the producer warp's tensor-map copies and the consumer warpgroups' wgmma
+//! batches of `gemm_wgmma`: leaves `acc[G][NA]` of every consumer thread holding its sums
+//! over all of K (the layout in the module docs); the producer warp returns.
+
+use crate::abi::Dtype;
+use crate::writer::{emit, Writer};
+
+use super::{maps, GemvParams, WgmmaTiling};
+
+/// The name of the generated `m64n{n}k16` mma function.
+fn mma_name(n: u32) -> String {
+    format!("wgmma_m64n{n}k16")
+}
+
+/// Emits `wgmma_m64n{n}k16(float (&d)[n / 2], desc_a, desc_b, accumulate)`:
+/// `d = A · Bᵀ (+ d when accumulate ≠ 0)` for the 64 × 16 A tile and the n × 16 B tile the
+/// descriptors name (both K-major, no transpose, f32 accumulation). The accumulators are `"+f"` operands, so the compiler keeps them in
+/// registers across the asynchronous batch; only a `wgmma_wait` makes them readable.
+pub(super) fn emit_mma_function(w: &mut Writer, dtype: Dtype, n: u32) {
+    let ab = match dtype {
+        Dtype::F16 => "f16",
+        _ => "bf16",
+    };
+    let regs = n / 2;
+    let d_list: Vec<String> = (0..regs).map(|i| format!("%{i}")).collect();
+    let outs: Vec<String> = (0..regs).map(|i| format!("\"+f\"(d[{i}])")).collect();
+    w.fn_block(
+        format_args!(
+            "__device__ __forceinline__ void {}(float (&d)[{regs}], unsigned long long da, unsigned long long db, int accumulate)",
+            mma_name(n)
+        ),
+        |w| {
+            w.line("asm volatile(");
+            emit!(
+                w,
+                "    \"{{\\n .reg .pred p;\\n setp.ne.b32 p, %{}, 0;\\n\"",
+                regs + 2
+            );
+            emit!(
+                w,
+                "    \" wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} {{{}}}, %{}, %{}, p, 1, 1, 0, 0;\\n}}\\n\"",
+                d_list.join(", "),
+                regs,
+                regs + 1
+            );
+            for chunk in outs.chunks(8) {
+                let first = std::ptr::eq(chunk.as_ptr(), outs.as_ptr());
+                emit!(w, "    {} {}", if first { ":" } else { "," }, chunk.join(", "));
+            }
+            w.line("    : \"l\"(da), \"l\"(db), \"r\"(accumulate));");
+        },
+    );
+}
+
+/// The L2 prefetch of the weight boxes of the first `NS` chunks, by the producer's lane 0
+/// before the PDL wait (weights are only written by the host, so this may overlap the
+/// previous kernel; the descriptors in the operand table are the host's too).
+pub(super) fn emit_weight_prefetch(w: &mut Writer, p: &GemvParams, t: &WgmmaTiling) {
+    let (_, w0, w1) = maps(p, t);
+    w.if_block("threadIdx.x == 4 * NC * 32", |w| {
+        w.for_block("int n = 0", "n < NS && n < KT", "++n", |w| {
+            emit!(
+                w,
+                "tma_prefetch_l2_2d({}, n * 64, n0);",
+                w0.ptr_as("void", false)
+            );
+            if let Some(up) = w1 {
+                emit!(
+                    w,
+                    "tma_prefetch_l2_2d({}, n * 64, n0);",
+                    up.ptr_as("void", false)
+                );
+            }
+        });
+    });
+}
+
+/// The main loop: ring setup, then the producer warp's copies (it returns) and the consumer
+/// warpgroups' mma batches.
+pub(super) fn emit(w: &mut Writer, p: &GemvParams, t: &WgmmaTiling) {
+    let (x, w0, w1) = maps(p, t);
+    w.line("extern __shared__ unsigned char smem_raw[];");
+    w.line("unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // swizzled boxes: 1024-aligned");
+    w.line("__shared__ __align__(8) unsigned long long full[NS], empty[NS];");
+    w.if_block("threadIdx.x == 0", |w| {
+        w.for_unrolled("s", 0, "NS", |w| {
+            w.line("mbar_init(&full[s], 1);");
+            w.line("mbar_init(&empty[s], NC);");
+        });
+    });
+    w.line("__syncthreads();");
+    w.if_block("warp == 4 * NC", |w| {
+        w.comment("producer: chunk n into stage n % NS once its previous chunk was released");
+        w.if_block("lane == 0", |w| {
+            emit!(w, "const void* xmap = {};", x.ptr_as("void", false));
+            emit!(w, "const void* wmap0 = {};", w0.ptr_as("void", false));
+            if let Some(up) = w1 {
+                emit!(w, "const void* wmap1 = {};", up.ptr_as("void", false));
+            }
+            w.line("#pragma unroll 1");
+            w.for_block("int n = 0", "n < KT", "++n", |w| {
+                w.line("const int s = n % NS;");
+                w.line("if (n >= NS) mbar_wait(&empty[s], (n / NS - 1) & 1);");
+                w.line("mbar_arrive_expect_tx(&full[s], STAGE);");
+                w.line("unsigned char* st = smem + s * STAGE;");
+                w.line("const int kx = n * 64;");
+                w.line("tma_load_2d(st, xmap, kx, m0, &full[s]);");
+                w.line("tma_load_2d(st + XBOX, wmap0, kx, n0, &full[s]);");
+                if w1.is_some() {
+                    w.line("tma_load_2d(st + XBOX + WBOX, wmap1, kx, n0, &full[s]);");
+                }
+            });
+        });
+        w.line("return;");
+    });
+    w.comment("consumers: warpgroup wg multiplies tile rows 64 wg .. 64 wg + 63");
+    w.line("const int wg = warp >> 2;");
+    w.comment("no initial zeros: the first k16 step writes the accumulators (scale-d = 0), so no other instruction touches them before the last wait");
+    w.line("float acc[G][NA];");
+    let mma = mma_name(t.bn);
+    w.line("#pragma unroll 1");
+    w.for_block("int n = 0", "n < KT", "++n", |w| {
+        w.line("const int s = n % NS;");
+        w.line("mbar_wait(&full[s], (n / NS) & 1);");
+        w.line("const unsigned char* st = smem + s * STAGE;");
+        w.line("wgmma_fence();");
+        w.for_unrolled("kk", 0, 4, |w| {
+            w.comment("k16 step kk: 32 bytes into each 128-byte row");
+            w.line("const unsigned long long da = wgmma_desc_k128(st + wg * 64 * 128 + 32 * kk);");
+            w.for_unrolled("gm", 0, "G", |w| {
+                emit!(
+                    w,
+                    "{mma}(acc[gm], da, wgmma_desc_k128(st + XBOX + gm * WBOX + 32 * kk), n > 0 || kk > 0);"
+                );
+            });
+        });
+        w.line("wgmma_commit();");
+        w.comment("chunk n - 1's batch has completed: its stage goes back to the producer");
+        w.line("wgmma_wait<1>();");
+        w.line("if (n > 0 && (threadIdx.x & 127) == 0) mbar_arrive(&empty[(n - 1) % NS]);");
+    });
+    w.line("wgmma_wait<0>();");
+    w.for_unrolled("gm", 0, "G", |w| {
+        w.for_unrolled("i", 0, "NA", |w| w.line("wgmma_fence_operand(acc[gm][i]);"));
+    });
+}
