@@ -98,6 +98,14 @@ pub const WGMMA_MIN_ROWS: u32 = 64;
 /// See [`WGMMA_MIN_ROWS`].
 pub const WGMMA_MIN_COLUMNS: u32 = 4096;
 
+/// Whether builds may choose the wgmma GEMM: only with `SPECC_WGMMA=1` in the environment
+/// of the build until a device run has validated it inside whole engines (its kernel
+/// tests are `kernels-gen/tests/gpu_gemm.rs`); the variable makes the A/B against
+/// `gemm_mma` one flag.
+pub fn wgmma_enabled() -> bool {
+    std::env::var("SPECC_WGMMA").is_ok_and(|v| v == "1")
+}
+
 /// The wgmma GEMM's tile for `p` over at most `rows` rows where the thresholds
 /// ([`WGMMA_MIN_ROWS`], [`WGMMA_MIN_COLUMNS`]) hold, else `None`.
 pub fn wgmma_tiling(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaTiling> {

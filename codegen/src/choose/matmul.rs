@@ -21,12 +21,16 @@ pub const SPLIT_COUNTERS: u32 = 512;
 /// where [`super::gemm::tiling`] gives it a tile (from [`super::gemm::GEMM_MIN_ROWS`] rows on
 /// wide weights),
 /// else the tensor-core GEMV with [`tiling`] where [`supports`] holds, else the CUDA-core
-/// kernel. The sm_90a wgmma GEMM ([`super::gemm::wgmma_tiling`], `MatmulCore::Wgmma`) is
-/// not consulted yet: it is chosen here, ahead of `gemm_mma`, once its first device run
-/// (`scripts/device/wgmma.sh`) has validated it and set its thresholds.
+/// kernel. The sm_90a wgmma GEMM ([`super::gemm::wgmma_tiling`], `MatmulCore::Wgmma`) comes
+/// first where [`super::gemm::wgmma_enabled`].
 pub fn core(p: &GemvParams, rows: u32, target: &Target) -> MatmulCore {
     if !supports(p) {
         return MatmulCore::CudaCores(p.tiling());
+    }
+    if super::gemm::wgmma_enabled() {
+        if let Some(t) = super::gemm::wgmma_tiling(p, rows, target) {
+            return MatmulCore::Wgmma(t);
+        }
     }
     if let Some(t) = super::gemm::tiling(p, rows, target) {
         return MatmulCore::Gemm(t);
