@@ -449,7 +449,7 @@ fn moe_kernels(
         act,
         y,
     };
-    let matmul = choose::moe::expert_matmul(&ops, &out);
+    let matmul = choose::moe::expert_matmul(&ops, &out, cx.target);
     let ks = moe_grouped::moe_grouped(shape, matmul, &ops[0], &ops[1], &ops[2..], &out, &scratch)?;
     Ok(fixed(ks.into_iter().map(|k| (k, b)).collect()))
 }

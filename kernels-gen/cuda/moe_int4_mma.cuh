@@ -16,6 +16,15 @@ __device__ __forceinline__ void cp_async8(void* dst, const void* src, bool ok) {
                : "memory");
 }
 
+// 16 bytes global -> shared from `base + OFF` (OFF an immediate of the instruction),
+// asynchronously through L2 only; zero-filled without reading when `ok` is false.
+template <long long OFF>
+__device__ __forceinline__ void cp_async16_at(void* dst, const void* base, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1+%3], 16, %2;" ::"r"(smem_addr(dst)),
+               "l"(__cvta_generic_to_global(base)), "r"(ok ? 16 : 0), "n"(OFF)
+               : "memory");
+}
+
 // Four 8×8 b16 matrices from shared memory (lanes 8i .. 8i + 7 give matrix i's row
 // addresses): word t of row g of matrix i into d[i].
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&d)[4], const void* row) {
@@ -26,10 +35,12 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&d)[4], const void* row) {
 }
 
 // 16 bytes of activations through the read-only path (allocated in L1: the block's other
-// warps read the same tokens); zeros and no access when `ok` is false.
+// warps read the same tokens); zeros and no access when `ok` is false. Volatile: kept in
+// program order among the ring's copies and waits, so a stage's later sub-steps do not hold
+// their activations in registers across the earlier ones.
 __device__ __forceinline__ uint4 ld_x16_if(const void* p, bool ok) {
   uint4 r;
-  asm("{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n"
+  asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n"
       " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
       " @q ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n}"
       : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
@@ -85,8 +96,7 @@ __device__ __forceinline__ void int4_group_mma(float (&d)[4], const Int4A& a, co
       : "r"(a.a[4]), "r"(a.a[5]), "r"(a.a[6]), "r"(a.a[7]), "r"(b.b[2]), "r"(b.b[3]));
 }
 
-// Element i (0..3) of 4 bf16 held as raw bits, as f32 (exact).
-__device__ __forceinline__ float bf16x4_at(const uint2& u, int i) {
-  const unsigned w = (i & 2) ? u.y : u.x;
-  return __uint_as_float((i & 1) ? (w & 0xFFFF0000u) : (w << 16));
+// Element i (0, 1) of 2 bf16 held as raw bits, as f32 (exact).
+__device__ __forceinline__ float bf16x2_at(unsigned w, int i) {
+  return __uint_as_float(i ? (w & 0xFFFF0000u) : (w << 16));
 }

@@ -20,7 +20,7 @@ use gpu::{assert_close, bf16_tol, tensor, Gpu, Mem, Rng};
 use quant_cases::grouped::case_with;
 use specc_ir::{DType, Op};
 use specc_kernels_gen::abi::{Bucket, Dtype, Loc};
-use specc_kernels_gen::generic::moe_grouped::{ExpertMatmul, MoeGroupedShape};
+use specc_kernels_gen::generic::moe_grouped::{ExpertMatmul, Int4MmaTiling, MoeGroupedShape};
 use specc_kernels_gen::quant::QuantFormat;
 
 const TOKENS: [u64; 5] = [1, 2, 4, 8, 16];
@@ -186,6 +186,7 @@ fn check(
             }
         }
     }
+    println!("PASS {label}: T = 16, 8, 4, 2, 1 within tolerance and bit-identical to T = 16");
 }
 
 fn ir(d: Dtype) -> DType {
@@ -229,11 +230,19 @@ fn int4_grouped_experts_match_interpreter() {
 fn int4_tensor_core_experts_match_interpreter() {
     let Some(gpu) = Gpu::new() else { return };
     let i4 = DType::Int4Group { group: 32 };
-    let mma = ExpertMatmul::Int4TensorCores;
-    // Kimi's layout at a small width (4 row blocks of gate/up and of down, stages of 128
-    // columns), and a wider one with more stages than the ring (H 1024: 8 stages).
-    check(&gpu, mma, i4, Dtype::BF16, 8, 512, 256, 2);
-    check(&gpu, mma, i4, Dtype::BF16, 4, 1024, 384, 3);
+    // Every tiling the benchmark times, at each of these (E, H, F, top-k) whose widths are
+    // whole stages of it: Kimi's layout at a small width (row blocks of gate/up and of down
+    // both partial and whole), and wider ones with more stages than any ring.
+    let shapes = [(8, 512, 256, 2), (4, 1024, 384, 3), (4, 2048, 512, 3)];
+    for tl in Int4MmaTiling::VARIANTS {
+        let mma = ExpertMatmul::Int4TensorCores(tl);
+        let cols = tl.stage_cols() as usize;
+        for (e, h, f, k) in shapes {
+            if h % cols == 0 && f % cols == 0 {
+                check(&gpu, mma, i4, Dtype::BF16, e, h, f, k);
+            }
+        }
+    }
 }
 
 #[test]

@@ -3,7 +3,10 @@
 //! wherever they take the operands, else the per-token generic kernel; and how their expert
 //! matmuls multiply.
 
-use specc_kernels_gen::generic::moe_grouped::{self, ExpertMatmul, MoeGroupedShape, Unsupported};
+use specc_ir::engine::Target;
+use specc_kernels_gen::generic::moe_grouped::{
+    self, ExpertMatmul, Int4MmaTiling, MoeGroupedShape, Unsupported,
+};
 use specc_kernels_gen::generic::TensorArg;
 
 /// The grouped kernels' shape for `moe_experts` over `ops` (`x, gates, wg, wu, wd` and,
@@ -28,32 +31,46 @@ pub fn grouped(
     })
 }
 
-/// Tokens of a step from which int4 experts run on tensor cores: below it the CUDA-core
-/// kernels measured faster at Kimi-K2.5's shapes (bench/NOTES.md, session 31, "int4
-/// tensor-core experts").
-pub const INT4_TENSOR_CORE_MIN_TOKENS: u64 = 8;
+/// Tokens of a step from which int4 experts run on tensor cores. With stages of 64 bytes a
+/// row (`g4s4w4`) the CUDA-core kernels measured faster below 8 tokens at Kimi-K2.5's shapes
+/// (bench/NOTES.md, session 31, "int4 tensor-core experts"); the 128-byte stages of
+/// [`INT4_TILINGS`]' first are predicted to stream at ≥ 70 % of the copy bandwidth from one
+/// token (bench/NOTES.md, "int4 grouped experts: bytes in flight"). Set it back to 8 if the
+/// device measures the CUDA cores faster at T < 8 (`kimi_bandwidth`'s table).
+pub const INT4_TENSOR_CORE_MIN_TOKENS: u64 = 1;
 
-/// How the grouped kernels multiply `ops` (as [`grouped`]) into `out`: int4 group-32 stacks
-/// with bf16 activations on tensor cores (mma.sync m16n8k16 bf16, on every arch we emit)
-/// from [`INT4_TENSOR_CORE_MIN_TOKENS`] tokens a step: two integer-free unpack operations per
-/// two weights instead of the CUDA-core path's ~3 issued instructions per weight and token,
-/// which bound the int4 stacks to about a third of the copy bandwidth. Everything else (fewer
-/// tokens, f32 activations, fp8 and float stacks) on the CUDA cores.
-pub fn expert_matmul(ops: &[TensorArg], out: &TensorArg) -> ExpertMatmul {
+/// Tensor-core int4 tilings, preferred first; the first the operands and the target's shared
+/// memory per block take is used. `g8s4w4`: a ring of 4 stages of 128 bytes a row (whole
+/// cache lines, 13.8 KB in flight a warp, 72 KiB a block, 3 blocks an SM); `g4s4w4` (64 bytes
+/// a row, 36 KiB) where the widths are multiples of 128 but not of 256. To switch after a
+/// measurement, put the fastest of `kimi_bandwidth`'s variants first.
+pub const INT4_TILINGS: [Int4MmaTiling; 2] = [Int4MmaTiling::G8_S4_W4, Int4MmaTiling::G4_S4_W4];
+
+/// How the grouped kernels multiply `ops` (as [`grouped`]) into `out` on `target`: int4
+/// group-32 stacks with bf16 activations on tensor cores (mma.sync m16n8k16 bf16, on every
+/// arch we emit) from [`INT4_TENSOR_CORE_MIN_TOKENS`] tokens a step, tiled as the first of
+/// [`INT4_TILINGS`] that fits: two integer-free unpack operations per two weights instead of
+/// the CUDA-core path's ~3 issued instructions per weight and token. Everything else (fewer
+/// tokens, f32 activations, fp8 and float stacks, widths off the stages) on the CUDA cores.
+pub fn expert_matmul(ops: &[TensorArg], out: &TensorArg, target: &Target) -> ExpertMatmul {
     let hidden = ops[0].dims.last().copied().unwrap_or(1).max(1);
     let tokens = ops[0].numel() / hidden;
     if tokens < INT4_TENSOR_CORE_MIN_TOKENS {
         return ExpertMatmul::CudaCores;
     }
-    match moe_grouped::int4_tensor_cores(&ops[0], &ops[2..], out) {
-        Ok(()) => ExpertMatmul::Int4TensorCores,
-        Err(_) => ExpertMatmul::CudaCores,
-    }
+    INT4_TILINGS
+        .into_iter()
+        .find(|&tl| {
+            tl.smem_bytes() <= target.smem_per_block as u64
+                && moe_grouped::int4_tensor_cores(&ops[0], &ops[2..], out, tl).is_ok()
+        })
+        .map_or(ExpertMatmul::CudaCores, ExpertMatmul::Int4TensorCores)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use specc_ir::engine::Arch;
     use specc_ir::DType;
     use specc_kernels_gen::abi::Loc;
 
@@ -99,25 +116,47 @@ mod tests {
     }
 
     fn pick_at(w: DType, s: DType, act: DType, h: u64, f: u64, t: u64) -> ExpertMatmul {
-        let (ops, out) = operands(w, s, act, h, f, t);
-        grouped(&ops, &out, Some(8)).expect("grouped kernels take these operands");
-        expert_matmul(&ops, &out)
+        pick_on(w, s, act, h, f, t, &Target::for_archs(&[Arch::Sm90a]))
     }
 
-    /// Kimi-K2.5's int4 experts with bf16 activations run on tensor cores from 8 tokens a
-    /// step; fewer tokens, f32 activations, another group, widths off the 128-column stages,
-    /// fp8 and bf16 stacks on CUDA cores.
+    fn pick_on(
+        w: DType,
+        s: DType,
+        act: DType,
+        h: u64,
+        f: u64,
+        t: u64,
+        target: &Target,
+    ) -> ExpertMatmul {
+        let (ops, out) = operands(w, s, act, h, f, t);
+        grouped(&ops, &out, Some(8)).expect("grouped kernels take these operands");
+        expert_matmul(&ops, &out, target)
+    }
+
+    /// Kimi-K2.5's int4 experts with bf16 activations run on tensor cores from
+    /// [`INT4_TENSOR_CORE_MIN_TOKENS`] tokens a step, in stages of 128 bytes a row where the
+    /// widths are multiples of 256 columns, else 64; f32 activations, another group, widths
+    /// off the 128-column stages, fp8 and bf16 stacks on CUDA cores.
     #[test]
     fn int4_bf16_experts_take_tensor_cores() {
         let i4 = DType::Int4Group { group: 32 };
         let (bf, f32) = (DType::BF16, DType::F32);
-        let tc = ExpertMatmul::Int4TensorCores;
+        let tc = ExpertMatmul::Int4TensorCores(Int4MmaTiling::G8_S4_W4);
+        let tc64 = ExpertMatmul::Int4TensorCores(Int4MmaTiling::G4_S4_W4);
         let cuda = ExpertMatmul::CudaCores;
-        assert_eq!(pick(i4, bf, bf, 7168, 2048), tc);
-        assert_eq!(pick_at(i4, bf, bf, 7168, 2048, 16), tc);
-        assert_eq!(pick_at(i4, bf, bf, 7168, 2048, 4), cuda);
-        assert_eq!(pick_at(i4, bf, bf, 7168, 2048, 1), cuda);
+        for t in [1, 2, 4, 8, 16] {
+            assert_eq!(pick_at(i4, bf, bf, 7168, 2048, t), tc, "T={t}");
+        }
         assert_eq!(pick(i4, bf, bf, 512, 256), tc);
+        assert_eq!(pick(i4, bf, bf, 512, 384), tc64);
+        // Every arch we emit holds the 72 KiB ring (sm_120: 99 KiB a block).
+        let all = Target::for_archs(&[Arch::Sm90a, Arch::Sm100a, Arch::Sm120]);
+        assert_eq!(pick_on(i4, bf, bf, 7168, 2048, 1, &all), tc);
+        let small = Target {
+            smem_per_block: 48 * 1024,
+            ..all
+        };
+        assert_eq!(pick_on(i4, bf, bf, 7168, 2048, 1, &small), tc64);
         assert_eq!(pick(i4, bf, f32, 7168, 2048), cuda);
         assert_eq!(pick(i4, f32, bf, 7168, 2048), cuda);
         assert_eq!(

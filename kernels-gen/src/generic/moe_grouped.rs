@@ -26,8 +26,8 @@
 //! load's partial sum once (`s · Σ x·q`, [`stream`]), so each selected expert's stored bytes
 //! and scales are streamed once per pass and nothing of the other experts is read.
 //! int4 group-32 stacks with bf16 activations can instead run `moe_gate_up` / `moe_down` on
-//! tensor cores ([`ExpertMatmul::Int4TensorCores`], [`int4_mma`]); dispatch and combine are
-//! the same for both.
+//! tensor cores ([`ExpertMatmul::Int4TensorCores`], [`int4_mma`], tiled as an
+//! [`Int4MmaTiling`] says); dispatch and combine are the same for both.
 
 use super::quant::QuantRows;
 use super::{c_type, load, store, Kernel, TensorArg};
@@ -40,18 +40,21 @@ use specc_ir::DType;
 mod int4_mma;
 mod stream;
 
+pub use int4_mma::Int4MmaTiling;
+
 /// How `moe_gate_up` and `moe_down` multiply (chosen by `codegen::choose::moe`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExpertMatmul {
     /// One f32 FMA per weight and token on the CUDA cores (every stack [`supported`] takes).
     CudaCores,
     /// int4 group-32 stacks with bf16 scales and bf16 activations on tensor cores
-    /// (`mma.m16n8k16` bf16, f32 accumulation; where [`int4_tensor_cores`] takes them).
-    Int4TensorCores,
+    /// (`mma.m16n8k16` bf16, f32 accumulation; where [`int4_tensor_cores`] takes them and
+    /// the tiling).
+    Int4TensorCores(Int4MmaTiling),
 }
 
-/// Warps of a gate/up or down block (CUDA cores and tensor cores): small blocks, many of them,
-/// so the last wave is short.
+/// Warps of a CUDA-core gate/up or down block: small blocks, many of them, so the last wave
+/// is short.
 const WARPS: u64 = 4;
 /// Blocks of a gate/up or down kernel an SM keeps resident (ptxas holds registers to what
 /// they allow): float stacks 4 (128 registers; 16 warps of `UNROLL · rows` 16-byte loads in
@@ -313,15 +316,23 @@ pub fn supported(x: &TensorArg, weights: &[TensorArg], out: &TensorArg) -> Resul
     Stacks::of(weights).map(|_| ())
 }
 
-/// Whether the tensor-core int4 kernels take these operands, else why not: bf16 activations,
-/// int4 group-32 stacks with bf16 scales, hidden and ffn multiples of 128 (whole ring stages
-/// of the in-features; whole warp tiles of 16 gate/up and 32 down rows).
+/// Whether the tensor-core int4 kernels tiled as `tl` take these operands, else why not:
+/// bf16 activations, int4 group-32 stacks with bf16 scales, hidden and ffn multiples of the
+/// stage's columns (whole ring stages of the in-features; whole warp tiles of 16 gate/up and
+/// 32 down rows), a tiling the emitters take.
 pub fn int4_tensor_cores(
     x: &TensorArg,
     weights: &[TensorArg],
     out: &TensorArg,
+    tl: Int4MmaTiling,
 ) -> Result<(), Unsupported> {
     supported(x, weights, out)?;
+    if !tl.valid() {
+        return Err(Unsupported::Quant(format!(
+            "tensor-core tiling {} (groups 4 / 8 / 16, stages 2..8, warps 4 / 8)",
+            tl.name()
+        )));
+    }
     for a in [x, out] {
         if a.dtype != DType::BF16 {
             return Err(Unsupported::Activations(a.dtype));
@@ -340,7 +351,7 @@ pub fn int4_tensor_cores(
         }
     }
     let (f, h) = (st.w[0].dims[1], st.w[0].dims[2]);
-    let cols = int4_mma::STAGE_COLS;
+    let cols = tl.stage_cols();
     if !h.is_multiple_of(cols) || !f.is_multiple_of(cols) {
         return Err(Unsupported::Quant(format!(
             "hidden {h} / ffn {f} not multiples of {cols} (tensor-core stages)"
@@ -366,12 +377,12 @@ pub fn moe_grouped(
     let st = Stacks::of(weights).expect("checked by supported");
     let (gu, dn) = match matmul {
         ExpertMatmul::CudaCores => (gate_up(shape, x, &st, out, s), down(shape, &st, out, s)),
-        ExpertMatmul::Int4TensorCores => {
-            int4_tensor_cores(x, weights, out)
+        ExpertMatmul::Int4TensorCores(tl) => {
+            int4_tensor_cores(x, weights, out, tl)
                 .map_err(|e| Error::param("moe_grouped", "weights", e.to_string()))?;
             (
-                int4_mma::gate_up(shape, x, &st, out, s),
-                int4_mma::down(shape, &st, out, s),
+                int4_mma::gate_up(shape, tl, x, &st, out, s),
+                int4_mma::down(shape, tl, &st, out, s),
             )
         }
     };
@@ -466,17 +477,17 @@ fn dispatch(sh: MoeGroupedShape, gates: &TensorArg, s: &MoeScratch) -> KernelSou
     })
 }
 
-/// Grid of a grouped matmul over `rows` weight rows, `rw` per warp: row tiles × used-expert
-/// slots.
-fn grouped_launch(rows: u64, rw: u64, sh: MoeGroupedShape) -> LaunchSpec {
+/// Grid of a grouped matmul over `rows` weight rows, `rw` per warp, `warps` a block: row
+/// tiles × used-expert slots.
+fn grouped_launch(rows: u64, rw: u64, warps: u64, sh: MoeGroupedShape) -> LaunchSpec {
     let slots = sh.experts.min(sh.pairs()).max(1);
     LaunchSpec {
         grid: [
-            Extent::Fixed(rows.div_ceil(WARPS * rw) as u32),
+            Extent::Fixed(rows.div_ceil(warps * rw) as u32),
             Extent::Fixed(slots as u32),
             Extent::Fixed(1),
         ],
-        block: [(32 * WARPS) as u32, 1, 1],
+        block: [(32 * warps) as u32, 1, 1],
         smem_bytes: 0,
     }
 }
@@ -573,7 +584,7 @@ fn gate_up(
             });
         });
     });
-    k.finish_bounded(grouped_launch(f, rw, sh), Some(st.min_blocks()))
+    k.finish_bounded(grouped_launch(f, rw, WARPS, sh), Some(st.min_blocks()))
 }
 
 fn down(sh: MoeGroupedShape, st: &Stacks, out: &TensorArg, s: &MoeScratch) -> KernelSource {
@@ -613,7 +624,7 @@ fn down(sh: MoeGroupedShape, st: &Stacks, out: &TensorArg, s: &MoeScratch) -> Ke
             });
         });
     });
-    k.finish_bounded(grouped_launch(h, rw, sh), Some(st.min_blocks()))
+    k.finish_bounded(grouped_launch(h, rw, WARPS, sh), Some(st.min_blocks()))
 }
 
 fn combine(

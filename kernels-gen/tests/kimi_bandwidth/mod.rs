@@ -1,17 +1,19 @@
 //! The grouped experts at Kimi-K2's shapes (H 7168, F 2048, top-8; 64 experts so the stacks
 //! fit beside each other: 5.6 GB bf16, 1.6 GB int4): bf16 stacks (Kimi-K2) and int4 group 32
-//! with bf16 scales (Kimi-K2.5), bf16 activations, at 16, 8 and 1 tokens of uniform random
-//! routing; int4 on the CUDA cores and on tensor cores. Checks: every token's output
-//! bit-identical to the 16-token run's at 8, 4, 2 and 1 tokens (batch invariance); token 0
-//! against a host reference in f64 with the interpreter's roundings.
+//! with bf16 scales (Kimi-K2.5), bf16 activations, at 16, 8, 4, 2 and 1 tokens of uniform
+//! random routing; int4 on the CUDA cores and on tensor cores in every tiling of
+//! `Int4MmaTiling::VARIANTS`. Checks: every token's output bit-identical to the 16-token
+//! run's at 8, 4, 2 and 1 tokens (batch invariance); token 0 against a host reference in f64
+//! with the interpreter's roundings (computed once per stack dtype).
 //! Then times the four kernels, `moe_gate_up` and `moe_down` alone, in GB/s over the bytes of
-//! the experts the tokens selected, next to the device's copy bandwidth.
+//! the experts the tokens selected, next to the device's copy bandwidth; a table of every
+//! variant's % of the copy bandwidth at each T last.
 
 use super::gpu::{assert_close, bf16_tol, Gpu, Mem, Rng};
 use super::quant_cases::grouped::case_with;
 use specc_ir::DType;
 use specc_kernels_gen::abi::{Bucket, Dtype};
-use specc_kernels_gen::generic::moe_grouped::{ExpertMatmul, MoeGroupedShape};
+use specc_kernels_gen::generic::moe_grouped::{ExpertMatmul, Int4MmaTiling, MoeGroupedShape};
 use specc_kernels_gen::quant::QuantFormat;
 
 const E: usize = 64;
@@ -123,45 +125,82 @@ fn reference(st: &Stacks, x: &[f64], g: &[f64], tk: usize) -> Vec<f64> {
     out.iter().map(|&v| round_bf16(v as f64)).collect()
 }
 
-fn run(gpu: &Gpu, int4: bool, mm: ExpertMatmul, copy_gbps: f64) {
-    let name = match (int4, mm) {
-        (false, _) => "bf16",
-        (true, ExpertMatmul::CudaCores) => "int4g32",
-        (true, ExpertMatmul::Int4TensorCores) => "int4g32 mma",
-    };
-    let w_dt = if int4 {
+impl Stacks {
+    /// The stacks as Kimi-K2 (bf16) or Kimi-K2.5 (int4 group 32, bf16 scales) store them,
+    /// filled from fixed seeds.
+    fn new(int4: bool) -> Stacks {
+        let fmt = QuantFormat::of(w_dtype(int4));
+        let mut st = Stacks {
+            int4,
+            w: Vec::new(),
+            s: Vec::new(),
+        };
+        for (m, &(n, k)) in DIMS.iter().enumerate() {
+            let bytes = fmt.map_or(2 * n * k, |f| f.weight_bytes(n as u64, k as u64) as usize);
+            let mut b = vec![0u8; E * bytes];
+            fill(&mut b, !int4, 0x5EED + m as u64);
+            st.w.push(b);
+            if let Some(f) = fmt {
+                let vals: Vec<u8> = (0..E * f.scale_numel(n as u64, k as u64) as usize)
+                    .flat_map(|i| {
+                        half::bf16::from_f64(0.004 + 0.002 * (i % 7) as f64).to_le_bytes()
+                    })
+                    .collect();
+                st.s.push(vals);
+            }
+        }
+        st
+    }
+}
+
+/// `[rows, k]` of `Wg`, `Wu`, `Wd`.
+const DIMS: [(usize, usize); 3] = [(F, H), (F, H), (H, F)];
+/// Copies of the stacks the timing cycles through: down alone at T = 1 reads 66 MB of int4,
+/// about the H200's 50 MB L2, so one copy would time it partly from L2.
+const COPIES: usize = 3;
+/// Token counts, largest first (the first run is the batch-invariance reference).
+const TOKENS: [usize; 5] = [16, 8, 4, 2, 1];
+
+fn w_dtype(int4: bool) -> DType {
+    if int4 {
         DType::Int4Group {
             group: GROUP as u32,
         }
     } else {
         DType::BF16
-    };
-    let fmt = QuantFormat::of(w_dt);
-    let dims = [(F, H), (F, H), (H, F)];
-    let mut st = Stacks {
-        int4,
-        w: Vec::new(),
-        s: Vec::new(),
-    };
-    for (m, &(n, k)) in dims.iter().enumerate() {
-        let bytes = fmt.map_or(2 * n * k, |f| f.weight_bytes(n as u64, k as u64) as usize);
-        let mut b = vec![0u8; E * bytes];
-        fill(&mut b, !int4, 0x5EED + m as u64);
-        st.w.push(b);
-        if let Some(f) = fmt {
-            let vals: Vec<u8> = (0..E * f.scale_numel(n as u64, k as u64) as usize)
-                .flat_map(|i| half::bf16::from_f64(0.004 + 0.002 * (i % 7) as f64).to_le_bytes())
-                .collect();
-            st.s.push(vals);
-        }
     }
+}
+
+/// One variant's timings: per count of [`TOKENS`], % of the copy bandwidth of the four
+/// kernels, of `moe_gate_up` and of `moe_down`, and the four kernels' milliseconds.
+struct Timings {
+    name: String,
+    pct: Vec<[f64; 4]>,
+}
+
+/// Checks and times the grouped kernels over `st` with the expert matmuls as `mm`; `want0`
+/// is token 0's reference output (computed by the first run over `st`).
+fn run(
+    gpu: &Gpu,
+    st: &Stacks,
+    mm: ExpertMatmul,
+    copy_gbps: f64,
+    want0: &mut Option<Vec<f64>>,
+) -> Timings {
+    let name = match (st.int4, mm) {
+        (false, _) => "bf16".to_string(),
+        (true, ExpertMatmul::CudaCores) => "int4g32".to_string(),
+        (true, ExpertMatmul::Int4TensorCores(tl)) => format!("int4g32 mma {}", tl.name()),
+    };
+    let w_dt = w_dtype(st.int4);
     let mut rng = Rng::new(7168);
-    let tmax = 16;
+    let tmax = TOKENS[0];
     let x = rng.vec(tmax * H, 1.0);
     let g = gates(tmax, &mut rng);
     let mut bufs: Vec<Vec<u8>> = st.w.iter().chain(&st.s).cloned().collect();
     let mut full: Option<Vec<f64>> = None;
-    for t in [16usize, 8, 4, 2, 1] {
+    let mut pct = Vec::new();
+    for t in TOKENS {
         let shape = MoeGroupedShape {
             tokens: t as u64,
             experts: E as u64,
@@ -186,11 +225,13 @@ fn run(gpu: &Gpu, int4: bool, mm: ExpertMatmul, copy_gbps: f64) {
         let label = format!("kimi {name} T={t}");
         match &full {
             None => {
-                let xs = mem.get(c.ops[0].loc, Dtype::BF16, t * H);
-                let gs = mem.get(c.ops[1].loc, Dtype::BF16, t * E);
-                let want = reference(&st, &xs, &gs, 0);
-                let (rtol, atol) = bf16_tol(&want);
-                assert_close(&format!("{label} token 0"), &got[..H], &want, rtol, atol);
+                let want = want0.get_or_insert_with(|| {
+                    let xs = mem.get(c.ops[0].loc, Dtype::BF16, t * H);
+                    let gs = mem.get(c.ops[1].loc, Dtype::BF16, t * E);
+                    reference(st, &xs, &gs, 0)
+                });
+                let (rtol, atol) = bf16_tol(want);
+                assert_close(&format!("{label} token 0"), &got[..H], want, rtol, atol);
                 full = Some(got);
             }
             Some(all) => {
@@ -205,14 +246,14 @@ fn run(gpu: &Gpu, int4: bool, mm: ExpertMatmul, copy_gbps: f64) {
         let per = st.expert_bytes();
         let wd = (st.w[2].len() + st.s.get(2).map_or(0, Vec::len)) as u64 / E as u64;
         let bytes = [used * per, used * (per - wd), used * wd];
-        let us = gpu.time_many(&mem, &[&refs, &refs[1..2], &refs[2..3]], bucket, 1, 20);
+        let us = gpu.time_many(&mem, &[&refs, &refs[1..2], &refs[2..3]], bucket, COPIES, 20);
+        let gbps = |i: usize| bytes[i] as f64 / (us[i] * 1e-6) / 1e9;
         let part = |i: usize| {
-            let gbps = bytes[i] as f64 / (us[i] * 1e-6) / 1e9;
             format!(
                 "{:.3} ms {:.0} GB/s ({:.1} %)",
                 us[i] * 1e-3,
-                gbps,
-                100.0 * gbps / copy_gbps
+                gbps(i),
+                100.0 * gbps(i) / copy_gbps
             )
         };
         println!(
@@ -222,7 +263,35 @@ fn run(gpu: &Gpu, int4: bool, mm: ExpertMatmul, copy_gbps: f64) {
             part(1),
             part(2)
         );
+        let p = |i: usize| 100.0 * gbps(i) / copy_gbps;
+        pct.push([p(0), p(1), p(2), us[0] * 1e-3]);
         bufs = std::mem::take(&mut mem.bufs);
+    }
+    println!("PASS kimi {name}: token 0 within tolerance, T = 8, 4, 2, 1 bit-identical to T = 16");
+    Timings { name, pct }
+}
+
+/// The table of every variant: per T, `all% (gate_up% / down%)` of the copy bandwidth.
+fn print_table(rows: &[Timings], copy_gbps: f64) {
+    println!();
+    println!(
+        "BANDWIDTH TABLE: % of copy ({copy_gbps:.0} GB/s) over the selected experts' bytes, \
+         all four kernels (gate_up / down alone) and ms of all four"
+    );
+    let mut head = format!("{:<22}", "variant");
+    for t in TOKENS.iter().rev() {
+        head += &format!(" | {:<26}", format!("T={t}"));
+    }
+    println!("{head}");
+    for r in rows {
+        let mut line = format!("{:<22}", r.name);
+        for p in r.pct.iter().rev() {
+            line += &format!(
+                " | {:<26}",
+                format!("{:.1} ({:.0}/{:.0}) {:.3}", p[0], p[1], p[2], p[3])
+            );
+        }
+        println!("{line}");
     }
 }
 
@@ -231,7 +300,24 @@ fn kimi_bandwidth() {
     let Some(gpu) = Gpu::new() else { return };
     let copy = gpu.copy_gbps(20);
     println!("BANDWIDTH copy: {copy:.0} GB/s (read + write)");
-    run(&gpu, false, ExpertMatmul::CudaCores, copy);
-    run(&gpu, true, ExpertMatmul::CudaCores, copy);
-    run(&gpu, true, ExpertMatmul::Int4TensorCores, copy);
+    let mut rows = Vec::new();
+    let bf16 = Stacks::new(false);
+    rows.push(run(&gpu, &bf16, ExpertMatmul::CudaCores, copy, &mut None));
+    drop(bf16);
+    let int4 = Stacks::new(true);
+    let mut want0 = None;
+    rows.push(run(&gpu, &int4, ExpertMatmul::CudaCores, copy, &mut want0));
+    for tl in Int4MmaTiling::VARIANTS {
+        if tl.smem_bytes() > gpu.target().smem_per_block as u64 {
+            println!(
+                "SKIP int4g32 mma {}: {} B of shared memory a block",
+                tl.name(),
+                tl.smem_bytes()
+            );
+            continue;
+        }
+        let mm = ExpertMatmul::Int4TensorCores(tl);
+        rows.push(run(&gpu, &int4, mm, copy, &mut want0));
+    }
+    print_table(&rows, copy);
 }

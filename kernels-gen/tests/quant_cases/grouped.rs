@@ -6,7 +6,7 @@
 use specc_ir::DType;
 use specc_kernels_gen::abi::{KernelSource, Loc};
 use specc_kernels_gen::generic::moe_grouped::{
-    moe_grouped, ExpertMatmul, MoeGroupedShape, MoeScratch,
+    moe_grouped, ExpertMatmul, Int4MmaTiling, MoeGroupedShape, MoeScratch,
 };
 use specc_kernels_gen::generic::TensorArg;
 use specc_kernels_gen::quant::QuantFormat;
@@ -121,8 +121,12 @@ impl Compiled {
     }
 }
 
+/// The tiling of the `kimi mma` cases: the one `codegen::choose::moe` prefers.
+pub const MMA_DEFAULT: Int4MmaTiling = Int4MmaTiling::G8_S4_W4;
+
 /// The compiled matrix: Kimi-K2.5 int4 on both paths (tensor cores at every token count of
-/// a verify, 1..16), DeepSeek-V3 fp8, Kimi-K2 bf16 and the fixtures on the CUDA cores.
+/// a verify, 1..16, in [`MMA_DEFAULT`]'s tiling, and every other tiling the device times at
+/// 1 and 16), DeepSeek-V3 fp8, Kimi-K2 bf16 and the fixtures on the CUDA cores.
 pub fn shapes() -> Vec<Compiled> {
     let i4 = DType::Int4Group { group: 32 };
     let sh = |tokens, experts, hidden, ffn, top_k| MoeGroupedShape {
@@ -132,7 +136,8 @@ pub fn shapes() -> Vec<Compiled> {
         ffn,
         top_k,
     };
-    let (cuda, mma) = (ExpertMatmul::CudaCores, ExpertMatmul::Int4TensorCores);
+    let cuda = ExpertMatmul::CudaCores;
+    let mma = ExpertMatmul::Int4TensorCores(MMA_DEFAULT);
     let mut out = Vec::new();
     let mut push = |label: String, w, s, act, shape, matmul| {
         out.push(Compiled {
@@ -197,6 +202,21 @@ pub fn shapes() -> Vec<Compiled> {
             kimi,
             mma,
         );
+    }
+    for tl in Int4MmaTiling::VARIANTS
+        .into_iter()
+        .filter(|&tl| tl != MMA_DEFAULT)
+    {
+        for t in [1, 16] {
+            push(
+                format!("kimi mma {} T={t}", tl.name()),
+                i4,
+                DType::BF16,
+                DType::BF16,
+                sh(t, 384, 7168, 2048, 8),
+                ExpertMatmul::Int4TensorCores(tl),
+            );
+        }
     }
     push(
         "small mma T=16".into(),
