@@ -42,13 +42,19 @@ fn check_cfg(spec_file: &str, cfg: SpecConfig, buckets: &[u32]) {
     let mut s = session(&engine, &target, Some(&bundle), 4);
     let arrivals = staggered(&corpus_prompts());
     let want = alone(&mut s, &arrivals);
-    let captured = s.captured_prefills();
     let got = serve(&mut s, &arrivals);
-    // Serving admits the same prompts again: every prefill replays a graph captured above.
+    // Serving the same requests again admits the same prompts at the same lanes: every
+    // prefill replays a graph captured above (one per role, lane window and prompt bucket).
+    let captured = s.captured_prefills();
+    let again = serve(&mut s, &arrivals);
     assert_eq!(
         s.captured_prefills(),
         captured,
-        "{spec_file}: a second admission at a captured prompt bucket captured again"
+        "{spec_file}: a second admission at a captured window and prompt bucket captured again"
+    );
+    assert_eq!(
+        again, got,
+        "{spec_file}: the second serving differs from the first"
     );
     let replays: u64 = prefill_buckets(256)
         .into_iter()
@@ -56,7 +62,7 @@ fn check_cfg(spec_file: &str, cfg: SpecConfig, buckets: &[u32]) {
         .sum();
     assert_eq!(
         replays,
-        2 * arrivals.len() as u64,
+        3 * arrivals.len() as u64,
         "{spec_file}: one target prefill replay per admission"
     );
     let target_role = engine.contract(true).target_prefill;

@@ -173,7 +173,8 @@ impl Footprint {
     /// `CudaSpecSession::new` and its first admission make): the weights and constants the
     /// method's plans name, each once (`weight_bytes` gives a checkpoint tensor's size),
     /// every state of the engine, the step plan's arena and the largest arena of each
-    /// prefill role (one arena per role, shared by its plans at every bucket up to `lanes`).
+    /// prefill role (a session holds one arena per prefill plan it has run: at most about
+    /// three times that after every prompt length at every admission bucket).
     pub fn of_cuda_engine(
         engine: &Engine,
         contract: &StepContract,

@@ -59,32 +59,33 @@ pub struct PrefillAt {
 }
 
 /// The prefill graphs captured so far, by role and place, and one activation arena per
-/// role that every graph of the role shares (prefills run one at a time on the session's
-/// stream; the arena holds the role's largest plan, so the footprint is that of one).
+/// plan (role, batch bucket, prompt bucket) that its graphs at every lane share: they run
+/// one at a time on the session's stream, and one plan's kernels leave its arena as they
+/// expect it (split-K counters back at zero, its own values elsewhere), which another
+/// plan's layout would not.
 #[derive(Default)]
 pub struct PrefillGraphs {
     graphs: HashMap<(GraphRole, PrefillAt), PrefillGraph>,
-    arenas: HashMap<GraphRole, DeviceArena>,
+    arenas: HashMap<(GraphRole, usize, usize), DeviceArena>,
 }
 
 impl PrefillGraphs {
     /// The graph of `plan` (role `role`) at `at`, loaded and captured on first use, in
-    /// the role's arena of `arena_bytes` (allocated by the first graph of the role).
+    /// the plan's arena (allocated by its first graph).
     pub fn get_or_capture(
         &mut self,
         engine: &mut CudaEngine,
         role: GraphRole,
         at: PrefillAt,
         plan: &BucketPlan,
-        arena_bytes: u64,
     ) -> Result<&PrefillGraph, RuntimeError> {
         Ok(match self.graphs.entry((role, at)) {
             Entry::Occupied(g) => g.into_mut(),
             Entry::Vacant(slot) => {
-                let arena = match self.arenas.entry(role) {
+                let arena = match self.arenas.entry((role, at.b, at.t)) {
                     Entry::Occupied(a) => a.into_mut(),
                     Entry::Vacant(a) => {
-                        a.insert(DeviceArena::new(&engine.dev, arena_bytes.max(256))?)
+                        a.insert(DeviceArena::new(&engine.dev, plan.arena_bytes.max(256))?)
                     }
                 };
                 let loaded = engine.load_at(plan, at.lane as u64, Some(arena))?;

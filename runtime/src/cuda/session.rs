@@ -313,18 +313,9 @@ impl<'a> CudaSpecSession<'a> {
 
     /// Loads and captures the prefill of `role` at `at` unless it was already.
     fn capture_prefill(&mut self, role: GraphRole, at: PrefillAt) -> Result<(), RuntimeError> {
-        let engine = self.engine.engine;
-        let plan = plan_of(engine, role, at.b, at.t)?;
-        // One arena per role, holding its largest plan at any bucket this session runs.
-        let arena_bytes = engine
-            .plans
-            .iter()
-            .filter(|p| p.role == role && p.bucket.b as usize <= self.lanes)
-            .map(|p| p.arena_bytes)
-            .max()
-            .unwrap_or(0);
+        let plan = plan_of(self.engine.engine, role, at.b, at.t)?;
         self.prefills
-            .get_or_capture(&mut self.engine, role, at, plan, arena_bytes)?;
+            .get_or_capture(&mut self.engine, role, at, plan)?;
         Ok(())
     }
 
