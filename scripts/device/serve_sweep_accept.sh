@@ -85,8 +85,9 @@ for shape in "${shapes[@]}"; do
       "$PWD/bench/configs/$DRAFT" "$buckets" > /tmp/specs/8b_draft.toml
     first=${ACCEPT%% *}
     # Plain decoding of the planted target (P changes no target weight).
-    measure 8b_none $T --random-weights --synthetic-acceptance "$first" --max-context "$MAX_CONTEXT" \
-      --spec /tmp/specs/8b_none.toml --shrink-buckets
+    # SKIP_PLAIN=1: the plain run is kept from an earlier call (re-plot its JSON).
+    [[ -n ${SKIP_PLAIN:-} ]] || measure 8b_none $T --random-weights --synthetic-acceptance "$first" \
+      --max-context "$MAX_CONTEXT" --spec /tmp/specs/8b_none.toml --shrink-buckets
     args=(plain="$OUT/sweep_8b_none.json")
     for p in $ACCEPT; do
       measure "8b_p$p" $T --random-weights --synthetic-acceptance "$p" --max-context "$MAX_CONTEXT" \
