@@ -11,6 +11,7 @@ mod errors;
 mod metrics;
 mod request;
 
+use axum::serve::ListenerExt;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -215,6 +216,12 @@ fn listen(host: &str, port: u16, app: Arc<api::App>) -> Result<SocketAddr> {
     std::thread::Builder::new()
         .name("http".into())
         .spawn(move || {
+            // Each streamed event is a small write: without TCP_NODELAY, Nagle's algorithm
+            // holds it until the client's delayed ACK (≈ 40 ms on Linux), which every time
+            // to first token would pay.
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let res = rt.block_on(async move { axum::serve(listener, api::router(app)).await });
             if let Err(e) = res {
                 eprintln!("error: the HTTP server stopped: {e}");
