@@ -225,3 +225,83 @@ fn a_lane_joining_during_plain_decoding_is_primed_only_when_speculation_resumes(
         "speculation resumed after the join"
     );
 }
+
+/// Methods whose draft reads the target's hidden states (EAGLE-3 chain and tree, DFlash,
+/// DDTree) keep the draft whole across plain steps (`models/src/methods/variants.rs`): each
+/// has plain decoding, one token (a depth-1 tree) and about half its k besides its own.
+fn tap_method(spec: &str) -> (Model, SpecBundle) {
+    let dir = default_model();
+    let target = Model::open(&dir).unwrap();
+    let cfg = SpecConfig::from_file(&dir.join(spec)).unwrap();
+    let bundle = SpecBundle::open(&target, &cfg).unwrap();
+    (target, bundle)
+}
+
+/// Forced through every variant, in a sequence with plain stretches and switches between
+/// every pair, each method emits the target's greedy tokens at batch 1 and batch 4.
+fn forced_variants_are_exact(spec: &str, ks: &[usize]) {
+    let (target, b) = tap_method(spec);
+    let got_ks: Vec<usize> = b.contract.step_variants().iter().map(|v| v.k).collect();
+    assert_eq!(got_ks, ks, "{spec}");
+    let w = b.load_weights_f32(&target).unwrap();
+    let schedule = [3, 0, 1, 3, 2, 0, 0, 0, 3, 1, 2, 0, 3, 3, 1, 0, 2, 3];
+    for lanes in [1, 4] {
+        let ps = prompts(lanes);
+        let n = 40;
+        let want = greedy(&target, &ps, n);
+        let mut s = session(&b, &w, lanes);
+        let got = generate(&mut s, &ps, n, &schedule);
+        assert_eq!(got, want, "{spec}, {lanes} lanes");
+        assert!(
+            s.policy().steps().iter().all(|&c| c > 0),
+            "{spec}: every variant ran: {:?}",
+            s.policy().steps()
+        );
+    }
+}
+
+#[test]
+fn eagle3_chain_variants_are_exact_through_forced_switches() {
+    forced_variants_are_exact("spec.eagle3.toml", &[0, 1, 3, 5]);
+}
+
+#[test]
+fn eagle3_tree_variants_are_exact_through_forced_switches() {
+    forced_variants_are_exact("spec.eagle3-tree.toml", &[0, 1, 3, 5]);
+}
+
+#[test]
+fn dflash_variants_are_exact_through_forced_switches() {
+    forced_variants_are_exact("spec.dflash.toml", &[0, 1, 4, 7]);
+}
+
+#[test]
+fn ddtree_variants_are_exact_through_forced_switches() {
+    forced_variants_are_exact("ddtree.toml", &[0, 1, 4, 7]);
+}
+
+/// A plain step of a tap-reading draft writes the pending rows into the draft's caches and
+/// leaves its own row pending, so after plain steps the next speculative step drafts as
+/// well as if speculation had never stopped: with the trained EAGLE-3 head, a plain stretch
+/// in the middle does not lower the acceptance of the steps after it.
+#[test]
+fn eagle3_drafts_as_well_after_a_plain_stretch() {
+    let (target, b) = tap_method("spec.eagle3.toml");
+    let w = b.load_weights_f32(&target).unwrap();
+    let ps = prompts(1);
+    let mean_accept = |schedule: &[usize]| {
+        let mut s = session(&b, &w, 1);
+        generate(&mut s, &ps, 48, schedule);
+        s.stats.mean_accept_len()
+    };
+    let always = mean_accept(&[3]);
+    let mut gapped = vec![3; 2];
+    gapped.extend([0; 6]);
+    gapped.extend([3; 40]);
+    let after_gap = mean_accept(&gapped);
+    eprintln!("mean tokens of k=5 steps: always {always:.2}, with a plain stretch {after_gap:.2}");
+    assert!(
+        after_gap >= 0.8 * always,
+        "acceptance after a plain stretch {after_gap:.2} vs {always:.2}"
+    );
+}

@@ -10,6 +10,7 @@ use super::head::{self, Eagle3Spec};
 use crate::config::ModelSpec;
 use crate::lower::embed;
 use crate::methods::step::{i32_ty, pending_positions, s, Builder, Common, HIDDEN};
+use crate::methods::variants::PendingRows;
 
 /// EAGLE-3 step states (besides the common ones): the taps and tokens of the pairs the
 /// head has not seen yet, from the previous verify (or the prefill's last position).
@@ -24,6 +25,18 @@ pub(super) struct EagleStates {
     pub(super) tokens: ValueId,
     pub(super) count: ValueId,
     pub(super) base: ValueId,
+}
+
+impl EagleStates {
+    /// The states as the shared pending-rows commits see them.
+    pub(super) fn pending(&self) -> PendingRows {
+        PendingRows {
+            hidden: self.hidden,
+            tokens: Some(self.tokens),
+            count: self.count,
+            base: self.base,
+        }
+    }
 }
 
 pub(super) fn eagle_states(
@@ -62,6 +75,24 @@ pub(super) fn catch_up(
     let last3 = b.reshape(last, &[B, s(1), s(1)])?;
     let idx = bcast_last(b, last3, s(eagle.hidden() as u64))?;
     b.g.add(Op::Gather { axis: 1 }, &[out, idx])
+}
+
+/// The catch-up's cache writes alone (a plain step: no token is drafted): the pending
+/// pairs' keys and values land where [`catch_up`] writes them. Returns the unused q
+/// ([`head::write_pairs`]).
+pub(super) fn catch_up_writes(
+    b: &mut Builder,
+    c: &Common,
+    target: &ModelSpec,
+    eagle: &Eagle3Spec,
+    st: &EagleStates,
+    rows: u64,
+) -> Result<ValueId, IrError> {
+    let pos = pending_positions(b, c, st.base, st.count, rows)?;
+    let (emb, _) =
+        b.g.with_phase(Phase::Draft, |g| embed(g, target, "", st.tokens))?;
+    let g0 = head::fc(b.g, eagle, st.hidden)?;
+    head::write_pairs(b.g, eagle, emb, g0, pos)
 }
 
 /// `idx[B, r, 1]` repeated along a new last dim of `width` (gather indices for rows).
