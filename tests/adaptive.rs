@@ -246,7 +246,9 @@ fn forced_variants_are_exact(spec: &str, ks: &[usize]) {
     let got_ks: Vec<usize> = b.contract.step_variants().iter().map(|v| v.k).collect();
     assert_eq!(got_ks, ks, "{spec}");
     let w = b.load_weights_f32(&target).unwrap();
-    let schedule = [3, 0, 1, 3, 2, 0, 0, 0, 3, 1, 2, 0, 3, 3, 1, 0, 2, 3];
+    let schedule = [
+        3, 0, 1, 3, 2, 0, 0, 0, 3, 1, 2, 1, 1, 0, 3, 3, 1, 0, 2, 2, 3,
+    ];
     for lanes in [1, 4] {
         let ps = prompts(lanes);
         let n = 40;
@@ -339,4 +341,29 @@ fn after_plain_steps_the_dflash_context_cache_equals_a_fresh_prefill() {
         "spec.dflash.toml",
         &["dflash/kv.0.k", "dflash/kv.0.v"],
     );
+}
+
+/// The adaptive policy itself (not forced) keeps every lane of every tap-reading method
+/// exact at batch 4.
+#[test]
+fn the_adaptive_policy_is_exact_for_every_method() {
+    for spec in [
+        "spec.eagle3.toml",
+        "spec.eagle3-tree.toml",
+        "spec.dflash.toml",
+        "ddtree.toml",
+    ] {
+        let (target, b) = tap_method(spec);
+        let w = b.load_weights_f32(&target).unwrap();
+        let ps = prompts(4);
+        let want = greedy(&target, &ps, 32);
+        let mut s = session(&b, &w, 4);
+        s.policy_mut().set_mode(SpecPolicy::Adaptive);
+        let got = generate(&mut s, &ps, 32, &[]);
+        assert_eq!(got, want, "{spec}");
+        eprintln!(
+            "{spec}: adaptive steps per variant {:?}",
+            s.policy().steps()
+        );
+    }
 }

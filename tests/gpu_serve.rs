@@ -262,7 +262,9 @@ fn steps_replay_the_smallest_bucket_holding_the_lanes() {
 /// The variant schedule of the forced-variant checks (indices into the contract's step
 /// variants, ascending by k: 0 = plain decoding, 3 = the configured step): plain stretches
 /// and a switch between every pair of variants.
-const SCHEDULE: [usize; 18] = [3, 0, 1, 3, 2, 0, 0, 0, 3, 1, 2, 0, 3, 3, 1, 0, 2, 3];
+const SCHEDULE: [usize; 21] = [
+    3, 0, 1, 3, 2, 0, 0, 0, 3, 1, 2, 1, 1, 0, 3, 3, 1, 0, 2, 2, 3,
+];
 
 /// Runs 4 lanes of `prompts` to `n` tokens, each step's variant forced from `schedule`
 /// (cycled). Returns each lane's tokens and the steps run per variant.
