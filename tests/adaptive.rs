@@ -284,11 +284,16 @@ fn ddtree_variants_are_exact_through_forced_switches() {
     forced_variants_are_exact("ddtree.toml", &[0, 1, 4, 7]);
 }
 
-/// A plain step of a tap-reading draft writes the pending rows into the draft's caches and
-/// leaves its own row pending: after a plain stretch the draft's cache of committed
-/// positions (slots `0..len-1` once a plain step ran last) equals what a fresh draft
-/// prefill over the committed tokens writes, as if speculation had never stopped.
-fn after_plain_steps_the_draft_caches_equal_a_fresh_prefill(spec: &str, states: &[&str]) {
+/// A plain step of a tap-reading draft writes its first pending row into the draft's caches
+/// and queues its own: after a plain stretch the draft's cache of committed positions (slots
+/// `0..base`, the rest still queued) equals what a fresh draft prefill over the committed
+/// tokens writes, as if speculation had never stopped, and what is queued is at most the
+/// configured rows.
+fn after_plain_steps_the_draft_caches_equal_a_fresh_prefill(
+    spec: &str,
+    base_state: &str,
+    states: &[&str],
+) {
     let (target, b) = tap_method(spec);
     let w = b.load_weights_f32(&target).unwrap();
     let ps = prompts(2);
@@ -309,13 +314,18 @@ fn after_plain_steps_the_draft_caches_equal_a_fresh_prefill(spec: &str, states: 
     let mut fresh = session(&b, &w, 1);
     for (lane, toks) in tokens.iter().enumerate() {
         let len = toks.len() - 1;
+        let base = s.states()[base_state].as_i64().unwrap()[lane] as usize;
+        assert!(
+            base + b.num_steps() + 1 >= len && base > ps[lane].len(),
+            "{spec} lane {lane}: base {base}, len {len}"
+        );
         fresh.admit(&[toks[..len].to_vec()], 1).unwrap();
         for &name in states {
             let got = s.states()[name].as_f32().unwrap();
             let want = fresh.states()[name].as_f32().unwrap();
             let row = want.len() / CTX as usize;
-            let got = &got[lane * row * CTX as usize..][..(len - 1) * row];
-            let want = &want[..(len - 1) * row];
+            let got = &got[lane * row * CTX as usize..][..base * row];
+            let want = &want[..base * row];
             for (i, (g, e)) in got.iter().zip(want).enumerate() {
                 assert!(
                     (g - e).abs() <= 1e-2 * e.abs().max(1.0),
@@ -331,6 +341,7 @@ fn after_plain_steps_the_draft_caches_equal_a_fresh_prefill(spec: &str, states: 
 fn after_plain_steps_the_eagle3_head_cache_equals_a_fresh_prefill() {
     after_plain_steps_the_draft_caches_equal_a_fresh_prefill(
         "spec.eagle3.toml",
+        "eagle.base",
         &["eagle/kv.0.k", "eagle/kv.0.v"],
     );
 }
@@ -339,6 +350,7 @@ fn after_plain_steps_the_eagle3_head_cache_equals_a_fresh_prefill() {
 fn after_plain_steps_the_dflash_context_cache_equals_a_fresh_prefill() {
     after_plain_steps_the_draft_caches_equal_a_fresh_prefill(
         "spec.dflash.toml",
+        "dflash.base",
         &["dflash/kv.0.k", "dflash/kv.0.v"],
     );
 }

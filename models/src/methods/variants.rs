@@ -7,17 +7,21 @@
 //! which `count` rows at positions `base ..` are not in its caches yet. A variant of
 //! smaller k commits its `a + 1 ≤ k' + 1` rows padded to `R` (rows past `count` are never
 //! read). Plain decoding (k = 0) cannot drop those rows — their taps exist nowhere else,
-//! and the host has tokens, not hidden states, to re-prime from — so its step first writes
-//! them into the draft's caches exactly as a speculative step's catch-up does (the draft's
-//! key/value projections only: no draft token is proposed), then verifies x(n) alone with
-//! the taps and leaves its one row pending. The draft then stays whole across plain steps,
-//! at the cost of those projections (for EAGLE-3 `fc` and the head's q/k/v, for DFlash
-//! `fc` and every drafter layer's q/k/v over `R` rows: about 1 % of an 8B target's
-//! weights).
+//! and the host has tokens, not hidden states, to re-prime from — so its step treats them
+//! as a queue: it writes the first pending row into the draft's caches exactly as a
+//! speculative step's catch-up does (the draft's q/k/v projections only: no draft token is
+//! proposed), verifies x(n) alone with the taps and appends its row. The draft stays whole
+//! across plain steps (the next speculative step catches up what is still queued), at the
+//! cost of one row's projections per lane (for EAGLE-3 `fc` and the head's q/k/v, for
+//! DFlash `fc` and every drafter layer's q/k/v: at the 8B shape 1.3 % and 2.8 % of the
+//! target's weight bytes).
 
-use specc_ir::{BinaryOp, Dim, Graph, IrError, Op, TensorType, ValueId};
+use specc_ir::op::B;
+use specc_ir::{BinaryOp, DType, Dim, Graph, IrError, Op, TensorType, ValueId};
 
-use super::step::{begin, commit_all, s, verify_and_commit, Builder, Common, Drafted, StepShape};
+use super::step::{
+    begin, commit_all, pending_positions, s, verify_and_commit, Builder, Common, Drafted, StepShape,
+};
 use crate::config::ModelSpec;
 
 /// Draft sizes of the variants besides the configured `k`, ascending: plain decoding, one
@@ -90,16 +94,21 @@ pub(super) fn pad_rows(b: &mut Builder, x: ValueId, rows: u64) -> Result<ValueId
     b.g.add(Op::Concat { axis: 1 }, &[x, zeros])
 }
 
-/// Plain decoding over a tap-reading draft's states (module docs): `catch_up` writes the
-/// pending rows into the draft's caches and returns the states it read and the values it
-/// computed only for codegen's fused q/k/v pattern (kept alive as outputs `draft_q.{i}`);
-/// then x(n) is verified alone with `taps` and left as the one pending row.
+/// Plain decoding over a tap-reading draft's states (module docs). The pending rows are a
+/// queue: rows `0..count` hold positions `base .. len − 1` (`base + count = len`). The step
+/// writes the first pending row into the draft's caches (`write` gets that row's states and
+/// its positions `[B, 1]`, −1 where there is none, and returns the values computed only for
+/// codegen's fused q/k/v pattern, kept alive as outputs `draft_q.{i}`), verifies x(n) alone
+/// with `taps`, and appends x(n)'s row: `count' = max(count, 1)`, `base' = n + 1 − count'`.
+/// One row a step, whatever `R`, so a plain stretch costs the draft one row per lane; the
+/// next speculative step catches up the rest.
 pub(super) fn lower_tap_plain_step(
     name: &str,
     target: &ModelSpec,
     shape: &StepShape,
     taps: &[usize],
-    catch_up: impl FnOnce(&mut Builder, &Common) -> Result<(PendingRows, Vec<ValueId>), IrError>,
+    states: impl FnOnce(&mut Builder) -> Result<PendingRows, IrError>,
+    write: impl FnOnce(&mut Builder, &PendingRows, ValueId) -> Result<Vec<ValueId>, IrError>,
 ) -> Result<Graph, IrError> {
     let shape = StepShape {
         num_steps: 0,
@@ -108,7 +117,20 @@ pub(super) fn lower_tap_plain_step(
     let mut g = Graph::new(name);
     let mut b = Builder { g: &mut g };
     let c = begin(&mut b, &shape)?;
-    let (pending, keep) = catch_up(&mut b, &c)?;
+    let p = states(&mut b)?;
+    let rows = p.rows(&b);
+    let first_count = b.bin(BinaryOp::Min, p.count, c.one_b)?;
+    let first = PendingRows {
+        hidden: b.slice_cols(p.hidden, 0, 1)?,
+        tokens: match p.tokens {
+            Some(t) => Some(b.slice_cols(t, 0, 1)?),
+            None => None,
+        },
+        count: first_count,
+        base: p.base,
+    };
+    let pos = pending_positions(&mut b, &c, p.base, first_count, 1)?;
+    let keep = write(&mut b, &first, pos)?;
     for (i, q) in keep.into_iter().enumerate() {
         b.g.set_output(&format!("draft_q.{i}"), q);
     }
@@ -118,11 +140,47 @@ pub(super) fn lower_tap_plain_step(
     };
     let v = verify_and_commit(&mut b, &c, target, &shape, d, taps)?;
     let taps_v = v.taps.expect("a tap-reading draft's verify taps");
-    let a1 = b.bin(BinaryOp::Add, v.accepted, c.one_b)?;
-    let mut commits = pending.commits(&mut b, &c, taps_v, Some(v.emit_tokens), a1)?;
+
+    // The queue: rows 1..count move down one, x(n)'s row goes at count' − 1.
+    let count = b.bin(BinaryOp::Max, p.count, c.one_b)?;
+    let last = b.bin(BinaryOp::Sub, count, c.one_b)?;
+    let base = b.bin(BinaryOp::Sub, c.len, last)?;
+    let io = b.iota(rows)?;
+    let last_cols = b.bcast_cols(last, rows)?;
+    let moved = b.bin(BinaryOp::Lt, io, last_cols)?;
+    let width = b.g.ty(p.hidden).shape.dims()[2];
+    let moved3 = widen_bool(&mut b, moved, rows, width)?;
+    let zeros = b.fill_i32(0, &[B, s(rows), width])?;
+    let appended = b.g.add(Op::Gather { axis: 1 }, &[taps_v, zeros])?;
+    let shifted = shift_down(&mut b, p.hidden, rows)?;
+    let hidden = b.g.add(Op::Select, &[moved3, shifted, appended])?;
+    let mut commits = vec![(p.hidden, hidden)];
+    if let Some(t) = p.tokens {
+        let bonus = b.reshape(v.emit_tokens, &[B])?;
+        let appended = b.bcast_cols(bonus, rows)?;
+        let shifted = shift_down(&mut b, t, rows)?;
+        commits.push((t, b.g.add(Op::Select, &[moved, shifted, appended])?));
+    }
+    commits.extend([(p.count, count), (p.base, base)]);
     commits.extend(v.commits);
     commit_all(&mut b, &commits)?;
     Ok(g)
+}
+
+/// Rows `1..rows` of `x` `[B, rows, ..]` moved to `0..rows−1` (the last row repeated).
+fn shift_down(b: &mut Builder, x: ValueId, rows: u64) -> Result<ValueId, IrError> {
+    let tail = b.slice_cols(x, 1, rows - 1)?;
+    let end = b.slice_cols(x, rows - 1, 1)?;
+    b.g.add(Op::Concat { axis: 1 }, &[tail, end])
+}
+
+/// A bool `[B, rows]` repeated along a new last axis of `width`.
+fn widen_bool(b: &mut Builder, m: ValueId, rows: u64, width: Dim) -> Result<ValueId, IrError> {
+    let m = b.g.add(Op::Cast { to: DType::I32 }, &[m])?;
+    let m = b.reshape(m, &[B, s(rows), s(1)])?;
+    let zeros = b.fill_i32(0, &[B, s(rows), width])?;
+    let wide = b.g.add(Op::Gather { axis: 2 }, &[m, zeros])?;
+    b.g.add(Op::Binary(BinaryOp::Lt), &[zeros, wide])
 }
 
 /// Nodes of a draft tree of `depth` levels with `topk` candidates per node: `1 + Σ topk^d`,

@@ -86,27 +86,20 @@ fn pending_context(
     Ok((hidden, count, base))
 }
 
-/// The block forward's context catch-up alone (a plain step: nothing is drafted): the
-/// pending rows' context written into every drafter layer's caches at their positions, as
-/// the prefill ([`drafter::write_context`]) and [`draft_block`] write it. Returns the
-/// states it read (`rows` rows) and the unused context queries.
-pub(in crate::methods) fn catch_up_context(
+/// The pending-context states as one step reads them, `dflash.hidden` of `rows` rows.
+pub(in crate::methods) fn pending_rows(
     b: &mut Builder,
-    c: &Common,
     target: &ModelSpec,
     dflash: &DFlashSpec,
     rows: u64,
-) -> Result<(PendingRows, Vec<ValueId>), IrError> {
+) -> Result<PendingRows, IrError> {
     let (hidden, count, base) = pending_context(b, target, dflash, rows)?;
-    let cpos = pending_positions(b, c, base, count, rows)?;
-    let qs = drafter::write_context(b.g, dflash, hidden, cpos)?;
-    let pending = PendingRows {
+    Ok(PendingRows {
         hidden,
         tokens: None,
         count,
         base,
-    };
-    Ok((pending, qs))
+    })
 }
 
 /// The DFlash drafter's prefill: the context of the prompt positions (input `hidden`

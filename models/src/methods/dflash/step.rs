@@ -3,7 +3,8 @@
 
 use specc_ir::{BinaryOp, Graph, IrError, Op};
 
-use super::context::{catch_up_context, draft_block};
+use super::context::{draft_block, pending_rows};
+use super::drafter;
 use super::drafter::DFlashSpec;
 use crate::config::ModelSpec;
 use crate::methods::sampling::choose;
@@ -80,9 +81,9 @@ pub(in crate::methods) fn lower_dflash_prefix(
     Ok(g)
 }
 
-/// Plain decoding over DFlash states (`methods::variants`): the pending context written
-/// into the drafter's caches, then x(n) verified alone; its taps become the one pending
-/// row.
+/// Plain decoding over DFlash states (`methods::variants`): the first pending context row
+/// written into the drafter's caches (as the prefill writes context, [`drafter::write_context`]),
+/// then x(n) verified alone; its taps join the pending rows.
 pub(in crate::methods) fn lower_dflash_plain(
     target: &ModelSpec,
     dflash: &DFlashSpec,
@@ -94,6 +95,7 @@ pub(in crate::methods) fn lower_dflash_plain(
         target,
         shape,
         &dflash.taps,
-        |b, c| catch_up_context(b, c, target, dflash, rows),
+        |b| pending_rows(b, target, dflash, rows),
+        |b, first, pos| drafter::write_context(b.g, dflash, first.hidden, pos),
     )
 }

@@ -6,7 +6,7 @@ use specc_ir::op::B;
 use specc_ir::{BinaryOp, Graph, IrError};
 
 use super::head::{self, Eagle3Spec};
-use super::pairs::{catch_up, catch_up_writes, eagle_states};
+use super::pairs::{catch_up, eagle_states, write_pairs};
 use crate::config::ModelSpec;
 use crate::lower::embed;
 use crate::methods::sampling::one_hot;
@@ -75,8 +75,8 @@ pub(super) fn lower_eagle3_chain(
 }
 
 /// Plain decoding over EAGLE-3 states of `rows` pending pairs (`methods::variants`): the
-/// pending pairs' head cache writes, then x(n) verified alone; its taps and x(n+1) become
-/// the one pending pair.
+/// first pending pair's head cache writes, then x(n) verified alone; its taps and x(n+1)
+/// join the pending pairs.
 pub(super) fn lower_eagle3_plain(
     target: &ModelSpec,
     eagle: &Eagle3Spec,
@@ -88,10 +88,7 @@ pub(super) fn lower_eagle3_plain(
         target,
         shape,
         &eagle.taps,
-        |b, c| {
-            let st = eagle_states(b, target, eagle, rows)?;
-            let q = catch_up_writes(b, c, target, eagle, &st, rows)?;
-            Ok((st.pending(), vec![q]))
-        },
+        |b| Ok(eagle_states(b, target, eagle, rows)?.pending()),
+        |b, first, pos| Ok(vec![write_pairs(b, target, eagle, first, pos)?]),
     )
 }

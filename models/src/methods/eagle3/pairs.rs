@@ -77,21 +77,20 @@ pub(super) fn catch_up(
     b.g.add(Op::Gather { axis: 1 }, &[out, idx])
 }
 
-/// The catch-up's cache writes alone (a plain step: no token is drafted): the pending
-/// pairs' keys and values land where [`catch_up`] writes them. Returns the unused q
-/// ([`head::write_pairs`]).
-pub(super) fn catch_up_writes(
+/// The head cache writes of pending pairs (`rows`: their taps and tokens) at `pos`
+/// (negative: not written), as [`catch_up`] writes them, without the rest of the head (a
+/// plain step drafts nothing). Returns the unused q ([`head::write_pairs`]).
+pub(super) fn write_pairs(
     b: &mut Builder,
-    c: &Common,
     target: &ModelSpec,
     eagle: &Eagle3Spec,
-    st: &EagleStates,
-    rows: u64,
+    rows: &PendingRows,
+    pos: ValueId,
 ) -> Result<ValueId, IrError> {
-    let pos = pending_positions(b, c, st.base, st.count, rows)?;
+    let tokens = rows.tokens.expect("EAGLE-3 pairs carry their tokens");
     let (emb, _) =
-        b.g.with_phase(Phase::Draft, |g| embed(g, target, "", st.tokens))?;
-    let g0 = head::fc(b.g, eagle, st.hidden)?;
+        b.g.with_phase(Phase::Draft, |g| embed(g, target, "", tokens))?;
+    let g0 = head::fc(b.g, eagle, rows.hidden)?;
     head::write_pairs(b.g, eagle, emb, g0, pos)
 }
 
