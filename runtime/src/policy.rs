@@ -42,7 +42,7 @@
 //! the draft proposed. It does move the draft: a plain step leaves a standalone draft's
 //! cache behind, which [`crate::draft_sync::DraftSync`] re-primes before the next
 //! speculative step. Drafts that read target hidden states (EAGLE-3, DFlash, DDTree) cannot
-//! be re-primed from tokens; their plain step writes the draft's pending rows itself and
+//! be re-primed from tokens; their plain step writes the draft's queued rows itself and
 //! keeps it whole (`models/src/methods/variants.rs`), so nothing is re-primed and their
 //! re-priming cost is zero. Under sampled acceptance the draws of a step depend on its k, so a seed's
 //! tokens would depend on the load: the CLI defaults to `fixed` there.
