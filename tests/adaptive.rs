@@ -2,6 +2,8 @@
 //! (draft_model k = 5: variants k = 0, 1, 3, 5) and any schedule of switches between them
 //! emit exactly the target's greedy tokens, alone and batched; after a stretch of plain
 //! steps the re-primed draft cache equals a fresh draft prefill over the committed tokens.
+//! The same for the methods whose draft reads target hidden states (EAGLE-3 chain and tree,
+//! DFlash, DDTree), whose plain step keeps the draft's caches whole instead.
 
 use std::collections::HashMap;
 
@@ -224,4 +226,156 @@ fn a_lane_joining_during_plain_decoding_is_primed_only_when_speculation_resumes(
         s.policy().steps()[2] > 0,
         "speculation resumed after the join"
     );
+}
+
+/// Methods whose draft reads the target's hidden states (EAGLE-3 chain and tree, DFlash,
+/// DDTree) keep the draft whole across plain steps (`models/src/methods/variants.rs`): each
+/// has plain decoding, one token (a depth-1 tree) and about half its k besides its own.
+fn tap_method(spec: &str) -> (Model, SpecBundle) {
+    let dir = default_model();
+    let target = Model::open(&dir).unwrap();
+    let cfg = SpecConfig::from_file(&dir.join(spec)).unwrap();
+    let bundle = SpecBundle::open(&target, &cfg).unwrap();
+    (target, bundle)
+}
+
+/// Forced through every variant, in a sequence with plain stretches and switches between
+/// every pair, each method emits the target's greedy tokens at batch 1 and batch 4.
+fn forced_variants_are_exact(spec: &str, ks: &[usize]) {
+    let (target, b) = tap_method(spec);
+    let got_ks: Vec<usize> = b.contract.step_variants().iter().map(|v| v.k).collect();
+    assert_eq!(got_ks, ks, "{spec}");
+    let w = b.load_weights_f32(&target).unwrap();
+    let schedule = [
+        3, 0, 1, 3, 2, 0, 0, 0, 3, 1, 2, 1, 1, 0, 3, 3, 1, 0, 2, 2, 3,
+    ];
+    for lanes in [1, 4] {
+        let ps = prompts(lanes);
+        let n = 40;
+        let want = greedy(&target, &ps, n);
+        let mut s = session(&b, &w, lanes);
+        let got = generate(&mut s, &ps, n, &schedule);
+        assert_eq!(got, want, "{spec}, {lanes} lanes");
+        assert!(
+            s.policy().steps().iter().all(|&c| c > 0),
+            "{spec}: every variant ran: {:?}",
+            s.policy().steps()
+        );
+    }
+}
+
+#[test]
+fn eagle3_chain_variants_are_exact_through_forced_switches() {
+    forced_variants_are_exact("spec.eagle3.toml", &[0, 1, 3, 5]);
+}
+
+#[test]
+fn eagle3_tree_variants_are_exact_through_forced_switches() {
+    forced_variants_are_exact("spec.eagle3-tree.toml", &[0, 1, 3, 5]);
+}
+
+#[test]
+fn dflash_variants_are_exact_through_forced_switches() {
+    forced_variants_are_exact("spec.dflash.toml", &[0, 1, 4, 7]);
+}
+
+#[test]
+fn ddtree_variants_are_exact_through_forced_switches() {
+    forced_variants_are_exact("ddtree.toml", &[0, 1, 4, 7]);
+}
+
+/// A plain step of a tap-reading draft writes its first pending row into the draft's caches
+/// and queues its own: after a plain stretch the draft's cache of committed positions (slots
+/// `0..base`, the rest still queued) equals what a fresh draft prefill over the committed
+/// tokens writes, as if speculation had never stopped, and what is queued is at most the
+/// configured rows.
+fn after_plain_steps_the_draft_caches_equal_a_fresh_prefill(
+    spec: &str,
+    base_state: &str,
+    states: &[&str],
+) {
+    let (target, b) = tap_method(spec);
+    let w = b.load_weights_f32(&target).unwrap();
+    let ps = prompts(2);
+    let mut s = session(&b, &w, 2);
+    let first = s.admit(&ps, 60).unwrap();
+    let mut tokens: Vec<Vec<u32>> = ps
+        .iter()
+        .zip(&first)
+        .map(|(p, &f)| p.iter().copied().chain([f]).collect())
+        .collect();
+    s.policy_mut().force(&[3, 3, 0, 0, 0, 2, 0, 0, 1, 3, 0, 0]);
+    for _ in 0..12 {
+        s.step().unwrap();
+        for (lane, new) in s.drain().unwrap().into_iter().enumerate() {
+            tokens[lane].extend(new);
+        }
+    }
+    let mut fresh = session(&b, &w, 1);
+    for (lane, toks) in tokens.iter().enumerate() {
+        let len = toks.len() - 1;
+        let base = s.states()[base_state].as_i64().unwrap()[lane] as usize;
+        assert!(
+            base + b.num_steps() + 1 >= len && base > ps[lane].len(),
+            "{spec} lane {lane}: base {base}, len {len}"
+        );
+        fresh.admit(&[toks[..len].to_vec()], 1).unwrap();
+        for &name in states {
+            let got = s.states()[name].as_f32().unwrap();
+            let want = fresh.states()[name].as_f32().unwrap();
+            let row = want.len() / CTX as usize;
+            let got = &got[lane * row * CTX as usize..][..base * row];
+            let want = &want[..base * row];
+            for (i, (g, e)) in got.iter().zip(want).enumerate() {
+                assert!(
+                    (g - e).abs() <= 1e-2 * e.abs().max(1.0),
+                    "{spec} lane {lane} {name}[{i}] (slot {}): got {g}, want {e}",
+                    i / row
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn after_plain_steps_the_eagle3_head_cache_equals_a_fresh_prefill() {
+    after_plain_steps_the_draft_caches_equal_a_fresh_prefill(
+        "spec.eagle3.toml",
+        "eagle.base",
+        &["eagle/kv.0.k", "eagle/kv.0.v"],
+    );
+}
+
+#[test]
+fn after_plain_steps_the_dflash_context_cache_equals_a_fresh_prefill() {
+    after_plain_steps_the_draft_caches_equal_a_fresh_prefill(
+        "spec.dflash.toml",
+        "dflash.base",
+        &["dflash/kv.0.k", "dflash/kv.0.v"],
+    );
+}
+
+/// The adaptive policy itself (not forced) keeps every lane of every tap-reading method
+/// exact at batch 4.
+#[test]
+fn the_adaptive_policy_is_exact_for_every_method() {
+    for spec in [
+        "spec.eagle3.toml",
+        "spec.eagle3-tree.toml",
+        "spec.dflash.toml",
+        "ddtree.toml",
+    ] {
+        let (target, b) = tap_method(spec);
+        let w = b.load_weights_f32(&target).unwrap();
+        let ps = prompts(4);
+        let want = greedy(&target, &ps, 32);
+        let mut s = session(&b, &w, 4);
+        s.policy_mut().set_mode(SpecPolicy::Adaptive);
+        let got = generate(&mut s, &ps, 32, &[]);
+        assert_eq!(got, want, "{spec}");
+        eprintln!(
+            "{spec}: adaptive steps per variant {:?}",
+            s.policy().steps()
+        );
+    }
 }

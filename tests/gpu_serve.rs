@@ -17,7 +17,7 @@ use specc_models::spec_bundle::prefill_buckets;
 use specc_models::{Model, SpecBundle, SpecConfig};
 use specc_runtime::admission::LaneSampling;
 use specc_runtime::cuda::CudaSpecSession;
-use specc_runtime::{EngineGraphs, SpecCpuSession, SpecGraphs};
+use specc_runtime::{EngineGraphs, SpecCpuSession, SpecGraphs, SpecPolicy};
 
 fn check(spec_file: &str) {
     let dir = default_model();
@@ -309,5 +309,188 @@ fn steps_replay_the_smallest_bucket_holding_the_lanes() {
         .count();
     eprintln!(
         "shrinking buckets: replays at 1 / 2 / 4 = {r1} / {r2} / {r4}; {same} of 6 requests equal their full-bucket tokens"
+    );
+}
+
+/// The variant schedule of the forced-variant checks (indices into the contract's step
+/// variants, ascending by k: 0 = plain decoding, 3 = the configured step): plain stretches
+/// and a switch between every pair of variants.
+const SCHEDULE: [usize; 21] = [
+    3, 0, 1, 3, 2, 0, 0, 0, 3, 1, 2, 1, 1, 0, 3, 3, 1, 0, 2, 2, 3,
+];
+
+/// Runs 4 lanes of `prompts` to `n` tokens, each step's variant forced from `schedule`
+/// (cycled). Returns each lane's tokens and the steps run per variant.
+fn forced(
+    s: &mut CudaSpecSession,
+    prompts: &[Vec<u32>],
+    n: usize,
+    schedule: &[usize],
+) -> (Vec<Vec<u32>>, Vec<u64>) {
+    let first = s.admit(prompts, n).unwrap();
+    let mut out: Vec<Vec<u32>> = first.iter().map(|&f| vec![f]).collect();
+    let mut i = 0;
+    while s.live().unwrap().iter().any(|&l| l) {
+        s.policy_mut().force(&[schedule[i % schedule.len()]]);
+        i += 1;
+        s.step().unwrap();
+        for (l, t) in s.drain().unwrap().into_iter().enumerate() {
+            out[l].extend(t);
+        }
+        assert!(i < 10_000, "lanes never finished");
+    }
+    for o in &mut out {
+        o.truncate(n);
+    }
+    (out, s.policy().steps().to_vec())
+}
+
+/// Adaptive speculation on the device for a method whose draft reads target hidden states:
+/// the captured variants (plain decoding, k = 1, about k/2, k) run in [`SCHEDULE`] over one
+/// session, and every lane's tokens equal the interpreter's greedy tokens wherever the
+/// configured step's own tokens do (where those differ, a near-tie flipped by the GPU's
+/// rounding, the lane is reported, not failed).
+fn forced_variants_are_exact(spec_file: &str) {
+    if !gpu() {
+        return;
+    }
+    let dir = default_model();
+    let target = Model::open(&dir).unwrap();
+    let cfg = SpecConfig::from_file(&dir.join(spec_file)).unwrap();
+    let (engine, bundle) = build_engine(&target, Some(&cfg), &[4], 256);
+    let bundle = bundle.expect("a spec opens its draft");
+    let ks: Vec<usize> = bundle
+        .contract
+        .step_variants()
+        .iter()
+        .map(|v| v.k)
+        .collect();
+    assert_eq!(ks.len(), 4, "{spec_file}: variants {ks:?}");
+    let prompts = corpus_prompts()[..4].to_vec();
+    let n = 40;
+    let w = target.load_weights_f32();
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| target.greedy_generate(&w, p, n, 256).unwrap())
+        .collect();
+    let mut s = session(&engine, &target, Some(&bundle), 4);
+    let (fixed, _) = forced(&mut s, &prompts, n, &[3]);
+    let fixed_accept = s.stats.mean_accept_len();
+    let mut s = session(&engine, &target, Some(&bundle), 4);
+    let (got, steps) = forced(&mut s, &prompts, n, &SCHEDULE);
+    assert!(
+        steps.iter().all(|&c| c > 0),
+        "{spec_file}: every variant ran: {steps:?}"
+    );
+    let mut checked = 0;
+    for lane in 0..4 {
+        if fixed[lane] != want[lane] {
+            eprintln!("note: {spec_file}: lane {lane}: the configured step's CUDA tokens differ from the interpreter's (numerics); not checked");
+            continue;
+        }
+        checked += 1;
+        if got[lane] != want[lane] {
+            let at = got[lane].iter().zip(&want[lane]).position(|(a, b)| a != b);
+            eprintln!(
+                "FAIL {spec_file}: lane {lane} through variants {ks:?} (steps {steps:?}) differs from the interpreter's greedy tokens at token {at:?}"
+            );
+            panic!(
+                "{spec_file}: lane {lane}: got {:?}, want {:?}",
+                got[lane], want[lane]
+            );
+        }
+    }
+    assert!(checked > 0, "{spec_file}: no lane to check");
+    eprintln!(
+        "PASS {spec_file}: variants k = {ks:?}, steps per variant {steps:?}: {checked}/4 lanes equal the interpreter's greedy {n} tokens; mean tokens per step: forced {:.2}, configured alone {fixed_accept:.2}",
+        s.stats.mean_accept_len()
+    );
+}
+
+#[test]
+fn eagle3_forced_variants_are_exact() {
+    forced_variants_are_exact("spec.eagle3.toml");
+}
+
+#[test]
+fn eagle3_tree_forced_variants_are_exact() {
+    forced_variants_are_exact("spec.eagle3-tree.toml");
+}
+
+#[test]
+fn dflash_forced_variants_are_exact() {
+    forced_variants_are_exact("spec.dflash.toml");
+}
+
+#[test]
+fn ddtree_forced_variants_are_exact() {
+    forced_variants_are_exact("ddtree.toml");
+}
+
+/// Lazy priming on the device (draft_model): a lane that joins while plain decoding runs
+/// skips the draft prefill, and the first speculative step re-primes its whole draft cache;
+/// both lanes' tokens equal the interpreter's greedy tokens (where the configured step's
+/// own do).
+#[test]
+fn draft_model_lane_joining_during_plain_decoding_is_primed_lazily() {
+    if !gpu() {
+        return;
+    }
+    let dir = default_model();
+    let target = Model::open(&dir).unwrap();
+    let cfg = SpecConfig::from_file(&dir.join("spec.toml")).unwrap();
+    let (engine, bundle) = build_engine(&target, Some(&cfg), &[2], 256);
+    let bundle = bundle.expect("a spec opens its draft");
+    let ps = corpus_prompts()[..2].to_vec();
+    let n = 30;
+    let mut s = session(&engine, &target, Some(&bundle), 2);
+    let (want, _) = forced(&mut s, &ps, n, &[3]);
+    let mut s = session(&engine, &target, Some(&bundle), 2);
+    s.policy_mut().set_mode(SpecPolicy::Adaptive);
+    let greedy = |lane| LaneSampling::greedy(lane);
+    let mut out = [
+        vec![s.admit_lane(0, &ps[0], n, greedy(0)).unwrap()],
+        Vec::new(),
+    ];
+    let mut schedule = vec![0usize; 4];
+    schedule.extend([3, 1, 3, 2, 0, 3].repeat(20));
+    for (i, &v) in schedule.iter().enumerate() {
+        if i == 4 {
+            out[1].push(s.admit_lane(1, &ps[1], n, greedy(1)).unwrap());
+        }
+        let live = s.live().unwrap();
+        if !live.iter().any(|&l| l) {
+            break;
+        }
+        s.policy_mut().force(&[v]);
+        s.step_upto(if out[1].is_empty() { 1 } else { 2 }).unwrap();
+        for (l, t) in s.drain().unwrap().into_iter().enumerate() {
+            out[l].extend(t);
+        }
+    }
+    assert_eq!(
+        s.unprimed_admissions(),
+        1,
+        "lane 1 joined during plain steps"
+    );
+    let w = target.load_weights_f32();
+    let mut checked = 0;
+    for (lane, o) in out.iter_mut().enumerate() {
+        o.truncate(n);
+        let cpu = target.greedy_generate(&w, &ps[lane], n, 256).unwrap();
+        if want[lane] != cpu {
+            eprintln!("note: lane {lane}: the configured step's CUDA tokens differ from the interpreter's (numerics); not checked");
+            continue;
+        }
+        checked += 1;
+        if *o != cpu {
+            eprintln!("FAIL draft_model lazy priming: lane {lane} differs from the interpreter's greedy tokens");
+        }
+        assert_eq!(*o, cpu, "lane {lane}");
+    }
+    assert!(checked > 0, "no lane to check");
+    eprintln!(
+        "PASS draft_model lazy priming: 1 unprimed admission, {checked}/2 lanes equal the interpreter's greedy {n} tokens (steps per variant {:?})",
+        s.policy().steps()
     );
 }

@@ -137,7 +137,7 @@ impl SpecBundle {
         if let Some(r) = planted {
             o.draft_checkpoint = synthetic_draft(&dir, &o.step, o.prefix, r, target.spec())?;
         }
-        let variants = method.variants(target.spec(), &o.draft, &shape)?;
+        let variants = method.variants(target.spec(), &o.draft, &shape, cfg.tree)?;
         let mut contract = StepContract::speculative(
             method.name(),
             o.label,

@@ -25,6 +25,8 @@ pub struct DraftSync {
     tokens: Vec<Vec<u32>>,
     /// The first position the draft cache misses, for a lane that ran plain steps.
     behind: Vec<Option<usize>>,
+    /// Lanes admitted without priming their draft.
+    unprimed: u64,
 }
 
 impl DraftSync {
@@ -34,6 +36,7 @@ impl DraftSync {
             enabled: priming == Priming::Prompt,
             tokens: vec![Vec::new(); lanes],
             behind: vec![None; lanes],
+            unprimed: 0,
         }
     }
 
@@ -60,7 +63,13 @@ impl DraftSync {
         self.admit(lane, prompt, first);
         if self.enabled {
             self.behind[lane] = Some(0);
+            self.unprimed += 1;
         }
+    }
+
+    /// Lanes admitted without priming their draft ([`DraftSync::admit_unprimed`]).
+    pub fn unprimed_admissions(&self) -> u64 {
+        self.unprimed
     }
 
     /// Tokens read from lane `lane`'s ring.
@@ -169,6 +178,7 @@ mod tests {
         s.admit_unprimed(0, &[10, 11, 12], 13); // len 3: slots 0..=1 must be cached
         assert!(s.behind(&[true]));
         s.emitted(0, &[14]); // len 4: slots 0..=2
+        assert_eq!(s.unprimed_admissions(), 1);
         let r = s.reprime(&[true], 1).expect("the lane is behind");
         assert_eq!(r.tokens, vec![10, 11, 12]);
         assert_eq!(r.positions, vec![0, 1, 2]);

@@ -22,8 +22,8 @@
 //!   not compared at a stale, shorter context; only a share, so that a variant whose time
 //!   was misjudged relative to the others is corrected by running it. A variant's first
 //!   step after others corrects its own time alone. While speculation runs, one plain step
-//!   in [`RETIME_PLAIN`] re-times plain decoding where the backend times steps (its draft
-//!   falls one token behind).
+//!   in [`RETIME_PLAIN`] re-times plain decoding where the backend times steps (a
+//!   standalone draft falls one token behind).
 //! - **Re-priming** (a standalone draft after plain steps) costs host time before the next
 //!   speculative step; the CPU measures it per draft-prefill row-token, and a probe (below)
 //!   must be worth it paying that cost.
@@ -41,9 +41,10 @@
 //! Switching keeps every lane exact: verify accepts only the target's own tokens whatever
 //! the draft proposed. It does move the draft: a plain step leaves a standalone draft's
 //! cache behind, which [`crate::draft_sync::DraftSync`] re-primes before the next
-//! speculative step. Methods whose draft cannot be re-primed (EAGLE-3, DFlash, DDTree read
-//! target hidden states a plain step does not keep) have no variants: the policy never
-//! switches them. Under sampled acceptance the draws of a step depend on its k, so a seed's
+//! speculative step. Drafts that read target hidden states (EAGLE-3, DFlash, DDTree) cannot
+//! be re-primed from tokens; their plain step writes the draft's queued rows itself and
+//! keeps it whole (`models/src/methods/variants.rs`), so nothing is re-primed and their
+//! re-priming cost is zero. Under sampled acceptance the draws of a step depend on its k, so a seed's
 //! tokens would depend on the load: the CLI defaults to `fixed` there.
 
 use std::collections::{HashMap, VecDeque};

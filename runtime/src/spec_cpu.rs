@@ -167,8 +167,6 @@ pub struct SpecCpuSession<'a> {
     /// The admission running now skips the draft prefill ([`SpecCpuSession::admit_lane`]
     /// while plain decoding runs).
     skip_priming: bool,
-    /// Admissions that skipped the draft prefill.
-    unprimed: u64,
     pub stats: SpecStats,
 }
 
@@ -205,7 +203,6 @@ impl<'a> SpecCpuSession<'a> {
             policy,
             sync,
             skip_priming: false,
-            unprimed: 0,
             stats: SpecStats {
                 steps: 0,
                 histogram: vec![0; k + 1],
@@ -278,7 +275,7 @@ impl<'a> SpecCpuSession<'a> {
 
     /// Admissions that skipped the draft prefill because plain decoding was running.
     pub fn unprimed_admissions(&self) -> u64 {
-        self.unprimed
+        self.sync.unprimed_admissions()
     }
 
     /// Which step variant runs next (adaptive speculation; [`SpecPolicy::Fixed`] unless
@@ -474,7 +471,6 @@ impl<'a> SpecCpuSession<'a> {
         self.admitted(lane, prompt, first);
         if unprimed {
             self.sync.admit_unprimed(lane, prompt, first);
-            self.unprimed += 1;
         }
         if crate::policy::trace_on() {
             crate::policy::trace(format_args!(

@@ -133,8 +133,10 @@ pub struct StepContract {
     pub target_prefill: GraphRole,
     /// Absent for plain decoding.
     pub draft_prefill: Option<GraphRole>,
-    /// Further step graphs over the same states (smaller k, and k = 0 where the draft can be
-    /// re-primed after plain steps), ascending by k; empty where the method cannot switch.
+    /// Further step graphs over the same states (smaller k or tree depth, and k = 0: plain
+    /// decoding, after which a standalone draft is re-primed and a draft that reads target
+    /// hidden states is kept whole by the step itself), ascending by k; empty where the
+    /// method cannot switch.
     #[serde(default)]
     pub variants: Vec<StepVariant>,
 }

@@ -16,6 +16,7 @@ use specc_ir::{Graph, IrError, Op};
 use super::dflash::{self, draft_block, DFlashSpec, DFLASH_PREFIX};
 use super::step::{begin, commit_all, Builder};
 use super::tree::{accept_and_commit, verify_tree, MAX_TREE_BUDGET};
+use super::variants::{scaled_budget, tree_nodes, variant_ks};
 use super::{draft_checkpoint, lower_err, Opened, SpecMethod, StepShape, TreeKeys, TreeKnobs};
 use crate::config::ModelSpec;
 use crate::error::ModelError;
@@ -86,6 +87,42 @@ impl SpecMethod for DDTree {
         }
     }
 
+    /// Depths 0, 1, ⌈L/2⌉ (L = the block's drafts): the same block drafted, a tree over
+    /// its first rows with the same `topk` and a budget scaled with the depth, over the
+    /// configured step's `L + 1` pending context rows; depth 0 is DFlash's plain step,
+    /// which keeps the drafter whole (`methods::variants`).
+    fn variants(
+        &self,
+        target: &ModelSpec,
+        draft: &DraftSide,
+        shape: &StepShape,
+        tree: Option<TreeKnobs>,
+    ) -> Result<Vec<(u64, Graph)>, ModelError> {
+        let (DraftSide::DFlash(dflash), Some(t)) = (draft, tree) else {
+            return Ok(Vec::new());
+        };
+        let full = shape.num_steps;
+        variant_ks(full)
+            .into_iter()
+            .map(|d| {
+                let at = StepShape {
+                    num_steps: d,
+                    ..shape.clone()
+                };
+                let g = match d {
+                    0 => dflash::lower_dflash_plain(target, dflash, &at),
+                    _ => {
+                        let nodes = tree_nodes(d, t.topk as u64);
+                        let budget = scaled_budget(t.budget as u64, d, full, nodes) as u32;
+                        lower_ddtree(target, dflash, &at, TreeKnobs { budget, ..t })
+                    }
+                };
+                g.map(|g| (d, g))
+                    .map_err(|e| lower_err("ddtree step variant", e))
+            })
+            .collect()
+    }
+
     fn open(
         &self,
         target: &Model,
@@ -144,19 +181,33 @@ pub fn lower_ddtree_step(
     shape: &StepShape,
     tree: TreeKnobs,
 ) -> Result<Graph, IrError> {
-    let l = shape.num_steps;
     assert_eq!(
-        l as usize,
+        shape.num_steps as usize,
         dflash.num_steps(),
         "a DDTree step's depth is the drafter's block_size - 1"
     );
+    lower_ddtree(target, dflash, shape, tree)
+}
+
+/// A DDTree step whose tree takes the block's first `shape.num_steps` rows, `1 ..= L`
+/// (fewer: a shallower variant over the configured step's states, `methods::variants`).
+/// The drafter still runs its whole block.
+fn lower_ddtree(
+    target: &ModelSpec,
+    dflash: &DFlashSpec,
+    shape: &StepShape,
+    tree: TreeKnobs,
+) -> Result<Graph, IrError> {
+    let l = shape.num_steps;
+    let full = dflash.num_steps() as u64;
+    assert!((1..=full).contains(&l), "a tree of 1..=L levels");
     let (n, k) = (tree.budget as u64, tree.topk as u64);
     let mut g = Graph::new("spec_step_ddtree");
     let mut b = Builder { g: &mut g };
     let c = begin(&mut b, shape)?;
 
-    // 1. draft: block logits, log-probs of rows 1..=L, top-K, tree.
-    let block = draft_block(&mut b, &c, target, dflash, l)?;
+    // 1. draft: block logits, log-probs of rows 1..=l, top-K, tree.
+    let block = draft_block(&mut b, &c, target, dflash, full)?;
     let rows = b.slice_cols(block.logits, 1, l)?;
     let probs = b.g.add(Op::Softmax, &[rows])?;
     let logp = b.g.add(Op::Unary(specc_ir::UnaryOp::Log), &[probs])?;
@@ -168,11 +219,9 @@ pub fn lower_ddtree_step(
     // 2.–4. verify, accept, commit.
     let v = verify_tree(&mut b, &c, target, tree_v, n, &dflash.taps)?;
     let t = accept_and_commit(&mut b, &c, shape, tree_v, v, l)?;
-    let mut commits = vec![
-        (block.hidden, t.path_taps),
-        (block.count, t.a1),
-        (block.base, c.len),
-    ];
+    let mut commits = block
+        .pending()
+        .commits(&mut b, &c, t.path_taps, None, t.a1)?;
     commits.extend(t.commits);
     commit_all(&mut b, &commits)?;
     Ok(g)

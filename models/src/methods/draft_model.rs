@@ -25,8 +25,10 @@ use super::sampling::choose;
 use super::step::{
     begin, commit_all, forward, lower_target_prefill, verify_and_commit, Builder, Drafted,
 };
+use super::variants::variant_ks;
 use super::{
     chain_label, draft_checkpoint, lower_decode_step, lower_err, Opened, SpecMethod, StepShape,
+    TreeKnobs,
 };
 use crate::config::ModelSpec;
 use crate::error::ModelError;
@@ -49,6 +51,7 @@ impl SpecMethod for DraftModel {
         target: &ModelSpec,
         draft: &DraftSide,
         shape: &StepShape,
+        _tree: Option<TreeKnobs>,
     ) -> Result<Vec<(u64, Graph)>, ModelError> {
         let DraftSide::Model(d) = draft else {
             return Ok(Vec::new());
@@ -100,18 +103,6 @@ impl SpecMethod for DraftModel {
             label: chain_label(self.name(), shape.num_steps),
         })
     }
-}
-
-/// Draft sizes of the variants besides the configured `k`, ascending: plain decoding, one
-/// token, and about half of `k` (a few graphs cover the range where the best k moves with
-/// load and acceptance).
-pub fn variant_ks(k: u64) -> Vec<u64> {
-    let mut ks: Vec<u64> = [0, 1, k.div_ceil(2)]
-        .into_iter()
-        .filter(|&j| j < k)
-        .collect();
-    ks.dedup();
-    ks
 }
 
 /// The draft proposes target token ids: its vocabulary must be the target's (errors name

@@ -27,6 +27,7 @@ mod plain;
 mod sampling;
 mod step;
 mod tree;
+mod variants;
 
 pub use ddtree::lower_ddtree_step;
 pub use dflash::{
@@ -44,6 +45,7 @@ pub use step::{
     LEN, PENDING, RING, STEP, STREAM, VERIFY_TOKENS,
 };
 pub use tree::{TreeKnobs, MAX_TREE_BUDGET, TREE};
+pub use variants::variant_ks;
 
 /// `spec.toml`'s `method`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -182,14 +184,16 @@ pub(crate) trait SpecMethod: Sync {
     }
 
     /// The step at each draft size an adaptive policy may switch to besides the configured
-    /// `shape.num_steps`, ascending by k: graphs over exactly the configured step's states
-    /// (`k = 0`: plain decoding over them), so any step may follow any other. Empty (the
+    /// `shape.num_steps` (a tree's depth; `tree`: the configured tree), ascending by k:
+    /// graphs over exactly the configured step's states (`k = 0`: plain decoding over
+    /// them), so any step may follow any other ([`variants`] module docs). Empty (the
     /// default) where a switch could not keep the draft's state whole.
     fn variants(
         &self,
         _target: &ModelSpec,
         _draft: &DraftSide,
         _shape: &StepShape,
+        _tree: Option<TreeKnobs>,
     ) -> Result<Vec<(u64, Graph)>, ModelError> {
         Ok(Vec::new())
     }

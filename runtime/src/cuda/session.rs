@@ -19,6 +19,8 @@ use crate::policy::{AdaptivePolicy, SpecPolicy};
 use crate::windows::{lane_major, AdmissionWindows};
 use crate::{RuntimeError, SpecStats};
 
+mod lazy_priming;
+
 pub use specc_models::spec_bundle::MIN_PREFILL_T;
 
 pub fn prefill_bucket(t: usize) -> usize {
@@ -542,6 +544,7 @@ impl<'a> CudaSpecSession<'a> {
                 self.write_lane(s.name, lane, &bytes[i * per..][..per])?;
             }
         }
+        let primed = !self.primes_lazily();
         let want_taps = self.contract.wants_taps();
         // Under sampled acceptance the prefill also draws each lane's first token.
         let drawn = self
@@ -563,6 +566,7 @@ impl<'a> CudaSpecSession<'a> {
             .collect();
         match self.contract.priming() {
             Priming::None => {}
+            Priming::Prompt if !primed => {}
             Priming::Prompt => {
                 self.run_prefill(false, window, &tokens, &pos, &[], &[])?;
             }
@@ -629,7 +633,7 @@ impl<'a> CudaSpecSession<'a> {
         }
         self.engine.synchronize()?;
         for ((&lane, p), &f) in at.iter().zip(&prompts).zip(&first) {
-            self.sync.admit(lane, p, f);
+            self.admit_draft(lane, p, f, primed);
             self.policy.admit(lane);
             self.admitted[lane] = true;
             self.undrained[lane].clear();

@@ -8,6 +8,7 @@ use specc_ir::{DType, Graph, IrError, Op, TensorType, ValueId};
 use super::drafter::{self, DFlashSpec};
 use crate::config::ModelSpec;
 use crate::methods::step::{i32_ty, pending_positions, s, Builder, Common, HIDDEN};
+use crate::methods::variants::PendingRows;
 
 /// DFlash step states (besides the common ones): the taps of the committed positions whose
 /// context the drafter's KV cache does not hold yet (rows `0..count` at positions
@@ -39,13 +40,7 @@ pub(in crate::methods) fn draft_block(
     dflash: &DFlashSpec,
     k: u64,
 ) -> Result<DraftBlock, IrError> {
-    let w = dflash.taps_width() as u64;
-    let hidden = b.g.state(
-        DFLASH_HIDDEN,
-        TensorType::new(target.dtype, [B, s(k + 1), s(w)]),
-    )?;
-    let count = b.g.state(DFLASH_COUNT, i32_ty(&[B]))?;
-    let base = b.g.state(DFLASH_BASE, i32_ty(&[B]))?;
+    let (hidden, count, base) = pending_context(b, target, dflash, k + 1)?;
     let cpos = pending_positions(b, c, base, count, k + 1)?;
     let ctx = drafter::context(b.g, dflash, hidden)?;
     let bonus = b.slice_cols(c.pending, 1, 1)?;
@@ -59,6 +54,51 @@ pub(in crate::methods) fn draft_block(
         base,
         bonus,
         logits,
+    })
+}
+
+impl DraftBlock {
+    /// The pending-context states as the shared pending-rows commits see them.
+    pub(in crate::methods) fn pending(&self) -> PendingRows {
+        PendingRows {
+            hidden: self.hidden,
+            tokens: None,
+            count: self.count,
+            base: self.base,
+        }
+    }
+}
+
+/// The pending-context states, `dflash.hidden` of `rows` rows.
+fn pending_context(
+    b: &mut Builder,
+    target: &ModelSpec,
+    dflash: &DFlashSpec,
+    rows: u64,
+) -> Result<(ValueId, ValueId, ValueId), IrError> {
+    let w = dflash.taps_width() as u64;
+    let hidden = b.g.state(
+        DFLASH_HIDDEN,
+        TensorType::new(target.dtype, [B, s(rows), s(w)]),
+    )?;
+    let count = b.g.state(DFLASH_COUNT, i32_ty(&[B]))?;
+    let base = b.g.state(DFLASH_BASE, i32_ty(&[B]))?;
+    Ok((hidden, count, base))
+}
+
+/// The pending-context states as one step reads them, `dflash.hidden` of `rows` rows.
+pub(in crate::methods) fn pending_rows(
+    b: &mut Builder,
+    target: &ModelSpec,
+    dflash: &DFlashSpec,
+    rows: u64,
+) -> Result<PendingRows, IrError> {
+    let (hidden, count, base) = pending_context(b, target, dflash, rows)?;
+    Ok(PendingRows {
+        hidden,
+        tokens: None,
+        count,
+        base,
     })
 }
 

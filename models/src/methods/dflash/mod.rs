@@ -10,11 +10,15 @@ mod step;
 use std::path::Path;
 
 use specc_ir::engine::DraftKind;
+use specc_ir::Graph;
 
 use super::step::lower_target_prefill;
+use super::variants::variant_ks;
 use super::{
-    chain_label, draft_checkpoint, lower_err, Opened, SpecMethod, StepShape, DEFAULT_NUM_STEPS,
+    chain_label, draft_checkpoint, lower_err, Opened, SpecMethod, StepShape, TreeKnobs,
+    DEFAULT_NUM_STEPS,
 };
+use crate::config::ModelSpec;
 use crate::error::ModelError;
 use crate::spec_bundle::DraftSide;
 use crate::spec_config::{Acceptance, SpecConfig};
@@ -26,6 +30,8 @@ pub use drafter::{
     block_logits, block_size_of, context, kv_state_names, write_context, DFlashSpec, ARCHITECTURE,
     DFLASH_PREFIX,
 };
+pub(super) use step::lower_dflash_plain;
+use step::lower_dflash_prefix;
 pub use step::lower_dflash_step;
 
 pub(super) struct DFlash;
@@ -37,6 +43,36 @@ impl SpecMethod for DFlash {
 
     fn default_num_steps(&self, draft: Option<&Path>) -> Result<u32, ModelError> {
         default_num_steps(draft)
+    }
+
+    /// k = 0, 1, ⌈k/2⌉: the same block drafted, its first k drafts verified, over the
+    /// configured step's `k + 1` pending context rows; k = 0 keeps the drafter whole
+    /// (`methods::variants`).
+    fn variants(
+        &self,
+        target: &ModelSpec,
+        draft: &DraftSide,
+        shape: &StepShape,
+        _tree: Option<TreeKnobs>,
+    ) -> Result<Vec<(u64, Graph)>, ModelError> {
+        let DraftSide::DFlash(dflash) = draft else {
+            return Ok(Vec::new());
+        };
+        variant_ks(shape.num_steps)
+            .into_iter()
+            .map(|k| {
+                let at = StepShape {
+                    num_steps: k,
+                    ..shape.clone()
+                };
+                let g = match k {
+                    0 => lower_dflash_plain(target, dflash, &at),
+                    _ => lower_dflash_prefix(target, dflash, &at),
+                };
+                g.map(|g| (k, g))
+                    .map_err(|e| lower_err("dflash step variant", e))
+            })
+            .collect()
     }
 
     fn open(

@@ -3,11 +3,13 @@
 
 use specc_ir::{BinaryOp, Graph, IrError, Op};
 
-use super::context::draft_block;
+use super::context::{draft_block, pending_rows};
+use super::drafter;
 use super::drafter::DFlashSpec;
 use crate::config::ModelSpec;
 use crate::methods::sampling::choose;
 use crate::methods::step::{begin, commit_all, verify_and_commit, Builder, Drafted, StepShape};
+use crate::methods::variants::lower_tap_plain_step;
 
 /// Lowers one speculative step with a DFlash drafter (k = block_size − 1 drafts from ONE
 /// drafter forward).
@@ -28,17 +30,30 @@ pub fn lower_dflash_step(
     dflash: &DFlashSpec,
     shape: &StepShape,
 ) -> Result<Graph, IrError> {
-    let k = shape.num_steps;
     assert_eq!(
-        k as usize,
+        shape.num_steps as usize,
         dflash.num_steps(),
         "a DFlash step drafts block_size - 1 tokens"
     );
+    lower_dflash_prefix(target, dflash, shape)
+}
+
+/// A DFlash step that verifies the block's first `shape.num_steps` drafts, `1 ..=
+/// block_size − 1` (fewer: a shorter variant over the configured step's states,
+/// `methods::variants`). The drafter still runs its whole block.
+pub(in crate::methods) fn lower_dflash_prefix(
+    target: &ModelSpec,
+    dflash: &DFlashSpec,
+    shape: &StepShape,
+) -> Result<Graph, IrError> {
+    let k = shape.num_steps;
+    let full = dflash.num_steps() as u64;
+    assert!((1..=full).contains(&k), "verify 1..=block_size - 1 drafts");
     let mut g = Graph::new("spec_step_dflash");
     let mut b = Builder { g: &mut g };
     let c = begin(&mut b, shape)?;
     // 1 + 2.
-    let block = draft_block(&mut b, &c, target, dflash, k)?;
+    let block = draft_block(&mut b, &c, target, dflash, full)?;
     let mut d = Drafted {
         tokens: Vec::new(),
         dists: Vec::new(),
@@ -60,8 +75,27 @@ pub fn lower_dflash_step(
     let v = verify_and_commit(&mut b, &c, target, shape, d, &dflash.taps)?;
     let taps = v.taps.expect("dflash verify taps its target layers");
     let a1 = b.bin(BinaryOp::Add, v.accepted, c.one_b)?;
-    let mut commits = vec![(block.hidden, taps), (block.count, a1), (block.base, c.len)];
+    let mut commits = block.pending().commits(&mut b, &c, taps, None, a1)?;
     commits.extend(v.commits);
     commit_all(&mut b, &commits)?;
     Ok(g)
+}
+
+/// Plain decoding over DFlash states (`methods::variants`): the first pending context row
+/// written into the drafter's caches (as the prefill writes context, [`drafter::write_context`]),
+/// then x(n) verified alone; its taps join the pending rows.
+pub(in crate::methods) fn lower_dflash_plain(
+    target: &ModelSpec,
+    dflash: &DFlashSpec,
+    shape: &StepShape,
+) -> Result<Graph, IrError> {
+    let rows = dflash.num_steps() as u64 + 1;
+    lower_tap_plain_step(
+        "spec_step_dflash_plain",
+        target,
+        shape,
+        &dflash.taps,
+        |b| pending_rows(b, target, dflash, rows),
+        |b, first, pos| drafter::write_context(b.g, dflash, first.hidden, pos),
+    )
 }

@@ -6,11 +6,12 @@ use specc_ir::op::B;
 use specc_ir::{BinaryOp, Graph, IrError};
 
 use super::head::{self, Eagle3Spec};
-use super::pairs::{catch_up, eagle_states};
+use super::pairs::{catch_up, eagle_states, write_pairs};
 use crate::config::ModelSpec;
 use crate::lower::embed;
 use crate::methods::sampling::one_hot;
 use crate::methods::step::{begin, commit_all, verify_and_commit, Builder, Drafted, StepShape};
+use crate::methods::variants::lower_tap_plain_step;
 
 /// Lowers one speculative step with an EAGLE-3 head (chain, topk = 1).
 ///
@@ -23,12 +24,23 @@ pub fn lower_eagle3_step(
     eagle: &Eagle3Spec,
     shape: &StepShape,
 ) -> Result<Graph, IrError> {
+    lower_eagle3_chain(target, eagle, shape, shape.num_steps + 1)
+}
+
+/// [`lower_eagle3_step`] over pending-pair states of `rows ≥ k + 1` rows (a variant of
+/// smaller k over the configured step's states: `methods::variants`).
+pub(super) fn lower_eagle3_chain(
+    target: &ModelSpec,
+    eagle: &Eagle3Spec,
+    shape: &StepShape,
+    rows: u64,
+) -> Result<Graph, IrError> {
     let k = shape.num_steps;
     let mut g = Graph::new("spec_step_eagle3");
     let mut b = Builder { g: &mut g };
     let c = begin(&mut b, shape)?;
-    let st = eagle_states(&mut b, target, eagle, k + 1)?;
-    let mut out_row = catch_up(&mut b, &c, target, eagle, &st, k + 1)?;
+    let st = eagle_states(&mut b, target, eagle, rows)?;
+    let mut out_row = catch_up(&mut b, &c, target, eagle, &st, rows)?;
 
     let mut d = Drafted {
         tokens: Vec::new(),
@@ -54,13 +66,29 @@ pub fn lower_eagle3_step(
     let v = verify_and_commit(&mut b, &c, target, shape, d, &eagle.taps)?;
     let taps = v.taps.expect("eagle verify taps three layers");
     let a1 = b.bin(BinaryOp::Add, v.accepted, c.one_b)?;
-    let mut commits = vec![
-        (st.hidden, taps),
-        (st.tokens, v.emit_tokens),
-        (st.count, a1),
-        (st.base, c.len),
-    ];
+    let mut commits = st
+        .pending()
+        .commits(&mut b, &c, taps, Some(v.emit_tokens), a1)?;
     commits.extend(v.commits);
     commit_all(&mut b, &commits)?;
     Ok(g)
+}
+
+/// Plain decoding over EAGLE-3 states of `rows` pending pairs (`methods::variants`): the
+/// first pending pair's head cache writes, then x(n) verified alone; its taps and x(n+1)
+/// join the pending pairs.
+pub(super) fn lower_eagle3_plain(
+    target: &ModelSpec,
+    eagle: &Eagle3Spec,
+    shape: &StepShape,
+    rows: u64,
+) -> Result<Graph, IrError> {
+    lower_tap_plain_step(
+        "spec_step_eagle3_plain",
+        target,
+        shape,
+        &eagle.taps,
+        |b| Ok(eagle_states(b, target, eagle, rows)?.pending()),
+        |b, first, pos| Ok(vec![write_pairs(b, target, eagle, first, pos)?]),
+    )
 }

@@ -202,53 +202,10 @@ pub fn midlayer_masked(
 ) -> Result<ValueId, IrError> {
     g.with_phase(Phase::Draft, |g| {
         let s = &e.layer;
-        let (h, hd, nq, nkv) = (s.hidden, s.head_dim, s.heads, s.kv_heads);
-        let en = norm(g, e, emb, "midlayer.input_layernorm.weight")?;
-        let hn = norm(g, e, gin, "midlayer.hidden_norm.weight")?;
-        let cat = g.add(Op::Concat { axis: 2 }, &[en, hn])?;
+        let (h, hd, nq) = (s.hidden, s.head_dim, s.heads);
         let (bd, td) = (g.ty(gin).shape.dims()[0], g.ty(gin).shape.dims()[1]);
-        let proj = |g: &mut Graph, name: &str, out: usize| -> Result<ValueId, IrError> {
-            let wt = w(
-                g,
-                e,
-                &format!("midlayer.self_attn.{name}.weight"),
-                &[out, 2 * h],
-            )?;
-            g.add(Op::MatMul, &[cat, wt])
-        };
-        let q = proj(g, "q_proj", nq * hd)?;
-        let k = proj(g, "k_proj", nkv * hd)?;
-        let v = proj(g, "v_proj", nkv * hd)?;
-        let heads = |g: &mut Graph, x: ValueId, n: usize| {
-            g.add(
-                Op::Reshape {
-                    shape: Shape::new([bd, td, Dim::from(n), Dim::from(hd)]),
-                },
-                &[x],
-            )
-        };
-        let q = heads(g, q, nq)?;
-        let k = heads(g, k, nkv)?;
-        let v = heads(g, v, nkv)?;
-        let rope = Op::Rope {
-            theta: s.rope_theta,
-            scaling: s.rope_scaling.clone(),
-            style: RopeStyle::Half,
-            rotary_dim: hd as u64,
-        };
-        let q = g.add(rope.clone(), &[q, positions])?;
-        let k = g.add(rope, &[k, positions])?;
-        let cache_ty = TensorType::new(
-            s.dtype,
-            [
-                specc_ir::op::B,
-                specc_ir::op::CTX,
-                Dim::from(nkv),
-                Dim::from(hd),
-            ],
-        );
-        let kc = g.state(&format!("{EAGLE_PREFIX}kv.0.k"), cache_ty.clone())?;
-        let vc = g.state(&format!("{EAGLE_PREFIX}kv.0.v"), cache_ty)?;
+        let (q, k, v) = qkv(g, e, emb, gin, positions)?;
+        let (kc, vc) = cache_states(g, e)?;
         let scale = 1.0 / (hd as f64).sqrt();
         let o = match attn {
             HeadAttn::Causal => {
@@ -331,6 +288,92 @@ pub fn midlayer_masked(
         let act = g.add(Op::SiluMul, &[gate, up])?;
         let m = g.add(Op::MatMul, &[act, wd])?;
         g.add(Op::Binary(BinaryOp::Add), &[x, m])
+    })
+}
+
+/// The head's attention inputs for pairs `(g, token embedding)` at `positions`: q, k, v
+/// `[B, t, heads, head_dim]`, q and k rotated.
+fn qkv(
+    g: &mut Graph,
+    e: &Eagle3Spec,
+    emb: ValueId,
+    gin: ValueId,
+    positions: ValueId,
+) -> Result<(ValueId, ValueId, ValueId), IrError> {
+    let s = &e.layer;
+    let (h, hd, nq, nkv) = (s.hidden, s.head_dim, s.heads, s.kv_heads);
+    let en = norm(g, e, emb, "midlayer.input_layernorm.weight")?;
+    let hn = norm(g, e, gin, "midlayer.hidden_norm.weight")?;
+    let cat = g.add(Op::Concat { axis: 2 }, &[en, hn])?;
+    let (bd, td) = (g.ty(gin).shape.dims()[0], g.ty(gin).shape.dims()[1]);
+    let proj = |g: &mut Graph, name: &str, out: usize| -> Result<ValueId, IrError> {
+        let wt = w(
+            g,
+            e,
+            &format!("midlayer.self_attn.{name}.weight"),
+            &[out, 2 * h],
+        )?;
+        g.add(Op::MatMul, &[cat, wt])
+    };
+    let q = proj(g, "q_proj", nq * hd)?;
+    let k = proj(g, "k_proj", nkv * hd)?;
+    let v = proj(g, "v_proj", nkv * hd)?;
+    let heads = |g: &mut Graph, x: ValueId, n: usize| {
+        g.add(
+            Op::Reshape {
+                shape: Shape::new([bd, td, Dim::from(n), Dim::from(hd)]),
+            },
+            &[x],
+        )
+    };
+    let q = heads(g, q, nq)?;
+    let k = heads(g, k, nkv)?;
+    let v = heads(g, v, nkv)?;
+    let rope = Op::Rope {
+        theta: s.rope_theta,
+        scaling: s.rope_scaling.clone(),
+        style: RopeStyle::Half,
+        rotary_dim: hd as u64,
+    };
+    let q = g.add(rope.clone(), &[q, positions])?;
+    let k = g.add(rope, &[k, positions])?;
+    Ok((q, k, v))
+}
+
+/// The head's key and value caches.
+fn cache_states(g: &mut Graph, e: &Eagle3Spec) -> Result<(ValueId, ValueId), IrError> {
+    let s = &e.layer;
+    let cache_ty = TensorType::new(
+        s.dtype,
+        [
+            specc_ir::op::B,
+            specc_ir::op::CTX,
+            Dim::from(s.kv_heads),
+            Dim::from(s.head_dim),
+        ],
+    );
+    let kc = g.state(&format!("{EAGLE_PREFIX}kv.0.k"), cache_ty.clone())?;
+    let vc = g.state(&format!("{EAGLE_PREFIX}kv.0.v"), cache_ty)?;
+    Ok((kc, vc))
+}
+
+/// The head's cache writes for pairs `(g, token embedding)` at `positions` (negative: not
+/// written), without the rest of its layer: a pair's key and value depend on the pair
+/// alone, so these are the writes [`midlayer`] makes. Returns q, unused: computed so that
+/// codegen sees the q/k/v pattern it fuses (callers keep it alive as an output).
+pub fn write_pairs(
+    g: &mut Graph,
+    e: &Eagle3Spec,
+    emb: ValueId,
+    gin: ValueId,
+    positions: ValueId,
+) -> Result<ValueId, IrError> {
+    g.with_phase(Phase::Draft, |g| {
+        let (q, k, v) = qkv(g, e, emb, gin, positions)?;
+        let (kc, vc) = cache_states(g, e)?;
+        g.add(Op::KvWrite, &[kc, k, positions])?;
+        g.add(Op::KvWrite, &[vc, v, positions])?;
+        Ok(q)
     })
 }
 

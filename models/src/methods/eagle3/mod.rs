@@ -11,13 +11,16 @@ mod tree;
 use std::path::Path;
 
 use specc_ir::engine::DraftKind;
+use specc_ir::Graph;
 
 use super::step::lower_target_prefill;
 use super::tree::MAX_TREE_BUDGET;
+use super::variants::{scaled_budget, variant_ks};
 use super::{
     chain_context_width, chain_label, draft_checkpoint, lower_err, Opened, SpecMethod, StepShape,
     TreeKeys, TreeKnobs,
 };
+use crate::config::ModelSpec;
 use crate::error::ModelError;
 use crate::spec_bundle::DraftSide;
 use crate::spec_config::{field, SpecConfig};
@@ -85,6 +88,44 @@ impl SpecMethod for Eagle3 {
             ),
             None => chain_context_width(num_steps),
         }
+    }
+
+    /// Chains: k = 0, 1, ⌈k/2⌉; trees: depths 0, 1, ⌈depth/2⌉ with the same `topk` and
+    /// a budget scaled with the depth. All over the configured step's `depth + 1` pending
+    /// pairs; k = 0 keeps the head whole (`methods::variants`).
+    fn variants(
+        &self,
+        target: &ModelSpec,
+        draft: &DraftSide,
+        shape: &StepShape,
+        tree: Option<TreeKnobs>,
+    ) -> Result<Vec<(u64, Graph)>, ModelError> {
+        let DraftSide::Eagle3(eagle) = draft else {
+            return Ok(Vec::new());
+        };
+        let full = shape.num_steps;
+        let rows = full + 1;
+        variant_ks(full)
+            .into_iter()
+            .map(|k| {
+                let at = StepShape {
+                    num_steps: k,
+                    ..shape.clone()
+                };
+                let g = match (k, tree) {
+                    (0, _) => chain::lower_eagle3_plain(target, eagle, &at, rows),
+                    (_, None) => chain::lower_eagle3_chain(target, eagle, &at, rows),
+                    (_, Some(t)) => {
+                        let nodes = eagle_tree_candidates(k as u32, t.topk) + 1;
+                        let budget = scaled_budget(t.budget as u64, k, full, nodes) as u32;
+                        let t = TreeKnobs { budget, ..t };
+                        tree::lower_eagle3_tree(target, eagle, &at, t, rows)
+                    }
+                };
+                g.map(|g| (k, g))
+                    .map_err(|e| lower_err("eagle3 step variant", e))
+            })
+            .collect()
     }
 
     fn open(

@@ -10,6 +10,7 @@ use super::head::{self, Eagle3Spec};
 use crate::config::ModelSpec;
 use crate::lower::embed;
 use crate::methods::step::{i32_ty, pending_positions, s, Builder, Common, HIDDEN};
+use crate::methods::variants::PendingRows;
 
 /// EAGLE-3 step states (besides the common ones): the taps and tokens of the pairs the
 /// head has not seen yet, from the previous verify (or the prefill's last position).
@@ -24,6 +25,18 @@ pub(super) struct EagleStates {
     pub(super) tokens: ValueId,
     pub(super) count: ValueId,
     pub(super) base: ValueId,
+}
+
+impl EagleStates {
+    /// The states as the shared pending-rows commits see them.
+    pub(super) fn pending(&self) -> PendingRows {
+        PendingRows {
+            hidden: self.hidden,
+            tokens: Some(self.tokens),
+            count: self.count,
+            base: self.base,
+        }
+    }
 }
 
 pub(super) fn eagle_states(
@@ -62,6 +75,23 @@ pub(super) fn catch_up(
     let last3 = b.reshape(last, &[B, s(1), s(1)])?;
     let idx = bcast_last(b, last3, s(eagle.hidden() as u64))?;
     b.g.add(Op::Gather { axis: 1 }, &[out, idx])
+}
+
+/// The head cache writes of pending pairs (`rows`: their taps and tokens) at `pos`
+/// (negative: not written), as [`catch_up`] writes them, without the rest of the head (a
+/// plain step drafts nothing). Returns the unused q ([`head::write_pairs`]).
+pub(super) fn write_pairs(
+    b: &mut Builder,
+    target: &ModelSpec,
+    eagle: &Eagle3Spec,
+    rows: &PendingRows,
+    pos: ValueId,
+) -> Result<ValueId, IrError> {
+    let tokens = rows.tokens.expect("EAGLE-3 pairs carry their tokens");
+    let (emb, _) =
+        b.g.with_phase(Phase::Draft, |g| embed(g, target, "", tokens))?;
+    let g0 = head::fc(b.g, eagle, rows.hidden)?;
+    head::write_pairs(b.g, eagle, emb, g0, pos)
 }
 
 /// `idx[B, r, 1]` repeated along a new last dim of `width` (gather indices for rows).

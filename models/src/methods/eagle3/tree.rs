@@ -94,6 +94,18 @@ pub fn lower_eagle3_tree_step(
     shape: &StepShape,
     tree: TreeKnobs,
 ) -> Result<Graph, IrError> {
+    lower_eagle3_tree(target, eagle, shape, tree, shape.num_steps + 1)
+}
+
+/// [`lower_eagle3_tree_step`] over pending-pair states of `rows ≥ depth + 1` rows (a
+/// shallower variant over the configured tree's states: `methods::variants`).
+pub(super) fn lower_eagle3_tree(
+    target: &ModelSpec,
+    eagle: &Eagle3Spec,
+    shape: &StepShape,
+    tree: TreeKnobs,
+    rows: u64,
+) -> Result<Graph, IrError> {
     let depth = shape.num_steps;
     let (n, k) = (tree.budget as u64, tree.topk as u64);
     let words = tree_words(((depth - 1) * k).max(1));
@@ -101,8 +113,8 @@ pub fn lower_eagle3_tree_step(
     let mut g = Graph::new("spec_step_eagle3_tree");
     let mut b = Builder { g: &mut g };
     let c = begin(&mut b, shape)?;
-    let st = eagle_states(&mut b, target, eagle, depth + 1)?;
-    let out_row = catch_up(&mut b, &c, target, eagle, &st, depth + 1)?;
+    let st = eagle_states(&mut b, target, eagle, rows)?;
+    let out_row = catch_up(&mut b, &c, target, eagle, &st, rows)?;
 
     // Depth 1: the K best tokens after the catch-up; their parent is the root.
     let (tok1, lp1) = top_children(&mut b, eagle, out_row, k)?;
@@ -192,12 +204,9 @@ pub fn lower_eagle3_tree_step(
 
     let v = verify_tree(&mut b, &c, target, tree_v, n, &eagle.taps)?;
     let t = accept_and_commit(&mut b, &c, shape, tree_v, v, depth)?;
-    let mut commits = vec![
-        (st.hidden, t.path_taps),
-        (st.tokens, t.emit_tokens),
-        (st.count, t.a1),
-        (st.base, c.len),
-    ];
+    let mut commits = st
+        .pending()
+        .commits(&mut b, &c, t.path_taps, Some(t.emit_tokens), t.a1)?;
     commits.extend(t.commits);
     commit_all(&mut b, &commits)?;
     Ok(g)
