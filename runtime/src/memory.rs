@@ -172,9 +172,9 @@ impl Footprint {
     /// The CUDA backend's allocations for `contract` at batch `lanes` (what
     /// `CudaSpecSession::new` and its first admission make): the weights and constants the
     /// method's plans name, each once (`weight_bytes` gives a checkpoint tensor's size),
-    /// every state of the engine, the step plan's arena and the largest arena of each
-    /// prefill role (a session holds one arena per prefill plan it has run: at most about
-    /// three times that after every prompt length at every admission bucket).
+    /// every state of the engine, the step plan's arena and the arena of every prefill plan
+    /// the session may run (each prompt bucket at `lanes` and, for admissions, at the
+    /// smaller batch buckets: a session keeps each one it has run).
     pub fn of_cuda_engine(
         engine: &Engine,
         contract: &StepContract,
@@ -216,23 +216,24 @@ impl Footprint {
             };
             slots.insert(key, bytes);
         }
-        let arena = |role| {
-            plans
-                .iter()
-                .filter(|p| p.role == role)
-                .map(|p| p.arena_bytes)
-                .max()
-                .unwrap_or(0)
-        };
+        let step_arena = plans
+            .iter()
+            .filter(|p| p.role == contract.step)
+            .map(|p| p.arena_bytes)
+            .max()
+            .unwrap_or(0);
         let mut prefill_roles = vec![contract.target_prefill, GraphRole::Logits];
         prefill_roles.extend(
             contract
                 .draft_prefill
                 .filter(|r| *r != contract.target_prefill),
         );
-        let activations = prefill_roles
-            .into_iter()
-            .fold(arena(contract.step), |a, r| a.saturating_add(arena(r)));
+        // A prefill plan keeps its arena once it has run (its graphs are captured over
+        // it), so a long-lived session may hold every one of them.
+        let activations = plans
+            .iter()
+            .filter(|p| prefill_roles.contains(&p.role))
+            .fold(step_arena, |a, p| a.saturating_add(p.arena_bytes));
         Footprint {
             weights: slots.values().fold(0u64, |a, &b| a.saturating_add(b)),
             states: engine
