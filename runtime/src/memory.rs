@@ -394,13 +394,14 @@ mod tests {
             _ => 1 << 30,
         };
         let f = Footprint::of_cuda_engine(&engine, &plain, 1, &sizes);
-        // a + b, the stacked a|b, the constant; every state; decode arena + largest prefill.
+        // a + b, the stacked a|b, the constant; every state; decode arena + every prefill's
+        // (a session keeps each prefill plan's arena once it has run).
         assert_eq!(
             f,
             Footprint {
                 weights: 10 + 20 + 30 + 8,
                 states: 600,
-                activations: 2100
+                activations: 100 + 1000 + 2000
             }
         );
     }
