@@ -31,20 +31,18 @@ pub fn grouped(
     })
 }
 
-/// Tokens of a step from which int4 experts run on tensor cores. With stages of 64 bytes a
-/// row (`g4s4w4`) the CUDA-core kernels measured faster below 8 tokens at Kimi-K2.5's shapes
-/// (bench/NOTES.md, session 31, "int4 tensor-core experts"); the 128-byte stages of
-/// [`INT4_TILINGS`]' first are predicted to stream at ≥ 70 % of the copy bandwidth from one
-/// token (bench/NOTES.md, "int4 grouped experts: bytes in flight"). Set it back to 8 if the
-/// device measures the CUDA cores faster at T < 8 (`kimi_bandwidth`'s table).
-pub const INT4_TENSOR_CORE_MIN_TOKENS: u64 = 1;
+/// Tokens of a step from which int4 experts run on tensor cores: below it the CUDA-core
+/// kernels measured as fast or faster at Kimi-K2.5's shapes (bench/NOTES.md, session 32
+/// call C, `kimi_bandwidth`'s table: 33.9 / 40.1 / 40.0 % of copy bandwidth at T = 1 / 2 / 4
+/// against 32.6 / 37.9 / 40.2 % for `g4s4w4`; 41.8 / 45.6 % against 32.3 / 28.8 % at 8 / 16).
+pub const INT4_TENSOR_CORE_MIN_TOKENS: u64 = 8;
 
 /// Tensor-core int4 tilings, preferred first; the first the operands and the target's shared
-/// memory per block take is used. `g8s4w4`: a ring of 4 stages of 128 bytes a row (whole
-/// cache lines, 13.8 KB in flight a warp, 72 KiB a block, 3 blocks an SM); `g4s4w4` (64 bytes
-/// a row, 36 KiB) where the widths are multiples of 128 but not of 256. To switch after a
-/// measurement, put the fastest of `kimi_bandwidth`'s variants first.
-pub const INT4_TILINGS: [Int4MmaTiling; 2] = [Int4MmaTiling::G8_S4_W4, Int4MmaTiling::G4_S4_W4];
+/// memory per block take is used. `g4s4w4` (a ring of 4 stages of 64 bytes a row, 4 warps,
+/// 36 KiB) measured fastest of the five at every T (bench/NOTES.md, session 32 call C): the
+/// 128-byte stages, deeper rings and 8-warp blocks (`Int4MmaTiling::VARIANTS`) all ran 5–25 %
+/// slower, so bytes in flight a warp are not what bounds these kernels.
+pub const INT4_TILINGS: [Int4MmaTiling; 1] = [Int4MmaTiling::G4_S4_W4];
 
 /// How the grouped kernels multiply `ops` (as [`grouped`]) into `out` on `target`: int4
 /// group-32 stacks with bf16 activations on tensor cores (mma.sync m16n8k16 bf16, on every
@@ -134,29 +132,31 @@ mod tests {
     }
 
     /// Kimi-K2.5's int4 experts with bf16 activations run on tensor cores from
-    /// [`INT4_TENSOR_CORE_MIN_TOKENS`] tokens a step, in stages of 128 bytes a row where the
-    /// widths are multiples of 256 columns, else 64; f32 activations, another group, widths
-    /// off the 128-column stages, fp8 and bf16 stacks on CUDA cores.
+    /// [`INT4_TENSOR_CORE_MIN_TOKENS`] tokens a step, in stages of 64 bytes a row; fewer
+    /// tokens, f32 activations, another group, widths off the 128-column stages, fp8 and
+    /// bf16 stacks on CUDA cores.
     #[test]
     fn int4_bf16_experts_take_tensor_cores() {
         let i4 = DType::Int4Group { group: 32 };
         let (bf, f32) = (DType::BF16, DType::F32);
-        let tc = ExpertMatmul::Int4TensorCores(Int4MmaTiling::G8_S4_W4);
-        let tc64 = ExpertMatmul::Int4TensorCores(Int4MmaTiling::G4_S4_W4);
+        let tc = ExpertMatmul::Int4TensorCores(Int4MmaTiling::G4_S4_W4);
         let cuda = ExpertMatmul::CudaCores;
-        for t in [1, 2, 4, 8, 16] {
+        for t in [1, 2, 4] {
+            assert_eq!(pick_at(i4, bf, bf, 7168, 2048, t), cuda, "T={t}");
+        }
+        for t in [8, 16] {
             assert_eq!(pick_at(i4, bf, bf, 7168, 2048, t), tc, "T={t}");
         }
         assert_eq!(pick(i4, bf, bf, 512, 256), tc);
-        assert_eq!(pick(i4, bf, bf, 512, 384), tc64);
-        // Every arch we emit holds the 72 KiB ring (sm_120: 99 KiB a block).
+        assert_eq!(pick(i4, bf, bf, 512, 384), tc);
+        // Every arch we emit holds the 36 KiB ring, also within 48 KiB a block.
         let all = Target::for_archs(&[Arch::Sm90a, Arch::Sm100a, Arch::Sm120]);
-        assert_eq!(pick_on(i4, bf, bf, 7168, 2048, 1, &all), tc);
+        assert_eq!(pick_on(i4, bf, bf, 7168, 2048, 8, &all), tc);
         let small = Target {
             smem_per_block: 48 * 1024,
             ..all
         };
-        assert_eq!(pick_on(i4, bf, bf, 7168, 2048, 1, &small), tc64);
+        assert_eq!(pick_on(i4, bf, bf, 7168, 2048, 8, &small), tc);
         assert_eq!(pick(i4, bf, f32, 7168, 2048), cuda);
         assert_eq!(pick(i4, f32, bf, 7168, 2048), cuda);
         assert_eq!(
