@@ -121,6 +121,37 @@ struct Shared {
     max_in_flight: Arc<AtomicUsize>,
 }
 
+/// One completion counted in flight from its request until just before its last event: a
+/// client may send its next request (on a new connection) as soon as it reads `[DONE]`,
+/// before this thread could count the first one out after writing it.
+struct InFlight<'a> {
+    count: &'a AtomicUsize,
+    ended: bool,
+}
+
+impl<'a> InFlight<'a> {
+    fn start(shared: &'a Shared) -> Self {
+        let n = shared.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        shared.max_in_flight.fetch_max(n, Ordering::SeqCst);
+        InFlight {
+            count: &shared.in_flight,
+            ended: false,
+        }
+    }
+
+    fn end(&mut self) {
+        if !std::mem::replace(&mut self.ended, true) {
+            self.count.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
 fn serve_connection(stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut out = stream;
@@ -135,11 +166,8 @@ fn serve_connection(stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
                 true
             }
             "/v1/completions" => {
-                let n = shared.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-                shared.max_in_flight.fetch_max(n, Ordering::SeqCst);
-                let r = stream_completion(&mut out, &req, &shared.behaviour);
-                shared.in_flight.fetch_sub(1, Ordering::SeqCst);
-                r?
+                let mut request = InFlight::start(shared);
+                stream_completion(&mut out, &req, &shared.behaviour, &mut request)?
             }
             _ => {
                 respond(
@@ -201,7 +229,12 @@ fn respond(out: &mut TcpStream, status: u16, ct: &str, body: &str) -> std::io::R
 }
 
 /// Streams the answer; returns whether the connection stays open.
-fn stream_completion(out: &mut TcpStream, req: &Seen, b: &Behaviour) -> std::io::Result<bool> {
+fn stream_completion(
+    out: &mut TcpStream,
+    req: &Seen,
+    b: &Behaviour,
+    request: &mut InFlight,
+) -> std::io::Result<bool> {
     if let Some((status, body)) = b.fail {
         respond(out, status, "application/json", body)?;
         return Ok(true);
@@ -250,6 +283,7 @@ fn stream_completion(out: &mut TcpStream, req: &Seen, b: &Behaviour) -> std::io:
             ))?;
         }
     }
+    request.end();
     send("data: [DONE]\n\n")?;
     if b.chunked {
         out.write_all(b"0\r\n\r\n")?;
