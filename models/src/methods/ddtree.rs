@@ -16,7 +16,7 @@ use specc_ir::{Graph, IrError, Op};
 use super::dflash::{self, draft_block, DFlashSpec, DFLASH_PREFIX};
 use super::step::{begin, commit_all, Builder};
 use super::tree::{accept_and_commit, verify_tree, MAX_TREE_BUDGET};
-use super::variants::{scaled_budget, tree_nodes, variant_ks};
+use super::variants::{lower_variants, scaled_budget, tree_nodes};
 use super::{draft_checkpoint, lower_err, Opened, SpecMethod, StepShape, TreeKeys, TreeKnobs};
 use crate::config::ModelSpec;
 use crate::error::ModelError;
@@ -102,25 +102,14 @@ impl SpecMethod for DDTree {
             return Ok(Vec::new());
         };
         let full = shape.num_steps;
-        variant_ks(full)
-            .into_iter()
-            .map(|d| {
-                let at = StepShape {
-                    num_steps: d,
-                    ..shape.clone()
-                };
-                let g = match d {
-                    0 => dflash::lower_dflash_plain(target, dflash, &at),
-                    _ => {
-                        let nodes = tree_nodes(d, t.topk as u64);
-                        let budget = scaled_budget(t.budget as u64, d, full, nodes) as u32;
-                        lower_ddtree(target, dflash, &at, TreeKnobs { budget, ..t })
-                    }
-                };
-                g.map(|g| (d, g))
-                    .map_err(|e| lower_err("ddtree step variant", e))
-            })
-            .collect()
+        lower_variants(shape, "ddtree step variant", |d, at| match d {
+            0 => dflash::lower_dflash_plain(target, dflash, at),
+            _ => {
+                let nodes = tree_nodes(d, t.topk as u64);
+                let budget = scaled_budget(t.budget as u64, d, full, nodes) as u32;
+                lower_ddtree(target, dflash, at, TreeKnobs { budget, ..t })
+            }
+        })
     }
 
     fn open(

@@ -25,7 +25,7 @@ use super::sampling::choose;
 use super::step::{
     begin, commit_all, forward, lower_target_prefill, verify_and_commit, Builder, Drafted,
 };
-use super::variants::variant_ks;
+use super::variants::lower_variants;
 use super::{
     chain_label, draft_checkpoint, lower_decode_step, lower_err, Opened, SpecMethod, StepShape,
     TreeKnobs,
@@ -56,21 +56,10 @@ impl SpecMethod for DraftModel {
         let DraftSide::Model(d) = draft else {
             return Ok(Vec::new());
         };
-        variant_ks(shape.num_steps)
-            .into_iter()
-            .map(|k| {
-                let at = StepShape {
-                    num_steps: k,
-                    ..shape.clone()
-                };
-                let g = match k {
-                    0 => lower_decode_step(target, &at),
-                    _ => lower_draft_model_step(target, d.spec(), &at),
-                };
-                g.map(|g| (k, g))
-                    .map_err(|e| lower_err("draft_model step variant", e))
-            })
-            .collect()
+        lower_variants(shape, "draft_model step variant", |k, at| match k {
+            0 => lower_decode_step(target, at),
+            _ => lower_draft_model_step(target, d.spec(), at),
+        })
     }
 
     fn open(

@@ -23,6 +23,7 @@ use super::step::{
     begin, commit_all, pending_positions, s, verify_and_commit, Builder, Common, Drafted, StepShape,
 };
 use crate::config::ModelSpec;
+use crate::error::ModelError;
 
 /// Draft sizes of the variants besides the configured `k`, ascending: plain decoding, one
 /// token, and about half of `k` (a few graphs cover the range where the best k moves with
@@ -34,6 +35,27 @@ pub fn variant_ks(k: u64) -> Vec<u64> {
         .collect();
     ks.dedup();
     ks
+}
+
+/// The step at each of [`variant_ks`]`(shape.num_steps)`, lowered by `lower(k, shape at
+/// k)`; errors name `what`.
+pub(super) fn lower_variants(
+    shape: &StepShape,
+    what: &str,
+    lower: impl Fn(u64, &StepShape) -> Result<Graph, IrError>,
+) -> Result<Vec<(u64, Graph)>, ModelError> {
+    variant_ks(shape.num_steps)
+        .into_iter()
+        .map(|k| {
+            let at = StepShape {
+                num_steps: k,
+                ..shape.clone()
+            };
+            lower(k, &at)
+                .map(|g| (k, g))
+                .map_err(|e| super::lower_err(what, e))
+        })
+        .collect()
 }
 
 /// A tap-reading draft's pending rows as one step reads them.

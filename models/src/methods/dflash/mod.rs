@@ -13,7 +13,7 @@ use specc_ir::engine::DraftKind;
 use specc_ir::Graph;
 
 use super::step::lower_target_prefill;
-use super::variants::variant_ks;
+use super::variants::lower_variants;
 use super::{
     chain_label, draft_checkpoint, lower_err, Opened, SpecMethod, StepShape, TreeKnobs,
     DEFAULT_NUM_STEPS,
@@ -58,21 +58,10 @@ impl SpecMethod for DFlash {
         let DraftSide::DFlash(dflash) = draft else {
             return Ok(Vec::new());
         };
-        variant_ks(shape.num_steps)
-            .into_iter()
-            .map(|k| {
-                let at = StepShape {
-                    num_steps: k,
-                    ..shape.clone()
-                };
-                let g = match k {
-                    0 => lower_dflash_plain(target, dflash, &at),
-                    _ => lower_dflash_prefix(target, dflash, &at),
-                };
-                g.map(|g| (k, g))
-                    .map_err(|e| lower_err("dflash step variant", e))
-            })
-            .collect()
+        lower_variants(shape, "dflash step variant", |k, at| match k {
+            0 => lower_dflash_plain(target, dflash, at),
+            _ => lower_dflash_prefix(target, dflash, at),
+        })
     }
 
     fn open(

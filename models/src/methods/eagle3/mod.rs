@@ -15,7 +15,7 @@ use specc_ir::Graph;
 
 use super::step::lower_target_prefill;
 use super::tree::MAX_TREE_BUDGET;
-use super::variants::{scaled_budget, variant_ks};
+use super::variants::{lower_variants, scaled_budget};
 use super::{
     chain_context_width, chain_label, draft_checkpoint, lower_err, Opened, SpecMethod, StepShape,
     TreeKeys, TreeKnobs,
@@ -105,27 +105,16 @@ impl SpecMethod for Eagle3 {
         };
         let full = shape.num_steps;
         let rows = full + 1;
-        variant_ks(full)
-            .into_iter()
-            .map(|k| {
-                let at = StepShape {
-                    num_steps: k,
-                    ..shape.clone()
-                };
-                let g = match (k, tree) {
-                    (0, _) => chain::lower_eagle3_plain(target, eagle, &at, rows),
-                    (_, None) => chain::lower_eagle3_chain(target, eagle, &at, rows),
-                    (_, Some(t)) => {
-                        let nodes = eagle_tree_candidates(k as u32, t.topk) + 1;
-                        let budget = scaled_budget(t.budget as u64, k, full, nodes) as u32;
-                        let t = TreeKnobs { budget, ..t };
-                        tree::lower_eagle3_tree(target, eagle, &at, t, rows)
-                    }
-                };
-                g.map(|g| (k, g))
-                    .map_err(|e| lower_err("eagle3 step variant", e))
-            })
-            .collect()
+        lower_variants(shape, "eagle3 step variant", |k, at| match (k, tree) {
+            (0, _) => chain::lower_eagle3_plain(target, eagle, at, rows),
+            (_, None) => chain::lower_eagle3_chain(target, eagle, at, rows),
+            (_, Some(t)) => {
+                let nodes = eagle_tree_candidates(k as u32, t.topk) + 1;
+                let budget = scaled_budget(t.budget as u64, k, full, nodes) as u32;
+                let t = TreeKnobs { budget, ..t };
+                tree::lower_eagle3_tree(target, eagle, at, t, rows)
+            }
+        })
     }
 
     fn open(
