@@ -167,6 +167,18 @@ pub fn wgmma_ring(p: &GemvParams, bm: u32, bn: u32, target: &Target) -> Option<W
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// (K, N, gate|up) of the Llama-3.1-8B projections and odd shapes the tiles must take.
+    const SHAPES: [(u32, u32, bool); 8] = [
+        (4096, 6144, false),
+        (4096, 4096, false),
+        (4096, 14336, true),
+        (14336, 4096, false),
+        (4096, 128256, false),
+        (136, 40, false),
+        (8, 8, true),
+        (1000, 520, true),
+    ];
     use specc_kernels_gen::abi::Loc;
     use specc_kernels_gen::gemm_mma::gemm_mma;
     use specc_kernels_gen::gemv::RmsNormPrologue;
@@ -236,16 +248,7 @@ mod tests {
             smem_per_block: Arch::Sm120.max_smem_per_block(),
             ..h.clone()
         };
-        let shapes = [
-            (4096, 6144, false),
-            (4096, 4096, false),
-            (4096, 14336, true),
-            (14336, 4096, false),
-            (4096, 128256, false),
-            (136, 40, false),
-            (8, 8, true),
-            (1000, 520, true),
-        ];
+        let shapes = SHAPES;
         for target in [&h, &sm120] {
             for rows in [32, 33, 64, 100, 128, 256, 1024] {
                 for (k, n, gu) in shapes {
@@ -299,16 +302,7 @@ mod tests {
         let wide = params(4096, 14336, true);
         assert!(wgmma_tiling(&wide, WGMMA_MIN_ROWS - 1, &h).is_none());
         assert!(wgmma_tiling(&wide, WGMMA_MIN_ROWS, &h).is_some());
-        let shapes = [
-            (4096, 6144, false),
-            (4096, 4096, false),
-            (4096, 14336, true),
-            (14336, 4096, false),
-            (4096, 128256, false),
-            (136, 40, false),
-            (8, 8, true),
-            (1000, 520, true),
-        ];
+        let shapes = SHAPES;
         for rows in [32, 33, 64, 100, 128, 256, 1024] {
             for (k, n, gu) in shapes {
                 let p = params(k, n, gu);
