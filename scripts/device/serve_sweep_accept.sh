@@ -10,7 +10,7 @@
 # JSON per run in $OUT (sweep_<shape>_<config>.json), then a table and an SVG per shape by
 # bench/plot_sweep.py. Pack first: scripts/gpu-pack --specc
 # Usage: bash scripts/device/serve_sweep_accept.sh [default] [8b]   (LANES, REQUESTS, TOKENS,
-#        CONC, ACCEPT, MAX_CONTEXT, DEFAULT_METHODS). Split across calls, re-plot the fetched
+#        CONC, ACCEPT, MAX_CONTEXT, DEFAULT_METHODS, POLICY: adaptive or fixed). Split across calls, re-plot the fetched
 #        JSON with bench/plot_sweep.py.
 set -uo pipefail
 export SPECC_CACHE_DIR=/tmp/specc-cache
@@ -91,7 +91,7 @@ for shape in "${shapes[@]}"; do
     args=(plain="$OUT/sweep_8b_none.json")
     for p in $ACCEPT; do
       measure "8b_p$p" $T --random-weights --synthetic-acceptance "$p" --max-context "$MAX_CONTEXT" \
-        --spec /tmp/specs/8b_draft.toml --shrink-buckets --spec-policy adaptive
+        --spec /tmp/specs/8b_draft.toml --shrink-buckets --spec-policy "${POLICY:-adaptive}"
       args+=("draft_model ($DRAFT) k=7, P=$p"="$OUT/sweep_8b_p$p.json")
     done
     python3 bench/plot_sweep.py --title "Llama-3.1-8B shape, planted acceptance P, H200, $LANES lanes" \
