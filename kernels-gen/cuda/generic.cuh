@@ -166,83 +166,72 @@ template <typename T, typename Op> __device__ T block_reduce(T x, Op op, T* scra
   return t;
 }
 
-// ---- sample: inverse CDF with the interpreter's sequential f32 running sum ----
+// ---- sample: inverse CDF over the interpreter's blocked f32 running sum ----
 
-// One warp samples one row of `v` probabilities: the smallest `i` with `c[i] > u * c[v-1]`,
-// where `c[i] = (((0 + p[0]) + p[1]) + ...) + p[i]` in f32, else `v - 1`. The running sum is
-// computed once, in order, by lane 0 (a dependent chain of adds: about 4 cycles an element)
-// while the warp stages chunks of `CH` values in shared memory. Per chunk it keeps the sum
-// before the chunk (`starts`) and a value `maxs` that exceeds any threshold exactly when some
-// running sum inside the chunk does: the largest one (NaN ignored), or the last one when no
-// value of the chunk is negative or NaN (the sums then never decrease). The search reruns
-// only the first chunk whose `maxs` exceeds the threshold, from its starting sum: the same
-// additions in the same order. `buf` holds CH floats, `starts` and `maxs` ceil(v / CH) each
-// (shared memory). Returns the index in lane 0; the other lanes return v - 1.
-template <int CH>
-__device__ int sample_row(const float* p, int v, float u, float* buf, float* starts,
-                          float* maxs) {
-  constexpr int PER = CH / 32;
-  const int lane = threadIdx.x & 31;
-  const int chunks = (v + CH - 1) / CH;
-  float next[PER];
-#pragma unroll
-  for (int j = 0; j < PER; ++j) {
-    const int i = j * 32 + lane;
-    next[j] = i < v ? p[i] : 0.0f;
-  }
-  float c = 0.0f;
-  for (int ch = 0; ch < chunks; ++ch) {
-    bool mine_monotone = true;
-    __syncwarp();
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      buf[j * 32 + lane] = next[j];
-      mine_monotone = mine_monotone && next[j] >= 0.0f;
-    }
-    const bool monotone = __all_sync(0xffffffffu, mine_monotone);
-    __syncwarp();
-    if (ch + 1 < chunks) {
-#pragma unroll
-      for (int j = 0; j < PER; ++j) {
-        const int i = (ch + 1) * CH + j * 32 + lane;
-        next[j] = i < v ? p[i] : 0.0f;
+// One block of NT threads samples one row of `v` probabilities (`SAMPLE_BLOCK` = BLK values a
+// block of the row): with `s_j` block j's sequential sum, `P_j = s_0 + ... + s_{j-1}` in
+// order, the running sum at element r of block j is `P_j + (p_0 + ... + p_r)` (the block's own
+// partial sum), and the result is the smallest index whose running sum exceeds `u * P_n`, else
+// `v - 1` (interp `sample`). The block sums are computed in parallel, one thread a block,
+// each with `maxs_j`, the largest partial sum of the block (NaN ignored): f32 addition is
+// monotone in each operand, so some running sum of block j exceeds the threshold exactly
+// when `P_j + maxs_j` does. Thread 0 turns the sums into `P_j` in order; the first block past
+// the threshold is found by a shared-memory minimum; thread 0 reruns its partial sums. `sums`
+// and `maxs` hold ceil(v / BLK) floats each (shared memory). Returns the index in thread 0.
+template <int NT, int BLK>
+__device__ int sample_row(const float* p, int v, float u, float* sums, float* maxs,
+                          int* first, float* thr_out) {
+  const int nb = (v + BLK - 1) / BLK;
+  for (int j = threadIdx.x; j < nb; j += NT) {
+    const float* b = p + (long long)j * BLK;
+    const int len = min(BLK, v - j * BLK);
+    float s = 0.0f, m = neg_inf();
+    if (len == BLK) {
+#pragma unroll 16
+      for (int r = 0; r < BLK; ++r) {
+        s = __fadd_rn(s, b[r]);
+        m = fmaxf(m, s);
+      }
+    } else {
+      for (int r = 0; r < len; ++r) {
+        s = __fadd_rn(s, b[r]);
+        m = fmaxf(m, s);
       }
     }
-    if (lane == 0) {
-      const int len = min(CH, v - ch * CH);
-      starts[ch] = c;
-      if (monotone && len == CH) {
-        // Loads run ahead of the add chain.
-#pragma unroll 32
-        for (int j = 0; j < CH; ++j) c = __fadd_rn(c, buf[j]);
-        maxs[ch] = c;
-      } else if (monotone) {
-        for (int j = 0; j < len; ++j) c = __fadd_rn(c, buf[j]);
-        maxs[ch] = c;
-      } else {
-        float mx = neg_inf();
-        for (int j = 0; j < len; ++j) {
-          c = __fadd_rn(c, buf[j]);
-          mx = fmaxf(mx, c);
-        }
-        maxs[ch] = mx;
-      }
+    sums[j] = s;
+    maxs[j] = m;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float acc = 0.0f;
+    for (int j = 0; j < nb; ++j) {
+      const float sj = sums[j];
+      sums[j] = acc;
+      acc = __fadd_rn(acc, sj);
+    }
+    *thr_out = __fmul_rn(u, acc);
+    *first = nb;
+  }
+  __syncthreads();
+  const float thr = *thr_out;
+  for (int j = threadIdx.x; j < nb; j += NT) {
+    if (__fadd_rn(sums[j], maxs[j]) > thr) {
+      atomicMin(first, j);
+      break;
     }
   }
+  __syncthreads();
   int res = v - 1;
-  if (lane == 0) {
-    const float thr = __fmul_rn(u, c);
-    for (int ch = 0; ch < chunks; ++ch) {
-      if (maxs[ch] > thr) {
-        float s = starts[ch];
-        const int end = min(v, (ch + 1) * CH);
-        for (int i = ch * CH; i < end; ++i) {
-          s = __fadd_rn(s, p[i]);
-          if (s > thr) {
-            res = i;
-            break;
-          }
-        }
+  if (threadIdx.x == 0 && *first < nb) {
+    const int j = *first;
+    const float start = sums[j];
+    const float* b = p + (long long)j * BLK;
+    const int len = min(BLK, v - j * BLK);
+    float s = 0.0f;
+    for (int r = 0; r < len; ++r) {
+      s = __fadd_rn(s, b[r]);
+      if (__fadd_rn(start, s) > thr) {
+        res = j * BLK + r;
         break;
       }
     }

@@ -67,6 +67,7 @@ mod pool;
 mod rope;
 mod shape_ops;
 mod spec_ops;
+pub use spec_ops::SAMPLE_BLOCK;
 mod tensor;
 mod tree;
 mod util;

@@ -3,9 +3,18 @@
 use super::tensor::Tensor;
 use super::util::{f32s, i64s, last_dim, OpResult, Out};
 
-/// Inverse CDF per row: the smallest `i` with `cumsum[i] > u · total`, where `cumsum` is the
-/// sequential f32 running sum and `total` its last value; `V - 1` when there is none (u >= 1,
-/// or all-zero / NaN probabilities). For `u` in `[0, 1)` the result always has non-zero
+/// Values of one block of a row in [`sample`]'s running sum.
+pub const SAMPLE_BLOCK: usize = 256;
+
+/// Inverse CDF per row over a blocked running sum, so that a kernel can sum the blocks in
+/// parallel and still match it bit for bit: the row is cut into blocks of [`SAMPLE_BLOCK`]
+/// values; `s_j` is block `j`'s sequential f32 sum, `P_j = s_0 + … + s_{j−1}` (sequential,
+/// `P_0 = 0`), the total `P_n`, and the running sum at element `r` of block `j` is
+/// `P_j + (x_0 + … + x_r)` (the block's own sequential partial sum, added to `P_j` once).
+/// The result is the smallest `i` whose running sum exceeds `u · total`; `V − 1` when none
+/// does (`u ≥ 1`, or all-zero / NaN probabilities). The running sum is monotone over
+/// non-negative values (f32 addition is monotone in each operand, and a block's last
+/// running sum is `P_{j+1}`), so for `u` in `[0, 1)` the result always has non-zero
 /// probability: zeros never raise the running sum past the threshold.
 pub(crate) fn sample(probs: &Tensor, u: &Tensor, out: &Out) -> OpResult {
     let p = f32s(probs, "sample probs")?;
@@ -17,20 +26,35 @@ pub(crate) fn sample(probs: &Tensor, u: &Tensor, out: &Out) -> OpResult {
     let res = p
         .chunks(v)
         .zip(uv)
-        .map(|(row, &u)| {
-            let total = row.iter().fold(0.0f32, |a, &b| a + b);
-            let thr = u * total;
-            let mut c = 0.0f32;
-            for (i, &x) in row.iter().enumerate() {
-                c += x;
-                if c > thr {
-                    return i as i64;
-                }
-            }
-            v as i64 - 1
-        })
+        .map(|(row, &u)| sample_row(row, u) as i64)
         .collect();
     Ok(out.i64(res))
+}
+
+/// [`sample`] of one row.
+fn sample_row(row: &[f32], u: f32) -> usize {
+    let sequential = |xs: &[f32]| xs.iter().fold(0.0f32, |a, &b| a + b);
+    let starts: Vec<f32> = row
+        .chunks(SAMPLE_BLOCK)
+        .scan(0.0f32, |acc, blk| {
+            let start = *acc;
+            *acc += sequential(blk);
+            Some(start)
+        })
+        .collect();
+    let last = row.chunks(SAMPLE_BLOCK).last().map_or(0.0, sequential);
+    let total = starts.last().map_or(0.0, |&s| s + last);
+    let thr = u * total;
+    for (j, blk) in row.chunks(SAMPLE_BLOCK).enumerate() {
+        let mut partial = 0.0f32;
+        for (r, &x) in blk.iter().enumerate() {
+            partial += x;
+            if starts[j] + partial > thr {
+                return j * SAMPLE_BLOCK + r;
+            }
+        }
+    }
+    row.len() - 1
 }
 
 /// Per row, the smallest `t ≥ 0` with `S(t) = Σ_{w_j > t} w_j < p · Z` (`w` = the positive
@@ -175,6 +199,28 @@ mod tests {
         let u = tf(DType::F32, &[2], &[0.9, 0.1]);
         let r = run_op(Op::Sample, vec![p, u]);
         assert_eq!(r.as_i64().unwrap(), &[0, 1]);
+    }
+
+    #[test]
+    fn sample_sums_blocks_then_adds_each_partial_once() {
+        // Two blocks: s_0 = 256 · 2^-24 is exact, and the running sum of block 1 is
+        // P_1 + partial. With one sequential sum 1 + 2^-24 would round back to 1 at every
+        // step; here block 0's mass survives as a block: P_1 = 2^-16.
+        let mut p = vec![2f32.powi(-24); SAMPLE_BLOCK];
+        p.extend([1.0, 1.0]);
+        let total = 2f32.powi(-16) + 2.0;
+        // u · total just below P_1: an element of block 0.
+        let u = (2f32.powi(-16) * 0.5) / total;
+        assert!(sample_one(&p, u) < SAMPLE_BLOCK as i64);
+        // Just past P_1 + 1: the second element of block 1.
+        let u = (2f32.powi(-16) + 1.5) / total;
+        assert_eq!(sample_one(&p, u), SAMPLE_BLOCK as i64 + 1);
+        // A zero block between never takes the draw.
+        let mut q = vec![0.0f32; 2 * SAMPLE_BLOCK];
+        q[3] = 0.5;
+        q.push(0.5);
+        assert_eq!(sample_one(&q, 0.5), 2 * SAMPLE_BLOCK as i64);
+        assert_eq!(sample_one(&q, 0.49), 3);
     }
 
     fn threshold(row: &[f32], p: f64) -> f32 {

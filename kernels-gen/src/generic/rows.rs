@@ -1,5 +1,5 @@
 //! Row ops over the last axis: `reduce_sum` / `reduce_max`, `argmax`, `topk`, `softmax`,
-//! `top_p_threshold` and `top_k_threshold` (one block per row), `sample` (one warp per row), `accept_chain` (one
+//! `top_p_threshold`, `top_k_threshold` and `sample` (one block per row), `accept_chain` (one
 //! thread per row),
 //! and the standalone dense layers `matmul` (one warp per output column) and `rmsnorm`
 //! (the [`crate::norm`] family).
@@ -12,6 +12,7 @@ use crate::abi::{Dtype, Extent, KernelSource, LaunchSpec, Rows, View};
 use crate::norm::{rmsnorm as norm_rmsnorm, RmsNormParams};
 use crate::writer::emit;
 use crate::Error;
+use specc_ir::interp::SAMPLE_BLOCK;
 use specc_ir::{DType, ReduceOp};
 
 /// Starts a one-block-per-row kernel: `xr` / `yr` point at row `blockIdx.x` of `x` (rows of
@@ -235,12 +236,14 @@ pub(super) fn top_k_threshold(x: &TensorArg, kk: &TensorArg, out: &TensorArg) ->
     k.finish(row_launch(rows, nt))
 }
 
-/// Largest row length `sample` handles: 4096 chunk records (32 KiB of shared memory) of
-/// up to 2048 values.
-const SAMPLE_MAX_V: u64 = 4096 * 2048;
+/// Largest row length `sample` handles: 4096 blocks of the running sum (32 KiB of shared
+/// memory for their sums and maxima).
+const SAMPLE_MAX_V: u64 = 4096 * SAMPLE_BLOCK as u64;
+/// Threads of a `sample` block: one per block of the running sum, 256 at a time.
+const SAMPLE_THREADS: u32 = 256;
 
-/// Inverse-CDF sampling per row, bit-exact with the interpreter (`sample_row` in
-/// `cuda/generic.cuh`).
+/// Inverse-CDF sampling per row, one block a row, bit-exact with the interpreter's blocked
+/// running sum (`sample_row` in `cuda/generic.cuh`).
 pub(super) fn sample(
     probs: &TensorArg,
     u: &TensorArg,
@@ -254,9 +257,7 @@ pub(super) fn sample(
             format!("rows of {v} probabilities exceed {SAMPLE_MAX_V}"),
         ));
     }
-    // Chunks of at least 256 values, as few as keep the chunk records within 4096.
-    let ch = v.div_ceil(4096).next_multiple_of(32).max(256);
-    let chunks = v.div_ceil(ch);
+    let blocks = v.div_ceil(SAMPLE_BLOCK as u64).max(1);
     let rows = u.numel();
     let mut k = Kernel::new("sample", probs.dtype);
     k.ptr("p", probs, false);
@@ -264,15 +265,15 @@ pub(super) fn sample(
     k.ptr("y", out, true);
     let w = &mut k.body;
     emit!(w, "constexpr int V = {v};");
-    emit!(w, "constexpr int CH = {ch};");
+    emit!(w, "__shared__ float sums[{blocks}], maxs[{blocks}], thr;");
+    w.line("__shared__ int first;");
+    w.line("const long long row = blockIdx.x;");
     emit!(
         w,
-        "__shared__ float buf[CH], starts[{chunks}], maxs[{chunks}];"
+        "const int i = sample_row<{SAMPLE_THREADS}, {SAMPLE_BLOCK}>(p + row * V, V, u[row], sums, maxs, &first, &thr);"
     );
-    w.line("const long long row = blockIdx.x;");
-    w.line("const int i = sample_row<CH>(p + row * V, V, u[row], buf, starts, maxs);");
     w.if_block("threadIdx.x == 0", |w| w.line("y[row] = i;"));
-    Ok(k.finish(row_launch(rows, 32)))
+    Ok(k.finish(row_launch(rows, SAMPLE_THREADS)))
 }
 
 /// Per row `b`: the number of leading `i < K` with `draft[b, i] == target[b, i]`.
