@@ -268,6 +268,27 @@ pub fn check_chunk(chunk: usize, max_context: u64) -> Result<(), RuntimeError> {
     Ok(())
 }
 
+/// The prefill chunk hosts use unless told otherwise (or the largest prompt bucket within
+/// a smaller context).
+pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+
+/// `chunk` checked ([`check_chunk`]), or without one the default: [`DEFAULT_PREFILL_CHUNK`]
+/// or the largest prompt bucket within `max_context` (0, whole prompts, below the smallest).
+pub fn prefill_chunk_or_default(
+    chunk: Option<usize>,
+    max_context: u64,
+) -> Result<usize, RuntimeError> {
+    match chunk {
+        Some(c) => check_chunk(c, max_context).map(|()| c),
+        None => {
+            let ctx = usize::try_from(max_context).unwrap_or(usize::MAX);
+            let c = DEFAULT_PREFILL_CHUNK.min(ctx);
+            let c = if c == 0 { 0 } else { 1 << c.ilog2() };
+            Ok(if c < MIN_PREFILL_T { 0 } else { c })
+        }
+    }
+}
+
 /// One lane's rows of a prefill chunk: prompt positions `start..start + len` (`len` 0: the
 /// lane is padding in this chunk). A chunk's rows attend to the cache rows earlier chunks
 /// wrote (attention is causal over the cache by position), so the chunks of a prompt
