@@ -13,33 +13,15 @@ mod spec_common;
 use specc_models::{Model, SpecBundle, SpecConfig};
 use specc_runtime::{SpecCpuSession, SpecGraphs, Speculator};
 
-use lanes_common::{alone, serve_interleaved, Arrival};
+use lanes_common::{alone, long_staggered, serve_interleaved, Arrival};
 use spec_common::{default_model, python_prompts};
 
 const CTX: u64 = 256;
 /// The smallest prompt bucket: the long prompts below take 3 to 4 chunks.
 const CHUNK: usize = 16;
 
-/// A long prompt joining while short ones decode, another long one later, lanes reused.
 fn arrivals() -> Vec<Arrival> {
-    let p = python_prompts(4);
-    let cat = |ix: &[usize]| -> Vec<u32> { ix.iter().flat_map(|&i| p[i].clone()).collect() };
-    let prompts = [
-        cat(&[2]),
-        cat(&[0, 1, 2, 3]),
-        cat(&[1, 3]),
-        cat(&[3, 0, 1]),
-        cat(&[0]),
-    ];
-    [(0, 30, 0), (1, 16, 2), (2, 12, 3), (3, 10, 6), (4, 8, 9)]
-        .iter()
-        .map(|&(p, max_new, at_step)| Arrival {
-            prompt: prompts[p].clone(),
-            max_new,
-            at_step,
-            knobs: None,
-        })
-        .collect()
+    long_staggered(&python_prompts(4))
 }
 
 fn check(spec_file: &str) {

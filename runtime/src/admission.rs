@@ -495,4 +495,67 @@ mod tests {
         );
         assert_eq!(max_new_tokens(60, 5, 64), 0);
     }
+
+    /// (position, token, prompt row of its taps) of every EAGLE-3 pair of `rows`.
+    fn pairs_of(rows: &[ChunkRows]) -> Vec<(i64, i64, usize)> {
+        let t = rows.iter().map(|r| r.len).max().unwrap_or(1).max(1);
+        let Some(p) = eagle_pairs(rows, t) else {
+            return Vec::new();
+        };
+        p.hidden_rows
+            .iter()
+            .map(|&(dst, src)| {
+                let start = rows[src / t].start;
+                (
+                    p.inputs.positions[dst],
+                    p.inputs.tokens[dst],
+                    start + src % t,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn eagle_pairs_of_the_chunks_are_the_whole_prompts_pairs() {
+        let prompt: Vec<u32> = (10..47).collect();
+        let whole = pairs_of(&chunk_rows(&[&prompt], 0, 0));
+        assert_eq!(whole.len(), prompt.len() - 1);
+        for (i, &(pos, tok, row)) in whole.iter().enumerate() {
+            assert_eq!((pos, tok, row), (i as i64, prompt[i + 1] as i64, i));
+        }
+        let mut chunked = Vec::new();
+        for start in (0..prompt.len()).step_by(16) {
+            let rows = chunk_rows(&[&prompt], start, 16);
+            chunked.extend(pairs_of(&rows));
+            assert_eq!(
+                eagle_slot_row(&rows, 0, rows[0].len),
+                (start + 16 >= prompt.len()).then(|| prompt.len() - 1 - start)
+            );
+        }
+        assert_eq!(chunked, whole, "pairs cross chunk boundaries");
+    }
+
+    #[test]
+    fn column_chunks_split_a_prefill_in_order() {
+        let pre = PrefillInputs {
+            t: 5,
+            tokens: (0..10).collect(),
+            positions: (0..10).map(|i| i % 5).collect(),
+        };
+        let w = column_chunks(&pre, 2);
+        assert_eq!(w.iter().map(|c| c.t).collect::<Vec<_>>(), [2, 2, 1]);
+        assert_eq!(w[1].tokens, [2, 3, 7, 8]);
+        assert_eq!(w[2].positions, [4, 4]);
+        assert_eq!(column_chunks(&pre, 0)[0].tokens, pre.tokens);
+    }
+
+    #[test]
+    fn the_default_chunk_is_a_prompt_bucket_within_the_context() {
+        assert_eq!(prefill_chunk_or_default(None, 4096).unwrap(), 512);
+        assert_eq!(prefill_chunk_or_default(None, 300).unwrap(), 256);
+        assert_eq!(prefill_chunk_or_default(None, 10).unwrap(), 0);
+        assert_eq!(prefill_chunk_or_default(Some(0), 300).unwrap(), 0);
+        assert!(prefill_chunk_or_default(Some(100), 4096).is_err());
+        assert!(prefill_chunk_or_default(Some(1024), 512).is_err());
+    }
 }

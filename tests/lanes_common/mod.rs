@@ -47,6 +47,28 @@ pub fn staggered(prompts: &[Vec<u32>]) -> Vec<Arrival> {
     .collect()
 }
 
+/// Five requests over `prompts` (4) concatenated into longer ones (up to all four): a
+/// long prompt joins while a short one decodes, another later, lanes reused (3 lanes).
+pub fn long_staggered(prompts: &[Vec<u32>]) -> Vec<Arrival> {
+    let cat = |ix: &[usize]| -> Vec<u32> { ix.iter().flat_map(|&i| prompts[i].clone()).collect() };
+    let long = [
+        cat(&[2]),
+        cat(&[0, 1, 2, 3]),
+        cat(&[1, 3]),
+        cat(&[3, 0, 1]),
+        cat(&[0]),
+    ];
+    [(0, 30, 0), (1, 16, 2), (2, 12, 3), (3, 10, 6), (4, 8, 9)]
+        .iter()
+        .map(|&(p, max_new, at_step)| Arrival {
+            prompt: long[p].clone(),
+            max_new,
+            at_step,
+            knobs: None,
+        })
+        .collect()
+}
+
 /// Serves `arrivals` on `s`; each request's tokens (first + emitted, truncated).
 pub fn serve(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
     let lanes = s.lanes();
