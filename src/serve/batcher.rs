@@ -367,22 +367,23 @@ fn prefill_chunk<'a>(
     if joining.iter().all(Option::is_none) {
         return;
     }
-    let before = s.prefilling();
-    match s.prefill_chunk() {
+    let why = match s.prefill_chunk() {
         Ok(armed) => {
             for (b, first) in armed {
                 if let Some(job) = joining[b].take() {
                     slots[b] = start(s, b, job, first, c);
                 }
             }
+            "admission failed: the session dropped it".to_string()
         }
-        Err(e) => {
-            let after = s.prefilling();
-            for b in before.into_iter().filter(|b| !after.contains(b)) {
-                if let Some(job) = joining[b].take() {
-                    fail(s, b, job, &format!("admission failed: {e}"), c);
-                }
-            }
+        Err(e) => format!("admission failed: {e}"),
+    };
+    // A job whose lane the session no longer prefills (its admission failed) ends here.
+    let still = s.prefilling();
+    for b in 0..joining.len() {
+        if joining[b].is_some() && !still.contains(&b) {
+            let job = joining[b].take().expect("checked above");
+            fail(s, b, job, &why, c);
         }
     }
 }

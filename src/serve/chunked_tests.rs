@@ -34,6 +34,8 @@ enum Call {
 struct Recorder<'s, 'a> {
     inner: &'s mut SpecCpuSession<'a>,
     calls: Vec<Call>,
+    /// A client that hangs up once its lane's first prefill chunk has run.
+    hang_up: Option<(usize, UnboundedReceiver<Event>)>,
 }
 
 impl Speculator for Recorder<'_, '_> {
@@ -61,6 +63,13 @@ impl Speculator for Recorder<'_, '_> {
     fn prefill_chunk(&mut self) -> Result<Vec<(usize, u32)>, RuntimeError> {
         let prefilling = self.inner.prefilling();
         let armed = self.inner.prefill_chunk()?;
+        if self
+            .hang_up
+            .as_ref()
+            .is_some_and(|(lane, _)| prefilling.first() == Some(lane))
+        {
+            self.hang_up = None;
+        }
         self.calls.push(Call::Chunk {
             prefilling,
             armed: armed.iter().map(|a| a.0).collect(),
@@ -174,6 +183,7 @@ fn serve(
     let mut rec = Recorder {
         inner: s,
         calls: Vec::new(),
+        hang_up: None,
     };
     // The session stays on this thread (its weights are not `Sync`); the client runs
     // beside it and hangs up when done, which ends the loop.
@@ -276,4 +286,73 @@ fn a_long_prompt_joins_in_chunks_between_the_steps_of_a_live_lane() {
         chunked[1].text, whole[1].text,
         "the long reply, chunked vs whole"
     );
+}
+
+/// A client that hangs up while its long prompt is prefilling frees its lane: no more of its
+/// chunks run, and the next request is admitted into that lane while the other lane decodes.
+#[test]
+fn a_client_gone_mid_prefill_frees_its_lane() {
+    let dir = embedded::default_model_dir().unwrap();
+    let target = Model::open(&dir).unwrap();
+    let cfg = SpecConfig::from_file(&dir.join(embedded::SPEC_FILE)).unwrap();
+    let b = SpecBundle::open(&target, &cfg).unwrap();
+    let weights = b.load_weights_f32(&target).unwrap();
+    let mut s = SpecCpuSession::new(SpecGraphs::of(&b), &weights, LANES, CTX);
+    const CHUNK: usize = 16;
+    s.set_prefill_chunk(CHUNK).unwrap();
+    let short: Vec<u32> = (0..8).map(|i| 1 + (i * 37) % 500).collect();
+    let long: Vec<u32> = (0..200u32).map(|i| 1 + (i * 13 + i / 7) % 500).collect();
+    let codec = TextCodec::ids_only();
+    let metrics = Metrics::new("test", LANES, 5);
+    let (queue, rx, waiting) = Queue::new(8);
+    let ctx = LoopCtx {
+        codec: &codec,
+        eos: &[],
+        max_context: CTX,
+        metrics: &metrics,
+        waiting: &waiting,
+        chunked: true,
+    };
+    let (gone, gone_rx) = job(long, 8, 1);
+    let mut rec = Recorder {
+        inner: &mut s,
+        calls: Vec::new(),
+        hang_up: Some((1, gone_rx)),
+    };
+    let client = std::thread::spawn(move || {
+        let (a, mut a_rx) = job(short.clone(), 400, 0);
+        queue.submit(a).unwrap();
+        let Some(Event::Text(_)) = a_rx.blocking_recv() else {
+            panic!("the short request produced no text");
+        };
+        queue.submit(gone).unwrap();
+        let (next, next_rx) = job(short, 8, 2);
+        queue.submit(next).unwrap();
+        let next = collect(next_rx);
+        let a = collect(a_rx);
+        (a, next)
+    });
+    run(&mut rec, rx, &ctx);
+    let (a, next) = client.join().unwrap();
+    assert!(!a.text.is_empty() && !next.text.is_empty());
+    let calls = &rec.calls;
+    let gone_chunks = calls
+        .iter()
+        .take_while(|c| !matches!(c, Call::Chunk { armed, .. } if armed.contains(&1)))
+        .filter(|c| matches!(c, Call::Chunk { prefilling, .. } if prefilling.first() == Some(&1)))
+        .count();
+    assert!(
+        (1..200usize.div_ceil(CHUNK)).contains(&gone_chunks),
+        "the request that hung up ran {gone_chunks} chunks: {calls:?}"
+    );
+    // The next request was armed in lane 1 while lane 0 still decoded (steps follow).
+    let armed_at = calls
+        .iter()
+        .position(|c| matches!(c, Call::Chunk { armed, .. } if armed.contains(&1)))
+        .expect("the next request was armed in the freed lane");
+    assert!(calls[armed_at..].iter().any(|c| matches!(c, Call::Step)));
+    assert!(rec.inner.prefilling().is_empty());
+    assert!(metrics
+        .render()
+        .contains("specc:num_requests_prefilling{model_name=\"test\"} 0"));
 }

@@ -111,7 +111,15 @@ impl CudaSpecSession<'_> {
         self.begin_admission(rows)?;
         let mut first = Vec::new();
         while !self.pending.is_empty() {
-            first.extend(self.prefill_chunk()?);
+            match self.prefill_chunk() {
+                Ok(armed) => first.extend(armed),
+                Err(e) => {
+                    // The admissions after the failing one are dropped too: nothing waits
+                    // for them.
+                    self.pending.clear();
+                    return Err(e);
+                }
+            }
         }
         Ok(rows
             .iter()
