@@ -380,9 +380,9 @@ fn prefill_chunk<'a>(
     };
     // A job whose lane the session no longer prefills (its admission failed) ends here.
     let still = s.prefilling();
-    for b in 0..joining.len() {
-        if joining[b].is_some() && !still.contains(&b) {
-            let job = joining[b].take().expect("checked above");
+    for (b, slot) in joining.iter_mut().enumerate() {
+        if slot.is_some() && !still.contains(&b) {
+            let job = slot.take().expect("checked above");
             fail(s, b, job, &why, c);
         }
     }
