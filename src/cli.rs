@@ -174,6 +174,12 @@ pub enum Command {
         /// goodput; `fixed` always runs the configured k.
         #[arg(long, value_enum, conflicts_with = "no_spec")]
         spec_policy: Option<SpecPolicyArg>,
+        /// Prefill a prompt in chunks of at most N tokens (a power of two from 16; 0: whole
+        /// prompts in one prefill). Default: 512, or the largest such chunk within the
+        /// context. Each chunk attends to the cache rows of the ones before it: the tokens
+        /// are those of a whole prefill, and no prefill graph or arena is larger than a chunk.
+        #[arg(long, value_name = "N")]
+        prefill_chunk: Option<usize>,
         /// Also write the prompt ids and generated ids as JSON here (for parity checks).
         #[arg(long)]
         ids_out: Option<PathBuf>,
@@ -356,6 +362,12 @@ pub struct ServeArgs {
     /// KV-cache capacity per sequence (as for `run`).
     #[arg(long)]
     pub max_context: Option<u64>,
+    /// Prefill a joining request's prompt in chunks of at most N tokens (a power of two
+    /// from 16; 0: whole prompts), one chunk between two steps of the running requests, so
+    /// their next tokens wait one step and one chunk, not a whole long prompt. Default:
+    /// 512, or the largest such chunk within the context.
+    #[arg(long, value_name = "N")]
+    pub prefill_chunk: Option<usize>,
     /// The default sampling knobs of requests (each request may send its own temperature,
     /// top_k and top_p: they are per-lane device state; the seed is compiled in, and a
     /// request's seed picks its RNG stream).

@@ -183,13 +183,26 @@ fn the_adaptive_policy_is_exact_and_reports_its_choices() {
 /// and its tokens, and those of the lane already running, stay the target's greedy tokens.
 #[test]
 fn a_lane_joining_during_plain_decoding_is_primed_only_when_speculation_resumes() {
+    lazy_join(prompts(2), 0);
+}
+
+/// The same with lane 1's 56-token prompt prefilled in chunks of 16: the draft prefill is
+/// skipped for every chunk, and re-priming makes the draft whole again.
+#[test]
+fn a_lane_joining_in_chunks_during_plain_decoding_is_primed_when_speculation_resumes() {
+    let mut ps = prompts(2);
+    ps[1] = ps[1].repeat(8);
+    lazy_join(ps, 16);
+}
+
+fn lazy_join(ps: Vec<Vec<u32>>, chunk: usize) {
     use specc_runtime::admission::LaneSampling;
     let (target, b) = embedded();
     let w = b.load_weights_f32(&target).unwrap();
-    let ps = prompts(2);
     let n = 30;
     let want = greedy(&target, &ps, n);
     let mut s = session(&b, &w, 2);
+    s.set_prefill_chunk(chunk).unwrap();
     // Adaptive, as a server runs it; every step's variant is forced below.
     s.policy_mut().set_mode(SpecPolicy::Adaptive);
     let mut tokens = [Vec::new(), Vec::new()];

@@ -10,8 +10,8 @@ mod common;
 mod gpu_common;
 mod lanes_common;
 
-use gpu_common::{build_engine, corpus_prompts, default_model, gpu, session};
-use lanes_common::{alone, serve, staggered};
+use gpu_common::{build_engine, corpus_prompts, default_model, drive, gpu, session};
+use lanes_common::{alone, long_staggered, serve, serve_interleaved, staggered};
 use specc_ir::engine::Engine;
 use specc_models::spec_bundle::prefill_buckets;
 use specc_models::{Model, SpecBundle, SpecConfig};
@@ -493,4 +493,162 @@ fn draft_model_lane_joining_during_plain_decoding_is_primed_lazily() {
         "PASS draft_model lazy priming: 1 unprimed admission, {checked}/2 lanes equal the interpreter's greedy {n} tokens (steps per variant {:?})",
         s.policy().steps()
     );
+}
+
+/// Chunked prefill on the device: prompts of up to 4 chunks of 16 rows, admitted alone and
+/// interleaved with the other lanes' steps (one chunk between two steps); `spec_file`'s
+/// method on 4 lanes. A request's tokens interleaved must equal its tokens alone (both
+/// chunked: batch invariance), and its tokens must be the interpreter's greedy tokens
+/// wherever the whole-prompt prefill's are (chunks attend to the cache rows of the ones
+/// before them: the same target forward). No prefill runs above the chunk.
+fn check_chunked(spec_file: &str) {
+    if !gpu() {
+        return;
+    }
+    const CHUNK: usize = 16;
+    let dir = default_model();
+    let target = Model::open(&dir).unwrap();
+    let cfg = SpecConfig::from_file(&dir.join(spec_file)).unwrap();
+    let (engine, bundle) = build_engine(&target, Some(&cfg), &[4], 256);
+    let bundle = bundle.expect("a spec opens its draft");
+    let arrivals = long_staggered(&corpus_prompts());
+    let mut whole_s = session(&engine, &target, Some(&bundle), 4);
+    let whole = alone(&mut whole_s, &arrivals);
+    drop(whole_s);
+    let mut s = session(&engine, &target, Some(&bundle), 4);
+    s.set_prefill_chunk(CHUNK).unwrap();
+    let lone = alone(&mut s, &arrivals);
+    let got = serve_interleaved(&mut s, &arrivals);
+    let widest = s.prefill_places().iter().map(|(_, at)| at.t).max();
+    assert_eq!(
+        widest,
+        Some(CHUNK),
+        "FAIL {spec_file}: a prefill ran above the chunk: {:?}",
+        s.prefill_places()
+    );
+    // Request 0 decodes while request 1's chunks run, one step between two chunks (fewer
+    // if request 0 ends before them: its acceptance is the device's).
+    let chunks = arrivals[1].prompt.len().div_ceil(CHUNK);
+    let between = got.steps_during_prefill[1];
+    assert!(
+        (1..chunks).contains(&between),
+        "FAIL {spec_file}: {between} steps between request 1's {chunks} chunks, want 1 to {}",
+        chunks - 1
+    );
+    let w = target.load_weights_f32();
+    let (mut checked, mut same_as_whole) = (0, 0);
+    for (i, a) in arrivals.iter().enumerate() {
+        assert_eq!(
+            got.tokens[i], lone[i],
+            "FAIL {spec_file}: request {i} ({} prompt tokens) chunked: interleaved differs from alone",
+            a.prompt.len()
+        );
+        same_as_whole += usize::from(lone[i] == whole[i]);
+        let cpu = target
+            .greedy_generate(&w, &a.prompt, a.max_new, 256)
+            .unwrap();
+        if whole[i] != cpu {
+            eprintln!("note: {spec_file}: request {i}: the whole prefill's CUDA greedy differs from the interpreter's (numerics); not checked");
+            continue;
+        }
+        checked += 1;
+        assert_eq!(
+            lone[i], cpu,
+            "FAIL {spec_file}: request {i} ({} prompt tokens) in chunks of {CHUNK} differs from the interpreter's greedy tokens",
+            a.prompt.len()
+        );
+    }
+    assert!(checked > 0, "FAIL {spec_file}: no request to check");
+    eprintln!(
+        "PASS {spec_file} chunked prefill: 5 requests (prompts up to {} tokens, {chunks} chunks \
+         of {CHUNK}) interleaved = alone; {checked}/5 equal the interpreter's greedy tokens, \
+         {same_as_whole}/5 equal the whole-prompt prefill's; {} steps between request 1's \
+         first and last chunk",
+        arrivals[1].prompt.len(),
+        got.steps_during_prefill[1]
+    );
+}
+
+#[test]
+fn draft_model_prefills_in_chunks() {
+    check_chunked("spec.toml");
+}
+
+#[test]
+fn eagle3_prefills_in_chunks() {
+    check_chunked("spec.eagle3.toml");
+}
+
+#[test]
+fn eagle3_tree_prefills_in_chunks() {
+    check_chunked("spec.eagle3-tree.toml");
+}
+
+#[test]
+fn dflash_prefills_in_chunks() {
+    check_chunked("spec.dflash.toml");
+}
+
+#[test]
+fn ddtree_prefills_in_chunks() {
+    check_chunked("ddtree.toml");
+}
+
+/// Every lane admitted at once (`admit`: one window of 4 lanes) in chunks of 16: prompts of
+/// different lengths end in different chunks, each lane's EAGLE-3 slot / DFlash context
+/// taken from its own last chunk. Tokens equal the interpreter's greedy tokens wherever the
+/// whole-prompt admission's do, and the acceptance is the whole admission's.
+fn check_batch_chunked(spec_file: &str) {
+    if !gpu() {
+        return;
+    }
+    const CHUNK: usize = 16;
+    const N: usize = 16;
+    let dir = default_model();
+    let target = Model::open(&dir).unwrap();
+    let cfg = SpecConfig::from_file(&dir.join(spec_file)).unwrap();
+    let (engine, bundle) = build_engine(&target, Some(&cfg), &[4], 256);
+    let bundle = bundle.expect("a spec opens its draft");
+    let prompts: Vec<Vec<u32>> = long_staggered(&corpus_prompts())[..4]
+        .iter()
+        .map(|a| a.prompt.clone())
+        .collect();
+    let mut whole_s = session(&engine, &target, Some(&bundle), 4);
+    let whole = drive(&mut whole_s, &prompts, N);
+    let whole_hist = whole_s.stats.histogram.clone();
+    drop(whole_s);
+    let mut s = session(&engine, &target, Some(&bundle), 4);
+    s.set_prefill_chunk(CHUNK).unwrap();
+    let got = drive(&mut s, &prompts, N);
+    let w = target.load_weights_f32();
+    let mut checked = 0;
+    for (i, p) in prompts.iter().enumerate() {
+        let cpu = target.greedy_generate(&w, p, N, 256).unwrap();
+        if whole[i] != cpu {
+            eprintln!("note: {spec_file}: lane {i}: the whole admission's CUDA greedy differs from the interpreter's (numerics); not checked");
+            continue;
+        }
+        checked += 1;
+        assert_eq!(
+            got[i], cpu,
+            "FAIL {spec_file}: lane {i} ({} prompt tokens) admitted in chunks of {CHUNK} differs from the interpreter's greedy tokens",
+            p.len()
+        );
+    }
+    assert!(checked > 0, "FAIL {spec_file}: no lane to check");
+    eprintln!(
+        "PASS {spec_file} batch admission in chunks of {CHUNK}: {checked}/4 lanes equal the \
+         interpreter's greedy tokens; acceptance histogram chunked {:?}, whole {whole_hist:?}",
+        s.stats.histogram
+    );
+}
+
+#[test]
+fn eagle3_batch_prefills_in_chunks() {
+    check_batch_chunked("spec.eagle3.toml");
+}
+
+#[test]
+fn dflash_batch_prefills_in_chunks() {
+    check_batch_chunked("spec.dflash.toml");
 }

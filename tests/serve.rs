@@ -246,6 +246,8 @@ fn run_text(prompt: &str, max_tokens: u64) -> (String, Vec<u64>) {
             prompt,
             "--max-tokens",
             &max_tokens.to_string(),
+            "--prefill-chunk",
+            "0",
         ])
         .arg("--ids-out")
         .arg(&ids)
@@ -723,6 +725,42 @@ fn a_client_that_disconnects_frees_its_lane() {
     );
 }
 
+/// Over HTTP with 16-token prefill chunks: long prompts (several chunks) joining lanes that
+/// decode get the replies `specc run` gives them with one whole prefill, and the server
+/// returns to idle (no request left prefilling).
+#[test]
+fn long_prompts_in_chunks_match_whole_prefills() {
+    let s = Server::start(&["--lanes", "2", "--prefill-chunk", "16"]);
+    let long = "import os\nimport sys\n\nclass Parser:\n    def __init__(self, text):\n        \
+                self.text = text\n        self.pos = 0\n\n    def peek(self):\n        return ";
+    let prompts = [
+        "def main(argv):\n    ",
+        long,
+        "for i in range(",
+        &long[10..],
+    ];
+    let bodies: Vec<Value> = prompts.iter().map(|p| completion(p, 24)).collect();
+    let together = s.post_all("/v1/completions", &bodies);
+    for (i, r) in together.iter().enumerate() {
+        let (want, ids) = run_text(prompts[i], 24);
+        if i % 2 == 1 {
+            assert!(
+                ids.len() > 32,
+                "prompt {i}: {} ids, want several chunks",
+                ids.len()
+            );
+        }
+        assert_eq!(
+            text_of(r),
+            want,
+            "request {i} ({} prompt ids, chunks of 16) differs from `specc run --prefill-chunk 0`",
+            ids.len()
+        );
+    }
+    assert_eq!(s.metric("vllm:num_requests_running"), 0.0);
+    assert_eq!(s.metric("specc:num_requests_prefilling"), 0.0);
+}
+
 #[test]
 fn bad_flags_are_one_line_errors() {
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -734,6 +772,7 @@ fn bad_flags_are_one_line_errors() {
             "--max-queue 0: expected at least 1",
         ),
         (vec!["--temperature", "-1"], "--temperature -1: expected"),
+        (vec!["--prefill-chunk", "100"], "must be a power of two"),
         (vec!["--port", port.as_str()], "cannot listen"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_specc"))

@@ -80,12 +80,13 @@ fn an_8b_serving_engine_plans_batch_16_prefills_of_2048_tokens() {
     let longest = arena(&engine, GraphRole::Prefill, MAX_CONTEXT as u32);
     let step = arena(&engine, GraphRole::Decode, 1);
     let contract = engine.contract(false).clone();
-    let need = Footprint::of_cuda_engine(&engine, &contract, LANES, &|n| {
+    let sizes = |n: &str| {
         model
             .checkpoint()
             .tensor(n)
             .map_or(0, |e| e.range.len() as u64)
-    });
+    };
+    let need = Footprint::of_cuda_engine(&engine, &contract, LANES, 0, &sizes);
     // The f32 logits of every row alone were 15.7 GiB at T = 2048.
     let every_row_logits = u64::from(LANES) * MAX_CONTEXT * vocab * 4;
     println!(
@@ -102,6 +103,21 @@ fn an_8b_serving_engine_plans_batch_16_prefills_of_2048_tokens() {
     assert_eq!(need.activations, prefills + step, "{need:?}");
     assert!(prefills < 2 * longest + longest / 4, "{need:?}");
     assert!(need.activations < every_row_logits / 3, "{need:?}");
+    // Prefilled in chunks of 512 rows, the session never loads a prefill above it.
+    const CHUNK: u32 = 512;
+    let chunked = Footprint::of_cuda_engine(&engine, &contract, LANES, CHUNK as usize, &sizes);
+    let upto_chunk: u64 = prefill_ts
+        .iter()
+        .filter(|&&t| t <= CHUNK)
+        .map(|&t| arena(&engine, GraphRole::Prefill, t))
+        .sum();
+    println!(
+        "chunk {CHUNK}: estimated activations {:.2} GiB",
+        gib(chunked.activations)
+    );
+    assert_eq!(chunked.activations, upto_chunk + step, "{chunked:?}");
+    // The same weights (fewer plans' constants).
+    assert!(chunked.weights <= need.weights && chunked.weights > need.weights / 2);
 }
 
 /// At a chunk where both plan, the all-row forward (`specc logits`) holds every row's f32

@@ -7,6 +7,7 @@ use specc_models::methods::{
     BUDGET, DFLASH_BASE, DFLASH_COUNT, EAGLE_BASE, EAGLE_COUNT, EAGLE_TOKENS, EMITTED, LEN,
     PENDING, SAMPLING, STEP, STREAM,
 };
+use specc_models::spec_bundle::MIN_PREFILL_T;
 
 use crate::RuntimeError;
 
@@ -23,6 +24,18 @@ pub fn prefill_inputs(
     k: usize,
     max_context: u64,
 ) -> Result<PrefillInputs, RuntimeError> {
+    let refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+    let t = check_prompts(&refs, k, max_context)?;
+    Ok(padded(prompts, t, |p, i| p.get(i).map(|&x| x as i64)))
+}
+
+/// Checks that every prompt is non-empty and leaves room for a step of `k` draft tokens
+/// in the context; the longest prompt's length.
+pub fn check_prompts(
+    prompts: &[&[u32]],
+    k: usize,
+    max_context: u64,
+) -> Result<usize, RuntimeError> {
     let t = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
     if t == 0 || prompts.iter().any(|p| p.is_empty()) {
         return Err(RuntimeError::EmptyStep);
@@ -34,7 +47,7 @@ pub fn prefill_inputs(
             max_context,
         });
     }
-    Ok(padded(prompts, t, |p, i| p.get(i).map(|&x| x as i64)))
+    Ok(t)
 }
 
 /// `[lanes, t]` tokens and positions where `at(prompt, i)` gives lane tokens (None = pad).
@@ -117,7 +130,7 @@ pub struct Admit<'p> {
 /// The common step states: `len = P`, `pending = [x(P-1), x(P)]`, the budget
 /// (`max_new` clamped to [`max_new_tokens`]), and zeroed counters.
 pub fn step_states(
-    prompts: &[Vec<u32>],
+    prompts: &[&[u32]],
     first: &[u32],
     max_new: usize,
     max_context: u64,
@@ -240,38 +253,183 @@ pub fn sampling_state(lanes: &[LaneSampling]) -> StateInitF32 {
     }
 }
 
-/// EAGLE-3 admission layout: the head's prefill reads pairs (taps at t, x(t+1)) for
-/// t < P − 1 (`[lanes, tp]` with padding); the pair at P − 1 (with the first generated
-/// token) is left in the step states for the first step's catch-up.
-pub struct EaglePrime {
-    pub inputs: PrefillInputs,
-    /// Copies of tap rows: (destination row in the head prefill's `hidden`, source row in
-    /// the target prefill's `taps`). Rows not listed are zero.
-    pub hidden_rows: Vec<(usize, usize)>,
-    /// Copies of tap rows into the `eagle.hidden` state `[lanes, k+1, 3H]`.
-    pub slot_rows: Vec<(usize, usize)>,
-    pub states: Vec<StateInit>,
+/// Checks a prefill chunk size (0: whole prompts): a prompt bucket engines plan, a power
+/// of two from [`MIN_PREFILL_T`] within `max_context`, so every chunk's prefill runs at a
+/// bucket no larger than the chunk.
+pub fn check_chunk(chunk: usize, max_context: u64) -> Result<(), RuntimeError> {
+    if chunk == 0 {
+        return Ok(());
+    }
+    if !chunk.is_power_of_two() || chunk < MIN_PREFILL_T || chunk as u64 > max_context {
+        return Err(RuntimeError::Engine(format!(
+            "prefill chunk {chunk}: must be a power of two from {MIN_PREFILL_T} to the context ({max_context})"
+        )));
+    }
+    Ok(())
 }
 
-pub fn eagle_prime(prompts: &[Vec<u32>], first: &[u32], t: usize, k: usize) -> EaglePrime {
-    let lanes = prompts.len();
-    let tp = (t - 1).max(1);
-    let inputs = padded(prompts, tp, |p, i| {
-        (i + 1 < p.len()).then(|| p[i + 1] as i64)
-    });
-    let mut hidden_rows = Vec::new();
-    let mut slot_rows = Vec::new();
-    for (b, p) in prompts.iter().enumerate() {
-        for i in 0..p.len() - 1 {
-            hidden_rows.push((b * tp + i, b * t + i));
+/// The prefill chunk hosts use unless told otherwise (or the largest prompt bucket within
+/// a smaller context).
+pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+
+/// `chunk` checked ([`check_chunk`]), or without one the default: [`DEFAULT_PREFILL_CHUNK`]
+/// or the largest prompt bucket within `max_context` (0, whole prompts, below the smallest).
+pub fn prefill_chunk_or_default(
+    chunk: Option<usize>,
+    max_context: u64,
+) -> Result<usize, RuntimeError> {
+    match chunk {
+        Some(c) => check_chunk(c, max_context).map(|()| c),
+        None => {
+            let ctx = usize::try_from(max_context).unwrap_or(usize::MAX);
+            let c = DEFAULT_PREFILL_CHUNK.min(ctx);
+            let c = if c == 0 { 0 } else { 1 << c.ilog2() };
+            Ok(if c < MIN_PREFILL_T { 0 } else { c })
         }
-        slot_rows.push((b * (k + 1), b * t + p.len() - 1));
     }
+}
+
+/// One lane's rows of a prefill chunk: prompt positions `start..start + len` (`len` 0: the
+/// lane is padding in this chunk). A chunk's rows attend to the cache rows earlier chunks
+/// wrote (attention is causal over the cache by position), so the chunks of a prompt
+/// leave the caches a whole prefill would.
+#[derive(Clone, Copy, Debug)]
+pub struct ChunkRows<'p> {
+    pub prompt: &'p [u32],
+    pub start: usize,
+    pub len: usize,
+}
+
+impl ChunkRows<'_> {
+    /// Whether this chunk holds the prompt's last row (the one the first token follows).
+    pub fn ends(&self) -> bool {
+        self.len > 0 && self.start + self.len == self.prompt.len()
+    }
+}
+
+/// The chunk of at most `chunk` rows from position `start` of each prompt (`chunk` 0:
+/// the rest of every prompt).
+pub fn chunk_rows<'p>(prompts: &[&'p [u32]], start: usize, chunk: usize) -> Vec<ChunkRows<'p>> {
+    prompts
+        .iter()
+        .map(|p| {
+            let rest = p.len().saturating_sub(start);
+            ChunkRows {
+                prompt: p,
+                start,
+                len: if chunk == 0 { rest } else { rest.min(chunk) },
+            }
+        })
+        .collect()
+}
+
+/// `[lanes, t]` tokens and positions of a chunk, `t` its longest rows (at least 1).
+pub fn chunk_inputs(rows: &[ChunkRows]) -> PrefillInputs {
+    let t = rows.iter().map(|r| r.len).max().unwrap_or(0).max(1);
+    let mut tokens = Vec::with_capacity(rows.len() * t);
+    let mut positions = Vec::with_capacity(rows.len() * t);
+    for r in rows {
+        for i in 0..t {
+            if i < r.len {
+                tokens.push(r.prompt[r.start + i] as i64);
+                positions.push((r.start + i) as i64);
+            } else {
+                tokens.push(0);
+                positions.push(-1);
+            }
+        }
+    }
+    PrefillInputs {
+        t,
+        tokens,
+        positions,
+    }
+}
+
+/// `pre` split into windows of at most `chunk` columns (0: one window), each `[lanes,
+/// its width]`: a prefill whose lanes' positions increase along the row runs as its
+/// windows in order (each attends to the cache rows the earlier ones wrote).
+pub fn column_chunks(pre: &PrefillInputs, chunk: usize) -> Vec<PrefillInputs> {
+    let width = if chunk == 0 { pre.t.max(1) } else { chunk };
+    let lanes = pre.tokens.len() / pre.t.max(1);
+    (0..pre.t)
+        .step_by(width)
+        .map(|c0| {
+            let t = width.min(pre.t - c0);
+            let cols = |v: &[i64]| -> Vec<i64> {
+                (0..lanes)
+                    .flat_map(|b| v[b * pre.t + c0..][..t].iter().copied())
+                    .collect()
+            };
+            PrefillInputs {
+                t,
+                tokens: cols(&pre.tokens),
+                positions: cols(&pre.positions),
+            }
+        })
+        .collect()
+}
+
+/// EAGLE-3 priming of one chunk: the head's prefill reads pairs (taps at position i,
+/// x(i+1)) at position i for every i of the chunk below P − 1 (`[lanes, t]` with
+/// padding). Every token is the prompt's, so a pair never waits for the next chunk; the
+/// pair at P − 1 (with the first generated token) is left in the step states for the
+/// first step's catch-up ([`eagle_states`]).
+pub struct EaglePairs {
+    pub inputs: PrefillInputs,
+    /// Copies of tap rows: (destination row in the head prefill's `hidden`, source row in
+    /// the chunk's target prefill `taps`, `[lanes, chunk_t]`). Rows not listed are zero.
+    pub hidden_rows: Vec<(usize, usize)>,
+}
+
+/// The pairs of the chunk `rows` whose target prefill ran at `chunk_t` rows per lane;
+/// `None` when no lane has a pair in it (a last chunk of one row).
+pub fn eagle_pairs(rows: &[ChunkRows], chunk_t: usize) -> Option<EaglePairs> {
+    let pairs = |r: &ChunkRows| {
+        let end = (r.start + r.len).min(r.prompt.len().saturating_sub(1));
+        end.saturating_sub(r.start)
+    };
+    let t = rows.iter().map(pairs).max().unwrap_or(0);
+    if t == 0 {
+        return None;
+    }
+    let mut tokens = vec![0i64; rows.len() * t];
+    let mut positions = vec![-1i64; rows.len() * t];
+    let mut hidden_rows = Vec::new();
+    for (b, r) in rows.iter().enumerate() {
+        for j in 0..pairs(r) {
+            let i = r.start + j;
+            tokens[b * t + j] = r.prompt[i + 1] as i64;
+            positions[b * t + j] = i as i64;
+            hidden_rows.push((b * t + j, b * chunk_t + j));
+        }
+    }
+    Some(EaglePairs {
+        inputs: PrefillInputs {
+            t,
+            tokens,
+            positions,
+        },
+        hidden_rows,
+    })
+}
+
+/// The row of the chunk's `taps` (`[lanes, chunk_t]`) holding lane `b`'s last prompt
+/// position, when this chunk ends its prompt: the `eagle.hidden` slot of the first step.
+pub fn eagle_slot_row(rows: &[ChunkRows], b: usize, chunk_t: usize) -> Option<usize> {
+    let r = &rows[b];
+    r.ends().then(|| b * chunk_t + r.len - 1)
+}
+
+/// EAGLE-3 step states after priming: the first generated token pending at P − 1
+/// (`count = 1`, `base = P − 1`), its taps in the `eagle.hidden` slot 0.
+pub fn eagle_states(prompts: &[&[u32]], first: &[u32], k: usize) -> Vec<StateInit> {
+    let lanes = prompts.len();
     let mut tokens = vec![0i64; lanes * (k + 1)];
     for b in 0..lanes {
         tokens[b * (k + 1)] = first[b] as i64;
     }
-    let states = vec![
+    vec![
         StateInit {
             name: EAGLE_TOKENS,
             dims: vec![lanes, k + 1],
@@ -287,20 +445,15 @@ pub fn eagle_prime(prompts: &[Vec<u32>], first: &[u32], t: usize, k: usize) -> E
             dims: vec![lanes],
             values: prompts.iter().map(|p| p.len() as i64 - 1).collect(),
         },
-    ];
-    EaglePrime {
-        inputs,
-        hidden_rows,
-        slot_rows,
-        states,
-    }
+    ]
 }
 
-/// DFlash admission: the drafter's prefill reads the target prefill's `taps` and
-/// `positions` unchanged (padding rows have position −1 and write nothing), so the
-/// drafter's KV cache holds the context of every prompt position `0..P`. Nothing is left
-/// pending for the first step: `count = 0`, `base = P` (the `dflash.hidden` rows are unread).
-pub fn dflash_states(prompts: &[Vec<u32>]) -> Vec<StateInit> {
+/// DFlash admission: the drafter's prefill reads each chunk's target prefill `taps` and
+/// `positions` unchanged (padding rows have position −1 and write nothing), so after the
+/// last chunk the drafter's KV cache holds the context of every prompt position `0..P`.
+/// Nothing is left pending for the first step: `count = 0`, `base = P` (the
+/// `dflash.hidden` rows are unread).
+pub fn dflash_states(prompts: &[&[u32]]) -> Vec<StateInit> {
     let lanes = prompts.len();
     vec![
         StateInit {
@@ -322,7 +475,8 @@ mod tests {
 
     #[test]
     fn budgets_clamp_instead_of_wrapping() {
-        let prompts = vec![vec![1u32; 4]];
+        let prompt = vec![1u32; 4];
+        let prompts = [prompt.as_slice()];
         let budget = |max_new: usize| {
             step_states(&prompts, &[2], max_new, 64, 5)
                 .into_iter()
@@ -340,5 +494,68 @@ mod tests {
             "2^63 once wrapped to a negative budget"
         );
         assert_eq!(max_new_tokens(60, 5, 64), 0);
+    }
+
+    /// (position, token, prompt row of its taps) of every EAGLE-3 pair of `rows`.
+    fn pairs_of(rows: &[ChunkRows]) -> Vec<(i64, i64, usize)> {
+        let t = rows.iter().map(|r| r.len).max().unwrap_or(1).max(1);
+        let Some(p) = eagle_pairs(rows, t) else {
+            return Vec::new();
+        };
+        p.hidden_rows
+            .iter()
+            .map(|&(dst, src)| {
+                let start = rows[src / t].start;
+                (
+                    p.inputs.positions[dst],
+                    p.inputs.tokens[dst],
+                    start + src % t,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn eagle_pairs_of_the_chunks_are_the_whole_prompts_pairs() {
+        let prompt: Vec<u32> = (10..47).collect();
+        let whole = pairs_of(&chunk_rows(&[&prompt], 0, 0));
+        assert_eq!(whole.len(), prompt.len() - 1);
+        for (i, &(pos, tok, row)) in whole.iter().enumerate() {
+            assert_eq!((pos, tok, row), (i as i64, prompt[i + 1] as i64, i));
+        }
+        let mut chunked = Vec::new();
+        for start in (0..prompt.len()).step_by(16) {
+            let rows = chunk_rows(&[&prompt], start, 16);
+            chunked.extend(pairs_of(&rows));
+            assert_eq!(
+                eagle_slot_row(&rows, 0, rows[0].len),
+                (start + 16 >= prompt.len()).then(|| prompt.len() - 1 - start)
+            );
+        }
+        assert_eq!(chunked, whole, "pairs cross chunk boundaries");
+    }
+
+    #[test]
+    fn column_chunks_split_a_prefill_in_order() {
+        let pre = PrefillInputs {
+            t: 5,
+            tokens: (0..10).collect(),
+            positions: (0..10).map(|i| i % 5).collect(),
+        };
+        let w = column_chunks(&pre, 2);
+        assert_eq!(w.iter().map(|c| c.t).collect::<Vec<_>>(), [2, 2, 1]);
+        assert_eq!(w[1].tokens, [2, 3, 7, 8]);
+        assert_eq!(w[2].positions, [4, 4]);
+        assert_eq!(column_chunks(&pre, 0)[0].tokens, pre.tokens);
+    }
+
+    #[test]
+    fn the_default_chunk_is_a_prompt_bucket_within_the_context() {
+        assert_eq!(prefill_chunk_or_default(None, 4096).unwrap(), 512);
+        assert_eq!(prefill_chunk_or_default(None, 300).unwrap(), 256);
+        assert_eq!(prefill_chunk_or_default(None, 10).unwrap(), 0);
+        assert_eq!(prefill_chunk_or_default(Some(0), 300).unwrap(), 0);
+        assert!(prefill_chunk_or_default(Some(100), 4096).is_err());
+        assert!(prefill_chunk_or_default(Some(1024), 512).is_err());
     }
 }

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use specc_ir::engine::{Engine, GraphRole, Slot, StepContract};
+use specc_ir::engine::{BucketPlan, Engine, GraphRole, Slot, StepContract};
 use specc_ir::{Bindings, DType, Graph, Op, TensorType};
 
 use crate::RuntimeError;
@@ -174,11 +174,14 @@ impl Footprint {
     /// method's plans name, each once (`weight_bytes` gives a checkpoint tensor's size),
     /// every state of the engine, the step plan's arena and the arena of every prefill plan
     /// the session may run (each prompt bucket at `lanes` and, for admissions, at the
-    /// smaller batch buckets: a session keeps each one it has run).
+    /// smaller batch buckets: a session keeps each one it has run). With a prefill chunk
+    /// (`prefill_chunk` > 0) admissions never prefill above it, so the target and draft
+    /// prefills of larger prompt buckets are never loaded.
     pub fn of_cuda_engine(
         engine: &Engine,
         contract: &StepContract,
         lanes: u32,
+        prefill_chunk: usize,
         weight_bytes: &dyn Fn(&str) -> u64,
     ) -> Footprint {
         // A session loads its method's graphs and, where the engine plans it, the all-row
@@ -188,12 +191,16 @@ impl Footprint {
         // Admissions prefill at the smallest bucket that holds the lanes they admit.
         let admits =
             |r: GraphRole| r == contract.target_prefill || Some(r) == contract.draft_prefill;
+        let within_chunk = |p: &BucketPlan| {
+            !admits(p.role) || prefill_chunk == 0 || p.bucket.t as usize <= prefill_chunk
+        };
         let plans: Vec<_> = engine
             .plans
             .iter()
             .filter(|p| {
                 roles.contains(&p.role)
                     && (p.bucket.b == lanes || (admits(p.role) && p.bucket.b < lanes))
+                    && within_chunk(p)
             })
             .collect();
         let mut slots: BTreeMap<String, u64> = BTreeMap::new();
@@ -393,7 +400,7 @@ mod tests {
             "b" => 20,
             _ => 1 << 30,
         };
-        let f = Footprint::of_cuda_engine(&engine, &plain, 1, &sizes);
+        let f = Footprint::of_cuda_engine(&engine, &plain, 1, 0, &sizes);
         // a + b, the stacked a|b, the constant; every state; decode arena + every prefill's
         // (a session keeps each prefill plan's arena once it has run).
         assert_eq!(

@@ -28,6 +28,24 @@ pub trait Speculator {
             .map(|r| self.admit_lane(r.lane, r.prompt, r.max_new, r.sampling))
             .collect()
     }
+    /// Sets the most prompt rows one prefill takes (0: a whole prompt in one prefill): a
+    /// power of two from the smallest prompt bucket. Every admission prefills a longer
+    /// prompt in chunks at positions `c·chunk ..`, each attending to the rows before it;
+    /// a lane's tokens are those of a whole prefill.
+    fn set_prefill_chunk(&mut self, chunk: usize) -> Result<(), RuntimeError>;
+    /// Queues the admission of free lanes without prefilling anything: its chunks run one
+    /// per [`Speculator::prefill_chunk`] call, so the other lanes may step between them.
+    /// The lanes are armed (stepped from then on) only after their last chunk.
+    fn begin_admission(&mut self, rows: &[Admit]) -> Result<(), RuntimeError>;
+    /// Runs one prefill (of at most the chunk per lane) of the first queued admission; the
+    /// lanes it armed, with their first tokens (none before an admission's last chunk).
+    /// On an error the failing admission is dropped: its lanes leave
+    /// [`Speculator::prefilling`].
+    fn prefill_chunk(&mut self) -> Result<Vec<(usize, u32)>, RuntimeError>;
+    /// Lanes whose queued admission has not been armed yet.
+    fn prefilling(&self) -> Vec<usize>;
+    /// Drops lane `lane` from the queued admissions (its client went away); it stays free.
+    fn cancel_admission(&mut self, lane: usize);
     /// The knobs of a lane admitted without its own (the engine's acceptance), on RNG
     /// stream `stream`.
     fn default_sampling(&self, stream: u32) -> LaneSampling;
@@ -64,6 +82,22 @@ impl Speculator for crate::SpecCpuSession<'_> {
         sampling: LaneSampling,
     ) -> Result<u32, RuntimeError> {
         crate::SpecCpuSession::admit_lane(self, lane, prompt, max_new, sampling)
+    }
+    fn set_prefill_chunk(&mut self, chunk: usize) -> Result<(), RuntimeError> {
+        crate::SpecCpuSession::set_prefill_chunk(self, chunk)
+    }
+    fn begin_admission(&mut self, rows: &[Admit]) -> Result<(), RuntimeError> {
+        rows.iter()
+            .try_for_each(|r| crate::SpecCpuSession::begin_admission(self, r))
+    }
+    fn prefill_chunk(&mut self) -> Result<Vec<(usize, u32)>, RuntimeError> {
+        crate::SpecCpuSession::prefill_chunk(self)
+    }
+    fn prefilling(&self) -> Vec<usize> {
+        crate::SpecCpuSession::prefilling(self)
+    }
+    fn cancel_admission(&mut self, lane: usize) {
+        crate::SpecCpuSession::cancel_admission(self, lane)
     }
     fn default_sampling(&self, stream: u32) -> LaneSampling {
         LaneSampling::defaults(self.acceptance(), stream)
@@ -117,6 +151,21 @@ impl Speculator for crate::cuda::CudaSpecSession<'_> {
     }
     fn admit_lanes(&mut self, rows: &[Admit]) -> Result<Vec<u32>, RuntimeError> {
         crate::cuda::CudaSpecSession::admit_lanes(self, rows)
+    }
+    fn set_prefill_chunk(&mut self, chunk: usize) -> Result<(), RuntimeError> {
+        crate::cuda::CudaSpecSession::set_prefill_chunk(self, chunk)
+    }
+    fn begin_admission(&mut self, rows: &[Admit]) -> Result<(), RuntimeError> {
+        crate::cuda::CudaSpecSession::begin_admission(self, rows)
+    }
+    fn prefill_chunk(&mut self) -> Result<Vec<(usize, u32)>, RuntimeError> {
+        crate::cuda::CudaSpecSession::prefill_chunk(self)
+    }
+    fn prefilling(&self) -> Vec<usize> {
+        crate::cuda::CudaSpecSession::prefilling(self)
+    }
+    fn cancel_admission(&mut self, lane: usize) {
+        crate::cuda::CudaSpecSession::cancel_admission(self, lane)
     }
     fn default_sampling(&self, stream: u32) -> LaneSampling {
         LaneSampling::defaults(&self.engine.engine.acceptance, stream)

@@ -13,13 +13,16 @@ use specc_models::methods::{
 };
 use specc_models::SpecBundle;
 
-use crate::admission::{self, LaneSampling};
+use crate::admission::{self, Admit, ChunkRows, LaneSampling};
 use crate::draft_sync::DraftSync;
 use crate::policy::{AdaptivePolicy, SpecPolicy};
 
 use crate::RuntimeError;
 
+mod chunked;
 mod timing;
+
+use chunked::PendingLane;
 
 pub use specc_ir::engine::DraftKind;
 
@@ -167,6 +170,10 @@ pub struct SpecCpuSession<'a> {
     /// The admission running now skips the draft prefill ([`SpecCpuSession::admit_lane`]
     /// while plain decoding runs).
     skip_priming: bool,
+    /// Most prompt rows one prefill takes (0: a whole prompt).
+    prefill_chunk: usize,
+    /// Lane admissions begun and not yet armed, in the order their chunks run.
+    pending: std::collections::VecDeque<PendingLane>,
     pub stats: SpecStats,
 }
 
@@ -203,6 +210,8 @@ impl<'a> SpecCpuSession<'a> {
             policy,
             sync,
             skip_priming: false,
+            prefill_chunk: 0,
+            pending: Default::default(),
             stats: SpecStats {
                 steps: 0,
                 histogram: vec![0; k + 1],
@@ -288,7 +297,9 @@ impl<'a> SpecCpuSession<'a> {
         &mut self.policy
     }
 
-    /// [`SpecCpuSession::admit`] with each lane's sampling knobs and RNG stream.
+    /// [`SpecCpuSession::admit`] with each lane's sampling knobs and RNG stream. Prompts
+    /// longer than the prefill chunk ([`SpecCpuSession::set_prefill_chunk`]) are prefilled
+    /// chunk by chunk.
     pub fn admit_with(
         &mut self,
         prompts: &[Vec<u32>],
@@ -297,6 +308,35 @@ impl<'a> SpecCpuSession<'a> {
     ) -> Result<Vec<u32>, RuntimeError> {
         assert_eq!(prompts.len(), self.rows, "one prompt per lane");
         assert_eq!(sampling.len(), prompts.len(), "one sampling per lane");
+        self.pending.clear();
+        let prompts: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+        self.begin_states(&prompts, sampling)?;
+        let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
+        let mut first = vec![None; prompts.len()];
+        let mut start = 0;
+        while start < longest {
+            let rows = admission::chunk_rows(&prompts, start, self.prefill_chunk);
+            self.run_chunk(&rows, &mut first)?;
+            start += rows.iter().map(|r| r.len).max().unwrap_or(0);
+        }
+        let first: Vec<u32> = first
+            .into_iter()
+            .map(|f| f.expect("every prompt ends in a chunk"))
+            .collect();
+        self.arm(&prompts, &first, max_new)?;
+        Ok(first)
+    }
+
+    /// Before a prefill's first chunk: checks the prompts, writes the lanes' RNG streams and
+    /// sampling knobs (the prefill's draw of the first token reads them) and zeroes the
+    /// draft's slots a chunk fills.
+    fn begin_states(
+        &mut self,
+        prompts: &[&[u32]],
+        sampling: &[LaneSampling],
+    ) -> Result<(), RuntimeError> {
+        let k = self.graphs.contract.num_steps;
+        admission::check_prompts(prompts, k, self.max_context)?;
         let graphs = [self.graphs.step, self.graphs.target_prefill];
         if graphs.iter().any(|g| g.find_leaf(STREAM).is_some()) {
             let streams: Vec<u32> = sampling.iter().map(|l| l.stream).collect();
@@ -313,8 +353,49 @@ impl<'a> SpecCpuSession<'a> {
                 Tensor::from_f32(DType::F32, s.dims, s.values),
             );
         }
-        let k = self.graphs.contract.num_steps;
-        let pre = admission::prefill_inputs(prompts, k, self.max_context)?;
+        let lanes = self.rows;
+        match self.graphs.contract.priming() {
+            Priming::Pairs {
+                taps_width,
+                depth: k,
+            } => {
+                let dtype = self.state_dtype(EAGLE_HIDDEN);
+                self.states.insert(
+                    EAGLE_HIDDEN.into(),
+                    Tensor::zeros(dtype, vec![lanes, k + 1, taps_width]),
+                );
+            }
+            Priming::Context { taps_width, rows } => {
+                let dtype = self.state_dtype(DFLASH_HIDDEN);
+                self.states.insert(
+                    DFLASH_HIDDEN.into(),
+                    Tensor::zeros(dtype, vec![lanes, rows, taps_width]),
+                );
+            }
+            Priming::None | Priming::Prompt => {}
+        }
+        Ok(())
+    }
+
+    /// The dtype of the step graph's state `name` (f32 where the step has none).
+    fn state_dtype(&self, name: &str) -> DType {
+        self.graphs
+            .step
+            .states()
+            .find(|(_, n, _)| *n == name)
+            .map_or(DType::F32, |(_, _, ty)| ty.dtype)
+    }
+
+    /// Runs one prefill chunk over every lane of the states (`rows[b]`: lane `b`'s rows,
+    /// none for a lane whose prompt ended) and the method's draft priming of the same
+    /// rows; `first[b]` gets lane `b`'s first token when its prompt ends in this chunk
+    /// (and, for EAGLE-3, the `eagle.hidden` slot its last row's taps).
+    fn run_chunk(
+        &mut self,
+        rows: &[ChunkRows],
+        first: &mut [Option<u32>],
+    ) -> Result<(), RuntimeError> {
+        let pre = admission::chunk_inputs(rows);
         let t = pre.t;
         let lanes = self.rows;
         let ids = |v: &[i64], t: usize| Tensor::from_i64(DType::I32, vec![lanes, t], v.to_vec());
@@ -328,7 +409,12 @@ impl<'a> SpecCpuSession<'a> {
                 .ok_or(RuntimeError::MissingOutput("next_token"))?,
         )?;
         let drawn = out.get(FIRST_TOKEN).map(ints).transpose()?;
-        let first = admission::first_tokens_of(drawn, next, prompts);
+        let chosen = drawn.unwrap_or(next);
+        for (b, r) in rows.iter().enumerate() {
+            if r.ends() {
+                first[b] = Some(chosen[b] as u32);
+            }
+        }
         match self.graphs.contract.priming() {
             Priming::None => {}
             Priming::Prompt if self.skip_priming => {}
@@ -336,69 +422,86 @@ impl<'a> SpecCpuSession<'a> {
                 self.run(self.graphs.draft_prefill, t as u64, inputs)?;
             }
             Priming::Pairs {
-                taps_width,
+                taps_width: w,
                 depth: k,
             } => {
                 let taps = out.get("taps").ok_or(RuntimeError::MissingOutput("taps"))?;
                 let taps = taps.as_f32()?.to_vec();
-                let prime = admission::eagle_prime(prompts, &first, t, k);
-                let tp = prime.inputs.t;
-                let w = taps_width;
-                let mut hidden = vec![0f32; lanes * tp * w];
-                for &(dst, src) in &prime.hidden_rows {
-                    hidden[dst * w..][..w].copy_from_slice(&taps[src * w..][..w]);
+                if let Some(pairs) = admission::eagle_pairs(rows, t) {
+                    let tp = pairs.inputs.t;
+                    let mut hidden = vec![0f32; lanes * tp * w];
+                    for &(dst, src) in &pairs.hidden_rows {
+                        hidden[dst * w..][..w].copy_from_slice(&taps[src * w..][..w]);
+                    }
+                    let dtype = self
+                        .graphs
+                        .draft_prefill
+                        .inputs()
+                        .find(|(_, n, _)| *n == HIDDEN)
+                        .map(|(_, _, ty)| ty.dtype)
+                        .unwrap_or(DType::F32);
+                    let head_inputs = HashMap::from([
+                        (
+                            HIDDEN.to_string(),
+                            Tensor::from_f32(dtype, vec![lanes, tp, w], hidden),
+                        ),
+                        ("tokens".to_string(), ids(&pairs.inputs.tokens, tp)),
+                        ("positions".to_string(), ids(&pairs.inputs.positions, tp)),
+                    ]);
+                    self.run(self.graphs.draft_prefill, tp as u64, head_inputs)?;
                 }
-                let dtype = self
-                    .graphs
-                    .draft_prefill
-                    .inputs()
-                    .find(|(_, n, _)| *n == HIDDEN)
-                    .map(|(_, _, ty)| ty.dtype)
-                    .unwrap_or(DType::F32);
-                let head_inputs = HashMap::from([
-                    (
-                        HIDDEN.to_string(),
-                        Tensor::from_f32(dtype, vec![lanes, tp, w], hidden),
-                    ),
-                    ("tokens".to_string(), ids(&prime.inputs.tokens, tp)),
-                    ("positions".to_string(), ids(&prime.inputs.positions, tp)),
-                ]);
-                self.run(self.graphs.draft_prefill, tp as u64, head_inputs)?;
-                let mut slots = vec![0f32; lanes * (k + 1) * w];
-                for &(dst, src) in &prime.slot_rows {
-                    slots[dst * w..][..w].copy_from_slice(&taps[src * w..][..w]);
-                }
-                self.states.insert(
-                    EAGLE_HIDDEN.into(),
-                    Tensor::from_f32(dtype, vec![lanes, k + 1, w], slots),
-                );
-                for s in prime.states {
-                    self.states.insert(
-                        s.name.into(),
-                        Tensor::from_i64(DType::I32, s.dims, s.values),
-                    );
+                let slots = self
+                    .states
+                    .get_mut(EAGLE_HIDDEN)
+                    .ok_or(RuntimeError::MissingOutput(EAGLE_HIDDEN))?;
+                let Data::F32(slots) = &mut slots.data else {
+                    return Err(RuntimeError::MissingOutput(EAGLE_HIDDEN));
+                };
+                for b in 0..rows.len() {
+                    if let Some(src) = admission::eagle_slot_row(rows, b, t) {
+                        let dst = b * (k + 1);
+                        slots[dst * w..][..w].copy_from_slice(&taps[src * w..][..w]);
+                    }
                 }
             }
-            Priming::Context { taps_width, rows } => {
+            Priming::Context { .. } => {
                 let taps = out.get("taps").ok_or(RuntimeError::MissingOutput("taps"))?;
                 let head_inputs = HashMap::from([
                     (HIDDEN.to_string(), taps.clone()),
                     ("positions".to_string(), ids(&pre.positions, t)),
                 ]);
                 self.run(self.graphs.draft_prefill, t as u64, head_inputs)?;
-                self.states.insert(
-                    DFLASH_HIDDEN.into(),
-                    Tensor::zeros(taps.dtype, vec![lanes, rows, taps_width]),
-                );
-                for s in admission::dflash_states(prompts) {
-                    self.states.insert(
-                        s.name.into(),
-                        Tensor::from_i64(DType::I32, s.dims, s.values),
-                    );
-                }
             }
         }
-        for s in admission::step_states(prompts, &first, max_new, self.max_context, k) {
+        Ok(())
+    }
+
+    /// After a prefill's last chunk: the method's draft states, the step states and an
+    /// empty ring for every lane of the states.
+    fn arm(
+        &mut self,
+        prompts: &[&[u32]],
+        first: &[u32],
+        max_new: usize,
+    ) -> Result<(), RuntimeError> {
+        let k = self.graphs.contract.num_steps;
+        let lanes = self.rows;
+        let mut states = Vec::new();
+        match self.graphs.contract.priming() {
+            Priming::Pairs { depth, .. } => {
+                states.extend(admission::eagle_states(prompts, first, depth))
+            }
+            Priming::Context { .. } => states.extend(admission::dflash_states(prompts)),
+            Priming::None | Priming::Prompt => {}
+        }
+        states.extend(admission::step_states(
+            prompts,
+            first,
+            max_new,
+            self.max_context,
+            k,
+        ));
+        for s in states {
             self.states.insert(
                 s.name.into(),
                 Tensor::from_i64(DType::I32, s.dims, s.values),
@@ -409,7 +512,7 @@ impl<'a> SpecCpuSession<'a> {
             Tensor::zeros(DType::I32, vec![lanes, self.graphs.contract.ring, 1, 1]),
         );
         self.drained = vec![0; self.lanes.max(lanes)];
-        Ok(first)
+        Ok(())
     }
 
     /// How the session's graphs choose tokens (under sampling, the default knobs of lanes).
@@ -430,7 +533,8 @@ impl<'a> SpecCpuSession<'a> {
     /// prompt in the lane's caches keep stale values, which no step reads before writing.
     /// Under sampled acceptance the lane draws with `sampling`'s knobs from its RNG stream
     /// (taken modulo [`admission::STREAMS`]): the same prompt, budget, knobs and stream give
-    /// the same tokens in any lane, next to any others.
+    /// the same tokens in any lane, next to any others. A prompt longer than the prefill
+    /// chunk is prefilled chunk by chunk ([`SpecCpuSession::begin_admission`]), all here.
     pub fn admit_lane(
         &mut self,
         lane: usize,
@@ -438,49 +542,23 @@ impl<'a> SpecCpuSession<'a> {
         max_new: usize,
         sampling: LaneSampling,
     ) -> Result<u32, RuntimeError> {
-        if lane >= self.lanes {
-            return Err(RuntimeError::Engine(format!(
-                "lane {lane} is out of range: the session has {} lanes",
-                self.lanes
-            )));
-        }
-        if lane >= self.rows {
-            self.resize(lane + 1)?;
-        }
-        let t0 = Instant::now();
-        // While the policy runs plain decoding a standalone draft's prefill would be wasted:
-        // the lane joins unprimed and the first speculative step re-primes it (DraftSync).
-        let plain_now = self
-            .policy
-            .current()
-            .is_some_and(|v| self.policy.ks()[v] == 0);
-        self.skip_priming = plain_now && self.policy.switches() && self.sync.can_reprime();
-        let full = std::mem::take(&mut self.states);
-        let rows = std::mem::replace(&mut self.rows, 1);
-        let drained = std::mem::take(&mut self.drained);
-        let first = self.admit_with(&[prompt.to_vec()], max_new, &[sampling]);
-        let unprimed = std::mem::take(&mut self.skip_priming);
-        let one = std::mem::replace(&mut self.states, full);
-        self.rows = rows;
-        self.drained = drained;
-        let first = first?[0];
-        for (name, t) in one {
-            self.put_lane(&name, lane, &t)?;
-        }
-        self.drained[lane] = 0;
-        self.admitted(lane, prompt, first);
-        if unprimed {
-            self.sync.admit_unprimed(lane, prompt, first);
-        }
-        if crate::policy::trace_on() {
-            crate::policy::trace(format_args!(
-                "admit lane={lane} prompt={}{} {:.2}ms",
-                prompt.len(),
-                if unprimed { " unprimed" } else { "" },
-                t0.elapsed().as_secs_f64() * 1e3
+        if !self.pending.is_empty() {
+            return Err(RuntimeError::Engine(
+                "an admission is prefilling: run its chunks before admitting another lane whole"
+                    .into(),
             ));
         }
-        Ok(first)
+        self.begin_admission(&Admit {
+            lane,
+            prompt,
+            max_new,
+            sampling,
+        })?;
+        loop {
+            if let Some(&(_, first)) = self.prefill_chunk()?.first() {
+                return Ok(first);
+            }
+        }
     }
 
     /// Copies a batch-1 tensor into lane `lane` of state `name` (created as zeros of

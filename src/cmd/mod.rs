@@ -85,6 +85,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             spec,
             no_spec,
             spec_policy,
+            prefill_chunk,
             ids_out,
             random_weights,
             layers,
@@ -112,6 +113,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
                 sampling,
                 backend,
                 max_context,
+                prefill_chunk,
                 ids_out: ids_out.as_deref(),
             })
         }

@@ -34,6 +34,8 @@ pub struct RunArgs<'a> {
     pub sampling: SamplingArgs,
     pub backend: Backend,
     pub max_context: Option<u64>,
+    /// Prompt rows per prefill (`None`: the default chunk; 0: whole prompts).
+    pub prefill_chunk: Option<usize>,
     pub ids_out: Option<&'a Path>,
 }
 
@@ -131,15 +133,23 @@ pub fn run(a: RunArgs) -> Result<()> {
             None => "pass a larger --max-context",
         },
     };
+    let chunk = admission::prefill_chunk_or_default(a.prefill_chunk, max_context)
+        .map_err(|e| anyhow::anyhow!("--prefill-chunk: {e}"))?;
     match a.backend {
         Backend::Cpu => {
             let graphs = EngineGraphs::parse(&r.engine)?;
             let sg = SpecGraphs::from_engine(&contract, &graphs)?;
-            check_cpu_memory(&r, &sg, ids.len() as u64)?;
+            // A prefill runs over one chunk of the prompt at most.
+            let rows = match chunk {
+                0 => ids.len(),
+                c => ids.len().min(c),
+            };
+            check_cpu_memory(&r, &sg, rows as u64)?;
             let weights = r.cpu_weights(&graphs, &contract.roles())?;
             announce();
             let mut s = SpecCpuSession::new(sg, &weights, 1, max_context);
             s.set_policy(policy)?;
+            s.set_prefill_chunk(chunk)?;
             generate(&mut s, &out)
         }
         Backend::Cuda => {
@@ -147,8 +157,14 @@ pub fn run(a: RunArgs) -> Result<()> {
             {
                 let sources = r.weight_sources();
                 let pb = crate::progress::spinner("uploading weights, capturing the step graph");
-                let s =
-                    specc_runtime::cuda::CudaSpecSession::new(&r.engine, speculative, &sources, 1);
+                let s = specc_runtime::cuda::CudaSpecSession::with_prefill_chunk(
+                    &r.engine,
+                    speculative,
+                    &sources,
+                    1,
+                    false,
+                    chunk,
+                );
                 pb.finish_and_clear();
                 let mut s = s?;
                 s.set_policy(policy)?;
@@ -176,6 +192,7 @@ pub fn run(a: RunArgs) -> Result<()> {
 
 /// The interpreter's estimate for a `prompt`-token prefill and the steps after it must fit
 /// the host's available memory (where it can be measured).
+/// The interpreter's memory for prefills of `prompt` rows (a chunk) and the step.
 fn check_cpu_memory(r: &Ready, sg: &SpecGraphs, prompt: u64) -> Result<()> {
     let Some(budget) = Budget::host() else {
         return Ok(());
@@ -189,7 +206,7 @@ fn check_cpu_memory(r: &Ready, sg: &SpecGraphs, prompt: u64) -> Result<()> {
     Footprint::of_graphs(&runs, Storage::Interpreter).check(
         &budget,
         &format!(
-            "it grows with the max context ({ctx}, from {}) and the prompt ({prompt} tokens)",
+            "it grows with the max context ({ctx}, from {}) and the prompt rows per prefill ({prompt})",
             r.context_from
         ),
     )?;

@@ -1,9 +1,10 @@
 //! The engine loop: one thread owns the session (the interpreter and the CUDA stream are
 //! synchronous). Between steps it admits queued requests into free lanes (the lanes'
-//! prefill at the smallest batch bucket the backend can, the other lanes' states kept), then runs one step over the lanes in
-//! use, drains every lane's tokens, detokenizes them incrementally, ends lanes at EOS, a
-//! stop string, `max_tokens`, the end of the context or a client that went away, and frees
-//! them for the next request. Nothing inside a step waits on the host.
+//! prefill at the smallest batch bucket the backend can, the other lanes' states kept; with
+//! chunked prefill, one chunk between two steps), then runs one step over the armed lanes,
+//! drains every lane's tokens, detokenizes them incrementally, ends lanes at EOS, a stop
+//! string, `max_tokens`, the end of the context or a client that went away, and frees them
+//! for the next request. Nothing inside a step waits on the host.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -90,6 +91,9 @@ pub struct LoopCtx<'a> {
     pub max_context: u64,
     pub metrics: &'a Metrics,
     pub waiting: &'a AtomicUsize,
+    /// Whether prompts are prefilled in chunks: then one chunk runs between two steps,
+    /// else every queued admission's whole prefill does.
+    pub chunked: bool,
 }
 
 /// One request in a lane.
@@ -158,15 +162,20 @@ impl<'a> Lane<'a> {
 }
 
 /// Serves jobs from `rx` until every handler is gone. A failing step fails the requests in
-/// flight and the loop goes on with the next ones.
+/// flight and the loop goes on with the next ones. Between two steps it runs at most one
+/// prefill chunk ([`LoopCtx::chunked`]), so a live lane waits one step and one chunk for its
+/// next tokens however long the prompts joining are; a lane is stepped from its last chunk
+/// on.
 pub fn run(s: &mut dyn Speculator, rx: Receiver<Job>, c: &LoopCtx) {
     let lanes = s.lanes();
     let mut slots: Vec<Option<Lane>> = (0..lanes).map(|_| None).collect();
+    // The jobs whose lane is prefilling (admission begun, not armed yet).
+    let mut joining: Vec<Option<Job>> = (0..lanes).map(|_| None).collect();
     let mut hist = s.stats().histogram.clone();
     let mut ready: VecDeque<Job> = VecDeque::new();
     let mut ended = Vec::new();
     loop {
-        let busy = slots.iter().any(Option::is_some);
+        let busy = slots.iter().any(Option::is_some) || joining.iter().any(Option::is_some);
         if !busy && ready.is_empty() {
             match rx.recv() {
                 Ok(job) => ready.push_back(job),
@@ -176,23 +185,28 @@ pub fn run(s: &mut dyn Speculator, rx: Receiver<Job>, c: &LoopCtx) {
         // Admit into the lowest free lanes, so the bucket that holds them stays small; the
         // jobs that arrived together are admitted together (the backend may prefill them
         // in one graph).
-        let mut joining = Vec::new();
-        for (b, slot) in slots.iter().enumerate() {
-            if slot.is_some() {
+        let mut arriving = Vec::new();
+        for b in 0..lanes {
+            if slots[b].is_some() || joining[b].is_some() {
                 continue;
             }
             let Some(job) = next_job(&mut ready, &rx, c) else {
                 break;
             };
-            joining.push((b, job));
+            arriving.push((b, job));
         }
-        if !joining.is_empty() {
-            for (b, lane) in admit(s, joining, c) {
-                slots[b] = lane;
+        if !arriving.is_empty() {
+            begin(s, arriving, &mut joining, c);
+        }
+        drop_gone(s, &mut joining, c);
+        loop {
+            prefill_chunk(s, &mut slots, &mut joining, c);
+            if c.chunked || joining.iter().all(Option::is_none) {
+                break;
             }
         }
         let upto = slots.iter().rposition(Option::is_some).map_or(0, |b| b + 1);
-        publish(&slots, c);
+        publish(&slots, &joining, c);
         if upto == 0 {
             continue;
         }
@@ -262,7 +276,7 @@ pub fn run(s: &mut dyn Speculator, rx: Receiver<Job>, c: &LoopCtx) {
         }
         // The load is published before the replies end, so a client that reads /metrics
         // after its reply sees its lane free.
-        publish(&slots, c);
+        publish(&slots, &joining, c);
         for (lane, f) in ended.drain(..) {
             lane.end(f, c.metrics);
         }
@@ -282,19 +296,20 @@ fn next_job(ready: &mut VecDeque<Job>, rx: &Receiver<Job>, c: &LoopCtx) -> Optio
     }
 }
 
-/// Prefills each lane `b` with its job; per lane, the running lane unless the request
-/// already ended (or its admission failed).
-fn admit<'a>(
+/// Queues the admission of each lane `b` with its job (nothing is prefilled yet); the jobs
+/// wait in `joining` for their lanes' last chunk.
+fn begin(
     s: &mut dyn Speculator,
-    joining: Vec<(usize, Job)>,
-    c: &LoopCtx<'a>,
-) -> Vec<(usize, Option<Lane<'a>>)> {
+    jobs: Vec<(usize, Job)>,
+    joining: &mut [Option<Job>],
+    c: &LoopCtx,
+) {
     // A sampled lane's draws depend on each step's k: the policy holds the configured k
     // while it is live, so a seeded request gets the same tokens whatever the load.
-    for (b, job) in &joining {
+    for (b, job) in &jobs {
         s.policy_mut().pin(*b, job.sampling.temperature > 0.0);
     }
-    let rows: Vec<Admit> = joining
+    let rows: Vec<Admit> = jobs
         .iter()
         .map(|(b, job)| Admit {
             lane: *b,
@@ -303,30 +318,74 @@ fn admit<'a>(
             sampling: job.sampling,
         })
         .collect();
-    let firsts = s.admit_lanes(&rows);
+    let begun = s.begin_admission(&rows);
     drop(rows);
-    let firsts = match firsts {
-        Ok(f) => f,
-        Err(e) => {
-            return joining
-                .into_iter()
-                .map(|(b, job)| {
-                    let _ = job
-                        .events
-                        .send(Event::Failed(format!("admission failed: {e}")));
-                    c.metrics
-                        .finished(Finish::Abort, job.arrived.elapsed().as_secs_f64());
-                    let _ = s.finish(b);
-                    (b, None)
-                })
-                .collect();
+    match begun {
+        Ok(()) => {
+            for (b, job) in jobs {
+                joining[b] = Some(job);
+            }
         }
+        Err(e) => {
+            for (b, job) in jobs {
+                s.cancel_admission(b);
+                fail(s, b, job, &format!("admission failed: {e}"), c);
+            }
+        }
+    }
+}
+
+/// Ends `job` (in lane `b`, which stays free) with `why`.
+fn fail(s: &mut dyn Speculator, b: usize, job: Job, why: &str, c: &LoopCtx) {
+    let _ = job.events.send(Event::Failed(why.to_string()));
+    c.metrics
+        .finished(Finish::Abort, job.arrived.elapsed().as_secs_f64());
+    let _ = s.finish(b);
+}
+
+/// Frees the lanes whose client went away while their prompt was prefilling.
+fn drop_gone(s: &mut dyn Speculator, joining: &mut [Option<Job>], c: &LoopCtx) {
+    for (b, slot) in joining.iter_mut().enumerate() {
+        if slot.as_ref().is_some_and(|j| j.events.is_closed()) {
+            let job = slot.take().expect("checked above");
+            s.cancel_admission(b);
+            c.metrics
+                .finished(Finish::Abort, job.arrived.elapsed().as_secs_f64());
+            let _ = s.finish(b);
+        }
+    }
+}
+
+/// Runs the next prefill chunk of the queued admissions; the lanes it armed start with
+/// their first token. A failing chunk fails the requests of its admission.
+fn prefill_chunk<'a>(
+    s: &mut dyn Speculator,
+    slots: &mut [Option<Lane<'a>>],
+    joining: &mut [Option<Job>],
+    c: &LoopCtx<'a>,
+) {
+    if joining.iter().all(Option::is_none) {
+        return;
+    }
+    let why = match s.prefill_chunk() {
+        Ok(armed) => {
+            for (b, first) in armed {
+                if let Some(job) = joining[b].take() {
+                    slots[b] = start(s, b, job, first, c);
+                }
+            }
+            "admission failed: the session dropped it".to_string()
+        }
+        Err(e) => format!("admission failed: {e}"),
     };
-    joining
-        .into_iter()
-        .zip(firsts)
-        .map(|((b, job), first)| (b, start(s, b, job, first, c)))
-        .collect()
+    // A job whose lane the session no longer prefills (its admission failed) ends here.
+    let still = s.prefilling();
+    for (b, slot) in joining.iter_mut().enumerate() {
+        if slot.is_some() && !still.contains(&b) {
+            let job = slot.take().expect("checked above");
+            fail(s, b, job, &why, c);
+        }
+    }
 }
 
 /// The lane of `job`, admitted into lane `b` with first token `first`, unless the request
@@ -361,9 +420,10 @@ fn start<'a>(
     }
 }
 
-/// Lanes in use, queue length and KV-cache use for `/metrics`.
-fn publish(slots: &[Option<Lane>], c: &LoopCtx) {
-    let running = slots.iter().flatten().count();
+/// Lanes in use (prefilling ones too), queue length and KV-cache use for `/metrics`.
+fn publish(slots: &[Option<Lane>], joining: &[Option<Job>], c: &LoopCtx) {
+    let prefilling = joining.iter().flatten().count();
+    let running = slots.iter().flatten().count() + prefilling;
     let used: usize = slots
         .iter()
         .flatten()
@@ -372,6 +432,7 @@ fn publish(slots: &[Option<Lane>], c: &LoopCtx) {
     let total = slots.len() as f64 * c.max_context as f64;
     c.metrics.set_load(
         running,
+        prefilling,
         c.waiting.load(Ordering::SeqCst),
         used as f64 / total.max(1.0),
     );

@@ -71,6 +71,7 @@ impl Finish {
 #[derive(Clone, Debug)]
 struct Inner {
     running: usize,
+    prefilling: usize,
     waiting: usize,
     lanes_in_use: usize,
     kv_usage: f64,
@@ -107,6 +108,7 @@ impl Metrics {
             k,
             inner: Mutex::new(Inner {
                 running: 0,
+                prefilling: 0,
                 waiting: 0,
                 lanes_in_use: 0,
                 kv_usage: 0.0,
@@ -134,10 +136,13 @@ impl Metrics {
         f(&mut g)
     }
 
-    /// The batcher's view after admitting and stepping.
-    pub fn set_load(&self, running: usize, waiting: usize, kv_usage: f64) {
+    /// The batcher's view after admitting and stepping: `running` requests hold a lane
+    /// (`prefilling` of them still in their prompt's chunks, counted as running as vLLM
+    /// counts a request in chunked prefill), `waiting` are queued.
+    pub fn set_load(&self, running: usize, prefilling: usize, waiting: usize, kv_usage: f64) {
         self.with(|m| {
             m.running = running;
+            m.prefilling = prefilling;
             m.lanes_in_use = running;
             m.waiting = waiting;
             m.kv_usage = kv_usage;
@@ -221,8 +226,14 @@ impl Metrics {
         one(
             "vllm:num_requests_running",
             "gauge",
-            "Requests in a lane (decoding).",
+            "Requests in a lane (decoding, or prefilling their prompt chunk by chunk).",
             m.running.to_string(),
+        );
+        one(
+            "specc:num_requests_prefilling",
+            "gauge",
+            "Running requests whose prompt is still being prefilled (chunked prefill).",
+            m.prefilling.to_string(),
         );
         one(
             "vllm:num_requests_waiting",

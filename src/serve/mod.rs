@@ -7,6 +7,8 @@
 mod api;
 mod batcher;
 mod chat;
+#[cfg(test)]
+mod chunked_tests;
 mod errors;
 mod metrics;
 mod request;
@@ -19,7 +21,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Context, Result};
 use specc_models::spec_bundle::EngineExtras;
 use specc_models::{SpecConfig, CONFIG_FILE};
-use specc_runtime::{EngineGraphs, SpecCpuSession, SpecGraphs};
+use specc_runtime::{admission, EngineGraphs, SpecCpuSession, SpecGraphs};
 
 use crate::cli::{Backend, ServeArgs, SpecPolicyArg};
 use crate::cmd::engine::{ready, target_for, Source, Want};
@@ -143,19 +145,27 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         .map_or("none (chat completions answer 400)".to_string(), |t| {
             t.origin.clone()
         });
+    let chunk = admission::prefill_chunk_or_default(a.prefill_chunk, r.engine.max_context)
+        .map_err(|e| anyhow::anyhow!("--prefill-chunk: {e}"))?;
     let ctx = batcher::LoopCtx {
         codec: &codec,
         eos: &r.spec.eos_token_ids,
         max_context: r.engine.max_context,
         metrics: &metrics,
         waiting: &waiting,
+        chunked: chunk > 0,
     };
     let announce = |addr: SocketAddr| {
         eprintln!("[{label}] engine: {}", r.origin);
         eprintln!("[{label}] chat template: {chat_from}");
         eprintln!(
-            "[{label}] serving `{served_name}` on http://{addr} (max context {}, queue {})",
-            r.engine.max_context, a.max_queue
+            "[{label}] serving `{served_name}` on http://{addr} (max context {}, queue {}, prefill chunk {})",
+            r.engine.max_context,
+            a.max_queue,
+            match chunk {
+                0 => "off".to_string(),
+                c => c.to_string(),
+            }
         );
     };
     match a.backend {
@@ -165,6 +175,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             let weights = r.cpu_weights(&graphs, &contract.roles())?;
             let mut s = SpecCpuSession::new(sg, &weights, want_lanes, r.engine.max_context);
             s.set_policy(policy)?;
+            s.set_prefill_chunk(chunk)?;
             let addr = listen(&a.host, a.port, app)?;
             announce(addr);
             batcher::run(&mut s, rx, &ctx);
@@ -179,12 +190,13 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                     );
                 }
                 let sources = r.weight_sources();
-                let mut s = specc_runtime::cuda::CudaSpecSession::with_buckets(
+                let mut s = specc_runtime::cuda::CudaSpecSession::with_prefill_chunk(
                     &r.engine,
                     speculative,
                     &sources,
                     want_lanes,
                     a.shrink_buckets,
+                    chunk,
                 )?;
                 s.set_policy(policy)?;
                 let addr = listen(&a.host, a.port, app)?;

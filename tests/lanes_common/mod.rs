@@ -47,6 +47,28 @@ pub fn staggered(prompts: &[Vec<u32>]) -> Vec<Arrival> {
     .collect()
 }
 
+/// Five requests over `prompts` (4) concatenated into longer ones (up to all four): a
+/// long prompt joins while a short one decodes, another later, lanes reused (3 lanes).
+pub fn long_staggered(prompts: &[Vec<u32>]) -> Vec<Arrival> {
+    let cat = |ix: &[usize]| -> Vec<u32> { ix.iter().flat_map(|&i| prompts[i].clone()).collect() };
+    let long = [
+        cat(&[2]),
+        cat(&[0, 1, 2, 3]),
+        cat(&[1, 3]),
+        cat(&[3, 0, 1]),
+        cat(&[0]),
+    ];
+    [(0, 30, 0), (1, 16, 2), (2, 12, 3), (3, 10, 6), (4, 8, 9)]
+        .iter()
+        .map(|&(p, max_new, at_step)| Arrival {
+            prompt: long[p].clone(),
+            max_new,
+            at_step,
+            knobs: None,
+        })
+        .collect()
+}
+
 /// Serves `arrivals` on `s`; each request's tokens (first + emitted, truncated).
 pub fn serve(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
     let lanes = s.lanes();
@@ -126,4 +148,87 @@ pub fn alone(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
             out
         })
         .collect()
+}
+
+/// What [`serve_interleaved`] saw of each request: its tokens, and the steps of the other
+/// lanes that ran between its first and its last prefill chunk.
+pub struct Interleaved {
+    pub tokens: Vec<Vec<u32>>,
+    pub steps_during_prefill: Vec<usize>,
+}
+
+/// [`serve`] with the admissions' prefills interleaved with the steps as `specc serve`
+/// runs them: the requests due join together (`begin_admission`), one prefill chunk runs
+/// before each step, and a lane is stepped only from its last chunk on.
+pub fn serve_interleaved(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Interleaved {
+    let lanes = s.lanes();
+    let mut out: Vec<Vec<u32>> = vec![Vec::new(); arrivals.len()];
+    let mut lane_of: Vec<Option<usize>> = vec![None; lanes];
+    let mut armed = vec![false; lanes];
+    let mut began: Vec<Option<usize>> = vec![None; arrivals.len()];
+    let mut during = vec![0; arrivals.len()];
+    let mut next = 0;
+    let mut step = 0;
+    let mut steps_run = 0;
+    while next < arrivals.len() || lane_of.iter().any(Option::is_some) {
+        let mut joining = Vec::new();
+        while next < arrivals.len() && arrivals[next].at_step <= step {
+            let Some(free) = lane_of.iter().position(Option::is_none) else {
+                break;
+            };
+            lane_of[free] = Some(next);
+            joining.push((free, next));
+            next += 1;
+        }
+        let rows: Vec<Admit> = joining
+            .iter()
+            .map(|&(lane, r)| Admit {
+                lane,
+                prompt: &arrivals[r].prompt,
+                max_new: arrivals[r].max_new,
+                sampling: sampling_of(s, &arrivals[r], r),
+            })
+            .collect();
+        if !rows.is_empty() {
+            s.begin_admission(&rows).unwrap();
+        }
+        if let Some(&lane) = s.prefilling().first() {
+            let r = lane_of[lane].expect("a prefilling lane holds a request");
+            began[r].get_or_insert(steps_run);
+        }
+        for (lane, first) in s.prefill_chunk().unwrap() {
+            let r = lane_of[lane].expect("an armed lane holds a request");
+            out[r].push(first);
+            during[r] = steps_run - began[r].unwrap_or(steps_run);
+            armed[lane] = true;
+        }
+        let upto = armed.iter().rposition(|&a| a).map_or(0, |l| l + 1);
+        if upto > 0 {
+            s.step_upto(upto).unwrap();
+            steps_run += 1;
+            let toks = s.drain().unwrap();
+            let live = s.live().unwrap();
+            for l in 0..lanes {
+                let Some(r) = lane_of[l].filter(|_| armed[l]) else {
+                    assert!(toks[l].is_empty(), "lane {l} emitted before it was armed");
+                    continue;
+                };
+                out[r].extend(&toks[l]);
+                if !live[l] || out[r].len() >= arrivals[r].max_new {
+                    s.finish(l).unwrap();
+                    lane_of[l] = None;
+                    armed[l] = false;
+                }
+            }
+        }
+        step += 1;
+        assert!(step < 10_000, "requests never finished");
+    }
+    for (o, a) in out.iter_mut().zip(arrivals) {
+        o.truncate(a.max_new);
+    }
+    Interleaved {
+        tokens: out,
+        steps_during_prefill: during,
+    }
 }

@@ -6,20 +6,21 @@
 use std::time::Instant;
 
 use specc_ir::engine::{BucketPlan, Engine, GraphRole, Priming, StepContract};
-use specc_models::methods::{
-    BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, RING, SAMPLING, STREAM,
-};
+use specc_models::methods::{BUDGET, EMITTED, RING, SAMPLING};
 
 use super::prefills::{PrefillAt, PrefillGraphs};
 use super::{CudaEngine, LoadedGraph, StepGraph, TokenRing, WeightSources, DEFAULT_RING_DEPTH};
-use crate::admission::{self, Admit, LaneSampling, PrefillInputs, StateInit};
+use crate::admission::{self, LaneSampling, PrefillInputs, StateInit};
 use crate::draft_sync::DraftSync;
 use crate::memory::Footprint;
 use crate::policy::{AdaptivePolicy, SpecPolicy};
 use crate::windows::{lane_major, AdmissionWindows};
 use crate::{RuntimeError, SpecStats};
 
+mod admit;
 mod lazy_priming;
+
+use admit::PendingGroup;
 
 pub use specc_models::spec_bundle::MIN_PREFILL_T;
 
@@ -62,6 +63,10 @@ pub struct CudaSpecSession<'a> {
     /// Where admissions prefill (the session's own bucket only where the states are not
     /// all lane-major).
     windows: AdmissionWindows,
+    /// Most prompt rows one prefill takes (0: a whole prompt).
+    prefill_chunk: usize,
+    /// Admissions begun and not yet armed, in the order their chunks run.
+    pending: std::collections::VecDeque<PendingGroup>,
     lanes: usize,
     max_context: u64,
     pub stats: SpecStats,
@@ -133,10 +138,26 @@ impl<'a> CudaSpecSession<'a> {
         lanes: usize,
         shrink: bool,
     ) -> Result<Self, RuntimeError> {
+        Self::with_prefill_chunk(engine, speculative, sources, lanes, shrink, 0)
+    }
+
+    /// [`CudaSpecSession::with_buckets`] prefilling prompts in chunks of at most
+    /// `prefill_chunk` rows ([`CudaSpecSession::set_prefill_chunk`]; 0: whole prompts):
+    /// the memory it checks for counts the arenas of prefills up to that prompt bucket only.
+    pub fn with_prefill_chunk(
+        engine: &'a Engine,
+        speculative: bool,
+        sources: &WeightSources,
+        lanes: usize,
+        shrink: bool,
+        prefill_chunk: usize,
+    ) -> Result<Self, RuntimeError> {
+        admission::check_chunk(prefill_chunk, engine.max_context)?;
         let contract = engine.contract(speculative).clone();
-        let need = Footprint::of_cuda_engine(engine, &contract, lanes as u32, &|n| {
-            sources.stored_bytes(n)
-        });
+        let need =
+            Footprint::of_cuda_engine(engine, &contract, lanes as u32, prefill_chunk, &|n| {
+                sources.stored_bytes(n)
+            });
         let mut dev = CudaEngine::new(engine, &need)?;
         let step_plan = plan_of(engine, contract.step, lanes, 1)?;
         // Every plan of the method at this batch, so a prefill of any length finds its
@@ -214,6 +235,8 @@ impl<'a> CudaSpecSession<'a> {
             ring,
             prefills: PrefillGraphs::default(),
             windows,
+            prefill_chunk,
+            pending: Default::default(),
             lanes,
             max_context: engine.max_context,
             stats: SpecStats {
@@ -429,218 +452,6 @@ impl<'a> CudaSpecSession<'a> {
         Ok(all[..ids.len() * v].to_vec())
     }
 
-    /// Prefills every lane and arms the step states; returns each lane's first token. Under
-    /// sampled acceptance lane `b` draws on stream `b` with the engine's default knobs.
-    pub fn admit(
-        &mut self,
-        prompts: &[Vec<u32>],
-        max_new: usize,
-    ) -> Result<Vec<u32>, RuntimeError> {
-        assert_eq!(prompts.len(), self.lanes, "one prompt per lane");
-        let acceptance = &self.engine.engine.acceptance;
-        let rows: Vec<Admit> = prompts
-            .iter()
-            .enumerate()
-            .map(|(b, p)| Admit {
-                lane: b,
-                prompt: p,
-                max_new,
-                sampling: LaneSampling::defaults(acceptance, b as u32),
-            })
-            .collect();
-        let tb = self.prompt_bucket(&rows)?;
-        let every = self.every_lane(tb);
-        self.admit_rows(&rows, every)
-    }
-
-    /// Prefills lane `lane` alone and arms its step states, leaving the other lanes' states
-    /// as they are (continuous batching). The prefill runs at [`CudaSpecSession::
-    /// lone_window`]: the same plan whatever the lane and the load, the lanes of the window
-    /// other than `lane` padding (position −1: they write nothing), so a lane's tokens do
-    /// not depend on the others'. Returns the lane's first token. Under sampled acceptance
-    /// the lane draws with `sampling`'s knobs from its RNG stream.
-    pub fn admit_lane(
-        &mut self,
-        lane: usize,
-        prompt: &[u32],
-        max_new: usize,
-        sampling: LaneSampling,
-    ) -> Result<u32, RuntimeError> {
-        let row = Admit {
-            lane,
-            prompt,
-            max_new,
-            sampling,
-        };
-        Ok(self.admit_lanes(&[row])?[0])
-    }
-
-    /// Admits several free lanes: each alone at its [`CudaSpecSession::lone_window`], or,
-    /// with [`CudaSpecSession::shrink_buckets`] on (tokens may then depend on the load),
-    /// all in one prefill at the smallest window that holds them
-    /// ([`CudaSpecSession::admission_window`]). Each lane's first token, in list order.
-    pub fn admit_lanes(&mut self, rows: &[Admit]) -> Result<Vec<u32>, RuntimeError> {
-        let lanes = self.lanes;
-        if let Some(r) = rows.iter().find(|r| r.lane >= lanes) {
-            return Err(RuntimeError::Engine(format!(
-                "lane {} is out of range: the session has {lanes} lanes",
-                r.lane
-            )));
-        }
-        if self.shrink {
-            let tb = self.prompt_bucket(rows)?;
-            let at: Vec<usize> = rows.iter().map(|r| r.lane).collect();
-            let window = self.admission_window(&at, tb);
-            return self.admit_rows(rows, window);
-        }
-        let mut first = Vec::with_capacity(rows.len());
-        for r in rows {
-            let tb = self.prompt_bucket(std::slice::from_ref(r))?;
-            let window = self.lone_window(r.lane, tb);
-            first.extend(self.admit_rows(std::slice::from_ref(r), window)?);
-        }
-        Ok(first)
-    }
-
-    /// The prompt bucket a prefill of `rows` runs at (prompts padded to the longest).
-    fn prompt_bucket(&self, rows: &[Admit]) -> Result<usize, RuntimeError> {
-        let prompts: Vec<Vec<u32>> = rows.iter().map(|r| r.prompt.to_vec()).collect();
-        let pre = admission::prefill_inputs(&prompts, self.contract.num_steps, self.max_context)?;
-        let tb = prefill_bucket(pre.t);
-        if tb as u64 > self.max_context {
-            return Err(RuntimeError::ContextOverflow {
-                needed: tb,
-                max_context: self.max_context,
-            });
-        }
-        Ok(tb)
-    }
-
-    /// The one admission routine: prefills the listed lanes together in one target prefill
-    /// (and the method's draft priming) at `window`, every lane of the window not listed
-    /// padding, and arms the listed lanes' step states, sampling knobs and rings; the other
-    /// lanes' states are left as they are. Each listed lane's first token, in list order.
-    fn admit_rows(&mut self, rows: &[Admit], window: PrefillAt) -> Result<Vec<u32>, RuntimeError> {
-        let k = self.contract.num_steps;
-        let prompts: Vec<Vec<u32>> = rows.iter().map(|r| r.prompt.to_vec()).collect();
-        let at: Vec<usize> = rows.iter().map(|r| r.lane).collect();
-        // Each listed lane's place inside the window (the prefill's batch rows).
-        let rel: Vec<usize> = at.iter().map(|&l| l - window.lane).collect();
-        debug_assert!(rel.iter().all(|&r| r < window.b));
-        let pre = admission::prefill_inputs(&prompts, k, self.max_context)?;
-        let (wb, tb) = (window.b, window.t);
-        debug_assert_eq!(tb, prefill_bucket(pre.t));
-        let (tokens, pos) = place(&pre, &rel, wb, tb);
-        let sampling: Vec<LaneSampling> = rows.iter().map(|r| r.sampling).collect();
-        if self.engine.state(STREAM).is_ok() {
-            let streams: Vec<u32> = sampling.iter().map(|l| l.stream).collect();
-            self.write_rows(&admission::stream_state(&streams), &at)?;
-        }
-        if self.engine.state(SAMPLING).is_ok() {
-            let s = admission::sampling_state(&sampling);
-            for (i, &lane) in at.iter().enumerate() {
-                let bytes = s.f32_bytes();
-                let per = bytes.len() / at.len();
-                self.write_lane(s.name, lane, &bytes[i * per..][..per])?;
-            }
-        }
-        let primed = !self.primes_lazily();
-        let want_taps = self.contract.wants_taps();
-        // Under sampled acceptance the prefill also draws each lane's first token.
-        let drawn = self
-            .prefill(self.contract.target_prefill, window)?
-            .io(FIRST_TOKEN)
-            .is_ok();
-        let mut outs = vec!["next_token"];
-        outs.extend(want_taps.then_some("taps"));
-        outs.extend(drawn.then_some(FIRST_TOKEN));
-        let out = self.run_prefill(true, window, &tokens, &pos, &[], &outs)?;
-        let next = read_i32(&out[0]);
-        let drawn = drawn.then(|| read_i32(&out[outs.len() - 1]));
-        let first: Vec<u32> = rel
-            .iter()
-            .map(|&r| match &drawn {
-                Some(d) => d[r] as u32,
-                None => next[r] as u32,
-            })
-            .collect();
-        match self.contract.priming() {
-            Priming::None => {}
-            Priming::Prompt if !primed => {}
-            Priming::Prompt => {
-                self.run_prefill(false, window, &tokens, &pos, &[], &[])?;
-            }
-            Priming::Pairs {
-                taps_width,
-                depth: k,
-            } => {
-                let taps = &out[1];
-                let row = taps.len() / (wb * tb);
-                debug_assert_eq!(row % taps_width, 0);
-                let prime = admission::eagle_prime(&prompts, &first, tb, k);
-                let tp = prime.inputs.t;
-                let tpb = prefill_bucket(tp);
-                let (ht, hp) = place(&prime.inputs, &rel, wb, tpb);
-                // `eagle_prime` lays row `i` of the listed prompts out at `i`: the head
-                // prefill's row `i·tp + j` and the taps' row `i·tb + s` go to window row
-                // `rel[i]`.
-                let mut hidden = vec![0u8; wb * tpb * row];
-                for &(dst, src) in &prime.hidden_rows {
-                    let (i, j) = (dst / tp, dst % tp);
-                    let d = rel[i] * tpb + j;
-                    let s = rel[i] * tb + src % tb;
-                    hidden[d * row..][..row].copy_from_slice(&taps[s * row..][..row]);
-                }
-                let head_at = PrefillAt { t: tpb, ..window };
-                self.run_prefill(false, head_at, &ht, &hp, &[(HIDDEN, hidden)], &[])?;
-                let per = (k + 1) * row;
-                let mut slots = vec![0u8; at.len() * per];
-                for &(dst, src) in &prime.slot_rows {
-                    let i = dst / (k + 1);
-                    let s = rel[i] * tb + src % tb;
-                    slots[dst * row..][..row].copy_from_slice(&taps[s * row..][..row]);
-                }
-                for (i, &lane) in at.iter().enumerate() {
-                    self.write_lane(EAGLE_HIDDEN, lane, &slots[i * per..][..per])?;
-                }
-                for s in &prime.states {
-                    self.write_rows(s, &at)?;
-                }
-            }
-            Priming::Context { taps_width, .. } => {
-                // The target prefill's taps [wb, tb, W] are the drafter prefill's input
-                // as they are, at the same (padded) positions.
-                let taps = out[1].clone();
-                debug_assert_eq!((taps.len() / (wb * tb)) % taps_width, 0);
-                self.run_prefill(false, window, &tokens, &pos, &[(HIDDEN, taps)], &[])?;
-                let n = self.lane_bytes(DFLASH_HIDDEN)? as usize;
-                for &lane in &at {
-                    self.write_lane(DFLASH_HIDDEN, lane, &vec![0u8; n])?;
-                }
-                for s in admission::dflash_states(&prompts) {
-                    self.write_rows(&s, &at)?;
-                }
-            }
-        }
-        for (i, r) in rows.iter().enumerate() {
-            let one = [prompts[i].clone()];
-            for s in admission::step_states(&one, &first[i..=i], r.max_new, self.max_context, k) {
-                self.write_rows(&s, &at[i..=i])?;
-            }
-        }
-        for &lane in &at {
-            self.ring.reset_lane(lane)?;
-        }
-        self.engine.synchronize()?;
-        for ((&lane, p), &f) in at.iter().zip(&prompts).zip(&first) {
-            self.admit_draft(lane, p, f, primed);
-            self.policy.admit(lane);
-            self.admitted[lane] = true;
-            self.undrained[lane].clear();
-        }
-        Ok(first)
-    }
-
     /// Writes row `i` of the i32 state value `s` (`[n, ...]`) into lane `at[i]`.
     fn write_rows(&self, s: &StateInit, at: &[usize]) -> Result<(), RuntimeError> {
         let bytes = s.i32_bytes();
@@ -781,17 +592,20 @@ impl<'a> CudaSpecSession<'a> {
         let Some(r) = self.sync.reprime(live, lanes) else {
             return Ok(());
         };
-        let tb = prefill_bucket(r.t);
-        if tb as u64 > self.max_context {
-            return Err(RuntimeError::ContextOverflow {
-                needed: tb,
-                max_context: self.max_context,
-            });
+        // In windows of at most the prefill chunk, so no prefill runs above it.
+        for w in admission::column_chunks(&r, self.prefill_chunk) {
+            let tb = prefill_bucket(w.t);
+            if tb as u64 > self.max_context {
+                return Err(RuntimeError::ContextOverflow {
+                    needed: tb,
+                    max_context: self.max_context,
+                });
+            }
+            let all: Vec<usize> = (0..lanes).collect();
+            let (tokens, pos) = place(&w, &all, lanes, tb);
+            let every = self.every_lane(tb);
+            self.run_prefill(false, every, &tokens, &pos, &[], &[])?;
         }
-        let all: Vec<usize> = (0..lanes).collect();
-        let (tokens, pos) = place(&r, &all, lanes, tb);
-        let every = self.every_lane(tb);
-        self.run_prefill(false, every, &tokens, &pos, &[], &[])?;
         Ok(())
     }
 
