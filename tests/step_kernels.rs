@@ -8,7 +8,9 @@
 
 use std::sync::OnceLock;
 
-use specc_codegen::choose::gemm::{GEMM_MIN_COLUMNS, GEMM_MIN_ROWS};
+use specc_codegen::choose::gemm::{
+    GEMM_MIN_COLUMNS, GEMM_MIN_ROWS, WGMMA_MIN_COLUMNS, WGMMA_MIN_ROWS,
+};
 use specc_codegen::choose::matmul::{NORM_FUSED_MAX_ROWS, ROPE_FUSED_MAX_ROWS};
 use specc_codegen::{build, BuildOptions, Built, Compiled, Cubins, Epilogue, GroupKind};
 use specc_ir::engine::choice::{EpilogueChoice, Feed, MatmulChoice, MatmulCore, NormPlacement};
@@ -775,11 +777,28 @@ fn matmuls_of_several_rows_run_on_tensor_cores() {
                     && cols.is_some_and(|n| n >= GEMM_MIN_COLUMNS as u64);
                 for core in &m.cores {
                     assert_eq!(
-                        matches!(core, MatmulCore::TensorCores(_) | MatmulCore::Gemm(_)),
+                        matches!(
+                            core,
+                            MatmulCore::TensorCores(_) | MatmulCore::Gemm(_) | MatmulCore::Wgmma(_)
+                        ),
                         want_mma,
                         "{name}: group {g} ({}) for {rows} rows of {xd} x {wd}",
                         plan.groups[g].choice
                     );
+                    // The sm_90a wgmma GEMM only from its thresholds, on bf16; where it does
+                    // not take the operands the tiled GEMM's own thresholds hold.
+                    if matches!(core, MatmulCore::Wgmma(_)) {
+                        assert!(
+                            want_mma
+                                && xd == DType::BF16
+                                && rows >= WGMMA_MIN_ROWS as usize
+                                && cols.is_some_and(|n| n >= WGMMA_MIN_COLUMNS as u64),
+                            "{name}: group {g} ({}) wgmma for {rows} rows",
+                            plan.groups[g].choice
+                        );
+                        mma += 1;
+                        continue;
+                    }
                     assert_eq!(
                         matches!(core, MatmulCore::Gemm(_)),
                         want_gemm,

@@ -89,21 +89,22 @@ pub fn tile(p: &GemvParams, rows: u32, target: &Target) -> Option<GemmTiling> {
 pub const WGMMA_MAX_STAGES: u32 = 6;
 
 /// The rows and weight columns from which the wgmma GEMM replaces the kernels above on
-/// sm_90a: deliberately conservative predictions until the device timings of
-/// `kernels-gen/tests/gpu_gemm.rs` (`time_wgmma_vs_gemm_vs_gemv_mma`) decide. The build
-/// does not consult [`wgmma_tiling`] yet (`super::matmul::core`): its first device run
-/// validates the kernel.
-pub const WGMMA_MIN_ROWS: u32 = 64;
+/// sm_90a (H200, 8B shapes, `kernels-gen/tests/gpu_gemm.rs` `time_wgmma_vs_gemm_vs_gemv_mma`,
+/// bench/NOTES.md session 33): from 128 rows it is the fastest of the three on every shape
+/// but `down` at 128 rows (65.8 against `gemv_mma`'s 61.3 µs), 1.7–2.2× `gemm_mma` from 256
+/// rows; at 64 rows it wins on o / q|k|v alone and the whole verify(8) step at B = 8 ran
+/// 1 % slower with it, at 32 rows it loses everywhere (one 64-row tile).
+pub const WGMMA_MIN_ROWS: u32 = 128;
 
 /// See [`WGMMA_MIN_ROWS`].
 pub const WGMMA_MIN_COLUMNS: u32 = 4096;
 
-/// Whether builds may choose the wgmma GEMM: only with `SPECC_WGMMA=1` in the environment
-/// of the build until a device run has validated it inside whole engines (its kernel
-/// tests are `kernels-gen/tests/gpu_gemm.rs`); the variable makes the A/B against
-/// `gemm_mma` one flag.
+/// Whether builds may choose the wgmma GEMM: on unless `SPECC_WGMMA=0` is in the
+/// environment of the build (the A/B against `gemm_mma` is that one flag). Whole steps with
+/// it, H200, 8B shape: verify(8) at B = 32 11.59 against 16.17 ms (bench/NOTES.md, session
+/// 33 call B).
 pub fn wgmma_enabled() -> bool {
-    std::env::var("SPECC_WGMMA").is_ok_and(|v| v == "1")
+    !std::env::var("SPECC_WGMMA").is_ok_and(|v| v == "0")
 }
 
 /// The wgmma GEMM's tile for `p` over at most `rows` rows where the thresholds

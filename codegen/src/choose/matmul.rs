@@ -362,20 +362,35 @@ mod tests {
         mixed.x.dtype = Dtype::F32;
         assert!(!supports(&mixed));
         assert!(!mma(&mixed));
-        // From `GEMM_MIN_ROWS` rows in the launch on `GEMM_MIN_COLUMNS` columns: the tiled
-        // GEMM; narrower weights stay on the GEMV at any row count.
+        // Off sm_90a, from `GEMM_MIN_ROWS` rows in the launch on `GEMM_MIN_COLUMNS` columns:
+        // the tiled GEMM; narrower weights stay on the GEMV at any row count.
+        let blackwell = Target::for_archs(&[Arch::Sm100a]);
         let rows = super::super::gemm::GEMM_MIN_ROWS;
         let wide = params(64, 256, 16384, false, Dtype::BF16);
-        assert!(matches!(core(&wide, rows, &hopper()), MatmulCore::Gemm(_)));
+        assert!(matches!(core(&wide, rows, &blackwell), MatmulCore::Gemm(_)));
         assert!(matches!(
-            core(&wide, rows - 1, &hopper()),
+            core(&wide, rows - 1, &blackwell),
             MatmulCore::TensorCores(_)
         ));
         let narrow = params(64, 256, 4096, false, Dtype::BF16);
         assert!(matches!(
-            core(&narrow, 1024, &hopper()),
+            core(&narrow, 1024, &blackwell),
             MatmulCore::TensorCores(_)
         ));
+        // On sm_90a (unless `SPECC_WGMMA=0`): wgmma from `WGMMA_MIN_ROWS` rows on
+        // `WGMMA_MIN_COLUMNS` columns.
+        if super::super::gemm::wgmma_enabled() {
+            let rows = super::super::gemm::WGMMA_MIN_ROWS;
+            assert!(matches!(core(&wide, rows, &hopper()), MatmulCore::Wgmma(_)));
+            assert!(matches!(
+                core(&narrow, rows, &hopper()),
+                MatmulCore::Wgmma(_)
+            ));
+            assert!(!matches!(
+                core(&wide, rows - 1, &hopper()),
+                MatmulCore::Wgmma(_)
+            ));
+        }
     }
 
     /// The row policy (measured, see [`NORM_FUSED_MAX_ROWS`]): up to 8 rows the register
