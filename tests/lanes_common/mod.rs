@@ -69,6 +69,43 @@ pub fn long_staggered(prompts: &[Vec<u32>]) -> Vec<Arrival> {
         .collect()
 }
 
+/// Places the requests due by `step` (from `*next` on) in free lanes, as `specc serve`
+/// admits them together; each placed (lane, request).
+fn join_due(
+    arrivals: &[Arrival],
+    next: &mut usize,
+    step: usize,
+    lane_of: &mut [Option<usize>],
+) -> Vec<(usize, usize)> {
+    let mut joining = Vec::new();
+    while *next < arrivals.len() && arrivals[*next].at_step <= step {
+        let Some(free) = lane_of.iter().position(Option::is_none) else {
+            break;
+        };
+        lane_of[free] = Some(*next);
+        joining.push((free, *next));
+        *next += 1;
+    }
+    joining
+}
+
+/// The admissions of `joining`; request r draws from stream r wherever it runs.
+fn admits<'a>(
+    s: &dyn Speculator,
+    arrivals: &'a [Arrival],
+    joining: &[(usize, usize)],
+) -> Vec<Admit<'a>> {
+    joining
+        .iter()
+        .map(|&(lane, r)| Admit {
+            lane,
+            prompt: &arrivals[r].prompt,
+            max_new: arrivals[r].max_new,
+            sampling: sampling_of(s, &arrivals[r], r),
+        })
+        .collect()
+}
+
 /// Serves `arrivals` on `s`; each request's tokens (first + emitted, truncated).
 pub fn serve(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
     let lanes = s.lanes();
@@ -78,25 +115,8 @@ pub fn serve(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
     let mut step = 0;
     while next < arrivals.len() || lane_of.iter().any(Option::is_some) {
         // The requests due by this step join together, as `specc serve` admits them.
-        let mut joining = Vec::new();
-        while next < arrivals.len() && arrivals[next].at_step <= step {
-            let Some(free) = lane_of.iter().position(Option::is_none) else {
-                break;
-            };
-            lane_of[free] = Some(next);
-            joining.push((free, next));
-            next += 1;
-        }
-        let rows: Vec<Admit> = joining
-            .iter()
-            .map(|&(lane, r)| Admit {
-                lane,
-                prompt: &arrivals[r].prompt,
-                max_new: arrivals[r].max_new,
-                // Request r draws from stream r wherever it runs.
-                sampling: sampling_of(s, &arrivals[r], r),
-            })
-            .collect();
+        let joining = join_due(arrivals, &mut next, step, &mut lane_of);
+        let rows = admits(&*s, arrivals, &joining);
         if !rows.is_empty() {
             let firsts = s.admit_lanes(&rows).unwrap();
             for (&(_, r), first) in joining.iter().zip(firsts) {
@@ -171,24 +191,8 @@ pub fn serve_interleaved(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Interl
     let mut step = 0;
     let mut steps_run = 0;
     while next < arrivals.len() || lane_of.iter().any(Option::is_some) {
-        let mut joining = Vec::new();
-        while next < arrivals.len() && arrivals[next].at_step <= step {
-            let Some(free) = lane_of.iter().position(Option::is_none) else {
-                break;
-            };
-            lane_of[free] = Some(next);
-            joining.push((free, next));
-            next += 1;
-        }
-        let rows: Vec<Admit> = joining
-            .iter()
-            .map(|&(lane, r)| Admit {
-                lane,
-                prompt: &arrivals[r].prompt,
-                max_new: arrivals[r].max_new,
-                sampling: sampling_of(s, &arrivals[r], r),
-            })
-            .collect();
+        let joining = join_due(arrivals, &mut next, step, &mut lane_of);
+        let rows = admits(&*s, arrivals, &joining);
         if !rows.is_empty() {
             s.begin_admission(&rows).unwrap();
         }
