@@ -89,20 +89,16 @@ pub fn tile(p: &GemvParams, rows: u32, target: &Target) -> Option<GemmTiling> {
 pub const WGMMA_MAX_STAGES: u32 = 6;
 
 /// The rows and weight columns from which the wgmma GEMM replaces the kernels above on
-/// sm_90a (H200, 8B shapes, `kernels-gen/tests/gpu_gemm.rs` `time_wgmma_vs_gemm_vs_gemv_mma`,
-/// bench/NOTES.md session 33): from 128 rows it is the fastest of the three on every shape
-/// but `down` at 128 rows (65.8 against `gemv_mma`'s 61.3 µs), 1.7–2.2× `gemm_mma` from 256
-/// rows; at 64 rows it wins on o / q|k|v alone and the whole verify(8) step at B = 8 ran
-/// 1 % slower with it, at 32 rows it loses everywhere (one 64-row tile).
+/// sm_90a: from 128 rows it timed fastest of the three on the 8B shapes (all but `down` at
+/// exactly 128 rows, within 10 %); at 64 rows a whole verify step ran no faster with it, at
+/// 32 it loses (one 64-row tile). Figures: bench/NOTES.md, session 33, calls A and B.
 pub const WGMMA_MIN_ROWS: u32 = 128;
 
 /// See [`WGMMA_MIN_ROWS`].
 pub const WGMMA_MIN_COLUMNS: u32 = 4096;
 
 /// Whether builds may choose the wgmma GEMM: on unless `SPECC_WGMMA=0` is in the
-/// environment of the build (the A/B against `gemm_mma` is that one flag). Whole steps with
-/// it, H200, 8B shape: verify(8) at B = 32 11.59 against 16.17 ms (bench/NOTES.md, session
-/// 33 call B).
+/// environment of the build (the A/B against `gemm_mma` is that one flag).
 pub fn wgmma_enabled() -> bool {
     !std::env::var("SPECC_WGMMA").is_ok_and(|v| v == "0")
 }
