@@ -23,6 +23,8 @@
 //! `KB_TILING=tn,wn,wk,unroll,ks[,stages[,bulk|xbulk]]` names; one kernel to put under `ncu`);
 //! `kernel_bench tree_splits` times tree attention's KV splits against the cost model's.
 //! `kernel_bench tree_tilings [T,..]` times every `attn_tile` block shape and split (ctx 1024).
+//! `kernel_bench batch_splits` times decode and verify(8) attention of 1–64 sequences at
+//! every context split (ctx 1024, 8192).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -32,7 +34,9 @@ mod gpu;
 use common::Plan;
 use gpu::{Gpu, Mem};
 use specc_codegen::choose::matmul::tiling;
-use specc_codegen::choose::{self, attention::simt_splits as attention_splits};
+use specc_codegen::choose::{
+    self, attention::simt_splits as attention_splits, attention::simt_wave,
+};
 use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
 use specc_kernels_gen::attention::{
@@ -327,6 +331,99 @@ fn attention_case(gpu: &Gpu, b: u32, t: u32, len: u32, splits: u32) -> Row {
     }
 }
 
+/// Causal attention of `b` sequences × `t` query rows at context `len` (Llama-3.1-8B heads)
+/// with `splits` context splits, on CUDA cores (`attn_split`) or on the tensor-core tiles
+/// the plan would pick (`tiles`); bytes = the K and V slots read. The caches rotate through
+/// enough copies to exceed L2.
+fn batch_attention_case(gpu: &Gpu, b: u32, t: u32, len: u32, tiles: bool, splits: u32) -> Row {
+    let (hq, hkv, d) = (32u32, 8u32, 128u32);
+    let ctx = len.next_multiple_of(64);
+    let m = b * t;
+    let mut plan = Plan::new();
+    let q = plan.view(m, hq * d, BF);
+    let out = plan.view(m, hq * d, BF);
+    let pos = plan.alloc(m as u64 * 4);
+    let mut p = AttentionParams {
+        q_heads: hq,
+        kv_heads: hkv,
+        head_dim: d,
+        head_dim_v: d,
+        q,
+        k_cache: Loc::table(0),
+        v_cache: Loc::table(1),
+        cache_dtype: BF,
+        pos,
+        pos_dtype: Dtype::I32,
+        mask: AttnMask::Causal,
+        out,
+        scale: 0.088,
+        max_t: t,
+        splits,
+        scratch: Loc::arena(0),
+    };
+    p.scratch = plan.alloc(p.scratch_bytes(m));
+    let name = if tiles { "attn_tile" } else { "attn_split" };
+    let label = format!("{name} B={b} T={t} len={len} splits={splits}");
+    let ks = if tiles {
+        choose::attention::tiling(&p, gpu.target())
+            .ok_or_else(|| "no tile fits".to_string())
+            .and_then(|tl| attention_tiles_tiled(&p, tl).map_err(|e| e.to_string()))
+    } else {
+        attention(&p).map_err(|e| e.to_string())
+    };
+    let ks = match ks {
+        Ok(ks) => ks,
+        Err(e) => {
+            return Row {
+                label: format!("{label}: {e}"),
+                us: f64::NAN,
+                bytes: 0.0,
+            }
+        }
+    };
+    let cache = (b * ctx * hkv * d) as u64 * 2;
+    let mut mem = Mem::new(plan.alloc(0).byte_offset(), &[cache, cache]);
+    let pv: Vec<f64> = (0..m).map(|i| (len - t + i % t) as f64).collect();
+    mem.put(pos, Dtype::I32, &pv);
+    let copies = (200e6 / (2 * cache) as f64).ceil().max(2.0) as usize;
+    let us = gpu.time(
+        &mem,
+        &[&ks.split, &ks.combine],
+        Bucket { b, t, ctx },
+        copies,
+        50,
+    );
+    Row {
+        label,
+        us,
+        bytes: (b * len * hkv * d * 2 * 2) as f64,
+    }
+}
+
+/// Causal Llama-3.1-8B attention parameters of `t` rows per sequence (only the shape
+/// fields matter: what the choice of splits reads).
+fn batch_probe(t: u32) -> AttentionParams {
+    let mut plan = Plan::new();
+    AttentionParams {
+        q_heads: 32,
+        kv_heads: 8,
+        head_dim: 128,
+        head_dim_v: 128,
+        q: plan.view(t, 32 * 128, BF),
+        k_cache: Loc::table(0),
+        v_cache: Loc::table(1),
+        cache_dtype: BF,
+        pos: plan.alloc(t as u64 * 4),
+        pos_dtype: Dtype::I32,
+        mask: AttnMask::Causal,
+        out: plan.view(t, 32 * 128, BF),
+        scale: 0.088,
+        max_t: t,
+        splits: 1,
+        scratch: Loc::arena(0),
+    }
+}
+
 /// Which attention kernels a tree case runs.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum AttnVariant {
@@ -374,9 +471,10 @@ fn tree_attention_case(gpu: &Gpu, t: u32, ctx: u32, variant: AttnVariant) -> Row
         out,
         scale: 0.088,
         max_t: t,
-        splits: attention_splits(ctx, 1, hkv, gpu.target().sms),
+        splits: 1,
         scratch: Loc::arena(0),
     };
+    p.splits = attention_splits(ctx, 1, hkv, simt_wave(&p, gpu.target()));
     let tiles = variant != AttnVariant::Simt && choose::attention::uses_tiles(&p, gpu.target());
     if tiles {
         p.splits = match variant {
@@ -650,6 +748,30 @@ fn main() {
                 ));
             }
             print_rows(&gpu, &rows);
+        }
+    }
+    if only.as_deref() == Some("batch_splits") {
+        // `kernel_bench batch_splits`: decode (T = 1, `attn_split`) and verify (T = 8,
+        // `attn_tile`) attention of many sequences at every context split, the plan's first.
+        for (t, tiles) in [(1, false), (1, true), (8, true)] {
+            for len in [1024, 8192] {
+                for b in [1, 8, 32, 64] {
+                    let planned = if tiles {
+                        let p = batch_probe(t);
+                        choose::attention::splits(&p, b, t, len, gpu.target())
+                    } else {
+                        let p = batch_probe(t);
+                        attention_splits(len, b, 8, simt_wave(&p, gpu.target()))
+                    };
+                    let mut rows = vec![batch_attention_case(&gpu, b, t, len, tiles, planned)];
+                    for s in [1, 2, 3, 4, 6, 8, 12, 16, 32] {
+                        if s != planned && s * 64 <= len {
+                            rows.push(batch_attention_case(&gpu, b, t, len, tiles, s));
+                        }
+                    }
+                    print_rows(&gpu, &rows);
+                }
+            }
         }
     }
     if only.as_deref() == Some("tree_tilings") {

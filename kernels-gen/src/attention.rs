@@ -24,7 +24,8 @@ use crate::writer::{emit, f32_lit, Writer};
 use crate::Error;
 
 const FAMILY: &str = "attn_split";
-const THREADS: u32 = 128;
+/// Threads of an `attn_split` block.
+pub const THREADS: u32 = 128;
 /// Static shared memory of a block: CUDA caps static `__shared__` arrays at 48 KiB on every
 /// arch.
 const SMEM_LIMIT: u64 = 48 * 1024;
@@ -115,6 +116,12 @@ impl AttentionParams {
             + rb * 24
             + 16
             + extra_words
+    }
+
+    /// Static shared memory of one `attn_split` block at its [`AttentionParams::tiling`].
+    pub fn block_smem_bytes(&self) -> Option<u64> {
+        self.tiling()
+            .map(|t| self.smem(t.rows_per_block, t.tile_slots))
     }
 
     /// Rows per block and slots per tile: the largest tile that fits 48 KiB of static shared

@@ -271,6 +271,25 @@ fn attention_selects_tiles_for_many_rows() {
     );
 }
 
+/// Decode (`attn_split`, one row per sequence) splits of the context at 1–64 sequences: the
+/// fastest (or within 5 % of it) in the H200 table of session 34 (bench/NOTES.md): 6 blocks
+/// a SM fit, so 3 splits fill a wave of 32 sequences and 64 sequences take 3 (two waves).
+#[test]
+fn attention_simt_splits_fill_whole_waves() {
+    let mut p = llama_tree(1);
+    p.mask = AttnMask::Causal;
+    let wave = choose::attention::simt_wave(&p, &target());
+    assert_eq!(wave, 6 * 132, "six 37 KiB blocks a SM");
+    let at = |b: u32, ctx: u32| choose::attention::simt_splits(ctx, b, 8, wave);
+    assert_eq!(
+        [at(1, 1024), at(8, 1024), at(32, 1024), at(64, 1024)],
+        [16, 12, 3, 3]
+    );
+    assert_eq!([at(8, 8192), at(32, 8192), at(64, 8192)], [12, 3, 3]);
+    assert_eq!(at(1, 8192), 64, "one sequence spreads to the most splits");
+    assert_eq!(at(4, 128), 2, "at most one split per 64 slots");
+}
+
 /// Splits fill one wave of resident blocks (2 per SM of the target's 132) and give each
 /// split ≥ 64 slots: at ctx 1024, T = 32 / 64 / 128 nodes × G = 4 take the 16 / 8 / 4 splits
 /// measured fastest (bench/NOTES.md); a long context with few rows spreads wider.

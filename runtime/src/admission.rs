@@ -268,6 +268,28 @@ pub fn check_chunk(chunk: usize, max_context: u64) -> Result<(), RuntimeError> {
     Ok(())
 }
 
+/// The most rows one launch of a generated kernel covers: the kernels that give each row
+/// its own block along grid y (embeddings, row-wise elementwise ops) stop at CUDA's limit of
+/// 65 535 blocks there.
+pub const MAX_LAUNCH_ROWS: usize = 65_535;
+
+/// The prefill chunk a GPU session of `lanes` lanes runs for `chunk` (0: whole prompts of up
+/// to `max_context` tokens): `chunk` where every lane's rows of one prefill fit
+/// [`MAX_LAUNCH_ROWS`], else the largest power of two that does (at least [`MIN_PREFILL_T`]).
+pub fn chunk_within_launch(chunk: usize, lanes: usize, max_context: u64) -> usize {
+    let whole = usize::try_from(max_context)
+        .unwrap_or(usize::MAX)
+        .next_power_of_two()
+        .max(MIN_PREFILL_T);
+    let t = if chunk == 0 { whole } else { chunk };
+    let lanes = lanes.max(1);
+    if lanes.saturating_mul(t) <= MAX_LAUNCH_ROWS {
+        return chunk;
+    }
+    let fit = (MAX_LAUNCH_ROWS / lanes).max(1);
+    (1usize << fit.ilog2()).max(MIN_PREFILL_T)
+}
+
 /// The prefill chunk hosts use unless told otherwise (or the largest prompt bucket within
 /// a smaller context).
 pub const DEFAULT_PREFILL_CHUNK: usize = 512;
@@ -472,6 +494,21 @@ pub fn dflash_states(prompts: &[&[u32]]) -> Vec<StateInit> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefill_chunks_fit_one_launch() {
+        // 16 lanes × 4096 whole-prompt rows = 65 536: one over the grid's limit.
+        assert_eq!(chunk_within_launch(0, 16, 4096), 2048);
+        assert_eq!(chunk_within_launch(0, 15, 4096), 0, "15 × 4096 fits");
+        assert_eq!(chunk_within_launch(512, 16, 4096), 512);
+        assert_eq!(chunk_within_launch(0, 1, 131_072), 32_768);
+        assert_eq!(
+            chunk_within_launch(0, 1, 100_000),
+            32_768,
+            "the bucket is 131 072"
+        );
+        assert_eq!(chunk_within_launch(8192, 64, 8192), 512);
+    }
 
     #[test]
     fn budgets_clamp_instead_of_wrapping() {

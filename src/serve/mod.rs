@@ -147,6 +147,11 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         });
     let chunk = admission::prefill_chunk_or_default(a.prefill_chunk, r.engine.max_context)
         .map_err(|e| anyhow::anyhow!("--prefill-chunk: {e}"))?;
+    // The GPU session's own chunk: every lane's rows of one prefill fit one launch.
+    let shown_chunk = match a.backend {
+        Backend::Cuda => admission::chunk_within_launch(chunk, want_lanes, r.engine.max_context),
+        Backend::Cpu => chunk,
+    };
     let ctx = batcher::LoopCtx {
         codec: &codec,
         eos: &r.spec.eos_token_ids,
@@ -162,8 +167,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             "[{label}] serving `{served_name}` on http://{addr} (max context {}, queue {}, prefill chunk {})",
             r.engine.max_context,
             a.max_queue,
-            match chunk {
+            match shown_chunk {
                 0 => "off".to_string(),
+                c if c != chunk => format!("{c} ({want_lanes} lanes × whole prompts exceed one launch's rows)"),
                 c => c.to_string(),
             }
         );

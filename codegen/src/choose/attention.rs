@@ -3,7 +3,7 @@
 
 use specc_ir::engine::choice::{AttentionChoice, AttentionKernel, TileTiling};
 use specc_ir::engine::Target;
-use specc_kernels_gen::attention::AttentionParams;
+use specc_kernels_gen::attention::{AttentionParams, THREADS as SPLIT_THREADS};
 use specc_kernels_gen::attention_mma::{block_smem_bytes, shapes_supported};
 
 /// Static + dynamic shared memory per block the tiles aim at: [`RESIDENT_PER_SM`] blocks of
@@ -32,7 +32,7 @@ pub fn choose(
     let kernel = kernel(p, target)?;
     let splits = match kernel {
         AttentionKernel::TensorCores(tl) => tile_splits(p, tl, b, t, ctx, target),
-        AttentionKernel::CudaCores(_) => simt_splits(ctx, b, p.kv_heads, target.sms),
+        AttentionKernel::CudaCores(_) => simt_splits(ctx, b, p.kv_heads, simt_wave(p, target)),
     };
     Some(AttentionChoice { kernel, splits })
 }
@@ -59,11 +59,36 @@ pub fn splits(p: &AttentionParams, b: u32, t: u32, ctx: u32, target: &Target) ->
     tiling(p, target).map_or(1, |tl| tile_splits(p, tl, b, t, ctx, target))
 }
 
-/// Context splits of `attn_split`: enough blocks for 2 per SM of a GPU with `sms` SMs, each
-/// split ≥ 64 slots and 64 splits at most.
-pub fn simt_splits(ctx: u32, b: u32, kv_heads: u32, sms: u32) -> u32 {
-    let want = (2 * sms / (b * kv_heads).max(1)).max(1);
-    want.min(ctx.div_ceil(64)).clamp(1, 64)
+/// Slots a context split costs besides its own: a block's start and its partial's share of
+/// the combine cost about two 64-slot tiles (the fit to the H200's table of decode splits at
+/// 1–64 sequences, bench/NOTES.md, session 34).
+const SPLIT_OVERHEAD_SLOTS: u64 = 128;
+
+/// Context splits of `attn_split` for `b` sequences of `kv_heads` KV heads at context `ctx`
+/// when `wave` blocks run at once: the count (each split ≥ 64 slots, 64 at most) with the
+/// least estimated time, waves of blocks × (slots per split + [`SPLIT_OVERHEAD_SLOTS`]); the
+/// fewest splits on a tie. A block streams its slots one tile after another at a latency-bound
+/// rate, so time falls with more blocks in flight until a wave is full, and a wave only
+/// partly filled costs a whole one.
+pub fn simt_splits(ctx: u32, b: u32, kv_heads: u32, wave: u32) -> u32 {
+    let blocks = u64::from((b * kv_heads).max(1));
+    let most = ctx.div_ceil(64).clamp(1, 64);
+    (1..=most)
+        .min_by_key(|&s| {
+            let waves = (blocks * u64::from(s)).div_ceil(u64::from(wave.max(1)));
+            waves * (u64::from(ctx.div_ceil(s)) + SPLIT_OVERHEAD_SLOTS)
+        })
+        .unwrap_or(1)
+}
+
+/// Blocks of `attn_split` for `p` that run at once on `target`: as many per SM as its shared
+/// memory holds (an SM has 1 KiB more than one block may use, and each block reserves 1 KiB)
+/// and 2048 threads allow.
+pub fn simt_wave(p: &AttentionParams, target: &Target) -> u32 {
+    let smem = p.block_smem_bytes().unwrap_or(48 * 1024) + 1024;
+    let per_sm = u64::from(target.smem_per_block) + 1024;
+    let resident = (per_sm / smem).clamp(1, u64::from(2048 / SPLIT_THREADS)) as u32;
+    resident * target.sms
 }
 
 /// The shared memory a block of the tiles chosen for `target` may use: [`SMEM_BUDGET`], or

@@ -153,6 +153,8 @@ impl<'a> CudaSpecSession<'a> {
         prefill_chunk: usize,
     ) -> Result<Self, RuntimeError> {
         admission::check_chunk(prefill_chunk, engine.max_context)?;
+        let prefill_chunk =
+            admission::chunk_within_launch(prefill_chunk, lanes, engine.max_context);
         let contract = engine.contract(speculative).clone();
         let need =
             Footprint::of_cuda_engine(engine, &contract, lanes as u32, prefill_chunk, &|n| {

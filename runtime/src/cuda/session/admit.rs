@@ -47,10 +47,11 @@ impl PendingGroup {
 impl CudaSpecSession<'_> {
     /// Sets the most prompt rows one prefill takes (0: a whole prompt in one prefill); a
     /// power of two from the smallest prompt bucket ([`admission::check_chunk`]), so no
-    /// prefill runs at a prompt bucket above it.
+    /// prefill runs at a prompt bucket above it; smaller where every lane's rows of one
+    /// prefill would not fit one launch ([`admission::chunk_within_launch`]).
     pub fn set_prefill_chunk(&mut self, chunk: usize) -> Result<(), RuntimeError> {
         admission::check_chunk(chunk, self.max_context)?;
-        self.prefill_chunk = chunk;
+        self.prefill_chunk = admission::chunk_within_launch(chunk, self.lanes, self.max_context);
         Ok(())
     }
 
