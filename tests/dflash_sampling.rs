@@ -59,6 +59,7 @@ fn dflash_sampling_matches_target_distribution() {
             draft_prefill: &dpre,
             step: &step,
             variants: Vec::new(),
+            greedy: Vec::new(),
             acceptance: shape.acceptance.clone(),
         };
         let mut s = SpecCpuSession::new(graphs, &w, lanes, 64);

@@ -149,6 +149,7 @@ fn generate(
             draft_prefill: &m.draft,
             step: &step,
             variants: Vec::new(),
+            greedy: Vec::new(),
             acceptance: shape.acceptance.clone(),
         },
     };
@@ -230,6 +231,7 @@ fn first_step_counts(top_k: Option<u64>, top_p: f64) -> (Vec<usize>, Vec<f64>) {
             draft_prefill: &m.draft,
             step: &step,
             variants: Vec::new(),
+            greedy: Vec::new(),
             acceptance: shape.acceptance.clone(),
         };
         let mut s = SpecCpuSession::new(graphs, &m.weights, lanes, 64);
@@ -322,6 +324,7 @@ fn mixed_lanes_each_follow_their_own_knobs() {
             draft_prefill: &m.draft,
             step: &step,
             variants: Vec::new(),
+            greedy: Vec::new(),
             acceptance: shape.acceptance.clone(),
         };
         let mut s = SpecCpuSession::new(graphs, &m.weights, lanes, 64);

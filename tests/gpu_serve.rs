@@ -241,6 +241,46 @@ fn greedy_and_sampled_lanes_share_the_device_step() {
     );
 }
 
+/// Greedy twins on the device: a sampling engine's steps over greedy lanes only replay the
+/// twins (every step) through joins and leaves, and the tokens equal the greedy engine's.
+#[test]
+fn greedy_lanes_of_a_sampling_engine_replay_the_twins() {
+    if !gpu() {
+        return;
+    }
+    let dir = default_model();
+    let target = Model::open(&dir).unwrap();
+    let (engine, bundle) = sampled_engine(&target, &[4]);
+    let bundle = bundle.expect("a spec opens its draft");
+    assert!(
+        !engine.contract(true).greedy.is_empty(),
+        "a sampling engine carries greedy twins"
+    );
+    let mut s = session(&engine, &target, Some(&bundle), 4);
+    let mut arrivals = staggered(&corpus_prompts());
+    for (i, a) in arrivals.iter_mut().enumerate() {
+        a.knobs = Some(LaneSampling::greedy(i as u32));
+    }
+    let got = serve(&mut s, &arrivals);
+    assert!(s.stats.steps > 0);
+    assert_eq!(s.stats.greedy_steps, s.stats.steps, "every step a twin");
+    let cfg = SpecConfig::from_file(&dir.join("spec.toml")).unwrap();
+    let (greedy_engine, greedy_bundle) = build_engine(&target, Some(&cfg), &[4], 256);
+    let greedy_bundle = greedy_bundle.unwrap();
+    let mut g = session(&greedy_engine, &target, Some(&greedy_bundle), 4);
+    for a in &mut arrivals {
+        a.knobs = None;
+    }
+    let want = serve(&mut g, &arrivals);
+    assert_eq!(got, want, "twins emit the greedy engine's tokens");
+    eprintln!(
+        "greedy twins: {} requests, {} of {} steps twins, tokens = the greedy engine's",
+        arrivals.len(),
+        s.stats.greedy_steps,
+        s.stats.steps
+    );
+}
+
 /// `step_upto` with bucket shrinking on: steps over 1, 2 and 3 lanes replay the captured
 /// buckets 1, 2 and 4, every lane's states past the bucket untouched (requests still finish
 /// with their full budgets). Tokens may differ from the full-bucket replay at near-ties

@@ -65,6 +65,7 @@ fn speculate(
         draft_prefill: &draft_prefill,
         step: &step,
         variants: Vec::new(),
+        greedy: Vec::new(),
         acceptance: shape.acceptance.clone(),
     };
     run_session(graphs, &weights, prompts, max_new, ctx)
@@ -197,6 +198,7 @@ fn check_eagle(lanes: usize, k: u64) -> f64 {
         draft_prefill: &head_prefill,
         step: &step,
         variants: Vec::new(),
+        greedy: Vec::new(),
         acceptance: shape.acceptance.clone(),
     };
     let ps = prompts(lanes);
@@ -267,6 +269,7 @@ fn trained_eagle(lanes: usize, k: u64) -> f64 {
         draft_prefill: &head_prefill,
         step: &step,
         variants: Vec::new(),
+        greedy: Vec::new(),
         acceptance: shape.acceptance.clone(),
     };
     // Python-like prompts in the tokenizer's id space (BOS + a few common tokens).

@@ -128,6 +128,7 @@ fn draws(
             draft_prefill: &dpre,
             step: &step,
             variants: Vec::new(),
+            greedy: Vec::new(),
             acceptance: Acceptance::Sample {
                 temperature: TEMPERATURE,
                 top_k: None,

@@ -15,7 +15,7 @@ use crate::config::ModelSpec;
 use crate::error::ModelError;
 use crate::methods::dflash::DFlashSpec;
 use crate::methods::eagle3::Eagle3Spec;
-use crate::methods::{lower_plain, Method, StepShape, TreeKnobs};
+use crate::methods::{lower_plain, variant_ks, Method, StepShape, TreeKnobs};
 use crate::spec_config::{Acceptance, SpecConfig};
 use crate::{Model, RandomWeights};
 
@@ -38,6 +38,9 @@ pub struct SpecBundle {
     /// The step at other draft sizes over the same states, ascending by k (empty where the
     /// method cannot switch): the contract's variants.
     pub variants: Vec<(u64, Graph)>,
+    /// Under sampled acceptance, each step of `k` (the variants' and the configured one's)
+    /// lowered for greedy acceptance, ascending by k: the contract's greedy twins.
+    pub greedy: Vec<(u64, Graph)>,
     pub shape: StepShape,
     /// The draft tree's knobs (`method = "ddtree"`, or `"eagle3"` with `topk > 1`).
     pub tree: Option<TreeKnobs>,
@@ -137,7 +140,25 @@ impl SpecBundle {
         if let Some(r) = planted {
             o.draft_checkpoint = synthetic_draft(&dir, &o.step, o.prefix, r, target.spec())?;
         }
-        let variants = method.variants(target.spec(), &o.draft, &shape, cfg.tree)?;
+        let ks = variant_ks(shape.num_steps);
+        let variants = method.variants(target.spec(), &o.draft, &shape, cfg.tree, &ks)?;
+        // Greedy twins of every step a policy may pick (the configured k among them), where
+        // the steps sample: the same draft at each k, over the same states.
+        let greedy = match shape.acceptance {
+            Acceptance::Greedy => Vec::new(),
+            Acceptance::Sample { .. } => {
+                let at = StepShape {
+                    acceptance: Acceptance::Greedy,
+                    ..shape.clone()
+                };
+                let all: Vec<u64> = variants
+                    .iter()
+                    .map(|(k, _)| *k)
+                    .chain([shape.num_steps])
+                    .collect();
+                method.variants(target.spec(), &o.draft, &at, cfg.tree, &all)?
+            }
+        };
         let mut contract = StepContract::speculative(
             method.name(),
             o.label,
@@ -152,6 +173,13 @@ impl SpecBundle {
                 role: GraphRole::SpecVariant(*k as u32),
             })
             .collect();
+        contract.greedy = greedy
+            .iter()
+            .map(|(k, _)| StepVariant {
+                k: *k as usize,
+                role: GraphRole::GreedySpecStep(*k as u32),
+            })
+            .collect();
         let mut bundle = SpecBundle {
             method: cfg.method,
             draft: o.draft,
@@ -161,6 +189,7 @@ impl SpecBundle {
             draft_prefill: o.draft_prefill,
             step: o.step,
             variants,
+            greedy,
             shape,
             tree: cfg.tree,
             contract,
@@ -180,6 +209,7 @@ impl SpecBundle {
         for g in fixed
             .into_iter()
             .chain(self.variants.iter().map(|(_, g)| g))
+            .chain(self.greedy.iter().map(|(_, g)| g))
         {
             for (_, name, _) in g.weights() {
                 if out.contains_key(name) {
@@ -302,6 +332,18 @@ pub fn engine_input(
             model: spec.arch.hf_name().into(),
             source,
         })?;
+    // A sampling engine's decode step has a greedy twin (`StepContract::greedy`).
+    let greedy_decode = match acceptance {
+        Acceptance::Greedy => None,
+        Acceptance::Sample { .. } => Some(
+            lower_plain(spec, DECODE_RING, &Acceptance::Greedy)
+                .map_err(|source| ModelError::Lower {
+                    model: spec.arch.hf_name().into(),
+                    source,
+                })?
+                .1,
+        ),
+    };
     let bundle = match cfg {
         Some(c) if c.method != Method::None => Some(SpecBundle::open_with(model, c, random)?),
         _ => None,
@@ -342,6 +384,18 @@ pub fn engine_input(
             buckets: at(&[1]),
         },
     ];
+    let mut plain = StepContract::plain(DECODE_RING as usize);
+    if let Some(g) = greedy_decode {
+        graphs.push(RoleGraph {
+            role: GraphRole::GreedyDecode,
+            graph: g,
+            buckets: at(&[1]),
+        });
+        plain.greedy = vec![StepVariant {
+            k: 0,
+            role: GraphRole::GreedyDecode,
+        }];
+    }
     if !logits_ts.is_empty() {
         graphs.push(RoleGraph {
             role: GraphRole::Logits,
@@ -365,6 +419,13 @@ pub fn engine_input(
         for (k, g) in &bu.variants {
             graphs.push(RoleGraph {
                 role: GraphRole::SpecVariant(*k as u32),
+                graph: g.clone(),
+                buckets: at(&[1]),
+            });
+        }
+        for (k, g) in &bu.greedy {
+            graphs.push(RoleGraph {
+                role: GraphRole::GreedySpecStep(*k as u32),
                 graph: g.clone(),
                 buckets: at(&[1]),
             });
@@ -398,7 +459,7 @@ pub fn engine_input(
         architecture: spec.arch.hf_name().to_string(),
         max_context,
         graphs,
-        plain: StepContract::plain(DECODE_RING as usize),
+        plain,
         spec: contract,
         spec_toml: cfg
             .filter(|c| c.method != Method::None)

@@ -36,6 +36,9 @@ pub struct SpecGraphs<'a> {
     pub step: &'a Graph,
     /// The contract's step variants (other k over the same states), ascending by k.
     pub variants: Vec<(usize, &'a Graph)>,
+    /// Under sampled acceptance, the greedy twin of the step at each k, ascending by k:
+    /// run in its place while no live lane samples.
+    pub greedy: Vec<(usize, &'a Graph)>,
     /// How the graphs choose tokens; under sampled acceptance its knobs are those of lanes
     /// admitted without their own ([`SpecCpuSession::admit`]).
     pub acceptance: Acceptance,
@@ -50,6 +53,7 @@ impl<'a> SpecGraphs<'a> {
             draft_prefill: &b.draft_prefill,
             step: &b.step,
             variants: b.variants.iter().map(|(k, g)| (*k as usize, g)).collect(),
+            greedy: b.greedy.iter().map(|(k, g)| (*k as usize, g)).collect(),
             acceptance: b.shape.acceptance.clone(),
         }
     }
@@ -62,6 +66,7 @@ impl<'a> SpecGraphs<'a> {
             draft_prefill: prefill,
             step,
             variants: Vec::new(),
+            greedy: Vec::new(),
             acceptance: Acceptance::Greedy,
         }
     }
@@ -87,6 +92,11 @@ impl<'a> SpecGraphs<'a> {
             step: graphs.get(contract.step)?,
             variants: contract
                 .variants
+                .iter()
+                .map(|v| Ok((v.k, graphs.get(v.role)?)))
+                .collect::<Result<_, RuntimeError>>()?,
+            greedy: contract
+                .greedy
                 .iter()
                 .map(|v| Ok((v.k, graphs.get(v.role)?)))
                 .collect::<Result<_, RuntimeError>>()?,
@@ -128,6 +138,8 @@ impl EngineGraphs {
 #[derive(Clone, Debug, Default)]
 pub struct SpecStats {
     pub steps: usize,
+    /// Steps that ran a greedy twin (a sampling engine's step while no live lane sampled).
+    pub greedy_steps: usize,
     /// histogram[a] = steps (per live lane) that accepted a draft tokens, a in 0..=k.
     pub histogram: Vec<usize>,
 }
@@ -214,6 +226,7 @@ impl<'a> SpecCpuSession<'a> {
             pending: Default::default(),
             stats: SpecStats {
                 steps: 0,
+                greedy_steps: 0,
                 histogram: vec![0; k + 1],
             },
         }
@@ -711,6 +724,29 @@ impl<'a> SpecCpuSession<'a> {
         }
     }
 
+    /// What a step of variant `v` runs: its greedy twin where `greedy` (no live lane
+    /// samples) and the contract has one, else [`SpecCpuSession::variant_graph`].
+    pub(super) fn step_graph_of(&self, v: usize, greedy: bool) -> &'a Graph {
+        let k = self.policy.ks()[v];
+        let twin = self.graphs.greedy.iter().find(|(tk, _)| *tk == k);
+        match twin.filter(|_| greedy) {
+            Some((_, g)) => g,
+            None => self.variant_graph(v),
+        }
+    }
+
+    /// Whether no lane of `live` samples: its temperature (column 0 of [`SAMPLING`]) is
+    /// not above 0.
+    fn all_greedy(&self, live: &[bool]) -> bool {
+        match self.states.get(SAMPLING).map(|t| &t.data) {
+            Some(Data::F32(knobs)) => live
+                .iter()
+                .enumerate()
+                .all(|(b, &l)| !l || knobs.get(b * 3).is_none_or(|&t| t.is_nan() || t <= 0.0)),
+            _ => true,
+        }
+    }
+
     /// Keeps each lane's draft whole for a step of `k` draft tokens over `live`: before a
     /// plain step every lane's tokens must be read (so its gap starts where it is known),
     /// before a speculative one every lane behind is re-primed by the draft prefill.
@@ -756,11 +792,18 @@ impl<'a> SpecCpuSession<'a> {
             self.sync_draft(k, &live)?;
         }
         let host_s = t_sync.elapsed().as_secs_f64();
+        let greedy = self.all_greedy(&live);
+        let twin = greedy && !self.graphs.greedy.is_empty();
         let t0 = Instant::now();
-        let out = self.run(self.variant_graph(v), 1, HashMap::new())?;
+        let out = self.run(self.step_graph_of(v, greedy), 1, HashMap::new())?;
         let step_s = t0.elapsed().as_secs_f64();
-        if self.policy.switches() {
+        // The policy's times are the twins' where there are twins (it chooses only while
+        // no live lane samples).
+        if self.policy.switches() && (twin || self.graphs.greedy.is_empty()) {
             self.policy.observe_time(bucket, v, step_s);
+        }
+        if twin {
+            self.stats.greedy_steps += 1;
         }
         let acc = ints(
             out.get("accepted")

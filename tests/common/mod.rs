@@ -64,5 +64,6 @@ pub fn spec_contract(kind: DraftKind, num_steps: usize, ring: usize) -> StepCont
         target_prefill: GraphRole::SpecTargetPrefill,
         draft_prefill: Some(GraphRole::DraftPrefill),
         variants: Vec::new(),
+        greedy: Vec::new(),
     }
 }

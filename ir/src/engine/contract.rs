@@ -23,6 +23,14 @@ pub enum GraphRole {
     /// The speculative method's step at `k` draft tokens other than its configured k (an
     /// adaptive variant over the same states; `k = 0` is plain decoding over them).
     SpecVariant(u32),
+    /// A sampling engine's plain decoding step lowered for greedy acceptance: replayed, in
+    /// place of [`GraphRole::Decode`], while no live lane samples (the argmax alone, without
+    /// the per-lane distributions over the vocabulary a sampled step builds).
+    GreedyDecode,
+    /// A sampling engine's speculative step at `k` (its configured step or a variant) lowered
+    /// for greedy acceptance, over the same states: replayed in their place while no live
+    /// lane samples.
+    GreedySpecStep(u32),
     /// The target over a prompt chunk with every row's `logits` and `next_token` (`specc
     /// logits`, parity tests, verify-width timings): planned only in engines built for them.
     Logits,
@@ -37,6 +45,8 @@ impl GraphRole {
             GraphRole::SpecTargetPrefill => "spec target prefill",
             GraphRole::DraftPrefill => "draft prefill",
             GraphRole::SpecVariant(_) => "spec step variant",
+            GraphRole::GreedyDecode => "greedy decode step",
+            GraphRole::GreedySpecStep(_) => "greedy spec step",
             GraphRole::Logits => "logits forward",
         }
     }
@@ -46,7 +56,11 @@ impl GraphRole {
     pub fn is_prefill(self) -> bool {
         !matches!(
             self,
-            GraphRole::Decode | GraphRole::SpecStep | GraphRole::SpecVariant(_)
+            GraphRole::Decode
+                | GraphRole::SpecStep
+                | GraphRole::SpecVariant(_)
+                | GraphRole::GreedyDecode
+                | GraphRole::GreedySpecStep(_)
         )
     }
 }
@@ -55,6 +69,7 @@ impl fmt::Display for GraphRole {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             GraphRole::SpecVariant(k) => write!(f, "spec step k={k}"),
+            GraphRole::GreedySpecStep(k) => write!(f, "greedy spec step k={k}"),
             r => f.write_str(r.name()),
         }
     }
@@ -139,6 +154,11 @@ pub struct StepContract {
     /// method cannot switch.
     #[serde(default)]
     pub variants: Vec<StepVariant>,
+    /// Under sampled acceptance, the greedy twin of each step of
+    /// [`StepContract::step_variants`] (same k, same states, argmax draws), ascending by k:
+    /// what a host replays while no live lane samples. Empty under greedy acceptance.
+    #[serde(default)]
+    pub greedy: Vec<StepVariant>,
 }
 
 impl StepContract {
@@ -154,6 +174,7 @@ impl StepContract {
             target_prefill: GraphRole::Prefill,
             draft_prefill: None,
             variants: Vec::new(),
+            greedy: Vec::new(),
         }
     }
 
@@ -176,6 +197,7 @@ impl StepContract {
             target_prefill: GraphRole::SpecTargetPrefill,
             draft_prefill: Some(GraphRole::DraftPrefill),
             variants: Vec::new(),
+            greedy: Vec::new(),
         }
     }
 
@@ -230,6 +252,12 @@ impl StepContract {
         let mut r = vec![self.step, self.target_prefill];
         r.extend(self.draft_prefill);
         r.extend(self.variants.iter().map(|v| v.role));
+        r.extend(self.greedy.iter().map(|v| v.role));
         r
+    }
+
+    /// The greedy twin of the step of `k` draft tokens, where the contract has twins.
+    pub fn greedy_twin(&self, k: usize) -> Option<GraphRole> {
+        self.greedy.iter().find(|v| v.k == k).map(|v| v.role)
     }
 }

@@ -97,12 +97,13 @@ impl SpecMethod for DDTree {
         draft: &DraftSide,
         shape: &StepShape,
         tree: Option<TreeKnobs>,
+        ks: &[u64],
     ) -> Result<Vec<(u64, Graph)>, ModelError> {
         let (DraftSide::DFlash(dflash), Some(t)) = (draft, tree) else {
             return Ok(Vec::new());
         };
         let full = shape.num_steps;
-        lower_variants(shape, "ddtree step variant", |d, at| match d {
+        lower_variants(shape, "ddtree step variant", ks, |d, at| match d {
             0 => dflash::lower_dflash_plain(target, dflash, at),
             _ => {
                 let nodes = tree_nodes(d, t.topk as u64);

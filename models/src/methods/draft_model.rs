@@ -52,11 +52,12 @@ impl SpecMethod for DraftModel {
         draft: &DraftSide,
         shape: &StepShape,
         _tree: Option<TreeKnobs>,
+        ks: &[u64],
     ) -> Result<Vec<(u64, Graph)>, ModelError> {
         let DraftSide::Model(d) = draft else {
             return Ok(Vec::new());
         };
-        lower_variants(shape, "draft_model step variant", |k, at| match k {
+        lower_variants(shape, "draft_model step variant", ks, |k, at| match k {
             0 => lower_decode_step(target, at),
             _ => lower_draft_model_step(target, d.spec(), at),
         })

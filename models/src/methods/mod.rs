@@ -183,10 +183,11 @@ pub(crate) trait SpecMethod: Sync {
         chain_context_width(num_steps)
     }
 
-    /// The step at each draft size an adaptive policy may switch to besides the configured
-    /// `shape.num_steps` (a tree's depth; `tree`: the configured tree), ascending by k:
-    /// graphs over exactly the configured step's states (`k = 0`: plain decoding over
-    /// them), so any step may follow any other ([`variants`] module docs). Empty (the
+    /// The step at each draft size of `ks` (ascending; [`variant_ks`] gives those an
+    /// adaptive policy may switch to besides the configured `shape.num_steps`, a tree's
+    /// depth; `tree`: the configured tree): graphs over exactly the configured step's states
+    /// (`k = 0`: plain decoding over them), so any step may follow any other ([`variants`]
+    /// module docs); at `k = shape.num_steps`, the configured step's draft. Empty (the
     /// default) where a switch could not keep the draft's state whole.
     fn variants(
         &self,
@@ -194,6 +195,7 @@ pub(crate) trait SpecMethod: Sync {
         _draft: &DraftSide,
         _shape: &StepShape,
         _tree: Option<TreeKnobs>,
+        _ks: &[u64],
     ) -> Result<Vec<(u64, Graph)>, ModelError> {
         Ok(Vec::new())
     }

@@ -37,16 +37,15 @@ pub fn variant_ks(k: u64) -> Vec<u64> {
     ks
 }
 
-/// The step at each of [`variant_ks`]`(shape.num_steps)`, lowered by `lower(k, shape at
-/// k)`; errors name `what`.
+/// The step at each of `ks`, lowered by `lower(k, shape at k)`; errors name `what`.
 pub(super) fn lower_variants(
     shape: &StepShape,
     what: &str,
+    ks: &[u64],
     lower: impl Fn(u64, &StepShape) -> Result<Graph, IrError>,
 ) -> Result<Vec<(u64, Graph)>, ModelError> {
-    variant_ks(shape.num_steps)
-        .into_iter()
-        .map(|k| {
+    ks.iter()
+        .map(|&k| {
             let at = StepShape {
                 num_steps: k,
                 ..shape.clone()

@@ -41,6 +41,11 @@ pub struct CudaSpecSession<'a> {
     /// The contract's other step variants captured at every bucket above: `(bucket,
     /// variant index, graph)` (adaptive speculation; the index is the policy's).
     variants: Vec<(usize, usize, LoadedGraph, StepGraph)>,
+    /// The contract's greedy twins captured at every bucket above: `(bucket, k, graph)`;
+    /// a step replays its variant's twin while no live lane samples.
+    greedy: Vec<(usize, usize, LoadedGraph, StepGraph)>,
+    /// Lanes admitted with a temperature above 0 (drawing from a distribution).
+    sampled: Vec<bool>,
     /// Which variant each step replays.
     policy: AdaptivePolicy,
     /// Whether every variant's step time is measured ([`CudaSpecSession::set_policy`]).
@@ -179,8 +184,9 @@ impl<'a> CudaSpecSession<'a> {
             .iter()
             .filter(|p| {
                 let b = p.bucket.b as usize;
-                let a_step =
-                    p.role == contract.step || contract.variants.iter().any(|v| v.role == p.role);
+                let a_step = p.role == contract.step
+                    || contract.variants.iter().any(|v| v.role == p.role)
+                    || contract.greedy.iter().any(|v| v.role == p.role);
                 let a_prefill =
                     Some(p.role) == contract.draft_prefill || p.role == contract.target_prefill;
                 let ours = contract.roles().contains(&p.role) || p.role == GraphRole::Logits;
@@ -200,12 +206,18 @@ impl<'a> CudaSpecSession<'a> {
         }
         smaller.sort_by_key(|s| s.0);
         let mut variants = Vec::new();
+        let mut greedy = Vec::new();
         let buckets = std::iter::once(lanes).chain(smaller.iter().map(|s| s.0));
         for b in buckets.collect::<Vec<_>>() {
             for (i, v) in contract.variants.iter().enumerate() {
                 let loaded = dev.load(plan_of(engine, v.role, b, 1)?)?;
                 let captured = dev.capture(&loaded)?;
                 variants.push((b, i, loaded, captured));
+            }
+            for v in &contract.greedy {
+                let loaded = dev.load(plan_of(engine, v.role, b, 1)?)?;
+                let captured = dev.capture(&loaded)?;
+                greedy.push((b, v.k, loaded, captured));
             }
         }
         let windows = AdmissionWindows::of_engine(engine, &contract, lanes, lane_major);
@@ -227,6 +239,8 @@ impl<'a> CudaSpecSession<'a> {
             step_graph,
             smaller,
             variants,
+            greedy,
+            sampled: vec![false; lanes],
             policy: AdaptivePolicy::new(ks, lanes, SpecPolicy::Fixed),
             calibrated: false,
             sync,
@@ -243,6 +257,7 @@ impl<'a> CudaSpecSession<'a> {
             max_context: engine.max_context,
             stats: SpecStats {
                 steps: 0,
+                greedy_steps: 0,
                 histogram: vec![0; k + 1],
             },
         };
@@ -278,13 +293,15 @@ impl<'a> CudaSpecSession<'a> {
         buckets.extend(self.smaller.iter().map(|s| s.0));
         for b in buckets {
             for v in 0..self.policy.ks().len() {
-                let g = self.graph_of(b, v);
+                // The policy chooses only while no live lane samples (a sampled lane pins
+                // the configured k): the twins' times where there are twins.
+                let g = self.replayed(b, v, true);
                 g.replay()?;
                 self.engine.synchronize()?;
                 let t0 = Instant::now();
                 const REPLAYS: u32 = 5;
                 for _ in 0..REPLAYS {
-                    self.graph_of(b, v).replay()?;
+                    self.replayed(b, v, true).replay()?;
                 }
                 self.engine.synchronize()?;
                 let t = t0.elapsed().as_secs_f64() / f64::from(REPLAYS);
@@ -311,6 +328,25 @@ impl<'a> CudaSpecSession<'a> {
             Some((_, _, g)) => g,
             None => &self.step_graph,
         }
+    }
+
+    /// What a step of variant `v` at bucket `b` replays: its greedy twin where `greedy`
+    /// (no live lane samples) and the contract has one, else [`CudaSpecSession::graph_of`].
+    fn replayed(&self, b: usize, v: usize, greedy: bool) -> &StepGraph {
+        let k = self.policy.ks()[v];
+        let twin = |at: usize| self.greedy.iter().find(|g| g.0 == at && g.1 == k);
+        match greedy
+            .then(|| twin(b).or_else(|| twin(self.lanes)))
+            .flatten()
+        {
+            Some(g) => &g.3,
+            None => self.graph_of(b, v),
+        }
+    }
+
+    /// Whether no lane of `live` samples (its steps may replay greedy twins).
+    fn all_greedy(&self, live: &[bool]) -> bool {
+        !live.iter().zip(&self.sampled).any(|(&l, &s)| l && s)
     }
 
     /// Which variant each step replays (adaptive speculation; [`SpecPolicy::Fixed`] unless
@@ -569,10 +605,14 @@ impl<'a> CudaSpecSession<'a> {
         if self.policy.ks().len() > 1 {
             self.sync_draft(k, &live)?;
         }
-        self.graph_of(b, v).replay()?;
+        let greedy = self.all_greedy(&live);
+        self.replayed(b, v, greedy).replay()?;
         self.ring.after_replay()?;
         self.unread.push(v);
         self.stats.steps += 1;
+        if greedy && !self.greedy.is_empty() {
+            self.stats.greedy_steps += 1;
+        }
         Ok(())
     }
 

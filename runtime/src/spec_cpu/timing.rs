@@ -51,7 +51,7 @@ impl SpecCpuSession<'_> {
             let mut scratch = Vec::with_capacity(n);
             for v in 0..n {
                 let mut states = HashMap::new();
-                self.zero_states(self.variant_graph(v), &mut states)?;
+                self.zero_states(self.step_graph_of(v, true), &mut states)?;
                 if let Some(Data::I64(len)) = states.get_mut(LEN).map(|t| &mut t.data) {
                     len.fill(context as i64);
                 }
@@ -61,7 +61,7 @@ impl SpecCpuSession<'_> {
             for round in 0..=CALIBRATION_ROUNDS {
                 for (v, states) in scratch.iter_mut().enumerate() {
                     let t0 = Instant::now();
-                    self.run_on(self.variant_graph(v), 1, HashMap::new(), states)?;
+                    self.run_on(self.step_graph_of(v, true), 1, HashMap::new(), states)?;
                     if round > 0 {
                         best[v] = best[v].min(t0.elapsed().as_secs_f64());
                     }

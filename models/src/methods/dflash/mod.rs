@@ -54,11 +54,12 @@ impl SpecMethod for DFlash {
         draft: &DraftSide,
         shape: &StepShape,
         _tree: Option<TreeKnobs>,
+        ks: &[u64],
     ) -> Result<Vec<(u64, Graph)>, ModelError> {
         let DraftSide::DFlash(dflash) = draft else {
             return Ok(Vec::new());
         };
-        lower_variants(shape, "dflash step variant", |k, at| match k {
+        lower_variants(shape, "dflash step variant", ks, |k, at| match k {
             0 => lower_dflash_plain(target, dflash, at),
             _ => lower_dflash_prefix(target, dflash, at),
         })

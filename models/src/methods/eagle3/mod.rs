@@ -99,13 +99,14 @@ impl SpecMethod for Eagle3 {
         draft: &DraftSide,
         shape: &StepShape,
         tree: Option<TreeKnobs>,
+        ks: &[u64],
     ) -> Result<Vec<(u64, Graph)>, ModelError> {
         let DraftSide::Eagle3(eagle) = draft else {
             return Ok(Vec::new());
         };
         let full = shape.num_steps;
         let rows = full + 1;
-        lower_variants(shape, "eagle3 step variant", |k, at| match (k, tree) {
+        lower_variants(shape, "eagle3 step variant", ks, |k, at| match (k, tree) {
             (0, _) => chain::lower_eagle3_plain(target, eagle, at, rows),
             (_, None) => chain::lower_eagle3_chain(target, eagle, at, rows),
             (_, Some(t)) => {

@@ -382,10 +382,11 @@ impl CudaSpecSession<'_> {
             self.ring.reset_lane(lane)?;
         }
         self.engine.synchronize()?;
-        for ((&lane, p), &f) in at.iter().zip(&prompts).zip(&first) {
+        for (((&lane, p), &f), r) in at.iter().zip(&prompts).zip(&first).zip(&g.rows) {
             self.admit_draft(lane, p, f, g.primed);
             self.policy.admit(lane);
             self.admitted[lane] = true;
+            self.sampled[lane] = r.sampling.temperature > 0.0;
             self.undrained[lane].clear();
         }
         Ok(first)
