@@ -12,7 +12,7 @@ mod spec_common;
 use specc_models::{Model, SpecBundle, SpecConfig};
 use specc_runtime::{SpecCpuSession, SpecGraphs};
 
-use lanes_common::{alone, serve, staggered};
+use lanes_common::{alone, serve, serve_behind, staggered};
 use spec_common::{default_model, python_prompts};
 
 const CTX: u64 = 256;
@@ -80,6 +80,9 @@ fn check_sampled(method: &str) {
         got, want,
         "{method}: sampled requests differ batched and alone"
     );
+    // As `specc serve` reads them: each step's tokens behind the next step.
+    let behind = serve_behind(&mut s, &arrivals);
+    assert_eq!(behind, want, "{method}: read behind the next step");
     let w = target.load_weights_f32();
     let greedy = target
         .greedy_generate(&w, &arrivals[0].prompt, arrivals[0].max_new, CTX as usize)

@@ -11,7 +11,7 @@ mod gpu_common;
 mod lanes_common;
 
 use gpu_common::{build_engine, corpus_prompts, default_model, drive, gpu, session};
-use lanes_common::{alone, long_staggered, serve, serve_interleaved, staggered};
+use lanes_common::{alone, long_staggered, serve, serve_behind, serve_interleaved, staggered};
 use specc_ir::engine::Engine;
 use specc_models::spec_bundle::prefill_buckets;
 use specc_models::{Model, SpecBundle, SpecConfig};
@@ -43,6 +43,11 @@ fn check_cfg(spec_file: &str, cfg: SpecConfig, buckets: &[u32]) {
     let arrivals = staggered(&corpus_prompts());
     let want = alone(&mut s, &arrivals);
     let got = serve(&mut s, &arrivals);
+    let behind = serve_behind(&mut s, &arrivals);
+    assert_eq!(
+        behind, want,
+        "{spec_file}: reading each step's tokens behind the next step changed them"
+    );
     // Serving the same requests again admits the same prompts at the same lanes: every
     // prefill replays a graph captured above (one per role, lane window and prompt bucket).
     let captured = s.captured_prefills();

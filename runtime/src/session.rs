@@ -61,6 +61,15 @@ pub trait Speculator {
     fn drain(&mut self) -> Result<Vec<Vec<u32>>, RuntimeError>;
     /// Lanes whose budget is not exhausted.
     fn live(&self) -> Result<Vec<bool>, RuntimeError>;
+    /// The tokens of every queued step but the newest (which may still run), per lane, and
+    /// which lanes were live after the last of them (a lane admitted since counts as live):
+    /// a host that queues its next step before reading the last keeps the device busy
+    /// while it handles tokens. A backend that runs each step as it is queued reads them
+    /// all ([`Speculator::drain`], [`Speculator::live`]).
+    fn drain_behind(&mut self) -> Result<(Vec<Vec<u32>>, Vec<bool>), RuntimeError> {
+        let toks = self.drain()?;
+        Ok((toks, self.live()?))
+    }
     /// Masks lane `b` from the next step on (EOS, client gone).
     fn finish(&mut self, b: usize) -> Result<(), RuntimeError>;
     fn stats(&self) -> &SpecStats;
@@ -185,6 +194,9 @@ impl Speculator for crate::cuda::CudaSpecSession<'_> {
     }
     fn live(&self) -> Result<Vec<bool>, RuntimeError> {
         crate::cuda::CudaSpecSession::live(self)
+    }
+    fn drain_behind(&mut self) -> Result<(Vec<Vec<u32>>, Vec<bool>), RuntimeError> {
+        crate::cuda::CudaSpecSession::drain_behind(self)
     }
     fn finish(&mut self, b: usize) -> Result<(), RuntimeError> {
         crate::cuda::CudaSpecSession::finish(self, b)

@@ -210,10 +210,10 @@ pub fn run(s: &mut dyn Speculator, rx: Receiver<Job>, c: &LoopCtx) {
         if upto == 0 {
             continue;
         }
-        let res = s
-            .step_upto(upto)
-            .and_then(|()| s.drain())
-            .and_then(|toks| s.live().map(|live| (toks, live)));
+        // The step just queued runs while the tokens of the one before are handled (the
+        // GPU reads them from its token ring without waiting for the new step); a lane that
+        // ended in the step before has one more masked or discarded step.
+        let res = s.step_upto(upto).and_then(|()| s.drain_behind());
         let (toks, live) = match res {
             Ok(v) => v,
             Err(e) => {

@@ -150,6 +150,51 @@ pub fn serve(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
     out
 }
 
+/// [`serve`] as `specc serve` runs it: each step is queued before the tokens of the step
+/// before it are read ([`Speculator::drain_behind`]), so a request's tokens come one step
+/// late and a lane that ended is stepped once more (masked or discarded) before it is
+/// freed and may be admitted again.
+pub fn serve_behind(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
+    let lanes = s.lanes();
+    let mut out: Vec<Vec<u32>> = vec![Vec::new(); arrivals.len()];
+    let mut lane_of: Vec<Option<usize>> = vec![None; lanes];
+    let mut next = 0;
+    let mut step = 0;
+    while next < arrivals.len() || lane_of.iter().any(Option::is_some) {
+        let joining = join_due(arrivals, &mut next, step, &mut lane_of);
+        let rows = admits(&*s, arrivals, &joining);
+        if !rows.is_empty() {
+            let firsts = s.admit_lanes(&rows).unwrap();
+            for (&(_, r), first) in joining.iter().zip(firsts) {
+                out[r].push(first);
+            }
+        }
+        let upto = lane_of
+            .iter()
+            .rposition(Option::is_some)
+            .map_or(0, |l| l + 1);
+        if upto > 0 {
+            s.step_upto(upto).unwrap();
+            let (toks, live) = s.drain_behind().unwrap();
+            for (l, slot) in lane_of.iter_mut().enumerate() {
+                if let Some(r) = *slot {
+                    out[r].extend(&toks[l]);
+                    if !live[l] || out[r].len() >= arrivals[r].max_new {
+                        s.finish(l).unwrap();
+                        *slot = None;
+                    }
+                }
+            }
+        }
+        step += 1;
+        assert!(step < 10_000, "requests never finished");
+    }
+    for (o, a) in out.iter_mut().zip(arrivals) {
+        o.truncate(a.max_new);
+    }
+    out
+}
+
 /// Each request served alone: lane 0 of `s`, no other lane in use, with the stream it has
 /// in [`serve`] (its index).
 pub fn alone(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32>> {

@@ -39,6 +39,14 @@ pub struct TokenRing {
     next: usize,
     read: Vec<u32>,
     ready: Vec<Vec<i32>>,
+    /// Steps whose tokens are in `ready`.
+    harvested: usize,
+    /// The step graph's `spec.budget` state (`i32[lanes]`), copied with the counts where set
+    /// ([`TokenRing::track_budget`]).
+    budget: Option<Arc<DeviceBuffer>>,
+    /// Per lane, whether its budget was above 0 after the newest step read (true for a lane
+    /// reset since).
+    live: Vec<bool>,
 }
 
 impl TokenRing {
@@ -89,7 +97,8 @@ impl TokenRing {
         let mut mirrors = Vec::with_capacity(depth);
         let mut events = Vec::with_capacity(depth);
         for _ in 0..depth {
-            let bytes = (ring_bytes + count_bytes) as usize;
+            // The counts, then room for the budgets.
+            let bytes = (ring_bytes + 2 * count_bytes) as usize;
             mirrors.push(PinnedBuffer::new(
                 dev.stream(),
                 "token ring mirror",
@@ -114,7 +123,32 @@ impl TokenRing {
             next: 0,
             read: vec![0; lanes],
             ready: vec![Vec::new(); lanes],
+            harvested: 0,
+            budget: None,
+            live: vec![true; lanes],
         })
+    }
+
+    /// Copies `budget` (`i32[lanes]`, the step's remaining tokens per lane) with every
+    /// step's tokens, so [`TokenRing::live`] knows which lanes ended without a read of the
+    /// device that would wait for queued steps.
+    pub fn track_budget(&mut self, budget: Arc<DeviceBuffer>) -> Result<(), RuntimeError> {
+        if budget.bytes() < (self.lanes * 4) as u64 {
+            return Err(CudaError::RingShape {
+                lanes: self.lanes,
+                capacity: self.capacity,
+                reason: format!("a budget buffer of {} bytes", budget.bytes()),
+            }
+            .into());
+        }
+        self.budget = Some(budget);
+        Ok(())
+    }
+
+    /// Per lane, whether its budget was above 0 after the newest step read (true for a
+    /// lane reset since, and for every lane without [`TokenRing::track_budget`]).
+    pub fn live(&self) -> &[bool] {
+        &self.live
     }
 
     /// The token slots (retain in the step graph, or put in its pointer table).
@@ -148,7 +182,8 @@ impl TokenRing {
         ctx.bind_to_thread().during("binding the context")?;
         let split = self.lanes * self.capacity * 4;
         let (slots, counts) = self.mirrors[m].as_mut_slice().split_at_mut(split);
-        let counts = &mut counts[..self.lanes * 4];
+        let (counts, budgets) = counts.split_at_mut(self.lanes * 4);
+        let budgets = &mut budgets[..self.lanes * 4];
         let s = self.stream.cu_stream();
         // SAFETY: the mirror is pinned and not pending, so nothing reads it or copies into it
         // until `events[m]`, recorded next, completes; the two destination ranges are exactly
@@ -158,6 +193,10 @@ impl TokenRing {
                 .during("copying the token ring to the host")?;
             result::memcpy_dtoh_async(counts, self.emitted.ptr(), s)
                 .during("copying the emitted counts to the host")?;
+            if let Some(b) = &self.budget {
+                result::memcpy_dtoh_async(budgets, b.ptr(), s)
+                    .during("copying the budgets to the host")?;
+            }
         }
         self.events[m]
             .record(&self.stream)
@@ -178,9 +217,31 @@ impl TokenRing {
         Ok(self.take_ready())
     }
 
-    /// Restarts lane `lane` (a new sequence): waits for queued copies (their tokens stay
-    /// ready for the next `poll`/`wait`), then queues `emitted[lane] = 0` on the stream,
-    /// ordered before the next replay.
+    /// Per lane, the tokens of every queued step but the newest (which may still run;
+    /// blocks until the others' copies complete), and how many steps the tokens span (those
+    /// read earlier, e.g. by [`TokenRing::reset_lane`], included).
+    pub fn wait_behind(&mut self) -> Result<(Vec<Vec<i32>>, usize), RuntimeError> {
+        while self.pending.len() > 1 {
+            self.harvest_front(true)?;
+        }
+        Ok(self.take_steps())
+    }
+
+    /// [`TokenRing::wait`], with how many steps the tokens span.
+    pub fn wait_steps(&mut self) -> Result<(Vec<Vec<i32>>, usize), RuntimeError> {
+        self.drain()?;
+        Ok(self.take_steps())
+    }
+
+    fn take_steps(&mut self) -> (Vec<Vec<i32>>, usize) {
+        let steps = self.harvested;
+        (self.take_ready(), steps)
+    }
+
+    /// Restarts lane `lane` (a new sequence): waits for queued copies (the other lanes'
+    /// tokens stay ready for the next read; the lane's own, of the sequence it ends, are
+    /// dropped), then queues `emitted[lane] = 0` on the stream, ordered before the next
+    /// replay.
     pub fn reset_lane(&mut self, lane: usize) -> Result<(), RuntimeError> {
         if lane >= self.lanes {
             return Err(CudaError::RingShape {
@@ -193,6 +254,8 @@ impl TokenRing {
         self.drain()?;
         self.emitted.write((lane * 4) as u64, &0i32.to_le_bytes())?;
         self.read[lane] = 0;
+        self.ready[lane].clear();
+        self.live[lane] = true;
         Ok(())
     }
 
@@ -204,6 +267,7 @@ impl TokenRing {
     }
 
     fn take_ready(&mut self) -> Vec<Vec<i32>> {
+        self.harvested = 0;
         std::mem::replace(&mut self.ready, vec![Vec::new(); self.lanes])
     }
 
@@ -226,6 +290,13 @@ impl TokenRing {
         self.pending.pop_front();
         let words = decode_words(self.mirrors[m].as_slice());
         let (slots, counts) = words.split_at(self.lanes * self.capacity);
+        let (counts, budgets) = counts.split_at(self.lanes);
+        if self.budget.is_some() {
+            for (l, &b) in self.live.iter_mut().zip(budgets) {
+                *l = b > 0;
+            }
+        }
+        self.harvested += 1;
         for lane in 0..self.lanes {
             let lane_slots = &slots[lane * self.capacity..(lane + 1) * self.capacity];
             let cursor = counts[lane] as u32;

@@ -221,7 +221,7 @@ impl<'a> CudaSpecSession<'a> {
             }
         }
         let windows = AdmissionWindows::of_engine(engine, &contract, lanes, lane_major);
-        let ring = TokenRing::from_states(
+        let mut ring = TokenRing::from_states(
             &dev.dev,
             dev.state(RING)?.clone(),
             dev.state(EMITTED)?.clone(),
@@ -229,6 +229,7 @@ impl<'a> CudaSpecSession<'a> {
             contract.ring,
             DEFAULT_RING_DEPTH,
         )?;
+        ring.track_budget(dev.state(BUDGET)?.clone())?;
         let k = contract.max_accept();
         let ks = contract.step_variants().iter().map(|v| v.k).collect();
         let sync = DraftSync::new(contract.priming(), lanes);
@@ -657,8 +658,21 @@ impl<'a> CudaSpecSession<'a> {
     /// steps were queued between reads, only the histogram of a one-variant session
     /// learns from them).
     fn collect(&mut self) -> Result<(), RuntimeError> {
-        let got = self.ring.wait()?;
-        let steps = std::mem::take(&mut self.unread);
+        let got = self.ring.wait_steps()?;
+        self.take_tokens(got)
+    }
+
+    /// [`CudaSpecSession::collect`] of every queued step but the newest, which may still
+    /// run.
+    fn collect_behind(&mut self) -> Result<(), RuntimeError> {
+        let got = self.ring.wait_behind()?;
+        self.take_tokens(got)
+    }
+
+    /// Takes the ring's tokens `got` of its `n` oldest unread steps (see
+    /// [`CudaSpecSession::collect`]).
+    fn take_tokens(&mut self, (got, n): (Vec<Vec<i32>>, usize)) -> Result<(), RuntimeError> {
+        let steps: Vec<usize> = self.unread.drain(..n.min(self.unread.len())).collect();
         let single = self.policy.ks().len() == 1;
         for (lane, toks) in got.into_iter().enumerate() {
             let toks: Vec<u32> = toks.into_iter().map(|x| x as u32).collect();
@@ -727,6 +741,16 @@ impl<'a> CudaSpecSession<'a> {
     pub fn drain(&mut self) -> Result<Vec<Vec<u32>>, RuntimeError> {
         self.collect()?;
         Ok(self.undrained.iter_mut().map(std::mem::take).collect())
+    }
+
+    /// The tokens of every queued step but the newest, per lane, and which lanes were live
+    /// after the last of them (a lane admitted since counts as live): what a host that
+    /// queues its next step before reading the last one reads, so the device does not wait
+    /// on the host between steps. Reads nothing on the device but the token ring.
+    pub fn drain_behind(&mut self) -> Result<(Vec<Vec<u32>>, Vec<bool>), RuntimeError> {
+        self.collect_behind()?;
+        let toks = self.undrained.iter_mut().map(std::mem::take).collect();
+        Ok((toks, self.ring.live().to_vec()))
     }
 
     /// Records, per lane, a step that emitted `n` tokens (for the histogram).
