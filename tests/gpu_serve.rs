@@ -67,8 +67,8 @@ fn check_cfg(spec_file: &str, cfg: SpecConfig, buckets: &[u32]) {
         .sum();
     assert_eq!(
         replays,
-        3 * arrivals.len() as u64,
-        "{spec_file}: one target prefill replay per admission"
+        4 * arrivals.len() as u64,
+        "{spec_file}: one target prefill replay per admission (alone, served, served reading behind, again)"
     );
     let target_role = engine.contract(true).target_prefill;
     let widest = s

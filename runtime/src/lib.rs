@@ -19,5 +19,5 @@ pub use cpu::{CpuSession, StepOutput};
 pub use cuda::{CudaDevice, CudaError};
 pub use error::RuntimeError;
 pub use policy::{AdaptivePolicy, SpecPolicy};
-pub use session::Speculator;
+pub use session::{Behind, Speculator};
 pub use spec_cpu::{DraftKind, EngineGraphs, SpecCpuSession, SpecGraphs, SpecStats};

@@ -3,6 +3,16 @@
 use crate::admission::{Admit, LaneSampling};
 use crate::{AdaptivePolicy, RuntimeError, SpecStats};
 
+/// What [`Speculator::drain_behind`] read.
+pub struct Behind {
+    /// Per lane, the tokens of the steps read.
+    pub tokens: Vec<Vec<u32>>,
+    /// Per lane, whether it was live after the last step read.
+    pub live: Vec<bool>,
+    /// Whether a step queued is not read yet (its tokens come with the next read).
+    pub unread: bool,
+}
+
 /// A batch of lanes advanced one (speculative) step at a time; implemented by the CPU
 /// interpreter backend and the CUDA graph backend over the same graphs.
 pub trait Speculator {
@@ -66,9 +76,13 @@ pub trait Speculator {
     /// a host that queues its next step before reading the last keeps the device busy
     /// while it handles tokens. A backend that runs each step as it is queued reads them
     /// all ([`Speculator::drain`], [`Speculator::live`]).
-    fn drain_behind(&mut self) -> Result<(Vec<Vec<u32>>, Vec<bool>), RuntimeError> {
-        let toks = self.drain()?;
-        Ok((toks, self.live()?))
+    fn drain_behind(&mut self) -> Result<Behind, RuntimeError> {
+        let tokens = self.drain()?;
+        Ok(Behind {
+            tokens,
+            live: self.live()?,
+            unread: false,
+        })
     }
     /// Masks lane `b` from the next step on (EOS, client gone).
     fn finish(&mut self, b: usize) -> Result<(), RuntimeError>;
@@ -195,7 +209,7 @@ impl Speculator for crate::cuda::CudaSpecSession<'_> {
     fn live(&self) -> Result<Vec<bool>, RuntimeError> {
         crate::cuda::CudaSpecSession::live(self)
     }
-    fn drain_behind(&mut self) -> Result<(Vec<Vec<u32>>, Vec<bool>), RuntimeError> {
+    fn drain_behind(&mut self) -> Result<Behind, RuntimeError> {
         crate::cuda::CudaSpecSession::drain_behind(self)
     }
     fn finish(&mut self, b: usize) -> Result<(), RuntimeError> {

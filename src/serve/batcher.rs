@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use specc_runtime::admission::{Admit, LaneSampling};
-use specc_runtime::Speculator;
+use specc_runtime::{Behind, Speculator};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::errors::ApiError;
@@ -174,6 +174,8 @@ pub fn run(s: &mut dyn Speculator, rx: Receiver<Job>, c: &LoopCtx) {
     let mut hist = s.stats().histogram.clone();
     let mut ready: VecDeque<Job> = VecDeque::new();
     let mut ended = Vec::new();
+    // Whether a step queued is not read yet ([`Speculator::drain_behind`]).
+    let mut unread = false;
     loop {
         let busy = slots.iter().any(Option::is_some) || joining.iter().any(Option::is_some);
         if !busy && ready.is_empty() {
@@ -208,15 +210,37 @@ pub fn run(s: &mut dyn Speculator, rx: Receiver<Job>, c: &LoopCtx) {
         let upto = slots.iter().rposition(Option::is_some).map_or(0, |b| b + 1);
         publish(&slots, &joining, c);
         if upto == 0 {
+            // No lane in use: a step not read yet holds nothing anyone waits for.
+            unread = false;
             continue;
         }
         // The step just queued runs while the tokens of the one before are handled (the
         // GPU reads them from its token ring without waiting for the new step); a lane that
-        // ended in the step before has one more masked or discarded step.
-        let res = s.step_upto(upto).and_then(|()| s.drain_behind());
+        // ended in the step before has one more masked or discarded step. Where the step
+        // not read yet ends every lane (each has at most one token to go), it is read
+        // instead: no step that no lane needs delays the next request.
+        let finishing = unread
+            && slots
+                .iter()
+                .flatten()
+                .all(|l| l.job.max_tokens.saturating_sub(l.generated) <= 1);
+        let res = match finishing {
+            true => s.drain().and_then(|tokens| {
+                s.live().map(|live| Behind {
+                    tokens,
+                    live,
+                    unread: false,
+                })
+            }),
+            false => s.step_upto(upto).and_then(|()| s.drain_behind()),
+        };
         let (toks, live) = match res {
-            Ok(v) => v,
+            Ok(b) => {
+                unread = b.unread;
+                (b.tokens, b.live)
+            }
             Err(e) => {
+                unread = false;
                 for (b, slot) in slots.iter_mut().enumerate() {
                     if let Some(lane) = slot.take() {
                         let _ = lane

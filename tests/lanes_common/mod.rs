@@ -175,11 +175,11 @@ pub fn serve_behind(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32
             .map_or(0, |l| l + 1);
         if upto > 0 {
             s.step_upto(upto).unwrap();
-            let (toks, live) = s.drain_behind().unwrap();
+            let b = s.drain_behind().unwrap();
             for (l, slot) in lane_of.iter_mut().enumerate() {
                 if let Some(r) = *slot {
-                    out[r].extend(&toks[l]);
-                    if !live[l] || out[r].len() >= arrivals[r].max_new {
+                    out[r].extend(&b.tokens[l]);
+                    if !b.live[l] || out[r].len() >= arrivals[r].max_new {
                         s.finish(l).unwrap();
                         *slot = None;
                     }

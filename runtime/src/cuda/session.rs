@@ -747,10 +747,13 @@ impl<'a> CudaSpecSession<'a> {
     /// after the last of them (a lane admitted since counts as live): what a host that
     /// queues its next step before reading the last one reads, so the device does not wait
     /// on the host between steps. Reads nothing on the device but the token ring.
-    pub fn drain_behind(&mut self) -> Result<(Vec<Vec<u32>>, Vec<bool>), RuntimeError> {
+    pub fn drain_behind(&mut self) -> Result<crate::session::Behind, RuntimeError> {
         self.collect_behind()?;
-        let toks = self.undrained.iter_mut().map(std::mem::take).collect();
-        Ok((toks, self.ring.live().to_vec()))
+        Ok(crate::session::Behind {
+            tokens: self.undrained.iter_mut().map(std::mem::take).collect(),
+            live: self.ring.live().to_vec(),
+            unread: !self.unread.is_empty(),
+        })
     }
 
     /// Records, per lane, a step that emitted `n` tokens (for the histogram).
