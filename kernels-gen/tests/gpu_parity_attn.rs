@@ -448,6 +448,31 @@ fn attention_tiles_match_interpreter() {
     };
     // T·G = 40: one 4-warp block, tree.
     check_attention(&gpu, llama);
+    // Decode: one token a sequence (one warp a block, 4 of its 16 rows used), 3 splits.
+    check_attention(
+        &gpu,
+        AttnCase {
+            b: 4,
+            t: 1,
+            tree: false,
+            splits: 3,
+            ..llama
+        },
+    );
+    // Decode, G = 1, head dim 64, one split.
+    check_attention(
+        &gpu,
+        AttnCase {
+            b: 3,
+            t: 1,
+            hq: 4,
+            hkv: 4,
+            d: 64,
+            tree: false,
+            splits: 1,
+            ..llama
+        },
+    );
     // T·G = 64, causal with a padding lane, one split.
     check_attention(
         &gpu,

@@ -214,17 +214,11 @@ fn llama_tree(max_t: u32) -> AttentionParams {
     }
 }
 
-/// One token per sequence (decode) stays on `attn_split`; from two on `attn_tile` runs, in
-/// blocks of up to 4 warps (64 rows; T = 2 × G = 4 take one warp, T = 64 nodes × G = 4 take 4
-/// row blocks).
+/// `attn_tile` runs from one token per sequence (decode) on, in blocks of up to 4 warps (64
+/// rows; T = 1 or 2 × G = 4 take one warp, T = 64 nodes × G = 4 take 4 row blocks).
 #[test]
 fn attention_selects_tiles_for_many_rows() {
-    assert!(select(&llama_tree(1), &target())
-        .unwrap()
-        .split
-        .name
-        .starts_with("attn_split"));
-    for (t, warps) in [(2, 1), (8, 2), (9, 3), (32, 4), (64, 4), (256, 4)] {
+    for (t, warps) in [(1, 1), (2, 1), (8, 2), (9, 3), (32, 4), (64, 4), (256, 4)] {
         let p = llama_tree(t);
         let k = select(&p, &target()).unwrap().split;
         assert!(k.name.starts_with("attn_tile"), "T = {t}: {}", k.name);
@@ -288,6 +282,29 @@ fn attention_simt_splits_fill_whole_waves() {
     assert_eq!([at(8, 8192), at(32, 8192), at(64, 8192)], [12, 3, 3]);
     assert_eq!(at(1, 8192), 64, "one sequence spreads to the most splits");
     assert_eq!(at(4, 128), 2, "at most one split per 64 slots");
+}
+
+/// Decode on the tiles splits the context as the CUDA-core kernel's waves would with 6
+/// blocks a SM: 3 splits at 32 and 64 sequences, 16 for one sequence at ctx 1024.
+#[test]
+fn attention_decode_tile_splits() {
+    let mut p = llama_tree(1);
+    p.mask = AttnMask::Causal;
+    let at = |b: u32, ctx: u32| choose::attention::choose(&p, b, 1, ctx, &target()).unwrap();
+    assert!(matches!(
+        at(32, 1024).kernel,
+        specc_ir::engine::choice::AttentionKernel::TensorCores(_)
+    ));
+    let splits = |b: u32, ctx: u32| at(b, ctx).splits;
+    assert_eq!(
+        [
+            splits(1, 1024),
+            splits(8, 8192),
+            splits(32, 1024),
+            splits(64, 8192)
+        ],
+        [16, 12, 3, 3]
+    );
 }
 
 /// Splits fill one wave of resident blocks (2 per SM of the target's 132) and give each

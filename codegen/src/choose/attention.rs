@@ -17,11 +17,10 @@ const SMEM_BUDGET: u64 = 96 * 1024;
 const RESIDENT_PER_SM: u32 = 2;
 
 /// The kernel for `p` with `b` sequences of `t` rows each at context `ctx`: the tensor-core
-/// tiles for more than one token per sequence (verify, tree and drafter blocks) where their
-/// shapes are supported and a tile fits (measured faster in the step graph for verify and
-/// chain steps at the 8B shapes, bench/NOTES.md); decode (one token) keeps the CUDA-core
-/// kernel, whose tensor-core rival was faster at a short context but has not been measured
-/// at long contexts or batch 8. `None` where the CUDA-core kernel has no tile either.
+/// tiles where their shapes are supported and a tile fits (measured faster in the step graph
+/// for verify and chain steps at the 8B shapes, and 1.7–1.9× faster than the CUDA-core
+/// kernel for decode at 1–64 sequences and contexts 1024 / 8192 on the H200, bench/NOTES.md
+/// session 34), else the CUDA-core kernel. `None` where neither has a tile.
 pub fn choose(
     p: &AttentionParams,
     b: u32,
@@ -31,6 +30,9 @@ pub fn choose(
 ) -> Option<AttentionChoice> {
     let kernel = kernel(p, target)?;
     let splits = match kernel {
+        AttentionKernel::TensorCores(_) if t <= 1 => {
+            simt_splits(ctx, b, p.kv_heads, DECODE_TILES_PER_SM * target.sms)
+        }
         AttentionKernel::TensorCores(tl) => tile_splits(p, tl, b, t, ctx, target),
         AttentionKernel::CudaCores(_) => simt_splits(ctx, b, p.kv_heads, simt_wave(p, target)),
     };
@@ -51,8 +53,15 @@ pub fn uses_tiles(p: &AttentionParams, target: &Target) -> bool {
 }
 
 fn uses_tiles_shape(p: &AttentionParams) -> bool {
-    p.max_t > 1 && shapes_supported(p)
+    shapes_supported(p)
 }
+
+/// Decode tiles (one warp a block) a SM the split count of one-token attention assumes:
+/// [`simt_splits`]' waves with 6 blocks a SM chose the fastest split, or one within 5 %,
+/// for 32 and 64 sequences at contexts 1024 and 8192 and 8 at 8192 (3, 3, 3, 3, 12), and
+/// one 16 % slower for 8 sequences at 1024 (12 splits: 21.1 µs against 17.1 at 6),
+/// kernel_bench batch_splits on the H200 (bench/NOTES.md, session 34).
+const DECODE_TILES_PER_SM: u32 = 6;
 
 /// Context splits of the tiles chosen for `p` on `target` (1 where none fits).
 pub fn splits(p: &AttentionParams, b: u32, t: u32, ctx: u32, target: &Target) -> u32 {
