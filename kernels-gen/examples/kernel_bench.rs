@@ -292,45 +292,6 @@ fn qkv_rope_case(gpu: &Gpu, m: u32, fused: bool) -> Row {
     }
 }
 
-fn attention_case(gpu: &Gpu, b: u32, t: u32, len: u32, splits: u32) -> Row {
-    let (hq, hkv, d, ctx) = (32u32, 8u32, 128u32, 4096u32);
-    let m = b * t;
-    let mut plan = Plan::new();
-    let q = plan.view(m, hq * d, BF);
-    let out = plan.view(m, hq * d, BF);
-    let pos = plan.alloc(m as u64 * 4);
-    let mut p = AttentionParams {
-        q_heads: hq,
-        kv_heads: hkv,
-        head_dim: d,
-        head_dim_v: d,
-        q,
-        k_cache: Loc::table(0),
-        v_cache: Loc::table(1),
-        cache_dtype: BF,
-        pos,
-        pos_dtype: Dtype::I32,
-        mask: AttnMask::Causal,
-        out,
-        scale: 0.088,
-        max_t: t,
-        splits,
-        scratch: Loc::arena(0),
-    };
-    p.scratch = plan.alloc(p.scratch_bytes(m));
-    let ks = attention(&p).unwrap();
-    let cache = (b * ctx * hkv * d) as u64 * 2;
-    let mut mem = Mem::new(plan.alloc(0).byte_offset(), &[cache, cache]);
-    let pv: Vec<f64> = (0..m).map(|i| (len - t + i % t) as f64).collect();
-    mem.put(pos, Dtype::I32, &pv);
-    let us = gpu.time(&mem, &[&ks.split, &ks.combine], Bucket { b, t, ctx }, 8, 50);
-    Row {
-        label: format!("attention B={b} T={t} len={len} splits={splits}"),
-        us,
-        bytes: (b * len * hkv * d * 2 * 2) as f64,
-    }
-}
-
 /// Causal attention of `b` sequences × `t` query rows at context `len` (Llama-3.1-8B heads)
 /// with `splits` context splits, on CUDA cores (`attn_split`) or on the tensor-core tiles
 /// the plan would pick (`tiles`); bytes = the K and V slots read. The caches rotate through
@@ -693,8 +654,8 @@ fn main() {
     if want("attention") {
         let mut rows = Vec::new();
         for (b, t) in [(1, 1), (1, 8), (4, 8)] {
-            rows.push(attention_case(&gpu, b, t, 1024, 16));
-            rows.push(attention_case(&gpu, b, t, 4000, 32));
+            rows.push(batch_attention_case(&gpu, b, t, 1024, false, 16));
+            rows.push(batch_attention_case(&gpu, b, t, 4000, false, 32));
         }
         print_rows(&gpu, &rows);
     }

@@ -327,22 +327,17 @@ pub fn engine_input(
         ..c.clone()
     });
     let cfg = overridden.as_ref();
-    let (prefill, decode) =
-        lower_plain(spec, DECODE_RING, &acceptance).map_err(|source| ModelError::Lower {
+    let lower_at = |a: &Acceptance| {
+        lower_plain(spec, DECODE_RING, a).map_err(|source| ModelError::Lower {
             model: spec.arch.hf_name().into(),
             source,
-        })?;
+        })
+    };
+    let (prefill, decode) = lower_at(&acceptance)?;
     // A sampling engine's decode step has a greedy twin (`StepContract::greedy`).
     let greedy_decode = match acceptance {
         Acceptance::Greedy => None,
-        Acceptance::Sample { .. } => Some(
-            lower_plain(spec, DECODE_RING, &Acceptance::Greedy)
-                .map_err(|source| ModelError::Lower {
-                    model: spec.arch.hf_name().into(),
-                    source,
-                })?
-                .1,
-        ),
+        Acceptance::Sample { .. } => Some(lower_at(&Acceptance::Greedy)?.1),
     };
     let bundle = match cfg {
         Some(c) if c.method != Method::None => Some(SpecBundle::open_with(model, c, random)?),

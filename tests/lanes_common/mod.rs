@@ -108,6 +108,18 @@ fn admits<'a>(
 
 /// Serves `arrivals` on `s`; each request's tokens (first + emitted, truncated).
 pub fn serve(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
+    serve_reading(s, arrivals, false)
+}
+
+/// [`serve`] as `specc serve` runs it: each step is queued before the tokens of the step
+/// before it are read ([`Speculator::drain_behind`]), so a request's tokens come one step
+/// late and a lane that ended is stepped once more (masked or discarded) before it is
+/// freed and may be admitted again.
+pub fn serve_behind(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
+    serve_reading(s, arrivals, true)
+}
+
+fn serve_reading(s: &mut dyn Speculator, arrivals: &[Arrival], behind: bool) -> Vec<Vec<u32>> {
     let lanes = s.lanes();
     let mut out: Vec<Vec<u32>> = vec![Vec::new(); arrivals.len()];
     let mut lane_of: Vec<Option<usize>> = vec![None; lanes];
@@ -129,57 +141,17 @@ pub fn serve(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
             .map_or(0, |l| l + 1);
         if upto > 0 {
             s.step_upto(upto).unwrap();
-            let toks = s.drain().unwrap();
-            let live = s.live().unwrap();
+            let (toks, live) = match behind {
+                true => {
+                    let b = s.drain_behind().unwrap();
+                    (b.tokens, b.live)
+                }
+                false => (s.drain().unwrap(), s.live().unwrap()),
+            };
             for (l, slot) in lane_of.iter_mut().enumerate() {
                 if let Some(r) = *slot {
                     out[r].extend(&toks[l]);
                     if !live[l] || out[r].len() >= arrivals[r].max_new {
-                        s.finish(l).unwrap();
-                        *slot = None;
-                    }
-                }
-            }
-        }
-        step += 1;
-        assert!(step < 10_000, "requests never finished");
-    }
-    for (o, a) in out.iter_mut().zip(arrivals) {
-        o.truncate(a.max_new);
-    }
-    out
-}
-
-/// [`serve`] as `specc serve` runs it: each step is queued before the tokens of the step
-/// before it are read ([`Speculator::drain_behind`]), so a request's tokens come one step
-/// late and a lane that ended is stepped once more (masked or discarded) before it is
-/// freed and may be admitted again.
-pub fn serve_behind(s: &mut dyn Speculator, arrivals: &[Arrival]) -> Vec<Vec<u32>> {
-    let lanes = s.lanes();
-    let mut out: Vec<Vec<u32>> = vec![Vec::new(); arrivals.len()];
-    let mut lane_of: Vec<Option<usize>> = vec![None; lanes];
-    let mut next = 0;
-    let mut step = 0;
-    while next < arrivals.len() || lane_of.iter().any(Option::is_some) {
-        let joining = join_due(arrivals, &mut next, step, &mut lane_of);
-        let rows = admits(&*s, arrivals, &joining);
-        if !rows.is_empty() {
-            let firsts = s.admit_lanes(&rows).unwrap();
-            for (&(_, r), first) in joining.iter().zip(firsts) {
-                out[r].push(first);
-            }
-        }
-        let upto = lane_of
-            .iter()
-            .rposition(Option::is_some)
-            .map_or(0, |l| l + 1);
-        if upto > 0 {
-            s.step_upto(upto).unwrap();
-            let b = s.drain_behind().unwrap();
-            for (l, slot) in lane_of.iter_mut().enumerate() {
-                if let Some(r) = *slot {
-                    out[r].extend(&b.tokens[l]);
-                    if !b.live[l] || out[r].len() >= arrivals[r].max_new {
                         s.finish(l).unwrap();
                         *slot = None;
                     }
