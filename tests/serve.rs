@@ -650,6 +650,9 @@ fn greedy_and_sampled_lanes_share_one_step() {
         "sampled texts left the greedy ones ({differ} of 4)"
     );
     assert_eq!(s.metric("specc:lanes_in_use"), 0.0);
+    // The greedy requests alone replayed greedy twins; the steps with a sampled lane did not.
+    let greedy_steps = s.metric("specc:greedy_steps_total");
+    assert!(greedy_steps > 0.0 && greedy_steps < s.metric("specc:steps_total"));
 }
 
 #[test]
@@ -671,6 +674,10 @@ fn metrics_count_requests_and_return_to_idle() {
     assert_eq!(s.metric("specc:lanes_in_use"), 0.0);
     assert_eq!(s.metric("vllm:kv_cache_usage_perc"), 0.0);
     assert_eq!(s.metric("specc:lanes_total"), 2.0);
+    // Greedy requests only: every step replays a greedy twin of the sampling engine's step.
+    let steps = s.metric("specc:steps_total");
+    assert!(steps > 0.0);
+    assert_eq!(s.metric("specc:greedy_steps_total"), steps);
     let drafts = s.metric("vllm:spec_decode_num_drafts_total");
     let accepted = s.metric("vllm:spec_decode_num_accepted_tokens_total");
     assert!(drafts > 0.0);

@@ -263,6 +263,7 @@ pub fn run(s: &mut dyn Speculator, rx: Receiver<Job>, c: &LoopCtx) {
             .collect();
         let p = s.policy();
         c.metrics.step(&delta, p.last().map_or(0, |v| p.ks()[v]));
+        c.metrics.greedy_steps(s.stats().greedy_steps as u64);
         if p.ks().len() > 1 {
             let steps = p.ks().iter().zip(p.steps());
             let label = |k: &usize| format!("k={k}");

@@ -80,6 +80,8 @@ struct Inner {
     finished: [u64; 3],
     rejected: u64,
     steps: u64,
+    /// Steps that replayed a greedy twin (no live request sampled).
+    greedy_steps: u64,
     ttft: Histogram,
     itl: Histogram,
     e2e: Histogram,
@@ -117,6 +119,7 @@ impl Metrics {
                 finished: [0; 3],
                 rejected: 0,
                 steps: 0,
+                greedy_steps: 0,
                 ttft: Histogram::new(TTFT_BUCKETS),
                 itl: Histogram::new(ITL_BUCKETS),
                 e2e: Histogram::new(E2E_BUCKETS),
@@ -204,6 +207,11 @@ impl Metrics {
         })
     }
 
+    /// The session's steps so far that replayed a greedy twin.
+    pub fn greedy_steps(&self, n: u64) {
+        self.with(|m| m.greedy_steps = n)
+    }
+
     /// Steps run per step variant (labels `k=…`) and the variant the policy runs now.
     pub fn variants(&self, steps: Vec<(String, u64)>, current: Option<String>) {
         self.with(|m| {
@@ -259,6 +267,12 @@ impl Metrics {
             "counter",
             "Step graphs run.",
             m.steps.to_string(),
+        );
+        one(
+            "specc:greedy_steps_total",
+            "counter",
+            "Steps that replayed a greedy twin: a sampling engine's step lowered for greedy acceptance, run while no live request samples.",
+            m.greedy_steps.to_string(),
         );
         one(
             "vllm:prompt_tokens_total",
