@@ -217,13 +217,14 @@ pub fn run(s: &mut dyn Speculator, rx: Receiver<Job>, c: &LoopCtx) {
         // The step just queued runs while the tokens of the one before are handled (the
         // GPU reads them from its token ring without waiting for the new step); a lane that
         // ended in the step before has one more masked or discarded step. Where the step
-        // not read yet ends every lane (each has at most one token to go), it is read
-        // instead: no step that no lane needs delays the next request.
+        // not read yet may end every lane (each has at most the most tokens a step emits to
+        // go), it is read instead: no step that no lane needs delays the next request.
+        let most = s.policy().ks().iter().max().map_or(1, |k| k + 1);
         let finishing = unread
             && slots
                 .iter()
                 .flatten()
-                .all(|l| l.job.max_tokens.saturating_sub(l.generated) <= 1);
+                .all(|l| l.job.max_tokens.saturating_sub(l.generated) <= most);
         let res = match finishing {
             true => s.drain().and_then(|tokens| {
                 s.live().map(|live| Behind {
