@@ -183,6 +183,13 @@ fn sampled_engine(target: &Model, buckets: &[u32]) -> (Engine, Option<SpecBundle
     build_engine(target, Some(&cfg), buckets, 256)
 }
 
+/// The greedy engine of [`sampled_engine`]'s method (the embedded `spec.toml`) at batch 4.
+fn greedy_engine(target: &Model) -> (Engine, SpecBundle) {
+    let cfg = SpecConfig::from_file(&default_model().join("spec.toml")).unwrap();
+    let (engine, bundle) = build_engine(target, Some(&cfg), &[4], 256);
+    (engine, bundle.expect("a spec opens its draft"))
+}
+
 /// Per-lane sampling parameters on the device: greedy and sampled lanes in one captured
 /// step graph. A greedy lane's tokens are the greedy engine's (served alone), a seeded
 /// sampled lane's are its tokens alone, and every lane's tokens are the interpreter's for
@@ -207,9 +214,7 @@ fn greedy_and_sampled_lanes_share_the_device_step() {
         assert_eq!(g, w, "request {i} differs batched and alone");
     }
     // Greedy lanes against a greedy engine of the same method, each request alone.
-    let cfg = SpecConfig::from_file(&dir.join("spec.toml")).unwrap();
-    let (greedy_engine, greedy_bundle) = build_engine(&target, Some(&cfg), &[4], 256);
-    let greedy_bundle = greedy_bundle.unwrap();
+    let (greedy_engine, greedy_bundle) = greedy_engine(&target);
     let mut g = session(&greedy_engine, &target, Some(&greedy_bundle), 4);
     let greedy_arrivals: Vec<_> = arrivals
         .iter()
@@ -269,9 +274,7 @@ fn greedy_lanes_of_a_sampling_engine_replay_the_twins() {
     let got = serve(&mut s, &arrivals);
     assert!(s.stats.steps > 0);
     assert_eq!(s.stats.greedy_steps, s.stats.steps, "every step a twin");
-    let cfg = SpecConfig::from_file(&dir.join("spec.toml")).unwrap();
-    let (greedy_engine, greedy_bundle) = build_engine(&target, Some(&cfg), &[4], 256);
-    let greedy_bundle = greedy_bundle.unwrap();
+    let (greedy_engine, greedy_bundle) = greedy_engine(&target);
     let mut g = session(&greedy_engine, &target, Some(&greedy_bundle), 4);
     for a in &mut arrivals {
         a.knobs = None;

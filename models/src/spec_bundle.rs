@@ -166,20 +166,16 @@ impl SpecBundle {
             method.verify_margin(cfg.num_steps, cfg.tree),
             shape.ring as usize,
         );
-        contract.variants = variants
-            .iter()
-            .map(|(k, _)| StepVariant {
-                k: *k as usize,
-                role: GraphRole::SpecVariant(*k as u32),
-            })
-            .collect();
-        contract.greedy = greedy
-            .iter()
-            .map(|(k, _)| StepVariant {
-                k: *k as usize,
-                role: GraphRole::GreedySpecStep(*k as u32),
-            })
-            .collect();
+        let steps = |gs: &[(u64, Graph)], role: fn(u32) -> GraphRole| -> Vec<StepVariant> {
+            gs.iter()
+                .map(|(k, _)| StepVariant {
+                    k: *k as usize,
+                    role: role(*k as u32),
+                })
+                .collect()
+        };
+        contract.variants = steps(&variants, GraphRole::SpecVariant);
+        contract.greedy = steps(&greedy, GraphRole::GreedySpecStep);
         let mut bundle = SpecBundle {
             method: cfg.method,
             draft: o.draft,
@@ -411,16 +407,10 @@ pub fn engine_input(
             graph: bu.step.clone(),
             buckets: at(&[1]),
         });
-        for (k, g) in &bu.variants {
+        let other_steps = bu.contract.variants.iter().zip(&bu.variants);
+        for (v, (_, g)) in other_steps.chain(bu.contract.greedy.iter().zip(&bu.greedy)) {
             graphs.push(RoleGraph {
-                role: GraphRole::SpecVariant(*k as u32),
-                graph: g.clone(),
-                buckets: at(&[1]),
-            });
-        }
-        for (k, g) in &bu.greedy {
-            graphs.push(RoleGraph {
-                role: GraphRole::GreedySpecStep(*k as u32),
+                role: v.role,
                 graph: g.clone(),
                 buckets: at(&[1]),
             });

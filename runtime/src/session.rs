@@ -77,6 +77,11 @@ pub trait Speculator {
     /// while it handles tokens. A backend that runs each step as it is queued reads them
     /// all ([`Speculator::drain`], [`Speculator::live`]).
     fn drain_behind(&mut self) -> Result<Behind, RuntimeError> {
+        self.drain_all()
+    }
+    /// Every queued step's tokens and the lanes live after them ([`Speculator::drain`],
+    /// [`Speculator::live`]): nothing is left unread.
+    fn drain_all(&mut self) -> Result<Behind, RuntimeError> {
         let tokens = self.drain()?;
         Ok(Behind {
             tokens,

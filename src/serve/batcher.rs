@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use specc_runtime::admission::{Admit, LaneSampling};
-use specc_runtime::{Behind, Speculator};
+use specc_runtime::Speculator;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::errors::ApiError;
@@ -226,13 +226,7 @@ pub fn run(s: &mut dyn Speculator, rx: Receiver<Job>, c: &LoopCtx) {
                 .flatten()
                 .all(|l| l.job.max_tokens.saturating_sub(l.generated) <= most);
         let res = match finishing {
-            true => s.drain().and_then(|tokens| {
-                s.live().map(|live| Behind {
-                    tokens,
-                    live,
-                    unread: false,
-                })
-            }),
+            true => s.drain_all(),
             false => s.step_upto(upto).and_then(|()| s.drain_behind()),
         };
         let (toks, live) = match res {

@@ -255,9 +255,4 @@ impl StepContract {
         r.extend(self.greedy.iter().map(|v| v.role));
         r
     }
-
-    /// The greedy twin of the step of `k` draft tokens, where the contract has twins.
-    pub fn greedy_twin(&self, k: usize) -> Option<GraphRole> {
-        self.greedy.iter().find(|v| v.k == k).map(|v| v.role)
-    }
 }
