@@ -161,6 +161,27 @@ const COPIES: usize = 3;
 /// Token counts, largest first (the first run is the batch-invariance reference).
 const TOKENS: [usize; 5] = [16, 8, 4, 2, 1];
 
+/// The token counts to run: `SPECC_KIMI_TOKENS` (e.g. `8,1`, for a profiler run over a few
+/// launches), else [`TOKENS`]; largest first.
+fn tokens() -> Vec<usize> {
+    let mut t: Vec<usize> = std::env::var("SPECC_KIMI_TOKENS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
+        .unwrap_or_else(|| TOKENS.to_vec());
+    t.retain(|&n| (1..=TOKENS[0]).contains(&n));
+    t.sort_unstable_by(|a, b| b.cmp(a));
+    t
+}
+
+/// Whether variant `name` runs: `SPECC_KIMI_VARIANTS` lists names (`bf16`, `int4g32`,
+/// `g4s4w4`, …; a variant runs when its name ends with one of them), else every variant.
+fn wanted(name: &str) -> bool {
+    std::env::var("SPECC_KIMI_VARIANTS").map_or(true, |v| {
+        v.split(',')
+            .any(|w| !w.is_empty() && name.ends_with(w.trim()))
+    })
+}
+
 fn w_dtype(int4: bool) -> DType {
     if int4 {
         DType::Int4Group {
@@ -195,12 +216,13 @@ fn run(
     let w_dt = w_dtype(st.int4);
     let mut rng = Rng::new(7168);
     let tmax = TOKENS[0];
+    let counts = tokens();
     let x = rng.vec(tmax * H, 1.0);
     let g = gates(tmax, &mut rng);
     let mut bufs: Vec<Vec<u8>> = st.w.iter().chain(&st.s).cloned().collect();
     let mut full: Option<Vec<f64>> = None;
     let mut pct = Vec::new();
-    for t in TOKENS {
+    for &t in &counts {
         let shape = MoeGroupedShape {
             tokens: t as u64,
             experts: E as u64,
@@ -267,7 +289,9 @@ fn run(
         pct.push([p(0), p(1), p(2), us[0] * 1e-3]);
         bufs = std::mem::take(&mut mem.bufs);
     }
-    println!("PASS kimi {name}: token 0 within tolerance, T = 8, 4, 2, 1 bit-identical to T = 16");
+    println!(
+        "PASS kimi {name}: token 0 within tolerance, T = {counts:?} bit-identical to the first"
+    );
     Timings { name, pct }
 }
 
@@ -279,7 +303,7 @@ fn print_table(rows: &[Timings], copy_gbps: f64) {
          all four kernels (gate_up / down alone) and ms of all four"
     );
     let mut head = format!("{:<22}", "variant");
-    for t in TOKENS.iter().rev() {
+    for t in tokens().iter().rev() {
         head += &format!(" | {:<26}", format!("T={t}"));
     }
     println!("{head}");
@@ -301,13 +325,19 @@ fn kimi_bandwidth() {
     let copy = gpu.copy_gbps(20);
     println!("BANDWIDTH copy: {copy:.0} GB/s (read + write)");
     let mut rows = Vec::new();
-    let bf16 = Stacks::new(false);
-    rows.push(run(&gpu, &bf16, ExpertMatmul::CudaCores, copy, &mut None));
-    drop(bf16);
+    if wanted("bf16") {
+        let bf16 = Stacks::new(false);
+        rows.push(run(&gpu, &bf16, ExpertMatmul::CudaCores, copy, &mut None));
+    }
     let int4 = Stacks::new(true);
     let mut want0 = None;
-    rows.push(run(&gpu, &int4, ExpertMatmul::CudaCores, copy, &mut want0));
+    if wanted("int4g32") {
+        rows.push(run(&gpu, &int4, ExpertMatmul::CudaCores, copy, &mut want0));
+    }
     for tl in Int4MmaTiling::VARIANTS {
+        if !wanted(&tl.name()) {
+            continue;
+        }
         if tl.smem_bytes() > gpu.target().smem_per_block as u64 {
             println!(
                 "SKIP int4g32 mma {}: {} B of shared memory a block",
