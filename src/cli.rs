@@ -362,10 +362,12 @@ pub struct ServeArgs {
     /// KV-cache capacity per sequence (as for `run`).
     #[arg(long)]
     pub max_context: Option<u64>,
-    /// Prefill a joining request's prompt in chunks of at most N tokens (a power of two
-    /// from 16; 0: whole prompts), one chunk between two steps of the running requests, so
-    /// their next tokens wait one step and one chunk, not a whole long prompt. Default:
-    /// 512, or the largest such chunk within the context.
+    /// Prefill joining requests' prompts in chunks of at most N rows per prefill across the
+    /// requests admitted together (a power of two from 16; 0: whole prompts; each of `b`
+    /// lanes of a window takes N / b rows, rounded down to a power of two, at least 16),
+    /// one chunk between two steps of the running requests, so their next tokens wait one
+    /// step and one chunk, not a whole long prompt. Default: 512, or the largest such chunk
+    /// within the context.
     #[arg(long, value_name = "N")]
     pub prefill_chunk: Option<usize>,
     /// The default sampling knobs of requests (each request may send its own temperature,

@@ -99,6 +99,27 @@ fn ddtree_prefills_in_chunks() {
     check("ddtree.toml");
 }
 
+/// Admits `prompts` together (`admit`: one window of every lane) and decodes until every
+/// lane ends; each lane's first `n` tokens.
+fn admit_and_decode(s: &mut SpecCpuSession, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
+    let mut got: Vec<Vec<u32>> = s
+        .admit(prompts, n)
+        .unwrap()
+        .iter()
+        .map(|&f| vec![f])
+        .collect();
+    while s.live().iter().any(|&l| l) {
+        s.step().unwrap();
+        for (g, t) in got.iter_mut().zip(s.drain().unwrap()) {
+            g.extend(t);
+        }
+    }
+    for g in &mut got {
+        g.truncate(n);
+    }
+    got
+}
+
 /// Every lane admitted at once (`admit`, as `specc run` does) in chunks: the prompts of
 /// different lengths end in different chunks.
 #[test]
@@ -112,24 +133,74 @@ fn a_whole_batch_prefills_in_chunks() {
     let mut s = SpecCpuSession::new(SpecGraphs::of(&b), &weights, 3, CTX);
     s.set_prefill_chunk(CHUNK).unwrap();
     const N: usize = 12;
-    let mut got: Vec<Vec<u32>> = s
-        .admit(&prompts, N)
-        .unwrap()
-        .iter()
-        .map(|&f| vec![f])
-        .collect();
-    while s.live().iter().any(|&l| l) {
-        s.step().unwrap();
-        for (g, t) in got.iter_mut().zip(s.drain().unwrap()) {
-            g.extend(t);
-        }
-    }
+    let got = admit_and_decode(&mut s, &prompts, N);
     let w = target.load_weights_f32();
-    for (p, g) in prompts.iter().zip(&mut got) {
-        g.truncate(N);
+    for (p, g) in prompts.iter().zip(&got) {
         let want = target.greedy_generate(&w, p, N, CTX as usize).unwrap();
         assert_eq!(*g, want, "a {}-token prompt in a batch admission", p.len());
     }
+}
+
+/// The prefill chunk is a budget of rows per prefill across the lanes admitted together: a
+/// 4-lane window under a budget of 64 rows prefills 16 rows a lane per chunk (not 64), so
+/// no prefill takes more than 64 rows, and every lane's tokens are the whole prefill's.
+fn check_budget(spec_file: &str) {
+    const LANES: usize = 4;
+    const BUDGET: usize = LANES * CHUNK;
+    const N: usize = 12;
+    let dir = default_model();
+    let target = Model::open(&dir).unwrap();
+    let cfg = SpecConfig::from_file(&dir.join(spec_file)).unwrap();
+    let b = SpecBundle::open(&target, &cfg).unwrap();
+    let weights = b.load_weights_f32(&target).unwrap();
+    let prompts: Vec<Vec<u32>> = arrivals()[..LANES]
+        .iter()
+        .map(|a| a.prompt.clone())
+        .collect();
+    let longest = prompts.iter().map(Vec::len).max().unwrap();
+    assert!(
+        longest > 2 * CHUNK,
+        "a prompt of 3+ chunks of {CHUNK} a lane"
+    );
+    let mut whole = SpecCpuSession::new(SpecGraphs::of(&b), &weights, LANES, CTX);
+    let want = admit_and_decode(&mut whole, &prompts, N);
+    assert_eq!(
+        whole.stats.widest_prefill,
+        LANES * longest,
+        "{spec_file}: the whole admission's prefill takes every lane's longest prompt"
+    );
+    let mut s = SpecCpuSession::new(SpecGraphs::of(&b), &weights, LANES, CTX);
+    s.set_prefill_chunk(BUDGET).unwrap();
+    let got = admit_and_decode(&mut s, &prompts, N);
+    assert_eq!(
+        s.stats.widest_prefill, BUDGET,
+        "{spec_file}: the widest prefill of {LANES} lanes under a budget of {BUDGET} rows \
+         (prompts of up to {longest} tokens)"
+    );
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(
+            g,
+            w,
+            "{spec_file}: lane {i} ({} prompt tokens) under a budget of {BUDGET} rows differs \
+             from the whole admission's tokens",
+            prompts[i].len()
+        );
+    }
+    assert_eq!(
+        (s.stats.steps, &s.stats.histogram),
+        (whole.stats.steps, &whole.stats.histogram),
+        "{spec_file}: steps and acceptance histogram, budgeted chunks vs whole prefills"
+    );
+}
+
+#[test]
+fn a_window_of_four_lanes_prefills_within_the_budget() {
+    check_budget("spec.eagle3.toml");
+}
+
+#[test]
+fn a_window_of_four_draft_model_lanes_prefills_within_the_budget() {
+    check_budget("spec.toml");
 }
 
 /// Sampled acceptance: a request's draws interleaved in chunks equal its draws alone with

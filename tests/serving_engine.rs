@@ -9,6 +9,7 @@ use specc_codegen::{build, BuildOptions, Cubins};
 use specc_ir::engine::{Arch, Engine, GraphRole, Target};
 use specc_models::spec_bundle::{engine_input, EngineExtras};
 use specc_models::{Acceptance, Model, RandomWeights, SpecConfig};
+use specc_runtime::admission::lane_chunk;
 use specc_runtime::memory::Footprint;
 use specc_runtime::windows::{lane_major, AdmissionWindows};
 
@@ -103,12 +104,15 @@ fn an_8b_serving_engine_plans_batch_16_prefills_of_2048_tokens() {
     assert_eq!(need.activations, prefills + step, "{need:?}");
     assert!(prefills < 2 * longest + longest / 4, "{need:?}");
     assert!(need.activations < every_row_logits / 3, "{need:?}");
-    // Prefilled in chunks of 512 rows, the session never loads a prefill above it.
-    const CHUNK: u32 = 512;
-    let chunked = Footprint::of_cuda_engine(&engine, &contract, LANES, CHUNK as usize, &sizes);
+    // Prefilled in chunks of 512 rows across the 16 lanes (32 a lane), the session never
+    // loads a prefill above 32.
+    const CHUNK: usize = 512;
+    let chunked = Footprint::of_cuda_engine(&engine, &contract, LANES, CHUNK, &sizes);
+    let per_lane = lane_chunk(CHUNK, LANES as usize);
+    assert_eq!(per_lane, 32);
     let upto_chunk: u64 = prefill_ts
         .iter()
-        .filter(|&&t| t <= CHUNK)
+        .filter(|&&t| t as usize <= per_lane)
         .map(|&t| arena(&engine, GraphRole::Prefill, t))
         .sum();
     println!(

@@ -273,21 +273,25 @@ pub fn check_chunk(chunk: usize, max_context: u64) -> Result<(), RuntimeError> {
 /// 65 535 blocks there.
 pub const MAX_LAUNCH_ROWS: usize = 65_535;
 
-/// The prefill chunk a GPU session of `lanes` lanes runs for `chunk` (0: whole prompts of up
-/// to `max_context` tokens): `chunk` where every lane's rows of one prefill fit
-/// [`MAX_LAUNCH_ROWS`], else the largest power of two that does (at least [`MIN_PREFILL_T`]).
+/// The prefill budget a GPU session of `lanes` lanes runs for `chunk` (0: whole prompts of
+/// up to `max_context` tokens): `chunk` where its widest prefill fits [`MAX_LAUNCH_ROWS`],
+/// else the largest power of two that does. A budgeted prefill of `b ≤ lanes` lanes takes
+/// at most `max(chunk, b × MIN_PREFILL_T)` rows ([`lane_chunk`]): one launch up to
+/// `MAX_LAUNCH_ROWS / MIN_PREFILL_T` (4095) lanes; a whole-prompt prefill takes up to
+/// `lanes ×` the context's prompt bucket.
 pub fn chunk_within_launch(chunk: usize, lanes: usize, max_context: u64) -> usize {
     let whole = usize::try_from(max_context)
         .unwrap_or(usize::MAX)
         .next_power_of_two()
         .max(MIN_PREFILL_T);
-    let t = if chunk == 0 { whole } else { chunk };
-    let lanes = lanes.max(1);
-    if lanes.saturating_mul(t) <= MAX_LAUNCH_ROWS {
+    let widest = match chunk {
+        0 => lanes.max(1).saturating_mul(whole),
+        c => c,
+    };
+    if widest <= MAX_LAUNCH_ROWS {
         return chunk;
     }
-    let fit = (MAX_LAUNCH_ROWS / lanes).max(1);
-    (1usize << fit.ilog2()).max(MIN_PREFILL_T)
+    1 << MAX_LAUNCH_ROWS.ilog2()
 }
 
 /// The prefill chunk hosts use unless told otherwise (or the largest prompt bucket within
@@ -329,8 +333,38 @@ impl ChunkRows<'_> {
     }
 }
 
+/// The prompt bucket a prefill of `t` rows per lane runs at: the next power of two, at
+/// least [`MIN_PREFILL_T`] (the smallest an engine plans).
+pub fn prefill_bucket(t: usize) -> usize {
+    t.next_power_of_two().max(MIN_PREFILL_T)
+}
+
+/// The prompt rows each lane of an admission window of `window` lanes takes per chunk when
+/// the prefill chunk `chunk` is a budget of rows per prefill across the window (0: whole
+/// prompts, and 0 back): the largest power of two within `chunk / window`, at least
+/// [`MIN_PREFILL_T`] (a prefill of fewer rows per lane runs at that bucket all the same).
+///
+/// A chunk's prompt bucket `tb` is the [`prefill_bucket`] of its longest lane rows, a power
+/// of two no larger than this one, so one prefill of the window holds
+///
+/// `window × tb ≤ max(chunk, window × MIN_PREFILL_T)`
+///
+/// rows: at most `chunk` whenever `chunk ≥ window × MIN_PREFILL_T`. An admission's window
+/// is fixed, so every chunk of it takes the same rows per lane and its lanes' chunks keep a
+/// shared start position.
+pub fn lane_chunk(chunk: usize, window: usize) -> usize {
+    if chunk == 0 {
+        return 0;
+    }
+    let per = chunk / window.max(1);
+    if per < MIN_PREFILL_T {
+        return MIN_PREFILL_T;
+    }
+    1 << per.ilog2()
+}
+
 /// The chunk of at most `chunk` rows from position `start` of each prompt (`chunk` 0:
-/// the rest of every prompt).
+/// the rest of every prompt); `chunk` is per lane ([`lane_chunk`]).
 pub fn chunk_rows<'p>(prompts: &[&'p [u32]], start: usize, chunk: usize) -> Vec<ChunkRows<'p>> {
     prompts
         .iter()
@@ -498,7 +532,8 @@ mod tests {
     #[test]
     fn prefill_chunks_fit_one_launch() {
         // 16 lanes × 4096 whole-prompt rows = 65 536: one over the grid's limit.
-        assert_eq!(chunk_within_launch(0, 16, 4096), 2048);
+        assert_eq!(chunk_within_launch(0, 16, 4096), 32_768);
+        assert_eq!(lane_chunk(32_768, 16), 2048, "a full window's lanes");
         assert_eq!(chunk_within_launch(0, 15, 4096), 0, "15 × 4096 fits");
         assert_eq!(chunk_within_launch(512, 16, 4096), 512);
         assert_eq!(chunk_within_launch(0, 1, 131_072), 32_768);
@@ -507,7 +542,58 @@ mod tests {
             32_768,
             "the bucket is 131 072"
         );
-        assert_eq!(chunk_within_launch(8192, 64, 8192), 512);
+        assert_eq!(
+            chunk_within_launch(8192, 64, 8192),
+            8192,
+            "a budget across lanes"
+        );
+        assert_eq!(chunk_within_launch(131_072, 1, 131_072), 32_768);
+    }
+
+    #[test]
+    fn a_chunk_is_a_budget_across_the_window() {
+        // 512 rows: 1 lane takes 512, 4 lanes 128 each, 16 lanes 32 each.
+        assert_eq!(lane_chunk(512, 1), 512);
+        assert_eq!(lane_chunk(512, 4), 128);
+        assert_eq!(lane_chunk(512, 16), 32);
+        // 512 / 3 = 170: the power of two below.
+        assert_eq!(lane_chunk(512, 3), 128);
+        // 512 / 64 = 8: the smallest prompt bucket, 64 × 16 = 1024 rows.
+        assert_eq!(lane_chunk(512, 64), MIN_PREFILL_T);
+        // A budget below the window's lanes (and below window × 16).
+        assert_eq!(lane_chunk(16, 32), MIN_PREFILL_T);
+        assert_eq!(lane_chunk(16, 4), MIN_PREFILL_T);
+        assert_eq!(lane_chunk(0, 16), 0, "whole prompts");
+        assert_eq!(lane_chunk(64, 0), 64, "no lanes counts as one");
+        // The 16-lane window of 3000-token prompts: one chunk at 32 × 16 = 512 rows, not
+        // 512 × 16 = 8192.
+        let prompt = vec![7u32; 3000];
+        let prompts = vec![prompt.as_slice(); 16];
+        let rows = chunk_rows(&prompts, 0, lane_chunk(512, 16));
+        let t = chunk_inputs(&rows).t;
+        assert_eq!((t, prefill_bucket(t) * prompts.len()), (32, 512));
+    }
+
+    #[test]
+    fn a_prefill_stays_within_its_budget() {
+        for chunk in (4..=12).map(|e| 1usize << e) {
+            for window in 1..=80 {
+                let per = lane_chunk(chunk, window);
+                let bound = chunk.max(window * MIN_PREFILL_T);
+                // Every chunk's longest lane rows are at most `per`.
+                for len in [1, per / 2 + 1, per] {
+                    let rows = window * prefill_bucket(len);
+                    assert!(
+                        rows <= bound,
+                        "chunk {chunk}, window {window}: {len} rows per lane run {rows} rows, \
+                         above {bound}"
+                    );
+                }
+                if chunk >= window * MIN_PREFILL_T {
+                    assert!(window * per <= chunk, "chunk {chunk}, window {window}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::fmt;
 use specc_ir::engine::{BucketPlan, Engine, GraphRole, Slot, StepContract};
 use specc_ir::{Bindings, DType, Graph, Op, TensorType};
 
+use crate::admission::lane_chunk;
 use crate::RuntimeError;
 
 /// How a backend holds tensors.
@@ -175,8 +176,10 @@ impl Footprint {
     /// every state of the engine, the step plan's arena and the arena of every prefill plan
     /// the session may run (each prompt bucket at `lanes` and, for admissions, at the
     /// smaller batch buckets: a session keeps each one it has run). With a prefill chunk
-    /// (`prefill_chunk` > 0) admissions never prefill above it, so the target and draft
-    /// prefills of larger prompt buckets are never loaded.
+    /// (`prefill_chunk` > 0, a budget of rows per prefill across a window's lanes) a window
+    /// of `b` lanes never prefills above [`crate::admission::lane_chunk`]`(prefill_chunk,
+    /// b)` rows per lane, so the target and draft prefills of larger prompt buckets at that
+    /// batch bucket are never loaded.
     pub fn of_cuda_engine(
         engine: &Engine,
         contract: &StepContract,
@@ -192,7 +195,9 @@ impl Footprint {
         let admits =
             |r: GraphRole| r == contract.target_prefill || Some(r) == contract.draft_prefill;
         let within_chunk = |p: &BucketPlan| {
-            !admits(p.role) || prefill_chunk == 0 || p.bucket.t as usize <= prefill_chunk
+            !admits(p.role)
+                || prefill_chunk == 0
+                || p.bucket.t as usize <= lane_chunk(prefill_chunk, p.bucket.b as usize)
         };
         let plans: Vec<_> = engine
             .plans

@@ -38,16 +38,17 @@ pub trait Speculator {
             .map(|r| self.admit_lane(r.lane, r.prompt, r.max_new, r.sampling))
             .collect()
     }
-    /// Sets the most prompt rows one prefill takes (0: a whole prompt in one prefill): a
-    /// power of two from the smallest prompt bucket. Every admission prefills a longer
-    /// prompt in chunks at positions `c·chunk ..`, each attending to the rows before it;
-    /// a lane's tokens are those of a whole prefill.
+    /// Sets the most rows one prefill takes across the lanes admitted together (0: whole
+    /// prompts in one prefill): a power of two from the smallest prompt bucket. Every
+    /// admission of `n` lanes prefills its prompts in chunks of
+    /// [`crate::admission::lane_chunk`]`(chunk, n)` rows per lane at positions `c·that ..`,
+    /// each attending to the rows before it; a lane's tokens are those of a whole prefill.
     fn set_prefill_chunk(&mut self, chunk: usize) -> Result<(), RuntimeError>;
     /// Queues the admission of free lanes without prefilling anything: its chunks run one
     /// per [`Speculator::prefill_chunk`] call, so the other lanes may step between them.
     /// The lanes are armed (stepped from then on) only after their last chunk.
     fn begin_admission(&mut self, rows: &[Admit]) -> Result<(), RuntimeError>;
-    /// Runs one prefill (of at most the chunk per lane) of the first queued admission; the
+    /// Runs one prefill (within the chunk's budget of rows) of the first queued admission; the
     /// lanes it armed, with their first tokens (none before an admission's last chunk).
     /// On an error the failing admission is dropped: its lanes leave
     /// [`Speculator::prefilling`].

@@ -142,6 +142,9 @@ pub struct SpecStats {
     pub greedy_steps: usize,
     /// histogram[a] = steps (per live lane) that accepted a draft tokens, a in 0..=k.
     pub histogram: Vec<usize>,
+    /// The most rows one target prefill of an admission took: lanes × prompt rows, padding
+    /// included (on the GPU the window's lanes × its prompt bucket).
+    pub widest_prefill: usize,
 }
 
 impl SpecStats {
@@ -228,6 +231,7 @@ impl<'a> SpecCpuSession<'a> {
                 steps: 0,
                 greedy_steps: 0,
                 histogram: vec![0; k + 1],
+                widest_prefill: 0,
             },
         }
     }
@@ -310,9 +314,9 @@ impl<'a> SpecCpuSession<'a> {
         &mut self.policy
     }
 
-    /// [`SpecCpuSession::admit`] with each lane's sampling knobs and RNG stream. Prompts
-    /// longer than the prefill chunk ([`SpecCpuSession::set_prefill_chunk`]) are prefilled
-    /// chunk by chunk.
+    /// [`SpecCpuSession::admit`] with each lane's sampling knobs and RNG stream. The lanes
+    /// are prefilled together, chunk by chunk within the prefill chunk's budget of rows
+    /// across them ([`SpecCpuSession::set_prefill_chunk`], [`admission::lane_chunk`]).
     pub fn admit_with(
         &mut self,
         prompts: &[Vec<u32>],
@@ -326,9 +330,10 @@ impl<'a> SpecCpuSession<'a> {
         self.begin_states(&prompts, sampling)?;
         let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
         let mut first = vec![None; prompts.len()];
+        let per_lane = admission::lane_chunk(self.prefill_chunk, prompts.len());
         let mut start = 0;
         while start < longest {
-            let rows = admission::chunk_rows(&prompts, start, self.prefill_chunk);
+            let rows = admission::chunk_rows(&prompts, start, per_lane);
             self.run_chunk(&rows, &mut first)?;
             start += rows.iter().map(|r| r.len).max().unwrap_or(0);
         }
@@ -411,6 +416,7 @@ impl<'a> SpecCpuSession<'a> {
         let pre = admission::chunk_inputs(rows);
         let t = pre.t;
         let lanes = self.rows;
+        self.stats.widest_prefill = self.stats.widest_prefill.max(lanes * t);
         let ids = |v: &[i64], t: usize| Tensor::from_i64(DType::I32, vec![lanes, t], v.to_vec());
         let inputs = HashMap::from([
             ("tokens".to_string(), ids(&pre.tokens, t)),

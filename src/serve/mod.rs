@@ -147,7 +147,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         });
     let chunk = admission::prefill_chunk_or_default(a.prefill_chunk, r.engine.max_context)
         .map_err(|e| anyhow::anyhow!("--prefill-chunk: {e}"))?;
-    // The GPU session's own chunk: every lane's rows of one prefill fit one launch.
+    // The GPU session's own budget: its widest prefill fits one launch.
     let shown_chunk = match a.backend {
         Backend::Cuda => admission::chunk_within_launch(chunk, want_lanes, r.engine.max_context),
         Backend::Cpu => chunk,
@@ -169,8 +169,14 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             a.max_queue,
             match shown_chunk {
                 0 => "off".to_string(),
-                c if c != chunk => format!("{c} ({want_lanes} lanes × whole prompts exceed one launch's rows)"),
-                c => c.to_string(),
+                c if c != chunk => format!(
+                    "{c} rows per prefill across the lanes admitted together ({} exceed one launch's rows)",
+                    match chunk {
+                        0 => format!("{want_lanes} lanes × whole prompts"),
+                        c => format!("{c} rows"),
+                    }
+                ),
+                c => format!("{c} rows per prefill across the lanes admitted together"),
             }
         );
     };

@@ -22,11 +22,8 @@ mod lazy_priming;
 
 use admit::PendingGroup;
 
+pub use crate::admission::prefill_bucket;
 pub use specc_models::spec_bundle::MIN_PREFILL_T;
-
-pub fn prefill_bucket(t: usize) -> usize {
-    t.next_power_of_two().max(MIN_PREFILL_T)
-}
 
 pub struct CudaSpecSession<'a> {
     contract: StepContract,
@@ -147,8 +144,9 @@ impl<'a> CudaSpecSession<'a> {
     }
 
     /// [`CudaSpecSession::with_buckets`] prefilling prompts in chunks of at most
-    /// `prefill_chunk` rows ([`CudaSpecSession::set_prefill_chunk`]; 0: whole prompts):
-    /// the memory it checks for counts the arenas of prefills up to that prompt bucket only.
+    /// `prefill_chunk` rows across the lanes admitted together
+    /// ([`CudaSpecSession::set_prefill_chunk`]; 0: whole prompts): the memory it checks for
+    /// counts the arenas of the prefills those chunks run only.
     pub fn with_prefill_chunk(
         engine: &'a Engine,
         speculative: bool,
@@ -260,6 +258,7 @@ impl<'a> CudaSpecSession<'a> {
                 steps: 0,
                 greedy_steps: 0,
                 histogram: vec![0; k + 1],
+                widest_prefill: 0,
             },
         };
         Ok(s)
@@ -635,8 +634,9 @@ impl<'a> CudaSpecSession<'a> {
         let Some(r) = self.sync.reprime(live, lanes) else {
             return Ok(());
         };
-        // In windows of at most the prefill chunk, so no prefill runs above it.
-        for w in admission::column_chunks(&r, self.prefill_chunk) {
+        // In windows within the prefill chunk's budget over every lane.
+        let per_lane = admission::lane_chunk(self.prefill_chunk, lanes);
+        for w in admission::column_chunks(&r, per_lane) {
             let tb = prefill_bucket(w.t);
             if tb as u64 > self.max_context {
                 return Err(RuntimeError::ContextOverflow {

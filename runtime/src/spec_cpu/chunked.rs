@@ -30,8 +30,10 @@ pub(super) struct PendingLane {
 }
 
 impl SpecCpuSession<'_> {
-    /// Sets the most prompt rows one prefill takes (0: a whole prompt in one prefill); a
-    /// power of two from the smallest prompt bucket ([`admission::check_chunk`]).
+    /// Sets the most rows one prefill takes across the lanes prefilled together (0: whole
+    /// prompts in one prefill): each of `n` lanes takes [`admission::lane_chunk`]`(chunk,
+    /// n)` rows per chunk (a lane admitted alone, `chunk`). A power of two from the
+    /// smallest prompt bucket ([`admission::check_chunk`]).
     pub fn set_prefill_chunk(&mut self, chunk: usize) -> Result<(), RuntimeError> {
         admission::check_chunk(chunk, self.max_context)?;
         self.prefill_chunk = chunk;
@@ -136,7 +138,8 @@ impl SpecCpuSession<'_> {
         if p.done == 0 {
             self.begin_states(&prompt, &[p.sampling])?;
         }
-        let rows = admission::chunk_rows(&prompt, p.done, self.prefill_chunk);
+        let per_lane = admission::lane_chunk(self.prefill_chunk, prompt.len());
+        let rows = admission::chunk_rows(&prompt, p.done, per_lane);
         let mut first = [p.first];
         self.run_chunk(&rows, &mut first)?;
         p.first = first[0];

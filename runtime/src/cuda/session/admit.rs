@@ -1,6 +1,7 @@
 //! Admission on the device: lanes are prefilled together at one window, chunk by chunk
-//! (at most the session's prefill chunk of prompt rows per prefill, each chunk attending
-//! to the cache rows the earlier ones wrote), one chunk per
+//! (the session's prefill chunk is a budget of rows per prefill across the window's lanes,
+//! [`admission::lane_chunk`]; each chunk attends to the cache rows the earlier ones
+//! wrote), one chunk per
 //! [`CudaSpecSession::prefill_chunk`] call so a host can replay the other lanes' steps
 //! between them. The admitted lanes' step states are armed only after their last chunk:
 //! until then their budget stays 0, so the steps mask them (they write no cache slot and
@@ -45,10 +46,12 @@ impl PendingGroup {
 }
 
 impl CudaSpecSession<'_> {
-    /// Sets the most prompt rows one prefill takes (0: a whole prompt in one prefill); a
-    /// power of two from the smallest prompt bucket ([`admission::check_chunk`]), so no
-    /// prefill runs at a prompt bucket above it; smaller where every lane's rows of one
-    /// prefill would not fit one launch ([`admission::chunk_within_launch`]).
+    /// Sets the most rows one prefill takes across the lanes admitted together (0: whole
+    /// prompts in one prefill): each lane of a window of `b` lanes takes
+    /// [`admission::lane_chunk`]`(chunk, b)` rows per chunk. A power of two from the
+    /// smallest prompt bucket ([`admission::check_chunk`]), so no prefill runs at a prompt
+    /// bucket above it; smaller where the widest prefill would not fit one launch
+    /// ([`admission::chunk_within_launch`]).
     pub fn set_prefill_chunk(&mut self, chunk: usize) -> Result<(), RuntimeError> {
         admission::check_chunk(chunk, self.max_context)?;
         self.prefill_chunk = admission::chunk_within_launch(chunk, self.lanes, self.max_context);
@@ -202,7 +205,7 @@ impl CudaSpecSession<'_> {
         let prompts: Vec<&[u32]> = rows.iter().map(|r| r.prompt).collect();
         let longest =
             admission::check_prompts(&prompts, self.contract.num_steps, self.max_context)?;
-        let widest = match self.prefill_chunk {
+        let widest = match admission::lane_chunk(self.prefill_chunk, window.0) {
             0 => longest,
             c => longest.min(c),
         };
@@ -238,7 +241,8 @@ impl CudaSpecSession<'_> {
     }
 
     /// Runs `g`'s next chunk: one target prefill of the window at the chunk's prompt bucket
-    /// (the lanes of the window not in `g`, and those whose prompt ended, padding) and the
+    /// (the lanes of the window not in `g`, and those whose prompt ended, padding; at most
+    /// `max(prefill chunk, window × MIN_PREFILL_T)` rows, [`admission::lane_chunk`]) and the
     /// method's draft priming of the same rows. Whether the prompts are done.
     fn chunk(&mut self, g: &mut PendingGroup) -> Result<bool, RuntimeError> {
         let at: Vec<usize> = g.lanes().collect();
@@ -249,9 +253,12 @@ impl CudaSpecSession<'_> {
             self.write_sampling(g, &at)?;
         }
         let prompts: Vec<&[u32]> = g.rows.iter().map(|r| r.prompt.as_slice()).collect();
-        let rows = admission::chunk_rows(&prompts, g.done, self.prefill_chunk);
+        // The window is the group's for every chunk: each chunk takes the same rows per lane.
+        let per_lane = admission::lane_chunk(self.prefill_chunk, g.window.0);
+        let rows = admission::chunk_rows(&prompts, g.done, per_lane);
         let pre = admission::chunk_inputs(&rows);
         let (wb, tb) = (g.window.0, prefill_bucket(pre.t));
+        self.stats.widest_prefill = self.stats.widest_prefill.max(wb * tb);
         let window = PrefillAt {
             b: wb,
             t: tb,
