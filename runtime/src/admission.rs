@@ -477,6 +477,64 @@ pub fn eagle_slot_row(rows: &[ChunkRows], b: usize, chunk_t: usize) -> Option<us
     r.ends().then(|| b * chunk_t + r.len - 1)
 }
 
+/// Where row `src` of a chunk's rows (`[lanes, chunk_t]`, lane `b` at window row
+/// `rel[b]`) lies in its target prefill's `[window, tb]` rows.
+pub fn window_row(src: usize, rel: &[usize], tb: usize, chunk_t: usize) -> usize {
+    rel[src / chunk_t] * tb + src % chunk_t
+}
+
+/// The head prefill's `hidden` rows (`[window, tpb]`, `tpb` the bucket of `pairs.inputs.t`)
+/// copied from the chunk's target prefill `taps` rows (`[window, tb]`, the chunk
+/// `chunk_t` rows per lane), lane `b` at window row `rel[b]`: [`EaglePairs::hidden_rows`]
+/// as runs of rows. The head's rows no run writes are zero.
+pub fn eagle_hidden_runs(
+    pairs: &EaglePairs,
+    rel: &[usize],
+    tb: usize,
+    tpb: usize,
+    chunk_t: usize,
+) -> Vec<CopyRun> {
+    let tp = pairs.inputs.t;
+    row_runs(pairs.hidden_rows.iter().map(|&(dst, src)| {
+        let b = dst / tp;
+        debug_assert_eq!(b, src / chunk_t, "a pair stays in its lane");
+        (rel[b] * tpb + dst % tp, window_row(src, rel, tb, chunk_t))
+    }))
+}
+
+/// A copy of `len` consecutive units (rows or bytes) from `src` to `dst`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyRun {
+    pub dst: usize,
+    pub src: usize,
+    pub len: usize,
+}
+
+impl CopyRun {
+    /// The same copy with each unit `unit` units long (rows to bytes).
+    pub fn scaled(self, unit: usize) -> CopyRun {
+        CopyRun {
+            dst: self.dst * unit,
+            src: self.src * unit,
+            len: self.len * unit,
+        }
+    }
+}
+
+/// Row copies `(dst, src)` in order merged into runs: a copy continues the run before it
+/// when both its rows follow that run's last ones (an EAGLE-3 chunk's pairs of one lane
+/// are one run, [`EaglePairs::hidden_rows`]).
+pub fn row_runs(rows: impl IntoIterator<Item = (usize, usize)>) -> Vec<CopyRun> {
+    let mut runs: Vec<CopyRun> = Vec::new();
+    for (dst, src) in rows {
+        match runs.last_mut() {
+            Some(r) if r.dst + r.len == dst && r.src + r.len == src => r.len += 1,
+            _ => runs.push(CopyRun { dst, src, len: 1 }),
+        }
+    }
+    runs
+}
+
 /// EAGLE-3 step states after priming: the first generated token pending at P − 1
 /// (`count = 1`, `base = P − 1`), its taps in the `eagle.hidden` slot 0.
 pub fn eagle_states(prompts: &[&[u32]], first: &[u32], k: usize) -> Vec<StateInit> {
@@ -548,6 +606,76 @@ mod tests {
             "a budget across lanes"
         );
         assert_eq!(chunk_within_launch(131_072, 1, 131_072), 32_768);
+    }
+
+    #[test]
+    fn row_copies_merge_into_runs() {
+        let runs = row_runs([
+            (0, 16),
+            (1, 17),
+            (2, 18),
+            (8, 32),
+            (9, 33),
+            (10, 40),
+            (3, 19),
+        ]);
+        let run = |dst, src, len| CopyRun { dst, src, len };
+        assert_eq!(
+            runs,
+            vec![run(0, 16, 3), run(8, 32, 2), run(10, 40, 1), run(3, 19, 1)]
+        );
+        assert_eq!(run(2, 5, 3).scaled(8), run(16, 40, 24));
+        assert!(row_runs([]).is_empty());
+    }
+
+    #[test]
+    fn eagle_pairs_copy_one_run_per_lane() {
+        // Two lanes of a chunk of 16 rows: lane 0's prompt ends inside it, lane 1's not.
+        let (a, b): (Vec<u32>, Vec<u32>) = ((1..=10).collect(), (1..=40).collect());
+        let rows = chunk_rows(&[&a, &b], 0, 16);
+        let p = eagle_pairs(&rows, 16).expect("pairs");
+        let runs = row_runs(p.hidden_rows.iter().copied());
+        let t = p.inputs.t;
+        let run = |dst, src, len| CopyRun { dst, src, len };
+        assert_eq!(runs, vec![run(0, 0, 9), run(t, 16, 16)]);
+    }
+
+    #[test]
+    fn eagle_hidden_runs_move_the_rows_the_host_copy_moved() {
+        // Three lanes at window rows 3, 0 and 1 of a window of 4, prompt bucket 32; the
+        // rows are 2 units wide. What the host built row by row, the runs build.
+        let prompts: Vec<Vec<u32>> = vec![(1..=20).collect(), (1..=7).collect(), vec![5]];
+        let ps: Vec<&[u32]> = prompts.iter().map(|p| p.as_slice()).collect();
+        let (rel, wb, tb, w) = ([3usize, 0, 1], 4, 32, 2);
+        for start in [0, 16] {
+            let rows = chunk_rows(&ps, start, 16);
+            let chunk_t = chunk_inputs(&rows).t;
+            let taps: Vec<u32> = (0..(wb * tb * w) as u32).collect();
+            let Some(p) = eagle_pairs(&rows, chunk_t) else {
+                continue;
+            };
+            let tpb = prefill_bucket(p.inputs.t);
+            let mut host = vec![0u32; wb * tpb * w];
+            for &(dst, src) in &p.hidden_rows {
+                let (b, j) = (dst / p.inputs.t, dst % p.inputs.t);
+                let (d, s) = (rel[b] * tpb + j, rel[b] * tb + src % chunk_t);
+                host[d * w..][..w].copy_from_slice(&taps[s * w..][..w]);
+            }
+            let mut device = vec![0u32; wb * tpb * w];
+            for r in eagle_hidden_runs(&p, &rel, tb, tpb, chunk_t) {
+                let r = r.scaled(w);
+                device[r.dst..][..r.len].copy_from_slice(&taps[r.src..][..r.len]);
+            }
+            assert_eq!(device, host, "chunk from {start}");
+        }
+        let rows = chunk_rows(&ps, 0, 0);
+        let t = chunk_inputs(&rows).t;
+        let slot = eagle_slot_row(&rows, 1, t).unwrap();
+        assert_eq!(
+            window_row(slot, &rel, tb, t),
+            6,
+            "lane 1's row 6 at window row 0"
+        );
     }
 
     #[test]

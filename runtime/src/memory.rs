@@ -10,8 +10,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use specc_ir::engine::{BucketPlan, Engine, GraphRole, Slot, StepContract};
+use specc_ir::engine::{BucketPlan, Engine, GraphRole, Priming, Slot, StepContract};
 use specc_ir::{Bindings, DType, Graph, Op, TensorType};
+use specc_models::methods::EAGLE_HIDDEN;
 
 use crate::admission::lane_chunk;
 use crate::RuntimeError;
@@ -173,7 +174,8 @@ impl Footprint {
     /// The CUDA backend's allocations for `contract` at batch `lanes` (what
     /// `CudaSpecSession::new` and its first admission make): the weights and constants the
     /// method's plans name, each once (`weight_bytes` gives a checkpoint tensor's size),
-    /// every state of the engine, the step plan's arena and the arena of every prefill plan
+    /// every state of the engine (and EAGLE-3's staged `eagle.hidden` lanes, at most that
+    /// state's bytes), the step plan's arena and the arena of every prefill plan
     /// the session may run (each prompt bucket at `lanes` and, for admissions, at the
     /// smaller batch buckets: a session keeps each one it has run). With a prefill chunk
     /// (`prefill_chunk` > 0, a budget of rows per prefill across a window's lanes) a window
@@ -246,12 +248,23 @@ impl Footprint {
             .iter()
             .filter(|p| prefill_roles.contains(&p.role))
             .fold(step_arena, |a, p| a.saturating_add(p.arena_bytes));
+        // EAGLE-3 admissions stage each lane's `eagle.hidden` bytes until they arm the lane
+        // (at most the state's bytes).
+        let staged = match contract.priming() {
+            Priming::Pairs { .. } => engine
+                .states
+                .iter()
+                .filter(|s| s.name == EAGLE_HIDDEN)
+                .map(|s| s.bytes)
+                .sum(),
+            _ => 0,
+        };
         Footprint {
             weights: slots.values().fold(0u64, |a, &b| a.saturating_add(b)),
             states: engine
                 .states
                 .iter()
-                .fold(0u64, |a, s| a.saturating_add(s.bytes)),
+                .fold(staged, |a, s| a.saturating_add(s.bytes)),
             activations,
         }
     }

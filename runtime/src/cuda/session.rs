@@ -3,13 +3,16 @@
 //! over an engine's plans. The step is one captured graph; the host only admits lanes,
 //! replays, and reads the token ring.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use specc_ir::engine::{BucketPlan, Engine, GraphRole, Priming, StepContract};
 use specc_models::methods::{BUDGET, EMITTED, RING, SAMPLING};
 
-use super::prefills::{PrefillAt, PrefillGraphs};
-use super::{CudaEngine, LoadedGraph, StepGraph, TokenRing, WeightSources, DEFAULT_RING_DEPTH};
+use super::prefills::{DeviceSpan, Input, PrefillAt, PrefillGraphs};
+use super::{
+    CudaEngine, DeviceBuffer, LoadedGraph, StepGraph, TokenRing, WeightSources, DEFAULT_RING_DEPTH,
+};
 use crate::admission::{self, LaneSampling, PrefillInputs, StateInit};
 use crate::draft_sync::DraftSync;
 use crate::memory::Footprint;
@@ -69,6 +72,9 @@ pub struct CudaSpecSession<'a> {
     prefill_chunk: usize,
     /// Admissions begun and not yet armed, in the order their chunks run.
     pending: std::collections::VecDeque<PendingGroup>,
+    /// EAGLE-3: each lane's `eagle.hidden` bytes from the chunk that ends its prompt to its
+    /// arming ([`admit::staged_slots`]).
+    staged_slots: Option<Arc<DeviceBuffer>>,
     lanes: usize,
     max_context: u64,
     pub stats: SpecStats,
@@ -231,6 +237,7 @@ impl<'a> CudaSpecSession<'a> {
         let k = contract.max_accept();
         let ks = contract.step_variants().iter().map(|v| v.k).collect();
         let sync = DraftSync::new(contract.priming(), lanes);
+        let staged_slots = admit::staged_slots(&dev, &contract, lanes)?;
         let s = CudaSpecSession {
             contract,
             engine: dev,
@@ -252,6 +259,7 @@ impl<'a> CudaSpecSession<'a> {
             windows,
             prefill_chunk,
             pending: Default::default(),
+            staged_slots,
             lanes,
             max_context: engine.max_context,
             stats: SpecStats {
@@ -383,26 +391,40 @@ impl<'a> CudaSpecSession<'a> {
     }
 
     /// Runs the prefill graph of `role` at `at` over `[at.b, at.t]` tokens/positions (+
-    /// extra inputs) and returns the bytes of the requested outputs.
+    /// extra inputs, from the host or the device) and returns the bytes of the requested
+    /// outputs (with none, the prefill is only queued: [`PrefillGraph::run`]).
+    ///
+    /// [`PrefillGraph::run`]: super::prefills::PrefillGraph::run
     fn run_role(
         &mut self,
         role: GraphRole,
         at: PrefillAt,
         tokens: &[i64],
         positions: &[i64],
-        extra: &[(&str, Vec<u8>)],
+        extra: &[(&str, Input)],
         outputs: &[&str],
     ) -> Result<Vec<Vec<u8>>, RuntimeError> {
         self.capture_prefill(role, at)?;
         let g = self.prefills.get(role, at).expect("captured above");
         let (tokens, positions) = (i32_bytes(tokens), i32_bytes(positions));
-        let mut inputs: Vec<(&str, &[u8])> = vec![("positions", &positions)];
+        let mut inputs: Vec<(&str, Input)> = vec![("positions", Input::Host(&positions))];
         // A DFlash drafter's prefill reads taps and positions only.
         if g.loaded.io("tokens").is_ok() {
-            inputs.push(("tokens", &tokens));
+            inputs.push(("tokens", Input::Host(&tokens)));
         }
-        inputs.extend(extra.iter().map(|(n, b)| (*n, b.as_slice())));
+        inputs.extend(extra.iter().map(|(n, i)| (*n, *i)));
         g.run(&self.engine, &inputs, outputs)
+    }
+
+    /// The prefill role of the target (`target`) or the draft.
+    fn prefill_role(&self, target: bool) -> GraphRole {
+        match target {
+            true => self.contract.target_prefill,
+            false => self
+                .contract
+                .draft_prefill
+                .unwrap_or(self.contract.target_prefill),
+        }
     }
 
     /// Runs the target's (`target`) or the draft's prefill graph at `at` over
@@ -414,17 +436,24 @@ impl<'a> CudaSpecSession<'a> {
         at: PrefillAt,
         tokens: &[i64],
         positions: &[i64],
-        extra: &[(&str, Vec<u8>)],
+        extra: &[(&str, Input)],
         outputs: &[&str],
     ) -> Result<Vec<Vec<u8>>, RuntimeError> {
-        let role = if target {
-            self.contract.target_prefill
-        } else {
-            self.contract
-                .draft_prefill
-                .unwrap_or(self.contract.target_prefill)
-        };
+        let role = self.prefill_role(target);
         self.run_role(role, at, tokens, positions, extra, outputs)
+    }
+
+    /// Where input or output `name` of the target's (`target`) or the draft's prefill at
+    /// `at` lies: in the arena of that role and buckets, until its next prefill.
+    fn prefill_io(
+        &mut self,
+        target: bool,
+        at: PrefillAt,
+        name: &str,
+    ) -> Result<DeviceSpan, RuntimeError> {
+        let role = self.prefill_role(target);
+        let g = self.prefill(role, at)?;
+        DeviceSpan::of_io(g, name, format!("`{role}` prefill `{name}`"))
     }
 
     /// The session's own bucket from lane 0 at prompt bucket `t`.

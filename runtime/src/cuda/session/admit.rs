@@ -6,14 +6,43 @@
 //! between them. The admitted lanes' step states are armed only after their last chunk:
 //! until then their budget stays 0, so the steps mask them (they write no cache slot and
 //! commit nothing) while their caches fill.
+//!
+//! The draft is primed on the device: the drafter prefill's `hidden` input is filled by
+//! device-to-device copies from the target prefill's `taps` output in its arena (DFlash:
+//! the whole buffer; EAGLE-3: one copy per run of consecutive pair rows, the rows no pair
+//! writes zeroed), and an EAGLE-3 lane's first `eagle.hidden` row is staged on the device
+//! ([`staged_slots`]). The host reads only the first tokens, after a chunk that ends a
+//! prompt; a chunk that ends none is only queued.
 
-use specc_ir::engine::Priming;
+use std::sync::Arc;
+
+use specc_ir::engine::{Priming, StepContract};
 use specc_models::methods::{DFLASH_HIDDEN, EAGLE_HIDDEN, FIRST_TOKEN, HIDDEN, SAMPLING, STREAM};
 
 use super::{place, prefill_bucket, read_i32, CudaSpecSession};
-use crate::admission::{self, Admit, LaneSampling};
-use crate::cuda::prefills::PrefillAt;
+use crate::admission::{self, Admit, CopyRun, LaneSampling};
+use crate::cuda::prefills::{DeviceSpan, Input, PrefillAt};
+use crate::cuda::{CudaEngine, DeviceBuffer};
 use crate::RuntimeError;
+
+/// EAGLE-3's staging of each lane's `eagle.hidden` bytes (`[lanes, per lane]`, zeroed; the
+/// session's `staged_slots`): the chunk that ends a lane's prompt copies its last prompt
+/// row's taps into the first row of the lane's bytes (the rest stay zero: nothing else
+/// writes them), and arming the lane copies its bytes into the state. The state cannot take
+/// them earlier: every step commits `eagle.hidden` of every lane, masked ones too, and steps
+/// run between an admission's chunks. `None` for the other methods.
+pub(super) fn staged_slots(
+    dev: &CudaEngine,
+    contract: &StepContract,
+    lanes: usize,
+) -> Result<Option<Arc<DeviceBuffer>>, RuntimeError> {
+    let Priming::Pairs { .. } = contract.priming() else {
+        return Ok(None);
+    };
+    let per = dev.state_lane_bytes(EAGLE_HIDDEN)?;
+    let label = "staged `eagle.hidden` lanes";
+    Ok(Some(dev.dev.alloc_zeroed(label, per * lanes as u64)?))
+}
 
 /// One lane of an admission.
 struct Row {
@@ -32,9 +61,9 @@ pub(crate) struct PendingGroup {
     done: usize,
     /// Each lane's first token, once its last chunk ran.
     first: Vec<Option<u32>>,
-    /// EAGLE-3: each lane's `eagle.hidden` slot 0 (its last prompt row's taps), once its
-    /// last chunk ran; written when the lane is armed.
-    slots: Vec<Option<Vec<u8>>>,
+    /// EAGLE-3: whether each lane's `eagle.hidden` slot 0 (its last prompt row's taps) is
+    /// staged ([`staged_slots`]), once its last chunk ran; copied when the lane is armed.
+    slots: Vec<bool>,
     /// Whether the draft is prefilled (not left to lazy priming), fixed when it began.
     primed: bool,
 }
@@ -229,7 +258,7 @@ impl CudaSpecSession<'_> {
             window,
             done: 0,
             first: vec![None; rows.len()],
-            slots: vec![None; rows.len()],
+            slots: vec![false; rows.len()],
             primed: !self.primes_lazily(),
         })
     }
@@ -265,20 +294,22 @@ impl CudaSpecSession<'_> {
             lane: g.window.1,
         };
         let (tokens, pos) = place(&pre, &rel, wb, tb);
-        let want_taps = self.contract.wants_taps();
-        // Under sampled acceptance the prefill also draws each lane's first token.
+        // The first tokens are read only when a prompt ends in this chunk (the one sync of
+        // an admission's chunks); under sampled acceptance the prefill draws them.
+        let ends = rows.iter().any(|r| r.ends());
         let drawn = self
             .prefill(self.contract.target_prefill, window)?
             .io(FIRST_TOKEN)
             .is_ok();
-        let mut outs = vec!["next_token"];
-        outs.extend(want_taps.then_some("taps"));
-        outs.extend(drawn.then_some(FIRST_TOKEN));
-        let out = self.run_prefill(true, window, &tokens, &pos, &[], &outs)?;
-        let chosen = read_i32(&out[if drawn { outs.len() - 1 } else { 0 }]);
-        for (i, r) in rows.iter().enumerate() {
-            if r.ends() {
-                g.first[i] = Some(chosen[rel[i]] as u32);
+        let chosen = if drawn { FIRST_TOKEN } else { "next_token" };
+        let outs: &[&str] = if ends { &[chosen] } else { &[] };
+        let out = self.run_prefill(true, window, &tokens, &pos, &[], outs)?;
+        if ends {
+            let chosen = read_i32(&out[0]);
+            for (i, r) in rows.iter().enumerate() {
+                if r.ends() {
+                    g.first[i] = Some(chosen[rel[i]] as u32);
+                }
             }
         }
         match self.contract.priming() {
@@ -288,42 +319,73 @@ impl CudaSpecSession<'_> {
                 self.run_prefill(false, window, &tokens, &pos, &[], &[])?;
             }
             Priming::Pairs { taps_width, .. } => {
-                let taps = &out[1];
-                let row = taps.len() / (wb * tb);
+                let taps = self.prefill_io(true, window, "taps")?;
+                let row = taps.bytes as usize / (wb * tb);
                 debug_assert_eq!(row % taps_width, 0);
-                // The chunk's rows `b·pre.t + j` are the taps' rows `rel[b]·tb + j`.
-                let tap = |b: usize, src: usize| rel[b] * tb + src % pre.t;
                 if let Some(pairs) = admission::eagle_pairs(&rows, pre.t) {
-                    let tp = pairs.inputs.t;
-                    let tpb = prefill_bucket(tp);
+                    let tpb = prefill_bucket(pairs.inputs.t);
                     let (ht, hp) = place(&pairs.inputs, &rel, wb, tpb);
-                    let mut hidden = vec![0u8; wb * tpb * row];
-                    for &(dst, src) in &pairs.hidden_rows {
-                        let (b, j) = (dst / tp, dst % tp);
-                        let d = rel[b] * tpb + j;
-                        let s = tap(b, src);
-                        hidden[d * row..][..row].copy_from_slice(&taps[s * row..][..row]);
-                    }
+                    let runs: Vec<CopyRun> =
+                        admission::eagle_hidden_runs(&pairs, &rel, tb, tpb, pre.t)
+                            .into_iter()
+                            .map(|r| r.scaled(row))
+                            .collect();
+                    let hidden = Input::Device {
+                        from: &taps,
+                        runs: &runs,
+                    };
                     let head_at = PrefillAt { t: tpb, ..window };
                     self.run_prefill(false, head_at, &ht, &hp, &[(HIDDEN, hidden)], &[])?;
                 }
-                for (b, slot) in g.slots.iter_mut().enumerate() {
+                for (b, staged) in g.slots.iter_mut().enumerate() {
                     if let Some(src) = admission::eagle_slot_row(&rows, b, pre.t) {
-                        let s = tap(b, src);
-                        *slot = Some(taps[s * row..][..row].to_vec());
+                        let slot = self.staged_slot(at[b])?;
+                        let s = admission::window_row(src, &rel, tb, pre.t) * row;
+                        taps.copy_to(&slot, 0, s as u64, row as u64)?;
+                        *staged = true;
                     }
                 }
             }
             Priming::Context { taps_width, .. } => {
                 // The target prefill's taps [wb, tb, W] are the drafter prefill's input
-                // as they are, at the same (padded) positions.
-                let taps = out[1].clone();
-                debug_assert_eq!((taps.len() / (wb * tb)) % taps_width, 0);
-                self.run_prefill(false, window, &tokens, &pos, &[(HIDDEN, taps)], &[])?;
+                // as they are, at the same (padded) positions: one copy of the whole buffer.
+                let taps = self.prefill_io(true, window, "taps")?;
+                debug_assert_eq!((taps.bytes as usize / (wb * tb)) % taps_width, 0);
+                let input = self.prefill_io(false, window, HIDDEN)?;
+                if input.bytes != taps.bytes {
+                    return Err(RuntimeError::Engine(format!(
+                        "{} holds {} bytes, {} {}",
+                        input.what, input.bytes, taps.what, taps.bytes
+                    )));
+                }
+                let runs = [CopyRun {
+                    dst: 0,
+                    src: 0,
+                    len: taps.bytes as usize,
+                }];
+                let hidden = Input::Device {
+                    from: &taps,
+                    runs: &runs,
+                };
+                self.run_prefill(false, window, &tokens, &pos, &[(HIDDEN, hidden)], &[])?;
             }
         }
         g.done += pre.t;
         Ok(rows.iter().all(|r| r.start + r.len >= r.prompt.len()))
+    }
+
+    /// Lane `lane`'s bytes of the staged `eagle.hidden` lanes ([`staged_slots`]).
+    fn staged_slot(&self, lane: usize) -> Result<DeviceSpan, RuntimeError> {
+        let buf = self.staged_slots.as_ref().ok_or_else(|| {
+            RuntimeError::Engine("EAGLE-3 priming without staged `eagle.hidden` lanes".into())
+        })?;
+        let per = self.lane_bytes(EAGLE_HIDDEN)?;
+        Ok(DeviceSpan {
+            buf: buf.clone(),
+            offset: lane as u64 * per,
+            bytes: per,
+            what: format!("lane {lane} of the staged `{EAGLE_HIDDEN}`"),
+        })
     }
 
     /// The admitted lanes' RNG streams and sampling knobs, which the prefills' draw of the
@@ -358,12 +420,17 @@ impl CudaSpecSession<'_> {
         match self.contract.priming() {
             Priming::None | Priming::Prompt => {}
             Priming::Pairs { depth, .. } => {
-                let per = self.lane_bytes(EAGLE_HIDDEN)? as usize;
-                for (&lane, slot) in at.iter().zip(&g.slots) {
-                    let slot = slot.as_ref().expect("every prompt ends in a chunk");
-                    let mut bytes = vec![0u8; per];
-                    bytes[..slot.len()].copy_from_slice(slot);
-                    self.write_lane(EAGLE_HIDDEN, lane, &bytes)?;
+                let per = self.lane_bytes(EAGLE_HIDDEN)?;
+                let state = self.engine.state(EAGLE_HIDDEN)?;
+                for (&lane, &staged) in at.iter().zip(&g.slots) {
+                    assert!(staged, "every prompt ends in a chunk");
+                    let to = DeviceSpan {
+                        buf: state.clone(),
+                        offset: lane as u64 * per,
+                        bytes: per,
+                        what: format!("lane {lane} of state `{EAGLE_HIDDEN}`"),
+                    };
+                    self.staged_slot(lane)?.copy_to(&to, 0, 0, per)?;
                 }
                 for s in admission::eagle_states(&prompts, &first, depth) {
                     self.write_rows(&s, &at)?;
