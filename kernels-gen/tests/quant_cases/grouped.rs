@@ -122,7 +122,7 @@ impl Compiled {
 }
 
 /// The tiling of the `kimi mma` cases: the one `codegen::choose::moe` prefers.
-pub const MMA_DEFAULT: Int4MmaTiling = Int4MmaTiling::G8_S4_W4;
+pub const MMA_DEFAULT: Int4MmaTiling = Int4MmaTiling::G4_S4_W4_I;
 
 /// The compiled matrix: Kimi-K2.5 int4 on both paths (tensor cores at every token count of
 /// a verify, 1..16, in [`MMA_DEFAULT`]'s tiling, and every other tiling the device times at

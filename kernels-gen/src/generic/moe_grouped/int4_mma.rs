@@ -8,7 +8,9 @@
 //! fragments hold gate and up of the same outputs for the SwiGLU epilogue; down: 32 rows of
 //! `Wd`) and streams them through its own ring of [`Int4MmaTiling::stages`] stages in
 //! dynamic shared memory with `cp.async` (16-byte copies, a row's `16 · groups` bytes per
-//! stage contiguous; no block barrier, warps run independently). A stage is
+//! stage contiguous; warps run independently, or, with [`Int4MmaTiling::interleave`], the
+//! block's warps share 32 rows, take every `warps`-th stage and add their partial sums in
+//! warp order at the end of each pass). A stage is
 //! [`Int4MmaTiling::groups`] groups of 32 columns: `ldmatrix` hands each lane word t (8
 //! nibbles) of its rows g and g + 8, unpacked to bf16 `u − 8` exactly
 //! (`cuda/moe_int4_mma.cuh`: one LOP3 and one packed subtract per two weights). Each
@@ -51,6 +53,12 @@ const HELPERS: &str = include_str!("../../../cuda/moe_int4_mma.cuh");
 /// How the tensor-core int4 kernels stream the weights (chosen by `codegen::choose::moe`):
 /// a ring of `stages` stages per warp, each `groups` groups of 32 columns of the warp's 32
 /// rows, `warps` warps a block.
+///
+/// `interleave`: the block's warps share one tile of 32 rows and take every `warps`-th
+/// stage of it (warp `w` stages `w, w + warps, …`), so at any time the block reads `warps`
+/// adjacent runs of each row (256 contiguous bytes at 4 groups × 4 warps instead of 64),
+/// and a block covers 32 rows instead of `32 · warps` (4× the blocks, each `warps`× shorter);
+/// the warps' partial sums meet in shared memory, added in warp order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Int4MmaTiling {
     /// Groups of 32 columns a stage: 4, 8 or 16 (64, 128 or 256 contiguous bytes of each
@@ -60,39 +68,43 @@ pub struct Int4MmaTiling {
     pub stages: u32,
     /// Warps a block: 4 or 8.
     pub warps: u32,
+    /// The block's warps share their rows and interleave the stages.
+    pub interleave: bool,
 }
 
 impl Int4MmaTiling {
     /// Stages of 64 bytes a row, 4 deep, 4 warps (36 KiB a block).
     pub const G4_S4_W4: Int4MmaTiling = Int4MmaTiling::new(4, 4, 4);
-    /// Stages of 128 bytes a row (whole cache lines), 4 deep (72 KiB).
-    pub const G8_S4_W4: Int4MmaTiling = Int4MmaTiling::new(8, 4, 4);
-    /// Stages of 64 bytes a row, 8 deep (72 KiB).
-    pub const G4_S8_W4: Int4MmaTiling = Int4MmaTiling::new(4, 8, 4);
-    /// Stages of 128 bytes a row, 6 deep (108 KiB: 2 blocks an SM, 23 KB in flight a warp).
-    pub const G8_S6_W4: Int4MmaTiling = Int4MmaTiling::new(8, 6, 4);
-    /// Stages of 128 bytes a row, 4 deep, 8 warps (144 KiB: one block of 8 warps an SM).
-    pub const G8_S4_W8: Int4MmaTiling = Int4MmaTiling::new(8, 4, 8);
+    /// `g4s4w4` with the warps interleaving the stages of one row tile.
+    pub const G4_S4_W4_I: Int4MmaTiling = Self::G4_S4_W4.interleaved();
     /// Every tiling the device benchmark times (`kimi_bandwidth`).
-    pub const VARIANTS: [Int4MmaTiling; 5] = [
-        Self::G4_S4_W4,
-        Self::G8_S4_W4,
-        Self::G4_S8_W4,
-        Self::G8_S6_W4,
-        Self::G8_S4_W8,
-    ];
+    pub const VARIANTS: [Int4MmaTiling; 2] = [Self::G4_S4_W4, Self::G4_S4_W4_I];
 
     pub const fn new(groups: u32, stages: u32, warps: u32) -> Int4MmaTiling {
         Int4MmaTiling {
             groups,
             stages,
             warps,
+            interleave: false,
         }
     }
 
-    /// `g8s4w4` for 8 groups, 4 stages, 4 warps.
+    /// This tiling with the block's warps interleaving the stages of one row tile.
+    pub const fn interleaved(self) -> Int4MmaTiling {
+        Int4MmaTiling {
+            interleave: true,
+            ..self
+        }
+    }
+
+    /// `g8s4w4` for 8 groups, 4 stages, 4 warps; `g4s4w4-i` interleaved.
     pub fn name(&self) -> String {
-        format!("g{}s{}w{}", self.groups, self.stages, self.warps)
+        let n = format!("g{}s{}w{}", self.groups, self.stages, self.warps);
+        if self.interleave {
+            n + "-i"
+        } else {
+            n
+        }
     }
 
     /// Whether the emitters take it: 4, 8 or 16 groups, 2 to 8 stages, 4 or 8 warps.
@@ -100,6 +112,15 @@ impl Int4MmaTiling {
         matches!(self.groups, 4 | 8 | 16)
             && (2..=8).contains(&self.stages)
             && matches!(self.warps, 4 | 8)
+    }
+
+    /// Warps a row tile's stages are spread over: `warps` when interleaved, else 1.
+    pub fn k_warps(&self) -> u64 {
+        if self.interleave {
+            self.warps as u64
+        } else {
+            1
+        }
     }
 
     /// Columns of a stage: the in-features must be a multiple.
@@ -172,16 +193,26 @@ fn prologue(
     w.line("if ((int)blockIdx.y >= meta[0]) return;");
     w.line("const int ex = used[blockIdx.y];");
     w.line("const int p0 = first[ex], n = count[ex];");
-    emit!(
-        w,
-        "const int j0 = (blockIdx.x * {} + warp) * {out_rows};",
-        tl.warps
-    );
+    if tl.interleave {
+        w.comment("The block's warps share one row tile and take every KW-th stage of it.");
+        emit!(w, "const int j0 = blockIdx.x * {out_rows};");
+        w.line("const int wk = warp;");
+    } else {
+        emit!(
+            w,
+            "const int j0 = (blockIdx.x * {} + warp) * {out_rows};",
+            tl.warps
+        );
+        w.line("const int wk = 0;");
+    }
+    emit!(w, "constexpr int KW = {};", tl.k_warps());
+    w.comment("Uniform across the block when interleaved (one row tile).");
     w.line("if (j0 >= ROWS) return;");
+    w.line("const int nloc = (NSTG - wk + KW - 1) / KW;");
     w.line("unsigned char* ring = ring_all + warp * NS * STAGE;");
 }
 
-/// This lane's copy sources at stage 0. Copy `i` (0 .. SG) of a stage moves granule
+/// This lane's copy sources at the warp's first stage (`wk`). Copy `i` (0 .. SG) of a stage moves granule
 /// `q = i·32 + lane`: row `q / SG` of the warp's 32 (rows `i · 32/SG ..` of one m-tile),
 /// group `q % SG` (the same for every copy of a lane), stored at `(group · 32 + row) · 16`;
 /// so one copy instruction covers `32 / SG` whole row runs of `16 · SG` bytes. The scales of
@@ -195,25 +226,27 @@ fn sources(
     w.line("const int gq = lane % SG, r0 = lane / SG;");
     emit!(
         w,
-        "const unsigned char* wsrc0 = {} + gq * 16;",
+        "const unsigned char* wsrc0 = {} + gq * 16 + wk * (SG * 16);",
         row_ptr(0, "r0")
     );
     emit!(
         w,
-        "const unsigned char* wsrc1 = {} + gq * 16;",
+        "const unsigned char* wsrc1 = {} + gq * 16 + wk * (SG * 16);",
         row_ptr(1, "r0")
     );
     w.line("const int wdst0 = (gq * 32 + r0) * 16;");
     emit!(
         w,
-        "const unsigned short* ssrc = lane < 16 ? {} : {};",
+        "const unsigned short* ssrc = (lane < 16 ? {} : {}) + wk * SG;",
         scale_ptr(0, "lane"),
         scale_ptr(1, "lane - 16")
     );
 }
 
-/// Copies stage `s` (an expression) into its ring slot and commits the group; past the last
-/// stage the copies zero-fill without reading (the group stays, so the wait counts hold).
+/// Copies the warp's local stage `s` (an expression; the row's stage `s · KW + wk`, the
+/// sources already offset by `wk` stages) into its
+/// ring slot and commits the group; past the last stage the copies zero-fill without reading
+/// (the group stays, so the wait counts hold).
 /// `rb`: bytes of a stored row. Each copy's row offset is an immediate of the instruction
 /// (`cp_async16_at`), added to one pointer per m-tile and stage, so no per-copy address
 /// stays live across the K loop.
@@ -223,8 +256,8 @@ fn issue(w: &mut Writer, s: &str, rb: u64, tl: Int4MmaTiling) {
     w.scope(|w| {
         emit!(w, "const int si = {s};");
         w.line("unsigned char* dst = ring + (si % NS) * STAGE;");
-        w.line("const bool ok = si < NSTG;");
-        w.line("const long long so = ok ? (long long)si * (SG * 16) : 0;");
+        w.line("const bool ok = si < nloc;");
+        w.line("const long long so = ok ? (long long)si * (KW * SG * 16) : 0;");
         w.line("const unsigned char* src0 = wsrc0 + so;");
         w.line("const unsigned char* src1 = wsrc1 + so;");
         w.comment("Copies 0 .. SG/2 from m-tile 0's rows, the rest from m-tile 1's.");
@@ -241,7 +274,7 @@ fn issue(w: &mut Writer, s: &str, rb: u64, tl: Int4MmaTiling) {
                 i * rs * 16
             );
         }
-        w.line("const unsigned short* sp = ssrc + (ok ? si * SG : 0);");
+        w.line("const unsigned short* sp = ssrc + (ok ? si * (KW * SG) : 0);");
         w.line("unsigned char* sd = dst + W_BYTES + lane * (2 * SG);");
         if tl.groups == 4 {
             w.line("cp_async8(sd, sp, ok);");
@@ -263,14 +296,14 @@ fn k_loop(w: &mut Writer, rb: u64, tl: Int4MmaTiling) {
     w.line("float acc[2][NT][4] = {};");
     w.for_block("int s = 0", "s < NS - 1", "++s", |w| issue(w, "s", rb, tl));
     w.line("#pragma unroll 1");
-    w.for_block("int s = 0", "s < NSTG", "++s", |w| {
+    w.for_block("int s = 0", "s < nloc", "++s", |w| {
         w.line("const unsigned char* cur = ring + (s % NS) * STAGE;");
         w.for_unrolled("xs", 0, "SG / XG", |w| {
             w.line("uint4 xv[NT][XG];");
             w.for_unrolled("nt", 0, "NT", |w| {
                 w.for_unrolled("gi", 0, "XG", |w| {
                     w.line(
-                        "xv[nt][gi] = ld_x16_if(xr[nt] + s * (SG * 32) + (xs * XG + gi) * 32, xok[nt]);",
+                        "xv[nt][gi] = ld_x16_if(xr[nt] + s * (KW * SG * 32) + (xs * XG + gi) * 32, xok[nt]);",
                     );
                 });
             });
@@ -321,6 +354,25 @@ fn k_loop(w: &mut Writer, rb: u64, tl: Int4MmaTiling) {
     w.comment("The ring is free again before the next pass refills it.");
     w.line("cp_async_wait<0>();");
     w.line("__syncwarp();");
+    if tl.interleave {
+        w.comment(
+            "The warps' partial sums meet in warp 0 through the (free) rings, added in warp order.",
+        );
+        w.line("float* red = reinterpret_cast<float*>(ring);");
+        w.line("#pragma unroll");
+        w.line("for (int q = 0; q < 2 * NT * 4; ++q) red[q * 32 + lane] = (&acc[0][0][0])[q];");
+        w.line("__syncthreads();");
+        w.if_block("warp == 0", |w| {
+            w.line("#pragma unroll 1");
+            w.for_block("int o = 1", "o < KW", "++o", |w| {
+                w.line("const float* part = reinterpret_cast<const float*>(ring_all + o * NS * STAGE);");
+                w.line("#pragma unroll");
+                w.line("for (int q = 0; q < 2 * NT * 4; ++q) (&acc[0][0][0])[q] += part[q * 32 + lane];");
+            });
+        });
+        w.comment("Every warp's partials read before any ring is refilled.");
+        w.line("__syncthreads();");
+    }
 }
 
 /// The pass loop around [`k_loop`]: per pass of `NT` n-tiles, this lane's activation rows
@@ -343,10 +395,18 @@ fn passes(
             w.for_unrolled("nt", 0, "NT", |w| {
                 w.line("const int b = nt * 8 + g;");
                 w.line("xok[nt] = b < nb;");
-                emit!(w, "xr[nt] = {} + 8 * t;", xrow("(xok[nt] ? b : 0)"));
+                emit!(
+                    w,
+                    "xr[nt] = {} + 8 * t + wk * (SG * 32);",
+                    xrow("(xok[nt] ? b : 0)")
+                );
             });
             k_loop(w, rb, tl);
-            epilogue(w);
+            if tl.interleave {
+                w.if_block("warp == 0", epilogue);
+            } else {
+                epilogue(w);
+            }
         });
     });
 }
@@ -464,12 +524,15 @@ pub(super) fn down(
     k.finish_bounded(launch(h, 32, sh, tl), Some(tl.blocks_per_sm()))
 }
 
-/// The grouped launch of `rows` output rows, `out_rows` a warp, `tl.warps` warps a block,
-/// with the rings in dynamic shared memory.
+/// The grouped launch of `rows` output rows, `out_rows` a warp (a block when the warps
+/// interleave the stages), `tl.warps` warps a block, with the rings in dynamic shared memory.
 fn launch(rows: u64, out_rows: u64, sh: MoeGroupedShape, tl: Int4MmaTiling) -> LaunchSpec {
+    let tile_warps = if tl.interleave { 1 } else { tl.warps as u64 };
+    let g = grouped_launch(rows, out_rows, tile_warps, sh);
     LaunchSpec {
         smem_bytes: tl.smem_bytes() as u32,
-        ..grouped_launch(rows, out_rows, tl.warps as u64, sh)
+        block: [32 * tl.warps, 1, 1],
+        ..g
     }
 }
 
@@ -492,13 +555,7 @@ mod tests {
                 )
             })
             .collect();
-        let want = [
-            ("g4s4w4", 36864, 6912, 4),
-            ("g8s4w4", 73728, 13824, 3),
-            ("g4s8w4", 73728, 16128, 3),
-            ("g8s6w4", 110592, 23040, 2),
-            ("g8s4w8", 147456, 13824, 1),
-        ];
+        let want = [("g4s4w4", 36864, 6912, 4), ("g4s4w4-i", 36864, 6912, 4)];
         let want: Vec<(String, u64, u64, u32)> = want
             .iter()
             .map(|&(n, s, f, b)| (n.to_string(), s, f, b))
