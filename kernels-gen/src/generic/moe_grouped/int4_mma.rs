@@ -206,7 +206,9 @@ fn prologue(
         w.line("const int wk = 0;");
     }
     emit!(w, "constexpr int KW = {};", tl.k_warps());
-    w.comment("Uniform across the block when interleaved (one row tile).");
+    if tl.interleave {
+        w.comment("Uniform across the block (one row tile), so no warp misses the barriers.");
+    }
     w.line("if (j0 >= ROWS) return;");
     w.line("const int nloc = (NSTG - wk + KW - 1) / KW;");
     w.line("unsigned char* ring = ring_all + warp * NS * STAGE;");
