@@ -117,15 +117,7 @@ impl DeviceBuffer {
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<(), CudaError> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.bytes => Ok(()),
-            _ => Err(CudaError::OutOfBounds {
-                what: self.label.clone(),
-                offset,
-                len,
-                size: self.bytes,
-            }),
-        }
+        check_range(&self.label, offset, len, self.bytes)
     }
 
     /// Enqueues a copy of `data` to `offset`. `data` may be freed as soon as this returns:
@@ -315,5 +307,19 @@ impl Drop for PinnedBuffer {
         // SAFETY: `ptr` came from `cuMemHostAlloc` and is freed exactly once, after the only
         // stream that copies with it has drained.
         ctx.record_err(unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) });
+    }
+}
+
+/// That `offset..offset + len` lies inside `size` bytes of `what` (a buffer, or a named
+/// range of one).
+pub(super) fn check_range(what: &str, offset: u64, len: u64, size: u64) -> Result<(), CudaError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(CudaError::OutOfBounds {
+            what: what.to_string(),
+            offset,
+            len,
+            size,
+        }),
     }
 }

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use specc_ir::engine::{BucketPlan, GraphRole};
 
+use super::buffer::check_range;
 use super::{CudaEngine, CudaError, DeviceArena, DeviceBuffer, LoadedGraph, StepGraph};
 use crate::admission::CopyRun;
 use crate::RuntimeError;
@@ -83,19 +84,6 @@ impl DeviceSpan {
             other.buf.ptr() + other.offset + b,
         );
         x < y + len && y < x + len
-    }
-}
-
-/// That `offset..offset + len` lies inside `size` bytes of `what`.
-fn check_range(what: &str, offset: u64, len: u64, size: u64) -> Result<(), CudaError> {
-    match offset.checked_add(len) {
-        Some(end) if end <= size => Ok(()),
-        _ => Err(CudaError::OutOfBounds {
-            what: what.to_string(),
-            offset,
-            len,
-            size,
-        }),
     }
 }
 
