@@ -32,18 +32,15 @@ pub fn grouped(
 }
 
 /// Tokens of a step from which int4 experts run on tensor cores: below it the CUDA-core
-/// kernels measured as fast or faster at Kimi-K2.5's shapes (bench/NOTES.md, session 32
-/// call C, `kimi_bandwidth`'s table: 33.9 / 40.1 / 40.0 % of copy bandwidth at T = 1 / 2 / 4
-/// against 32.6 / 37.9 / 40.2 % for `g4s4w4`; 41.8 / 45.6 % against 32.3 / 28.8 % at 8 / 16;
-/// session 35 on an H100: 46.8 / 54.6 / 55.0 % against 39.7 / 47.4 / 51.7 % for `g4s4w4-i`).
+/// kernels measured as fast or faster at Kimi-K2.5's shapes (`kimi_bandwidth`; the tables
+/// are in bench/NOTES.md, sessions 32 and 35).
 pub const INT4_TENSOR_CORE_MIN_TOKENS: u64 = 8;
 
 /// Tensor-core int4 tilings, preferred first; the first the operands and the target's shared
 /// memory per block take is used. `g4s4w4-i` (a ring of 4 stages of 64 bytes a row, 4 warps
-/// sharing one 32-row tile and interleaving its stages) measured fastest at 8 and 16 tokens:
-/// 53.9 / 56.3 % of copy bandwidth against 51.6 / 54.7 % for `g4s4w4` on an H100
-/// (bench/NOTES.md, session 35); 128-byte stages, deeper rings, 8-warp blocks and an L1
-/// prefetch of the activations all measured slower (sessions 32 and 35).
+/// sharing one 32-row tile and interleaving its stages) measured fastest at 8 and 16 tokens;
+/// 128-byte stages, deeper rings, 8-warp blocks and an L1 prefetch of the activations all
+/// measured slower (`kimi_bandwidth`, bench/NOTES.md, sessions 32 and 35).
 pub const INT4_TILINGS: [Int4MmaTiling; 2] = [Int4MmaTiling::G4_S4_W4_I, Int4MmaTiling::G4_S4_W4];
 
 /// How the grouped kernels multiply `ops` (as [`grouped`]) into `out` on `target`: int4
