@@ -338,7 +338,7 @@ pub fn gemv_tiled(p: &GemvParams, t: &GemvTiling) -> Result<KernelSource, Error>
                     w.line("const int col = n0 + j;");
                     w.line("const long long row = m0 + m;");
                     w.line("const bool live = m < mr && col < N;");
-                    qkv_rope::emit_pair_epilogue(w, r, xt, "acc[m][j]", "acc[m][j + 1]", 1);
+                    qkv_rope::emit_pair_epilogue(w, r, xt, ("acc[m][j]", "acc[m][j + 1]"), 1, None);
                 });
             });
         });

@@ -121,17 +121,61 @@ pub(crate) fn emit_items(items: &mut Writer, e: &QkvRope, pair_stride: u32) {
     });
 }
 
+/// The rotary frequency index of feature `f0` (the pair's first) of a rotated head.
+fn frequency(e: &QkvRope) -> &'static str {
+    match e.rope.style {
+        RopeStyle::Half => "f0",
+        RopeStyle::Interleaved => "f0 >> 1",
+    }
+}
+
+/// Assigns to the lvalues `cs_out` and `sn_out` the rounded cosine and sine
+/// ([`emit_cos_sin`]) with which the pair of slots `col` and `col + pair_stride` of token
+/// row `row` is rotated; 1 and 0 where it is not rotated (v heads, pass-through features,
+/// a row or column that does not exist). Needs `col`, `row` and `live` as
+/// [`emit_pair_epilogue`] does. Kernels emit this where its f64 `sincos` overlaps their
+/// weight loads instead of sitting on the epilogue's critical path.
+pub(crate) fn emit_pair_cos_sin(w: &mut Writer, e: &QkvRope, xt: &str, cs_out: &str, sn_out: &str) {
+    let d = e.head_dim;
+    emit!(w, "{cs_out} = 1.0f;");
+    emit!(w, "{sn_out} = 0.0f;");
+    if e.rope.rotary_dim == 0 {
+        return;
+    }
+    w.if_block("live", |w| {
+        emit!(w, "const int hu = col / {d};");
+        emit!(w, "const int f0 = qkv_feature(col) - hu * {d};");
+        let rotates = format!(
+            "hu < {} && f0 < {}",
+            e.q_heads + e.kv_heads,
+            e.rope.rotary_dim
+        );
+        w.if_block(rotates, |w| {
+            emit!(
+                w,
+                "const float fp = (float)(long long)({})[row];",
+                e.pos.ptr(e.pos_dtype, false)
+            );
+            emit_cos_sin(w, &e.rope, xt, frequency(e));
+            emit!(w, "{cs_out} = cs;");
+            emit!(w, "{sn_out} = sn;");
+        });
+    });
+}
+
 /// Rotates and stores the pair of slots `col` and `col + pair_stride` of token row `row`,
 /// from the accumulator expressions `acc0` and `acc1`. Needs `col` (int), `row` (long
 /// long, the token row `b·T + t`), `live` (whether the row and the column exist) and the
-/// bucket constants `c`; x's dtype `xt` is the GEMV's rounding type.
+/// bucket constants `c`; x's dtype `xt` is the GEMV's rounding type. `cos_sin`: the pair's
+/// rounded cosine and sine computed earlier ([`emit_pair_cos_sin`]); `None` computes them
+/// here.
 pub(crate) fn emit_pair_epilogue(
     w: &mut Writer,
     e: &QkvRope,
     xt: &str,
-    acc0: &str,
-    acc1: &str,
+    (acc0, acc1): (&str, &str),
     pair_stride: u32,
+    cos_sin: Option<(&str, &str)>,
 ) {
     let (d, hq, hkv) = (e.head_dim, e.q_heads, e.kv_heads);
     w.if_block("live", |w| {
@@ -147,12 +191,16 @@ pub(crate) fn emit_pair_epilogue(
         if e.rope.rotary_dim > 0 {
             let rotates = format!("hu < {} && f0 < {}", hq + hkv, e.rope.rotary_dim);
             w.if_block(rotates, |w| {
-                w.line("const float fp = (float)pl;");
-                let f = match e.rope.style {
-                    RopeStyle::Half => "f0",
-                    RopeStyle::Interleaved => "f0 >> 1",
-                };
-                emit_cos_sin(w, &e.rope, xt, f);
+                match cos_sin {
+                    Some((cs, sn)) => {
+                        emit!(w, "const float cs = {cs};");
+                        emit!(w, "const float sn = {sn};");
+                    }
+                    None => {
+                        w.line("const float fp = (float)pl;");
+                        emit_cos_sin(w, &e.rope, xt, frequency(e));
+                    }
+                }
                 emit!(
                     w,
                     "const float r0 = round_to<{xt}>({});",

@@ -351,6 +351,17 @@ fn qkv_rope_tensor_cores_2_to_64_rows() {
             slots: true,
             ..rows(2, 4, 8)
         },
+        // 8-row tiles compute cos / sin before the main loop: partial rotation, and 9
+        // rows whose second tile has one live row.
+        Case {
+            style: RopeStyle::Interleaved,
+            rotary_dim: 64,
+            ..rows(1, 8, 8)
+        },
+        Case {
+            slots: true,
+            ..rows(3, 3, 8)
+        },
         Case {
             style: RopeStyle::Interleaved,
             slots: true,

@@ -423,8 +423,8 @@ fn gemv_rope_epilogue_rejects_bad_parameters() {
         field_of(gemv_mma(&fused(24, 24), &target()).unwrap_err()),
         ("gemv_mma", "rope.head_dim")
     );
-    // The plan asks before fusing: only one-row tiles fuse (measured), and the tensor-core
-    // kernel (one row of bf16 without norm) needs 16 | dims.
+    // The plan asks before fusing: tiles up to 8 rows fuse (the register-fed tensor-core
+    // splits), 16 rows do not, and the tensor-core kernel needs 16 | dims.
     let one_row = |head_dim, rotary_dim| GemvParams {
         row_tile: 1,
         norm: None,
@@ -432,7 +432,22 @@ fn gemv_rope_epilogue_rejects_bad_parameters() {
     };
     assert!(select_carries_rope(&one_row(32, 32), 32, 32));
     assert!(!select_carries_rope(&one_row(24, 24), 24, 24));
-    assert!(!select_carries_rope(&fused(32, 32), 32, 32), "4-row tile");
+    assert!(select_carries_rope(&fused(32, 32), 32, 32), "4-row tile");
+    assert!(
+        !select_carries_rope(&fused(24, 24), 24, 24),
+        "4 rows, 16 ∤ 24"
+    );
+    assert!(
+        !select_carries_rope(
+            &GemvParams {
+                row_tile: 16,
+                ..fused(32, 32)
+            },
+            32,
+            32
+        ),
+        "16-row tile"
+    );
     assert!(select_carries_rope(
         &GemvParams {
             x: View::new(Loc::arena(0), Dtype::F32, 128),

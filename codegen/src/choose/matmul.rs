@@ -114,11 +114,12 @@ pub fn one_row_prefers_mma(p: &GemvParams) -> bool {
     p.argmax_partials.is_none() && (p.gate_up() || p.norm.is_none())
 }
 
-/// The largest row tile whose q/k/v projection carries RoPE + KV write in its epilogue.
-/// Above it the epilogue's per-pair f64 sincos (late positions) sits on each warp's tail
-/// and the two-kernel path is faster inside the step graph, although the fused kernel alone
-/// times faster at early positions (measured at the 8B shapes, bench/NOTES.md).
-pub const ROPE_FUSED_MAX_ROWS: u32 = 1;
+/// The largest row tile whose q/k/v projection carries RoPE + KV write in its epilogue: the
+/// row tiles of the register-fed tensor-core splits ([`NORM_FUSED_MAX_ROWS`]), which compute
+/// each pair's cos / sin while their first weight loads are in flight. Wider tiles take the
+/// staged feeds, whose epilogue would compute them after the last mma; those keep GEMV +
+/// `rope_kv` (bench/NOTES.md).
+pub const ROPE_FUSED_MAX_ROWS: u32 = NORM_FUSED_MAX_ROWS;
 
 /// The largest row tile whose matmul applies the RMSNorm of its input itself (the
 /// `GemvParams::norm` prologue). Above it the plan normalises x once with `rmsnorm` and

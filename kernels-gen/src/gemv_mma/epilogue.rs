@@ -8,8 +8,9 @@ use crate::writer::{emit, Writer};
 
 /// Warp wk = 0 of each column range runs the shared epilogue on its accumulators: lane
 /// `(g, t)` owns rows `8·mt + 2t + {0, 1}` of columns `nb + 16·tn + g + {0, 8}`
-/// (the m16n8 D layout, transposed).
-pub(super) fn emit(w: &mut Writer, p: &GemvParams) {
+/// (the m16n8 D layout, transposed). `rope_hoisted`: the main loop has computed the RoPE
+/// pairs' cosines and sines into `rcs` / `rsn` ([`emit_rope_cos_sin`]).
+pub(super) fn emit(w: &mut Writer, p: &GemvParams, rope_hoisted: bool) {
     let argmax = p.argmax_partials;
     if let Some(r) = &p.rope {
         let xt = p.x.dtype.c_type();
@@ -18,17 +19,14 @@ pub(super) fn emit(w: &mut Writer, p: &GemvParams) {
             w.for_unrolled("tn", 0, "TN", |w| {
                 w.for_unrolled("mt", 0, "MT8", |w| {
                     w.for_unrolled("r", 0, 2, |w| {
-                        w.line("const int m = 8 * mt + 2 * t + r;");
-                        w.line("const int col = nb + 16 * tn + g;");
-                        w.line("const long long row = m0 + m;");
-                        w.line("const bool live = m < mr && col < N;");
+                        emit_rope_pair_coords(w);
                         qkv_rope::emit_pair_epilogue(
                             w,
                             r,
                             xt,
-                            "acc[tn][mt][r]",
-                            "acc[tn][mt][r + 2]",
+                            ("acc[tn][mt][r]", "acc[tn][mt][r + 2]"),
                             ROPE_PAIR_STRIDE,
+                            rope_hoisted.then_some(("rcs[tn][mt][r]", "rsn[tn][mt][r]")),
                         );
                     });
                 });
@@ -111,4 +109,35 @@ pub(super) fn emit(w: &mut Writer, p: &GemvParams) {
             );
         });
     }
+}
+
+/// Declares `m`, `col`, `row` and `live` of the RoPE pair `(tn, mt, r)` of lane `(g, t)`.
+fn emit_rope_pair_coords(w: &mut Writer) {
+    w.line("const int m = 8 * mt + 2 * t + r;");
+    w.line("const int col = nb + 16 * tn + g;");
+    w.line("const long long row = m0 + m;");
+    w.line("const bool live = m < mr && col < N;");
+}
+
+/// Declares `rcs[TN][MT8][2]` and `rsn[TN][MT8][2]` and, in warps wk = 0 (the ones that run
+/// the epilogue), fills them with the rounded cosine and sine of each RoPE pair the lane
+/// stores. The register feeds at one 8-row fragment emit this right after their first loads are issued, so the
+/// f64 `sincos` runs while those loads are in flight rather than after the last mma.
+pub(super) fn emit_rope_cos_sin(w: &mut Writer, p: &GemvParams) {
+    let Some(r) = &p.rope else { return };
+    let xt = p.x.dtype.c_type();
+    w.comment("RoPE cos / sin of the epilogue's pairs, while the first weight loads are in flight");
+    w.line("float rcs[TN][MT8][2], rsn[TN][MT8][2];");
+    w.if_block("wk == 0", |w| {
+        w.for_unrolled("tn", 0, "TN", |w| {
+            w.for_unrolled("mt", 0, "MT8", |w| {
+                w.for_unrolled("r", 0, 2, |w| {
+                    w.scope(|w| {
+                        emit_rope_pair_coords(w);
+                        qkv_rope::emit_pair_cos_sin(w, r, xt, "rcs[tn][mt][r]", "rsn[tn][mt][r]");
+                    });
+                });
+            });
+        });
+    });
 }

@@ -32,6 +32,10 @@ pub(super) fn emit_register_main_loop(w: &mut Writer, p: &GemvParams, t: &MmaTil
             w.line("rr[mt] = 8 * mt + g < mr ? inv_rms[8 * mt + g] : 0.0f;");
         });
     }
+    // After the norm's barrier: the other warps of the block need not wait for it.
+    if super::hoists_rope_cos_sin(p, t) {
+        super::epilogue::emit_rope_cos_sin(w, p);
+    }
     w.line("float acc[AT][MT8][4];");
     for_each_acc(w, |w| w.line("acc[a][mt][d] = 0.0f;"));
     // The rolling prefetch is the pipeline: unrolling this loop again only adds registers.

@@ -406,7 +406,7 @@ pub fn gemv_mma_split(
     if let Some(sc) = split {
         reduce::emit_split_k_fixup(w, sc);
     }
-    epilogue::emit(w, p);
+    epilogue::emit(w, p, hoists_rope_cos_sin(p, t));
 
     let launch = LaunchSpec {
         grid: [
@@ -418,6 +418,14 @@ pub fn gemv_mma_split(
         smem_bytes: staged_bytes(p, t) as u32,
     };
     Ok(kb.finish(launch))
+}
+
+/// Whether the main loop computes the RoPE epilogue's cos / sin while its first loads are
+/// in flight ([`epilogue::emit_rope_cos_sin`]): the register feeds at one 8-row fragment.
+/// Wider tiles would hold `4 · TN · MT8` more registers across the loop (they spill at 64
+/// rows), and the staged feeds issue their first loads from other code.
+fn hoists_rope_cos_sin(p: &GemvParams, t: &MmaTiling) -> bool {
+    p.rope.is_some() && matches!(t.feed, Feed::Prefetch | Feed::XAtUse) && mt8(p) == 1
 }
 
 /// `body` once per accumulator `acc[a][mt][d]` (unrolled loops over `a`, `mt`, `d`).
