@@ -19,7 +19,8 @@
 use std::collections::HashMap;
 
 use specc_ir::engine::choice::{
-    AttentionKernel, EpilogueChoice, KernelChoice, MatmulChoice, MatmulCore, NormPlacement,
+    AttentionKernel, EpilogueChoice, KernelChoice, MatmulChoice, MatmulCore, MoeChoice,
+    NormPlacement,
 };
 use specc_ir::engine::{ArenaLayout, Phase, Slot, Target};
 use specc_ir::{
@@ -451,7 +452,12 @@ fn moe_kernels(
     };
     let matmul = choose::moe::expert_matmul(&ops, &out, cx.target);
     let ks = moe_grouped::moe_grouped(shape, matmul, &ops[0], &ops[1], &ops[2..], &out, &scratch)?;
-    Ok(fixed(ks.into_iter().map(|k| (k, b)).collect()))
+    let choice = KernelChoice::Moe(MoeChoice {
+        tokens: shape.tokens,
+        experts: shape.experts,
+        matmul,
+    });
+    Ok((ks.into_iter().map(|k| (k, b)).collect(), choice))
 }
 
 /// `mla_attention`: the tensor-core tiles where [`choose::mla::tiling`] takes the
@@ -529,7 +535,10 @@ fn mla_kernels(
         p.partial_ml = cx.scratch(ml);
     }
     let ks = mla_tile::mla_tile(&p)?;
-    Ok(fixed(ks.into_iter().map(|k| (k, b)).collect()))
+    Ok((
+        ks.into_iter().map(|k| (k, b)).collect(),
+        KernelChoice::Mla(tiling),
+    ))
 }
 
 /// Launches of a kernel with nothing to choose, with their [`KernelChoice::Fixed`].

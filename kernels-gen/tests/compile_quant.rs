@@ -220,7 +220,7 @@ fn quantised_kernels_refuse_what_they_do_not_cover() {
 #[test]
 fn int4_tensor_core_experts_fit_every_arch() {
     use quant_cases::grouped::shapes;
-    use specc_kernels_gen::generic::moe_grouped::ExpertMatmul;
+    use specc_kernels_gen::generic::moe_grouped::{ExpertMatmul, Int4MmaGeometry};
     /// Spilled bytes (stores + loads) a tiling may have on an arch (see below).
     const MAX_SPILL_BYTES: u64 = 64;
     let Some(nvrtc) = Nvrtc::or_skip() else {

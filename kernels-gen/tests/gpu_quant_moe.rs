@@ -20,7 +20,9 @@ use gpu::{assert_close, bf16_tol, tensor, Gpu, Mem, Rng};
 use quant_cases::grouped::case_with;
 use specc_ir::{DType, Op};
 use specc_kernels_gen::abi::{Bucket, Dtype, Loc};
-use specc_kernels_gen::generic::moe_grouped::{ExpertMatmul, Int4MmaTiling, MoeGroupedShape};
+use specc_kernels_gen::generic::moe_grouped::{
+    ExpertMatmul, Int4MmaGeometry, Int4MmaTiling, MoeGroupedShape,
+};
 use specc_kernels_gen::quant::QuantFormat;
 
 const TOKENS: [u64; 5] = [1, 2, 4, 8, 16];

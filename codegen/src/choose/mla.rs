@@ -1,6 +1,7 @@
 //! MLA attention: the tensor-core tiles (`mla_tile`) for 16-bit q and caches whose dims
 //! they take, with their context splits and block shape; else the generic per-row kernel.
 
+use specc_ir::engine::choice::MlaChoice;
 use specc_ir::engine::Target;
 use specc_kernels_gen::mla_tile::{self, MlaTileParams, MAX_BLOCK_ROW_TILES, STAGES, TILE_SLOTS};
 
@@ -13,14 +14,6 @@ const MIN_SPLIT_SLOTS: u64 = 4 * TILE_SLOTS;
 /// bytes of the cache they summarise at 64 heads (2 KiB per row and split against 1152 B per
 /// slot: 64 · 64 · 2 KiB = 8 MiB for 9.4 MB of cache).
 const MAX_SPLITS: u64 = 64;
-
-/// How the tiles run one launch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MlaTiling {
-    pub splits: u64,
-    pub block_row_tiles: u64,
-    pub stages: u64,
-}
 
 /// Context splits at `ctx` slots of capacity. They depend on the capacity alone, never on
 /// the bucket (batch, tokens) or the block shape, so every graph of an engine cuts a row's
@@ -41,7 +34,7 @@ pub fn tile_splits(ctx: u64) -> u64 {
 /// result (tiles past a row's end add exact zeros), so this is free to depend on the bucket.
 /// Stages: three cache tiles in shared memory (two loading while one is computed) where
 /// they fit, else two.
-pub fn tiling(p: &MlaTileParams, target: &Target) -> Option<MlaTiling> {
+pub fn tiling(p: &MlaTileParams, target: &Target) -> Option<MlaChoice> {
     let splits = tile_splits(p.ctx);
     let smem = target.smem_per_block as u64;
     let fits = |rt: u64| {
@@ -54,7 +47,7 @@ pub fn tiling(p: &MlaTileParams, target: &Target) -> Option<MlaTiling> {
             };
             mla_tile::supported(&q, smem).then_some((
                 q.blocks(),
-                MlaTiling {
+                MlaChoice {
                     splits,
                     block_row_tiles: rt,
                     stages,
@@ -63,7 +56,7 @@ pub fn tiling(p: &MlaTileParams, target: &Target) -> Option<MlaTiling> {
         })
     };
     let most = p.row_tiles().min(MAX_BLOCK_ROW_TILES);
-    let candidates: Vec<(u64, MlaTiling)> = [4u64, 2, 1]
+    let candidates: Vec<(u64, MlaChoice)> = [4u64, 2, 1]
         .into_iter()
         .filter(|&rt| rt <= most || rt == 1)
         .filter_map(fits)

@@ -5,7 +5,7 @@
 
 use specc_ir::engine::Target;
 use specc_kernels_gen::generic::moe_grouped::{
-    self, ExpertMatmul, Int4MmaTiling, MoeGroupedShape, Unsupported,
+    self, ExpertMatmul, Int4MmaGeometry, Int4MmaTiling, MoeGroupedShape, Unsupported,
 };
 use specc_kernels_gen::generic::TensorArg;
 

@@ -12,6 +12,11 @@ use serde::{Deserialize, Serialize};
 pub enum KernelChoice {
     Matmul(MatmulChoice),
     Attention(AttentionChoice),
+    /// A grouped MoE expert layer (`moe_experts`): dispatch, gate/up, down, combine.
+    Moe(MoeChoice),
+    /// Absorbed MLA attention on tensor cores: `mla_tile`, and `mla_combine` over its
+    /// context splits.
+    Mla(MlaChoice),
     /// A kernel with nothing to choose (embedding, RMSNorm, the generic element-wise,
     /// movement and tree kernels): the families it launches.
     Fixed {
@@ -245,6 +250,120 @@ impl TileTiling {
     }
 }
 
+/// A grouped MoE expert layer: each selected expert's weights read once for all the tokens
+/// routed to it, `tokens` the launch's rows (tokens of the bucket) over `experts` stacks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoeChoice {
+    pub tokens: u64,
+    pub experts: u64,
+    pub matmul: ExpertMatmul,
+}
+
+/// How the grouped kernels' expert matmuls multiply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExpertMatmul {
+    /// One f32 FMA per weight and token on the CUDA cores (every stack the grouped kernels
+    /// take).
+    CudaCores,
+    /// int4 group-32 stacks with bf16 scales and bf16 activations on tensor cores
+    /// (`mma.m16n8k16` bf16, f32 accumulation), tiled as the value says.
+    Int4TensorCores(Int4MmaTiling),
+}
+
+/// How the tensor-core int4 expert kernels stream the weights: a ring of `stages` stages
+/// per warp, each `groups` groups of 32 columns of the warp's 32 rows, `warps` warps a
+/// block. Its geometry (stage bytes, shared memory, residency) is the kernel generator's
+/// (`specc_kernels_gen::generic::moe_grouped::Int4MmaGeometry`).
+///
+/// `interleave`: the block's warps share one tile of 32 rows and take every `warps`-th
+/// stage of it (warp `w` stages `w, w + warps, …`), so at any time the block reads `warps`
+/// adjacent runs of each row (256 contiguous bytes at 4 groups × 4 warps instead of 64),
+/// and a block covers 32 rows instead of `32 · warps` (4× the blocks, each `warps`× shorter);
+/// the warps' partial sums meet in shared memory, added in warp order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Int4MmaTiling {
+    /// Groups of 32 columns a stage: 4, 8 or 16 (64, 128 or 256 contiguous bytes of each
+    /// row per stage, and 8, 16 or 32 bytes of its scales).
+    pub groups: u32,
+    /// Ring stages a warp (at least 2): `stages − 1` in flight while one is consumed.
+    pub stages: u32,
+    /// Warps a block: 4 or 8.
+    pub warps: u32,
+    /// The block's warps share their rows and interleave the stages.
+    pub interleave: bool,
+}
+
+impl Int4MmaTiling {
+    /// Stages of 64 bytes a row, 4 deep, 4 warps (36 KiB a block).
+    pub const G4_S4_W4: Int4MmaTiling = Int4MmaTiling::new(4, 4, 4);
+    /// `g4s4w4` with the warps interleaving the stages of one row tile.
+    pub const G4_S4_W4_I: Int4MmaTiling = Self::G4_S4_W4.interleaved();
+    /// Every tiling the device benchmark times (`kimi_bandwidth`).
+    pub const VARIANTS: [Int4MmaTiling; 2] = [Self::G4_S4_W4, Self::G4_S4_W4_I];
+
+    pub const fn new(groups: u32, stages: u32, warps: u32) -> Int4MmaTiling {
+        Int4MmaTiling {
+            groups,
+            stages,
+            warps,
+            interleave: false,
+        }
+    }
+
+    /// This tiling with the block's warps interleaving the stages of one row tile.
+    pub const fn interleaved(self) -> Int4MmaTiling {
+        Int4MmaTiling {
+            interleave: true,
+            ..self
+        }
+    }
+
+    /// `g8s4w4` for 8 groups, 4 stages, 4 warps; `g4s4w4-i` interleaved.
+    pub fn name(&self) -> String {
+        let n = format!("g{}s{}w{}", self.groups, self.stages, self.warps);
+        if self.interleave {
+            n + "-i"
+        } else {
+            n
+        }
+    }
+
+    /// Whether the emitters take it: 4, 8 or 16 groups, 2 to 8 stages, 4 or 8 warps.
+    pub fn valid(&self) -> bool {
+        matches!(self.groups, 4 | 8 | 16)
+            && (2..=8).contains(&self.stages)
+            && matches!(self.warps, 4 | 8)
+    }
+
+    /// Warps a row tile's stages are spread over: `warps` when interleaved, else 1.
+    pub fn k_warps(&self) -> u64 {
+        if self.interleave {
+            self.warps as u64
+        } else {
+            1
+        }
+    }
+}
+
+/// The tensor-core MLA attention's work split: `splits` blocks along the context (folded by
+/// `mla_combine` when above one), `block_row_tiles` row tiles of 16 (token, head) rows per
+/// block sharing each cache tile, `stages` cache tiles in shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MlaChoice {
+    pub splits: u64,
+    pub block_row_tiles: u64,
+    pub stages: u64,
+}
+
+impl fmt::Display for ExpertMatmul {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExpertMatmul::CudaCores => write!(f, "cuda-cores"),
+            ExpertMatmul::Int4TensorCores(t) => write!(f, "int4 mma {}", t.name()),
+        }
+    }
+}
+
 impl fmt::Display for Feed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -331,6 +450,22 @@ impl fmt::Display for KernelChoice {
                     a.splits
                 ),
             },
+            KernelChoice::Moe(m) => write!(
+                f,
+                "moe_dispatch + moe_gate_up | moe_down {} t{} e{} + moe_combine",
+                m.matmul, m.tokens, m.experts
+            ),
+            KernelChoice::Mla(m) => {
+                write!(
+                    f,
+                    "mla_tile r{} s{} splits {}",
+                    m.block_row_tiles, m.stages, m.splits
+                )?;
+                if m.splits > 1 {
+                    write!(f, " + mla_combine")?;
+                }
+                Ok(())
+            }
             KernelChoice::Fixed { families } => write!(f, "{}", families.join(" + ")),
         }
     }
@@ -371,6 +506,14 @@ impl KernelChoice {
                 },
                 "attn_combine",
             ],
+            KernelChoice::Moe(_) => vec!["moe_dispatch", "moe_gate_up", "moe_down", "moe_combine"],
+            KernelChoice::Mla(m) => {
+                let mut v = vec!["mla_tile"];
+                if m.splits > 1 {
+                    v.push("mla_combine");
+                }
+                v
+            }
             KernelChoice::Fixed { families } => families.iter().map(String::as_str).collect(),
         }
     }
@@ -385,6 +528,20 @@ impl KernelChoice {
     pub fn attention(&self) -> Option<&AttentionChoice> {
         match self {
             KernelChoice::Attention(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    pub fn moe(&self) -> Option<&MoeChoice> {
+        match self {
+            KernelChoice::Moe(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    pub fn mla(&self) -> Option<&MlaChoice> {
+        match self {
+            KernelChoice::Mla(m) => Some(m),
             _ => None,
         }
     }
@@ -417,5 +574,41 @@ mod tests {
         assert_eq!(c.families(), ["gemm_wgmma", "argmax"]);
         let json = serde_json::to_string(&c).unwrap();
         assert_eq!(serde_json::from_str::<KernelChoice>(&json).unwrap(), c);
+    }
+
+    /// The grouped MoE and MLA choices print what was chosen, name their families and
+    /// survive the engine's serde.
+    #[test]
+    fn moe_and_mla_choices_print_and_round_trip() {
+        let moe = KernelChoice::Moe(MoeChoice {
+            tokens: 8,
+            experts: 384,
+            matmul: ExpertMatmul::Int4TensorCores(Int4MmaTiling::G4_S4_W4_I),
+        });
+        assert_eq!(
+            moe.to_string(),
+            "moe_dispatch + moe_gate_up | moe_down int4 mma g4s4w4-i t8 e384 + moe_combine"
+        );
+        assert_eq!(
+            moe.families(),
+            ["moe_dispatch", "moe_gate_up", "moe_down", "moe_combine"]
+        );
+        let mla = KernelChoice::Mla(MlaChoice {
+            splits: 64,
+            block_row_tiles: 2,
+            stages: 3,
+        });
+        assert_eq!(mla.to_string(), "mla_tile r2 s3 splits 64 + mla_combine");
+        assert_eq!(mla.families(), ["mla_tile", "mla_combine"]);
+        let one = KernelChoice::Mla(MlaChoice {
+            splits: 1,
+            block_row_tiles: 1,
+            stages: 2,
+        });
+        assert_eq!(one.families(), ["mla_tile"]);
+        for c in [moe, mla, one] {
+            let json = serde_json::to_string(&c).unwrap();
+            assert_eq!(serde_json::from_str::<KernelChoice>(&json).unwrap(), c);
+        }
     }
 }

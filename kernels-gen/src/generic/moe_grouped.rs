@@ -40,18 +40,9 @@ use specc_ir::DType;
 mod int4_mma;
 mod stream;
 
-pub use int4_mma::Int4MmaTiling;
+pub use int4_mma::{Int4MmaGeometry, Int4MmaTiling};
 
-/// How `moe_gate_up` and `moe_down` multiply (chosen by `codegen::choose::moe`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExpertMatmul {
-    /// One f32 FMA per weight and token on the CUDA cores (every stack [`supported`] takes).
-    CudaCores,
-    /// int4 group-32 stacks with bf16 scales and bf16 activations on tensor cores
-    /// (`mma.m16n8k16` bf16, f32 accumulation; where [`int4_tensor_cores`] takes them and
-    /// the tiling).
-    Int4TensorCores(Int4MmaTiling),
-}
+pub use specc_ir::engine::choice::ExpertMatmul;
 
 /// Warps of a CUDA-core gate/up or down block: small blocks, many of them, so the last wave
 /// is short.

@@ -13,7 +13,9 @@ use super::gpu::{assert_close, bf16_tol, Gpu, Mem, Rng};
 use super::quant_cases::grouped::case_with;
 use specc_ir::DType;
 use specc_kernels_gen::abi::{Bucket, Dtype};
-use specc_kernels_gen::generic::moe_grouped::{ExpertMatmul, Int4MmaTiling, MoeGroupedShape};
+use specc_kernels_gen::generic::moe_grouped::{
+    ExpertMatmul, Int4MmaGeometry, Int4MmaTiling, MoeGroupedShape,
+};
 use specc_kernels_gen::quant::QuantFormat;
 
 const E: usize = 64;

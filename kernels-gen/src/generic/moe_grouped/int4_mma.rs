@@ -50,104 +50,43 @@ const THREADS_PER_SM: u64 = 2048;
 
 const HELPERS: &str = include_str!("../../../cuda/moe_int4_mma.cuh");
 
-/// How the tensor-core int4 kernels stream the weights (chosen by `codegen::choose::moe`):
-/// a ring of `stages` stages per warp, each `groups` groups of 32 columns of the warp's 32
-/// rows, `warps` warps a block.
-///
-/// `interleave`: the block's warps share one tile of 32 rows and take every `warps`-th
-/// stage of it (warp `w` stages `w, w + warps, …`), so at any time the block reads `warps`
-/// adjacent runs of each row (256 contiguous bytes at 4 groups × 4 warps instead of 64),
-/// and a block covers 32 rows instead of `32 · warps` (4× the blocks, each `warps`× shorter);
-/// the warps' partial sums meet in shared memory, added in warp order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Int4MmaTiling {
-    /// Groups of 32 columns a stage: 4, 8 or 16 (64, 128 or 256 contiguous bytes of each
-    /// row per stage, and 8, 16 or 32 bytes of its scales).
-    pub groups: u32,
-    /// Ring stages a warp (at least 2): `stages − 1` in flight while one is consumed.
-    pub stages: u32,
-    /// Warps a block: 4 or 8.
-    pub warps: u32,
-    /// The block's warps share their rows and interleave the stages.
-    pub interleave: bool,
+pub use specc_ir::engine::choice::Int4MmaTiling;
+
+/// The kernels' geometry of an [`Int4MmaTiling`] (the choice value lives in `specc_ir`).
+pub trait Int4MmaGeometry {
+    /// Columns of a stage: the in-features must be a multiple.
+    fn stage_cols(&self) -> u64;
+    /// Bytes of one stage: the weights (32 rows × `groups` granules of 16 bytes,
+    /// group-major so that `ldmatrix`'s eight rows are consecutive granules) and the bf16
+    /// scales (32 rows × `groups`, row-major).
+    fn stage_bytes(&self) -> u64;
+    /// Dynamic shared memory of a block: every warp's ring.
+    fn smem_bytes(&self) -> u64;
+    /// Bytes of weights and scales a warp has in flight while it consumes a stage.
+    fn bytes_in_flight_per_warp(&self) -> u64;
+    /// Blocks an SM of sm_90 / sm_100 holds by shared memory and threads, at most 4 (the
+    /// launch bounds ask for this many: 128 registers a thread at 4 blocks of 4 warps).
+    fn blocks_per_sm(&self) -> u32;
 }
 
-impl Int4MmaTiling {
-    /// Stages of 64 bytes a row, 4 deep, 4 warps (36 KiB a block).
-    pub const G4_S4_W4: Int4MmaTiling = Int4MmaTiling::new(4, 4, 4);
-    /// `g4s4w4` with the warps interleaving the stages of one row tile.
-    pub const G4_S4_W4_I: Int4MmaTiling = Self::G4_S4_W4.interleaved();
-    /// Every tiling the device benchmark times (`kimi_bandwidth`).
-    pub const VARIANTS: [Int4MmaTiling; 2] = [Self::G4_S4_W4, Self::G4_S4_W4_I];
-
-    pub const fn new(groups: u32, stages: u32, warps: u32) -> Int4MmaTiling {
-        Int4MmaTiling {
-            groups,
-            stages,
-            warps,
-            interleave: false,
-        }
-    }
-
-    /// This tiling with the block's warps interleaving the stages of one row tile.
-    pub const fn interleaved(self) -> Int4MmaTiling {
-        Int4MmaTiling {
-            interleave: true,
-            ..self
-        }
-    }
-
-    /// `g8s4w4` for 8 groups, 4 stages, 4 warps; `g4s4w4-i` interleaved.
-    pub fn name(&self) -> String {
-        let n = format!("g{}s{}w{}", self.groups, self.stages, self.warps);
-        if self.interleave {
-            n + "-i"
-        } else {
-            n
-        }
-    }
-
-    /// Whether the emitters take it: 4, 8 or 16 groups, 2 to 8 stages, 4 or 8 warps.
-    pub fn valid(&self) -> bool {
-        matches!(self.groups, 4 | 8 | 16)
-            && (2..=8).contains(&self.stages)
-            && matches!(self.warps, 4 | 8)
-    }
-
-    /// Warps a row tile's stages are spread over: `warps` when interleaved, else 1.
-    pub fn k_warps(&self) -> u64 {
-        if self.interleave {
-            self.warps as u64
-        } else {
-            1
-        }
-    }
-
-    /// Columns of a stage: the in-features must be a multiple.
-    pub fn stage_cols(&self) -> u64 {
+impl Int4MmaGeometry for Int4MmaTiling {
+    fn stage_cols(&self) -> u64 {
         32 * self.groups as u64
     }
 
-    /// Bytes of one stage: the weights (32 rows × `groups` granules of 16 bytes, group-major
-    /// so that `ldmatrix`'s eight rows are consecutive granules) and the bf16 scales (32 rows
-    /// × `groups`, row-major).
-    pub fn stage_bytes(&self) -> u64 {
+    fn stage_bytes(&self) -> u64 {
         ROWS_PER_WARP * self.groups as u64 * 16 + ROWS_PER_WARP * self.groups as u64 * 2
     }
 
-    /// Dynamic shared memory of a block: every warp's ring.
-    pub fn smem_bytes(&self) -> u64 {
+    fn smem_bytes(&self) -> u64 {
         self.warps as u64 * self.stages as u64 * self.stage_bytes()
     }
 
-    /// Bytes of weights and scales a warp has in flight while it consumes a stage.
-    pub fn bytes_in_flight_per_warp(&self) -> u64 {
+    fn bytes_in_flight_per_warp(&self) -> u64 {
         (self.stages as u64 - 1) * self.stage_bytes()
     }
 
-    /// Blocks an SM of sm_90 / sm_100 holds by shared memory and threads, at most 4 (the
-    /// launch bounds ask for this many: 128 registers a thread at 4 blocks of 4 warps).
-    pub fn blocks_per_sm(&self) -> u32 {
+    fn blocks_per_sm(&self) -> u32 {
         let by_smem = SMEM_PER_SM / (self.smem_bytes() + SMEM_RESERVED_PER_BLOCK);
         let by_threads = THREADS_PER_SM / (32 * self.warps as u64);
         by_smem.min(by_threads).clamp(1, 16 / self.warps as u64) as u32
@@ -540,7 +479,7 @@ fn launch(rows: u64, out_rows: u64, sh: MoeGroupedShape, tl: Int4MmaTiling) -> L
 
 #[cfg(test)]
 mod tests {
-    use super::Int4MmaTiling;
+    use super::{Int4MmaGeometry, Int4MmaTiling};
 
     /// The figures bench/NOTES.md's bytes-in-flight table is built from: each variant's
     /// block shared memory, bytes in flight a warp, and the blocks an sm_90 SM holds.
