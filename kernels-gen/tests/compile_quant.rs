@@ -104,6 +104,7 @@ fn snapshots_of_the_quantised_kernels() {
         "moe_grouped kimi T=16 moe_dispatch_bf16",
         "moe_dispatch_kimi",
     );
+    snap("moe_grouped kimi T=16 moe_combine_bf16", "moe_combine_kimi");
 }
 
 /// The grouped experts over quantised stacks read each used expert's stored bytes (int4 /

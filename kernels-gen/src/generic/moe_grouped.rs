@@ -17,7 +17,9 @@
 //!    `a = R(R(silu(R(g)))·R(u))` is its epilogue, into `act[pair, F]`.
 //! 3. `moe_down`: the same over the down weights, `y[pair, H] = R(a · Wd_eᵀ)`.
 //! 4. `moe_combine` (one block per token): `out = R(Σ_e gate·y)` over the token's pairs in
-//!    increasing expert order, one f32 multiply and add each, as the interpreter.
+//!    increasing expert order, one f32 multiply and add each, as the interpreter. One warp
+//!    gathers the pairs (all gates of up to 512 experts loaded at once, compacted in order
+//!    by ballots), then the block accumulates.
 //!
 //! `R` rounds to the output dtype. Each dot product is one warp's sum over a fixed lane
 //! stride, whatever the number of tokens sharing the expert, so a token's result does not
@@ -76,6 +78,8 @@ const FLOAT_PASSES: [u64; 3] = [1, 2, 4];
 const QUANT_PASSES: [u64; 3] = [1, 2, 4];
 /// Tokens whose gates a dispatch thread loads at once.
 const DISPATCH_TOKENS: u64 = 8;
+/// Groups of 32 experts whose gates the combine gather loads at once.
+const COMBINE_CHUNKS: u64 = 16;
 
 /// Scratch buffers of the grouped MoE (arena locations, each 256-byte aligned).
 #[derive(Clone, Copy, Debug)]
@@ -692,27 +696,47 @@ fn combine(
     let w = &mut k.body;
     emit!(w, "constexpr int E = {e}, KM = {kmax}, P = {p};");
     emit!(w, "constexpr long long H = {h};");
+    emit!(
+        w,
+        "constexpr int CH = {};",
+        e.div_ceil(32).min(COMBINE_CHUNKS)
+    );
     w.line("__shared__ float g_of[KM];");
     w.line("__shared__ int q_of[KM];");
     w.line("__shared__ int nk;");
     w.line("const long long tk = blockIdx.x;");
-    w.comment("The token's pairs in increasing expert order, gathered by thread 0.");
-    w.if_block("threadIdx.x == 0", |w| {
+    w.comment("Warp 0 gathers the token's first KM pairs in increasing expert order: CH groups");
+    w.comment("of 32 experts loaded at once, each compacted by a ballot (slot = pairs before it).");
+    w.if_block("threadIdx.x < 32", |w| {
+        w.line("const int lane = threadIdx.x;");
         w.line("int m = 0;");
-        w.for_block("int ex = 0", "ex < E && m < KM", "++ex", |w| {
-            emit!(
-                w,
-                "const float g = {};",
-                load(gates.dtype, "gates[tk * E + ex]")
-            );
-            w.line("const int q = g != 0.0f ? pair_of[tk * E + ex] : -1;");
-            w.if_block("q >= 0 && q < P", |w| {
-                w.line("g_of[m] = g;");
-                w.line("q_of[m] = q;");
-                w.line("++m;");
+        w.for_block("int e0 = 0", "e0 < E", "e0 += 32 * CH", |w| {
+            w.line("float gv[CH];");
+            w.line("int qv[CH];");
+            w.for_unrolled("c", 0, "CH", |w| {
+                w.line("const int ex = e0 + c * 32 + lane;");
+                emit!(
+                    w,
+                    "gv[c] = ex < E ? {} : 0.0f;",
+                    load(gates.dtype, "gates[tk * E + ex]")
+                );
+            });
+            w.for_unrolled("c", 0, "CH", |w| {
+                w.line("const int ex = e0 + c * 32 + lane;");
+                w.line("qv[c] = ex < E && gv[c] != 0.0f ? pair_of[tk * E + ex] : -1;");
+            });
+            w.for_unrolled("c", 0, "CH", |w| {
+                w.line("const bool ok = qv[c] >= 0 && qv[c] < P;");
+                w.line("const unsigned b = __ballot_sync(0xffffffffu, ok);");
+                w.line("const int slot = m + __popc(b & ((1u << lane) - 1u));");
+                w.if_block("ok && slot < KM", |w| {
+                    w.line("g_of[slot] = gv[c];");
+                    w.line("q_of[slot] = qv[c];");
+                });
+                w.line("m += __popc(b);");
             });
         });
-        w.line("nk = m;");
+        w.line("if (lane == 0) nk = m < KM ? m : KM;");
     });
     w.line("__syncthreads();");
     w.for_block(
