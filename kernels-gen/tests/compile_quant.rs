@@ -100,6 +100,11 @@ fn snapshots_of_the_quantised_kernels() {
         "moe_grouped kimi mma T=16 moe_down_int4g32",
         "moe_down_int4_mma_kimi",
     );
+    snap(
+        "moe_grouped kimi T=16 moe_dispatch_bf16",
+        "moe_dispatch_kimi",
+    );
+    snap("moe_grouped kimi T=16 moe_combine_bf16", "moe_combine_kimi");
 }
 
 /// The grouped experts over quantised stacks read each used expert's stored bytes (int4 /

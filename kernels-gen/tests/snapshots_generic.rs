@@ -61,3 +61,18 @@ fn softmax_rows() {
 fn sample_inverse_cdf() {
     snap("sample [4,512] Probs", "sample_f32");
 }
+
+#[test]
+fn moe_route_kimi() {
+    snap("moe_route kimi E=384 T=1", "moe_route_kimi");
+}
+
+#[test]
+fn moe_route_grouped() {
+    snap("moe_route deepseek E=256 T=3", "moe_route_deepseek");
+}
+
+#[test]
+fn moe_route_softmax() {
+    snap("moe_route softmax E=60 T=16", "moe_route_softmax");
+}

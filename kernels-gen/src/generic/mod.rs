@@ -23,19 +23,22 @@
 //!   `top_k_threshold` (an element of its row, found by exact counts), and
 //!   float `add`/`sub`/`mul`/`div`/`max`/`min`/`rem`,
 //!   `neg`, `sqrt`, `recip` (one IEEE operation, rounded once to the result dtype).
-//! - To rounding: `exp`, `log`, `silu`, `sigmoid`, `silu_mul`, `softmax` (CUDA's `expf` /
-//!   `logf` are within 2 ulp of libm's) and the float sums of `reduce_sum`, `softmax`,
-//!   `rmsnorm`, `matmul`, which add in a fixed block-tree order instead of the interpreter's
-//!   8 interleaved partials (deterministic from run to run); `top_p_threshold` is an element
-//!   of its row, the same one unless a partial mass lies within f32 rounding of `p · Z`.
+//! - To rounding: `exp`, `log`, `silu`, `sigmoid`, `silu_mul`, `softmax`, the scores of
+//!   `moe_route` (CUDA's `expf` / `logf` are within 2 ulp of libm's; the router's sums,
+//!   selection and gates are the interpreter's operations on those scores) and the float
+//!   sums of `reduce_sum`, `softmax`, `rmsnorm`, `matmul`, which add in a fixed block-tree
+//!   order instead of the interpreter's 8 interleaved partials (deterministic from run to
+//!   run); `top_p_threshold` is an element of its row, the same one unless a partial mass
+//!   lies within f32 rounding of `p · Z`.
 //!
 //! # Kernels
 //! Elementwise ops and data movement run one thread per output element (or per 1–16-byte
 //! unit of a contiguous copy), grid-stride; row ops (`reduce`, `argmax`, `topk`, `softmax`,
-//! `top_p_threshold`, `top_k_threshold`) one block per row; `sample` one warp per row; `matmul` one warp per
-//! output column and 8 rows; `rmsnorm` is the [`crate::norm`] family. A kernel is named
-//! `{op}_{dtype}_{hash8}` like every family ([`crate::abi`]), with the IR dtype name in the
-//! middle so `bool` can appear; which dtype characterises each op is listed at [`single`].
+//! `top_p_threshold`, `top_k_threshold`) one block per row; `sample` and `moe_route` one
+//! warp per row; `matmul` one warp per output column and 8 rows; `rmsnorm` is the
+//! [`crate::norm`] family. A kernel is named `{op}_{dtype}_{hash8}` like every family
+//! ([`crate::abi`]), with the IR dtype name in the middle so `bool` can appear; which dtype
+//! characterises each op is listed at [`single`].
 
 mod elementwise;
 mod mla;

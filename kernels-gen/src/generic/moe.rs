@@ -1,11 +1,11 @@
-//! Mixture-of-experts ops: `moe_route` (one block per token) and `moe_experts` (one block per
+//! Mixture-of-experts ops: `moe_route` (one warp per token) and `moe_experts` (one block per
 //! token, warps over output features). Correct first: each token's block reads the weights
 //! of the experts it selected and nothing of the others, but tokens that share an expert
 //! each read it (no grouping across tokens yet).
 
 use super::quant::QuantRows;
 use super::{c_type, f32_expr, load, row_launch, store, Kernel, TensorArg};
-use crate::abi::KernelSource;
+use crate::abi::{Extent, KernelSource, LaunchSpec};
 use crate::writer::emit;
 use crate::Error;
 use specc_ir::op::MoeScoring;
@@ -28,12 +28,50 @@ pub(super) struct Route {
     pub scaling: f64,
 }
 
+/// Warps (tokens) of a `moe_route` block at most.
+const ROUTE_WARPS: u64 = 4;
+
+/// Module-scope helpers of `moe_route`: the selection key and its warp-wide maximum.
+const ROUTE_ITEMS: &str = r#"// The rank of expert (or group) `i` as one integer: kept bit 62, then the order-preserving
+// bits of rank_key(v) (NaN as -inf, -0 as +0), then 0xFFFFF - i, so that a larger key ranks
+// first and equal values rank the lower index first. Never 0 for i < 2^20: 0 marks a slot
+// that holds no candidate.
+__device__ __forceinline__ unsigned long long route_key(bool kept, float v, int i) {
+  float r = rank_key(v);
+  if (r == 0.0f) r = 0.0f;
+  unsigned u = __float_as_uint(r);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return ((unsigned long long)kept << 62) | ((unsigned long long)u << 20) |
+         (unsigned long long)(0xFFFFF - i);
+}
+__device__ __forceinline__ int route_index(unsigned long long key) {
+  return 0xFFFFF - (int)(key & 0xFFFFFull);
+}
+__device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned long long w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = w > v ? w : v;
+  }
+  return v;
+}"#;
+
 /// Dense gates per token, as the interpreter computes them (`ir/src/interp/moe.rs`): scores
 /// `s` (softmax or sigmoid, f32), `sb = s + bias`; with groups, each group scores the sum of
 /// its two best `sb` (best first, from 0) and the `topk_group` best groups stay; the `top_k`
 /// best experts by (kept, `sb`, lower index) get `s` (over the sum of the chosen `s` in rank
-/// order when normalised) times `scaling`; all other gates are 0. NaN ranks as -inf. Group
-/// scores run a thread per group, the top-k as `top_k` block-wide arg-best reductions.
+/// order when normalised) times `scaling`; all other gates are 0. NaN ranks as -inf.
+///
+/// One warp per token, up to [`ROUTE_WARPS`] tokens a block, no block-wide barrier. Lane `l`
+/// owns experts `q·32 + l`; the softmax denominator adds in the interpreter's order (8
+/// interleaved partial sums of the first `8·⌊E/8⌋` scores by lanes 0–7, combined by
+/// xor-shuffles 1, 2, 4, which is its pairwise tree, then the tail in order). Each candidate
+/// is one 64-bit key ordered as the ranking (`route_key`), unique by its index, so every
+/// selection is a warp max: lane `g` scores groups `g, g + 32, …` (top-2 over its group's
+/// `sb`), `topk_group` maxima over the group keys mark the kept groups, and `top_k` maxima
+/// over the expert keys pick the experts in rank order, each lane holding its keys in
+/// registers with their maximum cached (only the owner of a pick rescans); the denominator
+/// adds each pick's `s` as it is picked, and a picked key becomes 0.
 pub(super) fn moe_route(
     r: &Route,
     logits: &TensorArg,
@@ -52,17 +90,22 @@ pub(super) fn moe_route(
             ),
         ));
     }
-    let smem = e * 4 * 2 + e + r.n_group * 5 + 64;
-    if smem > SMEM_LIMIT {
+    let grouped = r.n_group > 1;
+    // Per warp: s[E], and with groups sb[E] and kept[NG].
+    let warp_smem = if grouped { e * 8 + r.n_group } else { e * 4 };
+    let warps = (SMEM_LIMIT / warp_smem.max(1))
+        .min(ROUTE_WARPS)
+        .min(rows.max(1));
+    if warps == 0 {
         return Err(Error::param(
             "moe_route",
             "experts",
-            format!("{e} experts need {smem} bytes of shared memory"),
+            format!("{e} experts need {warp_smem} bytes of shared memory"),
         ));
     }
-    let nt = (e.next_power_of_two()).clamp(32, 1024) as u32;
     let gsize = e / r.n_group;
     let mut k = Kernel::new("moe_route", logits.dtype);
+    k.items.line(ROUTE_ITEMS);
     k.ptr("x", logits, false);
     if let Some(b) = bias {
         k.ptr("bias", b, false);
@@ -71,153 +114,191 @@ pub(super) fn moe_route(
     let w = &mut k.body;
     emit!(
         w,
-        "constexpr int E = {e}, NT = {nt}, NG = {}, GS = {gsize};",
-        r.n_group
-    );
-    emit!(
-        w,
-        "constexpr int TOPK = {}, TOPKG = {};",
+        "constexpr int E = {e}, NG = {}, GS = {gsize}, TOPK = {}, TOPKG = {};",
+        r.n_group,
         r.top_k,
         r.topk_group
     );
-    w.line("__shared__ float s[E], sb[E], red[NT / 32];");
-    w.line("__shared__ float gscore[NG];");
-    w.line("__shared__ bool kept[NG], chosen[E];");
-    w.line("__shared__ int pick[TOPK > 0 ? TOPK : 1];");
-    w.line("const long long row = blockIdx.x;");
+    emit!(
+        w,
+        "constexpr int W = {warps}, C = (E + 31) / 32, CG = (NG + 31) / 32;"
+    );
+    emit!(w, "constexpr long long ROWS = {rows};");
+    w.line("static_assert(E < (1 << 20), \"route_key holds 20 index bits\");");
+    w.line("__shared__ float s_w[W][E];");
+    if grouped {
+        w.line("__shared__ float sb_w[W][E];");
+        w.line("__shared__ bool kept_w[W][NG];");
+    }
+    w.line("const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
+    w.line("const long long row = (long long)blockIdx.x * W + warp;");
+    w.comment("Whole warps leave: nothing below synchronises more than one warp.");
+    w.line("if (row >= ROWS) return;");
+    w.line("float* s = s_w[warp];");
     emit!(w, "const {}* xr = x + row * E;", c_type(logits.dtype));
     emit!(w, "{}* yr = y + row * E;", c_type(out.dtype));
+    w.line("float sv[C];");
     match r.scoring {
         MoeScoring::Sigmoid => {
-            w.for_block("int i = threadIdx.x", "i < E", "i += NT", |w| {
+            w.for_unrolled("q", 0, "C", |w| {
+                w.line("const int i = q * 32 + lane;");
                 emit!(
                     w,
-                    "s[i] = 1.0f / (1.0f + expf(-{}));",
+                    "sv[q] = i < E ? 1.0f / (1.0f + expf(-{})) : 0.0f;",
                     load(logits.dtype, "xr[i]")
                 );
             });
         }
         MoeScoring::Softmax => {
             w.line("float m = neg_inf();");
-            w.for_block("int i = threadIdx.x", "i < E", "i += NT", |w| {
-                emit!(w, "m = fmaxf(m, {});", load(logits.dtype, "xr[i]"));
-            });
-            w.line("m = block_reduce(m, MaxF32(), red);");
-            w.line("float z = 0.0f;");
-            w.for_block("int i = threadIdx.x", "i < E", "i += NT", |w| {
+            w.for_unrolled("q", 0, "C", |w| {
+                w.line("const int i = q * 32 + lane;");
                 emit!(
                     w,
-                    "const float v = m == neg_inf() ? 0.0f : expf({} - m);",
+                    "sv[q] = i < E ? {} : neg_inf();",
                     load(logits.dtype, "xr[i]")
                 );
-                w.line("s[i] = v;");
-                w.line("z += v;");
+                w.line("m = fmaxf(m, sv[q]);");
             });
-            w.line("z = block_reduce(z, SumF32(), red);");
-            w.for_block("int i = threadIdx.x", "i < E", "i += NT", |w| {
-                w.line("s[i] = z > 0.0f ? s[i] / z : 0.0f;");
+            w.line("m = warp_max(m);");
+            w.for_unrolled("q", 0, "C", |w| {
+                w.line("const int i = q * 32 + lane;");
+                w.line("sv[q] = m == neg_inf() ? 0.0f : expf(sv[q] - m);");
+                w.line("if (i < E) s[i] = sv[q];");
+            });
+            w.line("__syncwarp();");
+            w.comment("z in the interpreter's order (`sum` in ir/src/interp/util.rs).");
+            w.line("constexpr int E8 = E - E % 8;");
+            w.line("float z = 0.0f;");
+            w.line("if (lane < 8) for (int c = lane; c < E8; c += 8) z = __fadd_rn(z, s[c]);");
+            w.line("z = __fadd_rn(z, __shfl_xor_sync(0xffffffffu, z, 1));");
+            w.line("z = __fadd_rn(z, __shfl_xor_sync(0xffffffffu, z, 2));");
+            w.line("z = __fadd_rn(z, __shfl_xor_sync(0xffffffffu, z, 4));");
+            w.line("z = __shfl_sync(0xffffffffu, z, 0);");
+            w.line("for (int c = E8; c < E; ++c) z = __fadd_rn(z, s[c]);");
+            w.line("__syncwarp();  // every lane has read s before it is overwritten");
+            w.comment("A row of -inf and NaN only has max -inf: all scores 0, as the interpreter.");
+            w.if_block("m != neg_inf()", |w| {
+                w.for_unrolled("q", 0, "C", |w| w.line("sv[q] = __fdiv_rn(sv[q], z);"));
             });
         }
     }
-    w.for_block("int i = threadIdx.x", "i < E", "i += NT", |w| {
-        match bias {
-            Some(b) => emit!(w, "sb[i] = __fadd_rn(s[i], {});", load(b.dtype, "bias[i]")),
-            None => w.line("sb[i] = s[i];"),
-        }
-        w.line("chosen[i] = false;");
-        w.line("yr[i] = 0.0f;");
-    });
-    w.line("__syncthreads();");
-    w.comment("Groups by their top-2 sum (a thread per group), the kept groups in thread 0.");
-    if r.n_group > 1 {
-        w.for_block("int g = threadIdx.x", "g < NG", "g += NT", |w| {
-            w.line("int b1 = -1, b2 = -1;");
-            w.for_block("int i = g * GS", "i < (g + 1) * GS", "++i", |w| {
-                w.line("const float v = rank_key(sb[i]);");
-                w.if_else(
-                    "b1 < 0 || v > rank_key(sb[b1])",
-                    |w| {
-                        w.line("b2 = b1;");
-                        w.line("b1 = i;");
-                    },
-                    |w| {
-                        w.if_block("b2 < 0 || v > rank_key(sb[b2])", |w| w.line("b2 = i;"));
-                    },
-                );
-            });
-            w.line("float gs = __fadd_rn(0.0f, sb[b1]);");
-            w.line("if (GS > 1) gs = __fadd_rn(gs, sb[b2]);");
-            w.line("gscore[g] = gs;");
-            w.line("kept[g] = false;");
+    w.line("unsigned long long key[C];");
+    w.for_unrolled("q", 0, "C", |w| {
+        w.line("const int i = q * 32 + lane;");
+        w.line("key[q] = 0;");
+        w.if_block("i < E", |w| {
+            w.line("s[i] = sv[q];");
+            let sb = match bias {
+                Some(b) => format!("__fadd_rn(sv[q], {})", load(b.dtype, "bias[i]")),
+                None => "sv[q]".into(),
+            };
+            if grouped {
+                emit!(w, "sb_w[warp][i] = {sb};");
+            } else {
+                emit!(w, "key[q] = route_key(true, {sb}, i);");
+            }
         });
-        w.line("__syncthreads();");
-        w.if_block("threadIdx.x == 0", |w| {
-            w.for_block("int j = 0", "j < TOPKG", "++j", |w| {
-                w.line("int best = -1;");
-                w.for_block("int g = 0", "g < NG", "++g", |w| {
-                    w.if_block(
-                        "!kept[g] && (best < 0 || rank_key(gscore[g]) > rank_key(gscore[best]))",
-                        |w| w.line("best = g;"),
+    });
+    if grouped {
+        w.line("const float* sb = sb_w[warp];");
+        w.line("bool* kept = kept_w[warp];");
+        w.line("for (int g = lane; g < NG; g += 32) kept[g] = false;");
+        w.line("__syncwarp();");
+        w.comment("Group g scores the sum of its two best sb (lane g % 32).");
+        w.line("unsigned long long gkey[CG];");
+        w.for_unrolled("p", 0, "CG", |w| {
+            w.line("const int g = p * 32 + lane;");
+            w.line("gkey[p] = 0;");
+            w.if_block("g < NG", |w| {
+                w.line("int b1 = -1, b2 = -1;");
+                w.for_block("int i = g * GS", "i < (g + 1) * GS", "++i", |w| {
+                    w.line("const float v = rank_key(sb[i]);");
+                    w.if_else(
+                        "b1 < 0 || v > rank_key(sb[b1])",
+                        |w| {
+                            w.line("b2 = b1;");
+                            w.line("b1 = i;");
+                        },
+                        |w| {
+                            w.if_block("b2 < 0 || v > rank_key(sb[b2])", |w| w.line("b2 = i;"));
+                        },
                     );
                 });
-                w.line("kept[best] = true;");
+                w.line("float gs = __fadd_rn(0.0f, sb[b1]);");
+                w.line("if (GS > 1) gs = __fadd_rn(gs, sb[b2]);");
+                w.line("gkey[p] = route_key(false, gs, g);");
             });
         });
-    } else {
-        w.line("if (threadIdx.x == 0) kept[0] = true;");
+        w.comment("The TOPKG best groups, one warp max each; the owner marks its group kept.");
+        w.line("unsigned long long gbest = 0;");
+        w.for_unrolled("p", 0, "CG", |w| {
+            w.line("gbest = gkey[p] > gbest ? gkey[p] : gbest;")
+        });
+        w.for_block("int j = 0", "j < TOPKG", "++j", |w| {
+            w.line("const unsigned long long b = warp_max_u64(gbest);");
+            w.if_block("gbest == b", |w| {
+                w.line("kept[route_index(b)] = true;");
+                w.line("gbest = 0;");
+                w.for_unrolled("p", 0, "CG", |w| {
+                    w.line("if (gkey[p] == b) gkey[p] = 0;");
+                    w.line("gbest = gkey[p] > gbest ? gkey[p] : gbest;");
+                });
+            });
+        });
+        w.line("__syncwarp();");
+        w.for_unrolled("q", 0, "C", |w| {
+            w.line("const int i = q * 32 + lane;");
+            w.line("if (i < E) key[q] = route_key(kept[i / GS], sb[i], i);");
+        });
     }
-    w.line("__syncthreads();");
-    w.comment(
-        "Expert i ranks before j: kept group first, then the larger sb, then the lower index.",
-    );
-    w.line("auto before = [&](int i, int j) {");
-    w.line("  if (i < 0) return false;");
-    w.line("  if (j < 0) return true;");
-    w.line("  const bool ki = kept[i / GS], kj = kept[j / GS];");
-    w.line("  if (ki != kj) return ki;");
-    w.line("  const float vi = rank_key(sb[i]), vj = rank_key(sb[j]);");
-    w.line("  return vi != vj ? vi > vj : i < j;");
-    w.line("};");
-    w.comment("top_k rounds of a block-wide arg-best over the experts not chosen yet (the same");
-    w.comment("total order in any reduction shape, so the picks equal a sequential scan's).");
-    w.line("__shared__ int wbest[NT / 32];");
+    w.line("__syncwarp();  // s is complete");
+    w.comment("The TOPK best experts in rank order, one warp max each; a picked key becomes 0.");
+    w.line("unsigned long long best = 0;");
+    w.for_unrolled("q", 0, "C", |w| {
+        w.line("best = key[q] > best ? key[q] : best;")
+    });
+    if r.norm_topk_prob {
+        w.line("float denom = 0.0f;");
+    }
     w.for_block("int j = 0", "j < TOPK", "++j", |w| {
-        w.line("int best = -1;");
-        w.for_block("int i = threadIdx.x", "i < E", "i += NT", |w| {
-            w.line("if (!chosen[i] && before(i, best)) best = i;");
+        w.line("const unsigned long long b = warp_max_u64(best);");
+        w.if_block("best == b", |w| {
+            w.line("best = 0;");
+            w.for_unrolled("q", 0, "C", |w| {
+                w.line("if (key[q] == b) key[q] = 0;");
+                w.line("best = key[q] > best ? key[q] : best;");
+            });
         });
-        w.for_block("int off = 16", "off > 0", "off >>= 1", |w| {
-            w.line("const int o = __shfl_xor_sync(0xffffffffu, best, off);");
-            w.line("if (before(o, best)) best = o;");
-        });
-        w.line("if ((threadIdx.x & 31) == 0) wbest[threadIdx.x >> 5] = best;");
-        w.line("__syncthreads();");
-        w.if_block("threadIdx.x == 0", |w| {
-            w.line("int b = -1;");
-            w.line("for (int q = 0; q < NT / 32; ++q) if (before(wbest[q], b)) b = wbest[q];");
-            w.line("chosen[b] = true;");
-            w.line("pick[j] = b;");
-        });
-        w.line("__syncthreads();");
-    });
-    w.if_block("threadIdx.x == 0", |w| {
-        w.line("float denom = 1.0f;");
         if r.norm_topk_prob {
-            w.line("denom = 0.0f;");
-            w.line("for (int j = 0; j < TOPK; ++j) denom = __fadd_rn(denom, s[pick[j]]);");
+            w.line("denom = __fadd_rn(denom, s[route_index(b)]);");
         }
-        emit!(w, "const float scaling = {};", f32_expr(r.scaling as f32));
-        w.for_block("int j = 0", "j < TOPK", "++j", |w| {
-            w.line("const int i = pick[j];");
-            if r.norm_topk_prob {
-                w.line("const float g = denom > 0.0f ? __fdiv_rn(s[i], denom) : s[i];");
-            } else {
-                w.line("const float g = s[i];");
-            }
-            emit!(w, "yr[i] = {};", store(out.dtype, "__fmul_rn(g, scaling)"));
+    });
+    emit!(w, "const float scaling = {};", f32_expr(r.scaling as f32));
+    w.for_unrolled("q", 0, "C", |w| {
+        w.line("const int i = q * 32 + lane;");
+        w.if_block("i < E", |w| {
+            w.line("float gate = 0.0f;");
+            w.if_block("key[q] == 0", |w| {
+                if r.norm_topk_prob {
+                    w.line("const float g = denom > 0.0f ? __fdiv_rn(s[i], denom) : s[i];");
+                } else {
+                    w.line("const float g = s[i];");
+                }
+                w.line("gate = __fmul_rn(g, scaling);");
+            });
+            emit!(w, "yr[i] = {};", store(out.dtype, "gate"));
         });
     });
-    Ok(k.finish(row_launch(rows, nt)))
+    Ok(k.finish(LaunchSpec {
+        grid: [
+            Extent::Fixed(rows.div_ceil(warps).max(1) as u32),
+            Extent::Fixed(1),
+            Extent::Fixed(1),
+        ],
+        block: [(32 * warps) as u32, 1, 1],
+        smem_bytes: 0,
+    }))
 }
 
 /// Per token, for each expert with a non-zero gate in increasing index: `g = R(x·Wg_eᵀ)`,

@@ -1,12 +1,15 @@
 //! The grouped MoE: `moe_experts` as four kernels that read each selected expert's weights
 //! once for all the tokens routed to it, and nothing of the experts no token selected.
 //!
-//! 1. `moe_dispatch` (one block): from the dense gates `[T, E]`, per expert the count of
-//!    tokens with a non-zero gate and their (token, gate) pairs, ordered by expert and then
-//!    token, in a fixed buffer of `T · top_k` pairs; the list of experts with at least one
-//!    token (`used`, increasing); `pidx[t, e]` = the pair of (t, e). Every write is inside
-//!    its buffer: a pair past the capacity is dropped (`pidx` = -1) — impossible when the
-//!    gates come from a router choosing `top_k` per token, which is what the capacity is.
+//! 1. `moe_dispatch` (one block, a thread per expert): from the dense gates `[T, E]`, per
+//!    expert the count of tokens with a non-zero gate and their (token, gate) pairs, ordered
+//!    by expert and then token, in a fixed buffer of `T · top_k` pairs; the list of experts
+//!    with at least one token (`used`, increasing); `pidx[t, e]` = the pair of (t, e). The
+//!    first pair of each expert and its slot in `used` are exclusive scans over the experts
+//!    (warp shuffles and ballots, then the warp totals: two barriers a round of up to 1024
+//!    experts). Every write is inside its buffer: a pair past the capacity is dropped
+//!    (`pidx` = -1) — impossible when the gates come from a router choosing `top_k` per
+//!    token, which is what the capacity is.
 //! 2. `moe_gate_up`: grid (row tiles of F, used-expert slots); a block whose slot is past the
 //!    used count exits. Each warp owns rows of the expert's gate and up weights and streams
 //!    them once per pass over the expert's tokens (passes of up to 8 tokens for float stacks,
@@ -14,7 +17,9 @@
 //!    `a = R(R(silu(R(g)))·R(u))` is its epilogue, into `act[pair, F]`.
 //! 3. `moe_down`: the same over the down weights, `y[pair, H] = R(a · Wd_eᵀ)`.
 //! 4. `moe_combine` (one block per token): `out = R(Σ_e gate·y)` over the token's pairs in
-//!    increasing expert order, one f32 multiply and add each, as the interpreter.
+//!    increasing expert order, one f32 multiply and add each, as the interpreter. One warp
+//!    gathers the pairs (all gates of up to 512 experts loaded at once, compacted in order
+//!    by ballots), then the block accumulates.
 //!
 //! `R` rounds to the output dtype. Each dot product is one warp's sum over a fixed lane
 //! stride, whatever the number of tokens sharing the expert, so a token's result does not
@@ -62,8 +67,10 @@ const DOWN_ROWS_PER_WARP: u64 = 4;
 /// up to 4 (8 spills at Kimi's shapes within the registers of [`FLOAT_MIN_BLOCKS`]).
 const FLOAT_PASSES: [u64; 3] = [1, 2, 4];
 const QUANT_PASSES: [u64; 3] = [1, 2, 4];
-/// Threads of the dispatch block.
-const DISPATCH_THREADS: u32 = 512;
+/// Tokens whose gates a dispatch thread loads at once.
+const DISPATCH_TOKENS: u64 = 8;
+/// Groups of 32 experts whose gates the combine gather loads at once.
+const COMBINE_CHUNKS: u64 = 16;
 
 /// Scratch buffers of the grouped MoE (arena locations, each 256-byte aligned).
 #[derive(Clone, Copy, Debug)]
@@ -399,9 +406,35 @@ fn meta_ptrs(k: &mut Kernel, s: &MoeScratch, e: u64, mutable: bool) {
     emit!(w, "{cv}int* count = meta + 1 + 2 * {e};");
 }
 
+/// Threads of the dispatch block: one per expert, up to 1024 (more experts take rounds).
+fn dispatch_threads(e: u64) -> u32 {
+    e.next_multiple_of(32).clamp(32, 1024) as u32
+}
+
+/// The token loop of a dispatch thread (expert `ex`): the gates of `TB` tokens are loaded
+/// before any is used, so their loads overlap; `body` sees token `t0 + b` and its gate `g`
+/// (0 past `T`), in increasing token order.
+fn per_token_chunk(w: &mut Writer, gates: &TensorArg, body: &dyn Fn(&mut Writer)) {
+    w.for_block("int t0 = 0", "t0 < T", "t0 += TB", |w| {
+        w.line("float gv[TB];");
+        w.for_unrolled("b", 0, "TB", |w| {
+            emit!(
+                w,
+                "gv[b] = t0 + b < T ? {} : 0.0f;",
+                load(gates.dtype, "gates[(long long)(t0 + b) * E + ex]")
+            );
+        });
+        w.for_unrolled("b", 0, "TB", |w| {
+            w.line("const float g = gv[b];");
+            body(w);
+        });
+    });
+}
+
 fn dispatch(sh: MoeGroupedShape, gates: &TensorArg, s: &MoeScratch) -> KernelSource {
     use specc_ir::DType::{F32, I32};
     let (t, e, p) = (sh.tokens, sh.experts, sh.pairs());
+    let nt = dispatch_threads(e);
     let mut k = Kernel::new("moe_dispatch", gates.dtype);
     k.ptr("gates", gates, false);
     meta_ptrs(&mut k, s, e, true);
@@ -412,42 +445,61 @@ fn dispatch(sh: MoeGroupedShape, gates: &TensorArg, s: &MoeScratch) -> KernelSou
     let w = &mut k.body;
     emit!(
         w,
-        "constexpr int T = {t}, E = {e}, P = {p}, NT = {DISPATCH_THREADS};"
+        "constexpr int T = {t}, E = {e}, P = {p}, NT = {nt}, NW = NT / 32, TB = {};",
+        t.clamp(1, DISPATCH_TOKENS)
     );
     w.line("__shared__ int n_of[E], at[E];");
+    w.line("__shared__ int wn[NW], wu[NW];");
+    w.line("const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
+    w.comment("Thread ex % NT counts expert ex's tokens; only it reads n_of[ex] and at[ex].");
     w.for_block("int ex = threadIdx.x", "ex < E", "ex += NT", |w| {
         w.line("int n = 0;");
-        emit!(
-            w,
-            "for (int tk = 0; tk < T; ++tk) n += {} != 0.0f;",
-            load(gates.dtype, "gates[(long long)tk * E + ex]")
-        );
+        per_token_chunk(w, gates, &|w| w.line("n += g != 0.0f;"));
         w.line("n_of[ex] = n;");
     });
-    w.line("__syncthreads();");
-    w.comment("Sequential prefix over the experts (E steps) in thread 0.");
-    w.if_block("threadIdx.x == 0", |w| {
-        w.line("int run = 0, nu = 0;");
-        w.for_block("int ex = 0", "ex < E", "++ex", |w| {
-            w.line("at[ex] = run;");
-            w.line("if (n_of[ex] > 0) used[nu++] = ex;");
-            w.line("run += n_of[ex];");
+    w.comment("Exclusive scans over the experts in increasing order, NT a round: of the counts");
+    w.comment("(at) and of the used flags (the slot in used). A warp scans by shuffles and a");
+    w.comment("ballot, adds the totals of the warps before it and of the earlier rounds.");
+    w.line("int carry = 0, ucarry = 0;");
+    w.for_block("int r0 = 0", "r0 < E", "r0 += NT", |w| {
+        w.line("const int ex = r0 + threadIdx.x;");
+        w.line("const int n = ex < E ? n_of[ex] : 0;");
+        w.line("int inc = n;");
+        w.for_unrolled("o", 0, "5", |w| {
+            w.line("const int v = __shfl_up_sync(0xffffffffu, inc, 1 << o);");
+            w.line("if (lane >= (1 << o)) inc += v;");
         });
-        w.line("meta[0] = nu;");
-        w.line("stat[0] = nu;");
+        w.line("const unsigned ub = __ballot_sync(0xffffffffu, n > 0);");
+        w.line("if (lane == 31) wn[warp] = inc;");
+        w.line("if (lane == 0) wu[warp] = __popc(ub);");
+        w.line("__syncthreads();");
+        w.line("int base = carry, ubase = ucarry;");
+        w.for_block("int q = 0", "q < NW", "++q", |w| {
+            w.line("const int nq = wn[q], uq = wu[q];");
+            w.if_block("q < warp", |w| {
+                w.line("base += nq;");
+                w.line("ubase += uq;");
+            });
+            w.line("carry += nq;");
+            w.line("ucarry += uq;");
+        });
+        w.if_block("ex < E", |w| {
+            w.line("at[ex] = base + inc - n;");
+            w.line("if (n > 0) used[ubase + __popc(ub & ((1u << lane) - 1u))] = ex;");
+        });
+        w.line("__syncthreads();  // wn and wu are read before the next round writes them");
     });
-    w.line("__syncthreads();");
+    w.if_block("threadIdx.x == 0", |w| {
+        w.line("meta[0] = ucarry;");
+        w.line("stat[0] = ucarry;");
+    });
     w.for_block("int ex = threadIdx.x", "ex < E", "ex += NT", |w| {
         w.line("int q = at[ex];");
         w.line("first[ex] = q;");
         w.line("count[ex] = q >= P ? 0 : (n_of[ex] < P - q ? n_of[ex] : P - q);");
-        w.for_block("int tk = 0", "tk < T", "++tk", |w| {
-            emit!(
-                w,
-                "const float g = {};",
-                load(gates.dtype, "gates[(long long)tk * E + ex]")
-            );
+        per_token_chunk(w, gates, &|w| {
             w.if_block("g != 0.0f", |w| {
+                w.line("const int tk = t0 + b;");
                 w.if_else(
                     "q < P",
                     |w| {
@@ -463,7 +515,7 @@ fn dispatch(sh: MoeGroupedShape, gates: &TensorArg, s: &MoeScratch) -> KernelSou
     });
     k.finish(LaunchSpec {
         grid: [Extent::Fixed(1); 3],
-        block: [DISPATCH_THREADS, 1, 1],
+        block: [nt, 1, 1],
         smem_bytes: 0,
     })
 }
@@ -635,27 +687,47 @@ fn combine(
     let w = &mut k.body;
     emit!(w, "constexpr int E = {e}, KM = {kmax}, P = {p};");
     emit!(w, "constexpr long long H = {h};");
+    emit!(
+        w,
+        "constexpr int CH = {};",
+        e.div_ceil(32).min(COMBINE_CHUNKS)
+    );
     w.line("__shared__ float g_of[KM];");
     w.line("__shared__ int q_of[KM];");
     w.line("__shared__ int nk;");
     w.line("const long long tk = blockIdx.x;");
-    w.comment("The token's pairs in increasing expert order, gathered by thread 0.");
-    w.if_block("threadIdx.x == 0", |w| {
+    w.comment("Warp 0 gathers the token's first KM pairs in increasing expert order: CH groups");
+    w.comment("of 32 experts loaded at once, each compacted by a ballot (slot = pairs before it).");
+    w.if_block("threadIdx.x < 32", |w| {
+        w.line("const int lane = threadIdx.x;");
         w.line("int m = 0;");
-        w.for_block("int ex = 0", "ex < E && m < KM", "++ex", |w| {
-            emit!(
-                w,
-                "const float g = {};",
-                load(gates.dtype, "gates[tk * E + ex]")
-            );
-            w.line("const int q = g != 0.0f ? pair_of[tk * E + ex] : -1;");
-            w.if_block("q >= 0 && q < P", |w| {
-                w.line("g_of[m] = g;");
-                w.line("q_of[m] = q;");
-                w.line("++m;");
+        w.for_block("int e0 = 0", "e0 < E", "e0 += 32 * CH", |w| {
+            w.line("float gv[CH];");
+            w.line("int qv[CH];");
+            w.for_unrolled("c", 0, "CH", |w| {
+                w.line("const int ex = e0 + c * 32 + lane;");
+                emit!(
+                    w,
+                    "gv[c] = ex < E ? {} : 0.0f;",
+                    load(gates.dtype, "gates[tk * E + ex]")
+                );
+            });
+            w.for_unrolled("c", 0, "CH", |w| {
+                w.line("const int ex = e0 + c * 32 + lane;");
+                w.line("qv[c] = ex < E && gv[c] != 0.0f ? pair_of[tk * E + ex] : -1;");
+            });
+            w.for_unrolled("c", 0, "CH", |w| {
+                w.line("const bool ok = qv[c] >= 0 && qv[c] < P;");
+                w.line("const unsigned b = __ballot_sync(0xffffffffu, ok);");
+                w.line("const int slot = m + __popc(b & ((1u << lane) - 1u));");
+                w.if_block("ok && slot < KM", |w| {
+                    w.line("g_of[slot] = gv[c];");
+                    w.line("q_of[slot] = qv[c];");
+                });
+                w.line("m += __popc(b);");
             });
         });
-        w.line("nk = m;");
+        w.line("if (lane == 0) nk = m < KM ? m : KM;");
     });
     w.line("__syncthreads();");
     w.for_block(

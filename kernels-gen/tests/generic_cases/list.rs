@@ -23,6 +23,7 @@ pub fn cases() -> Vec<Case> {
     movement(&mut v);
     rows(&mut v);
     trees(&mut v);
+    super::moe::routes(&mut v);
     v
 }
 

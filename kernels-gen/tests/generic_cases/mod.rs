@@ -11,6 +11,7 @@ use specc_kernels_gen::abi::Loc;
 use specc_kernels_gen::generic::TensorArg;
 
 mod list;
+mod moe;
 pub use list::cases;
 use std::collections::HashMap;
 
