@@ -15,8 +15,9 @@ mod mla_cases;
 
 use gpu::{assert_close, bf16_tol, tensor, Gpu, Mem, Reference, Rng};
 use mla_cases::{
-    plan, Dims, Planned, ANC, C_CACHE, FIXTURE, KIMI, PE_CACHE, POS, PREFIX, Q_LAT, Q_PE,
+    plan, plan_with, Dims, Planned, ANC, C_CACHE, FIXTURE, KIMI, PE_CACHE, POS, PREFIX, Q_LAT, Q_PE,
 };
+use specc_ir::engine::choice::MlaChoice;
 use specc_ir::op::AttnMask;
 use specc_ir::Op;
 use specc_kernels_gen::abi::{Bucket, Dtype, Loc};
@@ -321,5 +322,64 @@ fn mla_tile_timings() {
             16 * pl.p.block_row_tiles,
             pl.p.stages
         );
+    }
+}
+
+/// The tile + combine pair at Kimi-K2 dims, ctx 8192, for every work split the kernel takes
+/// (splits 8 / 16 / 32 / 64 × 16 / 32 / 64 rows a block), beside the plan's choice: the
+/// table `choose::mla::tiling` is checked against. Timing, not a check.
+#[test]
+#[ignore = "timing, not a check; run with --ignored on a GPU"]
+fn mla_tile_split_sweep() {
+    let Some(gpu) = Gpu::new() else { return };
+    let ctx = 8192u64;
+    for (b, t) in [(1, 1), (1, 4), (8, 1)] {
+        let chosen = plan(KIMI, b, t, ctx, false, gpu.target()).unwrap().p;
+        for splits in [8u64, 16, 32, 64] {
+            for rt in [1u64, 2, 4] {
+                for stages in [3u64, 2] {
+                    let split = MlaChoice {
+                        splits,
+                        block_row_tiles: rt,
+                        stages,
+                    };
+                    let Some(pl) = plan_with(KIMI, b, t, ctx, false, gpu.target(), Some(split))
+                    else {
+                        continue;
+                    };
+                    if !specc_kernels_gen::mla_tile::supported(
+                        &pl.p,
+                        gpu.target().smem_per_block as u64,
+                    ) {
+                        continue;
+                    }
+                    let mut mem = Mem::new(pl.arena_bytes, &pl.buf_bytes);
+                    let full: Vec<f64> = (0..b * t).map(|i| (ctx - t + i % t) as f64).collect();
+                    mem.put(Loc::table(POS), Dtype::I32, &full);
+                    let bucket = Bucket {
+                        b: b as u32,
+                        t: t as u32,
+                        ctx: ctx as u32,
+                    };
+                    let kv_bytes = (b * ctx * (KIMI.latent + KIMI.rope) * 2) as f64;
+                    let copies = (200e6 / kv_bytes).ceil().max(2.0) as usize;
+                    let ks: Vec<_> = pl.kernels.iter().collect();
+                    let us = gpu.time(&mem, &ks, bucket, copies, 100);
+                    let mark = if (chosen.splits, chosen.block_row_tiles, chosen.stages)
+                        == (splits, rt, stages)
+                    {
+                        " <- plan"
+                    } else {
+                        ""
+                    };
+                    println!(
+                        "SWEEP kimi B={b} T={t} splits {splits:>2} rows/block {:>2} stages {stages}: {us:>7.2} us, {:>6.0} GB/s{mark}",
+                        16 * rt,
+                        kv_bytes / us / 1e3
+                    );
+                    break;
+                }
+            }
+        }
     }
 }

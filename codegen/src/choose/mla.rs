@@ -8,18 +8,19 @@ use specc_kernels_gen::mla_tile::{self, MlaTileParams, MAX_BLOCK_ROW_TILES, STAG
 /// Slots per split at least: four tiles, so that staging a block's q rows (as many bytes as
 /// two tiles at 64 rows) stays a small part of what a split reads.
 const MIN_SPLIT_SLOTS: u64 = 4 * TILE_SLOTS;
-/// Context splits at most: at 8192 slots, 64 splits of 128 slots give a decode of one
-/// Kimi-K2 token (64 heads) 128 blocks of 32 rows for the H200's 132 SMs, while the f32
-/// partials (`rows · splits · latent`, written and read once by `mla_combine`) stay below the
-/// bytes of the cache they summarise at 64 heads (2 KiB per row and split against 1152 B per
-/// slot: 64 · 64 · 2 KiB = 8 MiB for 9.4 MB of cache).
-const MAX_SPLITS: u64 = 64;
+/// Context splits at most: at 8192 slots, 32 splits of 256 slots. Against 64 splits of
+/// 128 (the same at one decode token, 36 µs a layer at Kimi-K2 dims on an H100) they halve
+/// the f32 partials `mla_combine` reads (`rows · splits · latent`) and let wider blocks share
+/// each cache tile: 64 vs 91 µs at 4 tokens, 125 vs 166 µs at batch 8; 16 splits lose at
+/// one token (58 µs). Measured with `gpu_parity_mla --ignored mla_tile_split_sweep`
+/// (bench/NOTES.md, session 36).
+const MAX_SPLITS: u64 = 32;
 
 /// Context splits at `ctx` slots of capacity. They depend on the capacity alone, never on
 /// the bucket (batch, tokens) or the block shape, so every graph of an engine cuts a row's
 /// context at the same slots and folds the same partials in the same order: a row's result
 /// is bitwise the same in every bucket (the batch invariance greedy exactness needs). At 8192
-/// slots: 64 splits of 128.
+/// slots: 32 splits of 256.
 pub fn tile_splits(ctx: u64) -> u64 {
     ctx.div_ceil(MIN_SPLIT_SLOTS).clamp(1, MAX_SPLITS)
 }
@@ -29,8 +30,8 @@ pub fn tile_splits(ctx: u64) -> u64 {
 /// Row tiles per block: each cache tile is staged once per block, so a block takes as many
 /// of its sequence's row tiles as it can (4, 2 or 1: whole warps groups of 16 rows, the
 /// power of two that splits 64 heads evenly) while the launch still has blocks for three
-/// quarters of the SMs — at decode with one 64-head token, 2 (128 blocks at 8192 slots);
-/// at batch 8, 4 (each cache tile read once). A block's row count never changes a row's
+/// quarters of the SMs — at decode with one 64-head token, 1 (128 blocks at 8192 slots);
+/// from 4 tokens or at batch 8, 4 (each cache tile read once per sequence and split). A block's row count never changes a row's
 /// result (tiles past a row's end add exact zeros), so this is free to depend on the bucket.
 /// Stages: three cache tiles in shared memory (two loading while one is computed) where
 /// they fit, else two.

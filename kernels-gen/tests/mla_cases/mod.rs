@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 use specc_codegen::choose::mla::tiling;
+use specc_ir::engine::choice::MlaChoice;
 use specc_ir::DType;
 use specc_kernels_gen::abi::{KernelSource, Loc};
 use specc_kernels_gen::mla_tile::{mla_tile, MlaMask, MlaTileParams};
@@ -58,6 +59,19 @@ pub fn plan(
     tree: bool,
     target: &Target,
 ) -> Option<Planned> {
+    plan_with(dims, batch, tokens, ctx, tree, target, None)
+}
+
+/// [`plan`] with the work split `split` instead of the plan's choice (benchmark sweeps).
+pub fn plan_with(
+    dims: Dims,
+    batch: u64,
+    tokens: u64,
+    ctx: u64,
+    tree: bool,
+    target: &Target,
+    split: Option<MlaChoice>,
+) -> Option<Planned> {
     let rows = batch * tokens * dims.heads;
     let out_bytes = (2 * rows * dims.latent).next_multiple_of(256);
     let mut p = MlaTileParams {
@@ -92,7 +106,10 @@ pub fn plan(
         partial_acc: Loc::arena(0),
         partial_ml: Loc::arena(0),
     };
-    let t = tiling(&p, target)?;
+    let t = match split {
+        Some(t) => t,
+        None => tiling(&p, target)?,
+    };
     p.splits = t.splits;
     p.block_row_tiles = t.block_row_tiles;
     p.stages = t.stages;
@@ -100,7 +117,12 @@ pub fn plan(
     p.partial_acc = Loc::arena(out_bytes);
     p.partial_ml = Loc::arena(out_bytes + acc.next_multiple_of(256));
     let arena_bytes = out_bytes + acc.next_multiple_of(256) + ml.next_multiple_of(256);
-    let kernels = mla_tile(&p).unwrap_or_else(|e| panic!("{e}"));
+    let kernels = match mla_tile(&p) {
+        Ok(k) => k,
+        // A swept split the kernel does not take (shared memory): not a planned launch.
+        Err(_) if split.is_some() => return None,
+        Err(e) => panic!("{e}"),
+    };
     let buf_bytes = vec![
         2 * rows * dims.latent,
         2 * rows * dims.rope,
