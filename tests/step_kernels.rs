@@ -13,7 +13,9 @@ use specc_codegen::choose::gemm::{
 };
 use specc_codegen::choose::matmul::{NORM_FUSED_MAX_ROWS, ROPE_FUSED_MAX_ROWS};
 use specc_codegen::{build, BuildOptions, Built, Compiled, Cubins, Epilogue, GroupKind};
-use specc_ir::engine::choice::{EpilogueChoice, Feed, MatmulChoice, MatmulCore, NormPlacement};
+use specc_ir::engine::choice::{
+    EpilogueChoice, ExpertMatmul, Feed, MatmulChoice, MatmulCore, NormPlacement,
+};
 use specc_ir::engine::{
     Arch, BucketPlan, BuildInput, GraphRole, GroupCost, Launch, Phase, RoleGraph, StepContract,
     Target,
@@ -1033,6 +1035,24 @@ fn deepseek_v3_bf16_takes_the_tensor_core_mla_and_grouped_moe() {
             !families.contains(&"mla_attention") && !families.contains(&"moe_experts"),
             "{name}: a generic MLA/MoE kernel remains in {families:?}"
         );
+        // The engine records what was chosen, not only the kernels it launches: the grouped
+        // experts' matmul (bf16 stacks: the CUDA cores) over the bucket's tokens, and MLA's
+        // capacity-fixed splits (256 slots: 2 of 128).
+        let moe: Vec<_> = plan.groups.iter().filter_map(|g| g.choice.moe()).collect();
+        assert!(!moe.is_empty(), "{name}: no grouped MoE choice recorded");
+        for m in &moe {
+            assert_eq!(m.matmul, ExpertMatmul::CudaCores, "{name}");
+            let rows = plan.bucket.b as u64 * plan.bucket.t as u64;
+            // A tree step verifies every node of each sequence's tree, more than T a row.
+            if name.contains("tree") {
+                assert!(m.tokens > rows, "{name}: {m:?}");
+            } else {
+                assert_eq!(m.tokens, rows, "{name}");
+            }
+        }
+        let mla: Vec<_> = plan.groups.iter().filter_map(|g| g.choice.mla()).collect();
+        assert!(!mla.is_empty(), "{name}: no MLA choice recorded");
+        assert!(mla.iter().all(|m| m.splits == 2), "{name}: {mla:?}");
         if name.contains("tree") {
             let tree = (0..plan.launches.len())
                 .filter(|&i| p.family(plan, i) == "mla_tile")
