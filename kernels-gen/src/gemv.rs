@@ -20,6 +20,14 @@
 //! dot products are reduced across the warp with shuffles; lane `(m·cw + j) % 32` owns the
 //! epilogue of `(row m, column j)`.
 //!
+//! Split-K inside the block ([`GemvTiling::k_warps`] > 1, where the columns are too few to
+//! fill the GPU): the block has `warps · k_warps` warps, warp `kw · warps + w` taking column
+//! group `w` and every `k_warps`-th group of `32 · VW` elements of K (group `k / (32·VW)`
+//! belongs to split `(k / (32·VW)) % k_warps`, whatever the chunk). Each warp reduces its
+//! sums with the same shuffles; the splits `kw ≥ 1` leave theirs in shared memory and the
+//! `kw = 0` warp adds them in increasing `kw`, then runs the epilogue. The split depends on
+//! N, K, the dtypes and SwiGLU only, so a row is summed in the same order at every row tile.
+//!
 //! The plan uses this kernel for single rows and non-16-bit operands; row tiles of 2+ rows
 //! with bf16/f16 operands go to the tensor-core variant [`crate::gemv_mma`], which shares
 //! the RMS prologue (`emit_row_inv_rms`) and the epilogue (`emit_epilogue_value`).
