@@ -129,7 +129,10 @@ fn gemv_case(
     let (kernel, count, split) = match mma_tiling {
         None => {
             let t = p.tiling();
-            let split = format!("{}w x {}c, kc {}", t.warps, t.cols_per_warp, t.k_chunk);
+            let split = format!(
+                "{}w x {}c x {}kw, kc {}",
+                t.warps, t.cols_per_warp, t.k_warps, t.k_chunk
+            );
             (gemv(&p).unwrap(), p.partials_per_row(), split)
         }
         Some(t) => {

@@ -20,6 +20,14 @@
 //! dot products are reduced across the warp with shuffles; lane `(m·cw + j) % 32` owns the
 //! epilogue of `(row m, column j)`.
 //!
+//! Split-K inside the block ([`GemvTiling::k_warps`] > 1, where the columns are too few to
+//! fill the GPU): the block has `warps · k_warps` warps, warp `kw · warps + w` taking column
+//! group `w` and every `k_warps`-th group of `32 · VW` elements of K (group `k / (32·VW)`
+//! belongs to split `(k / (32·VW)) % k_warps`, whatever the chunk). Each warp reduces its
+//! sums with the same shuffles; the splits `kw ≥ 1` leave theirs in shared memory and the
+//! `kw = 0` warp adds them in increasing `kw`, then runs the epilogue. The split depends on
+//! N, K, the dtypes and SwiGLU only, so a row is summed in the same order at every row tile.
+//!
 //! The plan uses this kernel for single rows and non-16-bit operands; row tiles of 2+ rows
 //! with bf16/f16 operands go to the tensor-core variant [`crate::gemv_mma`], which shares
 //! the RMS prologue (`emit_row_inv_rms`) and the epilogue (`emit_epilogue_value`).
@@ -38,6 +46,14 @@ pub const MAX_ROW_TILE: u32 = 64;
 pub(crate) const X_SMEM_BYTES: u64 = 32 * 1024;
 /// Below this many blocks the tiling trades columns per block for more blocks.
 pub(crate) const MIN_BLOCKS: u64 = 256;
+/// Weight-streaming warps a launch should have (what [`MIN_BLOCKS`] blocks of 8 warps give):
+/// below it, at one column per warp, the tiling splits K inside the block.
+const TARGET_WARPS: u64 = MIN_BLOCKS * 8;
+/// Most warps splitting one column group's K ([`GemvTiling::k_warps`]).
+pub const MAX_K_WARPS: u32 = 8;
+/// Most warps per block with K split; half of it where a lane holds over 32 accumulators
+/// (row tiles past 32), so `__launch_bounds__` still allows 255 registers a thread.
+const SPLIT_BLOCK_WARPS: u32 = 16;
 
 /// The weight operand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,11 +135,25 @@ impl GemvParams {
         while nw > 2 && blocks(nw, cw) < MIN_BLOCKS {
             nw /= 2;
         }
+        let kw = self.k_warps();
+        if kw > 1 {
+            let cap = if mt * cw * g > 32 {
+                SPLIT_BLOCK_WARPS / 2
+            } else {
+                SPLIT_BLOCK_WARPS
+            };
+            nw = nw.min(cap / kw).max(1);
+        }
         let vec = (16 / self.w_dtype.size()) as u32;
         let xs = self.x.dtype.size();
         let budget = X_SMEM_BYTES / (mt as u64 * xs);
+        // With K split, whole split rounds per chunk where they fit: every chunk then
+        // starts at split 0 (shorter chunks rotate the first split, the same order).
+        let round = 32 * vec as u64 * kw as u64;
         let k_chunk = if self.k as u64 <= budget {
             self.k
+        } else if kw > 1 && budget >= round {
+            (budget - budget % round) as u32
         } else if budget >= 32 * vec as u64 {
             (budget - budget % (32 * vec as u64)) as u32
         } else {
@@ -134,13 +164,41 @@ impl GemvParams {
             cols_per_warp: cw,
             vec,
             k_chunk,
+            k_warps: kw,
         }
+    }
+
+    /// The split of K inside the block ([`GemvTiling::k_warps`]): the smallest power of two
+    /// that brings the launch's weight-streaming warps (one column per warp, gate and up
+    /// counted apart) to [`TARGET_WARPS`], at most [`MAX_K_WARPS`], while each warp keeps
+    /// at least two 16-byte loads per weight row. A function of N, K, the dtypes and
+    /// [`Self::gate_up`] only: never of the row tile (a row is summed in the same order at
+    /// every M) nor of the epilogue (the RoPE-fused q|k|v projection sums as the plain one
+    /// that `rope_kv` follows at other row counts, bit for bit).
+    ///
+    /// No split where x is wider than the weights: a 64-row tile could then not stage a
+    /// chunk of `32 · vec` elements, and the chunk must be a multiple of that for every
+    /// (split, lane) to own the same k at every row tile.
+    pub fn k_warps(&self) -> u32 {
+        if self.x.dtype.size() > self.w_dtype.size() {
+            return 1;
+        }
+        let g = if self.gate_up() { 2 } else { 1 };
+        let group = 32 * 16 / self.w_dtype.size();
+        let col_warps = self.n as u64 * g;
+        let mut kw = 1u32;
+        while kw < MAX_K_WARPS
+            && col_warps * (kw as u64) < TARGET_WARPS
+            && self.k as u64 >= 2 * group * 2 * kw as u64
+        {
+            kw *= 2;
+        }
+        kw
     }
 
     /// Argmax partials each row gets (the grid's x extent).
     pub fn partials_per_row(&self) -> u32 {
-        let t = self.tiling();
-        self.n.div_ceil(t.warps * t.cols_per_warp)
+        partials_per_row(self, &self.tiling())
     }
 
     pub(crate) fn validate(&self) -> Result<(), Error> {
@@ -215,6 +273,33 @@ impl GemvParams {
     }
 }
 
+/// Argmax partials each row gets under work split `t` (the grid's x extent).
+pub fn partials_per_row(p: &GemvParams, t: &GemvTiling) -> u32 {
+    p.n.div_ceil(t.warps * t.cols_per_warp)
+}
+
+/// Static shared memory of the kernel for `p` under `t`: the staged x chunk, the split-K
+/// partials, the argmax candidates and the row RMS.
+fn smem_bytes(p: &GemvParams, t: &GemvTiling) -> u64 {
+    let g = if p.gate_up() { 2 } else { 1 };
+    let mt = p.row_tile as u64;
+    let x = t.k_chunk as u64 * mt * p.x.dtype.size();
+    let red = (t.k_warps as u64).saturating_sub(1)
+        * t.warps as u64
+        * mt
+        * (g * t.cols_per_warp) as u64
+        * 4;
+    let cand = match p.argmax_partials {
+        Some(_) => t.warps as u64 * mt * t.cols_per_warp as u64 * 8,
+        None => 0,
+    };
+    let rms = if p.norm.is_some() { mt * 4 } else { 0 };
+    x + red + cand + rms
+}
+
+/// Static shared memory a kernel may declare.
+const STATIC_SMEM_BYTES: u64 = 48 * 1024;
+
 /// Whether `t` is a work split the kernel can run for `p`.
 fn check_tiling(p: &GemvParams, t: &GemvTiling) -> Result<(), Error> {
     let min_cw = if p.rope.is_some() { 2 } else { 1 };
@@ -233,6 +318,32 @@ fn check_tiling(p: &GemvParams, t: &GemvTiling) -> Result<(), Error> {
             format!("invalid work split {t:?} for this matmul"),
         ));
     }
+    if t.k_warps == 0 || t.warps * t.k_warps > 32 {
+        return Err(Error::param(
+            FAMILY,
+            "tiling.k_warps",
+            format!("needs 1 <= k_warps and warps * k_warps <= 32 (1024 threads), got {t:?}"),
+        ));
+    }
+    if t.k_warps > 1 && t.k_chunk < p.k && !t.k_chunk.is_multiple_of(32 * vec) {
+        return Err(Error::param(
+            FAMILY,
+            "tiling.k_chunk",
+            format!(
+                "with k_warps > 1 a chunk short of K must be a multiple of 32 * vec = {} \
+                 (each (split, lane) owns whole 16-byte steps), got {t:?}",
+                32 * vec
+            ),
+        ));
+    }
+    let smem = smem_bytes(p, t);
+    if smem > STATIC_SMEM_BYTES {
+        return Err(Error::param(
+            FAMILY,
+            "tiling",
+            format!("{smem} bytes of shared memory (max {STATIC_SMEM_BYTES}) under {t:?}"),
+        ));
+    }
     Ok(())
 }
 
@@ -246,7 +357,8 @@ pub fn gemv_tiled(p: &GemvParams, t: &GemvTiling) -> Result<KernelSource, Error>
     p.validate()?;
     check_tiling(p, t)?;
     let t = *t;
-    let (mt, cw, nw) = (p.row_tile, t.cols_per_warp, t.warps);
+    let mt = p.row_tile;
+    let split = t.k_warps > 1;
     let xt = p.x.dtype.c_type();
     let family = if p.rope.is_some() {
         "gemv_rope"
@@ -270,6 +382,9 @@ pub fn gemv_tiled(p: &GemvParams, t: &GemvTiling) -> Result<KernelSource, Error>
     if p.argmax_partials.is_some() {
         w.line("__shared__ ArgmaxPair cand[NW * MT * CW];");
     }
+    if split {
+        w.line("__shared__ float red[(KW - 1) * NW * MT * NA];  // sums of the splits kw >= 1");
+    }
     w.line("const int m0 = blockIdx.y * MT;");
     emit!(w, "const int mr = min(MT, {} - m0);", p.rows.expr());
     emit!(w, "const {xt}* x = {};", p.x.loc.ptr(p.x.dtype, false));
@@ -281,7 +396,11 @@ pub fn gemv_tiled(p: &GemvParams, t: &GemvTiling) -> Result<KernelSource, Error>
             nm.dtype.c_type(),
             nm.weight.ptr(nm.dtype, false)
         );
-        emit_row_inv_rms(w, p, None);
+        if split {
+            emit_row_inv_rms_by(w, p, None, "(threadIdx.x >> 5)", "NW * KW");
+        } else {
+            emit_row_inv_rms(w, p, None);
+        }
     }
 
     w.line("float acc[MT][NA];");
@@ -291,11 +410,20 @@ pub fn gemv_tiled(p: &GemvParams, t: &GemvTiling) -> Result<KernelSource, Error>
     w.for_block("int k0 = 0", "k0 < K", "k0 += KC", |w| {
         w.comment("stage x[m0 .. m0 + MT, k0 .. k0 + KC] (normalised when fused)");
         w.line("__syncthreads();");
-        stage_x(w, p, "g");
+        stage_x_by(w, p, "g", if split { "NW * KW * 32" } else { "NW * 32" });
         w.line("__syncthreads();");
         w.line("const int kn = min(KC, K - k0);");
+        let (first, step) = if !split {
+            ("int kk = lane * VW", "kk += 32 * VW")
+        } else if t.k_chunk >= p.k || t.k_chunk.is_multiple_of(32 * t.vec * t.k_warps) {
+            ("int kk = (kw * 32 + lane) * VW", "kk += 32 * VW * KW")
+        } else {
+            w.comment("groups of 32 * VW elements of K go to split (k / (32 * VW)) % KW: this chunk's first group belongs to split (k0 / (32 * VW)) % KW");
+            w.line("const int kg = (kw - (k0 / (32 * VW)) % KW + KW) % KW;");
+            ("int kk = (kg * 32 + lane) * VW", "kk += 32 * VW * KW")
+        };
         w.line("#pragma unroll 4");
-        w.for_block("int kk = lane * VW", "kk < kn", "kk += 32 * VW", |w| {
+        w.for_block(first, "kk < kn", step, |w| {
             w.line("float wv[NA][VW];");
             w.for_unrolled("j", 0, "CW", |w| {
                 emit!(
@@ -328,26 +456,42 @@ pub fn gemv_tiled(p: &GemvParams, t: &GemvTiling) -> Result<KernelSource, Error>
             w.for_unrolled("j", 0, "NA", |w| w.line("acc[m][j] = warp_sum(acc[m][j]);"));
         });
     });
-
-    if let Some(r) = &p.rope {
-        w.comment("RoPE epilogue: lane (m * CW + j) % 32 owns (row m0 + m, slots n0 + j, n0 + j + 1), j even");
-        w.for_unrolled("m", 0, "MT", |w| {
-            w.line("#pragma unroll");
-            w.for_block("int j = 0", "j < CW", "j += 2", |w| {
-                w.if_block("lane == (m * CW + j) % 32", |w| {
-                    w.line("const int col = n0 + j;");
-                    w.line("const long long row = m0 + m;");
-                    w.line("const bool live = m < mr && col < N;");
-                    qkv_rope::emit_pair_epilogue(w, r, xt, ("acc[m][j]", "acc[m][j + 1]"), 1, None);
+    let epilogues = |w: &mut Writer| {
+        if let Some(r) = &p.rope {
+            w.comment("RoPE epilogue: lane (m * CW + j) % 32 owns (row m0 + m, slots n0 + j, n0 + j + 1), j even");
+            w.for_unrolled("m", 0, "MT", |w| {
+                w.line("#pragma unroll");
+                w.for_block("int j = 0", "j < CW", "j += 2", |w| {
+                    w.if_block("lane == (m * CW + j) % 32", |w| {
+                        w.line("const int col = n0 + j;");
+                        w.line("const long long row = m0 + m;");
+                        w.line("const bool live = m < mr && col < N;");
+                        qkv_rope::emit_pair_epilogue(
+                            w,
+                            r,
+                            xt,
+                            ("acc[m][j]", "acc[m][j + 1]"),
+                            1,
+                            None,
+                        );
+                    });
                 });
             });
-        });
+        } else {
+            emit_lane_epilogues(w, p);
+        }
+    };
+    if split {
+        let sums = (t.k_warps - 1) * mt * t.cols_per_warp * if p.gate_up() { 2 } else { 1 };
+        emit_split_sum(w, sums <= 64);
+        w.comment("the epilogue runs in the kw = 0 warps, which hold the block's sums");
+        w.if_block("kw == 0", epilogues);
     } else {
-        emit_lane_epilogues(w, p);
+        epilogues(w);
     }
     emit_argmax_partials(w, p);
 
-    let launch = gemv_launch(p, nw, cw, mt);
+    let launch = gemv_launch(p, &t, mt);
     Ok(kb.finish(launch))
 }
 
@@ -372,7 +516,15 @@ fn weight_prefetch_prologue(
         "constexpr int CW = {};  // output columns per warp",
         t.cols_per_warp
     );
-    emit!(w, "constexpr int NW = {};  // warps per block", t.warps);
+    if t.k_warps > 1 {
+        emit!(
+            w,
+            "constexpr int NW = {};  // column warps per block, KW warps each",
+            t.warps
+        );
+    } else {
+        emit!(w, "constexpr int NW = {};  // warps per block", t.warps);
+    }
     emit!(
         w,
         "constexpr int VW = {};  // elements per 16-byte weight load",
@@ -388,8 +540,21 @@ fn weight_prefetch_prologue(
         "constexpr int NA = {};  // accumulators per row: CW, or gate and up",
         g * t.cols_per_warp
     );
+    let split = t.k_warps > 1;
+    if split {
+        emit!(
+            w,
+            "constexpr int KW = {};  // warps splitting each column group's K",
+            t.k_warps
+        );
+    }
     w.line("const int lane = threadIdx.x & 31;");
-    w.line("const int warp = threadIdx.x >> 5;");
+    if split {
+        w.line("const int warp = (threadIdx.x >> 5) % NW;  // column warp");
+        w.line("const int kw = (threadIdx.x >> 5) / NW;  // K split");
+    } else {
+        w.line("const int warp = threadIdx.x >> 5;");
+    }
     w.line("const int n0 = (blockIdx.x * NW + warp) * CW;");
     emit!(w, "const {wt}* w0 = {};", w0.ptr(p.w_dtype, false));
     if let Some(up) = w1 {
@@ -399,7 +564,12 @@ fn weight_prefetch_prologue(
     w.scope(|w| {
         w.line("constexpr int LINES = 32 / NA;  // 128-byte lines per row, one per lane");
         w.line("const int j = lane / LINES;");
-        w.line("const long long off = (long long)(lane % LINES) * 128;");
+        if split {
+            w.comment("split kw starts 32 * VW elements (512 bytes) per split further in");
+            w.line("const long long off = (long long)kw * 512 + (long long)(lane % LINES) * 128;");
+        } else {
+            w.line("const long long off = (long long)(lane % LINES) * 128;");
+        }
         let row_bytes = format!("off < (long long)K * {}", p.w_dtype.size());
         w.if_block(row_bytes, |w| {
             emit!(
@@ -447,28 +617,45 @@ pub(crate) fn epilogue(w: &mut Writer, p: &GemvParams) {
 /// `__shared__ float inv_rms[]` of at least `mr` entries; the caller synchronises after.
 /// `unroll` adds a pragma to the K loop (loads in flight per lane).
 pub(crate) fn emit_row_inv_rms(w: &mut Writer, p: &GemvParams, unroll: Option<u32>) {
+    emit_row_inv_rms_by(w, p, unroll, "warp", "NW");
+}
+
+/// [`emit_row_inv_rms`] with warp `first` of the block's `count` warps taking rows
+/// `first, first + count, ..`.
+fn emit_row_inv_rms_by(
+    w: &mut Writer,
+    p: &GemvParams,
+    unroll: Option<u32>,
+    first: &str,
+    count: &str,
+) {
     let Some(nm) = &p.norm else { return };
     let xt = p.x.dtype.c_type();
     let xs_row = p.x.row_stride;
     w.comment("RMS of each row of the tile, one warp per row");
-    w.for_block("int m = warp", "m < mr", "m += NW", |w| {
-        emit!(w, "const {xt}* xr = x + (long long)(m0 + m) * {xs_row};");
-        w.line("float ss = 0.0f;");
-        if let Some(u) = unroll {
-            emit!(w, "#pragma unroll {u}");
-        }
-        w.for_block("int k = lane * VW", "k < K", "k += 32 * VW", |w| {
-            w.line("float v[VW];");
-            w.line("ld_vec<VW>(xr + k, v);");
-            w.for_unrolled("e", 0, "VW", |w| w.line("ss = fmaf(v[e], v[e], ss);"));
-        });
-        w.line("ss = warp_sum(ss);");
-        emit!(
-            w,
-            "if (lane == 0) inv_rms[m] = 1.0f / sqrtf(ss / float(K) + {});",
-            f32_lit(nm.eps)
-        );
-    });
+    w.for_block(
+        format!("int m = {first}"),
+        "m < mr",
+        format!("m += {count}"),
+        |w| {
+            emit!(w, "const {xt}* xr = x + (long long)(m0 + m) * {xs_row};");
+            w.line("float ss = 0.0f;");
+            if let Some(u) = unroll {
+                emit!(w, "#pragma unroll {u}");
+            }
+            w.for_block("int k = lane * VW", "k < K", "k += 32 * VW", |w| {
+                w.line("float v[VW];");
+                w.line("ld_vec<VW>(xr + k, v);");
+                w.for_unrolled("e", 0, "VW", |w| w.line("ss = fmaf(v[e], v[e], ss);"));
+            });
+            w.line("ss = warp_sum(ss);");
+            emit!(
+                w,
+                "if (lane == 0) inv_rms[m] = 1.0f / sqrtf(ss / float(K) + {});",
+                f32_lit(nm.eps)
+            );
+        },
+    );
 }
 
 /// The fused epilogue of one output element, shared by the GEMV kernels: declares
@@ -528,12 +715,17 @@ pub(crate) fn emit_epilogue_value(
 /// register array `norm_var`) when the matmul carries its input's RMSNorm: each value
 /// rounded to x's dtype twice, as the interpreter's `rmsnorm` rounds.
 pub(crate) fn stage_x(w: &mut Writer, p: &GemvParams, norm_var: &str) {
+    stage_x_by(w, p, norm_var, "NW * 32");
+}
+
+/// [`stage_x`] by a block of `threads` threads.
+fn stage_x_by(w: &mut Writer, p: &GemvParams, norm_var: &str, threads: &str) {
     let xt = p.x.dtype.c_type();
     let xs_row = p.x.row_stride;
     w.for_block(
         "int i = threadIdx.x",
         "i < MT * (KC / VW)",
-        "i += NW * 32",
+        format!("i += {threads}"),
         |w| {
             w.line("const int m = i / (KC / VW);");
             w.line("const int kk = (i % (KC / VW)) * VW;");
@@ -559,6 +751,38 @@ pub(crate) fn stage_x(w: &mut Writer, p: &GemvParams, norm_var: &str) {
             w.line("st_vec<VW>(xs + m * KC + kk, v);");
         },
     );
+}
+
+/// Split-K: after each warp's own reduction, the warps `kw >= 1` leave their sums in
+/// `red` (lane `(m · NA + j) % 32` writes `(m, j)`) and each `kw = 0` warp adds those of
+/// its column group to its own in increasing `kw`: `((s0 + s1) + s2) + ..`, in every lane.
+/// Ends with the block synchronised once; the caller runs the epilogue in `kw == 0`.
+fn emit_split_sum(w: &mut Writer, unroll: bool) {
+    w.comment("split-K: the sums of splits kw >= 1 meet the kw = 0 warp's in shared memory, added in increasing kw");
+    w.if_block("kw > 0", |w| {
+        w.for_unrolled("m", 0, "MT", |w| {
+            w.for_unrolled("j", 0, "NA", |w| {
+                w.if_block("lane == (m * NA + j) % 32", |w| {
+                    w.line("red[(((kw - 1) * NW + warp) * MT + m) * NA + j] = acc[m][j];");
+                });
+            });
+        });
+    });
+    w.line("__syncthreads();");
+    w.if_block("kw == 0", |w| {
+        w.for_unrolled("m", 0, "MT", |w| {
+            w.for_unrolled("j", 0, "NA", |w| {
+                w.line(if unroll {
+                    "#pragma unroll"
+                } else {
+                    "#pragma unroll 1"
+                });
+                w.for_block("int s = 0", "s < KW - 1", "++s", |w| {
+                    w.line("acc[m][j] += red[((s * NW + warp) * MT + m) * NA + j];");
+                });
+            });
+        });
+    });
 }
 
 /// The per-lane epilogue: after the warp reduction every lane holds every sum, and lane
@@ -593,15 +817,17 @@ pub(crate) fn emit_argmax_partials(w: &mut Writer, p: &GemvParams) {
     }
 }
 
-/// The launch of the GEMV family: one block per `nw · cw` columns, one per row tile of `mt`.
-pub(crate) fn gemv_launch(p: &GemvParams, nw: u32, cw: u32, mt: u32) -> LaunchSpec {
+/// The launch of the GEMV family: one block of `32 · warps · k_warps` threads per
+/// `warps · cols_per_warp` columns, one per row tile of `mt`.
+pub(crate) fn gemv_launch(p: &GemvParams, t: &GemvTiling, mt: u32) -> LaunchSpec {
+    let (nw, cw) = (t.warps, t.cols_per_warp);
     LaunchSpec {
         grid: [
             Extent::Fixed(p.n.div_ceil(nw * cw)),
             p.rows.extent(1, mt),
             Extent::Fixed(1),
         ],
-        block: [nw * 32, 1, 1],
+        block: [nw * t.k_warps * 32, 1, 1],
         smem_bytes: 0,
     }
 }

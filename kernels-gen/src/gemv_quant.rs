@@ -68,6 +68,7 @@ pub fn quant_tiling(p: &GemvParams, q: &QuantWeights) -> GemvTiling {
         cols_per_warp: cw,
         vec,
         k_chunk,
+        k_warps: 1,
     }
 }
 
@@ -145,6 +146,12 @@ fn validate(p: &GemvParams, q: &QuantWeights, t: &GemvTiling) -> Result<(), Erro
         return err(
             "tiling",
             format!("invalid work split {t:?} for this matmul"),
+        );
+    }
+    if t.k_warps != 1 {
+        return err(
+            "tiling.k_warps",
+            format!("gemv_q splits no K inside the block: k_warps must be 1, got {t:?}"),
         );
     }
     Ok(())
@@ -297,7 +304,7 @@ pub fn gemv_quant_tiled(
     });
     emit_lane_epilogues(w, p);
     emit_argmax_partials(w, p);
-    let launch = gemv_launch(p, nw, cw, mt);
+    let launch = gemv_launch(p, t, mt);
     Ok(kb.finish_as(&fmt.name(), launch))
 }
 

@@ -106,6 +106,99 @@ fn gemv_matches_interpreter() {
     }
 }
 
+/// Split-K inside the block (`GemvTiling::k_warps > 1`, chosen by the tiling where the
+/// columns are too few): the Kimi-K2 f32 router at decode and verify, ragged K (a last
+/// chunk short of the others, chunks that are no multiple of a split round), a narrow bf16
+/// residual projection, SwiGLU, and argmax partials with the fused norm.
+#[test]
+fn gemv_split_k_matches_interpreter() {
+    let Some(gpu) = Gpu::new() else { return };
+    let router = GemvCase {
+        b: 1,
+        t: 1,
+        k: 7168,
+        n: 384,
+        row_tile: 1,
+        x_dtype: Dtype::F32,
+        w_dtype: Dtype::F32,
+        out: Some(Dtype::F32),
+        ..BASE
+    };
+    let cases = [
+        router,
+        GemvCase {
+            t: 8,
+            row_tile: 8,
+            ..router
+        },
+        // 11 rows in tiles of 8 (a second tile with 3 live rows).
+        GemvCase {
+            t: 11,
+            row_tile: 8,
+            ..router
+        },
+        // Chunks of 2048 (two rounds of 8 splits), a last chunk of 1136; 2 tiles of 3 rows.
+        GemvCase {
+            b: 2,
+            t: 3,
+            k: 7280,
+            n: 256,
+            row_tile: 3,
+            ..router
+        },
+        // f32 chunks of 512 (half a round of 8 splits: the first split rotates) at 16 rows.
+        GemvCase {
+            t: 16,
+            k: 5000,
+            n: 192,
+            row_tile: 16,
+            ..router
+        },
+        GemvCase {
+            b: 1,
+            t: 8,
+            k: 4096,
+            n: 128,
+            row_tile: 8,
+            residual: true,
+            ..BASE
+        },
+        GemvCase {
+            b: 1,
+            t: 1,
+            k: 4104,
+            n: 96,
+            row_tile: 1,
+            residual: true,
+            ..BASE
+        },
+        GemvCase {
+            b: 1,
+            t: 4,
+            k: 4096,
+            n: 256,
+            row_tile: 4,
+            gate_up: true,
+            norm: true,
+            ..BASE
+        },
+        GemvCase {
+            b: 1,
+            t: 8,
+            k: 2048,
+            n: 500,
+            row_tile: 8,
+            argmax: true,
+            out: None,
+            norm: true,
+            ..BASE
+        },
+    ];
+    for c in cases {
+        check_gemv(&gpu, c);
+    }
+}
+
 fn check_rmsnorm(gpu: &Gpu, rows: u32, heads: u32, dim: u32) {
     let (m, n) = (rows as usize, (heads * dim) as usize);
     let mut rng = Rng::new(7 + n as u64);

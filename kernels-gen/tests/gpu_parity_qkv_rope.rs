@@ -49,6 +49,8 @@ struct Case {
     style: RopeStyle,
     mma: bool,
     slots: bool,
+    /// In-features (the hidden size).
+    k: usize,
 }
 
 const BASE: Case = Case {
@@ -61,6 +63,7 @@ const BASE: Case = Case {
     style: RopeStyle::Half,
     mma: false,
     slots: false,
+    k: 256,
 };
 
 fn gemv_kernel(gpu: &Gpu, p: &GemvParams, mma: bool) -> KernelSource {
@@ -82,7 +85,7 @@ fn check(gpu: &Gpu, c: Case) {
     let label = format!("{c:?}");
     let (m, d, hkv) = (c.b * c.t, c.head_dim, c.kv_heads);
     let hq = 4 * hkv;
-    let (k, n) = (256usize, (hq + 2 * hkv) * d);
+    let (k, n) = (c.k, (hq + 2 * hkv) * d);
     let qn = hq * d;
     let mut plan = Plan::new();
     let x = plan.view(m as u32, k as u32, BF);
@@ -410,6 +413,33 @@ fn qkv_rope_cuda_cores_several_rows() {
                 slots,
                 head_dim: 64,
                 rotary_dim: 32,
+                ..BASE
+            },
+        );
+    }
+}
+
+/// Split-K inside the block on CUDA cores (K = 4096 over 1536 q|k|v features, 2 splits):
+/// the fused and the two-kernel paths split K alike (bit for bit), at 1, 8, 24 rows in
+/// tiles of 12, and 40 rows (chunks of one group of 256: each chunk's first group rotates
+/// between the splits).
+#[test]
+fn qkv_rope_cuda_cores_split_k() {
+    let Some(gpu) = Gpu::new() else { return };
+    for (b, t, row_tile, slots) in [
+        (1, 1, 1, false),
+        (1, 8, 8, true),
+        (2, 12, 12, false),
+        (1, 40, 40, false),
+    ] {
+        check(
+            &gpu,
+            Case {
+                b,
+                t,
+                row_tile,
+                slots,
+                k: 4096,
                 ..BASE
             },
         );

@@ -84,12 +84,23 @@ pub enum EpilogueChoice {
 /// Work split of the CUDA-core matmul.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GemvTiling {
+    /// Column warps per block: each owns `cols_per_warp` output columns.
     pub warps: u32,
     pub cols_per_warp: u32,
     /// Elements per 16-byte weight load.
     pub vec: u32,
     /// K elements of x staged in shared memory at a time.
     pub k_chunk: u32,
+    /// Split-K inside the block: the block has `warps · k_warps` warps, and the `k_warps`
+    /// warps of one column group share its columns, each taking every `k_warps`-th group
+    /// of `32 · vec` elements of K. Their partial sums meet in shared memory and are added
+    /// in increasing split order before the epilogue. 1: no split.
+    #[serde(default = "one")]
+    pub k_warps: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// Work split of the tensor-core matmul.
@@ -381,7 +392,11 @@ impl fmt::Display for MatmulCore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             MatmulCore::CudaCores(t) => {
-                write!(f, "gemv w{} c{} kc{}", t.warps, t.cols_per_warp, t.k_chunk)
+                write!(f, "gemv w{} c{} kc{}", t.warps, t.cols_per_warp, t.k_chunk)?;
+                if t.k_warps > 1 {
+                    write!(f, " kw{}", t.k_warps)?;
+                }
+                Ok(())
             }
             MatmulCore::TensorCores(t) => write!(
                 f,

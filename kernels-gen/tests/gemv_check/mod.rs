@@ -106,7 +106,10 @@ pub fn check_gemv(gpu: &Gpu, c: GemvCase) {
     // Split-K scratch: partials, and counters that must be zero before and after.
     let mut counters = None;
     let (kernel, per_row): (KernelSource, u32) = match c.kernel {
-        Kernel::Simt => (gemv(&p).unwrap(), p.partials_per_row()),
+        Kernel::Simt => {
+            println!("{label}: {:?}", p.tiling());
+            (gemv(&p).unwrap(), p.partials_per_row())
+        }
         Kernel::Mma(t) => {
             let t = t.unwrap_or_else(|| tiling(&p, gpu.target()));
             let split = split_needs(&p, &t, m as u32).map(|nd| SplitScratch {
