@@ -298,22 +298,9 @@ fn mla_tile_timings() {
         (8, 8),
     ] {
         let pl = plan(KIMI, b, t, ctx, false, gpu.target()).unwrap();
-        let mut mem = Mem::new(pl.arena_bytes, &pl.buf_bytes);
-        let full: Vec<f64> = (0..b * t).map(|i| (ctx - t + i % t) as f64).collect();
-        mem.put(Loc::table(POS), Dtype::I32, &full);
-        let mut rng = Rng::new(3);
-        let cache = (b * ctx * KIMI.latent) as usize;
-        mem.put(Loc::table(C_CACHE), BF, &rng.vec(cache.min(1 << 20), 1.0));
-        let bucket = Bucket {
-            b: b as u32,
-            t: t as u32,
-            ctx: ctx as u32,
-        };
-        let kv_bytes = (b * ctx * (KIMI.latent + KIMI.rope) * 2) as f64;
-        let copies = (200e6 / kv_bytes).ceil().max(2.0) as usize;
-        let ks: Vec<_> = pl.kernels.iter().collect();
-        let us = gpu.time(&mem, &ks, bucket, copies, 100);
-        let tile = gpu.time(&mem, &ks[..1], bucket, copies, 100);
+        let kv_bytes = kimi_cache_bytes(b, ctx);
+        let us = time_launches(&gpu, &pl, b, t, ctx, pl.kernels.len());
+        let tile = time_launches(&gpu, &pl, b, t, ctx, 1);
         println!(
             "kimi B={b} T={t} ctx={ctx}: {us:>7.2} us (tile {tile:.2}, combine {:.2}), {:>6.0} GB/s of cache, splits {} rows/block {} stages {}",
             us - tile,
@@ -323,6 +310,30 @@ fn mla_tile_timings() {
             pl.p.stages
         );
     }
+}
+
+/// Bytes of a Kimi-K2 latent cache (latent + rope, bf16) of `b` sequences of `ctx` slots.
+fn kimi_cache_bytes(b: u64, ctx: u64) -> f64 {
+    (b * ctx * (KIMI.latent + KIMI.rope) * 2) as f64
+}
+
+/// µs of the first `launches` kernels of `pl` at `b` sequences of `t` tokens, every lane live
+/// to the end of `ctx`, over enough copies of the operands to miss L2.
+fn time_launches(gpu: &Gpu, pl: &Planned, b: u64, t: u64, ctx: u64, launches: usize) -> f64 {
+    let mut mem = Mem::new(pl.arena_bytes, &pl.buf_bytes);
+    let full: Vec<f64> = (0..b * t).map(|i| (ctx - t + i % t) as f64).collect();
+    mem.put(Loc::table(POS), Dtype::I32, &full);
+    let mut rng = Rng::new(3);
+    let cache = (b * ctx * KIMI.latent) as usize;
+    mem.put(Loc::table(C_CACHE), BF, &rng.vec(cache.min(1 << 20), 1.0));
+    let bucket = Bucket {
+        b: b as u32,
+        t: t as u32,
+        ctx: ctx as u32,
+    };
+    let copies = (200e6 / kimi_cache_bytes(b, ctx)).ceil().max(2.0) as usize;
+    let ks: Vec<_> = pl.kernels.iter().take(launches).collect();
+    gpu.time(&mem, &ks, bucket, copies, 100)
 }
 
 /// The tile + combine pair at Kimi-K2 dims, ctx 8192, for every work split the kernel takes
@@ -353,18 +364,8 @@ fn mla_tile_split_sweep() {
                     ) {
                         continue;
                     }
-                    let mut mem = Mem::new(pl.arena_bytes, &pl.buf_bytes);
-                    let full: Vec<f64> = (0..b * t).map(|i| (ctx - t + i % t) as f64).collect();
-                    mem.put(Loc::table(POS), Dtype::I32, &full);
-                    let bucket = Bucket {
-                        b: b as u32,
-                        t: t as u32,
-                        ctx: ctx as u32,
-                    };
-                    let kv_bytes = (b * ctx * (KIMI.latent + KIMI.rope) * 2) as f64;
-                    let copies = (200e6 / kv_bytes).ceil().max(2.0) as usize;
-                    let ks: Vec<_> = pl.kernels.iter().collect();
-                    let us = gpu.time(&mem, &ks, bucket, copies, 100);
+                    let kv_bytes = kimi_cache_bytes(b, ctx);
+                    let us = time_launches(&gpu, &pl, b, t, ctx, pl.kernels.len());
                     let mark = if (chosen.splits, chosen.block_row_tiles, chosen.stages)
                         == (splits, rt, stages)
                     {
