@@ -516,15 +516,12 @@ fn weight_prefetch_prologue(
         "constexpr int CW = {};  // output columns per warp",
         t.cols_per_warp
     );
-    if t.k_warps > 1 {
-        emit!(
-            w,
-            "constexpr int NW = {};  // column warps per block, KW warps each",
-            t.warps
-        );
+    let nw_doc = if t.k_warps > 1 {
+        "column warps per block, KW warps each"
     } else {
-        emit!(w, "constexpr int NW = {};  // warps per block", t.warps);
-    }
+        "warps per block"
+    };
+    emit!(w, "constexpr int NW = {};  // {nw_doc}", t.warps);
     emit!(
         w,
         "constexpr int VW = {};  // elements per 16-byte weight load",

@@ -8,12 +8,10 @@ use specc_kernels_gen::mla_tile::{self, MlaTileParams, MAX_BLOCK_ROW_TILES, STAG
 /// Slots per split at least: four tiles, so that staging a block's q rows (as many bytes as
 /// two tiles at 64 rows) stays a small part of what a split reads.
 const MIN_SPLIT_SLOTS: u64 = 4 * TILE_SLOTS;
-/// Context splits at most: at 8192 slots, 32 splits of 256 slots. Against 64 splits of
-/// 128 (the same at one decode token, 36 µs a layer at Kimi-K2 dims on an H100) they halve
-/// the f32 partials `mla_combine` reads (`rows · splits · latent`) and let wider blocks share
-/// each cache tile: 64 vs 91 µs at 4 tokens, 125 vs 166 µs at batch 8; 16 splits lose at
-/// one token (58 µs). Measured with `gpu_parity_mla --ignored mla_tile_split_sweep`
-/// (bench/NOTES.md, session 36).
+/// Context splits at most: at 8192 slots, 32 splits of 256 slots. Fewer splits than 64
+/// halve the f32 partials `mla_combine` reads (`rows · splits · latent`) and let wider blocks
+/// share each cache tile, at no cost at one decode token; 16 lose at one token (the split
+/// sweep `gpu_parity_mla --ignored mla_tile_split_sweep`, bench/NOTES.md).
 const MAX_SPLITS: u64 = 32;
 
 /// Context splits at `ctx` slots of capacity. They depend on the capacity alone, never on

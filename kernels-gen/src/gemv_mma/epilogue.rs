@@ -121,8 +121,9 @@ fn emit_rope_pair_coords(w: &mut Writer) {
 
 /// Declares `rcs[TN][MT8][2]` and `rsn[TN][MT8][2]` and, in warps wk = 0 (the ones that run
 /// the epilogue), fills them with the rounded cosine and sine of each RoPE pair the lane
-/// stores. The register feeds at one 8-row fragment emit this right after their first loads are issued, so the
-/// f64 `sincos` runs while those loads are in flight rather than after the last mma.
+/// stores. The register feeds at one 8-row fragment emit this once their first loads are
+/// issued (after the fused norm's barrier), so the f64 `sincos` runs while those loads are in
+/// flight rather than after the last mma.
 pub(super) fn emit_rope_cos_sin(w: &mut Writer, p: &GemvParams) {
     let Some(r) = &p.rope else { return };
     let xt = p.x.dtype.c_type();
