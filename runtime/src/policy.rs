@@ -5,12 +5,20 @@
 //! switch, smaller k and plain decoding (k = 0). Any variant may follow any other, so the
 //! host picks one between steps. Both backends drive the same [`AdaptivePolicy`]:
 //!
-//! - **Acceptance**: per lane, an exponential moving average of the per-position acceptance
-//!   rate `α_j` (position `j` accepted given `1..j` were), updated from each speculative
-//!   step's accepted count `a` of `k` (positions `1..=a` accepted, `a + 1` rejected when
-//!   `a < k`): what the host reads from the token ring anyway (a lane's tokens of one step
-//!   are `a + 1`). A lane starts from the session-wide average, which every observation
-//!   also updates. Expected tokens of one lane-step at `k`: `1 + Σ_{i ≤ k} Π_{j ≤ i} α_j`.
+//! - **Acceptance**: per lane and draft position `j`, the rate `α_j` at which position `j`
+//!   is accepted given `1..j` were, learnt from each speculative step's accepted count `a`
+//!   of `k` (positions `1..=a` accepted, `a + 1` rejected when `a < k`, later ones untried):
+//!   what the host reads from the token ring anyway (a lane's tokens of one step are
+//!   `a + 1`). The session counts hits and trials of each position over every lane, each
+//!   observation of the position first weighing its counts down by 63/64 (they weigh about
+//!   its last 64 observations), and estimates `π_j = (hits_j + 2·0.7) / (trials_j + 2)`: a
+//!   prior of 0.7 worth two observations. Each lane counts its own the same way, weighed
+//!   down by 0.8 (about its last 5), and estimates `α_j = (a_j + 2·π_j) / (n_j + 2)` at the
+//!   session's current `π_j`; [`AdaptivePolicy::admit`] clears a lane's counts. So a lane
+//!   just admitted follows the session, which one step of many rejecting lanes moves at
+//!   once, and a lane's own evidence soon outweighs it (`policy/acceptance.rs` gives the
+//!   reasons for the constants).
+//!   Expected tokens of one lane-step at `k`: `1 + Σ_{i ≤ k} Π_{j ≤ i} α_j`.
 //! - **Step times** per (batch bucket, variant), measured at load (a few timed runs of
 //!   each variant on scratch states: replays of every captured bucket on CUDA; interpreter
 //!   runs at batch 1 and at the session's lanes on the CPU, whose buckets in between are
@@ -51,6 +59,10 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::OnceLock;
 
+mod acceptance;
+
+use acceptance::Acceptance;
+
 /// Whether `SPECC_POLICY_TRACE=1`: every decision prints each variant's estimate, and each
 /// step its measured time and tokens, to stderr.
 pub fn trace_on() -> bool {
@@ -85,12 +97,6 @@ impl fmt::Display for SpecPolicy {
 
 /// A switch must promise this much more goodput than the current variant.
 pub const HYSTERESIS: f64 = 0.05;
-/// Weight of one observation in a lane's acceptance average.
-const LANE_EMA: f64 = 0.2;
-/// Weight of one observation in the session-wide average new lanes start from.
-const PRIOR_EMA: f64 = 0.02;
-/// Acceptance assumed before any observation.
-const PRIOR_ALPHA: f64 = 0.7;
 /// Weight of one measured step in a variant's time.
 const TIME_EMA: f64 = 0.1;
 /// Share of the running variant's (logarithmic) time change the other variants of its
@@ -108,7 +114,7 @@ const RETIME_EMA: f64 = 0.5;
 const OUTLIER: f64 = 2.0;
 pub const PROBE_LAST: u64 = 4096;
 
-/// The policy's state: acceptance per lane, step times per bucket, the current choice.
+/// The policy's state: acceptance evidence, step times per bucket, the current choice.
 #[derive(Clone, Debug)]
 pub struct AdaptivePolicy {
     /// Draft tokens of each variant, ascending (the variant's index is its position).
@@ -116,8 +122,7 @@ pub struct AdaptivePolicy {
     /// The configured variant (the largest k).
     configured: usize,
     mode: SpecPolicy,
-    prior: Vec<f64>,
-    lanes: Vec<Vec<f64>>,
+    acceptance: Acceptance,
     /// Seconds per step, by (bucket, variant).
     times: HashMap<(usize, usize), f64>,
     /// Seconds of draft re-priming per prefill row-token (rows × tokens of the gap), once
@@ -149,14 +154,12 @@ impl AdaptivePolicy {
     pub fn new(ks: Vec<usize>, lanes: usize, mode: SpecPolicy) -> AdaptivePolicy {
         assert!(!ks.is_empty(), "a contract has at least its own step");
         let kmax = *ks.last().expect("not empty");
-        let prior = vec![PRIOR_ALPHA; kmax];
         AdaptivePolicy {
             configured: ks.len() - 1,
             steps: vec![0; ks.len()],
             ks,
             mode,
-            lanes: vec![prior.clone(); lanes],
-            prior,
+            acceptance: Acceptance::new(kmax, lanes),
             times: HashMap::new(),
             reprime: None,
             current: None,
@@ -310,37 +313,20 @@ impl AdaptivePolicy {
         *r += TIME_EMA * (per - *r);
     }
 
-    /// Lane `lane` starts a new sequence: its acceptance is the session-wide average.
+    /// Lane `lane` starts a new sequence: its acceptance is the session's estimate until
+    /// it has evidence of its own.
     pub fn admit(&mut self, lane: usize) {
-        if lane >= self.lanes.len() {
-            self.lanes.resize(lane + 1, self.prior.clone());
-        }
-        self.lanes[lane] = self.prior.clone();
+        self.acceptance.admit(lane);
     }
 
     /// A speculative step of variant `variant` accepted `accepted` draft tokens in `lane`.
     pub fn observe(&mut self, lane: usize, variant: usize, accepted: usize) {
-        let k = self.ks[variant];
-        if lane >= self.lanes.len() {
-            self.lanes.resize(lane + 1, self.prior.clone());
-        }
-        for j in 0..k.min(accepted + 1) {
-            let hit = if j < accepted { 1.0 } else { 0.0 };
-            self.lanes[lane][j] += LANE_EMA * (hit - self.lanes[lane][j]);
-            self.prior[j] += PRIOR_EMA * (hit - self.prior[j]);
-        }
+        self.acceptance.observe(lane, self.ks[variant], accepted);
     }
 
     /// Expected tokens one step of `k` draft tokens emits in `lane`.
     pub fn expected_tokens(&self, lane: usize, k: usize) -> f64 {
-        let alphas = self.lanes.get(lane).unwrap_or(&self.prior);
-        let mut run = 1.0;
-        let mut total = 1.0;
-        for &a in &alphas[..k] {
-            run *= a;
-            total += run;
-        }
-        total
+        self.acceptance.expected_tokens(lane, k)
     }
 
     /// Expected tokens per second of `variant` at `bucket` over the lanes in `live`.
@@ -504,7 +490,12 @@ mod tests {
     fn high_acceptance_picks_the_longest_draft() {
         let mut p = policy(SpecPolicy::Adaptive);
         feed(&mut p, 3, 5, 50);
-        assert!((p.expected_tokens(0, 5) - 6.0).abs() < 1e-3);
+        // Every position hit 50 times: the session's counts weigh 64·(1 - (63/64)^50) =
+        // 34.88 hits, so π = (34.88 + 2·0.7) / (34.88 + 2) = 0.9837; the lane's weigh
+        // 5.00, so α = (5.00 + 2·0.9837) / 7.00 = 0.9954 at every position, and a step of
+        // k = 5 is expected to emit 1 + Σ_{i ≤ 5} 0.9954^i = 5.931 tokens (the priors keep
+        // it short of 6).
+        assert!((p.expected_tokens(0, 5) - 5.931).abs() < 1e-3);
         // k=5: 6 tokens / 2.5 ms beats k=3: 4 / 2 ms, k=1: 2 / 1.5 ms and plain.
         assert_eq!(p.choose(1, &[true]), 3);
     }
@@ -521,14 +512,14 @@ mod tests {
         // α = 0.6 at every position: k=1 1.6/1.5 = 1.067, k=3 (1+.6+.36+.216)/2 = 1.088,
         // k=5 2.38/2.5 = 0.95, plain 1.0 (tokens per ms).
         let mut p = policy(SpecPolicy::Adaptive);
-        p.lanes[0] = vec![0.6; 5];
+        p.acceptance.set_lane(0, &[0.6; 5]);
         assert_eq!(p.choose(1, &[true]), 2);
     }
 
     #[test]
     fn hysteresis_keeps_the_current_variant_on_a_small_edge() {
         let mut p = policy(SpecPolicy::Adaptive);
-        p.lanes[0] = vec![0.6; 5];
+        p.acceptance.set_lane(0, &[0.6; 5]);
         assert_eq!(p.choose(1, &[true]), 2);
         // k=1 now 2 % ahead of k=3: not enough to switch.
         p.set_time(1, 1, 1.6 / (1.088 * 1.02) * 1e-3);
@@ -567,7 +558,7 @@ mod tests {
     }
 
     #[test]
-    fn a_new_lane_starts_from_the_session_average() {
+    fn a_new_lane_starts_from_the_session_estimate() {
         let mut p = AdaptivePolicy::new(vec![0, 2], 2, SpecPolicy::Adaptive);
         for _ in 0..500 {
             p.observe(0, 1, 2);
@@ -615,7 +606,7 @@ mod tests {
             p.set_time(16, v, t * 1e-3);
         }
         for lane in 0..16 {
-            p.lanes[lane] = vec![0.42, 0.55, 0.47, 0.35, 0.3];
+            p.acceptance.set_lane(lane, &[0.42, 0.55, 0.47, 0.35, 0.3]);
         }
         (p, vec![true; 16])
     }
@@ -668,7 +659,7 @@ mod tests {
         for (v, t) in [2.0, 2.3, 3.1, 3.9].into_iter().enumerate() {
             p.set_time(1, v, t * 1e-3);
         }
-        p.lanes[0] = vec![0.78; 5];
+        p.acceptance.set_lane(0, &[0.78; 5]);
         assert!((p.expected_tokens(0, 5) - 3.5).abs() < 0.1);
         let v = p.choose(1, &[true]);
         assert!(p.ks()[v] >= 3, "picked k = {}", p.ks()[v]);
