@@ -536,6 +536,8 @@ fn tile(p: &MlaTileParams) -> KernelSource {
 
 /// Columns of the latent one combine block writes (one a thread).
 const COMBINE_COLS: u64 = 128;
+/// Splits whose partials one combine thread loads before folding them.
+const COMBINE_BATCH: u64 = 8;
 
 /// One block per query row and 128 latent columns: over the splits that start before the
 /// row's end (the only ones the tile kernel wrote for it), in split order,
@@ -571,21 +573,37 @@ fn combine(p: &MlaTileParams) -> KernelSource {
     row_end(&mut w, p);
     w.line("const long long live = (e + CHUNK - 1) / CHUNK < S ? (e + CHUNK - 1) / CHUNK : S;");
     w.line("const float* ml = pml + row * S * 2;");
-    w.line("float mx = neg_inf();");
-    w.line("for (long long s = 0; s < live; ++s) mx = fmaxf(mx, ml[2 * s]);");
-    w.line("float den = 0.0f, num = 0.0f;");
     emit!(
         w,
         "const long long i = (long long)blockIdx.y * {COMBINE_COLS} + threadIdx.x;"
     );
     w.line("const float* pa = po + row * S * L + (i < L ? i : 0);");
-    w.line("#pragma unroll 4");
-    w.for_block("long long s = 0", "s < live", "++s", |w| {
-        w.line("const float m = ml[2 * s];");
-        w.if_block("m != neg_inf()", |w| {
-            w.line("const float f = expf(m - mx);");
-            w.line("den = __fmaf_rn(f, ml[2 * s + 1], den);");
-            w.line("num = __fmaf_rn(f, pa[s * L], num);");
+    w.comment("Splits in batches of CB: a batch's loads are all issued before its folds (each");
+    w.comment("fold would otherwise wait out an L2 round trip); the folds keep split order.");
+    emit!(w, "constexpr int CB = {COMBINE_BATCH};");
+    w.line("float mx = neg_inf();");
+    w.for_block("long long s0 = 0", "s0 < live", "s0 += CB", |w| {
+        w.line("float mv[CB];");
+        w.for_unrolled("j", 0, "CB", |w| {
+            w.line("mv[j] = s0 + j < live ? ml[2 * (s0 + j)] : neg_inf();");
+        });
+        w.for_unrolled("j", 0, "CB", |w| w.line("mx = fmaxf(mx, mv[j]);"));
+    });
+    w.line("float den = 0.0f, num = 0.0f;");
+    w.for_block("long long s0 = 0", "s0 < live", "s0 += CB", |w| {
+        w.line("float mv[CB], lv[CB], av[CB];");
+        w.for_unrolled("j", 0, "CB", |w| {
+            w.line("const bool in = s0 + j < live;");
+            w.line("mv[j] = in ? ml[2 * (s0 + j)] : neg_inf();");
+            w.line("lv[j] = in ? ml[2 * (s0 + j) + 1] : 0.0f;");
+            w.line("av[j] = in ? pa[(s0 + j) * L] : 0.0f;");
+        });
+        w.for_unrolled("j", 0, "CB", |w| {
+            w.if_block("mv[j] != neg_inf()", |w| {
+                w.line("const float f = expf(mv[j] - mx);");
+                w.line("den = __fmaf_rn(f, lv[j], den);");
+                w.line("num = __fmaf_rn(f, av[j], num);");
+            });
         });
     });
     w.if_block("i < L", |w| {

@@ -828,4 +828,38 @@ fn rows(v: &mut Vec<Case>) {
             },
         ));
     }
+    head_matmuls(v);
+}
+
+/// `head_matmul` at Kimi-K2's absorbed shapes (q·W_UK: `w[64, 128, 512]`; o·W_UV:
+/// `w[64, 128, 512]` transposed) at 1, 8 and 11 rows (more than one pass of 8 rows), and at
+/// small odd dims.
+fn head_matmuls(v: &mut Vec<Case>) {
+    for (d, rows, h, k, n, trans_w) in [
+        (BF, 1u64, 64u64, 128u64, 512u64, false),
+        (BF, 8, 64, 128, 512, false),
+        (BF, 11, 64, 128, 512, false),
+        (F32, 3, 4, 40, 36, false),
+        (BF, 1, 64, 512, 128, true),
+        (BF, 8, 64, 512, 128, true),
+        (BF, 11, 64, 512, 128, true),
+        (F32, 3, 4, 36, 20, true),
+        (BF, 2, 3, 20, 13, false),
+        (BF, 2, 3, 13, 20, true),
+    ] {
+        let w = if trans_w { [h, n, k] } else { [h, k, n] };
+        v.push(case(
+            &format!("head_matmul {d} [{rows},{h},{k}] x {w:?} trans_w {trans_w}"),
+            Op::HeadMatMul { trans_w },
+            vec![
+                opd(d, &[rows, h, k], Values::Float(1.0)),
+                opd(d, &w, Values::Float(1.0)).table(),
+            ],
+            (d, &[rows, h, n]),
+            Tol::Close {
+                rtol: if d == BF { 1.0 / 128.0 } else { 1e-5 },
+                atol: if d == BF { 1e-2 } else { 1e-4 },
+            },
+        ));
+    }
 }
