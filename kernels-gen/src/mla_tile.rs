@@ -333,29 +333,38 @@ fn tile(p: &MlaTileParams) -> KernelSource {
         w.line("cp_async16(qs + row * ST + kv, ok ? src : ql, ok);");
     });
     w.line("cp_async_commit();");
-    w.comment("Cache tile `it` of the split into stage `buf` (zero past the range).");
+    w.comment("Cache tile `it` of the split into stage `buf` (zero past the range): warp `w`");
+    w.comment("copies slots w, w + 4·RT, ..., lane `l` the row's 16-byte chunks l, l + 32, ...,");
+    w.comment("so a copy costs an add on the slot's two row pointers.");
     w.block_semi("auto load_tile = [&](int buf, long long it)", |w| {
         w.line("const long long s0 = s_begin + it * TS;");
-        w.for_block("int i = tid", "i < TS * (KP / 8)", "i += blockDim.x", |w| {
-            w.line("const int j = i / (KP / 8), kv = (i % (KP / 8)) * 8;");
+        w.for_block("int j = warp", "j < TS", "j += 4 * RT", |w| {
             w.line("const long long s = s0 + j;");
             w.line("const bool in = s < s_end;");
-            emit!(w, "const {ct}* src = kc;");
-            w.line("bool ok = false;");
-            w.if_else(
-                "kv < L",
-                |w| {
-                    w.line("src = kc + (bi * CTX + s) * L + kv;");
-                    w.line("ok = in;");
-                },
-                |w| {
-                    w.if_block("kv < L + R", |w| {
-                        w.line("src = kp + (bi * CTX + s) * R + (kv - L);");
-                        w.line("ok = in;");
-                    });
-                },
-            );
-            w.line("cp_async16(cs + (buf * TS + j) * ST + kv, ok ? src : kc, ok);");
+            emit!(w, "const {ct}* crow = kc + (bi * CTX + (in ? s : 0)) * L;");
+            emit!(w, "const {ct}* prow = kp + (bi * CTX + (in ? s : 0)) * R;");
+            emit!(w, "{ct}* drow = cs + (buf * TS + j) * ST;");
+            w.for_unrolled("q", 0, "(KP / 8 + 31) / 32", |w| {
+                w.line("const int kv = (lane + 32 * q) * 8;");
+                w.if_block("kv < KP", |w| {
+                    emit!(w, "const {ct}* src = kc;");
+                    w.line("bool ok = false;");
+                    w.if_else(
+                        "kv < L",
+                        |w| {
+                            w.line("src = crow + kv;");
+                            w.line("ok = in;");
+                        },
+                        |w| {
+                            w.if_block("kv < L + R", |w| {
+                                w.line("src = prow + (kv - L);");
+                                w.line("ok = in;");
+                            });
+                        },
+                    );
+                    w.line("cp_async16(drow + kv, src, ok);");
+                });
+            });
         });
     });
     w.comment("One cp.async group per stage, empty past the last tile (uniform group counts).");
