@@ -8,6 +8,9 @@
 set -uo pipefail
 export SPECC_CACHE_DIR=/tmp/specc-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# Server logs stay out of $OUT: a device call brings back at most 8 files, and the JSON
+# results must be among them.
+LOGS=${LOGS:-/tmp/specc-serve-logs}; mkdir -p "$LOGS"
 find .gpu2 -name '*.gz' -exec gunzip -kf {} \;
 chmod +x .gpu2/specc .gpu2/specc_base 2>/dev/null
 S=${SPECC_BIN:-.gpu2/specc}
@@ -35,7 +38,7 @@ for m in "$@"; do
   [[ $m == none ]] || flags+=(--spec-policy "${POLICY:-adaptive}")
   port=$((8100 + RANDOM % 500))
   $S serve bench/configs/llama-3.1-8b/config.json --random-weights --backend cuda \
-    --lanes "$LANES" --max-context 2048 --port $port "${flags[@]}" > "$OUT/serve8b_${TAG:-}$m.log" 2>&1 &
+    --lanes "$LANES" --max-context 2048 --port $port "${flags[@]}" > "$LOGS/serve8b_${TAG:-}$m.log" 2>&1 &
   pid=$!
   for i in $(seq 1 240); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 1; done
   echo "== sweep 8B $m (ready after ${i}s)"
@@ -44,5 +47,5 @@ for m in "$@"; do
     --json "$OUT/sweep8b_${TAG:-}$m.json" 2>&1 | tail -7
   curl -s "http://127.0.0.1:$port/metrics" | grep -E "spec_decode_num_accepted|spec_decode_num_draft_tokens_total|variant" | head -6
   kill $pid; wait $pid 2>/dev/null
-  tail -3 "$OUT/serve8b_${TAG:-}$m.log"
+  tail -3 "$LOGS/serve8b_${TAG:-}$m.log"
 done

@@ -15,6 +15,9 @@
 set -uo pipefail
 export SPECC_CACHE_DIR=/tmp/specc-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# Server logs stay out of $OUT: a device call brings back at most 8 files, and the JSON
+# results must be among them.
+LOGS=${LOGS:-/tmp/specc-serve-logs}; mkdir -p "$LOGS"
 find .gpu2 -name '*.gz' -exec gunzip -kf {} \;
 chmod +x .gpu2/specc 2>/dev/null
 # SPECC / BACKEND: another binary and backend (a CPU smoke test of this script).
@@ -37,7 +40,7 @@ buckets="[1, 4, $LANES]"
 measure() {
   local name=$1; shift
   local port=$((8100 + RANDOM % 500))
-  $S serve --backend "$BACKEND" --lanes "$LANES" --port $port "$@" > "$OUT/serve_$name.log" 2>&1 &
+  $S serve --backend "$BACKEND" --lanes "$LANES" --port $port "$@" > "$LOGS/serve_$name.log" 2>&1 &
   local pid=$! i
   for i in $(seq 1 300); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 1; done
   echo "== sweep $name (ready after ${i}s)"
@@ -46,7 +49,7 @@ measure() {
     --json "$OUT/sweep_$name.json" 2>&1 | tail -6
   curl -s "http://127.0.0.1:$port/metrics" | grep -E "spec_decode_num_accepted_tokens_total|spec_decode_num_draft_tokens_total|spec_variant_steps_total" | head -8
   kill $pid; wait $pid 2>/dev/null
-  tail -2 "$OUT/serve_$name.log"
+  tail -2 "$LOGS/serve_$name.log"
 }
 
 shapes=("$@"); [[ ${#shapes[@]} -gt 0 ]] || shapes=(default 8b)
