@@ -337,8 +337,8 @@ fn time_launches(gpu: &Gpu, pl: &Planned, b: u64, t: u64, ctx: u64, launches: us
 }
 
 /// The tile + combine pair at Kimi-K2 dims, ctx 8192, for every work split the kernel takes
-/// (splits 16 / 32 / 64 × 16 / 32 / 64 rows a block × 3 / 2 stages), beside the plan's choice: the
-/// table `choose::mla::tiling` is checked against. Timing, not a check.
+/// (splits 16 / 32 / 64 × 16 / 32 / 64 rows a block × 3 / 2 stages), beside the plan's
+/// choice: the table `choose::mla::tiling` is checked against. Timing, not a check.
 #[test]
 #[ignore = "timing, not a check; run with --ignored on a GPU"]
 fn mla_tile_split_sweep() {
