@@ -973,6 +973,12 @@ fn deepseek_v3_steps_plan_and_compile() {
                 "{name}: no {f} launch in {families:?}"
             );
         }
+        // Every MLA layer's latent / rope-key write and query split are one launch each
+        // (`fuse_mla`): no standalone rope or kv_write is left.
+        let count = |f: &str| families.iter().filter(|&&x| x == f).count();
+        assert!(count("mla_kv_write") > 0, "{name}: no fused MLA write");
+        assert_eq!(count("mla_kv_write"), count("mla_q_split"), "{name}");
+        assert_eq!(count("rope") + count("kv_write"), 0, "{name}: {families:?}");
     }
     if nvrtc {
         assert_compiled("deepseek-v3 steps (every arch)", &p);

@@ -10,7 +10,9 @@
 //!   to the KV cache become one group with a RoPE + KV-write epilogue (kernels-gen runs it
 //!   in the q/k/v GEMV's epilogue; with per-head norms as a second kernel, `rope_kv`);
 //! - one matmul read only by `cast<f32>` (itself read only by an `argmax` and/or the graph
-//!   outputs) becomes the lm-head with logits and argmax epilogue.
+//!   outputs) becomes the lm-head with logits and argmax epilogue;
+//! - MLA's latent / rope-key preparation and its query split become one group each
+//!   ([`crate::fuse_mla`]).
 //!
 //! `reshape` nodes are views and weight stacks (`stacks`) are built at upload: neither forms
 //! a group; every other remaining compute node is a
@@ -59,6 +61,26 @@ pub fn run(g: &Graph, constants: &[bool]) -> Vec<Group> {
             claimed[n.index()] = true;
         }
         groups.push(group);
+    }
+    for (id, _) in g.nodes() {
+        let kind = match crate::fuse_mla::kv_group(g, &uses, id) {
+            Some((kv, nodes)) => Some((GroupKind::MlaKv(Box::new(kv)), nodes)),
+            None => crate::fuse_mla::q_group(g, &uses, id)
+                .map(|(q, nodes)| (GroupKind::MlaQ(Box::new(q)), nodes)),
+        };
+        let Some((kind, nodes)) = kind else {
+            continue;
+        };
+        if nodes
+            .iter()
+            .any(|n| claimed[n.index()] || constants[n.index()])
+        {
+            continue;
+        }
+        for n in &nodes {
+            claimed[n.index()] = true;
+        }
+        groups.push(close(g, &uses, kind, nodes));
     }
     for (id, node) in g.nodes() {
         if claimed[id.index()]

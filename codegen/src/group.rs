@@ -70,6 +70,33 @@ pub struct MatOut {
     pub scale: Option<ValueId>,
 }
 
+/// MLA's key/value preparation (`crate::fuse_mla`): the `kv_a_proj_with_mqa` result `kva`
+/// `[B, T, L + R]` split into the latent, RMSNormed and written to `c_cache`, and the rope
+/// key, rotated at `positions` and written to `pe_cache`, both at `slots`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlaKv {
+    pub kva: ValueId,
+    pub norm_weight: ValueId,
+    pub eps: f64,
+    /// The IR rope node (its op is the rotation).
+    pub rope: ValueId,
+    pub positions: ValueId,
+    pub slots: ValueId,
+    /// The IR kv_write results (aliasing the cache states).
+    pub c_cache_out: ValueId,
+    pub pe_cache_out: ValueId,
+}
+
+/// MLA's query split (`crate::fuse_mla`): `q` `[B, T, H, DN + DR]` into the copied `q_nope`
+/// (a slice node) and the rotated `q_pe` (the rope node, at `positions`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlaQ {
+    pub q: ValueId,
+    pub positions: ValueId,
+    pub q_nope: ValueId,
+    pub q_pe: ValueId,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum GroupKind {
     /// One IR node computed by its own kernel.
@@ -82,6 +109,8 @@ pub enum GroupKind {
         mats: Vec<MatOut>,
         epilogue: Epilogue,
     },
+    MlaKv(Box<MlaKv>),
+    MlaQ(Box<MlaQ>),
 }
 
 /// A fused group. Invariants: `nodes` are the IR nodes it computes, in topological order;
@@ -107,6 +136,8 @@ impl Group {
                 Epilogue::RopeKvWrite { .. } => "gemv_qkv_rope",
                 Epilogue::LogitsArgmax { .. } => "gemv_lm_head",
             },
+            GroupKind::MlaKv(_) => "mla_kv_write",
+            GroupKind::MlaQ(_) => "mla_q_split",
         }
     }
 }

@@ -34,7 +34,7 @@ use specc_kernels_gen::elementwise::{embedding, EmbeddingParams};
 use specc_kernels_gen::gemv::{gemv_tiled, GemvParams, GemvWeights, RmsNormPrologue};
 use specc_kernels_gen::gemv_mma::{self, SplitScratch};
 use specc_kernels_gen::gemv_quant::{gemv_quant_tiled, QuantWeights};
-use specc_kernels_gen::generic::{moe_grouped, single, TensorArg};
+use specc_kernels_gen::generic::{mla_prep, moe_grouped, single, TensorArg};
 use specc_kernels_gen::mla_tile;
 use specc_kernels_gen::norm::{rmsnorm, RmsNormParams};
 use specc_kernels_gen::qkv_rope::QkvRope;
@@ -43,7 +43,7 @@ use specc_kernels_gen::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTabl
 use specc_kernels_gen::Error;
 
 use crate::choose;
-use crate::{Epilogue, Group, GroupKind, Home, LaunchPlan, MatOut};
+use crate::{Epilogue, Group, GroupKind, Home, LaunchPlan, MatOut, MlaKv, MlaQ};
 
 pub use choose::matmul::SPLIT_COUNTERS;
 
@@ -64,6 +64,8 @@ fn phase_of(g: &Graph, gr: &Group) -> Phase {
     let anchor = match &gr.kind {
         GroupKind::Single(v) => *v,
         GroupKind::MatMul { mats, .. } => mats[0].node,
+        GroupKind::MlaKv(kv) => kv.c_cache_out,
+        GroupKind::MlaQ(q) => q.q_pe,
     };
     g.phase_of(anchor)
 }
@@ -358,7 +360,40 @@ fn group_kernels(cx: &mut Ctx, gr: &Group) -> Result<(Launches, KernelChoice), E
             mats,
             epilogue,
         } => matmul_kernels(cx, *x, norm.as_ref(), mats, epilogue),
+        GroupKind::MlaKv(kv) => mla_kv_kernels(cx, kv),
+        GroupKind::MlaQ(q) => mla_q_kernels(cx, q),
     }
+}
+
+/// MLA's latent and rope key written to the caches: one `mla_kv_write` launch.
+fn mla_kv_kernels(cx: &mut Ctx, kv: &MlaKv) -> Result<(Launches, KernelChoice), Error> {
+    let b = cx.bucket_for(kv.kva).unwrap_or(cx.bucket);
+    let rope = cx.g.node(kv.rope).op.clone();
+    let k = mla_prep::mla_kv_write(&mla_prep::MlaKvWrite {
+        kva: &cx.arg(kv.kva)?,
+        norm_weight: &cx.arg(kv.norm_weight)?,
+        eps: kv.eps as f32,
+        rope: &rope,
+        positions: &cx.arg(kv.positions)?,
+        slots: &cx.arg(kv.slots)?,
+        c_cache: &cx.arg(kv.c_cache_out)?,
+        pe_cache: &cx.arg(kv.pe_cache_out)?,
+    })?;
+    Ok(fixed(vec![(k, b)]))
+}
+
+/// MLA's query split into `q_nope` and the rotated `q_pe`: one `mla_q_split` launch.
+fn mla_q_kernels(cx: &mut Ctx, q: &MlaQ) -> Result<(Launches, KernelChoice), Error> {
+    let b = cx.bucket_for(q.q).unwrap_or(cx.bucket);
+    let rope = cx.g.node(q.q_pe).op.clone();
+    let k = mla_prep::mla_q_split(&mla_prep::MlaQSplit {
+        q: &cx.arg(q.q)?,
+        rope: &rope,
+        positions: &cx.arg(q.positions)?,
+        q_nope: &cx.arg(q.q_nope)?,
+        q_pe: &cx.arg(q.q_pe)?,
+    })?;
+    Ok(fixed(vec![(k, b)]))
 }
 
 fn single_kernels(cx: &mut Ctx, v: ValueId) -> Result<(Launches, KernelChoice), Error> {

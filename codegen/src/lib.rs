@@ -8,6 +8,7 @@ mod cost;
 mod dce;
 mod error;
 mod fuse;
+mod fuse_mla;
 mod group;
 pub mod kernels;
 mod launch;
@@ -28,7 +29,9 @@ pub use consts::{constant_nodes, tensor_bytes, MAX_STATIC_ELEMS};
 pub use cost::{group_cost, Cost};
 pub use error::CodegenError;
 pub use fuse::is_view;
-pub use group::{Epilogue, Group, GroupId, GroupKind, HeadNorm, MatOut, NormPrologue, RopeKvWrite};
+pub use group::{
+    Epilogue, Group, GroupId, GroupKind, HeadNorm, MatOut, MlaKv, MlaQ, NormPrologue, RopeKvWrite,
+};
 pub use launch::{ArgSlot, Launch, LaunchPlan};
 pub use memory::{check as check_memory, root, Home, MemoryPlan, ALIGN};
 pub use physical::physical_bytes;

@@ -75,3 +75,59 @@ fn mla_tiles_compile_for_every_arch_without_spills() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The fused latent / rope-key write and query split (`generic::mla_prep`) at Kimi-K2 and
+/// fixture dims, decode and verify rows.
+#[test]
+fn mla_prep_kernels_compile_for_every_arch() {
+    use specc_ir::op::{RopeScaling, RopeStyle};
+    use specc_ir::{DType, Op};
+    use specc_kernels_gen::abi::Loc;
+    use specc_kernels_gen::generic::mla_prep::{mla_kv_write, mla_q_split, MlaKvWrite, MlaQSplit};
+    use specc_kernels_gen::generic::TensorArg;
+    let Some(nvrtc) = Nvrtc::or_skip() else {
+        return;
+    };
+    let a = |slot: u32, dtype: DType, dims: &[u64]| TensorArg::new(Loc::table(slot), dtype, dims);
+    let bf = DType::BF16;
+    let mut failures = Vec::new();
+    for (l, r, h, dn) in [(512u64, 64u64, 64u64, 128u64), (32, 8, 4, 16)] {
+        let rope = Op::Rope {
+            theta: 50_000.0,
+            scaling: RopeScaling::None,
+            style: RopeStyle::Interleaved,
+            rotary_dim: r,
+        };
+        for (b, t) in [(1u64, 1u64), (8, 8)] {
+            let kv = mla_kv_write(&MlaKvWrite {
+                kva: &a(0, bf, &[b, t, l + r]),
+                norm_weight: &a(1, bf, &[l]),
+                eps: 1e-6,
+                rope: &rope,
+                positions: &a(2, DType::I32, &[b, t]),
+                slots: &a(3, DType::I32, &[b, t]),
+                c_cache: &a(4, bf, &[b, 1024, 1, l]),
+                pe_cache: &a(5, bf, &[b, 1024, 1, r]),
+            })
+            .unwrap();
+            let q = mla_q_split(&MlaQSplit {
+                q: &a(0, bf, &[b, t, h, dn + r]),
+                rope: &rope,
+                positions: &a(1, DType::I32, &[b, t]),
+                q_nope: &a(2, bf, &[b, t, h, dn]),
+                q_pe: &a(3, bf, &[b, t, h, r]),
+            })
+            .unwrap();
+            for k in [kv, q] {
+                for arch in ARCHS {
+                    match nvrtc.compile(&k, arch) {
+                        Ok(c) if c.stats.spill_stores + c.stats.spill_loads == 0 => {}
+                        Ok(c) => failures.push(format!("{} [{arch}]: {:?}", k.name, c.stats)),
+                        Err(e) => failures.push(format!("{} [{arch}]: {e}", k.name)),
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

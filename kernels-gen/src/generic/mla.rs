@@ -5,9 +5,10 @@
 
 use super::{c_type, f32_expr, flat_launch, load, row_launch, store, Kernel, TensorArg};
 use crate::abi::{Extent, KernelSource, LaunchSpec};
-use crate::writer::emit;
+use crate::writer::{emit, Writer};
 use crate::Error;
 use specc_ir::op::AttnMask;
+use specc_ir::DType;
 
 /// Threads of an `mla_attention` block: one cache slot each per tile; latent features are
 /// spread over them for the `p · c` sum.
@@ -339,85 +340,140 @@ pub(super) fn rope(
     pos: &TensorArg,
     out: &TensorArg,
 ) -> Result<KernelSource, Error> {
-    let specc_ir::Op::Rope {
-        theta,
-        scaling,
-        style,
-        rotary_dim,
-    } = op
-    else {
-        return Err(Error::param("rope", "op", "not a rope op"));
-    };
     let (h, d) = (x.dims[2], x.dims[3]);
-    let rot = *rotary_dim;
-    if rot > d || !rot.is_multiple_of(2) {
-        return Err(Error::param(
-            "rope",
-            "rotary_dim",
-            format!("{rot} invalid for head dim {d}"),
-        ));
-    }
-    let half = rot / 2;
-    let inv = specc_ir::interp::rope_inv_freq(*theta, scaling, rot as usize);
-    let mscale = match scaling {
-        specc_ir::op::RopeScaling::Yarn { mscale, .. } => *mscale as f32,
-        _ => 1.0,
-    };
-    let xt = c_type(out.dtype);
+    let rc = RopeConsts::of(op, d)?;
     let n = x.numel();
     let mut k = Kernel::new("rope", x.dtype);
     k.ptr("x", x, false);
     k.ptr("pos", pos, false);
     k.ptr("y", out, true);
     let w = &mut k.body;
-    emit!(
-        w,
-        "constexpr long long H = {h}, D = {d}, ROT = {rot}, HALF = {half};"
-    );
-    let table: Vec<String> = inv.iter().map(|&f| f32_expr(f)).collect();
-    emit!(
-        w,
-        "const float INV_FREQ[{}] = {{{}}};",
-        half.max(1),
-        if table.is_empty() {
-            "0.0f".to_string()
-        } else {
-            table.join(", ")
-        }
-    );
-    let interleaved = *style == specc_ir::op::RopeStyle::Interleaved;
+    emit!(w, "constexpr long long H = {h}, D = {d};");
+    rc.emit_consts(w);
     k.grid_stride(n, |w| {
         w.line("const long long f = e % D, tok = e / (H * D);");
         w.if_block("f >= ROT", |w| {
             emit!(w, "y[e] = {};", store(out.dtype, &load(x.dtype, "x[e]")));
             w.line("continue;");
         });
-        if interleaved {
+        rc.emit_rotate(w, x.dtype, pos.dtype, out.dtype, "e", "e", "tok");
+    });
+    Ok(k.finish_flat(n))
+}
+
+/// The constants of one `rope` op over heads of `d` features: the rotated features, the
+/// pairs' inverse frequencies as the interpreter computes them, the YaRN mscale, the pairing.
+pub(super) struct RopeConsts {
+    rot: u64,
+    inv: Vec<f32>,
+    mscale: f32,
+    interleaved: bool,
+}
+
+impl RopeConsts {
+    pub(super) fn of(op: &specc_ir::Op, d: u64) -> Result<RopeConsts, Error> {
+        let specc_ir::Op::Rope {
+            theta,
+            scaling,
+            style,
+            rotary_dim,
+        } = op
+        else {
+            return Err(Error::param("rope", "op", "not a rope op"));
+        };
+        let rot = *rotary_dim;
+        if rot > d || !rot.is_multiple_of(2) {
+            return Err(Error::param(
+                "rope",
+                "rotary_dim",
+                format!("{rot} invalid for head dim {d}"),
+            ));
+        }
+        Ok(RopeConsts {
+            rot,
+            inv: specc_ir::interp::rope_inv_freq(*theta, scaling, rot as usize),
+            mscale: match scaling {
+                specc_ir::op::RopeScaling::Yarn { mscale, .. } => *mscale as f32,
+                _ => 1.0,
+            },
+            interleaved: *style == specc_ir::op::RopeStyle::Interleaved,
+        })
+    }
+
+    /// `ROT`, `HALF` and the `INV_FREQ` table.
+    pub(super) fn emit_consts(&self, w: &mut Writer) {
+        emit!(
+            w,
+            "constexpr long long ROT = {}, HALF = {};",
+            self.rot,
+            self.rot / 2
+        );
+        let table: Vec<String> = self.inv.iter().map(|&f| f32_expr(f)).collect();
+        emit!(
+            w,
+            "const float INV_FREQ[{}] = {{{}}};",
+            (self.rot / 2).max(1),
+            if table.is_empty() {
+                "0.0f".to_string()
+            } else {
+                table.join(", ")
+            }
+        );
+    }
+
+    /// Rotates feature `f` (`long long`, below `ROT`) of one head: reads `x[xi]` and its
+    /// partner (`xi ± 1` interleaved, else `xi ± HALF`) and the angle's position
+    /// `pos[tok]`, stores `y[yi]`, rounding to `out` as the interpreter does.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn emit_rotate(
+        &self,
+        w: &mut Writer,
+        x: DType,
+        pos: DType,
+        out: DType,
+        xi: &str,
+        yi: &str,
+        tok: &str,
+    ) {
+        let xt = c_type(out);
+        if self.interleaved {
             w.line("const long long i = f / 2;");
             w.line("const bool first = (f & 1) == 0;");
-            w.line("const long long mate = first ? e + 1 : e - 1;");
+            emit!(w, "const long long mate = first ? {xi} + 1 : {xi} - 1;");
         } else {
             w.line("const long long i = f % HALF;");
             w.line("const bool first = f < HALF;");
-            w.line("const long long mate = first ? e + HALF : e - HALF;");
+            emit!(
+                w,
+                "const long long mate = first ? {xi} + HALF : {xi} - HALF;"
+            );
         }
-        emit!(w, "const float fp = (float){};", load(pos.dtype, "pos[tok]"));
+        emit!(
+            w,
+            "const float fp = (float){};",
+            load(pos, &format!("pos[{tok}]"))
+        );
         w.line("double sd, cd;");
         w.line("sincos((double)__fmul_rn(fp, INV_FREQ[i]), &sd, &cd);");
-        let ms = f32_expr(mscale);
-        emit!(w, "const float cs = round_to<{xt}>(__fmul_rn((float)cd, {ms}));");
-        emit!(w, "const float sn = round_to<{xt}>(__fmul_rn((float)sd, {ms}));");
-        emit!(w, "const float a = {};", load(x.dtype, "x[e]"));
-        emit!(w, "const float m = {};", load(x.dtype, "x[mate]"));
+        let ms = f32_expr(self.mscale);
+        emit!(
+            w,
+            "const float cs = round_to<{xt}>(__fmul_rn((float)cd, {ms}));"
+        );
+        emit!(
+            w,
+            "const float sn = round_to<{xt}>(__fmul_rn((float)sd, {ms}));"
+        );
+        emit!(w, "const float a = {};", load(x, &format!("x[{xi}]")));
+        emit!(w, "const float m = {};", load(x, "x[mate]"));
         w.line("const float partner = first ? -m : m;");
         emit!(
             w,
-            "y[e] = {};",
+            "y[{yi}] = {};",
             store(
-                out.dtype,
+                out,
                 &format!("__fadd_rn(round_to<{xt}>(__fmul_rn(a, cs)), round_to<{xt}>(__fmul_rn(partner, sn)))")
             )
         );
-    });
-    Ok(k.finish_flat(n))
+    }
 }

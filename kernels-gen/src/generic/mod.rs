@@ -42,6 +42,7 @@
 
 mod elementwise;
 mod mla;
+pub mod mla_prep;
 mod moe;
 pub mod moe_grouped;
 mod movement;
