@@ -6,6 +6,8 @@
 //! with a repeat inside a sequence (the later token wins), a negative slot (no write) and
 //! one past the cache (clamped).
 //!
+//! Also `head_matmul`: a row of a many-row launch bitwise equal to that row alone.
+//!
 //! `cargo test -p specc-kernels-gen --features cuda --test gpu_mla_prep -- --nocapture`
 
 #![cfg(feature = "cuda")]
@@ -428,6 +430,67 @@ fn mla_q_split_matches_the_unfused_kernels_and_the_interpreter() {
     for (name, d) in [("kimi", KIMI), ("fixture", FIXTURE)] {
         for (b, t) in [(1, 1), (3, 8), (2, 16)] {
             check_q(&gpu, name, d, b, t);
+        }
+    }
+}
+
+/// `head_matmul` at Kimi-K2's absorbed shapes (both layouts, bf16) and the fixtures': every
+/// row of an 11-row launch (two passes of the vector kernels) bitwise equal to that row
+/// computed alone, and within bf16 rounding of the interpreter.
+#[test]
+fn head_matmul_rows_do_not_depend_on_the_row_count() {
+    let Some(gpu) = Gpu::new() else { return };
+    let bf = DType::BF16;
+    for (name, h, dn, l) in [("kimi", 64u64, 128u64, 512u64), ("fixture", 4, 16, 32)] {
+        for trans_w in [false, true] {
+            let (k, n) = if trans_w { (l, dn) } else { (dn, l) };
+            let wdims = if trans_w { [h, n, k] } else { [h, k, n] };
+            let label = format!("head_matmul {name} trans_w {trans_w}");
+            let mut rng = Rng::new(h + k + trans_w as u64);
+            let rows = 11u64;
+            let x = round_bf16(rng.vec((rows * h * k) as usize, 1.0));
+            let wv = round_bf16(rng.vec((h * k * n) as usize, 0.1));
+            let op = Op::HeadMatMul { trans_w };
+            let run = |r: u64, xs: &[f64]| -> Vec<f64> {
+                let ks = single(
+                    &op,
+                    &[arg(0, bf, &[r, 1, h, k]), arg(1, bf, &wdims)],
+                    &arg(2, bf, &[r, 1, h, n]),
+                )
+                .unwrap();
+                let mut mem = Mem::new(256, &[r * h * k * 2, h * k * n * 2, r * h * n * 2]);
+                mem.put(Loc::table(0), BF, xs);
+                mem.put(Loc::table(1), BF, &wv);
+                let bucket = Bucket {
+                    b: 1,
+                    t: r as u32,
+                    ctx: 1,
+                };
+                gpu.run(&mut mem, &ks.iter().collect::<Vec<_>>(), bucket);
+                mem.get(Loc::table(2), BF, (r * h * n) as usize)
+            };
+            let all = run(rows, &x);
+            let per = (h * k) as usize;
+            for r in [0usize, 7, 8, 10] {
+                let alone = run(1, &x[r * per..(r + 1) * per]);
+                let got = &all[r * (h * n) as usize..(r + 1) * (h * n) as usize];
+                assert!(
+                    got == alone.as_slice(),
+                    "{label}: row {r} of 11 differs from it alone"
+                );
+            }
+            let mut g = Reference::new();
+            let xi = g.input(
+                "x",
+                tensor(BF, &[rows as usize, 1, h as usize, k as usize], &x),
+            );
+            let wd: Vec<usize> = wdims.iter().map(|&d| d as usize).collect();
+            let wi = g.input("w", tensor(BF, &wd, &wv));
+            let y = g.op(op.clone(), &[xi, wi]);
+            let want = g.run(&[("y", y)]).remove("y").unwrap();
+            let (rtol, atol) = bf16_tol(&want);
+            assert_close(&label, &all, &want, rtol, atol);
+            println!("PASS {label}: 11 rows, each bitwise equal to it alone");
         }
     }
 }

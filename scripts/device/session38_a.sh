@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 38, call A: the fused MLA preparation kernels (`mla_kv_write`, `mla_q_split`)
+# Session 38, call A: the fused MLA preparation kernels (`mla_kv_write`, `mla_q_split`) and
+# the vector `head_matmul`
 # against the unfused kernels and the interpreter, the DeepSeek-V3 engines against HF and
 # exact through every method with them, Kimi-K2.5 int4 / Kimi-K2 bf16 steps base vs new in
 # one call (per kernel for the new build), and Nsight Compute on `head_matmul` at Kimi's
@@ -21,10 +22,10 @@ for spec in "" "--tokens 8" "--context 8192" "--tokens 16"; do
   for bin in specc_base specc; do
     (( $(left) > 330 )) || break
     echo "== Kimi-K2.5 int4 2 layers $spec $bin ($(left)s left)" >> "$S"
-    pk=""; [[ $bin == specc && $spec == "--tokens 8" ]] && pk="--per-kernel"
+    pk=""; [[ $spec == "--tokens 8" ]] && pk="--per-kernel"
     timeout 60 .gpu2/$bin "${KI[@]}" $spec $pk > /tmp/k.txt 2>&1
     grep -E "^\| (decode|verify)" /tmp/k.txt | head -1 | cut -c1-150 >> "$S"
-    [[ -n $pk ]] && grep -E "^\| " /tmp/k.txt | cut -c1-160 | head -90 > "$OUT/perkernel_int4_v8.txt"
+    [[ -n $pk ]] && grep -E "^\| " /tmp/k.txt | cut -c1-160 | head -90 > "$OUT/perkernel_int4_v8_$bin.txt"
   done
 done
 for bin in specc_base specc; do

@@ -41,6 +41,7 @@
 //! characterises each op is listed at [`single`].
 
 mod elementwise;
+mod head_matmul;
 mod mla;
 pub mod mla_prep;
 mod moe;
@@ -174,7 +175,7 @@ pub fn single(
         Op::RmsNorm { eps } => rows::rmsnorm(*eps, x(), &inputs[1], output)?,
         Op::MatMul => rows::matmul(x(), &inputs[1], output),
         Op::Rope { .. } => mla::rope(op, x(), &inputs[1], output)?,
-        Op::HeadMatMul { trans_w } => mla::head_matmul(*trans_w, x(), &inputs[1], output),
+        Op::HeadMatMul { trans_w } => head_matmul::head_matmul(*trans_w, x(), &inputs[1], output),
         Op::MlaAttention { scale, mask } => mla::mla_attention(*scale, *mask, inputs, output)?,
         Op::MoeRoute {
             top_k,
