@@ -113,6 +113,21 @@ impl SpecMethod for DDTree {
         })
     }
 
+    /// DFlash's catch-up: the plain variant is DFlash's.
+    fn catch_up(
+        &self,
+        target: &ModelSpec,
+        draft: &DraftSide,
+        shape: &StepShape,
+    ) -> Result<Option<Graph>, ModelError> {
+        let DraftSide::DFlash(dflash) = draft else {
+            return Ok(None);
+        };
+        dflash::lower_dflash_catch_up(target, dflash, shape)
+            .map(Some)
+            .map_err(|e| lower_err("ddtree catch-up", e))
+    }
+
     fn open(
         &self,
         target: &Model,
