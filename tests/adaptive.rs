@@ -298,11 +298,12 @@ fn ddtree_variants_are_exact_through_forced_switches() {
     forced_variants_are_exact("ddtree.toml", &[0, 1, 4, 7]);
 }
 
-/// A plain step of a tap-reading draft writes its first pending row into the draft's caches
-/// and queues its own: after a plain stretch the draft's cache of committed positions (slots
-/// `0..base`, the rest still queued) equals what a fresh draft prefill over the committed
-/// tokens writes, as if speculation had never stopped, and what is queued is at most the
-/// configured rows.
+/// A plain step of a tap-reading draft queues its row, and the catch-up before the next
+/// speculative step writes the queue into the draft's caches: after switches in and out of
+/// plain stretches the draft's cache of committed positions (slots `0..base`, the rest still
+/// queued) equals what a fresh draft prefill over the committed tokens writes, as if
+/// speculation had never stopped, and what is queued is the last speculative step's rows and
+/// the plain steps' since.
 fn after_plain_steps_the_draft_caches_equal_a_fresh_prefill(
     spec: &str,
     base_state: &str,

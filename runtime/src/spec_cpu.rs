@@ -678,13 +678,11 @@ impl<'a> SpecCpuSession<'a> {
     /// variant's queue ring is in no other step).
     fn ensure_step_states(&mut self) -> Result<(), RuntimeError> {
         let mut states = std::mem::take(&mut self.states);
-        let graphs = std::iter::once(self.graphs.step)
+        let mut graphs = std::iter::once(self.graphs.step)
             .chain(self.graphs.variants.iter().map(|v| v.1))
             .chain(self.graphs.greedy.iter().map(|v| v.1))
             .chain(self.graphs.catch_up.map(|c| c.1));
-        let r = graphs
-            .map(|g| self.zero_states(g, &mut states))
-            .collect::<Result<(), _>>();
+        let r = graphs.try_for_each(|g| self.zero_states(g, &mut states));
         self.states = states;
         r
     }

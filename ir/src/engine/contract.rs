@@ -181,8 +181,8 @@ pub struct StepContract {
     pub draft_prefill: Option<GraphRole>,
     /// Further step graphs over the same states (smaller k or tree depth, and k = 0: plain
     /// decoding, after which a standalone draft is re-primed and a draft that reads target
-    /// hidden states is kept whole by the step itself), ascending by k; empty where the
-    /// method cannot switch.
+    /// hidden states catches up its queued rows, [`StepContract::catch_up`]), ascending by
+    /// k; empty where the method cannot switch.
     #[serde(default)]
     pub variants: Vec<StepVariant>,
     /// Under sampled acceptance, the greedy twin of each step of

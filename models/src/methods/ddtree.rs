@@ -90,7 +90,7 @@ impl SpecMethod for DDTree {
     /// Depths 0, 1, ⌈L/2⌉ (L = the block's drafts): the same block drafted, a tree over
     /// its first rows with the same `topk` and a budget scaled with the depth, over the
     /// configured step's `L + 1` pending context rows; depth 0 is DFlash's plain step,
-    /// which keeps the drafter whole (`methods::variants`).
+    /// which queues its rows for the catch-up (`methods::variants`).
     fn variants(
         &self,
         target: &ModelSpec,

@@ -48,8 +48,8 @@ impl SpecMethod for DFlash {
     }
 
     /// k = 0, 1, ⌈k/2⌉: the same block drafted, its first k drafts verified, over the
-    /// configured step's `k + 1` pending context rows; k = 0 keeps the drafter whole
-    /// (`methods::variants`).
+    /// configured step's `k + 1` pending context rows; k = 0 queues its rows for the
+    /// catch-up (`methods::variants`).
     fn variants(
         &self,
         target: &ModelSpec,

@@ -95,7 +95,7 @@ impl SpecMethod for Eagle3 {
 
     /// Chains: k = 0, 1, ⌈k/2⌉; trees: depths 0, 1, ⌈depth/2⌉ with the same `topk` and
     /// a budget scaled with the depth. All over the configured step's `depth + 1` pending
-    /// pairs; k = 0 keeps the head whole (`methods::variants`).
+    /// pairs; k = 0 queues its pairs for the catch-up (`methods::variants`).
     fn variants(
         &self,
         target: &ModelSpec,
