@@ -60,6 +60,7 @@ fn dflash_sampling_matches_target_distribution() {
             step: &step,
             variants: Vec::new(),
             greedy: Vec::new(),
+            catch_up: None,
             acceptance: shape.acceptance.clone(),
         };
         let mut s = SpecCpuSession::new(graphs, &w, lanes, 64);

@@ -150,6 +150,7 @@ fn generate(
             step: &step,
             variants: Vec::new(),
             greedy: Vec::new(),
+            catch_up: None,
             acceptance: shape.acceptance.clone(),
         },
     };
@@ -232,6 +233,7 @@ fn first_step_counts(top_k: Option<u64>, top_p: f64) -> (Vec<usize>, Vec<f64>) {
             step: &step,
             variants: Vec::new(),
             greedy: Vec::new(),
+            catch_up: None,
             acceptance: shape.acceptance.clone(),
         };
         let mut s = SpecCpuSession::new(graphs, &m.weights, lanes, 64);
@@ -325,6 +327,7 @@ fn mixed_lanes_each_follow_their_own_knobs() {
             step: &step,
             variants: Vec::new(),
             greedy: Vec::new(),
+            catch_up: None,
             acceptance: shape.acceptance.clone(),
         };
         let mut s = SpecCpuSession::new(graphs, &m.weights, lanes, 64);

@@ -402,10 +402,16 @@ fn forced_variants_are_exact(spec_file: &str) {
     if !gpu() {
         return;
     }
+    check_forced(spec_file, &SCHEDULE, 40);
+}
+
+/// [`forced_variants_are_exact`] through `schedule` to `n` tokens; returns the catch-ups of
+/// queued draft rows the forced session replayed.
+fn check_forced(spec_file: &str, schedule: &[usize], n: usize) -> u64 {
     let dir = default_model();
     let target = Model::open(&dir).unwrap();
     let cfg = SpecConfig::from_file(&dir.join(spec_file)).unwrap();
-    let (engine, bundle) = build_engine(&target, Some(&cfg), &[4], 256);
+    let (engine, bundle) = build_engine(&target, Some(&cfg), &[4], CTX);
     let bundle = bundle.expect("a spec opens its draft");
     let ks: Vec<usize> = bundle
         .contract
@@ -415,17 +421,16 @@ fn forced_variants_are_exact(spec_file: &str) {
         .collect();
     assert_eq!(ks.len(), 4, "{spec_file}: variants {ks:?}");
     let prompts = corpus_prompts()[..4].to_vec();
-    let n = 40;
     let w = target.load_weights_f32();
     let want: Vec<Vec<u32>> = prompts
         .iter()
-        .map(|p| target.greedy_generate(&w, p, n, 256).unwrap())
+        .map(|p| target.greedy_generate(&w, p, n, CTX as usize).unwrap())
         .collect();
     let mut s = session(&engine, &target, Some(&bundle), 4);
     let (fixed, _) = forced(&mut s, &prompts, n, &[3]);
     let fixed_accept = s.stats.mean_accept_len();
     let mut s = session(&engine, &target, Some(&bundle), 4);
-    let (got, steps) = forced(&mut s, &prompts, n, &SCHEDULE);
+    let (got, steps) = forced(&mut s, &prompts, n, schedule);
     assert!(
         steps.iter().all(|&c| c > 0),
         "{spec_file}: every variant ran: {steps:?}"
@@ -450,9 +455,52 @@ fn forced_variants_are_exact(spec_file: &str) {
     }
     assert!(checked > 0, "{spec_file}: no lane to check");
     eprintln!(
-        "PASS {spec_file}: variants k = {ks:?}, steps per variant {steps:?}: {checked}/4 lanes equal the interpreter's greedy {n} tokens; mean tokens per step: forced {:.2}, configured alone {fixed_accept:.2}",
+        "PASS {spec_file}: variants k = {ks:?}, steps per variant {steps:?}, {} catch-ups: {checked}/4 lanes equal the interpreter's greedy {n} tokens; mean tokens per step: forced {:.2}, configured alone {fixed_accept:.2}",
+        s.catch_ups(),
         s.stats.mean_accept_len()
     );
+    s.catch_ups()
+}
+
+/// KV slots per lane of the forced-variant engines (the long stretches below emit 100
+/// tokens past DDTree's 63-slot verify margin).
+const CTX: u64 = 256;
+
+/// Plain stretches longer than the catch-up ring on the device: the k = 0 step only queues
+/// the draft's rows, the captured catch-up replays when the ring is full and before
+/// speculation resumes, and the lanes stay exact as in [`forced_variants_are_exact`].
+fn long_plain_stretches_are_exact(spec_file: &str) {
+    if !gpu() {
+        return;
+    }
+    let ring = specc_models::methods::CATCH_UP_ROWS as usize;
+    let mut schedule = vec![3, 3];
+    schedule.extend(vec![0; ring + 9]);
+    schedule.extend([1, 2]);
+    schedule.extend(vec![0; 2 * ring + 5]);
+    schedule.push(3);
+    let catch_ups = check_forced(spec_file, &schedule, 100);
+    assert!(catch_ups >= 3, "{spec_file}: {catch_ups} catch-ups");
+}
+
+#[test]
+fn eagle3_long_plain_stretches_are_exact() {
+    long_plain_stretches_are_exact("spec.eagle3.toml");
+}
+
+#[test]
+fn eagle3_tree_long_plain_stretches_are_exact() {
+    long_plain_stretches_are_exact("spec.eagle3-tree.toml");
+}
+
+#[test]
+fn dflash_long_plain_stretches_are_exact() {
+    long_plain_stretches_are_exact("spec.dflash.toml");
+}
+
+#[test]
+fn ddtree_long_plain_stretches_are_exact() {
+    long_plain_stretches_are_exact("ddtree.toml");
 }
 
 #[test]

@@ -66,6 +66,7 @@ fn speculate(
         step: &step,
         variants: Vec::new(),
         greedy: Vec::new(),
+        catch_up: None,
         acceptance: shape.acceptance.clone(),
     };
     run_session(graphs, &weights, prompts, max_new, ctx)
@@ -199,6 +200,7 @@ fn check_eagle(lanes: usize, k: u64) -> f64 {
         step: &step,
         variants: Vec::new(),
         greedy: Vec::new(),
+        catch_up: None,
         acceptance: shape.acceptance.clone(),
     };
     let ps = prompts(lanes);
@@ -270,6 +272,7 @@ fn trained_eagle(lanes: usize, k: u64) -> f64 {
         step: &step,
         variants: Vec::new(),
         greedy: Vec::new(),
+        catch_up: None,
         acceptance: shape.acceptance.clone(),
     };
     // Python-like prompts in the tokenizer's id space (BOS + a few common tokens).

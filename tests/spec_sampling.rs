@@ -62,6 +62,7 @@ fn first_step_tokens(draft_seed: u64, seeds: &[u64]) -> (Vec<usize>, Vec<f64>) {
             step: &step,
             variants: Vec::new(),
             greedy: Vec::new(),
+            catch_up: None,
             acceptance: shape.acceptance.clone(),
         };
         let mut s = SpecCpuSession::new(graphs, &w, lanes, 64);

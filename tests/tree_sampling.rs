@@ -129,6 +129,7 @@ fn draws(
             step: &step,
             variants: Vec::new(),
             greedy: Vec::new(),
+            catch_up: None,
             acceptance: Acceptance::Sample {
                 temperature: TEMPERATURE,
                 top_k: None,

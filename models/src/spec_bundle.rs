@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use specc_ir::engine::{
-    BuildInput, DraftKind, GraphRole, Priming, RoleGraph, StepContract, StepVariant,
+    BuildInput, CatchUp, DraftKind, GraphRole, Priming, RoleGraph, StepContract, StepVariant,
 };
 use specc_ir::interp::Tensor;
 use specc_ir::{Bindings, Graph};
@@ -15,7 +15,7 @@ use crate::config::ModelSpec;
 use crate::error::ModelError;
 use crate::methods::dflash::DFlashSpec;
 use crate::methods::eagle3::Eagle3Spec;
-use crate::methods::{lower_plain, variant_ks, Method, StepShape, TreeKnobs};
+use crate::methods::{lower_plain, variant_ks, Method, StepShape, TreeKnobs, CATCH_UP_ROWS};
 use crate::spec_config::{Acceptance, SpecConfig};
 use crate::{Model, RandomWeights};
 
@@ -41,6 +41,9 @@ pub struct SpecBundle {
     /// Under sampled acceptance, each step of `k` (the variants' and the configured one's)
     /// lowered for greedy acceptance, ascending by k: the contract's greedy twins.
     pub greedy: Vec<(u64, Graph)>,
+    /// The catch-up of the rows the plain variant queues (a draft that reads the target's
+    /// hidden states and has a plain variant): the contract's `catch_up`.
+    pub catch_up: Option<Graph>,
     pub shape: StepShape,
     /// The draft tree's knobs (`method = "ddtree"`, or `"eagle3"` with `topk > 1`).
     pub tree: Option<TreeKnobs>,
@@ -176,6 +179,14 @@ impl SpecBundle {
         };
         contract.variants = steps(&variants, GraphRole::SpecVariant);
         contract.greedy = steps(&greedy, GraphRole::GreedySpecStep);
+        let catch_up = match variants.iter().any(|(k, _)| *k == 0) {
+            true => method.catch_up(target.spec(), &o.draft, &shape)?,
+            false => None,
+        };
+        contract.catch_up = catch_up.as_ref().map(|_| CatchUp {
+            role: GraphRole::DraftCatchUp,
+            rows: CATCH_UP_ROWS as usize,
+        });
         let mut bundle = SpecBundle {
             method: cfg.method,
             draft: o.draft,
@@ -186,6 +197,7 @@ impl SpecBundle {
             step: o.step,
             variants,
             greedy,
+            catch_up,
             shape,
             tree: cfg.tree,
             contract,
@@ -206,6 +218,7 @@ impl SpecBundle {
             .into_iter()
             .chain(self.variants.iter().map(|(_, g)| g))
             .chain(self.greedy.iter().map(|(_, g)| g))
+            .chain(&self.catch_up)
         {
             for (_, name, _) in g.weights() {
                 if out.contains_key(name) {
@@ -411,6 +424,13 @@ pub fn engine_input(
         for (v, (_, g)) in other_steps.chain(bu.contract.greedy.iter().zip(&bu.greedy)) {
             graphs.push(RoleGraph {
                 role: v.role,
+                graph: g.clone(),
+                buckets: at(&[1]),
+            });
+        }
+        if let (Some(c), Some(g)) = (bu.contract.catch_up, &bu.catch_up) {
+            graphs.push(RoleGraph {
+                role: c.role,
                 graph: g.clone(),
                 buckets: at(&[1]),
             });

@@ -244,10 +244,19 @@ impl Footprint {
         );
         // A prefill plan keeps its arena once it has run (its graphs are captured over
         // it), so a long-lived session may hold every one of them.
+        // The draft's catch-up ([`specc_ir::engine::CatchUp`]) holds an arena of its own.
+        let catch_up = plans
+            .iter()
+            .filter(|p| contract.catch_up.is_some_and(|c| c.role == p.role))
+            .map(|p| p.arena_bytes)
+            .max()
+            .unwrap_or(0);
         let activations = plans
             .iter()
             .filter(|p| prefill_roles.contains(&p.role))
-            .fold(step_arena, |a, p| a.saturating_add(p.arena_bytes));
+            .fold(step_arena.saturating_add(catch_up), |a, p| {
+                a.saturating_add(p.arena_bytes)
+            });
         // EAGLE-3 admissions stage each lane's `eagle.hidden` bytes until they arm the lane
         // (at most the state's bytes).
         let staged = match contract.priming() {

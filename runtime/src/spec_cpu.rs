@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use specc_ir::engine::{Acceptance, Engine, GraphRole, Priming, StepContract};
+use specc_ir::engine::{Acceptance, CatchUp, Engine, GraphRole, Priming, StepContract};
 use specc_ir::interp::{self, Data, Env, Tensor, WeightSource};
 use specc_ir::{Bindings, DType, Graph};
 use specc_models::methods::{
@@ -39,6 +39,8 @@ pub struct SpecGraphs<'a> {
     /// Under sampled acceptance, the greedy twin of the step at each k, ascending by k:
     /// run in its place while no live lane samples.
     pub greedy: Vec<(usize, &'a Graph)>,
+    /// The contract's catch-up of the rows the plain variant queues, and its graph.
+    pub catch_up: Option<(CatchUp, &'a Graph)>,
     /// How the graphs choose tokens; under sampled acceptance its knobs are those of lanes
     /// admitted without their own ([`SpecCpuSession::admit`]).
     pub acceptance: Acceptance,
@@ -54,6 +56,7 @@ impl<'a> SpecGraphs<'a> {
             step: &b.step,
             variants: b.variants.iter().map(|(k, g)| (*k as usize, g)).collect(),
             greedy: b.greedy.iter().map(|(k, g)| (*k as usize, g)).collect(),
+            catch_up: b.contract.catch_up.zip(b.catch_up.as_ref()),
             acceptance: b.shape.acceptance.clone(),
         }
     }
@@ -67,6 +70,7 @@ impl<'a> SpecGraphs<'a> {
             step,
             variants: Vec::new(),
             greedy: Vec::new(),
+            catch_up: None,
             acceptance: Acceptance::Greedy,
         }
     }
@@ -100,6 +104,10 @@ impl<'a> SpecGraphs<'a> {
                 .iter()
                 .map(|v| Ok((v.k, graphs.get(v.role)?)))
                 .collect::<Result<_, RuntimeError>>()?,
+            catch_up: match contract.catch_up {
+                Some(c) => Some((c, graphs.get(c.role)?)),
+                None => None,
+            },
             acceptance: graphs.acceptance.clone(),
         })
     }
@@ -182,6 +190,12 @@ pub struct SpecCpuSession<'a> {
     policy: AdaptivePolicy,
     /// Each lane's tokens and draft-cache gap across plain steps.
     sync: DraftSync,
+    /// Plain steps since the last catch-up of their queued draft rows ([`CatchUp`]).
+    plain_run: usize,
+    /// Catch-ups run so far.
+    catch_ups: u64,
+    /// The last step's `accepted` output, per lane of the states.
+    accepted: Vec<i64>,
     /// The admission running now skips the draft prefill ([`SpecCpuSession::admit_lane`]
     /// while plain decoding runs).
     skip_priming: bool,
@@ -224,6 +238,9 @@ impl<'a> SpecCpuSession<'a> {
             undrained: vec![Vec::new(); lanes],
             policy,
             sync,
+            plain_run: 0,
+            catch_ups: 0,
+            accepted: Vec::new(),
             skip_priming: false,
             prefill_chunk: 0,
             pending: Default::default(),
@@ -656,13 +673,46 @@ impl<'a> SpecCpuSession<'a> {
         Ok(())
     }
 
-    /// Creates, as zeros, every state of the step graph not yet present (a session whose
-    /// lanes were admitted one at a time has only the states admission wrote).
+    /// Creates, as zeros, every state of the step graphs not yet present (a session whose
+    /// lanes were admitted one at a time has only the states admission wrote; the plain
+    /// variant's queue ring is in no other step).
     fn ensure_step_states(&mut self) -> Result<(), RuntimeError> {
         let mut states = std::mem::take(&mut self.states);
-        let r = self.zero_states(self.graphs.step, &mut states);
+        let mut graphs = std::iter::once(self.graphs.step)
+            .chain(self.graphs.variants.iter().map(|v| v.1))
+            .chain(self.graphs.greedy.iter().map(|v| v.1))
+            .chain(self.graphs.catch_up.map(|c| c.1));
+        let r = graphs.try_for_each(|g| self.zero_states(g, &mut states));
         self.states = states;
         r
+    }
+
+    /// Replays the catch-up of the draft rows queued by plain steps
+    /// ([`CatchUp`]) if any plain step ran since the last one: before a speculative step,
+    /// the host calls it through [`SpecCpuSession::step`]; tests call it to read the states
+    /// a speculative step would start from.
+    pub fn catch_up(&mut self) -> Result<(), RuntimeError> {
+        let Some((_, g)) = self.graphs.catch_up else {
+            return Ok(());
+        };
+        if self.plain_run == 0 {
+            return Ok(());
+        }
+        self.ensure_step_states()?;
+        self.run(g, 1, HashMap::new())?;
+        self.plain_run = 0;
+        self.catch_ups += 1;
+        Ok(())
+    }
+
+    /// Catch-ups of queued draft rows run so far ([`SpecCpuSession::catch_up`]).
+    pub fn catch_ups(&self) -> u64 {
+        self.catch_ups
+    }
+
+    /// The last step's accepted draft tokens per lane of the states (0 for a plain step).
+    pub fn last_accepted(&self) -> &[i64] {
+        &self.accepted
     }
 
     /// Adds, as zeros at the session's rows, every state of `g` that `states` lacks.
@@ -797,6 +847,14 @@ impl<'a> SpecCpuSession<'a> {
         if !single {
             self.sync_draft(k, &live)?;
         }
+        if let Some((c, _)) = self.graphs.catch_up {
+            if c.needed(k, self.plain_run) {
+                self.catch_up()?;
+            }
+            if k == 0 {
+                self.plain_run += 1;
+            }
+        }
         let host_s = t_sync.elapsed().as_secs_f64();
         let greedy = self.all_greedy(&live);
         let twin = greedy && !self.graphs.greedy.is_empty();
@@ -816,6 +874,7 @@ impl<'a> SpecCpuSession<'a> {
                 .ok_or(RuntimeError::MissingOutput("accepted"))?,
         )?
         .to_vec();
+        self.accepted.clone_from(&acc);
         for (b, &a) in acc.iter().enumerate() {
             // Plain steps of a speculative session say nothing about acceptance.
             if live[b] && (k > 0 || single) {

@@ -65,5 +65,6 @@ pub fn spec_contract(kind: DraftKind, num_steps: usize, ring: usize) -> StepCont
         draft_prefill: Some(GraphRole::DraftPrefill),
         variants: Vec::new(),
         greedy: Vec::new(),
+        catch_up: None,
     }
 }

@@ -31,6 +31,9 @@ pub enum GraphRole {
     /// for greedy acceptance, over the same states: replayed in their place while no live
     /// lane samples.
     GreedySpecStep(u32),
+    /// The catch-up of a draft that reads the target's hidden states: the rows its plain
+    /// steps queued go into the draft's caches at once ([`CatchUp`]).
+    DraftCatchUp,
     /// The target over a prompt chunk with every row's `logits` and `next_token` (`specc
     /// logits`, parity tests, verify-width timings): planned only in engines built for them.
     Logits,
@@ -47,6 +50,7 @@ impl GraphRole {
             GraphRole::SpecVariant(_) => "spec step variant",
             GraphRole::GreedyDecode => "greedy decode step",
             GraphRole::GreedySpecStep(_) => "greedy spec step",
+            GraphRole::DraftCatchUp => "draft catch-up",
             GraphRole::Logits => "logits forward",
         }
     }
@@ -61,6 +65,7 @@ impl GraphRole {
                 | GraphRole::SpecVariant(_)
                 | GraphRole::GreedyDecode
                 | GraphRole::GreedySpecStep(_)
+                | GraphRole::DraftCatchUp
         )
     }
 }
@@ -87,6 +92,32 @@ impl StepVariant {
     /// How reports and metrics name it (`k=3`).
     pub fn label(&self) -> String {
         format!("k={}", self.k)
+    }
+}
+
+/// The deferred catch-up of a draft that reads the target's hidden states (EAGLE-3,
+/// DFlash, DDTree). Its plain step (k = 0) reads no draft weight: it only queues its row
+/// (taps, and EAGLE-3's token) in a ring of `rows` rows per lane. The host replays `role`
+/// (one graph over the step states, at the step's batch bucket) before the first
+/// speculative step after plain steps, and before a plain step when `rows` plain steps ran
+/// since the last catch-up (every plain step queues at most one row per lane, so the ring
+/// never holds more). The catch-up writes every queued row into the draft's caches, weights
+/// read once for all of them, and leaves the pending rows a speculative step expects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CatchUp {
+    pub role: GraphRole,
+    /// Rows of the queue ring per lane: the most plain steps between two catch-ups.
+    pub rows: usize,
+}
+
+impl CatchUp {
+    /// Whether a step of `k` draft tokens after `plain` plain steps since the last catch-up
+    /// must be preceded by one.
+    pub fn needed(&self, k: usize, plain: usize) -> bool {
+        match k {
+            0 => plain >= self.rows,
+            _ => plain > 0,
+        }
     }
 }
 
@@ -150,8 +181,8 @@ pub struct StepContract {
     pub draft_prefill: Option<GraphRole>,
     /// Further step graphs over the same states (smaller k or tree depth, and k = 0: plain
     /// decoding, after which a standalone draft is re-primed and a draft that reads target
-    /// hidden states is kept whole by the step itself), ascending by k; empty where the
-    /// method cannot switch.
+    /// hidden states catches up its queued rows, [`StepContract::catch_up`]), ascending by
+    /// k; empty where the method cannot switch.
     #[serde(default)]
     pub variants: Vec<StepVariant>,
     /// Under sampled acceptance, the greedy twin of each step of
@@ -159,6 +190,10 @@ pub struct StepContract {
     /// what a host replays while no live lane samples. Empty under greedy acceptance.
     #[serde(default)]
     pub greedy: Vec<StepVariant>,
+    /// The catch-up of the rows the plain variant (k = 0) queues, where the draft reads the
+    /// target's hidden states.
+    #[serde(default)]
+    pub catch_up: Option<CatchUp>,
 }
 
 impl StepContract {
@@ -175,6 +210,7 @@ impl StepContract {
             draft_prefill: None,
             variants: Vec::new(),
             greedy: Vec::new(),
+            catch_up: None,
         }
     }
 
@@ -198,6 +234,7 @@ impl StepContract {
             draft_prefill: Some(GraphRole::DraftPrefill),
             variants: Vec::new(),
             greedy: Vec::new(),
+            catch_up: None,
         }
     }
 
@@ -253,6 +290,7 @@ impl StepContract {
         r.extend(self.draft_prefill);
         r.extend(self.variants.iter().map(|v| v.role));
         r.extend(self.greedy.iter().map(|v| v.role));
+        r.extend(self.catch_up.map(|c| c.role));
         r
     }
 }

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use abi::{Bucket, Loc};
 
 pub use acceptance::Acceptance;
-pub use contract::{DraftKind, GraphRole, Priming, StepContract, StepVariant};
+pub use contract::{CatchUp, DraftKind, GraphRole, Priming, StepContract, StepVariant};
 pub use format::{sha256_hex, EngineError, ENGINE_FILE, PLAN_FILE};
 pub use input::{BuildInput, RoleGraph};
 pub use target::{Arch, Target, UnknownArch};

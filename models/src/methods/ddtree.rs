@@ -90,7 +90,7 @@ impl SpecMethod for DDTree {
     /// Depths 0, 1, ⌈L/2⌉ (L = the block's drafts): the same block drafted, a tree over
     /// its first rows with the same `topk` and a budget scaled with the depth, over the
     /// configured step's `L + 1` pending context rows; depth 0 is DFlash's plain step,
-    /// which keeps the drafter whole (`methods::variants`).
+    /// which queues its rows for the catch-up (`methods::variants`).
     fn variants(
         &self,
         target: &ModelSpec,
@@ -111,6 +111,21 @@ impl SpecMethod for DDTree {
                 lower_ddtree(target, dflash, at, TreeKnobs { budget, ..t })
             }
         })
+    }
+
+    /// DFlash's catch-up: the plain variant is DFlash's.
+    fn catch_up(
+        &self,
+        target: &ModelSpec,
+        draft: &DraftSide,
+        shape: &StepShape,
+    ) -> Result<Option<Graph>, ModelError> {
+        let DraftSide::DFlash(dflash) = draft else {
+            return Ok(None);
+        };
+        dflash::lower_dflash_catch_up(target, dflash, shape)
+            .map(Some)
+            .map_err(|e| lower_err("ddtree catch-up", e))
     }
 
     fn open(

@@ -32,11 +32,12 @@ mod variants;
 pub use ddtree::lower_ddtree_step;
 pub use dflash::{
     lower_dflash_prefill, lower_dflash_step, DFLASH_BASE, DFLASH_COUNT, DFLASH_HIDDEN,
+    DFLASH_RING_HIDDEN,
 };
 pub use draft_model::{lower_draft_model_step, DRAFT_PREFIX};
 pub use eagle3::{
     lower_eagle3_prefill, lower_eagle3_step, lower_eagle3_tree_step, EAGLE_BASE, EAGLE_COUNT,
-    EAGLE_HIDDEN, EAGLE_TOKENS,
+    EAGLE_HIDDEN, EAGLE_RING_HIDDEN, EAGLE_RING_TOKENS, EAGLE_TOKENS,
 };
 pub use plain::{lower_decode_step, lower_plain, lower_plain_greedy};
 pub use sampling::{FIRST_TOKEN, SAMPLING};
@@ -45,7 +46,7 @@ pub use step::{
     LEN, PENDING, RING, STEP, STREAM, VERIFY_TOKENS,
 };
 pub use tree::{TreeKnobs, MAX_TREE_BUDGET, TREE};
-pub use variants::variant_ks;
+pub use variants::{variant_ks, CATCH_UP_ROWS};
 
 /// `spec.toml`'s `method`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -198,6 +199,18 @@ pub(crate) trait SpecMethod: Sync {
         _ks: &[u64],
     ) -> Result<Vec<(u64, Graph)>, ModelError> {
         Ok(Vec::new())
+    }
+
+    /// The catch-up of the rows its plain variant (k = 0) queues, over the configured
+    /// step's states, where the draft reads the target's hidden states
+    /// ([`specc_ir::engine::CatchUp`]); `None` (the default) for the others.
+    fn catch_up(
+        &self,
+        _target: &ModelSpec,
+        _draft: &DraftSide,
+        _shape: &StepShape,
+    ) -> Result<Option<Graph>, ModelError> {
+        Ok(None)
     }
 
     /// Opens the draft in `draft_dir` for `target` and lowers the method's graphs.

@@ -44,6 +44,13 @@ pub struct CudaSpecSession<'a> {
     /// The contract's greedy twins captured at every bucket above: `(bucket, k, graph)`;
     /// a step replays its variant's twin while no live lane samples.
     greedy: Vec<(usize, usize, LoadedGraph, StepGraph)>,
+    /// The contract's catch-up of the draft rows plain steps queue
+    /// ([`specc_ir::engine::CatchUp`]) captured at every bucket above: `(bucket, graph)`.
+    catch_up: Vec<(usize, LoadedGraph, StepGraph)>,
+    /// Plain steps queued since the last catch-up.
+    plain_run: usize,
+    /// Catch-ups replayed so far.
+    catch_ups: u64,
     /// Lanes admitted with a temperature above 0 (drawing from a distribution).
     sampled: Vec<bool>,
     /// Which variant each step replays.
@@ -190,7 +197,8 @@ impl<'a> CudaSpecSession<'a> {
                 let b = p.bucket.b as usize;
                 let a_step = p.role == contract.step
                     || contract.variants.iter().any(|v| v.role == p.role)
-                    || contract.greedy.iter().any(|v| v.role == p.role);
+                    || contract.greedy.iter().any(|v| v.role == p.role)
+                    || contract.catch_up.is_some_and(|c| c.role == p.role);
                 let a_prefill =
                     Some(p.role) == contract.draft_prefill || p.role == contract.target_prefill;
                 let ours = contract.roles().contains(&p.role) || p.role == GraphRole::Logits;
@@ -211,6 +219,7 @@ impl<'a> CudaSpecSession<'a> {
         smaller.sort_by_key(|s| s.0);
         let mut variants = Vec::new();
         let mut greedy = Vec::new();
+        let mut catch_up = Vec::new();
         let buckets = std::iter::once(lanes).chain(smaller.iter().map(|s| s.0));
         for b in buckets.collect::<Vec<_>>() {
             for (i, v) in contract.variants.iter().enumerate() {
@@ -222,6 +231,11 @@ impl<'a> CudaSpecSession<'a> {
                 let loaded = dev.load(plan_of(engine, v.role, b, 1)?)?;
                 let captured = dev.capture(&loaded)?;
                 greedy.push((b, v.k, loaded, captured));
+            }
+            if let Some(c) = contract.catch_up {
+                let loaded = dev.load(plan_of(engine, c.role, b, 1)?)?;
+                let captured = dev.capture(&loaded)?;
+                catch_up.push((b, loaded, captured));
             }
         }
         let windows = AdmissionWindows::of_engine(engine, &contract, lanes, lane_major);
@@ -246,6 +260,9 @@ impl<'a> CudaSpecSession<'a> {
             smaller,
             variants,
             greedy,
+            catch_up,
+            plain_run: 0,
+            catch_ups: 0,
             sampled: vec![false; lanes],
             policy: AdaptivePolicy::new(ks, lanes, SpecPolicy::Fixed),
             calibrated: false,
@@ -634,6 +651,14 @@ impl<'a> CudaSpecSession<'a> {
         if self.policy.ks().len() > 1 {
             self.sync_draft(k, &live)?;
         }
+        if let Some(c) = self.contract.catch_up {
+            if c.needed(k, self.plain_run) {
+                self.catch_up_at(b)?;
+            }
+            if k == 0 {
+                self.plain_run += 1;
+            }
+        }
         let greedy = self.all_greedy(&live);
         self.replayed(b, v, greedy).replay()?;
         self.ring.after_replay()?;
@@ -643,6 +668,27 @@ impl<'a> CudaSpecSession<'a> {
             self.stats.greedy_steps += 1;
         }
         Ok(())
+    }
+
+    /// Queues the catch-up of the draft rows the plain steps since the last one queued
+    /// ([`specc_ir::engine::CatchUp`]), at bucket `b` (the session's own where `b` has none): lanes past `b`
+    /// are free or finished, their rows never read. Nothing waits on the device.
+    fn catch_up_at(&mut self, b: usize) -> Result<(), RuntimeError> {
+        let g = self
+            .catch_up
+            .iter()
+            .find(|g| g.0 == b)
+            .or_else(|| self.catch_up.iter().find(|g| g.0 == self.lanes))
+            .ok_or_else(|| RuntimeError::Engine("the draft catch-up was not captured".into()))?;
+        g.2.replay()?;
+        self.plain_run = 0;
+        self.catch_ups += 1;
+        Ok(())
+    }
+
+    /// Catch-ups of queued draft rows replayed so far.
+    pub fn catch_ups(&self) -> u64 {
+        self.catch_ups
     }
 
     /// Keeps each lane's draft whole for a step of `k` draft tokens over `live`

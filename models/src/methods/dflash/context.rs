@@ -17,6 +17,9 @@ use crate::methods::variants::PendingRows;
 pub const DFLASH_HIDDEN: &str = "dflash.hidden";
 pub const DFLASH_COUNT: &str = "dflash.count";
 pub const DFLASH_BASE: &str = "dflash.base";
+/// The ring where plain steps queue their context rows `[B, D, 1, n_tap·H]` until the
+/// catch-up (`methods::variants`).
+pub const DFLASH_RING_HIDDEN: &str = "dflash.ring_hidden";
 
 /// The drafter's block forward of one step, and the pending-context states it read.
 pub(in crate::methods) struct DraftBlock {

@@ -25,14 +25,16 @@ use crate::spec_config::{Acceptance, SpecConfig};
 use crate::Model;
 
 pub(super) use context::draft_block;
-pub use context::{lower_dflash_prefill, DFLASH_BASE, DFLASH_COUNT, DFLASH_HIDDEN};
+pub use context::{
+    lower_dflash_prefill, DFLASH_BASE, DFLASH_COUNT, DFLASH_HIDDEN, DFLASH_RING_HIDDEN,
+};
 pub use drafter::{
     block_logits, block_size_of, context, kv_state_names, write_context, DFlashSpec, ARCHITECTURE,
     DFLASH_PREFIX,
 };
-pub(super) use step::lower_dflash_plain;
 use step::lower_dflash_prefix;
 pub use step::lower_dflash_step;
+pub(super) use step::{lower_dflash_catch_up, lower_dflash_plain};
 
 pub(super) struct DFlash;
 
@@ -46,8 +48,8 @@ impl SpecMethod for DFlash {
     }
 
     /// k = 0, 1, ⌈k/2⌉: the same block drafted, its first k drafts verified, over the
-    /// configured step's `k + 1` pending context rows; k = 0 keeps the drafter whole
-    /// (`methods::variants`).
+    /// configured step's `k + 1` pending context rows; k = 0 queues its rows for the
+    /// catch-up (`methods::variants`).
     fn variants(
         &self,
         target: &ModelSpec,
@@ -63,6 +65,21 @@ impl SpecMethod for DFlash {
             0 => lower_dflash_plain(target, dflash, at),
             _ => lower_dflash_prefix(target, dflash, at),
         })
+    }
+
+    /// The catch-up of the plain variant's queued context rows.
+    fn catch_up(
+        &self,
+        target: &ModelSpec,
+        draft: &DraftSide,
+        shape: &StepShape,
+    ) -> Result<Option<Graph>, ModelError> {
+        let DraftSide::DFlash(dflash) = draft else {
+            return Ok(None);
+        };
+        lower_dflash_catch_up(target, dflash, shape)
+            .map(Some)
+            .map_err(|e| lower_err("dflash catch-up", e))
     }
 
     fn open(

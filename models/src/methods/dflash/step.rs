@@ -3,13 +3,13 @@
 
 use specc_ir::{BinaryOp, Graph, IrError, Op};
 
-use super::context::{draft_block, pending_rows};
+use super::context::{draft_block, pending_rows, DFLASH_RING_HIDDEN};
 use super::drafter;
 use super::drafter::DFlashSpec;
 use crate::config::ModelSpec;
 use crate::methods::sampling::choose;
 use crate::methods::step::{begin, commit_all, verify_and_commit, Builder, Drafted, StepShape};
-use crate::methods::variants::lower_tap_plain_step;
+use crate::methods::variants::{lower_tap_catch_up, lower_tap_plain_step, RingNames};
 
 /// Lowers one speculative step with a DFlash drafter (k = block_size − 1 drafts from ONE
 /// drafter forward).
@@ -81,9 +81,14 @@ pub(in crate::methods) fn lower_dflash_prefix(
     Ok(g)
 }
 
-/// Plain decoding over DFlash states (`methods::variants`): the first pending context row
-/// written into the drafter's caches (as the prefill writes context, [`drafter::write_context`]),
-/// then x(n) verified alone; its taps join the pending rows.
+/// The queue ring of DFlash's plain steps (`methods::variants`).
+const RING: RingNames = RingNames {
+    hidden: DFLASH_RING_HIDDEN,
+    tokens: None,
+};
+
+/// Plain decoding over DFlash states (`methods::variants`): x(n) verified alone; its taps
+/// queued in the ring, the drafter untouched.
 pub(in crate::methods) fn lower_dflash_plain(
     target: &ModelSpec,
     dflash: &DFlashSpec,
@@ -95,7 +100,26 @@ pub(in crate::methods) fn lower_dflash_plain(
         target,
         shape,
         &dflash.taps,
+        &RING,
         |b| pending_rows(b, target, dflash, rows),
-        |b, first, pos| drafter::write_context(b.g, dflash, first.hidden, pos),
+    )
+}
+
+/// The catch-up of DFlash's plain steps (`methods::variants`): every queued context row
+/// written into the drafter's caches (as the prefill writes context,
+/// [`drafter::write_context`]); nothing stays pending.
+pub(in crate::methods) fn lower_dflash_catch_up(
+    target: &ModelSpec,
+    dflash: &DFlashSpec,
+    shape: &StepShape,
+) -> Result<Graph, IrError> {
+    let rows = dflash.num_steps() as u64 + 1;
+    lower_tap_catch_up(
+        "dflash_catch_up",
+        shape,
+        &RING,
+        false,
+        |b| pending_rows(b, target, dflash, rows),
+        |b, queued, pos| drafter::write_context(b.g, dflash, queued.hidden, pos),
     )
 }

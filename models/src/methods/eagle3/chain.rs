@@ -6,12 +6,12 @@ use specc_ir::op::B;
 use specc_ir::{BinaryOp, Graph, IrError};
 
 use super::head::{self, Eagle3Spec};
-use super::pairs::{catch_up, eagle_states, write_pairs};
+use super::pairs::{catch_up, eagle_states, write_pairs, EAGLE_RING_HIDDEN, EAGLE_RING_TOKENS};
 use crate::config::ModelSpec;
 use crate::lower::embed;
 use crate::methods::sampling::one_hot;
 use crate::methods::step::{begin, commit_all, verify_and_commit, Builder, Drafted, StepShape};
-use crate::methods::variants::lower_tap_plain_step;
+use crate::methods::variants::{lower_tap_catch_up, lower_tap_plain_step, RingNames};
 
 /// Lowers one speculative step with an EAGLE-3 head (chain, topk = 1).
 ///
@@ -74,9 +74,14 @@ pub(super) fn lower_eagle3_chain(
     Ok(g)
 }
 
-/// Plain decoding over EAGLE-3 states of `rows` pending pairs (`methods::variants`): the
-/// first pending pair's head cache writes, then x(n) verified alone; its taps and x(n+1)
-/// join the pending pairs.
+/// The queue ring of EAGLE-3's plain steps (`methods::variants`).
+pub(super) const RING: RingNames = RingNames {
+    hidden: EAGLE_RING_HIDDEN,
+    tokens: Some(EAGLE_RING_TOKENS),
+};
+
+/// Plain decoding over EAGLE-3 states of `rows` pending pairs (`methods::variants`): x(n)
+/// verified alone; its taps and x(n+1) queued in the ring, the head untouched.
 pub(super) fn lower_eagle3_plain(
     target: &ModelSpec,
     eagle: &Eagle3Spec,
@@ -88,7 +93,26 @@ pub(super) fn lower_eagle3_plain(
         target,
         shape,
         &eagle.taps,
+        &RING,
         |b| Ok(eagle_states(b, target, eagle, rows)?.pending()),
-        |b, first, pos| Ok(vec![write_pairs(b, target, eagle, first, pos)?]),
+    )
+}
+
+/// The catch-up of EAGLE-3's plain steps over states of `rows` pending pairs
+/// (`methods::variants`): every queued pair but the last through `fc` and the head's cache
+/// writes, as [`write_pairs`] writes them; the last stays pending.
+pub(super) fn lower_eagle3_catch_up(
+    target: &ModelSpec,
+    eagle: &Eagle3Spec,
+    shape: &StepShape,
+    rows: u64,
+) -> Result<Graph, IrError> {
+    lower_tap_catch_up(
+        "eagle3_catch_up",
+        shape,
+        &RING,
+        true,
+        |b| Ok(eagle_states(b, target, eagle, rows)?.pending()),
+        |b, queued, pos| Ok(vec![write_pairs(b, target, eagle, queued, pos)?]),
     )
 }

@@ -31,7 +31,10 @@ pub use head::{
     default_taps, draft_logits, fc, midlayer, midlayer_masked, next_token, to_target, Eagle3Spec,
     HeadAttn, ARCHITECTURE, EAGLE_PREFIX,
 };
-pub use pairs::{lower_eagle3_prefill, EAGLE_BASE, EAGLE_COUNT, EAGLE_HIDDEN, EAGLE_TOKENS};
+pub use pairs::{
+    lower_eagle3_prefill, EAGLE_BASE, EAGLE_COUNT, EAGLE_HIDDEN, EAGLE_RING_HIDDEN,
+    EAGLE_RING_TOKENS, EAGLE_TOKENS,
+};
 pub use tree::lower_eagle3_tree_step;
 
 /// EAGLE-3 trees: `topk` children per frontier node (1 = the chain).
@@ -92,7 +95,7 @@ impl SpecMethod for Eagle3 {
 
     /// Chains: k = 0, 1, ⌈k/2⌉; trees: depths 0, 1, ⌈depth/2⌉ with the same `topk` and
     /// a budget scaled with the depth. All over the configured step's `depth + 1` pending
-    /// pairs; k = 0 keeps the head whole (`methods::variants`).
+    /// pairs; k = 0 queues its pairs for the catch-up (`methods::variants`).
     fn variants(
         &self,
         target: &ModelSpec,
@@ -116,6 +119,22 @@ impl SpecMethod for Eagle3 {
                 tree::lower_eagle3_tree(target, eagle, at, t, rows)
             }
         })
+    }
+
+    /// The catch-up of the plain variant's queued pairs, over the configured step's
+    /// `depth + 1` pending pairs.
+    fn catch_up(
+        &self,
+        target: &ModelSpec,
+        draft: &DraftSide,
+        shape: &StepShape,
+    ) -> Result<Option<Graph>, ModelError> {
+        let DraftSide::Eagle3(eagle) = draft else {
+            return Ok(None);
+        };
+        chain::lower_eagle3_catch_up(target, eagle, shape, shape.num_steps + 1)
+            .map(Some)
+            .map_err(|e| lower_err("eagle3 catch-up", e))
     }
 
     fn open(

@@ -18,6 +18,10 @@ pub const EAGLE_HIDDEN: &str = "eagle.hidden";
 pub const EAGLE_TOKENS: &str = "eagle.tokens";
 pub const EAGLE_COUNT: &str = "eagle.count";
 pub const EAGLE_BASE: &str = "eagle.base";
+/// The ring where plain steps queue their pairs' taps `[B, D, 1, 3H]` and tokens
+/// `[B, D, 1, 1]` until the catch-up (`methods::variants`).
+pub const EAGLE_RING_HIDDEN: &str = "eagle.ring_hidden";
+pub const EAGLE_RING_TOKENS: &str = "eagle.ring_tokens";
 
 /// The EAGLE-3 states with `rows` pending pairs.
 pub(super) struct EagleStates {
@@ -78,8 +82,8 @@ pub(super) fn catch_up(
 }
 
 /// The head cache writes of pending pairs (`rows`: their taps and tokens) at `pos`
-/// (negative: not written), as [`catch_up`] writes them, without the rest of the head (a
-/// plain step drafts nothing). Returns the unused q ([`head::write_pairs`]).
+/// (negative: not written), as [`catch_up`] writes them, without the rest of the head (the
+/// catch-up of plain steps drafts nothing). Returns the unused q ([`head::write_pairs`]).
 pub(super) fn write_pairs(
     b: &mut Builder,
     target: &ModelSpec,
