@@ -156,7 +156,7 @@ fn kn(x: &TensorArg, wt: &TensorArg, out: &TensorArg) -> Option<KernelSource> {
     );
     emit!(
         w,
-        "constexpr int RB = {rb}, VW = {vw}, KPT = {kpt}, RUNS = {KN_RUNS}, NPAD = {npad};"
+        "constexpr int RB = {rb}, VW = {vw}, KPT = {kpt}, RUNS = {KN_RUNS};"
     );
     w.line("__shared__ float xs[RB][KPT][RUNS];  // x[r][run · KPT + i] at [r][i][run]");
     w.line("const int lane = threadIdx.x & 31, run = lane >> 1;");
@@ -171,25 +171,19 @@ fn kn(x: &TensorArg, wt: &TensorArg, out: &TensorArg) -> Option<KernelSource> {
             |w| w.line("wr[i] = make_uint4(0u, 0u, 0u, 0u);"),
         );
     });
-    w.for_block("long long r0 = 0", "r0 < ROWS", "r0 += RB", |w| {
-        w.line("__syncthreads();  // the previous pass has read xs");
-        w.for_block(
-            "int e = threadIdx.x",
-            "e < RB * KPT * RUNS",
-            "e += blockDim.x",
-            |w| {
-                w.line("const int r = e / (KPT * RUNS), i = (e / RUNS) % KPT, g = e % RUNS;");
-                w.line("const long long kk = g * KPT + i;");
-                emit!(
-                    w,
-                    "xs[r][i][g] = r0 + r < ROWS && kk < K ? {} : 0.0f;",
-                    load(x.dtype, "x[((r0 + r) * H + head) * K + kk]")
-                );
-            },
-        );
-        w.line("__syncthreads();");
-        w.line("float v[NPAD];");
-        w.for_unrolled("j", 0, "NPAD", |w| w.line("v[j] = 0.0f;"));
+    let pass = Pass {
+        staged: "RB * KPT * RUNS",
+        decode: &[
+            "const int r = e / (KPT * RUNS), i = (e / RUNS) % KPT, g = e % RUNS;",
+            "const long long kk = g * KPT + i;",
+        ],
+        slot: "xs[r][i][g]",
+        bits: &[1, 2, 3, 4],
+        npad,
+        per_row: "VW",
+        col: "col0 + c",
+    };
+    emit_passes(w, x, out, &pass, |w| {
         w.for_unrolled("i", 0, "KPT", |w| {
             w.for_unrolled("r", 0, "RB", |w| {
                 w.line("const float xv = xs[r][i][run];");
@@ -198,27 +192,8 @@ fn kn(x: &TensorArg, wt: &TensorArg, out: &TensorArg) -> Option<KernelSource> {
                 });
             });
         });
-        let held = emit_butterfly(w, &[1, 2, 3, 4], npad);
-        w.for_unrolled("j", 0, held, |w| {
-            w.line("const int idx = base + j, r = idx / VW, c = idx % VW;");
-            w.if_block("owner && idx < RB * VW && r0 + r < ROWS && col0 < N", |w| {
-                emit!(
-                    w,
-                    "y[((r0 + r) * H + head) * N + col0 + c] = {};",
-                    store(out.dtype, "v[j]")
-                );
-            });
-        });
     });
-    Some(k.finish(LaunchSpec {
-        grid: [
-            Extent::Fixed((h * tiles) as u32),
-            Extent::Fixed(1),
-            Extent::Fixed(1),
-        ],
-        block: [128, 1, 1],
-        smem_bytes: 0,
-    }))
+    Some(k.finish(launch(h * tiles)))
 }
 
 /// `w[H, N, K]`: a warp holds [`NK_COLS`] columns, lane `l` the 16-byte vectors `l, l + 32, …`
@@ -246,7 +221,7 @@ fn nk(x: &TensorArg, wt: &TensorArg, out: &TensorArg) -> Option<KernelSource> {
     );
     emit!(
         w,
-        "constexpr int RB = {rb}, VW = {vw}, KV = {kv}, KPT = {kpt}, CW = {NK_COLS}, NPAD = {npad};"
+        "constexpr int RB = {rb}, VW = {vw}, KV = {kv}, KPT = {kpt}, CW = {NK_COLS};"
     );
     w.line("__shared__ float xs[RB][VW][KPT * 32];  // x[r][v · VW + j] at [r][j][v]");
     w.line("const int lane = threadIdx.x & 31;");
@@ -266,20 +241,19 @@ fn nk(x: &TensorArg, wt: &TensorArg, out: &TensorArg) -> Option<KernelSource> {
             );
         });
     });
-    w.for_block("long long r0 = 0", "r0 < ROWS", "r0 += RB", |w| {
-        w.line("__syncthreads();  // the previous pass has read xs");
-        w.for_block("int e = threadIdx.x", "e < RB * VW * KPT * 32", "e += blockDim.x", |w| {
-            w.line("const int r = e / (VW * KPT * 32), j = (e / (KPT * 32)) % VW, vi = e % (KPT * 32);");
-            w.line("const long long kk = (long long)vi * VW + j;");
-            emit!(
-                w,
-                "xs[r][j][vi] = r0 + r < ROWS && kk < K ? {} : 0.0f;",
-                load(x.dtype, "x[((r0 + r) * H + head) * K + kk]")
-            );
-        });
-        w.line("__syncthreads();");
-        w.line("float v[NPAD];");
-        w.for_unrolled("j", 0, "NPAD", |w| w.line("v[j] = 0.0f;"));
+    let pass = Pass {
+        staged: "RB * VW * KPT * 32",
+        decode: &[
+            "const int r = e / (VW * KPT * 32), j = (e / (KPT * 32)) % VW, vi = e % (KPT * 32);",
+            "const long long kk = (long long)vi * VW + j;",
+        ],
+        slot: "xs[r][j][vi]",
+        bits: &[0, 1, 2, 3, 4],
+        npad,
+        per_row: "CW",
+        col: "c0 + c",
+    };
+    emit_passes(w, x, out, &pass, |w| {
         w.for_unrolled("c", 0, "CW", |w| {
             w.for_unrolled("i", 0, "KPT", |w| {
                 w.for_unrolled("r", 0, "RB", |w| {
@@ -291,27 +265,92 @@ fn nk(x: &TensorArg, wt: &TensorArg, out: &TensorArg) -> Option<KernelSource> {
                 });
             });
         });
-        let held = emit_butterfly(w, &[0, 1, 2, 3, 4], npad);
-        w.for_unrolled("j", 0, held, |w| {
-            w.line("const int idx = base + j, r = idx / CW, c = idx % CW;");
-            w.if_block("owner && idx < RB * CW && r0 + r < ROWS && c0 + c < N", |w| {
+    });
+    Some(k.finish(launch(h * tiles)))
+}
+
+/// What the two vector layouts' row passes differ in.
+struct Pass<'a> {
+    /// Elements of `xs` staged a pass, the line decoding `e` into `r` and `kk`, and `xs`'s
+    /// element for them.
+    staged: &'a str,
+    decode: &'a [&'a str],
+    slot: &'a str,
+    /// The butterfly's lane bits and values a lane (`v[npad]`).
+    bits: &'a [u32],
+    npad: u64,
+    /// Values a row (`v[r · per_row + c]`) and the output column of value `c`.
+    per_row: &'a str,
+    col: &'a str,
+}
+
+/// The passes over `RB` rows at a time: x's rows staged in `xs` (zeros past the rows and
+/// `K`), `fmas` accumulating the lane's values `v`, the butterfly, the stores.
+fn emit_passes(
+    w: &mut Writer,
+    x: &TensorArg,
+    out: &TensorArg,
+    p: &Pass,
+    fmas: impl FnOnce(&mut Writer),
+) {
+    w.for_block("long long r0 = 0", "r0 < ROWS", "r0 += RB", |w| {
+        w.line("__syncthreads();  // the previous pass has read xs");
+        w.for_block(
+            "int e = threadIdx.x",
+            format_args!("e < {}", p.staged),
+            "e += blockDim.x",
+            |w| {
+                for line in p.decode {
+                    w.line(line);
+                }
                 emit!(
                     w,
-                    "y[((r0 + r) * H + head) * N + c0 + c] = {};",
-                    store(out.dtype, "v[j]")
+                    "{} = r0 + r < ROWS && kk < K ? {} : 0.0f;",
+                    p.slot,
+                    load(x.dtype, "x[((r0 + r) * H + head) * K + kk]")
                 );
-            });
+            },
+        );
+        w.line("__syncthreads();");
+        emit!(w, "float v[{}];", p.npad);
+        w.for_unrolled("j", 0, p.npad, |w| w.line("v[j] = 0.0f;"));
+        fmas(w);
+        let held = emit_butterfly(w, p.bits, p.npad);
+        w.for_unrolled("j", 0, held, |w| {
+            emit!(
+                w,
+                "const int idx = base + j, r = idx / {0}, c = idx % {0};",
+                p.per_row
+            );
+            emit!(w, "const long long col = {};", p.col);
+            w.if_block(
+                format_args!(
+                    "owner && idx < RB * {} && r0 + r < ROWS && col < N",
+                    p.per_row
+                ),
+                |w| {
+                    emit!(
+                        w,
+                        "y[((r0 + r) * H + head) * N + col] = {};",
+                        store(out.dtype, "v[j]")
+                    );
+                },
+            );
         });
     });
-    Some(k.finish(LaunchSpec {
+}
+
+/// One block of 128 threads per `blocks`.
+fn launch(blocks: u64) -> LaunchSpec {
+    LaunchSpec {
         grid: [
-            Extent::Fixed((h * tiles) as u32),
+            Extent::Fixed(blocks as u32),
             Extent::Fixed(1),
             Extent::Fixed(1),
         ],
         block: [128, 1, 1],
         smem_bytes: 0,
-    }))
+    }
 }
 
 /// Floats of `x` a scalar head-matmul block stages in shared memory: rows of one head, at most
