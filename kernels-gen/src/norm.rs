@@ -10,7 +10,7 @@
 use crate::abi::{
     pick_vec, Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc, Rows, View,
 };
-use crate::writer::{emit, f32_lit};
+use crate::writer::{emit, f32_lit, Writer};
 use crate::Error;
 
 const FAMILY: &str = "rmsnorm";
@@ -86,41 +86,12 @@ pub fn rmsnorm(p: &RmsNormParams) -> Result<KernelSource, Error> {
         p.w_dtype.c_type(),
         p.weight.ptr(p.w_dtype, false)
     );
-    w.line("float v[NC][VW];");
-    w.line("float ss = 0.0f;");
-    w.for_unrolled("ci", 0, "NC", |w| {
-        w.line("const int i = (ci * G + tid) * VW;");
-        w.if_block("i < D", |w| {
-            w.line("ld_vec<VW>(xr + i, v[ci]);");
-            w.for_unrolled("e", 0, "VW", |w| {
-                w.line("ss = fmaf(v[ci][e], v[ci][e], ss);")
-            });
-        });
-    });
-    if warp_mode {
-        w.line("ss = warp_sum(ss);");
+    let reduce = if warp_mode {
+        "ss = warp_sum(ss);"
     } else {
-        w.line("ss = block_sum(ss, red);");
-    }
-    emit!(
-        w,
-        "const float inv = 1.0f / sqrtf(ss / float(D) + {});",
-        f32_lit(p.eps)
-    );
-    w.for_unrolled("ci", 0, "NC", |w| {
-        w.line("const int i = (ci * G + tid) * VW;");
-        w.if_block("i < D", |w| {
-            w.line("float g[VW];");
-            w.line("ld_vec<VW>(wt + i, g);");
-            w.for_unrolled("e", 0, "VW", |w| {
-                emit!(
-                    w,
-                    "v[ci][e] = round_to<{xt}>(round_to<{xt}>(v[ci][e] * inv) * g[e]);"
-                );
-            });
-            w.line("st_vec<VW>(yr + i, v[ci]);");
-        });
-    });
+        "ss = block_sum(ss, red);"
+    };
+    emit_unit(w, xt, reduce, p.eps);
 
     let launch = LaunchSpec {
         grid: [
@@ -136,4 +107,41 @@ pub fn rmsnorm(p: &RmsNormParams) -> Result<KernelSource, Error> {
         smem_bytes: 0,
     };
     Ok(kb.finish(launch))
+}
+
+/// The RMSNorm of one unit of `D` elements by `G` threads (`tid` among them), `NC` vectors of
+/// `VW` elements a thread, from `xr` to `yr` with the weight `wt` (all in scope); `reduce`
+/// sums `ss` over the `G` threads. `xt` is x's C type, the rounding of both products.
+pub(crate) fn emit_unit(w: &mut Writer, xt: &str, reduce: &str, eps: f32) {
+    w.line("float v[NC][VW];");
+    w.line("float ss = 0.0f;");
+    w.for_unrolled("ci", 0, "NC", |w| {
+        w.line("const int i = (ci * G + tid) * VW;");
+        w.if_block("i < D", |w| {
+            w.line("ld_vec<VW>(xr + i, v[ci]);");
+            w.for_unrolled("e", 0, "VW", |w| {
+                w.line("ss = fmaf(v[ci][e], v[ci][e], ss);")
+            });
+        });
+    });
+    w.line(reduce);
+    emit!(
+        w,
+        "const float inv = 1.0f / sqrtf(ss / float(D) + {});",
+        f32_lit(eps)
+    );
+    w.for_unrolled("ci", 0, "NC", |w| {
+        w.line("const int i = (ci * G + tid) * VW;");
+        w.if_block("i < D", |w| {
+            w.line("float g[VW];");
+            w.line("ld_vec<VW>(wt + i, g);");
+            w.for_unrolled("e", 0, "VW", |w| {
+                emit!(
+                    w,
+                    "v[ci][e] = round_to<{xt}>(round_to<{xt}>(v[ci][e] * inv) * g[e]);"
+                );
+            });
+            w.line("st_vec<VW>(yr + i, v[ci]);");
+        });
+    });
 }

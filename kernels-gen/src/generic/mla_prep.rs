@@ -17,7 +17,7 @@
 use super::mla::RopeConsts;
 use super::{c_type, load, store, Kernel, TensorArg};
 use crate::abi::{Extent, KernelSource, LaunchSpec};
-use crate::writer::{emit, f32_lit};
+use crate::writer::emit;
 use crate::Error;
 use specc_ir::Op;
 
@@ -134,43 +134,15 @@ pub fn mla_kv_write(p: &MlaKvWrite) -> Result<KernelSource, Error> {
         w.line("if (p2 >= 0 && (p2 < LAST ? p2 : LAST) == slot) return;");
     });
     wr.comment("The latent: crate::norm's warp RMSNorm, stored at the slot.");
-    emit!(wr, "const {xt}* xc = kva + row * W;");
+    wr.line("constexpr int D = L, G = 32;");
+    wr.line("const int tid = lane;");
+    emit!(wr, "const {xt}* xr = kva + row * W;");
     emit!(
         wr,
-        "{}* yc = c_cache + (bi * (LAST + 1) + slot) * L;",
+        "{}* yr = c_cache + (bi * (LAST + 1) + slot) * L;",
         c_type(p.c_cache.dtype)
     );
-    wr.line("float v[NC][VW];");
-    wr.line("float ss = 0.0f;");
-    wr.for_unrolled("ci", 0, "NC", |w| {
-        w.line("const int i = (ci * 32 + lane) * VW;");
-        w.if_block("i < L", |w| {
-            w.line("ld_vec<VW>(xc + i, v[ci]);");
-            w.for_unrolled("e", 0, "VW", |w| {
-                w.line("ss = fmaf(v[ci][e], v[ci][e], ss);")
-            });
-        });
-    });
-    wr.line("ss = warp_sum(ss);");
-    emit!(
-        wr,
-        "const float inv = 1.0f / sqrtf(ss / float(L) + {});",
-        f32_lit(p.eps)
-    );
-    wr.for_unrolled("ci", 0, "NC", |w| {
-        w.line("const int i = (ci * 32 + lane) * VW;");
-        w.if_block("i < L", |w| {
-            w.line("float g[VW];");
-            w.line("ld_vec<VW>(wt + i, g);");
-            w.for_unrolled("e", 0, "VW", |w| {
-                emit!(
-                    w,
-                    "v[ci][e] = round_to<{xt}>(round_to<{xt}>(v[ci][e] * inv) * g[e]);"
-                );
-            });
-            w.line("st_vec<VW>(yc + i, v[ci]);");
-        });
-    });
+    crate::norm::emit_unit(wr, xt, "ss = warp_sum(ss);", p.eps);
     wr.comment("The rope key: the standalone rope kernel's rotation, stored at the slot.");
     emit!(wr, "const {xt}* x = kva + row * W + L;");
     emit!(
