@@ -174,10 +174,6 @@ pub(super) fn rope(
     rc.emit_consts(w);
     k.grid_stride(n, |w| {
         w.line("const long long f = e % D, tok = e / (H * D);");
-        w.if_block("f >= ROT", |w| {
-            emit!(w, "y[e] = {};", store(out.dtype, &load(x.dtype, "x[e]")));
-            w.line("continue;");
-        });
         rc.emit_rotate(w, x.dtype, pos.dtype, out.dtype, "e", "e", "tok");
     });
     Ok(k.finish_flat(n))
@@ -243,8 +239,8 @@ impl RopeConsts {
         );
     }
 
-    /// Rotates feature `f` (`long long`, below `ROT`) of one head: reads `x[xi]` and its
-    /// partner (`xi ± 1` interleaved, else `xi ± HALF`) and the angle's position
+    /// Rotates feature `f` (`long long`) of one head, inside a loop: a feature past `ROT` is
+    /// copied and the loop continues; else reads `x[xi]` and its partner (`xi ± 1` interleaved, else `xi ± HALF`) and the angle's position
     /// `pos[tok]`, stores `y[yi]`, rounding to `out` as the interpreter does.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn emit_rotate(
@@ -258,6 +254,14 @@ impl RopeConsts {
         tok: &str,
     ) {
         let xt = c_type(out);
+        w.if_block("f >= ROT", |w| {
+            emit!(
+                w,
+                "y[{yi}] = {};",
+                store(out, &load(x, &format!("x[{xi}]")))
+            );
+            w.line("continue;");
+        });
         if self.interleaved {
             w.line("const long long i = f / 2;");
             w.line("const bool first = (f & 1) == 0;");

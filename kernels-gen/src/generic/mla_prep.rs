@@ -15,7 +15,7 @@
 //! last token of a sequence writing a slot wins).
 
 use super::mla::RopeConsts;
-use super::{c_type, load, store, Kernel, TensorArg};
+use super::{c_type, Kernel, TensorArg};
 use crate::abi::{Extent, KernelSource, LaunchSpec};
 use crate::writer::emit;
 use crate::Error;
@@ -151,14 +151,6 @@ pub fn mla_kv_write(p: &MlaKvWrite) -> Result<KernelSource, Error> {
         c_type(p.pe_cache.dtype)
     );
     wr.for_block("long long f = lane", "f < R", "f += 32", |w| {
-        w.if_block("f >= ROT", |w| {
-            emit!(
-                w,
-                "y[f] = {};",
-                store(p.pe_cache.dtype, &load(p.kva.dtype, "x[f]"))
-            );
-            w.line("continue;");
-        });
         rc.emit_rotate(
             w,
             p.kva.dtype,
@@ -235,14 +227,6 @@ pub fn mla_q_split(p: &MlaQSplit) -> Result<KernelSource, Error> {
             w.line("continue;");
         });
         w.line("const long long f = f0 - DN;");
-        w.if_block("f >= ROT", |w| {
-            emit!(
-                w,
-                "y[rh * DR + f] = {};",
-                store(p.q_pe.dtype, &load(p.q.dtype, "x[e]"))
-            );
-            w.line("continue;");
-        });
         rc.emit_rotate(
             w,
             p.q.dtype,
