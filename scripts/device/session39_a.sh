@@ -2,7 +2,9 @@
 # Session 39, call A: HEAD (816e8e2: session 38's kernel refactors, which only renamed
 # locals) on the device, and session 38's unrun call C: the deferred catch-up's long plain
 # stretches, checked where plain decoding alone on the device equals the interpreter.
-# Pack: scripts/gpu-pack --specc gpu_serve gpu_deepseek kernels-gen/gpu_mla_prep (specc xz).
+# Then the gemv work splits at the Kimi-K2 verify(8) shapes (the narrow-matrix rules).
+# Pack: scripts/gpu-pack --specc gpu_serve gpu_deepseek kernels-gen/gpu_mla_prep
+# kernels-gen/gpu_kimi_splits (specc xz).
 set -uo pipefail
 source scripts/device/unpack.sh
 start=$SECONDS
@@ -11,6 +13,9 @@ nvidia-smi --query-gpu=name --format=csv,noheader >> "$S"
 timeout 60 .gpu2/tests/gpu_mla_prep --test-threads=1 --nocapture > /tmp/prep.log 2>&1
 echo "gpu_mla_prep rc=$? ($((SECONDS - start))s)" >> "$S"
 grep -E "test result|panicked" /tmp/prep.log | cut -c1-200 | head -8 >> "$S"
+timeout 240 .gpu2/tests/gpu_kimi_splits --ignored --nocapture > /tmp/splits.log 2>&1
+echo "gpu_kimi_splits rc=$? ($((SECONDS - start))s)" >> "$S"
+grep -vE "^\s*$|^running|^test " /tmp/splits.log | cut -c1-200 > "$OUT/splits.txt"
 timeout 200 .gpu2/tests/gpu_serve --test-threads=1 --nocapture long_plain forced_variants \
   > /tmp/serve.log 2>&1
 echo "gpu_serve long_plain + forced_variants rc=$? ($((SECONDS - start))s)" >> "$S"

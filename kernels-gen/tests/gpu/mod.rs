@@ -24,6 +24,8 @@ pub struct Gpu {
     nvrtc: Nvrtc,
     arch: Arch,
     target: Target,
+    /// Cubins of [`Gpu::precompile`], by kernel entry.
+    precompiled: std::sync::Mutex<HashMap<String, Arc<Vec<u8>>>>,
 }
 
 impl Gpu {
@@ -68,7 +70,25 @@ impl Gpu {
             nvrtc,
             arch,
             target,
+            precompiled: Default::default(),
         })
+    }
+
+    /// Compiles `kernels` on every CPU of the machine at once (a sweep's hundreds of
+    /// variants); [`Gpu::time`] and [`Gpu::run`] then load them without compiling.
+    pub fn precompile(&self, kernels: &[&KernelSource]) {
+        let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+        let modules = self
+            .nvrtc
+            .compile_many(kernels, &[self.arch], threads)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut map = self.precompiled.lock().unwrap();
+        for m in modules {
+            let cubin = Arc::new(m.compiled.cubin);
+            for e in m.entries {
+                map.insert(e, cubin.clone());
+            }
+        }
     }
 
     pub fn arch(&self) -> Arch {
@@ -82,14 +102,17 @@ impl Gpu {
     }
 
     fn load(&self, k: &KernelSource) -> CudaFunction {
-        let compiled = self
-            .nvrtc
-            .compile(k, self.arch)
-            .unwrap_or_else(|e| panic!("{e}"));
-        let module = self
-            .ctx
-            .load_module(Ptx::from_binary(compiled.cubin))
-            .unwrap();
+        let pre = self.precompiled.lock().unwrap().get(&k.entry).cloned();
+        let cubin = match pre {
+            Some(c) => c.as_ref().clone(),
+            None => {
+                self.nvrtc
+                    .compile(k, self.arch)
+                    .unwrap_or_else(|e| panic!("{e}"))
+                    .cubin
+            }
+        };
+        let module = self.ctx.load_module(Ptx::from_binary(cubin)).unwrap();
         let f = module.load_function(&k.entry).unwrap();
         // Above its current limit (48 KiB minus its static shared memory by default) a
         // kernel must opt in, as the runtime does.
