@@ -407,47 +407,92 @@ pub fn gemv_tiled(p: &GemvParams, t: &GemvTiling) -> Result<KernelSource, Error>
     w.for_unrolled("m", 0, "MT", |w| {
         w.for_unrolled("j", 0, "NA", |w| w.line("acc[m][j] = 0.0f;"));
     });
+    let ahead = weights_ahead(p, &t);
     w.for_block("int k0 = 0", "k0 < K", "k0 += KC", |w| {
-        w.comment("stage x[m0 .. m0 + MT, k0 .. k0 + KC] (normalised when fused)");
-        w.line("__syncthreads();");
-        stage_x_by(w, p, "g", if split { "NW * KW * 32" } else { "NW * 32" });
-        w.line("__syncthreads();");
-        w.line("const int kn = min(KC, K - k0);");
+        let rotated = split && t.k_chunk < p.k && !t.k_chunk.is_multiple_of(32 * t.vec * t.k_warps);
         let (first, step) = if !split {
             ("int kk = lane * VW", "kk += 32 * VW")
-        } else if t.k_chunk >= p.k || t.k_chunk.is_multiple_of(32 * t.vec * t.k_warps) {
-            ("int kk = (kw * 32 + lane) * VW", "kk += 32 * VW * KW")
-        } else {
-            w.comment("groups of 32 * VW elements of K go to split (k / (32 * VW)) % KW: this chunk's first group belongs to split (k0 / (32 * VW)) % KW");
-            w.line("const int kg = (kw - (k0 / (32 * VW)) % KW + KW) % KW;");
+        } else if rotated {
             ("int kk = (kg * 32 + lane) * VW", "kk += 32 * VW * KW")
+        } else {
+            ("int kk = (kw * 32 + lane) * VW", "kk += 32 * VW * KW")
         };
-        w.line("#pragma unroll 4");
-        w.for_block(first, "kk < kn", step, |w| {
-            w.line("float wv[NA][VW];");
+        // The chunk's extent and, where chunks are not whole rounds of the splits, this
+        // split's first group in it.
+        let extent = |w: &mut Writer| {
+            w.line("const int kn = min(KC, K - k0);");
+            if rotated {
+                w.comment("groups of 32 * VW elements of K go to split (k / (32 * VW)) % KW: this chunk's first group belongs to split (k0 / (32 * VW)) % KW");
+                w.line("const int kg = (kw - (k0 / (32 * VW)) % KW + KW) % KW;");
+            }
+        };
+        let load = |w: &mut Writer, wv: &str| {
             w.for_unrolled("j", 0, "CW", |w| {
                 emit!(
                     w,
                     "const long long row = (long long){} * K + k0 + kk;",
                     weight_row(p, "min(n0 + j, N - 1)")
                 );
-                w.line("ld_stream_vec<VW>(w0 + row, wv[j]);");
+                emit!(w, "ld_stream_vec<VW>(w0 + row, {wv}[j]);");
                 if w1.is_some() {
-                    w.line("ld_stream_vec<VW>(w1 + row, wv[CW + j]);");
+                    emit!(w, "ld_stream_vec<VW>(w1 + row, {wv}[CW + j]);");
                 }
             });
+        };
+        let fma = |w: &mut Writer, wv: &str| {
             w.for_unrolled("m", 0, "MT", |w| {
                 w.if_block("m < mr", |w| {
                     w.line("float xv[VW];");
                     w.line("ld_vec<VW>(xs + m * KC + kk, xv);");
                     w.for_unrolled("j", 0, "NA", |w| {
                         w.for_unrolled("e", 0, "VW", |w| {
-                            w.line("acc[m][j] = fmaf(wv[j][e], xv[e], acc[m][j]);");
+                            emit!(w, "acc[m][j] = fmaf({wv}[j][e], xv[e], acc[m][j]);");
                         });
                     });
                 });
             });
-        });
+        };
+        let stage = |w: &mut Writer| {
+            w.comment("stage x[m0 .. m0 + MT, k0 .. k0 + KC] (normalised when fused)");
+            w.line("__syncthreads();");
+            stage_x_by(w, p, "g", if split { "NW * KW * 32" } else { "NW * 32" });
+            w.line("__syncthreads();");
+        };
+        match ahead {
+            Some(steps) => {
+                extent(w);
+                emit!(
+                    w,
+                    "constexpr int IT = {steps};  // a lane's 16-byte steps per chunk, loaded before x is staged"
+                );
+                w.line("float wa[IT][NA][VW];");
+                w.scope(|w| {
+                    w.line("int it = 0;");
+                    w.line("#pragma unroll");
+                    w.for_block(first, "it < IT", format!("{}, ++it", &step[..]), |w| {
+                        w.if_block("kk < kn", |w| load(w, "wa[it]"));
+                    });
+                });
+                stage(w);
+                w.scope(|w| {
+                    w.line("int it = 0;");
+                    w.line("#pragma unroll");
+                    w.for_block(first, "it < IT", format!("{}, ++it", &step[..]), |w| {
+                        w.if_block("kk < kn", |w| fma(w, "wa[it]"));
+                    });
+                });
+            }
+            None => {
+                stage(w);
+                extent(w);
+                w.line("#pragma unroll 4");
+                w.for_block(first, "kk < kn", step, |w| {
+                    w.line("float wv[NA][VW];");
+                    load(w, "wv");
+                    fma(w, "wv");
+                });
+            }
+        }
     });
 
     w.comment("reduce across the warp: every lane ends with every sum");
@@ -493,6 +538,24 @@ pub fn gemv_tiled(p: &GemvParams, t: &GemvTiling) -> Result<KernelSource, Error>
 
     let launch = gemv_launch(p, &t, mt);
     Ok(kb.finish(launch))
+}
+
+/// Most 16-byte weight steps per lane and chunk that split-K kernels load into registers
+/// before staging the chunk's x ([`weights_ahead`]).
+const AHEAD_MAX_STEPS: u32 = 4;
+
+/// Split-K kernels over few columns (the f32 router: one 16-byte step per lane and chunk)
+/// issue a chunk's weight loads before its x is staged, so the HBM round trip overlaps the
+/// staging's barriers and L2 reads instead of following them: `Some(steps per lane)` where
+/// those fit [`AHEAD_MAX_STEPS`]. Without a split (every 8B-shape kernel) the loop is
+/// unchanged. The same products are added in the same order either way.
+fn weights_ahead(p: &GemvParams, t: &GemvTiling) -> Option<u32> {
+    if t.k_warps <= 1 {
+        return None;
+    }
+    let per_step = 32 * t.vec * t.k_warps;
+    let steps = t.k_chunk.min(p.k).div_ceil(per_step);
+    (steps * if p.gate_up() { 2 } else { 1 } * t.cols_per_warp <= AHEAD_MAX_STEPS).then_some(steps)
 }
 
 /// The code before the PDL wait: the tiling constants, this warp's columns and weight
