@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Session 39, call C: session 38's unrun call C — the deferred catch-up's long plain
+# stretches (gpu_serve long_plain), checked where plain decoding alone on the device
+# equals the interpreter, and the forced variants. Pack: scripts/gpu-pack gpu_serve.
+set -uo pipefail
+source scripts/device/unpack.sh
+start=$SECONDS
+S="$OUT/summary.txt"
+nvidia-smi --query-gpu=name --format=csv,noheader >> "$S"
+timeout 300 .gpu2/tests/gpu_serve --test-threads=1 --nocapture long_plain forced_variants \
+  > /tmp/serve.log 2>&1
+echo "gpu_serve long_plain + forced_variants rc=$? ($((SECONDS - start))s)" >> "$S"
+grep -E "test result|panicked|catch-up|checked|first_difference|lanes" /tmp/serve.log \
+  | cut -c1-300 | head -40 >> "$S"
+cp /tmp/serve.log "$OUT/serve.log"
+echo "total $((SECONDS - start))s" >> "$S"
