@@ -1,6 +1,6 @@
 //! Timing sweep (ignored by default; `--ignored` on the device): the work splits of the
-//! tensor-core GEMV (`gemv_mma`) at the Kimi-K2 shapes of an 8-row verify step — the
-//! stacked q_a|kv_a projection, q_b, o, the shared expert and the dense layer's MLP, each
+//! tensor-core GEMV (`gemv_mma`) at the Kimi-K2 shapes of an 8-row verify step — q_a and
+//! kv_a (two launches in today's plan; also as one stacked matrix), q_b, o, the shared expert and the dense layer's MLP, each
 //! with its step-graph prologue and epilogue — and of the CUDA-core GEMV for the f32
 //! router, against the split the selection (`specc_codegen::choose::matmul`) makes. Per
 //! shape: µs per launch with weights streamed from HBM (copies past L2), GB/s of the bytes
@@ -25,8 +25,10 @@ const ROWS: u32 = 8;
 /// A projection of the Kimi-K2 verify step: `(name, k, n, gate/up, normed x, residual)`.
 type Shape = (&'static str, u32, u32, bool, bool, bool);
 
-const KIMI: [Shape; 7] = [
-    ("q_a|kv_a", 7168, 2112, false, true, false),
+const KIMI: [Shape; 9] = [
+    ("q_a", 7168, 1536, false, true, false),
+    ("kv_a", 7168, 576, false, true, false),
+    ("q_a|kv_a stacked", 7168, 2112, false, true, false),
     ("q_b", 1536, 12288, false, true, false),
     ("o", 8192, 7168, false, false, true),
     ("shared gate/up", 7168, 2048, true, true, false),
