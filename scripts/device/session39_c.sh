@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 39, call C: session 38's unrun call C — the deferred catch-up's long plain
 # stretches (gpu_serve long_plain), checked where plain decoding alone on the device
-# equals the interpreter, and the forced variants. Pack: scripts/gpu-pack gpu_serve.
+# equals the interpreter, and the forced variants; then the 8B soak at 3000 requests from
+# 32 clients (issue 21 item 8). Pack: scripts/gpu-pack --specc gpu_serve.
 set -uo pipefail
 source scripts/device/unpack.sh
 start=$SECONDS
