@@ -469,7 +469,7 @@ pub fn gemv_tiled(p: &GemvParams, t: &GemvTiling) -> Result<KernelSource, Error>
                 w.scope(|w| {
                     w.line("int it = 0;");
                     w.line("#pragma unroll");
-                    w.for_block(first, "it < IT", format!("{}, ++it", &step[..]), |w| {
+                    w.for_block(first, "it < IT", format!("{step}, ++it"), |w| {
                         w.if_block("kk < kn", |w| load(w, "wa[it]"));
                     });
                 });
@@ -477,7 +477,7 @@ pub fn gemv_tiled(p: &GemvParams, t: &GemvTiling) -> Result<KernelSource, Error>
                 w.scope(|w| {
                     w.line("int it = 0;");
                     w.line("#pragma unroll");
-                    w.for_block(first, "it < IT", format!("{}, ++it", &step[..]), |w| {
+                    w.for_block(first, "it < IT", format!("{step}, ++it"), |w| {
                         w.if_block("kk < kn", |w| fma(w, "wa[it]"));
                     });
                 });
