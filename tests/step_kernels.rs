@@ -20,7 +20,7 @@ use specc_ir::engine::{
     Arch, BucketPlan, BuildInput, GraphRole, GroupCost, Launch, Phase, RoleGraph, StepContract,
     Target,
 };
-use specc_ir::{Bindings, BucketDim, DType, Graph};
+use specc_ir::{Bindings, BucketDim, DType, Graph, Op};
 use specc_kernels_gen::Nvrtc;
 use specc_models::methods::dflash::DFlashSpec;
 use specc_models::methods::eagle3::Eagle3Spec;
@@ -761,6 +761,7 @@ fn matmuls_of_several_rows_run_on_tensor_cores() {
                     mats,
                     norm,
                     epilogue,
+                    ..
                 } = &gr.kind
                 else {
                     continue;
@@ -979,6 +980,50 @@ fn deepseek_v3_steps_plan_and_compile() {
         assert!(count("mla_kv_write") > 0, "{name}: no fused MLA write");
         assert_eq!(count("mla_kv_write"), count("mla_q_split"), "{name}");
         assert_eq!(count("rope") + count("kv_write"), 0, "{name}: {families:?}");
+    }
+    // The q_lora target's q_a and kv_a are one stacked matmul whose two readers, q_b's
+    // normed x and the latent write, read their columns in place: no slice is stored.
+    for (name, c, _) in p.iter().filter(|(n, ..)| !n.contains("draft_model")) {
+        let strided_x = c
+            .groups
+            .iter()
+            .filter(|gr| {
+                matches!(
+                    gr.kind,
+                    GroupKind::MatMul {
+                        x_cols: Some(_),
+                        ..
+                    }
+                )
+            })
+            .count();
+        let kv_writes: Vec<_> = c
+            .groups
+            .iter()
+            .filter_map(|gr| match &gr.kind {
+                GroupKind::MlaKv(kv) => Some(kv.kva_cols),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(kv_writes.len(), 3, "{name}: one latent write a layer");
+        assert!(
+            kv_writes.iter().all(|c| *c == Some(32)),
+            "{name}: {kv_writes:?}"
+        );
+        assert_eq!(strided_x, 3, "{name}: q_b reads q_a's columns in place");
+        let slices = c
+            .groups
+            .iter()
+            .filter(|gr| match gr.kind {
+                GroupKind::Single(v) => {
+                    let n = c.graph.node(v);
+                    matches!(n.op, Op::Slice { .. })
+                        && matches!(c.graph.node(n.args[0]).op, Op::MatMul)
+                }
+                _ => false,
+            })
+            .count();
+        assert_eq!(slices, 0, "{name}: a stored slice of a matmul");
     }
     if nvrtc {
         assert_compiled("deepseek-v3 steps (every arch)", &p);

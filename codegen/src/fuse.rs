@@ -150,6 +150,14 @@ fn matmul_group(g: &Graph, uses: &Uses, x: ValueId, mats: &[ValueId]) -> Group {
         }
     }
     let mut mat_outs: Vec<MatOut> = mats.iter().map(|&m| mat_out(g, m)).collect();
+    let mut x_cols = None;
+    if let Some(nm) = &norm {
+        if let Some((src, start)) = strided_x(g, uses, x_in, nm.node, &mat_outs) {
+            nodes.push(x_in);
+            x_in = src;
+            x_cols = Some(start);
+        }
+    }
     let epilogue = match mats {
         [m] => residual(g, uses, *m)
             .or_else(|| lm_head(g, uses, *m))
@@ -179,12 +187,36 @@ fn matmul_group(g: &Graph, uses: &Uses, x: ValueId, mats: &[ValueId]) -> Group {
         uses,
         GroupKind::MatMul {
             x: x_in,
+            x_cols,
             norm,
             mats: mat_outs,
             epilogue,
         },
         nodes,
     )
+}
+
+/// `(source, start)` where the normed x of a matmul group, `x`, is a last-axis slice that
+/// only the norm reads, of a source whose rows then start 16-byte aligned at `start` (the
+/// GEMV's x loads): the group reads those columns in place and the slice is never stored.
+/// Quantised matmuls read contiguous x rows only, so they keep the stored slice.
+fn strided_x(
+    g: &Graph,
+    uses: &Uses,
+    x: ValueId,
+    norm: ValueId,
+    mats: &[MatOut],
+) -> Option<(ValueId, u64)> {
+    if mats.iter().any(|m| m.scale.is_some())
+        || uses.is_output(x)
+        || uses.sole_user(x) != Some(norm)
+    {
+        return None;
+    }
+    let (src, start) = crate::fuse_mla::last_axis_slice(g, x)?;
+    let elem = g.ty(src).dtype.size_bytes()? as u64;
+    let width = g.ty(src).shape.dims().last()?.as_static()?;
+    ((start * elem).is_multiple_of(16) && (width * elem).is_multiple_of(16)).then_some((src, start))
 }
 
 fn residual(g: &Graph, uses: &Uses, m: ValueId) -> Option<(Epilogue, Vec<ValueId>)> {

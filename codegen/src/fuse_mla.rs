@@ -41,6 +41,17 @@ fn split_last(g: &Graph, uses: &Uses, x: ValueId) -> Option<(ValueId, ValueId)> 
     (a.0 == 0 && b.0 == a.1 && a.1 + b.1 == width && a.1 > 0 && b.1 > 0).then_some((head, tail))
 }
 
+/// `(source, start)` where `v` is a slice of its source's last axis (columns `start ..` of
+/// each of its rows), which a group can read in place instead of storing the slice.
+pub(crate) fn last_axis_slice(g: &Graph, v: ValueId) -> Option<(ValueId, u64)> {
+    let n = g.node(v);
+    let Op::Slice { axis, start, .. } = n.op else {
+        return None;
+    };
+    let src = *n.args.first()?;
+    (axis + 1 == g.ty(src).shape.rank()).then_some((src, start))
+}
+
 /// The node `v`'s sole reader when it has `op`'s kind and reads `v` as operand `arg`.
 fn next(g: &Graph, uses: &Uses, v: ValueId, arg: usize, kind: fn(&Op) -> bool) -> Option<ValueId> {
     let u = uses.sole_user(v)?;
@@ -74,8 +85,13 @@ pub(crate) fn kv_group(g: &Graph, uses: &Uses, kva: ValueId) -> Option<(MlaKv, V
     if g.node(pe_write).args[2] != slots || g.ty(c_view).shape.rank() != 4 {
         return None;
     }
+    let (src, kva_cols) = match last_axis_slice(g, kva) {
+        Some((src, start)) => (src, Some(start)),
+        None => (kva, None),
+    };
     let group = MlaKv {
-        kva,
+        kva: src,
+        kva_cols,
         norm_weight: g.node(norm).args[1],
         eps,
         rope,
@@ -84,9 +100,12 @@ pub(crate) fn kv_group(g: &Graph, uses: &Uses, kva: ValueId) -> Option<(MlaKv, V
         c_cache_out: c_write,
         pe_cache_out: pe_write,
     };
-    let nodes = vec![
+    let mut nodes = vec![
         c_slice, norm, c_view, c_write, pe_slice, pe_view, rope, pe_write,
     ];
+    if kva_cols.is_some() {
+        nodes.push(kva);
+    }
     Some((group, nodes))
 }
 

@@ -76,6 +76,9 @@ pub struct MatOut {
 #[derive(Clone, Debug, PartialEq)]
 pub struct MlaKv {
     pub kva: ValueId,
+    /// `Some(c)`: the latent and rope key are columns `c ..` of `kva`'s rows (its slice
+    /// absorbed into the group: q_a and kv_a as one stacked product), else all of `kva`.
+    pub kva_cols: Option<u64>,
     pub norm_weight: ValueId,
     pub eps: f64,
     /// The IR rope node (its op is the rotation).
@@ -105,6 +108,9 @@ pub enum GroupKind {
     /// epilogue.
     MatMul {
         x: ValueId,
+        /// `Some(c)`: the matmuls read columns `c .. c + K` of `x`'s rows (a last-axis
+        /// slice of `x` absorbed into the group, never stored), else all of `x`.
+        x_cols: Option<u64>,
         norm: Option<NormPrologue>,
         mats: Vec<MatOut>,
         epilogue: Epilogue,

@@ -356,10 +356,11 @@ fn group_kernels(cx: &mut Ctx, gr: &Group) -> Result<(Launches, KernelChoice), E
         GroupKind::Single(v) => single_kernels(cx, *v),
         GroupKind::MatMul {
             x,
+            x_cols,
             norm,
             mats,
             epilogue,
-        } => matmul_kernels(cx, *x, norm.as_ref(), mats, epilogue),
+        } => matmul_kernels(cx, *x, *x_cols, norm.as_ref(), mats, epilogue),
         GroupKind::MlaKv(kv) => mla_kv_kernels(cx, kv),
         GroupKind::MlaQ(q) => mla_q_kernels(cx, q),
     }
@@ -369,8 +370,19 @@ fn group_kernels(cx: &mut Ctx, gr: &Group) -> Result<(Launches, KernelChoice), E
 fn mla_kv_kernels(cx: &mut Ctx, kv: &MlaKv) -> Result<(Launches, KernelChoice), Error> {
     let b = cx.bucket_for(kv.kva).unwrap_or(cx.bucket);
     let rope = cx.g.node(kv.rope).op.clone();
+    let mut kva = cx.arg(kv.kva)?;
+    let kva_row_stride = *kva.dims.last().unwrap_or(&0);
+    if let Some(c) = kv.kva_cols {
+        // The latent and rope key: the last `L + R` columns from `c` of the stacked rows.
+        let l_r = cx.dims(kv.c_cache_out)?[3] + cx.dims(kv.pe_cache_out)?[3];
+        kva.loc = kva.loc.offset_by(c * kva.elem_bytes());
+        if let Some(last) = kva.dims.last_mut() {
+            *last = l_r;
+        }
+    }
     let k = mla_prep::mla_kv_write(&mla_prep::MlaKvWrite {
-        kva: &cx.arg(kv.kva)?,
+        kva: &kva,
+        kva_row_stride,
         norm_weight: &cx.arg(kv.norm_weight)?,
         eps: kv.eps as f32,
         rope: &rope,
@@ -673,11 +685,18 @@ fn inv_freq(op: &Op, rotary: u32) -> (Vec<f32>, f32, RopeStyle) {
 fn matmul_kernels(
     cx: &mut Ctx,
     x: ValueId,
+    x_cols: Option<u64>,
     norm: Option<&crate::NormPrologue>,
     mats: &[MatOut],
     epilogue: &Epilogue,
 ) -> Result<(Launches, KernelChoice), Error> {
-    let (mut xv, rows, k) = cx.view(x)?;
+    let (mut xv, rows, k) = match x_cols {
+        Some(c) => {
+            let (v, rows, _) = cx.view(x)?;
+            (v.cols_from(c), rows, cx.dims(mats[0].weight)?[1])
+        }
+        None => cx.view(x)?,
+    };
     let b = cx.bucket_for(x).unwrap_or(cx.bucket);
     // One row tile covers up to 64 rows: the weights stream once per tile.
     let row_tile = (rows as u32).clamp(1, specc_kernels_gen::gemv::MAX_ROW_TILE);

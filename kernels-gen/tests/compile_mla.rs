@@ -101,6 +101,8 @@ fn mla_prep_kernels_compile_for_every_arch() {
         for (b, t) in [(1u64, 1u64), (8, 8)] {
             let kv = mla_kv_write(&MlaKvWrite {
                 kva: &a(0, bf, &[b, t, l + r]),
+                // Verify rows read kva as columns of the stacked q_a|kv_a product.
+                kva_row_stride: if b == 8 { 1536 + l + r } else { l + r },
                 norm_weight: &a(1, bf, &[l]),
                 eps: 1e-6,
                 rope: &rope,

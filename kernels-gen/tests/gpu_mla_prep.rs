@@ -130,6 +130,7 @@ fn check_kv(gpu: &Gpu, name: &str, d: Dims, b: u64, t: u64, ctx: u64) {
     let kva_a = arg(KVA, bf, &[b, t, w]);
     let fused = mla_kv_write(&MlaKvWrite {
         kva: &kva_a,
+        kva_row_stride: w,
         norm_weight: &arg(NORM_W, bf, &[l]),
         eps: EPS,
         rope: &rope,

@@ -21,7 +21,7 @@ use specc_ir::{
 use crate::config::ModelSpec;
 use crate::config_mla::{MlaSpec, MoeSpec};
 use crate::lower::{
-    cast_to, linear, mlp, plain_weight, quant_weight, rmsnorm, LayerMask, LayerNames,
+    cast_to, linear, mlp, plain_weight, quant_weight, rmsnorm, weight, LayerMask, LayerNames,
 };
 
 /// RMSNorm epsilon of `q_a_layernorm` and `kv_a_layernorm`: transformers builds them with
@@ -106,6 +106,16 @@ fn slice(
     )
 }
 
+/// Whether q_a and kv_a read the normed hidden state as one matrix, their weights stacked
+/// (`concat` of the two checkpoint weights: one launch of 2112 columns at Kimi's dims
+/// instead of 1536 and 576, and the weights built once at upload), each consumer reading
+/// its columns of the product. Only where q_a, kv_a and q_b are stored unquantised: a
+/// quantised weight's block scales need not stack, and the quantised matmul reads
+/// contiguous rows of x.
+fn stacks_q_a_kv_a(spec: &ModelSpec, names: &[&str]) -> bool {
+    names.iter().all(|n| spec.quant.format_of(n).is_none())
+}
+
 fn reshape(g: &mut Graph, x: ValueId, ds: &[Dim]) -> Result<ValueId, IrError> {
     g.add(Op::Reshape { shape: dims(ds) }, &[x])
 }
@@ -130,16 +140,23 @@ fn attention(
     let qk = mla.qk_head_dim();
     let (bd, td) = (g.ty(h).shape.dims()[0], g.ty(h).shape.dims()[1]);
     let s = Dim::from;
-    let q = match mla.q_lora_rank {
+    let kv_a_name = format!("{p}.self_attn.kv_a_proj_with_mqa.weight");
+    let (q, kva) = match mla.q_lora_rank {
         Some(r) => {
-            let qa = linear(
-                g,
-                spec,
-                h,
-                &format!("{p}.self_attn.q_a_proj.weight"),
-                r,
-                hid,
-            )?;
+            let q_a_name = format!("{p}.self_attn.q_a_proj.weight");
+            let q_b_name = format!("{p}.self_attn.q_b_proj.weight");
+            let (qa, kva) = if stacks_q_a_kv_a(spec, &[&q_a_name, &kv_a_name, &q_b_name]) {
+                let wq = weight(g, spec, &q_a_name, &[r, hid])?;
+                let wkv = weight(g, spec, &kv_a_name, &[l + dr, hid])?;
+                let w = g.add(Op::Concat { axis: 0 }, &[wq, wkv])?;
+                let both = g.add(Op::MatMul, &[h, w])?;
+                (slice(g, both, 2, 0, r)?, slice(g, both, 2, r, l + dr)?)
+            } else {
+                (
+                    linear(g, spec, h, &q_a_name, r, hid)?,
+                    linear(g, spec, h, &kv_a_name, l + dr, hid)?,
+                )
+            };
             let qa = rmsnorm_eps(
                 g,
                 spec,
@@ -148,35 +165,23 @@ fn attention(
                 r,
                 LORA_NORM_EPS,
             )?;
+            (linear(g, spec, qa, &q_b_name, nh * qk, r)?, kva)
+        }
+        None => (
             linear(
                 g,
                 spec,
-                qa,
-                &format!("{p}.self_attn.q_b_proj.weight"),
+                h,
+                &format!("{p}.self_attn.q_proj.weight"),
                 nh * qk,
-                r,
-            )?
-        }
-        None => linear(
-            g,
-            spec,
-            h,
-            &format!("{p}.self_attn.q_proj.weight"),
-            nh * qk,
-            hid,
-        )?,
+                hid,
+            )?,
+            linear(g, spec, h, &kv_a_name, l + dr, hid)?,
+        ),
     };
     let q = reshape(g, q, &[bd, td, s(nh), s(qk)])?;
     let q_nope = slice(g, q, 3, 0, dn)?;
     let q_pe = slice(g, q, 3, dn, dr)?;
-    let kva = linear(
-        g,
-        spec,
-        h,
-        &format!("{p}.self_attn.kv_a_proj_with_mqa.weight"),
-        l + dr,
-        hid,
-    )?;
     let c = slice(g, kva, 2, 0, l)?;
     let c = rmsnorm_eps(
         g,

@@ -29,8 +29,11 @@ const KV_ROWS_PER_BLOCK: u64 = 4;
 
 /// Operands of [`mla_kv_write`].
 pub struct MlaKvWrite<'a> {
-    /// `[B, T, L + R]`: the latent then the rope key of each token.
+    /// `[B, T, L + R]`: the latent then the rope key of each token, rows
+    /// `kva_row_stride` elements apart (columns of a wider product, e.g. q_a|kv_a stacked).
     pub kva: &'a TensorArg,
+    /// Elements between the starts of consecutive kva rows: `L + R` when contiguous.
+    pub kva_row_stride: u64,
     /// `[L]`, the latent's RMSNorm weight.
     pub norm_weight: &'a TensorArg,
     pub eps: f32,
@@ -89,6 +92,13 @@ pub fn mla_kv_write(p: &MlaKvWrite) -> Result<KernelSource, Error> {
             ),
         ));
     }
+    if p.kva_row_stride < w {
+        return Err(Error::param(
+            KV_FAMILY,
+            "kva_row_stride",
+            format!("{} is shorter than a row of {w}", p.kva_row_stride),
+        ));
+    }
     let floats = [p.kva, p.norm_weight, p.c_cache, p.pe_cache];
     if !floats.iter().all(|a| super::is_float(a.dtype)) {
         return Err(Error::param(
@@ -98,7 +108,8 @@ pub fn mla_kv_write(p: &MlaKvWrite) -> Result<KernelSource, Error> {
         ));
     }
     let rc = RopeConsts::of(p.rope, r)?;
-    let vw = vec_width(l, &[(p.kva, w), (p.c_cache, l), (p.norm_weight, 0)]);
+    let ks = p.kva_row_stride;
+    let vw = vec_width(l, &[(p.kva, ks), (p.c_cache, l), (p.norm_weight, 0)]);
     let nc = l.div_ceil(32 * vw);
     let rows = b * t;
     let xt = c_type(p.kva.dtype);
@@ -117,6 +128,13 @@ pub fn mla_kv_write(p: &MlaKvWrite) -> Result<KernelSource, Error> {
         ctx - 1
     );
     emit!(wr, "constexpr int VW = {vw}, NC = {nc};");
+    // A contiguous kva keeps its rows W apart (the text of the unstacked kernel).
+    let stride = if ks == w {
+        "W".to_string()
+    } else {
+        emit!(wr, "constexpr long long KS = {ks};  // kva's row stride");
+        "KS".to_string()
+    };
     rc.emit_consts(wr);
     emit!(
         wr,
@@ -136,7 +154,7 @@ pub fn mla_kv_write(p: &MlaKvWrite) -> Result<KernelSource, Error> {
     wr.comment("The latent: crate::norm's warp RMSNorm, stored at the slot.");
     wr.line("constexpr int D = L, G = 32;");
     wr.line("const int tid = lane;");
-    emit!(wr, "const {xt}* xr = kva + row * W;");
+    emit!(wr, "const {xt}* xr = kva + row * {stride};");
     emit!(
         wr,
         "{}* yr = c_cache + (bi * (LAST + 1) + slot) * L;",
@@ -144,7 +162,7 @@ pub fn mla_kv_write(p: &MlaKvWrite) -> Result<KernelSource, Error> {
     );
     crate::norm::emit_unit(wr, xt, "ss = warp_sum(ss);", p.eps);
     wr.comment("The rope key: the standalone rope kernel's rotation, stored at the slot.");
-    emit!(wr, "const {xt}* x = kva + row * W + L;");
+    emit!(wr, "const {xt}* x = kva + row * {stride} + L;");
     emit!(
         wr,
         "{}* y = pe_cache + (bi * (LAST + 1) + slot) * R;",

@@ -90,7 +90,7 @@ impl TensorArg {
     }
 
     /// Bytes per element (`bool` is 1); 0 for packed formats, which are rejected first.
-    fn elem_bytes(&self) -> u64 {
+    pub fn elem_bytes(&self) -> u64 {
         self.dtype.size_bytes().unwrap_or(0) as u64
     }
 
