@@ -847,3 +847,65 @@ fn fixture_config(name: &str) -> std::path::PathBuf {
         .join(name)
         .join("config.json")
 }
+
+/// The official `openai` Python client against the server: a completion equal to reqwest's,
+/// a chat completion streamed (with `include_usage`) equal to the same chat whole, and an
+/// `APIStatusError` with the server's message for a bad request. Skipped, with the reason,
+/// where `python3 -c "import openai"` fails (CI installs the package).
+#[test]
+fn the_openai_python_client_talks_to_the_server() {
+    let probe = Command::new("python3")
+        .args(["-c", "import openai"])
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        specc_ir::testing::skip("the openai Python package is not installed (pip install openai)");
+        return;
+    }
+    let s = Server::start(&[]);
+    let lone = text_of(&s.post("/v1/completions", &completion("def __init__(self", 24)));
+    let chat = json!({"model": "specc-default", "max_tokens": 16,
+                      "messages": [{"role": "user", "content": "hello"}]});
+    let chat_whole = text_of(&s.post("/v1/chat/completions", &chat));
+    let script = r#"
+import json, sys
+from openai import OpenAI, BadRequestError
+client = OpenAI(base_url=sys.argv[1], api_key="unused", timeout=120)
+out = {}
+r = client.completions.create(model="specc-default", prompt="def __init__(self", max_tokens=24)
+out["completion"] = r.choices[0].text
+out["completion_tokens"] = r.usage.completion_tokens
+msgs = [{"role": "user", "content": "hello"}]
+text, usage = "", None
+for chunk in client.chat.completions.create(model="specc-default", messages=msgs, max_tokens=16,
+                                            stream=True, stream_options={"include_usage": True}):
+    if chunk.usage is not None:
+        usage = chunk.usage.completion_tokens
+    for c in chunk.choices:
+        text += c.delta.content or ""
+out["chat_streamed"] = text
+out["chat_usage"] = usage
+try:
+    client.completions.create(model="specc-default", prompt="x", max_tokens=0)
+    out["bad"] = "accepted"
+except BadRequestError as e:
+    out["bad"] = e.body.get("message") if isinstance(e.body, dict) else str(e.body)
+print(json.dumps(out))
+"#;
+    let url = format!("http://{}/v1", s.base);
+    let run = Command::new("python3")
+        .args(["-c", script, &url])
+        .output()
+        .expect("python3 runs");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let v: Value = serde_json::from_slice(&run.stdout).unwrap();
+    assert_eq!(v["completion"], lone.as_str(), "{v}");
+    assert_eq!(v["completion_tokens"], 24, "{v}");
+    assert_eq!(v["chat_streamed"], chat_whole.as_str(), "{v}");
+    assert!(v["chat_usage"].as_u64().is_some_and(|n| n > 0), "{v}");
+    let bad = v["bad"].as_str().unwrap_or_default();
+    assert!(bad.contains("max_tokens"), "{v}");
+}
