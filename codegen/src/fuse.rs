@@ -213,10 +213,21 @@ fn strided_x(
     {
         return None;
     }
-    let (src, start) = crate::fuse_mla::last_axis_slice(g, x)?;
+    let (src, start) = last_axis_slice(g, x)?;
     let elem = g.ty(src).dtype.size_bytes()? as u64;
     let width = g.ty(src).shape.dims().last()?.as_static()?;
     ((start * elem).is_multiple_of(16) && (width * elem).is_multiple_of(16)).then_some((src, start))
+}
+
+/// `(source, start)` where `v` is a slice of its source's last axis (columns `start ..` of
+/// each of its rows), which a group can read in place instead of storing the slice.
+pub(crate) fn last_axis_slice(g: &Graph, v: ValueId) -> Option<(ValueId, u64)> {
+    let n = g.node(v);
+    let Op::Slice { axis, start, .. } = n.op else {
+        return None;
+    };
+    let src = *n.args.first()?;
+    (axis + 1 == g.ty(src).shape.rank()).then_some((src, start))
 }
 
 fn residual(g: &Graph, uses: &Uses, m: ValueId) -> Option<(Epilogue, Vec<ValueId>)> {

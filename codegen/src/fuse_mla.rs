@@ -41,17 +41,6 @@ fn split_last(g: &Graph, uses: &Uses, x: ValueId) -> Option<(ValueId, ValueId)> 
     (a.0 == 0 && b.0 == a.1 && a.1 + b.1 == width && a.1 > 0 && b.1 > 0).then_some((head, tail))
 }
 
-/// `(source, start)` where `v` is a slice of its source's last axis (columns `start ..` of
-/// each of its rows), which a group can read in place instead of storing the slice.
-pub(crate) fn last_axis_slice(g: &Graph, v: ValueId) -> Option<(ValueId, u64)> {
-    let n = g.node(v);
-    let Op::Slice { axis, start, .. } = n.op else {
-        return None;
-    };
-    let src = *n.args.first()?;
-    (axis + 1 == g.ty(src).shape.rank()).then_some((src, start))
-}
-
 /// The node `v`'s sole reader when it has `op`'s kind and reads `v` as operand `arg`.
 fn next(g: &Graph, uses: &Uses, v: ValueId, arg: usize, kind: fn(&Op) -> bool) -> Option<ValueId> {
     let u = uses.sole_user(v)?;
@@ -85,7 +74,7 @@ pub(crate) fn kv_group(g: &Graph, uses: &Uses, kva: ValueId) -> Option<(MlaKv, V
     if g.node(pe_write).args[2] != slots || g.ty(c_view).shape.rank() != 4 {
         return None;
     }
-    let (src, kva_cols) = match last_axis_slice(g, kva) {
+    let (src, kva_cols) = match crate::fuse::last_axis_slice(g, kva) {
         Some((src, start)) => (src, Some(start)),
         None => (kva, None),
     };

@@ -466,21 +466,19 @@ pub fn gemv_tiled(p: &GemvParams, t: &GemvTiling) -> Result<KernelSource, Error>
                     "constexpr int IT = {steps};  // a lane's 16-byte steps per chunk, loaded before x is staged"
                 );
                 w.line("float wa[IT][NA][VW];");
-                w.scope(|w| {
-                    w.line("int it = 0;");
-                    w.line("#pragma unroll");
-                    w.for_block(first, "it < IT", format!("{step}, ++it"), |w| {
-                        w.if_block("kk < kn", |w| load(w, "wa[it]"));
+                // `body` for each of this lane's steps `it` of the chunk, at its `kk`.
+                let steps = |w: &mut Writer, body: &dyn Fn(&mut Writer, &str)| {
+                    w.scope(|w| {
+                        w.line("int it = 0;");
+                        w.line("#pragma unroll");
+                        w.for_block(first, "it < IT", format!("{step}, ++it"), |w| {
+                            w.if_block("kk < kn", |w| body(w, "wa[it]"));
+                        });
                     });
-                });
+                };
+                steps(w, &load);
                 stage(w);
-                w.scope(|w| {
-                    w.line("int it = 0;");
-                    w.line("#pragma unroll");
-                    w.for_block(first, "it < IT", format!("{step}, ++it"), |w| {
-                        w.if_block("kk < kn", |w| fma(w, "wa[it]"));
-                    });
-                });
+                steps(w, &fma);
             }
             None => {
                 stage(w);
