@@ -7,12 +7,14 @@
 //! from memory once for all of them. Per tile of [`TILE_SLOTS`] slots, staged `[c | pe]` in
 //! shared memory by cp.async [`STAGES`] tiles ahead (zero-filled past the range), the four
 //! warps of row tile `r`
-//! 1. scores: warp `w` computes slots `8w .. 8w+8` of `q·[c | pe]ᵀ` for the 16 rows (mma
-//!    m16n8k16, f32 accumulation), scaled, masked (causal `s ≤ pos`, or the tree:
-//!    `s < prefix` or an ancestor bit) into shared memory;
-//! 2. online softmax per row (8 threads a row): the running max, `p = exp(s − m)` split into
-//!    two 16-bit values `p_hi + p_lo` (written over the row's scores) for the next product,
-//!    the running sum of the f32 `p`;
+//! 1. scores: warp `w` computes the partial sums of `q·[c | pe]ᵀ` for all slots and the 16
+//!    rows over its k16 feature steps `w, w + 4, …` (mma m16n8k16, f32 accumulation, four
+//!    independent accumulator chains; its q fragments are loaded into registers once a
+//!    split) into its own shared array, which reuses q's staging rows;
+//! 2. online softmax per row (8 threads a row): the four partials added in warp order,
+//!    scaled, masked (causal `s ≤ pos`, or the tree: `s < prefix` or an ancestor bit); the
+//!    running max, `p = exp(s − m)` split into two 16-bit values `p_hi + p_lo` (written over
+//!    the row's first partial) for the next product, the running sum of the f32 `p`;
 //! 3. output: warp `w` owns latent columns `w·L/4 ..` and adds `p_hi · c + p_lo · c` (two
 //!    mma) to its accumulators after rescaling them.
 //!
@@ -39,13 +41,24 @@ use specc_ir::DType;
 pub const TILE_SLOTS: u64 = 32;
 /// Query rows per row tile (one mma row tile, four warps).
 pub const TILE_ROWS: u64 = 16;
-/// Row tiles of one block at most (16 warps): 64 rows, all heads of a Kimi-K2 token.
-pub const MAX_BLOCK_ROW_TILES: u64 = 4;
+/// Row tiles of one block at most (8 warps, 32 rows): each thread holds its warp's q
+/// fragments (36 registers at Kimi's 576 features) beside the output accumulators, which
+/// needs more than the 128 registers a thread of a 512-thread block may have.
+pub const MAX_BLOCK_ROW_TILES: u64 = 2;
+/// Score features (`latent + rope`, padded) at most: a warp holds a quarter of a row
+/// tile's q in registers (48 at this bound).
+pub const MAX_FEATURES: u64 = 768;
 /// Cache tiles in shared memory: one computed while the next ones load.
 pub const STAGES: u64 = 3;
 /// Shared-memory row padding in elements (16 bytes: `ldmatrix` rows on distinct banks).
 const PAD: u64 = 8;
 const HELPERS: &str = include_str!("../cuda/attn_mma.cuh");
+/// Two 8×8 b16 matrices (one m16n8k16 B fragment); lanes 0–15 supply the row addresses.
+const LDMATRIX_X2: &str = r#"__device__ __forceinline__ void ldmatrix_x2(unsigned (&r)[2], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(row)));
+}"#;
 
 /// The mask of one launch: causal against `pos[b, t]`, or the tree (`prefix_len[b]` and
 /// `ancestors[b, t, words]`).
@@ -129,23 +142,31 @@ impl MlaTileParams {
         (4 * rows * self.latent, 8 * rows)
     }
 
+    /// Bytes of the block's q rows `[BR][ST]` (16-bit), which the partial-score arrays
+    /// `[4][BR][SST]` (f32) reuse once the warps hold q in registers.
+    fn q_region_bytes(&self) -> u64 {
+        let rows = TILE_ROWS * self.block_row_tiles;
+        (rows * (self.k_padded() + PAD) * 2).max(self.score_bytes())
+    }
+
+    /// Bytes of the partial scores of each row tile, `[4][BR][TS + 4]` f32.
+    fn score_bytes(&self) -> u64 {
+        4 * TILE_ROWS * self.block_row_tiles * (TILE_SLOTS + 4) * 4
+    }
+
     /// Dynamic shared memory of one block.
     pub fn smem_bytes(&self) -> u64 {
         let st = self.k_padded() + PAD;
         let rows = TILE_ROWS * self.block_row_tiles;
-        let e = 2;
-        rows * st * e
-            + self.stages * TILE_SLOTS * st * e
-            + rows * (TILE_SLOTS + 4) * 4
-            + 3 * rows * 4
-            + rows * 8
+        self.q_region_bytes() + self.stages * TILE_SLOTS * st * 2 + 3 * rows * 4 + rows * 8
     }
 }
 
 /// Whether the kernel takes these shapes: 16-bit q and caches of one type, the latent dims a
 /// multiple of 32 (four warps of whole 8-column mma tiles), the rope dims of 8
-/// (16-byte loads), 1 to [`MAX_BLOCK_ROW_TILES`] row tiles and 2 to [`STAGES`] stages a
-/// block, and a block within `smem_limit` bytes of shared memory.
+/// (16-byte loads), at most [`MAX_FEATURES`] score features, 1 to [`MAX_BLOCK_ROW_TILES`]
+/// row tiles and 2 to [`STAGES`] stages a block, a block within `smem_limit` bytes of shared
+/// memory, and slot offsets `ctx · (latent + rope)` in 32 bits.
 pub fn supported(p: &MlaTileParams, smem_limit: u64) -> bool {
     matches!(p.dtype, DType::BF16 | DType::F16)
         && p.latent.is_multiple_of(32)
@@ -155,6 +176,8 @@ pub fn supported(p: &MlaTileParams, smem_limit: u64) -> bool {
         && (2..=STAGES).contains(&p.stages)
         && p.smem_bytes() <= smem_limit
         && p.tokens * p.heads > 0
+        && p.ctx * (p.latent + p.rope) < 1 << 31
+        && p.k_padded() <= MAX_FEATURES
 }
 
 fn c_type(d: DType) -> &'static str {
@@ -228,6 +251,32 @@ fn row_end(w: &mut Writer, p: &MlaTileParams) {
     }
 }
 
+/// Scores where q is in registers: warp `wq` sums all TS slots of the row tile's 16 rows
+/// over its k16 feature steps `wq, wq + 4, …` (four independent accumulator chains of KS / 4
+/// mma) into its own partial array.
+fn k_split_scores(w: &mut Writer, mma: &str) {
+    w.line("float sc[TS / 8][4];");
+    w.for_unrolled("n", 0, "TS / 8", |w| {
+        w.line("sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;");
+    });
+    w.for_unrolled("j", 0, "QS", |w| {
+        w.line("const int ks = wq + 4 * j;");
+        w.if_block("ks < KS", |w| {
+            w.for_unrolled("h", 0, "TS / 16", |w| {
+                w.line("unsigned b[4];");
+                w.line("ldmatrix_x4(b, kt + k_frag + h * 16 * ST + ks * 16);");
+                emit!(w, "{mma}(sc[2 * h], qf[j], b[0], b[1]);");
+                emit!(w, "{mma}(sc[2 * h + 1], qf[j], b[2], b[3]);");
+            });
+        });
+    });
+    w.for_unrolled("n", 0, "TS / 8", |w| {
+        w.line("float* d = st_p + g * SST + 8 * n + 2 * tq;");
+        w.line("*reinterpret_cast<float2*>(d) = make_float2(sc[n][0], sc[n][1]);");
+        w.line("*reinterpret_cast<float2*>(d + 8 * SST) = make_float2(sc[n][2], sc[n][3]);");
+    });
+}
+
 fn tile(p: &MlaTileParams) -> KernelSource {
     let ct = c_type(p.dtype);
     let mma = if p.dtype == DType::F16 {
@@ -240,6 +289,7 @@ fn tile(p: &MlaTileParams) -> KernelSource {
     let mut items = Writer::new();
     items.line(crate::CP_ASYNC_ITEMS.trim_end());
     items.line(HELPERS.trim_end());
+    items.line(LDMATRIX_X2);
     let mut w = Writer::at_depth(1);
     emit!(
         w,
@@ -265,15 +315,23 @@ fn tile(p: &MlaTileParams) -> KernelSource {
         w,
         "constexpr int NCOLW = {ncolw}, NTP = NCOLW / 8;  // latent columns / mma tiles per warp"
     );
+    w.line("constexpr int KS = KP / 16, QS = (KS + 3) / 4;  // k16 steps: of a score, of a warp");
+    w.line("constexpr int NP = 4;  // partial-score arrays a row tile sums");
     emit!(w, "const float scale = {};", f32_lit(p.scale));
     w.line("extern __shared__ __align__(16) unsigned char smem[];");
     emit!(w, "{ct}* qs = reinterpret_cast<{ct}*>(smem);  // [BR][ST]");
-    emit!(w, "{ct}* cs = qs + BR * ST;  // [NST][TS][ST]: c | pe | 0");
-    w.comment("[BR][SST] f32 scores; after the softmax each row holds p_hi[TS] | p_lo[TS].");
-    w.line("float* ss = reinterpret_cast<float*>(cs + NST * TS * ST);");
+    emit!(
+        w,
+        "{ct}* cs = reinterpret_cast<{ct}*>(smem + {});  // [NST][TS][ST]: c | pe | 0",
+        p.q_region_bytes()
+    );
+    w.comment("[NP][BR][SST] f32 partial scores, one array a chain of k16 steps (c, c + 4, ...);");
+    w.comment("after the softmax each row of the first holds p_hi[TS] | p_lo[TS].");
+    w.comment("(over q's rows, which every warp has read into registers before tile 0's barrier)");
+    w.line("float* ss = reinterpret_cast<float*>(smem);");
+    w.line("float* m_r = reinterpret_cast<float*>(cs + NST * TS * ST);");
     emit!(w, "{ct}* ps = reinterpret_cast<{ct}*>(ss);");
     w.line("constexpr int PST = 2 * SST;  // a row of ps, in 16-bit elements");
-    w.line("float* m_r = ss + BR * SST;");
     w.line("float* l_r = m_r + BR;");
     w.line("float* a_r = l_r + BR;");
     w.line("long long* end_r = reinterpret_cast<long long*>(a_r + BR);");
@@ -303,13 +361,14 @@ fn tile(p: &MlaTileParams) -> KernelSource {
     w.comment("This split's slots: a fixed range of whole tiles (so a row's sums never depend on");
     w.comment("the other rows of its block or bucket), cut at the block's longest row.");
     emit!(w, "constexpr long long CHUNK = {};", p.chunk());
-    w.line("const long long s_begin = split * CHUNK;");
+    w.comment("(32-bit slot arithmetic: `supported` keeps ctx · (L + R) below 2³¹.)");
+    w.line("const int s_begin = (int)(split * CHUNK);");
     if p.splits > 1 {
         w.comment("No row of the block reaches this split: `mla_combine` reads none of it.");
         w.line("if (s_begin >= len) return;");
     }
-    w.line("const long long s_end = s_begin + CHUNK < len ? s_begin + CHUNK : len;");
-    w.line("const long long ntiles = s_end > s_begin ? (s_end - s_begin + TS - 1) / TS : 0;");
+    w.line("const int s_end = (int)(s_begin + CHUNK < len ? s_begin + CHUNK : len);");
+    w.line("const int ntiles = s_end > s_begin ? (s_end - s_begin + TS - 1) / TS : 0;");
     w.comment("q rows: q_lat | q_pe | 0, 16-byte copies (the first cp.async group).");
     w.for_block("int i = tid", "i < BR * (KP / 8)", "i += blockDim.x", |w| {
         w.line("const int row = i / (KP / 8), kv = (i % (KP / 8)) * 8;");
@@ -336,13 +395,18 @@ fn tile(p: &MlaTileParams) -> KernelSource {
     w.comment("Cache tile `it` of the split into stage `buf` (zero past the range): warp `w`");
     w.comment("copies slots w, w + 4·RT, ..., lane `l` the row's 16-byte chunks l, l + 32, ...,");
     w.comment("so a copy costs an add on the slot's two row pointers.");
-    w.block_semi("auto load_tile = [&](int buf, long long it)", |w| {
-        w.line("const long long s0 = s_begin + it * TS;");
+    emit!(
+        w,
+        "const {ct}* kc_b = kc + bi * CTX * L;  // this sequence's caches"
+    );
+    emit!(w, "const {ct}* kp_b = kp + bi * CTX * R;");
+    w.block_semi("auto load_tile = [&](int buf, int it)", |w| {
+        w.line("const int s0 = s_begin + it * TS;");
         w.for_block("int j = warp", "j < TS", "j += 4 * RT", |w| {
-            w.line("const long long s = s0 + j;");
+            w.line("const int s = s0 + j;");
             w.line("const bool in = s < s_end;");
-            emit!(w, "const {ct}* crow = kc + (bi * CTX + (in ? s : 0)) * L;");
-            emit!(w, "const {ct}* prow = kp + (bi * CTX + (in ? s : 0)) * R;");
+            emit!(w, "const {ct}* crow = kc_b + (in ? s : 0) * (int)L;");
+            emit!(w, "const {ct}* prow = kp_b + (in ? s : 0) * (int)R;");
             emit!(w, "{ct}* drow = cs + (buf * TS + j) * ST;");
             w.for_unrolled("q", 0, "(KP / 8 + 31) / 32", |w| {
                 w.line("const int kv = (lane + 32 * q) * 8;");
@@ -375,57 +439,65 @@ fn tile(p: &MlaTileParams) -> KernelSource {
     w.line("const int rbase = rt * 16;  // this warp's rows in the block's per-row arrays");
     emit!(w, "const {ct}* qt = qs + rbase * ST;");
     w.line("float* st_s = ss + rbase * SST;");
+    w.line("float* st_p = ss + (wq * BR + rbase) * SST;  // this warp's partial scores");
+    w.comment("Lane offsets of the A fragment (16 q rows × 16 features) and of the B fragments");
+    w.comment("of 16 slots × 16 features (two n8 tiles) in the staged tiles.");
+    w.line("const int q_frag = ((lane & 7) + 8 * ((lane >> 3) & 1)) * ST + 8 * (lane >> 4);");
+    w.line("const int k_frag = ((lane & 7) + 8 * (lane >> 4)) * ST + 8 * ((lane >> 3) & 1);");
+    w.comment("The q fragments of this warp's k16 steps, held for the whole split (q landed:");
+    w.comment("only the NST − 1 cache groups may still be pending).");
+    w.line("cp_async_wait<NST - 1>();");
+    w.line("__syncthreads();");
+    w.line("unsigned qf[QS][4];");
+    w.for_unrolled("j", 0, "QS", |w| {
+        w.line("const int ks = wq + 4 * j;");
+        w.line("if (ks < KS) ldmatrix_x4(qf[j], qt + q_frag + ks * 16);");
+    });
     emit!(w, "{ct}* pt = ps + rbase * PST;");
     w.line("float acc[NTP + 1][4];");
     w.for_unrolled("n", 0, "NTP + 1", |w| {
         w.line("acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;");
     });
-    w.for_block("long long it = 0", "it < ntiles", "++it", |w| {
+    w.for_block("int it = 0", "it < ntiles", "++it", |w| {
         w.comment("Tile `it` (and q) landed for every thread; every warp is done with tile");
         w.comment("`it − 1`, whose stage the next load refills, and with the scores.");
         w.line("cp_async_wait<NST - 2>();");
         w.line("__syncthreads();");
-        w.line("if (it + NST - 1 < ntiles) load_tile((int)((it + NST - 1) % NST), it + NST - 1);");
+        w.line("if (it + NST - 1 < ntiles) load_tile((it + NST - 1) % NST, it + NST - 1);");
         w.line("cp_async_commit();");
         emit!(w, "const {ct}* kt = cs + (it % NST) * TS * ST;");
-        w.line("const long long s0 = s_begin + it * TS;");
-        w.comment("Scores of slots 8·wq .. +8 for the row tile's 16 rows, 32 features a step.");
-        w.line("float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};");
-        w.for_block("int kd = 0", "kd < KP / 32", "++kd", |w| {
-            w.line("unsigned a0[4], a1[4], kb[4];");
-            w.line(
-                "const int qr = ((lane & 7) + 8 * ((lane >> 3) & 1)) * ST + kd * 32 + 8 * (lane >> 4);",
-            );
-            w.line("ldmatrix_x4(a0, qt + qr);");
-            w.line("ldmatrix_x4(a1, qt + qr + 16);");
-            w.line("ldmatrix_x4(kb, kt + (8 * wq + (lane & 7)) * ST + kd * 32 + 8 * (lane >> 3));");
-            emit!(w, "{mma}(sc, a0, kb[0], kb[1]);");
-            emit!(w, "{mma}(sc, a1, kb[2], kb[3]);");
-        });
-        w.for_unrolled("i", 0, "4", |w| {
-            w.line("const int row = g + (i >= 2 ? 8 : 0);");
-            w.line("const int col = 8 * wq + 2 * tq + (i & 1);");
-            w.line("const long long s = s0 + col;");
-            w.line("bool ok = s < s_end && s < end_r[rbase + row];");
-            if let MlaMask::Tree { .. } = p.mask {
-                w.line("const long long u = s - prefix;");
-                w.if_block("ok && u >= 0", |w| {
-                    w.line("const long long gr = row0 + rbase + row;");
-                    w.line("const long long* aw = anc + (bi * T + gr / H) * W;");
-                    w.line(
-                        "ok = u < nodes && (((unsigned long long)aw[u >> 6] >> (u & 63)) & 1ull);",
-                    );
-                });
-            }
-            w.line("st_s[row * SST + col] = ok ? __fmul_rn(sc[i], scale) : neg_inf();");
-        });
+        w.line("const int s0 = s_begin + it * TS;");
+        k_split_scores(w, mma);
         w.line("__syncthreads();");
         w.comment("Online softmax: 8 consecutive threads of the row tile per row, 4 slots each.");
         w.scope(|w| {
             w.line("const int row = ltid >> 3, part = ltid & 7;");
             w.line("float v[TS / 8], mx = neg_inf();");
+            w.comment("The four chains' partial sums in chain order, scaled, masked (causal `s ≤");
+            w.comment("pos`, or the tree: `s < prefix` or an ancestor bit).");
+            w.line("const int col0 = part * (TS / 8);");
+            w.line("float4 sum4 = *reinterpret_cast<const float4*>(st_s + row * SST + col0);");
+            w.for_unrolled("q", 1, "NP", |w| {
+                w.line("const float4 o = *reinterpret_cast<const float4*>(st_s + (q * BR + row) * SST + col0);");
+                w.line("sum4.x += o.x; sum4.y += o.y; sum4.z += o.z; sum4.w += o.w;");
+            });
+            w.line("const float sums[4] = {sum4.x, sum4.y, sum4.z, sum4.w};");
+            w.line("const int row_end = (int)end_r[rbase + row];");
             w.for_unrolled("c", 0, "TS / 8", |w| {
-                w.line("v[c] = st_s[row * SST + part * (TS / 8) + c];");
+                w.line("const float sum = sums[c];");
+                w.line("const int s = s0 + col0 + c;");
+                w.line("bool ok = s < s_end && s < row_end;");
+                if let MlaMask::Tree { .. } = p.mask {
+                    w.line("const long long u = s - prefix;");
+                    w.if_block("ok && u >= 0", |w| {
+                        w.line("const long long gr = row0 + rbase + row;");
+                        w.line("const long long* aw = anc + (bi * T + gr / H) * W;");
+                        w.line(
+                            "ok = u < nodes && (((unsigned long long)aw[u >> 6] >> (u & 63)) & 1ull);",
+                        );
+                    });
+                }
+                w.line("v[c] = ok ? __fmul_rn(sum, scale) : neg_inf();");
                 w.line("mx = fmaxf(mx, v[c]);");
             });
             w.line("mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));");
@@ -545,8 +617,10 @@ fn tile(p: &MlaTileParams) -> KernelSource {
 
 /// Columns of the latent one combine block writes (one a thread).
 const COMBINE_COLS: u64 = 128;
-/// Splits whose partials one combine thread loads before folding them.
-const COMBINE_BATCH: u64 = 8;
+/// Splits whose partials one combine thread loads before folding them, at most: at 32
+/// (the most splits codegen plans) every load of a row is in flight at once, one L2 round
+/// trip for the maxima and one for the partials.
+const COMBINE_BATCH: u64 = 32;
 
 /// One block per query row and 128 latent columns: over the splits that start before the
 /// row's end (the only ones the tile kernel wrote for it), in split order,
@@ -589,7 +663,11 @@ fn combine(p: &MlaTileParams) -> KernelSource {
     w.line("const float* pa = po + row * S * L + (i < L ? i : 0);");
     w.comment("Splits in batches of CB: a batch's loads are all issued before its folds (each");
     w.comment("fold would otherwise wait out an L2 round trip); the folds keep split order.");
-    emit!(w, "constexpr int CB = {COMBINE_BATCH};");
+    emit!(
+        w,
+        "constexpr int CB = {};",
+        p.splits.clamp(1, COMBINE_BATCH)
+    );
     w.line("float mx = neg_inf();");
     w.for_block("long long s0 = 0", "s0 < live", "s0 += CB", |w| {
         w.line("float mv[CB];");

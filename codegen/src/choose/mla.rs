@@ -26,11 +26,11 @@ pub fn tile_splits(ctx: u64) -> u64 {
 /// The tiling of `p` on `target`, or `None` where the tiles do not take it.
 ///
 /// Row tiles per block: each cache tile is staged once per block, so a block takes as many
-/// of its sequence's row tiles as it can (4, 2 or 1: whole warps groups of 16 rows, the
-/// power of two that splits 64 heads evenly) while the launch still has blocks for three
-/// quarters of the SMs — at decode with one 64-head token, 1 (128 blocks at 8192 slots);
-/// from 4 tokens or at batch 8, 4 (each cache tile read once per sequence and split). A block's row count never changes a row's
-/// result (tiles past a row's end add exact zeros), so this is free to depend on the bucket.
+/// of its sequence's row tiles as it can (2 or 1: whole warp groups of 16 rows) while the
+/// launch still has blocks for three quarters of the SMs — at decode with one 64-head token,
+/// 1 (128 blocks at 8192 slots); from 2 tokens or at batch 8, 2. A block's row count never
+/// changes a row's result (tiles past a row's end add exact zeros, and every block sums a
+/// row's scores in the same chains), so this is free to depend on the bucket.
 /// Stages: three cache tiles in shared memory (two loading while one is computed) where
 /// they fit, else two.
 pub fn tiling(p: &MlaTileParams, target: &Target) -> Option<MlaChoice> {
@@ -55,7 +55,7 @@ pub fn tiling(p: &MlaTileParams, target: &Target) -> Option<MlaChoice> {
         })
     };
     let most = p.row_tiles().min(MAX_BLOCK_ROW_TILES);
-    let candidates: Vec<(u64, MlaChoice)> = [4u64, 2, 1]
+    let candidates: Vec<(u64, MlaChoice)> = [2u64, 1]
         .into_iter()
         .filter(|&rt| rt <= most || rt == 1)
         .filter_map(fits)
