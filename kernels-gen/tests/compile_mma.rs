@@ -14,7 +14,7 @@ use specc_kernels_gen::gemv_mma::{
 };
 use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{RopeStyle, RopeTable};
-use specc_kernels_gen::{Arch, Nvrtc};
+use specc_kernels_gen::{Arch, Nvrtc, Target};
 
 /// Local memory of CUDA's double-precision trig argument reduction (5 × u64).
 const TRIG_REDUCTION_BYTES: u32 = 40;
@@ -82,13 +82,14 @@ fn row_tile_params(m: u32) -> Vec<(&'static str, GemvParams)> {
     ]
 }
 
-/// The default kernel of each [`row_tile_params`] fixture, its split-K scratch (if any)
-/// allocated past the fixtures' buffers.
-fn row_tile_cases(m: u32) -> Vec<(String, KernelSource)> {
+/// The default kernel of each [`row_tile_params`] fixture on a target of `arch` alone (the
+/// tiling that target chooses), its split-K scratch (if any) allocated past the fixtures'
+/// buffers.
+fn row_tile_cases(m: u32, arch: Arch) -> Vec<(String, KernelSource)> {
     row_tile_params(m)
         .into_iter()
         .map(|(l, p)| {
-            let t = tiling(&p, &common::target());
+            let t = tiling(&p, &Target::for_archs(&[arch]));
             let mut next = 1u64 << 26;
             let alloc = |b: u64| {
                 let at = next;
@@ -198,27 +199,41 @@ fn gemv_mma_compiles_for_every_arch_without_spills() {
     let Some(nvrtc) = Nvrtc::or_skip() else {
         return;
     };
-    let mut jobs: Vec<(String, KernelSource)> = Vec::new();
+    // (label, kernel, the one arch it is compiled for, or every arch)
+    let mut jobs: Vec<(String, KernelSource, Option<Arch>)> = Vec::new();
+    let everywhere = |cases: Vec<(String, KernelSource)>| {
+        cases
+            .into_iter()
+            .map(|(l, k)| (l, k, None))
+            .collect::<Vec<_>>()
+    };
     for shape in [common::TINY, common::LLAMA_8B] {
         for (label, k) in common::all_kernels(&shape) {
             if label.starts_with("gemv_mma") {
-                jobs.push((format!("{} / {label}", shape.name), k));
+                jobs.push((format!("{} / {label}", shape.name), k, None));
             }
         }
     }
     for m in [1, 2, 3, 8, 9, 16, 24, 33, 40, 48, 56, 64] {
-        jobs.extend(row_tile_cases(m));
+        for arch in Arch::ALL {
+            for (l, k) in row_tile_cases(m, arch) {
+                jobs.push((l, k, Some(arch)));
+            }
+        }
     }
-    jobs.extend(split_k_cases());
-    jobs.extend(staged_cases());
-    jobs.extend(bulk_cases());
+    jobs.extend(everywhere(split_k_cases()));
+    jobs.extend(everywhere(staged_cases()));
+    jobs.extend(everywhere(bulk_cases()));
     let mut failures = Vec::new();
     println!(
         "{:<70} {:<8} {:>5} {:>7} {:>6} {:>7}",
         "fixture", "arch", "regs", "spill B", "smem", "threads"
     );
-    for (label, k) in &jobs {
+    for (label, k, only) in &jobs {
         for arch in Arch::ALL {
+            if only.is_some_and(|a| a != arch) {
+                continue;
+            }
             match nvrtc.compile(k, arch) {
                 Ok(c) => {
                     let s = c.stats;
