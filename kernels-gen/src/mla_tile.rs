@@ -37,7 +37,8 @@ use crate::writer::{emit, f32_lit, Writer};
 use crate::Error;
 use specc_ir::DType;
 
-/// Cache slots per tile: four warps of 8 slots each in the score phase.
+/// Cache slots per tile: four n8 mma tiles of every score warp, 16-slot `p` steps of the
+/// output product.
 pub const TILE_SLOTS: u64 = 32;
 /// Query rows per row tile (one mma row tile, four warps).
 pub const TILE_ROWS: u64 = 16;
@@ -53,12 +54,6 @@ pub const STAGES: u64 = 3;
 /// Shared-memory row padding in elements (16 bytes: `ldmatrix` rows on distinct banks).
 const PAD: u64 = 8;
 const HELPERS: &str = include_str!("../cuda/attn_mma.cuh");
-/// Two 8×8 b16 matrices (one m16n8k16 B fragment); lanes 0–15 supply the row addresses.
-const LDMATRIX_X2: &str = r#"__device__ __forceinline__ void ldmatrix_x2(unsigned (&r)[2], const void* row) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(smem_addr(row)));
-}"#;
 
 /// The mask of one launch: causal against `pos[b, t]`, or the tree (`prefix_len[b]` and
 /// `ancestors[b, t, words]`).
@@ -109,7 +104,8 @@ pub struct MlaTileParams {
 }
 
 impl MlaTileParams {
-    /// `[q | q_pe]` padded to whole 32-element steps (one `ldmatrix_x4` of a score warp).
+    /// `[q | q_pe]` padded to a multiple of 32 features (pairs of k16 score steps, zeros past
+    /// `latent + rope`).
     fn k_padded(&self) -> u64 {
         (self.latent + self.rope).next_multiple_of(32)
     }
@@ -251,8 +247,8 @@ fn row_end(w: &mut Writer, p: &MlaTileParams) {
     }
 }
 
-/// Scores where q is in registers: warp `wq` sums all TS slots of the row tile's 16 rows
-/// over its k16 feature steps `wq, wq + 4, …` (four independent accumulator chains of KS / 4
+/// Scores: warp `wq` sums all TS slots of the row tile's 16 rows, from its q fragments in
+/// registers, over its k16 feature steps `wq, wq + 4, …` (four independent accumulator chains of KS / 4
 /// mma) into its own partial array.
 fn k_split_scores(w: &mut Writer, mma: &str) {
     w.line("float sc[TS / 8][4];");
@@ -289,7 +285,6 @@ fn tile(p: &MlaTileParams) -> KernelSource {
     let mut items = Writer::new();
     items.line(crate::CP_ASYNC_ITEMS.trim_end());
     items.line(HELPERS.trim_end());
-    items.line(LDMATRIX_X2);
     let mut w = Writer::at_depth(1);
     emit!(
         w,

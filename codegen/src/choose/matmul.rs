@@ -136,12 +136,11 @@ pub const NORM_FUSED_MAX_ROWS: u32 = 8;
 /// up, or two column tiles), halving the x traffic per weight byte, except with few columns,
 /// where one tile per warp doubles the blocks. `wn` (warps sharing x) grows while there are
 /// still ≥ 2 blocks per SM of `target`; `wk` fills the block to 8 warps; K is not split
-/// across blocks. A warp keeps 2 weight units in flight at one row on sm_90a and 4
-/// elsewhere: at one row 2 made the decode step 4.5 % (Kimi-K2.5 int4) and 1.3 % (8B)
-/// faster on an H100; at 8 rows it helped the 8B verify by 2.2 % and cost the Kimi verify
-/// 1.2 % (bench/NOTES.md). Other archs are not measured, and there the fused q|k|v + RoPE
-/// kernel at one row spills with 2. Split-K across blocks, and wider splits that are faster as one kernel
-/// alone, were slower in the step graph (measured at the 8B shapes, bench/NOTES.md).
+/// across blocks. A warp keeps 2 weight units in flight at one row on sm_90a (faster decode
+/// steps there; more rows measured mixed) and 4 otherwise (not measured on other archs,
+/// where the fused q|k|v + RoPE kernel spills with 2). Split-K across blocks, and wider
+/// splits that are faster as one kernel alone, were slower in the step graph (all measured
+/// in bench/NOTES.md).
 ///
 /// Above 8 rows x traffic dominates (each weight byte meets M/8 x bytes): [`wide_tiling`],
 /// within `target`'s shared memory per block.
