@@ -15,10 +15,11 @@ mod gpu_common;
 
 use deepseek_drafters::{dflash_drafter, eagle3_head};
 use gpu_common::{
-    assert_exact, build_engine, build_logits_engine, drive, fixture, gpu, greedy_cpu, hf_reference,
-    rel_l2, rel_l2_f32, session, spread_prompts,
+    assert_exact, build_engine, build_engine_with, build_logits_engine, drive, fixture, gpu,
+    greedy_cpu, hf_reference, plain_of, rel_l2, rel_l2_f32, session, spread_prompts,
 };
-use specc_models::{Model, SpecConfig};
+use specc_ir::engine::Arch;
+use specc_models::{Model, RandomWeights, SpecConfig};
 use specc_runtime::DraftKind;
 
 const FIXTURES: [&str; 3] = [
@@ -293,4 +294,66 @@ fn assert_near_tie(target: &Model, prompt: &[u32], got: &[u32], want: &[u32], wh
         "{what}: parts at token {i} on a near-tie (logit gap {gap:.2e}, spread {:.2})",
         hi - lo
     );
+}
+
+/// The DeepSeek-V3 bf16 fixture's config at the latent and rope dims `mla_wgmma` takes
+/// (128 + 64: whole 64-feature boxes, an output half of 64 columns per warpgroup), with
+/// random weights: on sm_90a every MLA launch of the engine is `mla_wgmma`, and draft_model
+/// (its own random draft: full acceptance) and a draft of other weights (near-zero
+/// acceptance) give the device's greedy tokens at B = 1 and 4.
+#[test]
+fn mla_wgmma_dims_methods_are_exact() {
+    if !gpu() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let base = fixture("deepseek_v3_bf16").join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(base).unwrap()).unwrap();
+    for (k, v) in [
+        ("kv_lora_rank", 128),
+        ("qk_rope_head_dim", 64),
+        ("qk_nope_head_dim", 32),
+        ("qk_head_dim", 96),
+        ("head_dim", 64),
+        ("v_head_dim", 32),
+    ] {
+        cfg[k] = v.into();
+    }
+    std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
+    let draft_dir = tempfile::tempdir().unwrap();
+    std::fs::write(draft_dir.path().join("config.json"), cfg.to_string()).unwrap();
+    let target = Model::open_random(dir.path(), 7).unwrap();
+    for (what, draft) in [("self", dir.path()), ("other weights", draft_dir.path())] {
+        let body = format!("method = \"draft_model\"\ndraft = {draft:?}\nnum_steps = 3\n");
+        let spec = SpecConfig::from_toml(&dir.path().join("spec.toml"), &body).unwrap();
+        for lanes in [1usize, 4] {
+            let ps = prompts(lanes);
+            let random = Some(RandomWeights::seeded(7));
+            let (engine, bundle) =
+                build_engine_with(&target, Some(&spec), &[lanes as u32], 256, &[], random);
+            let mla: Vec<_> = engine
+                .plans
+                .iter()
+                .flat_map(|p| &p.groups)
+                .filter_map(|g| g.choice.mla())
+                .collect();
+            assert!(!mla.is_empty(), "no MLA choice recorded");
+            if engine.target.archs == [Arch::Sm90a] {
+                assert!(mla.iter().all(|m| m.wgmma), "{mla:?}");
+            }
+            let bundle = bundle.expect("a speculative spec opens its draft");
+            let (got, mean) = {
+                let mut s = session(&engine, &target, Some(&bundle), lanes);
+                let out = drive(&mut s, &ps, 24);
+                (out, s.stats.mean_accept_len())
+            };
+            let plain = plain_of(&engine, &target, &ps, 24);
+            assert_eq!(got, plain, "draft_model ({what}) B={lanes} vs CUDA greedy");
+            eprintln!(
+                "mla_wgmma dims draft_model ({what}) B={lanes}: exact; mean acceptance {mean:.2}; MLA {}",
+                if mla[0].wgmma { "mla_wgmma" } else { "mla_tile" }
+            );
+        }
+    }
 }

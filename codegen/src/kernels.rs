@@ -557,6 +557,7 @@ fn mla_kernels(
         splits: 1,
         block_row_tiles: 1,
         stages: 2,
+        wgmma: false,
         partial_acc: out.loc,
         partial_ml: out.loc,
     };
@@ -576,6 +577,7 @@ fn mla_kernels(
     p.splits = tiling.splits;
     p.block_row_tiles = tiling.block_row_tiles;
     p.stages = tiling.stages;
+    p.wgmma = tiling.wgmma;
     if p.splits > 1 {
         let (acc, ml) = p.partial_bytes(p.splits);
         p.partial_acc = cx.scratch(acc);

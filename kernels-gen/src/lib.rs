@@ -35,6 +35,7 @@ pub mod gemv_mma;
 pub mod gemv_quant;
 pub mod generic;
 pub mod mla_tile;
+pub mod mla_wgmma;
 pub mod module;
 pub mod norm;
 pub mod nvrtc;

@@ -98,6 +98,9 @@ pub struct MlaTileParams {
     pub block_row_tiles: u64,
     /// Cache tiles in flight in shared memory (2 ..= [`STAGES`]).
     pub stages: u64,
+    /// The sm_90a kernel `mla_wgmma` instead of `mla_tile` (its own block shape: the two
+    /// fields above are unused; see [`crate::mla_wgmma`]).
+    pub wgmma: bool,
     /// f32 `[B, T·H, splits, latent]` and `[B, T·H, splits, 2]` (splits > 1).
     pub partial_acc: Loc,
     pub partial_ml: Loc,
@@ -176,15 +179,23 @@ pub fn supported(p: &MlaTileParams, smem_limit: u64) -> bool {
         && p.k_padded() <= MAX_FEATURES
 }
 
-fn c_type(d: DType) -> &'static str {
+pub(crate) fn c_type(d: DType) -> &'static str {
     match d {
         DType::F16 => "f16",
         _ => "bf16",
     }
 }
 
-/// The kernels of `p`: `mla_tile`, then `mla_combine` when `p.splits > 1`.
+/// The kernels of `p`: `mla_tile` (or `mla_wgmma` when `p.wgmma`), then `mla_combine` when
+/// `p.splits > 1`.
 pub fn mla_tile(p: &MlaTileParams) -> Result<Vec<KernelSource>, Error> {
+    if p.wgmma {
+        let mut out = vec![crate::mla_wgmma::tile(p)?];
+        if p.splits > 1 {
+            out.push(combine(p));
+        }
+        return Ok(out);
+    }
     if !supported(p, u64::MAX) {
         return Err(Error::param(
             "mla_tile",
@@ -202,12 +213,12 @@ pub fn mla_tile(p: &MlaTileParams) -> Result<Vec<KernelSource>, Error> {
     Ok(out)
 }
 
-fn prelude() -> String {
+pub(crate) fn prelude() -> String {
     format!("{PRELUDE}\n{GENERIC_PRELUDE}")
 }
 
 /// The mask's pointers and per-sequence constants (`bi` is the sequence).
-fn mask_setup(w: &mut Writer, p: &MlaTileParams) {
+pub(crate) fn mask_setup(w: &mut Writer, p: &MlaTileParams) {
     match p.mask {
         MlaMask::Causal => {
             let pt = crate::generic::c_type(p.pos_dtype);
@@ -234,7 +245,7 @@ fn mask_setup(w: &mut Writer, p: &MlaTileParams) {
 }
 
 /// `e = ` the end of row `gr`'s allowed slots (every allowed slot is below it).
-fn row_end(w: &mut Writer, p: &MlaTileParams) {
+pub(crate) fn row_end(w: &mut Writer, p: &MlaTileParams) {
     match p.mask {
         MlaMask::Causal => {
             w.line("const long long pv = to_i64(pos[bi * T + gr / H]);");

@@ -17,6 +17,7 @@ use gpu::{assert_close, bf16_tol, tensor, Gpu, Mem, Reference, Rng};
 use mla_cases::{
     plan, plan_with, Dims, Planned, ANC, C_CACHE, FIXTURE, KIMI, PE_CACHE, POS, PREFIX, Q_LAT, Q_PE,
 };
+use specc_codegen::choose::mla::tile_tiling;
 use specc_ir::engine::choice::MlaChoice;
 use specc_ir::op::AttnMask;
 use specc_ir::Op;
@@ -133,14 +134,50 @@ fn reference(pl: &Planned, x: &Inputs, tree: bool) -> Vec<f64> {
     g.run(&[("y", y)]).remove("y").unwrap()
 }
 
-/// One case against the interpreter; returns its summary line.
+/// The plans of a case: the plan's choice, and `mla_tile`'s beside it where the plan chose
+/// `mla_wgmma` (so both kernels run on an sm_90a device).
+fn plans(gpu: &Gpu, d: Dims, b: u64, t: u64, ctx: u64, tree: bool) -> Vec<Planned> {
+    let label = format!("{d:?} B={b} T={t} ctx={ctx} tree={tree}");
+    let chosen = plan(d, b, t, ctx, tree, gpu.target())
+        .unwrap_or_else(|| panic!("{label}: the tiles do not take it"));
+    let mut out = vec![];
+    if chosen.p.wgmma {
+        let tile = tile_tiling(&chosen.p, gpu.target()).expect("mla_tile takes it");
+        out.push(plan_with(d, b, t, ctx, tree, gpu.target(), Some(tile)).unwrap());
+    }
+    out.insert(0, chosen);
+    out
+}
+
+/// One case against the interpreter, through every kernel [`plans`] gives; returns their
+/// summary lines.
 fn check(gpu: &Gpu, name: &str, d: Dims, b: u64, t: u64, ctx: u64, tree: bool) -> String {
+    plans(gpu, d, b, t, ctx, tree)
+        .iter()
+        .map(|pl| check_plan(gpu, pl, name, d, tree))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// What a plan's kernel is, for the summary lines.
+fn kernel_label(p: &specc_kernels_gen::mla_tile::MlaTileParams) -> String {
+    if p.wgmma {
+        "mla_wgmma".into()
+    } else {
+        format!(
+            "mla_tile rows/block {:>2} stages {}",
+            16 * p.block_row_tiles,
+            p.stages
+        )
+    }
+}
+
+fn check_plan(gpu: &Gpu, pl: &Planned, name: &str, d: Dims, tree: bool) -> String {
+    let (b, t, ctx) = (pl.p.batch, pl.p.tokens, pl.p.ctx);
     let label = format!(
         "{name} B={b} T={t} ctx={ctx}{}",
         if tree { " tree" } else { "" }
     );
-    let pl = plan(d, b, t, ctx, tree, gpu.target())
-        .unwrap_or_else(|| panic!("{label}: the tiles do not take it"));
     let x = inputs(
         d,
         b as usize,
@@ -148,8 +185,8 @@ fn check(gpu: &Gpu, name: &str, d: Dims, b: u64, t: u64, ctx: u64, tree: bool) -
         ctx as usize,
         b * 1000 + t * 100 + ctx,
     );
-    let got = run_gpu(gpu, &pl, &x);
-    let want = reference(&pl, &x, tree);
+    let got = run_gpu(gpu, pl, &x);
+    let want = reference(pl, &x, tree);
     let (rtol, atol) = bf16_tol(&want);
     assert_close(&label, &got, &want, rtol, atol);
     let max_err = got
@@ -158,10 +195,9 @@ fn check(gpu: &Gpu, name: &str, d: Dims, b: u64, t: u64, ctx: u64, tree: bool) -
         .map(|(g, w)| (g - w).abs())
         .fold(0.0f64, f64::max);
     format!(
-        "PASS {label:<34} splits {:>2} rows/block {:>2} stages {}  max |err| {max_err:.2e}",
+        "PASS {label:<34} splits {:>2} {:<32} max |err| {max_err:.2e}",
         pl.p.splits,
-        16 * pl.p.block_row_tiles,
-        pl.p.stages
+        kernel_label(&pl.p)
     )
 }
 
@@ -203,11 +239,24 @@ fn mla_tiles_match_interpreter_kimi_dims() {
 #[test]
 fn mla_tiles_are_bucket_invariant() {
     let Some(gpu) = Gpu::new() else { return };
+    let ctx = 8192u64;
     for (name, d) in [("kimi", KIMI), ("fixture", FIXTURE)] {
+        let bigs = plans(&gpu, d, 8, 1, ctx, false);
+        let ones = plans(&gpu, d, 1, 1, ctx, false);
+        let verifies = plans(&gpu, d, 1, 4, ctx, false);
+        for ((big, one), verify) in bigs.iter().zip(&ones).zip(&verifies) {
+            let name = format!("{name} {}", kernel_label(&one.p));
+            invariant(&gpu, &name, d, big, one, verify);
+        }
+    }
+}
+
+/// [`mla_tiles_are_bucket_invariant`] for one kernel: `big` at B = 8, `one` at B = 1 and
+/// `verify` at T = 4, all at ctx 8192.
+fn invariant(gpu: &Gpu, name: &str, d: Dims, big: &Planned, one: &Planned, verify: &Planned) {
+    {
         let (h, l, r) = (d.heads as usize, d.latent as usize, d.rope as usize);
-        let ctx = 8192u64;
-        let big = plan(d, 8, 1, ctx, false, gpu.target()).unwrap();
-        let one = plan(d, 1, 1, ctx, false, gpu.target()).unwrap();
+        let ctx = big.p.ctx;
         let x = inputs(d, 8, 1, ctx as usize, 7);
         let lane0 = Inputs {
             q_lat: x.q_lat[..h * l].to_vec(),
@@ -218,8 +267,8 @@ fn mla_tiles_are_bucket_invariant() {
             prefix: x.prefix[..1].to_vec(),
             anc: x.anc[..1].to_vec(),
         };
-        let at8 = run_gpu(&gpu, &big, &x);
-        let at1 = run_gpu(&gpu, &one, &lane0);
+        let at8 = run_gpu(gpu, big, &x);
+        let at1 = run_gpu(gpu, one, &lane0);
         let same = at1
             .iter()
             .zip(&at8)
@@ -239,14 +288,13 @@ fn mla_tiles_are_bucket_invariant() {
         );
 
         let t = 4usize;
-        let verify = plan(d, 1, t as u64, ctx, false, gpu.target()).unwrap();
         let xv = inputs(d, 1, t, 5000, 9);
         let xv = Inputs {
             c: [xv.c.clone(), vec![0.0; (ctx as usize - 5000) * l]].concat(),
             pe: [xv.pe.clone(), vec![0.0; (ctx as usize - 5000) * r]].concat(),
             ..xv
         };
-        let all = run_gpu(&gpu, &verify, &xv);
+        let all = run_gpu(gpu, verify, &xv);
         for ti in 0..t {
             let tok = Inputs {
                 q_lat: xv.q_lat[ti * h * l..][..h * l].to_vec(),
@@ -257,7 +305,7 @@ fn mla_tiles_are_bucket_invariant() {
                 prefix: vec![0.0],
                 anc: vec![1.0],
             };
-            let alone = run_gpu(&gpu, &one, &tok);
+            let alone = run_gpu(gpu, one, &tok);
             let row = &all[ti * h * l..][..h * l];
             let same = alone
                 .iter()
@@ -297,18 +345,18 @@ fn mla_tile_timings() {
         (8, 4),
         (8, 8),
     ] {
-        let pl = plan(KIMI, b, t, ctx, false, gpu.target()).unwrap();
-        let kv_bytes = kimi_cache_bytes(b, ctx);
-        let us = time_launches(&gpu, &pl, b, t, ctx, pl.kernels.len());
-        let tile = time_launches(&gpu, &pl, b, t, ctx, 1);
-        println!(
-            "kimi B={b} T={t} ctx={ctx}: {us:>7.2} us (tile {tile:.2}, combine {:.2}), {:>6.0} GB/s of cache, splits {} rows/block {} stages {}",
-            us - tile,
-            kv_bytes / us / 1e3,
-            pl.p.splits,
-            16 * pl.p.block_row_tiles,
-            pl.p.stages
-        );
+        for pl in plans(&gpu, KIMI, b, t, ctx, false) {
+            let kv_bytes = kimi_cache_bytes(b, ctx);
+            let us = time_launches(&gpu, &pl, b, t, ctx, pl.kernels.len());
+            let tile = time_launches(&gpu, &pl, b, t, ctx, 1);
+            println!(
+                "kimi B={b} T={t} ctx={ctx}: {us:>7.2} us (tile {tile:.2}, combine {:.2}), {:>6.0} GB/s of cache, splits {} {}",
+                us - tile,
+                kv_bytes / us / 1e3,
+                pl.p.splits,
+                kernel_label(&pl.p)
+            );
+        }
     }
 }
 
@@ -346,40 +394,62 @@ fn mla_tile_split_sweep() {
     let ctx = 8192u64;
     for (b, t) in [(1, 1), (1, 4), (8, 1)] {
         let chosen = plan(KIMI, b, t, ctx, false, gpu.target()).unwrap().p;
-        for splits in [16u64, 32, 64] {
+        let mut variants = vec![];
+        for splits in [16u64, 32, 64, 128] {
+            variants.push(MlaChoice {
+                splits,
+                block_row_tiles: 4,
+                stages: 2,
+                wgmma: true,
+            });
             for rt in [1u64, 2, 4] {
                 for stages in [3u64, 2] {
-                    let split = MlaChoice {
+                    variants.push(MlaChoice {
                         splits,
                         block_row_tiles: rt,
                         stages,
-                    };
-                    let Some(pl) = plan_with(KIMI, b, t, ctx, false, gpu.target(), Some(split))
-                    else {
-                        continue;
-                    };
-                    if !specc_kernels_gen::mla_tile::supported(
-                        &pl.p,
-                        gpu.target().smem_per_block as u64,
-                    ) {
-                        continue;
-                    }
-                    let kv_bytes = kimi_cache_bytes(b, ctx);
-                    let us = time_launches(&gpu, &pl, b, t, ctx, pl.kernels.len());
-                    let mark = if (chosen.splits, chosen.block_row_tiles, chosen.stages)
-                        == (splits, rt, stages)
-                    {
-                        " <- plan"
-                    } else {
-                        ""
-                    };
-                    println!(
-                        "SWEEP kimi B={b} T={t} splits {splits:>2} rows/block {:>2} stages {stages}: {us:>7.2} us, {:>6.0} GB/s{mark}",
-                        16 * rt,
-                        kv_bytes / us / 1e3
-                    );
+                        wgmma: false,
+                    });
                 }
             }
+        }
+        for split in variants {
+            if split.wgmma && !chosen.wgmma {
+                continue;
+            }
+            let Some(pl) = plan_with(KIMI, b, t, ctx, false, gpu.target(), Some(split)) else {
+                continue;
+            };
+            let smem = gpu.target().smem_per_block as u64;
+            let takes = if split.wgmma {
+                specc_kernels_gen::mla_wgmma::supported(&pl.p, smem)
+            } else {
+                specc_kernels_gen::mla_tile::supported(&pl.p, smem)
+            };
+            if !takes {
+                continue;
+            }
+            let kv_bytes = kimi_cache_bytes(b, ctx);
+            let us = time_launches(&gpu, &pl, b, t, ctx, pl.kernels.len());
+            let same = |p: &specc_kernels_gen::mla_tile::MlaTileParams| {
+                (
+                    p.splits,
+                    p.wgmma,
+                    p.wgmma
+                        || (p.block_row_tiles, p.stages) == (split.block_row_tiles, split.stages),
+                )
+            };
+            let mark = if same(&chosen) == (split.splits, split.wgmma, true) {
+                " <- plan"
+            } else {
+                ""
+            };
+            println!(
+                "SWEEP kimi B={b} T={t} splits {:>3} {:<32}: {us:>7.2} us, {:>6.0} GB/s{mark}",
+                split.splits,
+                kernel_label(&pl.p),
+                kv_bytes / us / 1e3
+            );
         }
     }
 }

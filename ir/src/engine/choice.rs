@@ -14,8 +14,8 @@ pub enum KernelChoice {
     Attention(AttentionChoice),
     /// A grouped MoE expert layer (`moe_experts`): dispatch, gate/up, down, combine.
     Moe(MoeChoice),
-    /// Absorbed MLA attention on tensor cores: `mla_tile`, and `mla_combine` over its
-    /// context splits.
+    /// Absorbed MLA attention on tensor cores: `mla_tile` (or `mla_wgmma`), and
+    /// `mla_combine` over its context splits.
     Mla(MlaChoice),
     /// A kernel with nothing to choose (embedding, RMSNorm, the generic element-wise,
     /// movement and tree kernels): the families it launches.
@@ -358,12 +358,16 @@ impl Int4MmaTiling {
 
 /// The tensor-core MLA attention's work split: `splits` blocks along the context (folded by
 /// `mla_combine` when above one), `block_row_tiles` row tiles of 16 (token, head) rows per
-/// block sharing each cache tile, `stages` cache tiles in shared memory.
+/// block sharing each cache tile, `stages` cache tiles in shared memory. With `wgmma` the
+/// kernel is `mla_wgmma` (sm_90a: blocks of 64 rows on two warpgroups, TMA-fed, two
+/// stages), whose shape is fixed: `block_row_tiles` 4 and `stages` 2 record it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MlaChoice {
     pub splits: u64,
     pub block_row_tiles: u64,
     pub stages: u64,
+    #[serde(default)]
+    pub wgmma: bool,
 }
 
 impl fmt::Display for ExpertMatmul {
@@ -471,11 +475,15 @@ impl fmt::Display for KernelChoice {
                 m.matmul, m.tokens, m.experts
             ),
             KernelChoice::Mla(m) => {
-                write!(
-                    f,
-                    "mla_tile r{} s{} splits {}",
-                    m.block_row_tiles, m.stages, m.splits
-                )?;
+                if m.wgmma {
+                    write!(f, "mla_wgmma splits {}", m.splits)?;
+                } else {
+                    write!(
+                        f,
+                        "mla_tile r{} s{} splits {}",
+                        m.block_row_tiles, m.stages, m.splits
+                    )?;
+                }
                 if m.splits > 1 {
                     write!(f, " + mla_combine")?;
                 }
@@ -523,7 +531,7 @@ impl KernelChoice {
             ],
             KernelChoice::Moe(_) => vec!["moe_dispatch", "moe_gate_up", "moe_down", "moe_combine"],
             KernelChoice::Mla(m) => {
-                let mut v = vec!["mla_tile"];
+                let mut v = vec![if m.wgmma { "mla_wgmma" } else { "mla_tile" }];
                 if m.splits > 1 {
                     v.push("mla_combine");
                 }
@@ -612,6 +620,7 @@ mod tests {
             splits: 64,
             block_row_tiles: 2,
             stages: 3,
+            wgmma: false,
         });
         assert_eq!(mla.to_string(), "mla_tile r2 s3 splits 64 + mla_combine");
         assert_eq!(mla.families(), ["mla_tile", "mla_combine"]);
@@ -619,9 +628,18 @@ mod tests {
             splits: 1,
             block_row_tiles: 1,
             stages: 2,
+            wgmma: false,
         });
         assert_eq!(one.families(), ["mla_tile"]);
-        for c in [moe, mla, one] {
+        let wg = KernelChoice::Mla(MlaChoice {
+            splits: 32,
+            block_row_tiles: 4,
+            stages: 2,
+            wgmma: true,
+        });
+        assert_eq!(wg.to_string(), "mla_wgmma splits 32 + mla_combine");
+        assert_eq!(wg.families(), ["mla_wgmma", "mla_combine"]);
+        for c in [moe, mla, one, wg] {
             let json = serde_json::to_string(&c).unwrap();
             assert_eq!(serde_json::from_str::<KernelChoice>(&json).unwrap(), c);
         }

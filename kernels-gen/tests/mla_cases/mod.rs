@@ -103,6 +103,7 @@ pub fn plan_with(
         splits: 1,
         block_row_tiles: 1,
         stages: 2,
+        wgmma: false,
         partial_acc: Loc::arena(0),
         partial_ml: Loc::arena(0),
     };
@@ -113,6 +114,7 @@ pub fn plan_with(
     p.splits = t.splits;
     p.block_row_tiles = t.block_row_tiles;
     p.stages = t.stages;
+    p.wgmma = t.wgmma;
     let (acc, ml) = p.partial_bytes(p.splits);
     p.partial_acc = Loc::arena(out_bytes);
     p.partial_ml = Loc::arena(out_bytes + acc.next_multiple_of(256));

@@ -1,0 +1,467 @@
+//! `mla_wgmma`: absorbed multi-head latent attention on sm_90a's warpgroup tensor cores, the
+//! `mla_attention` op for bf16 q and caches with a latent of 128–512 (a multiple of 128)
+//! and rope dims a multiple of 64 — DeepSeek-V3 and Kimi-K2's 512 + 64. Same launch
+//! parameters ([`MlaTileParams`]), splits and partials as [`crate::mla_tile`], whose
+//! `mla_combine` folds them.
+//!
+//! A block owns 64 consecutive query rows (`t·H + h`) of one sequence — at 64 heads one
+//! token's — and one split of the context, so every cache tile leaves memory once for all
+//! of them. Shared memory holds q (`KB` boxes of 64 rows × 64 features) and two stages of
+//! 64-slot cache tiles (`KB` boxes of 64 slots × 64 features: `LB` of the latent `c`, then
+//! the rope keys), each box 128-byte rows in the 128-byte swizzle that TMA writes and the
+//! wgmma descriptors name. Thread 0 issues the tensor-map copies: q and the first two tiles
+//! up front, tile `it + 2` into tile `it`'s stage once both warpgroups released it.
+//!
+//! Both warpgroups (256 threads) compute the same scores of each tile, `S = [q | q_pe] ·
+//! [c | pe]ᵀ` (`m64n64k16`, both operands in shared memory, `KB · 4` k16 steps in feature
+//! order into one f32 accumulator), and the same online softmax; warpgroup `wg` then adds
+//! `P · c` for latent columns `wg · L/2 ..` (`m64n{L/2}k16`, P from registers in bf16, `c`
+//! read in place as the transposed, MN-major B operand). Computing the scores twice costs
+//! tensor time that the cache's bytes hide, and keeps each warpgroup's softmax in its own
+//! registers (no exchange, no barrier between them).
+//!
+//! Invariance: a row's scores are one accumulator chain over the features; its softmax
+//! walks the split's tiles in order; a masked slot contributes an exact zero and a tile
+//! with no allowed slot for the row rescales by exactly 1; the splits are the capacity's.
+//! So a row's result does not depend on the other rows of its block, the bucket or the
+//! step. Slots at or past the split's end in the last tile are zeroed in shared memory
+//! before use (they may be unwritten cache), so `0 · v` never meets a non-finite `v`.
+//!
+//! Numerics: f32 scores and sums; `p = exp(s − m)` enters the output product rounded to
+//! bf16 (as transformers' eager attention does), so a row differs from the interpreter by
+//! the rounding of `p` (relative ~2⁻⁹ per term) — within the bf16 tolerance of the parity
+//! tests, and the same for every bucket.
+
+use crate::abi::{assemble, Dtype, Extent, KernelSource, LaunchSpec, Loc, Rows, TensorMap};
+use crate::mla_tile::{c_type, mask_setup, prelude, row_end, MlaMask, MlaTileParams};
+use crate::writer::{emit, f32_lit, Writer};
+use crate::Error;
+use specc_ir::DType;
+
+const FAMILY: &str = "mla_wgmma";
+/// Query rows per block: one m64 warpgroup tile.
+pub const BLOCK_ROWS: u64 = 64;
+/// Cache slots per tile: the scores' n64 and four k16 steps of the output product.
+pub const TILE_SLOTS: u64 = 64;
+/// Bytes of one box: 64 rows of 128 bytes.
+const BOX_BYTES: u64 = 64 * 128;
+/// Threads: two warpgroups.
+const THREADS: u32 = 256;
+
+/// Score boxes a row spans (`L/64` latent, then `R/64` rope).
+fn boxes(p: &MlaTileParams) -> u64 {
+    (p.latent + p.rope) / 64
+}
+
+/// Bytes of q, and of one cache tile (the same `KB` boxes).
+fn tile_bytes(p: &MlaTileParams) -> u64 {
+    boxes(p) * BOX_BYTES
+}
+
+/// Dynamic shared memory: q, two stages, and the slack that aligns them to 1024 bytes.
+pub fn smem_bytes(p: &MlaTileParams) -> u64 {
+    3 * tile_bytes(p) + 1024
+}
+
+/// Shared memory one block uses: the dynamic part, its mbarriers and row ends, and 1 KiB of
+/// slack for the compiler's own.
+pub fn block_smem_bytes(p: &MlaTileParams) -> u64 {
+    smem_bytes(p) + 5 * 8 + BLOCK_ROWS * 8 + 1024
+}
+
+/// Row blocks of one sequence (`T·H` rows).
+pub fn row_blocks(p: &MlaTileParams) -> u64 {
+    (p.tokens * p.heads).div_ceil(BLOCK_ROWS)
+}
+
+/// Whether the kernel takes these shapes within `smem_limit` bytes a block: bf16 q and
+/// caches, a latent of 128–512 in multiples of 128 (each warpgroup's half of the output
+/// one `m64nN` of at most 256 columns, whole boxes), rope dims a positive multiple of 64
+/// (whole boxes), and row indices of q and the caches in 32-bit tensor-map coordinates.
+/// That the target is sm_90a is the selection's question.
+pub fn supported(p: &MlaTileParams, smem_limit: u64) -> bool {
+    p.dtype == DType::BF16
+        && p.latent.is_multiple_of(128)
+        && (128..=512).contains(&p.latent)
+        && p.rope.is_multiple_of(64)
+        && p.rope > 0
+        && p.tokens * p.heads > 0
+        && p.batch * p.ctx < 1 << 31
+        && p.batch * p.tokens * p.heads < 1 << 31
+        && block_smem_bytes(p) <= smem_limit
+}
+
+/// The four tensor maps: q_lat, q_pe (rows `B·T·H`), c, pe (rows `B·ctx`), boxes of 64 rows.
+fn maps(p: &MlaTileParams) -> [Loc; 4] {
+    let q_rows = Rows::Fixed((p.batch * p.tokens * p.heads) as u32);
+    let c_rows = Rows::Fixed((p.batch * p.ctx) as u32);
+    let map = |loc, cols: u64, rows| {
+        TensorMap::of(loc, Dtype::BF16, cols as u32, rows, cols, BLOCK_ROWS as u32)
+    };
+    [
+        map(p.q_lat, p.latent, q_rows),
+        map(p.q_pe, p.rope, q_rows),
+        map(p.c_cache, p.latent, c_rows),
+        map(p.pe_cache, p.rope, c_rows),
+    ]
+}
+
+/// Emits `mla_s(float (&d)[32], da, db, accumulate)`: the scores' `m64n64k16`, both operands
+/// K-major in shared memory.
+fn emit_score_mma(w: &mut Writer) {
+    mma_fn(w, "mla_s", 64, false);
+}
+
+/// Emits `mla_pv(float (&d)[N / 2], a0..a3, db, accumulate)`: the output's `m64n{N}k16` with
+/// A (P) from registers and B transposed (MN-major: `c` as stored).
+fn emit_pv_mma(w: &mut Writer, n: u64) {
+    mma_fn(w, "mla_pv", n, true);
+}
+
+/// One wgmma wrapper `name(d, A, db, accumulate)`: A four registers (`register_a`, B then
+/// transposed) or a K-major descriptor, B a descriptor, `d = A · B (+ d when accumulate ≠
+/// 0)`. The accumulators are `"+f"` operands, so they stay in registers across the
+/// asynchronous batch; only a `wgmma_wait` makes them readable.
+fn mma_fn(w: &mut Writer, name: &str, n: u64, register_a: bool) {
+    let regs = n / 2;
+    let d_list: Vec<String> = (0..regs).map(|i| format!("%{i}")).collect();
+    let outs: Vec<String> = (0..regs).map(|i| format!("\"+f\"(d[{i}])")).collect();
+    let (a_param, a_operand, b_index) = if register_a {
+        (
+            "unsigned a0, unsigned a1, unsigned a2, unsigned a3",
+            format!("{{%{}, %{}, %{}, %{}}}", regs, regs + 1, regs + 2, regs + 3),
+            regs + 4,
+        )
+    } else {
+        ("unsigned long long da", format!("%{regs}"), regs + 1)
+    };
+    // Immediates after scale-d: scale-a, scale-b, then trans-a (descriptor A only), trans-b.
+    let tail = if register_a { "1, 1, 1" } else { "1, 1, 0, 0" };
+    w.fn_block(
+        format_args!(
+            "__device__ __forceinline__ void {name}(float (&d)[{regs}], {a_param}, unsigned long long db, int accumulate)"
+        ),
+        |w| {
+            w.line("asm volatile(");
+            emit!(
+                w,
+                "    \"{{\\n .reg .pred p;\\n setp.ne.b32 p, %{}, 0;\\n\"",
+                b_index + 1
+            );
+            emit!(
+                w,
+                "    \" wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{}}}, {a_operand}, %{b_index}, p, {tail};\\n}}\\n\"",
+                d_list.join(", ")
+            );
+            for chunk in outs.chunks(8) {
+                let first = std::ptr::eq(chunk.as_ptr(), outs.as_ptr());
+                emit!(w, "    {} {}", if first { ":" } else { "," }, chunk.join(", "));
+            }
+            if register_a {
+                w.line("    : \"r\"(a0), \"r\"(a1), \"r\"(a2), \"r\"(a3), \"l\"(db), \"r\"(accumulate));");
+            } else {
+                w.line("    : \"l\"(da), \"l\"(db), \"r\"(accumulate));");
+            }
+        },
+    );
+}
+
+/// The MN-major 128-byte-swizzle descriptor of the output product's B operand: 64-column
+/// groups `lbo` bytes apart (one box each), 8-slot groups 1024 bytes apart (SBO).
+const MN_DESC: &str = r#"__device__ __forceinline__ unsigned long long wgmma_desc_mn128(const void* tile, unsigned lbo) {
+  const unsigned long long addr = (smem_addr(tile) & 0x3FFFF) >> 4;
+  return addr | ((unsigned long long)(lbo >> 4) << 16) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}"#;
+
+/// The `mla_wgmma` kernel of `p` (`p.wgmma`; `mla_combine` comes from [`crate::mla_tile`]).
+pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
+    if !supported(p, u64::MAX) {
+        return Err(Error::param(
+            FAMILY,
+            "dims",
+            format!(
+                "{} latent {} + rope {}: needs bf16, a latent of 128..=512 in steps of 128 and rope dims a positive multiple of 64",
+                p.dtype, p.latent, p.rope
+            ),
+        ));
+    }
+    let maps = maps(p);
+    for m in &maps {
+        if let Loc::TensorMap(t) = m {
+            t.check()
+                .map_err(|e| Error::param(FAMILY, "tensor map", &e))?;
+        }
+    }
+    let ct = c_type(p.dtype);
+    let half = p.latent / 2;
+    let mut items = Writer::new();
+    for h in [
+        crate::CP_ASYNC_ITEMS,
+        include_str!("../cuda/bulk_copy.cuh"),
+        include_str!("../cuda/tma.cuh"),
+        include_str!("../cuda/wgmma.cuh"),
+        MN_DESC,
+    ] {
+        items.line(h.trim_end());
+    }
+    emit_score_mma(&mut items);
+    emit_pv_mma(&mut items, half);
+    let mut w = Writer::at_depth(1);
+    emit!(
+        w,
+        "constexpr long long T = {}, H = {}, L = {}, R = {}, CTX = {}, ROWS = T * H;",
+        p.tokens,
+        p.heads,
+        p.latent,
+        p.rope,
+        p.ctx
+    );
+    emit!(
+        w,
+        "constexpr int LB = {}, KB = {};  // latent boxes, score boxes",
+        p.latent / 64,
+        boxes(p)
+    );
+    emit!(
+        w,
+        "constexpr int HALF = {half}, NO = HALF / 2;  // a warpgroup's output columns, accumulators"
+    );
+    w.line("constexpr unsigned BOX = 8192, TILE = KB * BOX;  // bytes: a box, q or a cache tile");
+    emit!(w, "constexpr int S = {};", p.splits);
+    emit!(w, "constexpr long long CHUNK = {};", p.chunk());
+    emit!(w, "const float scale = {};", f32_lit(p.scale));
+    w.line("extern __shared__ unsigned char smem_raw[];");
+    w.line("unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // swizzled boxes: 1024-aligned");
+    w.line("unsigned char* qs = smem;  // q: KB boxes; stage st at smem + (1 + st) · TILE");
+    w.line("__shared__ __align__(8) unsigned long long full[2], empty[2], qbar;");
+    w.line("__shared__ long long end_r[64];");
+    let names = ["qlmap", "qpmap", "cmap", "pemap"];
+    for (n, m) in names.iter().zip(&maps) {
+        emit!(w, "const void* {n} = {};", m.ptr_as("void", false));
+    }
+    emit!(w, "{ct}* y = {};", p.out.ptr_as(ct, true));
+    w.line("const long long split = blockIdx.y, bi = blockIdx.z;");
+    w.line("const long long row0 = (long long)blockIdx.x * 64;  // the block's first row");
+    w.line("const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;");
+    w.line("const int wg = warp >> 2, wq = warp & 3, g = lane >> 2, tq = lane & 3;");
+    mask_setup(&mut w, p);
+    w.comment("Per row: the end of its allowed slots (the block's range is their maximum).");
+    w.if_block("tid < 64", |w| {
+        w.line("const long long gr = row0 + tid;");
+        w.line("long long e = 0;");
+        w.if_block("gr < ROWS", |w| row_end(w, p));
+        w.line("end_r[tid] = e;");
+    });
+    w.if_block("tid == 0", |w| {
+        w.line("mbar_init(&full[0], 1);");
+        w.line("mbar_init(&full[1], 1);");
+        w.line("mbar_init(&empty[0], 2);  // one arrival a warpgroup");
+        w.line("mbar_init(&empty[1], 2);");
+        w.line("mbar_init(&qbar, 1);");
+    });
+    w.line("__syncthreads();");
+    w.line("long long len = 0;");
+    w.line("for (int r = 0; r < 64; ++r) len = end_r[r] > len ? end_r[r] : len;");
+    w.comment("(32-bit slot arithmetic: `supported` keeps B · ctx below 2³¹.)");
+    w.line("const int s_begin = (int)(split * CHUNK);");
+    if p.splits > 1 {
+        w.comment("No row of the block reaches this split: `mla_combine` reads none of it.");
+        w.line("if (s_begin >= len) return;");
+    }
+    w.line("const int s_end = (int)(s_begin + CHUNK < len ? s_begin + CHUNK : len);");
+    w.line("const int ntiles = s_end > s_begin ? (s_end - s_begin + 63) / 64 : 0;");
+    w.comment("Tile `it` of the split into stage it & 1 (rows past the cache read as zeros).");
+    w.block_semi("auto load_tile = [&](int it)", |w| {
+        w.line("const int st = it & 1;");
+        w.line("unsigned char* dst = smem + (1 + st) * TILE;");
+        w.line("const int row = (int)(bi * CTX) + s_begin + it * 64;");
+        w.line("mbar_arrive_expect_tx(&full[st], TILE);");
+        w.for_unrolled("kb", 0, "LB", |w| {
+            w.line("tma_load_2d(dst + kb * BOX, cmap, kb * 64, row, &full[st]);");
+        });
+        w.for_unrolled("kb", 0, "KB - LB", |w| {
+            w.line("tma_load_2d(dst + (LB + kb) * BOX, pemap, kb * 64, row, &full[st]);");
+        });
+    });
+    w.if_block("tid == 0", |w| {
+        w.line("const int qrow = (int)(bi * ROWS + row0);");
+        w.line("mbar_arrive_expect_tx(&qbar, TILE);");
+        w.for_unrolled("kb", 0, "LB", |w| {
+            w.line("tma_load_2d(qs + kb * BOX, qlmap, kb * 64, qrow, &qbar);");
+        });
+        w.for_unrolled("kb", 0, "KB - LB", |w| {
+            w.line("tma_load_2d(qs + (LB + kb) * BOX, qpmap, kb * 64, qrow, &qbar);");
+        });
+        w.line("if (ntiles > 0) load_tile(0);");
+        w.line("if (ntiles > 1) load_tile(1);");
+    });
+    w.comment("This thread's rows of the block: r0 (accumulator elements d < 2) and r0 + 8.");
+    w.line("const int r0 = wq * 16 + g;");
+    w.line("const long long e0 = end_r[r0], e1 = end_r[r0 + 8];");
+    if let MlaMask::Tree { .. } = p.mask {
+        w.comment(
+            "Ancestor words of the rows' tokens (rows past ROWS read row ROWS − 1's: unused).",
+        );
+        w.line("const long long gc0 = row0 + r0 < ROWS ? row0 + r0 : ROWS - 1;");
+        w.line("const long long gc1 = row0 + r0 + 8 < ROWS ? row0 + r0 + 8 : ROWS - 1;");
+        w.line("const long long* aw0 = anc + (bi * T + gc0 / H) * W;");
+        w.line("const long long* aw1 = anc + (bi * T + gc1 / H) * W;");
+    }
+    w.line("float o[NO];");
+    w.for_unrolled("i", 0, "NO", |w| w.line("o[i] = 0.0f;"));
+    w.line(
+        "float m0 = neg_inf(), m1 = neg_inf(), l0 = 0.0f, l1 = 0.0f;  // l: this thread's columns",
+    );
+    w.line("mbar_wait(&qbar, 0);");
+    w.line("#pragma unroll 1");
+    w.for_block("int it = 0", "it < ntiles", "++it", |w| {
+        w.line("const int st = it & 1;");
+        w.line("unsigned char* kt = smem + (1 + st) * TILE;");
+        w.line("const int s0 = s_begin + it * 64;");
+        w.line("mbar_wait(&full[st], (it >> 1) & 1);");
+        w.if_block("s0 + 64 > s_end", |w| {
+            w.comment("The split's last tile: zero its slots from s_end on (whole 128-byte rows,");
+            w.comment("so the swizzle does not matter), visible to the tensor cores' proxy.");
+            w.line("const int keep = s_end - s0, rows = 64 - keep;");
+            w.for_block("int i = tid", "i < rows * KB * 8", "i += 256", |w| {
+                w.line("const int box = i / (rows * 8), rem = i % (rows * 8);");
+                w.line("*reinterpret_cast<uint4*>(kt + box * BOX + (keep + rem / 8) * 128 + (rem % 8) * 16) = make_uint4(0, 0, 0, 0);");
+            });
+            w.line("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");");
+            w.line("__syncthreads();");
+        });
+        w.comment("Scores of the 64 rows × 64 slots, k16 steps in feature order.");
+        w.line("float sc[32];");
+        w.line("wgmma_fence();");
+        w.for_unrolled("kb", 0, "KB", |w| {
+            w.for_unrolled("kk", 0, "4", |w| {
+                w.line("mla_s(sc, wgmma_desc_k128(qs + kb * BOX + 32 * kk), wgmma_desc_k128(kt + kb * BOX + 32 * kk), kb > 0 || kk > 0);");
+            });
+        });
+        w.line("wgmma_commit();");
+        w.line("wgmma_wait<0>();");
+        w.for_unrolled("i", 0, "32", |w| w.line("wgmma_fence_operand(sc[i]);"));
+        w.comment("Online softmax: element 4j + d is row r0 + 8 (d >> 1), slot s0 + 8j + 2 tq + (d & 1).");
+        w.line("float mx0 = neg_inf(), mx1 = neg_inf();");
+        w.for_unrolled("j", 0, "8", |w| {
+            w.for_unrolled("d", 0, "4", |w| {
+                w.line("const int s = s0 + 8 * j + 2 * tq + (d & 1);");
+                w.line("bool ok = s < s_end && s < (d < 2 ? e0 : e1);");
+                if let MlaMask::Tree { .. } = p.mask {
+                    w.line("const long long u = s - prefix;");
+                    w.if_block("ok && u >= 0", |w| {
+                        w.line("const long long* aw = d < 2 ? aw0 : aw1;");
+                        w.line(
+                            "ok = u < nodes && (((unsigned long long)aw[u >> 6] >> (u & 63)) & 1ull);",
+                        );
+                    });
+                }
+                w.line("const float v = ok ? __fmul_rn(sc[4 * j + d], scale) : neg_inf();");
+                w.line("sc[4 * j + d] = v;");
+                w.line("if (d < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);");
+            });
+        });
+        w.line("mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));");
+        w.line("mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));");
+        w.line("mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));");
+        w.line("mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));");
+        w.line("const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);");
+        w.line("const float a0 = m0 == neg_inf() ? 0.0f : expf(m0 - n0);");
+        w.line("const float a1 = m1 == neg_inf() ? 0.0f : expf(m1 - n1);");
+        w.line("m0 = n0;");
+        w.line("m1 = n1;");
+        w.line("float sum0 = 0.0f, sum1 = 0.0f;");
+        w.for_unrolled("j", 0, "8", |w| {
+            w.for_unrolled("d", 0, "4", |w| {
+                w.line("const float v = sc[4 * j + d];");
+                w.line("const float pv = v == neg_inf() ? 0.0f : expf(v - (d < 2 ? n0 : n1));");
+                w.line("sc[4 * j + d] = pv;");
+                w.line("if (d < 2) sum0 += pv; else sum1 += pv;");
+            });
+        });
+        w.line("l0 = __fmaf_rn(l0, a0, sum0);");
+        w.line("l1 = __fmaf_rn(l1, a1, sum1);");
+        w.comment("P as the A fragments of the four k16 steps (the m16n8k16 A layout per warp).");
+        w.line("unsigned pa[4][4];");
+        w.for_unrolled("kk", 0, "4", |w| {
+            w.for_unrolled("q", 0, "4", |w| {
+                w.line("const __nv_bfloat162 h2 = __floats2bfloat162_rn(sc[8 * kk + 2 * q], sc[8 * kk + 2 * q + 1]);");
+                w.line("pa[kk][q] = *reinterpret_cast<const unsigned*>(&h2);");
+            });
+        });
+        w.for_unrolled("j", 0, "NO / 4", |w| {
+            w.line("o[4 * j] *= a0; o[4 * j + 1] *= a0; o[4 * j + 2] *= a1; o[4 * j + 3] *= a1;");
+        });
+        w.comment("o += P · c[:, wg · HALF ..]: the latent boxes read as the MN-major B operand.");
+        w.line("wgmma_fence();");
+        w.for_unrolled("kk", 0, "4", |w| {
+            w.line("mla_pv(o, pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], wgmma_desc_mn128(kt + wg * (HALF / 64) * BOX + kk * 2048, BOX), 1);");
+        });
+        w.line("wgmma_commit();");
+        w.line("wgmma_wait<0>();");
+        w.for_unrolled("i", 0, "NO", |w| w.line("wgmma_fence_operand(o[i]);"));
+        w.comment("Both warpgroups are done with the stage: tile it + 2 may overwrite it.");
+        w.line("if ((tid & 127) == 0) mbar_arrive(&empty[st]);");
+        w.if_block("tid == 0 && it + 2 < ntiles", |w| {
+            w.line("mbar_wait(&empty[st], (it >> 1) & 1);");
+            w.line("load_tile(it + 2);");
+        });
+    });
+    w.line("l0 += __shfl_xor_sync(0xffffffffu, l0, 1);");
+    w.line("l0 += __shfl_xor_sync(0xffffffffu, l0, 2);");
+    w.line("l1 += __shfl_xor_sync(0xffffffffu, l1, 1);");
+    w.line("l1 += __shfl_xor_sync(0xffffffffu, l1, 2);");
+    if p.splits == 1 {
+        w.for_unrolled("hf", 0, "2", |w| {
+            w.line("const long long gr = row0 + r0 + 8 * hf;");
+            w.if_block("gr < ROWS", |w| {
+                w.line("const float l = hf ? l1 : l0;");
+                emit!(
+                    w,
+                    "{ct}* yr = y + (bi * ROWS + gr) * L + wg * HALF + 2 * tq;"
+                );
+                w.for_unrolled("j", 0, "NO / 4", |w| {
+                    w.line("const float v0 = l > 0.0f ? o[4 * j + 2 * hf] / l : 0.0f;");
+                    w.line("const float v1 = l > 0.0f ? o[4 * j + 2 * hf + 1] / l : 0.0f;");
+                    w.line("const __nv_bfloat162 h2 = __floats2bfloat162_rn(v0, v1);");
+                    w.line("*reinterpret_cast<__nv_bfloat162*>(yr + 8 * j) = h2;");
+                });
+            });
+        });
+    } else {
+        emit!(w, "float* po = {};", p.partial_acc.ptr_as("float", true));
+        emit!(w, "float* pml = {};", p.partial_ml.ptr_as("float", true));
+        w.for_unrolled("hf", 0, "2", |w| {
+            w.line("const long long gr = row0 + r0 + 8 * hf;");
+            w.if_block("gr < ROWS", |w| {
+                w.line("float* pr = po + ((bi * ROWS + gr) * S + split) * L + wg * HALF + 2 * tq;");
+                w.for_unrolled("j", 0, "NO / 4", |w| {
+                    w.line("*reinterpret_cast<float2*>(pr + 8 * j) = make_float2(o[4 * j + 2 * hf], o[4 * j + 2 * hf + 1]);");
+                });
+                w.if_block("wg == 0 && tq == 0", |w| {
+                    w.line("float* q = pml + ((bi * ROWS + gr) * S + split) * 2;");
+                    w.line("q[0] = hf ? m1 : m0;");
+                    w.line("q[1] = hf ? l1 : l0;");
+                });
+            });
+        });
+    }
+    let launch = LaunchSpec {
+        grid: [
+            Extent::Fixed(row_blocks(p) as u32),
+            Extent::Fixed(p.splits as u32),
+            Extent::Fixed(p.batch as u32),
+        ],
+        block: [THREADS, 1, 1],
+        smem_bytes: smem_bytes(p) as u32,
+    };
+    Ok(assemble(
+        FAMILY,
+        p.dtype.to_string().as_str(),
+        &items.finish(),
+        "",
+        &w.finish(),
+        launch,
+        &prelude(),
+    ))
+}
