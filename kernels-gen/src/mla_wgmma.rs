@@ -9,8 +9,9 @@
 //! of them. Shared memory holds q (`KB` boxes of 64 rows × 64 features) and two stages of
 //! 64-slot cache tiles (`KB` boxes of 64 slots × 64 features: `LB` of the latent `c`, then
 //! the rope keys), each box 128-byte rows in the 128-byte swizzle that TMA writes and the
-//! wgmma descriptors name. Thread 0 issues the tensor-map copies: q and the first two tiles
-//! up front, tile `it + 2` into tile `it`'s stage once both warpgroups released it.
+//! wgmma descriptors name. Thread 0 issues the tensor-map copies of q and the first two tiles;
+//! tile `it + 2` goes into tile `it`'s stage from whichever warpgroup is the second to be done
+//! with it (a count in shared memory), so the warpgroups never wait for each other.
 //!
 //! Both warpgroups (256 threads) compute the same scores of each tile, `S = [q | q_pe] ·
 //! [c | pe]ᵀ` (`m64n64k16`, both operands in shared memory, `KB · 4` k16 steps in feature
@@ -27,10 +28,11 @@
 //! step. Slots at or past the split's end in the last tile are zeroed in shared memory
 //! before use (they may be unwritten cache), so `0 · v` never meets a non-finite `v`.
 //!
-//! Numerics: f32 scores and sums; `p = exp(s − m)` enters the output product rounded to
-//! bf16 (as transformers' eager attention does), so a row differs from the interpreter by
-//! the rounding of `p` (relative ~2⁻⁹ per term) — within the bf16 tolerance of the parity
-//! tests, and the same for every bucket.
+//! Numerics: f32 scores and sums, the softmax in base 2 (`p = 2^(s·scale·log2 e − m)` by
+//! `ex2.approx`, relative error ~2⁻²²); `p` enters the output product as two bf16 values
+//! `p_hi + p_lo` (two mma), so it keeps ~16 more bits than one bf16 value — the
+//! interpreter's result up to summation order, the same in every bucket. The partial maxima
+//! are stored in natural units, as `mla_combine` folds them.
 
 use crate::abi::{assemble, Dtype, Extent, KernelSource, LaunchSpec, Loc, Rows, TensorMap};
 use crate::mla_tile::{c_type, mask_setup, prelude, row_end, MlaMask, MlaTileParams};
@@ -168,7 +170,12 @@ fn mma_fn(w: &mut Writer, name: &str, n: u64, register_a: bool) {
 
 /// The MN-major 128-byte-swizzle descriptor of the output product's B operand: 64-column
 /// groups `lbo` bytes apart (one box each), 8-slot groups 1024 bytes apart (SBO).
-const MN_DESC: &str = r#"__device__ __forceinline__ unsigned long long wgmma_desc_mn128(const void* tile, unsigned lbo) {
+const MN_DESC: &str = r#"__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ unsigned long long wgmma_desc_mn128(const void* tile, unsigned lbo) {
   const unsigned long long addr = (smem_addr(tile) & 0x3FFFF) >> 4;
   return addr | ((unsigned long long)(lbo >> 4) << 16) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
 }"#;
@@ -229,11 +236,16 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
     w.line("constexpr unsigned BOX = 8192, TILE = KB * BOX;  // bytes: a box, q or a cache tile");
     emit!(w, "constexpr int S = {};", p.splits);
     emit!(w, "constexpr long long CHUNK = {};", p.chunk());
-    emit!(w, "const float scale = {};", f32_lit(p.scale));
+    emit!(
+        w,
+        "const float scale2 = {};  // scale · log2 e",
+        f32_lit((p.scale as f64 * std::f64::consts::LOG2_E) as f32)
+    );
     w.line("extern __shared__ unsigned char smem_raw[];");
     w.line("unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // swizzled boxes: 1024-aligned");
     w.line("unsigned char* qs = smem;  // q: KB boxes; stage st at smem + (1 + st) · TILE");
-    w.line("__shared__ __align__(8) unsigned long long full[2], empty[2], qbar;");
+    w.line("__shared__ __align__(8) unsigned long long full[2], qbar;");
+    w.line("__shared__ unsigned released[2];  // warpgroups done with a stage, over all its uses");
     w.line("__shared__ long long end_r[64];");
     let names = ["qlmap", "qpmap", "cmap", "pemap"];
     for (n, m) in names.iter().zip(&maps) {
@@ -255,8 +267,7 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
     w.if_block("tid == 0", |w| {
         w.line("mbar_init(&full[0], 1);");
         w.line("mbar_init(&full[1], 1);");
-        w.line("mbar_init(&empty[0], 2);  // one arrival a warpgroup");
-        w.line("mbar_init(&empty[1], 2);");
+        w.line("released[0] = released[1] = 0;");
         w.line("mbar_init(&qbar, 1);");
     });
     w.line("__syncthreads();");
@@ -297,7 +308,9 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
     });
     w.comment("This thread's rows of the block: r0 (accumulator elements d < 2) and r0 + 8.");
     w.line("const int r0 = wq * 16 + g;");
-    w.line("const long long e0 = end_r[r0], e1 = end_r[r0 + 8];");
+    w.comment("The rows' allowed slots of this split end below lim0 / lim1 (32-bit: slots < 2³¹).");
+    w.line("const int lim0 = (int)(end_r[r0] < s_end ? end_r[r0] : s_end);");
+    w.line("const int lim1 = (int)(end_r[r0 + 8] < s_end ? end_r[r0 + 8] : s_end);");
     if let MlaMask::Tree { .. } = p.mask {
         w.comment(
             "Ancestor words of the rows' tokens (rows past ROWS read row ROWS − 1's: unused).",
@@ -341,70 +354,93 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
         w.line("wgmma_commit();");
         w.line("wgmma_wait<0>();");
         w.for_unrolled("i", 0, "32", |w| w.line("wgmma_fence_operand(sc[i]);"));
-        w.comment("Online softmax: element 4j + d is row r0 + 8 (d >> 1), slot s0 + 8j + 2 tq + (d & 1).");
+        w.comment("Online softmax in base 2 (scores times scale · log2 e): element 4j + d is row");
+        w.comment("r0 + 8 (d >> 1), slot s0 + 8j + 2 tq + (d & 1). A tile wholly inside both rows'");
+        w.comment("allowed slots skips the mask.");
+        let full = match p.mask {
+            MlaMask::Causal => "s0 + 64 <= lim0 && s0 + 64 <= lim1",
+            MlaMask::Tree { .. } => "s0 + 64 <= lim0 && s0 + 64 <= lim1 && s0 + 64 <= prefix",
+        };
+        w.if_else(
+            full,
+            |w| {
+                w.for_unrolled("i", 0, "32", |w| w.line("sc[i] = __fmul_rn(sc[i], scale2);"));
+            },
+            |w| {
+                w.for_unrolled("j", 0, "8", |w| {
+                    w.for_unrolled("d", 0, "4", |w| {
+                        w.line("const int s = s0 + 8 * j + 2 * tq + (d & 1);");
+                        w.line("bool ok = s < (d < 2 ? lim0 : lim1);");
+                        if let MlaMask::Tree { .. } = p.mask {
+                            w.line("const long long u = s - prefix;");
+                            w.if_block("ok && u >= 0", |w| {
+                                w.line("const long long* aw = d < 2 ? aw0 : aw1;");
+                                w.line(
+                                    "ok = u < nodes && (((unsigned long long)aw[u >> 6] >> (u & 63)) & 1ull);",
+                                );
+                            });
+                        }
+                        w.line("sc[4 * j + d] = ok ? __fmul_rn(sc[4 * j + d], scale2) : neg_inf();");
+                    });
+                });
+            },
+        );
         w.line("float mx0 = neg_inf(), mx1 = neg_inf();");
         w.for_unrolled("j", 0, "8", |w| {
-            w.for_unrolled("d", 0, "4", |w| {
-                w.line("const int s = s0 + 8 * j + 2 * tq + (d & 1);");
-                w.line("bool ok = s < s_end && s < (d < 2 ? e0 : e1);");
-                if let MlaMask::Tree { .. } = p.mask {
-                    w.line("const long long u = s - prefix;");
-                    w.if_block("ok && u >= 0", |w| {
-                        w.line("const long long* aw = d < 2 ? aw0 : aw1;");
-                        w.line(
-                            "ok = u < nodes && (((unsigned long long)aw[u >> 6] >> (u & 63)) & 1ull);",
-                        );
-                    });
-                }
-                w.line("const float v = ok ? __fmul_rn(sc[4 * j + d], scale) : neg_inf();");
-                w.line("sc[4 * j + d] = v;");
-                w.line("if (d < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);");
-            });
+            w.line("mx0 = fmaxf(mx0, fmaxf(sc[4 * j], sc[4 * j + 1]));");
+            w.line("mx1 = fmaxf(mx1, fmaxf(sc[4 * j + 2], sc[4 * j + 3]));");
         });
         w.line("mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));");
         w.line("mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));");
         w.line("mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));");
         w.line("mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));");
         w.line("const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);");
-        w.line("const float a0 = m0 == neg_inf() ? 0.0f : expf(m0 - n0);");
-        w.line("const float a1 = m1 == neg_inf() ? 0.0f : expf(m1 - n1);");
+        w.comment("Exponents against a finite base (0 while a row has no allowed slot yet), so -inf");
+        w.comment("scores give exact zeros; a row whose maximum did not move rescales by exactly 1.");
+        w.line("const float b0 = n0 == neg_inf() ? 0.0f : n0, b1 = n1 == neg_inf() ? 0.0f : n1;");
+        w.line("const float a0 = m0 == n0 ? 1.0f : ex2_approx(m0 - b0);");
+        w.line("const float a1 = m1 == n1 ? 1.0f : ex2_approx(m1 - b1);");
         w.line("m0 = n0;");
         w.line("m1 = n1;");
         w.line("float sum0 = 0.0f, sum1 = 0.0f;");
-        w.for_unrolled("j", 0, "8", |w| {
-            w.for_unrolled("d", 0, "4", |w| {
-                w.line("const float v = sc[4 * j + d];");
-                w.line("const float pv = v == neg_inf() ? 0.0f : expf(v - (d < 2 ? n0 : n1));");
-                w.line("sc[4 * j + d] = pv;");
-                w.line("if (d < 2) sum0 += pv; else sum1 += pv;");
+        w.comment("P as the A fragments of the four k16 steps (the m16n8k16 A layout per warp), split");
+        w.comment("into bf16 p_hi + p_lo so the output product keeps p to ~16 more bits.");
+        w.line("unsigned ph[4][4], pl[4][4];");
+        w.for_unrolled("kk", 0, "4", |w| {
+            w.for_unrolled("q", 0, "4", |w| {
+                w.line("const float p0 = ex2_approx(sc[8 * kk + 2 * q] - (q & 1 ? b1 : b0));");
+                w.line("const float p1 = ex2_approx(sc[8 * kk + 2 * q + 1] - (q & 1 ? b1 : b0));");
+                w.line("if (q & 1) sum1 += p0 + p1; else sum0 += p0 + p1;");
+                w.line("const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);");
+                w.line("const float2 hf = __bfloat1622float2(hi);");
+                w.line("const __nv_bfloat162 lo = __floats2bfloat162_rn(p0 - hf.x, p1 - hf.y);");
+                w.line("ph[kk][q] = *reinterpret_cast<const unsigned*>(&hi);");
+                w.line("pl[kk][q] = *reinterpret_cast<const unsigned*>(&lo);");
             });
         });
         w.line("l0 = __fmaf_rn(l0, a0, sum0);");
         w.line("l1 = __fmaf_rn(l1, a1, sum1);");
-        w.comment("P as the A fragments of the four k16 steps (the m16n8k16 A layout per warp).");
-        w.line("unsigned pa[4][4];");
-        w.for_unrolled("kk", 0, "4", |w| {
-            w.for_unrolled("q", 0, "4", |w| {
-                w.line("const __nv_bfloat162 h2 = __floats2bfloat162_rn(sc[8 * kk + 2 * q], sc[8 * kk + 2 * q + 1]);");
-                w.line("pa[kk][q] = *reinterpret_cast<const unsigned*>(&h2);");
+        w.comment("Rescale (multiplying by exactly 1 is skipped: the same bits).");
+        w.if_block("__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)", |w| {
+            w.for_unrolled("j", 0, "NO / 4", |w| {
+                w.line("o[4 * j] *= a0; o[4 * j + 1] *= a0; o[4 * j + 2] *= a1; o[4 * j + 3] *= a1;");
             });
-        });
-        w.for_unrolled("j", 0, "NO / 4", |w| {
-            w.line("o[4 * j] *= a0; o[4 * j + 1] *= a0; o[4 * j + 2] *= a1; o[4 * j + 3] *= a1;");
         });
         w.comment("o += P · c[:, wg · HALF ..]: the latent boxes read as the MN-major B operand.");
         w.line("wgmma_fence();");
         w.for_unrolled("kk", 0, "4", |w| {
-            w.line("mla_pv(o, pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], wgmma_desc_mn128(kt + wg * (HALF / 64) * BOX + kk * 2048, BOX), 1);");
+            w.line("const unsigned long long vb = wgmma_desc_mn128(kt + wg * (HALF / 64) * BOX + kk * 2048, BOX);");
+            w.line("mla_pv(o, ph[kk][0], ph[kk][1], ph[kk][2], ph[kk][3], vb, 1);");
+            w.line("mla_pv(o, pl[kk][0], pl[kk][1], pl[kk][2], pl[kk][3], vb, 1);");
         });
         w.line("wgmma_commit();");
         w.line("wgmma_wait<0>();");
         w.for_unrolled("i", 0, "NO", |w| w.line("wgmma_fence_operand(o[i]);"));
-        w.comment("Both warpgroups are done with the stage: tile it + 2 may overwrite it.");
-        w.line("if ((tid & 127) == 0) mbar_arrive(&empty[st]);");
-        w.if_block("tid == 0 && it + 2 < ntiles", |w| {
-            w.line("mbar_wait(&empty[st], (it >> 1) & 1);");
-            w.line("load_tile(it + 2);");
+        w.comment("This warpgroup is done with the stage; the second to be (an odd count before its");
+        w.comment("arrival) refills it with tile it + 2, so neither waits for the other.");
+        w.if_block("(tid & 127) == 0", |w| {
+            w.line("const unsigned before = atomicAdd(&released[st], 1u);");
+            w.line("if ((before & 1) && it + 2 < ntiles) load_tile(it + 2);");
         });
     });
     w.line("l0 += __shfl_xor_sync(0xffffffffu, l0, 1);");
@@ -440,7 +476,8 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
                 });
                 w.if_block("wg == 0 && tq == 0", |w| {
                     w.line("float* q = pml + ((bi * ROWS + gr) * S + split) * 2;");
-                    w.line("q[0] = hf ? m1 : m0;");
+                    w.comment("m in natural units, as mla_combine folds it (scores times scale).");
+                    w.line("q[0] = (hf ? m1 : m0) * 0.69314718f;");
                     w.line("q[1] = hf ? l1 : l0;");
                 });
             });
