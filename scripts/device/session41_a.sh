@@ -34,4 +34,12 @@ for spec in "--context 8192" "--context 8192 --tokens 4" "--context 8192 --batch
 done
 (( $(left) > 80 )) && timeout 70 .gpu2/tests/gpu_parity_mla mla_tile_split_sweep --ignored --nocapture --test-threads=1 \
   2>&1 | grep -E "SWEEP.*(wgmma|plan)|panicked" >> "$S"
+for tool in memcheck racecheck; do
+  (( $(left) > 70 )) || break
+  timeout 60 compute-sanitizer --tool $tool --print-limit 5 .gpu2/tests/gpu_deepseek mla_wgmma_dims \
+    --test-threads=1 --nocapture > /tmp/san_$tool.log 2>&1
+  echo "sanitizer $tool rc=$? ($((SECONDS - start))s)" >> "$S"
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test result|panicked" /tmp/san_$tool.log | tail -3 >> "$S"
+  cp /tmp/san_$tool.log "$OUT/"
+done
 echo "total $((SECONDS - start))s" >> "$S"
