@@ -1190,3 +1190,64 @@ fn quantised_deepseek_v3_builds_with_quantised_kernels() {
         }
     }
 }
+
+/// DeepSeek-V3 at MLA dims `mla_wgmma` takes (latent 128 + rope 64; the bf16 fixture's
+/// config, random weights): planned for sm_90a, every MLA launch of the decode step and the
+/// prefill is `mla_wgmma` (and `mla_combine` where the context is split), none `mla_tile`, and
+/// (with NVRTC) the plans compile. The device checks it against the interpreter and target
+/// greedy (`gpu_parity_mla`, `gpu_deepseek`'s `mla_wgmma_dims_methods_are_exact`).
+#[test]
+fn deepseek_v3_wgmma_dims_take_mla_wgmma_on_sm90a() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = fixture("deepseek_v3_bf16").join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(base).unwrap()).unwrap();
+    for (k, v) in [
+        ("kv_lora_rank", 128),
+        ("qk_rope_head_dim", 64),
+        ("qk_nope_head_dim", 32),
+        ("qk_head_dim", 96),
+        ("head_dim", 64),
+        ("v_head_dim", 32),
+    ] {
+        cfg[k] = v.into();
+    }
+    std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
+    let target = Model::open_random(dir.path(), 7).unwrap();
+    let plain = StepShape {
+        num_steps: 0,
+        ring: 32,
+        acceptance: Acceptance::Greedy,
+    };
+    let list = vec![
+        (
+            "deepseek 128 + 64: decode step".to_string(),
+            lower_decode_step(target.spec(), &plain).unwrap(),
+            Bindings::new(4, 1, 256),
+        ),
+        (
+            "deepseek 128 + 64: target prefill".to_string(),
+            lower_target_prefill(target.spec(), &[], &Acceptance::Greedy).unwrap(),
+            Bindings::new(1, 16, 256),
+        ),
+    ];
+    let p = Planned::build(list, Target::for_archs(&[Arch::Sm90a]));
+    for (name, _, plan) in p.iter() {
+        let families: Vec<&str> = (0..plan.launches.len())
+            .map(|i| p.family(plan, i))
+            .collect();
+        assert!(families.contains(&"mla_wgmma"), "{name}: {families:?}");
+        assert!(families.contains(&"mla_combine"), "{name}: {families:?}");
+        assert!(!families.contains(&"mla_tile"), "{name}: {families:?}");
+        let mla: Vec<_> = plan.groups.iter().filter_map(|g| g.choice.mla()).collect();
+        assert!(
+            !mla.is_empty() && mla.iter().all(|m| m.wgmma),
+            "{name}: {mla:?}"
+        );
+    }
+    if Nvrtc::new().is_ok() {
+        assert_compiled("deepseek-v3 128 + 64 steps (sm_90a)", &p);
+    } else {
+        specc_ir::testing::skip("NVRTC absent: planned only (source scripts/nvrtc-env.sh)");
+    }
+}

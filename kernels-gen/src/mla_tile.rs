@@ -217,6 +217,20 @@ pub(crate) fn prelude() -> String {
     format!("{PRELUDE}\n{GENERIC_PRELUDE}")
 }
 
+/// The launch's dims as constants: `T`, `H`, `L`, `R`, `CTX` and `ROWS = T·H` (a sequence's
+/// query rows).
+pub(crate) fn emit_dims(w: &mut Writer, p: &MlaTileParams) {
+    emit!(
+        w,
+        "constexpr long long T = {}, H = {}, L = {}, R = {}, CTX = {}, ROWS = T * H;",
+        p.tokens,
+        p.heads,
+        p.latent,
+        p.rope,
+        p.ctx
+    );
+}
+
 /// The mask's pointers and per-sequence constants (`bi` is the sequence).
 pub(crate) fn mask_setup(w: &mut Writer, p: &MlaTileParams) {
     match p.mask {
@@ -297,15 +311,7 @@ fn tile(p: &MlaTileParams) -> KernelSource {
     items.line(crate::CP_ASYNC_ITEMS.trim_end());
     items.line(HELPERS.trim_end());
     let mut w = Writer::at_depth(1);
-    emit!(
-        w,
-        "constexpr long long T = {}, H = {}, L = {}, R = {}, CTX = {}, ROWS = T * H;",
-        p.tokens,
-        p.heads,
-        p.latent,
-        p.rope,
-        p.ctx
-    );
+    emit_dims(&mut w, p);
     emit!(
         w,
         "constexpr int TS = {TILE_SLOTS}, KP = {kp}, ST = KP + {PAD}, SST = TS + 4, S = {};",

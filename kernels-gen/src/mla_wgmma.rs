@@ -35,7 +35,7 @@
 //! are stored in natural units, as `mla_combine` folds them.
 
 use crate::abi::{assemble, Dtype, Extent, KernelSource, LaunchSpec, Loc, Rows, TensorMap};
-use crate::mla_tile::{c_type, mask_setup, prelude, row_end, MlaMask, MlaTileParams};
+use crate::mla_tile::{c_type, emit_dims, mask_setup, prelude, row_end, MlaMask, MlaTileParams};
 use crate::writer::{emit, f32_lit, Writer};
 use crate::Error;
 use specc_ir::DType;
@@ -214,15 +214,7 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
     emit_score_mma(&mut items);
     emit_pv_mma(&mut items, half);
     let mut w = Writer::at_depth(1);
-    emit!(
-        w,
-        "constexpr long long T = {}, H = {}, L = {}, R = {}, CTX = {}, ROWS = T * H;",
-        p.tokens,
-        p.heads,
-        p.latent,
-        p.rope,
-        p.ctx
-    );
+    emit_dims(&mut w, p);
     emit!(
         w,
         "constexpr int LB = {}, KB = {};  // latent boxes, score boxes",
