@@ -16,10 +16,10 @@
 //! Both warpgroups (256 threads) compute the same scores of each tile, `S = [q | q_pe] ·
 //! [c | pe]ᵀ` (`m64n64k16`, both operands in shared memory, `KB · 4` k16 steps in feature
 //! order into one f32 accumulator), and the same online softmax; warpgroup `wg` then adds
-//! `P · c` for latent columns `wg · L/2 ..` (`m64n{L/2}k16`, P from registers in bf16, `c`
-//! read in place as the transposed, MN-major B operand). Computing the scores twice costs
-//! tensor time that the cache's bytes hide, and keeps each warpgroup's softmax in its own
-//! registers (no exchange, no barrier between them).
+//! `P · c` for latent columns `wg · L/2 ..` (`m64n{L/2}k16`, P from registers, `c` read in
+//! place as the transposed, MN-major B operand). Computing the scores twice costs tensor time
+//! (about half of a tile's at Kimi dims) but keeps each warpgroup's softmax in its own
+//! registers: no exchange and no barrier between them.
 //!
 //! Invariance: a row's scores are one accumulator chain over the features; its softmax
 //! walks the split's tiles in order; a masked slot contributes an exact zero and a tile
