@@ -35,6 +35,7 @@
 //! are stored in natural units, as `mla_combine` folds them.
 
 use crate::abi::{assemble, Dtype, Extent, KernelSource, LaunchSpec, Loc, Rows, TensorMap};
+use crate::gemm_wgmma::{emit_wgmma_function, WgmmaOperands};
 use crate::mla_tile::{c_type, emit_dims, mask_setup, prelude, row_end, MlaMask, MlaTileParams};
 use crate::writer::{emit, f32_lit, Writer};
 use crate::Error;
@@ -111,66 +112,25 @@ fn maps(p: &MlaTileParams) -> [Loc; 4] {
 /// Emits `mla_s(float (&d)[32], da, db, accumulate)`: the scores' `m64n64k16`, both operands
 /// K-major in shared memory.
 fn emit_score_mma(w: &mut Writer) {
-    mma_fn(w, "mla_s", 64, false);
+    emit_wgmma_function(w, "mla_s", Dtype::BF16, 64, WgmmaOperands::SharedKMajor);
 }
 
 /// Emits `mla_pv(float (&d)[N / 2], a0..a3, db, accumulate)`: the output's `m64n{N}k16` with
 /// A (P) from registers and B transposed (MN-major: `c` as stored).
 fn emit_pv_mma(w: &mut Writer, n: u64) {
-    mma_fn(w, "mla_pv", n, true);
-}
-
-/// One wgmma wrapper `name(d, A, db, accumulate)`: A four registers (`register_a`, B then
-/// transposed) or a K-major descriptor, B a descriptor, `d = A · B (+ d when accumulate ≠
-/// 0)`. The accumulators are `"+f"` operands, so they stay in registers across the
-/// asynchronous batch; only a `wgmma_wait` makes them readable.
-fn mma_fn(w: &mut Writer, name: &str, n: u64, register_a: bool) {
-    let regs = n / 2;
-    let d_list: Vec<String> = (0..regs).map(|i| format!("%{i}")).collect();
-    let outs: Vec<String> = (0..regs).map(|i| format!("\"+f\"(d[{i}])")).collect();
-    let (a_param, a_operand, b_index) = if register_a {
-        (
-            "unsigned a0, unsigned a1, unsigned a2, unsigned a3",
-            format!("{{%{}, %{}, %{}, %{}}}", regs, regs + 1, regs + 2, regs + 3),
-            regs + 4,
-        )
-    } else {
-        ("unsigned long long da", format!("%{regs}"), regs + 1)
-    };
-    // Immediates after scale-d: scale-a, scale-b, then trans-a (descriptor A only), trans-b.
-    let tail = if register_a { "1, 1, 1" } else { "1, 1, 0, 0" };
-    w.fn_block(
-        format_args!(
-            "__device__ __forceinline__ void {name}(float (&d)[{regs}], {a_param}, unsigned long long db, int accumulate)"
-        ),
-        |w| {
-            w.line("asm volatile(");
-            emit!(
-                w,
-                "    \"{{\\n .reg .pred p;\\n setp.ne.b32 p, %{}, 0;\\n\"",
-                b_index + 1
-            );
-            emit!(
-                w,
-                "    \" wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{}}}, {a_operand}, %{b_index}, p, {tail};\\n}}\\n\"",
-                d_list.join(", ")
-            );
-            for chunk in outs.chunks(8) {
-                let first = std::ptr::eq(chunk.as_ptr(), outs.as_ptr());
-                emit!(w, "    {} {}", if first { ":" } else { "," }, chunk.join(", "));
-            }
-            if register_a {
-                w.line("    : \"r\"(a0), \"r\"(a1), \"r\"(a2), \"r\"(a3), \"l\"(db), \"r\"(accumulate));");
-            } else {
-                w.line("    : \"l\"(da), \"l\"(db), \"r\"(accumulate));");
-            }
-        },
+    emit_wgmma_function(
+        w,
+        "mla_pv",
+        Dtype::BF16,
+        n as u32,
+        WgmmaOperands::RegistersAndMnMajorB,
     );
 }
 
-/// The MN-major 128-byte-swizzle descriptor of the output product's B operand: 64-column
-/// groups `lbo` bytes apart (one box each), 8-slot groups 1024 bytes apart (SBO).
-const MN_DESC: &str = r#"__device__ __forceinline__ float ex2_approx(float x) {
+/// Module items: the softmax's fast `2^x`, and the MN-major 128-byte-swizzle descriptor of
+/// the output product's B operand (64-column groups `lbo` bytes apart, one box each; 8-slot
+/// groups 1024 bytes apart, the SBO).
+const HELPERS: &str = r#"__device__ __forceinline__ float ex2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
@@ -207,7 +167,7 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
         include_str!("../cuda/bulk_copy.cuh"),
         include_str!("../cuda/tma.cuh"),
         include_str!("../cuda/wgmma.cuh"),
-        MN_DESC,
+        HELPERS,
     ] {
         items.line(h.trim_end());
     }

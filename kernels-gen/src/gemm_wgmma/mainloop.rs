@@ -14,9 +14,32 @@ fn mma_name(n: u32) -> String {
 
 /// Emits `wgmma_m64n{n}k16(float (&d)[n / 2], desc_a, desc_b, accumulate)`:
 /// `d = A · Bᵀ (+ d when accumulate ≠ 0)` for the 64 × 16 A tile and the n × 16 B tile the
-/// descriptors name (both K-major, no transpose, f32 accumulation). The accumulators are `"+f"` operands, so the compiler keeps them in
-/// registers across the asynchronous batch; only a `wgmma_wait` makes them readable.
+/// descriptors name (both K-major, no transpose, f32 accumulation).
 pub(super) fn emit_mma_function(w: &mut Writer, dtype: Dtype, n: u32) {
+    emit_wgmma_function(w, &mma_name(n), dtype, n, WgmmaOperands::SharedKMajor);
+}
+
+/// Where a generated wgmma function takes its operands from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WgmmaOperands {
+    /// A and B by descriptor, both K-major: `name(d, da, db, accumulate)`.
+    SharedKMajor,
+    /// A from four registers per thread (the m16n8k16 A fragment of each warp's 16 rows), B
+    /// by descriptor, MN-major (transposed): `name(d, a0, a1, a2, a3, db, accumulate)`.
+    RegistersAndMnMajorB,
+}
+
+/// Emits the `m64n{n}k16` wgmma function `name` over 16-bit `dtype` operands with f32
+/// accumulators: `d = A · B (+ d when accumulate ≠ 0)`. The accumulators are `"+f"`
+/// operands, so the compiler keeps them in registers across the asynchronous batch; only a
+/// `wgmma_wait` makes them readable.
+pub(crate) fn emit_wgmma_function(
+    w: &mut Writer,
+    name: &str,
+    dtype: Dtype,
+    n: u32,
+    operands: WgmmaOperands,
+) {
     let ab = match dtype {
         Dtype::F16 => "f16",
         _ => "bf16",
@@ -24,30 +47,44 @@ pub(super) fn emit_mma_function(w: &mut Writer, dtype: Dtype, n: u32) {
     let regs = n / 2;
     let d_list: Vec<String> = (0..regs).map(|i| format!("%{i}")).collect();
     let outs: Vec<String> = (0..regs).map(|i| format!("\"+f\"(d[{i}])")).collect();
+    // After scale-d: the immediates scale-a, scale-b, then trans-a (descriptor A only), trans-b.
+    let (a_param, a_operand, b_index, tail, inputs) = match operands {
+        WgmmaOperands::SharedKMajor => (
+            "unsigned long long da",
+            format!("%{regs}"),
+            regs + 1,
+            "1, 1, 0, 0",
+            "\"l\"(da), \"l\"(db), \"r\"(accumulate)",
+        ),
+        WgmmaOperands::RegistersAndMnMajorB => (
+            "unsigned a0, unsigned a1, unsigned a2, unsigned a3",
+            format!("{{%{}, %{}, %{}, %{}}}", regs, regs + 1, regs + 2, regs + 3),
+            regs + 4,
+            "1, 1, 1",
+            "\"r\"(a0), \"r\"(a1), \"r\"(a2), \"r\"(a3), \"l\"(db), \"r\"(accumulate)",
+        ),
+    };
     w.fn_block(
         format_args!(
-            "__device__ __forceinline__ void {}(float (&d)[{regs}], unsigned long long da, unsigned long long db, int accumulate)",
-            mma_name(n)
+            "__device__ __forceinline__ void {name}(float (&d)[{regs}], {a_param}, unsigned long long db, int accumulate)"
         ),
         |w| {
             w.line("asm volatile(");
             emit!(
                 w,
                 "    \"{{\\n .reg .pred p;\\n setp.ne.b32 p, %{}, 0;\\n\"",
-                regs + 2
+                b_index + 1
             );
             emit!(
                 w,
-                "    \" wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} {{{}}}, %{}, %{}, p, 1, 1, 0, 0;\\n}}\\n\"",
-                d_list.join(", "),
-                regs,
-                regs + 1
+                "    \" wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} {{{}}}, {a_operand}, %{b_index}, p, {tail};\\n}}\\n\"",
+                d_list.join(", ")
             );
             for chunk in outs.chunks(8) {
                 let first = std::ptr::eq(chunk.as_ptr(), outs.as_ptr());
                 emit!(w, "    {} {}", if first { ":" } else { "," }, chunk.join(", "));
             }
-            w.line("    : \"l\"(da), \"l\"(db), \"r\"(accumulate));");
+            emit!(w, "    : {inputs});");
         },
     );
 }

@@ -47,6 +47,8 @@ pub use specc_ir::engine::choice::WgmmaTiling;
 mod epilogue;
 mod mainloop;
 
+pub(crate) use mainloop::{emit_wgmma_function, WgmmaOperands};
+
 const FAMILY: &str = "gemm_wgmma";
 /// K per ring stage: one 128-byte swizzled box row of 16-bit elements.
 pub const BK: u32 = 64;
