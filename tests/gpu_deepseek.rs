@@ -307,22 +307,9 @@ fn mla_wgmma_dims_methods_are_exact() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let base = fixture("deepseek_v3_bf16").join("config.json");
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(base).unwrap()).unwrap();
-    for (k, v) in [
-        ("kv_lora_rank", 128),
-        ("qk_rope_head_dim", 64),
-        ("qk_nope_head_dim", 32),
-        ("qk_head_dim", 96),
-        ("head_dim", 64),
-        ("v_head_dim", 32),
-    ] {
-        cfg[k] = v.into();
-    }
-    std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
+    common::write_deepseek_wgmma_dims_config(dir.path());
     let draft_dir = tempfile::tempdir().unwrap();
-    std::fs::write(draft_dir.path().join("config.json"), cfg.to_string()).unwrap();
+    common::write_deepseek_wgmma_dims_config(draft_dir.path());
     let target = Model::open_random(dir.path(), 7).unwrap();
     for (what, draft) in [("self", dir.path()), ("other weights", draft_dir.path())] {
         let body = format!("method = \"draft_model\"\ndraft = {draft:?}\nnum_steps = 3\n");

@@ -1199,20 +1199,7 @@ fn quantised_deepseek_v3_builds_with_quantised_kernels() {
 #[test]
 fn deepseek_v3_wgmma_dims_take_mla_wgmma_on_sm90a() {
     let dir = tempfile::tempdir().unwrap();
-    let base = fixture("deepseek_v3_bf16").join("config.json");
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(base).unwrap()).unwrap();
-    for (k, v) in [
-        ("kv_lora_rank", 128),
-        ("qk_rope_head_dim", 64),
-        ("qk_nope_head_dim", 32),
-        ("qk_head_dim", 96),
-        ("head_dim", 64),
-        ("v_head_dim", 32),
-    ] {
-        cfg[k] = v.into();
-    }
-    std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
+    common::write_deepseek_wgmma_dims_config(dir.path());
     let target = Model::open_random(dir.path(), 7).unwrap();
     let plain = StepShape {
         num_steps: 0,

@@ -46,6 +46,25 @@ pub fn fixture(name: &str) -> PathBuf {
     repo_path(Path::new("tests/fixtures").join(name))
 }
 
+/// Writes `dir/config.json`: the bf16 DeepSeek-V3 fixture's config at the MLA dims
+/// `mla_wgmma` takes (latent 128 + rope 64), for a model with random weights.
+pub fn write_deepseek_wgmma_dims_config(dir: &Path) {
+    let base = fixture("deepseek_v3_bf16").join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(base).unwrap()).unwrap();
+    for (k, v) in [
+        ("kv_lora_rank", 128),
+        ("qk_rope_head_dim", 64),
+        ("qk_nope_head_dim", 32),
+        ("qk_head_dim", 96),
+        ("head_dim", 64),
+        ("v_head_dim", 32),
+    ] {
+        cfg[k] = v.into();
+    }
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+}
+
 /// The embedded default family (`models/default/`).
 pub fn default_model() -> PathBuf {
     repo_path("models/default")
