@@ -384,8 +384,9 @@ fn time_launches(gpu: &Gpu, pl: &Planned, b: u64, t: u64, ctx: u64, launches: us
     gpu.time(&mem, &ks, bucket, copies, 100)
 }
 
-/// The tile + combine pair at Kimi-K2 dims, ctx 8192, for every work split the kernel takes
-/// (splits 16 / 32 / 64 × 16 / 32 / 64 rows a block × 3 / 2 stages), beside the plan's
+/// The tile + combine pair at Kimi-K2 dims, ctx 8192, for every work split the kernels take
+/// (splits 16 / 32 / 64 / 128; `mla_tile` also × 16 / 32 / 64 rows a block × 3 / 2 stages,
+/// `mla_wgmma` where the plan chose it), beside the plan's
 /// choice: the table `choose::mla::tiling` is checked against. Timing, not a check.
 #[test]
 #[ignore = "timing, not a check; run with --ignored on a GPU"]
@@ -431,19 +432,12 @@ fn mla_tile_split_sweep() {
             }
             let kv_bytes = kimi_cache_bytes(b, ctx);
             let us = time_launches(&gpu, &pl, b, t, ctx, pl.kernels.len());
-            let same = |p: &specc_kernels_gen::mla_tile::MlaTileParams| {
-                (
-                    p.splits,
-                    p.wgmma,
-                    p.wgmma
-                        || (p.block_row_tiles, p.stages) == (split.block_row_tiles, split.stages),
-                )
-            };
-            let mark = if same(&chosen) == (split.splits, split.wgmma, true) {
-                " <- plan"
-            } else {
-                ""
-            };
+            // `mla_wgmma`'s block shape is fixed: its splits alone name it.
+            let is_plan = (chosen.splits, chosen.wgmma) == (split.splits, split.wgmma)
+                && (split.wgmma
+                    || (chosen.block_row_tiles, chosen.stages)
+                        == (split.block_row_tiles, split.stages));
+            let mark = if is_plan { " <- plan" } else { "" };
             println!(
                 "SWEEP kimi B={b} T={t} splits {:>3} {:<32}: {us:>7.2} us, {:>6.0} GB/s{mark}",
                 split.splits,
