@@ -66,10 +66,10 @@ pub fn smem_bytes(p: &MlaTileParams) -> u64 {
     3 * tile_bytes(p) + 1024
 }
 
-/// Shared memory one block uses: the dynamic part, its mbarriers and row ends, and 1 KiB of
-/// slack for the compiler's own.
+/// Shared memory one block uses: the dynamic part, its three mbarriers, two release counts
+/// and row ends, and 1 KiB of slack for the compiler's own.
 pub fn block_smem_bytes(p: &MlaTileParams) -> u64 {
-    smem_bytes(p) + 5 * 8 + BLOCK_ROWS * 8 + 1024
+    smem_bytes(p) + 3 * 8 + 2 * 4 + BLOCK_ROWS * 8 + 1024
 }
 
 /// Row blocks of one sequence (`T·H` rows).
