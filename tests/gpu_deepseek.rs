@@ -300,7 +300,8 @@ fn assert_near_tie(target: &Model, prompt: &[u32], got: &[u32], want: &[u32], wh
 /// (128 + 64: whole 64-feature boxes, an output half of 64 columns per warpgroup), with
 /// random weights: on sm_90a every MLA launch of the engine is `mla_wgmma`, and draft_model
 /// (its own random draft: full acceptance) and a draft of other weights (near-zero
-/// acceptance) give the device's greedy tokens at B = 1 and 4.
+/// acceptance) give the device's greedy tokens at B = 1 (capacity 256) and 4 (capacity
+/// 2048).
 #[test]
 fn mla_wgmma_dims_methods_are_exact() {
     if !gpu() {
@@ -314,11 +315,13 @@ fn mla_wgmma_dims_methods_are_exact() {
     for (what, draft) in [("self", dir.path()), ("other weights", draft_dir.path())] {
         let body = format!("method = \"draft_model\"\ndraft = {draft:?}\nnum_steps = 3\n");
         let spec = SpecConfig::from_toml(&dir.path().join("spec.toml"), &body).unwrap();
-        for lanes in [1usize, 4] {
+        // Capacity 256: one cluster of 2 splits spans the context (no `mla_combine`); 2048:
+        // 16 splits in two clusters of 8, most of them past the live rows.
+        for (lanes, capacity) in [(1usize, 256), (4, 2048)] {
             let ps = prompts(lanes);
             let random = Some(RandomWeights::seeded(7));
             let (engine, bundle) =
-                build_engine_with(&target, Some(&spec), &[lanes as u32], 256, &[], random);
+                build_engine_with(&target, Some(&spec), &[lanes as u32], capacity, &[], random);
             let mla: Vec<_> = engine
                 .plans
                 .iter()
@@ -338,8 +341,8 @@ fn mla_wgmma_dims_methods_are_exact() {
             let plain = plain_of(&engine, &target, &ps, 24);
             assert_eq!(got, plain, "draft_model ({what}) B={lanes} vs CUDA greedy");
             eprintln!(
-                "mla_wgmma dims draft_model ({what}) B={lanes}: exact; mean acceptance {mean:.2}; MLA {}",
-                if mla[0].wgmma { "mla_wgmma" } else { "mla_tile" }
+                "mla_wgmma dims draft_model ({what}) B={lanes} capacity {capacity}: exact; mean acceptance {mean:.2}; MLA {:?}",
+                mla[0]
             );
         }
     }

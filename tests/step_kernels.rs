@@ -1193,8 +1193,9 @@ fn quantised_deepseek_v3_builds_with_quantised_kernels() {
 
 /// DeepSeek-V3 at MLA dims `mla_wgmma` takes (latent 128 + rope 64; the bf16 fixture's
 /// config, random weights): planned for sm_90a, every MLA launch of the decode step and the
-/// prefill is `mla_wgmma` (and `mla_combine` where the context is split), none `mla_tile`, and
-/// (with NVRTC) the plans compile. The device checks it against the interpreter and target
+/// prefill is `mla_wgmma`, none `mla_tile`; its splits fold in clusters, so `mla_combine`
+/// runs only where more than one cluster splits the context (capacity 2048: 16 splits, two
+/// clusters of 8; at 256 one cluster of 2 spans it); and (with NVRTC) the plans compile. The device checks it against the interpreter and target
 /// greedy (`gpu_parity_mla`, `gpu_deepseek`'s `mla_wgmma_dims_methods_are_exact`).
 #[test]
 fn deepseek_v3_wgmma_dims_take_mla_wgmma_on_sm90a() {
@@ -1217,6 +1218,11 @@ fn deepseek_v3_wgmma_dims_take_mla_wgmma_on_sm90a() {
             lower_target_prefill(target.spec(), &[], &Acceptance::Greedy).unwrap(),
             Bindings::new(1, 16, 256),
         ),
+        (
+            "deepseek 128 + 64: decode step at 2048".to_string(),
+            lower_decode_step(target.spec(), &plain).unwrap(),
+            Bindings::new(2, 1, 2048),
+        ),
     ];
     let p = Planned::build(list, Target::for_archs(&[Arch::Sm90a]));
     for (name, _, plan) in p.iter() {
@@ -1224,12 +1230,26 @@ fn deepseek_v3_wgmma_dims_take_mla_wgmma_on_sm90a() {
             .map(|i| p.family(plan, i))
             .collect();
         assert!(families.contains(&"mla_wgmma"), "{name}: {families:?}");
-        assert!(families.contains(&"mla_combine"), "{name}: {families:?}");
         assert!(!families.contains(&"mla_tile"), "{name}: {families:?}");
         let mla: Vec<_> = plan.groups.iter().filter_map(|g| g.choice.mla()).collect();
         assert!(
             !mla.is_empty() && mla.iter().all(|m| m.wgmma),
             "{name}: {mla:?}"
+        );
+        let (splits, cluster) = if name.ends_with("2048") {
+            (16, 8)
+        } else {
+            (2, 2)
+        };
+        assert!(
+            mla.iter()
+                .all(|m| (m.splits, m.cluster) == (splits, cluster)),
+            "{name}: {mla:?}"
+        );
+        assert_eq!(
+            families.contains(&"mla_combine"),
+            splits > cluster,
+            "{name}: {families:?}"
         );
     }
     if Nvrtc::new().is_ok() {

@@ -558,6 +558,7 @@ fn mla_kernels(
         block_row_tiles: 1,
         stages: 2,
         wgmma: false,
+        cluster: 1,
         partial_acc: out.loc,
         partial_ml: out.loc,
     };
@@ -578,8 +579,9 @@ fn mla_kernels(
     p.block_row_tiles = tiling.block_row_tiles;
     p.stages = tiling.stages;
     p.wgmma = tiling.wgmma;
-    if p.splits > 1 {
-        let (acc, ml) = p.partial_bytes(p.splits);
+    p.cluster = tiling.cluster;
+    if p.parts() > 1 {
+        let (acc, ml) = p.partial_bytes(p.parts());
         p.partial_acc = cx.scratch(acc);
         p.partial_ml = cx.scratch(ml);
     }

@@ -316,6 +316,53 @@ pub(crate) fn assemble_bounded(
     prelude: &str,
     min_blocks: Option<u32>,
 ) -> KernelSource {
+    let attrs = KernelAttrs {
+        min_blocks,
+        cluster: None,
+    };
+    assemble_with(family, dtype, items, prologue, body, launch, prelude, attrs)
+}
+
+/// [`assemble`] with `__cluster_dims__(cluster)`: every launch (a plain `cuLaunchKernel`
+/// included) runs its blocks as thread-block clusters of that shape, which must divide the
+/// grid.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn assemble_clustered(
+    family: &str,
+    dtype: &str,
+    items: &str,
+    prologue: &str,
+    body: &str,
+    launch: LaunchSpec,
+    prelude: &str,
+    cluster: [u32; 3],
+) -> KernelSource {
+    let attrs = KernelAttrs {
+        min_blocks: None,
+        cluster: Some(cluster),
+    };
+    assemble_with(family, dtype, items, prologue, body, launch, prelude, attrs)
+}
+
+/// The kernel attributes beside its body: `__launch_bounds__`'s minimum blocks per SM and
+/// `__cluster_dims__`.
+#[derive(Clone, Copy)]
+struct KernelAttrs {
+    min_blocks: Option<u32>,
+    cluster: Option<[u32; 3]>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn assemble_with(
+    family: &str,
+    dtype: &str,
+    items: &str,
+    prologue: &str,
+    body: &str,
+    launch: LaunchSpec,
+    prelude: &str,
+    attrs: KernelAttrs,
+) -> KernelSource {
     let mut inner = prologue.to_string();
     let mut enter = Writer::at_depth(1);
     enter.line(PDL_ENTER);
@@ -328,8 +375,14 @@ pub(crate) fn assemble_bounded(
     let mut h = Sha256::new();
     h.update(items.as_bytes());
     h.update(bound.to_le_bytes());
-    if let Some(m) = min_blocks {
+    if let Some(m) = attrs.min_blocks {
         h.update(m.to_le_bytes());
+    }
+    if let Some(c) = attrs.cluster {
+        h.update(b"cluster");
+        for d in c {
+            h.update(d.to_le_bytes());
+        }
     }
     h.update(body.as_bytes());
     let digest = h.finalize();
@@ -339,12 +392,16 @@ pub(crate) fn assemble_bounded(
     if !kernel.is_empty() {
         kernel.push('\n');
     }
-    let bounds = match min_blocks {
+    let bounds = match attrs.min_blocks {
         Some(m) => format!("{bound}, {m}"),
         None => bound.to_string(),
     };
+    let cluster = match attrs.cluster {
+        Some([x, y, z]) => format!("__cluster_dims__({x}, {y}, {z}) "),
+        None => String::new(),
+    };
     kernel.push_str(&format!(
-        "extern \"C\" __global__ void __launch_bounds__({bounds})\n{name}({PARAMS}) {{\n"
+        "extern \"C\" __global__ void {cluster}__launch_bounds__({bounds})\n{name}({PARAMS}) {{\n"
     ));
     kernel.push_str(body);
     kernel.push_str("}\n");

@@ -101,7 +101,10 @@ pub struct MlaTileParams {
     /// The sm_90a kernel `mla_wgmma` instead of `mla_tile` (its own block shape: the two
     /// fields above are unused; see [`crate::mla_wgmma`]).
     pub wgmma: bool,
-    /// f32 `[B, T·H, splits, latent]` and `[B, T·H, splits, 2]` (splits > 1).
+    /// Consecutive splits of a row block that `mla_wgmma` runs as one thread-block cluster
+    /// and folds in shared memory (1: none; `mla_tile` takes only 1).
+    pub cluster: u64,
+    /// f32 `[B, T·H, parts, latent]` and `[B, T·H, parts, 2]` ([`Self::parts`] > 1).
     pub partial_acc: Loc,
     pub partial_ml: Loc,
 }
@@ -120,6 +123,16 @@ impl MlaTileParams {
             .next_multiple_of(TILE_SLOTS)
     }
 
+    /// Partials a row leaves for `mla_combine`: one per cluster of splits.
+    pub fn parts(&self) -> u64 {
+        self.splits.max(1) / self.cluster.max(1)
+    }
+
+    /// Slots of each partial: a cluster's splits.
+    pub fn part_chunk(&self) -> u64 {
+        self.chunk() * self.cluster.max(1)
+    }
+
     /// Row tiles of one sequence (`T·H` rows).
     pub fn row_tiles(&self) -> u64 {
         (self.tokens * self.heads).div_ceil(TILE_ROWS)
@@ -135,9 +148,9 @@ impl MlaTileParams {
         self.row_blocks() * self.splits * self.batch
     }
 
-    /// Bytes of the partials (`partial_acc`, `partial_ml`) at `splits`.
-    pub fn partial_bytes(&self, splits: u64) -> (u64, u64) {
-        let rows = self.batch * self.tokens * self.heads * splits;
+    /// Bytes of the partials (`partial_acc`, `partial_ml`) at `parts` partials a row.
+    pub fn partial_bytes(&self, parts: u64) -> (u64, u64) {
+        let rows = self.batch * self.tokens * self.heads * parts;
         (4 * rows * self.latent, 8 * rows)
     }
 
@@ -173,6 +186,7 @@ pub fn supported(p: &MlaTileParams, smem_limit: u64) -> bool {
         && p.rope.is_multiple_of(8)
         && (1..=MAX_BLOCK_ROW_TILES).contains(&p.block_row_tiles)
         && (2..=STAGES).contains(&p.stages)
+        && p.cluster == 1
         && p.smem_bytes() <= smem_limit
         && p.tokens * p.heads > 0
         && p.ctx * (p.latent + p.rope) < 1 << 31
@@ -187,11 +201,11 @@ pub(crate) fn c_type(d: DType) -> &'static str {
 }
 
 /// The kernels of `p`: `mla_tile` (or `mla_wgmma` when `p.wgmma`), then `mla_combine` when
-/// `p.splits > 1`.
+/// `p.parts() > 1`.
 pub fn mla_tile(p: &MlaTileParams) -> Result<Vec<KernelSource>, Error> {
     if p.wgmma {
         let mut out = vec![crate::mla_wgmma::tile(p)?];
-        if p.splits > 1 {
+        if p.parts() > 1 {
             out.push(combine(p));
         }
         return Ok(out);
@@ -634,10 +648,11 @@ const COMBINE_COLS: u64 = 128;
 /// trip for the maxima and one for the partials.
 const COMBINE_BATCH: u64 = 32;
 
-/// One block per query row and 128 latent columns: over the splits that start before the
-/// row's end (the only ones the tile kernel wrote for it), in split order,
+/// One block per query row and 128 latent columns: over the partials (a split's, or a
+/// cluster of splits' for `mla_wgmma`) that start before the row's end (the only ones the
+/// tile kernel wrote for it), in order,
 /// `y = R(Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s)`, 0 where no split saw an allowed slot.
-/// The order and the set of splits depend on the row alone, never on the bucket.
+/// The order and the set of partials depend on the row alone, never on the bucket.
 fn combine(p: &MlaTileParams) -> KernelSource {
     let ct = c_type(p.dtype);
     let mut w = Writer::at_depth(1);
@@ -648,8 +663,8 @@ fn combine(p: &MlaTileParams) -> KernelSource {
         p.heads,
         p.latent,
         p.ctx,
-        p.splits,
-        p.chunk()
+        p.parts(),
+        p.part_chunk()
     );
     emit!(
         w,
@@ -678,7 +693,7 @@ fn combine(p: &MlaTileParams) -> KernelSource {
     emit!(
         w,
         "constexpr int CB = {};",
-        p.splits.clamp(1, COMBINE_BATCH)
+        p.parts().clamp(1, COMBINE_BATCH)
     );
     w.line("float mx = neg_inf();");
     w.for_block("long long s0 = 0", "s0 < live", "s0 += CB", |w| {

@@ -34,7 +34,9 @@
 //! interpreter's result up to summation order, the same in every bucket. The partial maxima
 //! are stored in natural units, as `mla_combine` folds them.
 
-use crate::abi::{assemble, Dtype, Extent, KernelSource, LaunchSpec, Loc, Rows, TensorMap};
+use crate::abi::{
+    assemble, assemble_clustered, Dtype, Extent, KernelSource, LaunchSpec, Loc, Rows, TensorMap,
+};
 use crate::gemm_wgmma::{emit_wgmma_function, WgmmaOperands};
 use crate::mla_tile::{c_type, emit_dims, mask_setup, prelude, row_end, MlaMask, MlaTileParams};
 use crate::writer::{emit, f32_lit, Writer};
@@ -50,6 +52,22 @@ pub const TILE_SLOTS: u64 = 64;
 const BOX_BYTES: u64 = 64 * 128;
 /// Threads: two warpgroups.
 const THREADS: u32 = 256;
+/// Splits one thread-block cluster folds, at most: the portable cluster size (eight blocks of
+/// one SM each fit every GPC).
+pub const MAX_CLUSTER: u64 = 8;
+/// Row stride in f32 of the cluster's fold buffer (64 rows × latent): 8 more than the latent
+/// puts a warp's eight accumulator rows on two bank phases.
+const FOLD_PAD: u64 = 8;
+
+/// The cluster of `splits`: the most consecutive splits, up to [`MAX_CLUSTER`], that divide
+/// them (1 where there is one split). It depends on the splits alone, which depend on the
+/// capacity alone, so a row's fold order is the same in every bucket.
+pub fn cluster_for(splits: u64) -> u64 {
+    [MAX_CLUSTER, 4, 2]
+        .into_iter()
+        .find(|&c| splits >= c && splits.is_multiple_of(c))
+        .unwrap_or(1)
+}
 
 /// Score boxes a row spans (`L/64` latent, then `R/64` rope).
 fn boxes(p: &MlaTileParams) -> u64 {
@@ -67,9 +85,18 @@ pub fn smem_bytes(p: &MlaTileParams) -> u64 {
 }
 
 /// Shared memory one block uses: the dynamic part, its three mbarriers, two release counts
-/// and row ends, and 1 KiB of slack for the compiler's own.
+/// and row ends, in a cluster the four per-row fold arrays, and 1 KiB of slack for the
+/// compiler's own.
 pub fn block_smem_bytes(p: &MlaTileParams) -> u64 {
-    smem_bytes(p) + 3 * 8 + 2 * 4 + BLOCK_ROWS * 8 + 1024
+    let fold = if p.cluster > 1 { 4 * BLOCK_ROWS * 4 } else { 0 };
+    smem_bytes(p) + 3 * 8 + 2 * 4 + BLOCK_ROWS * 8 + fold + 1024
+}
+
+/// Bytes of a cluster's fold buffer, `[64][latent + FOLD_PAD]` f32, which reuses the two
+/// stages once the main loop is done: never more than they hold (the rope dims are at least
+/// 64, the padding 8).
+fn fold_bytes(p: &MlaTileParams) -> u64 {
+    BLOCK_ROWS * (p.latent + FOLD_PAD) * 4
 }
 
 /// Row blocks of one sequence (`T·H` rows).
@@ -80,10 +107,14 @@ pub fn row_blocks(p: &MlaTileParams) -> u64 {
 /// Whether the kernel takes these shapes within `smem_limit` bytes a block: bf16 q and
 /// caches, a latent of 128–512 in multiples of 128 (each warpgroup's half of the output
 /// one `m64nN` of at most 256 columns, whole boxes), rope dims a positive multiple of 64
-/// (whole boxes), and row indices of q and the caches in 32-bit tensor-map coordinates.
-/// That the target is sm_90a is the selection's question.
+/// (whole boxes), row indices of q and the caches in 32-bit tensor-map coordinates, and a
+/// cluster of 1, 2, 4 or 8 splits that divides them. That the target is sm_90a is the
+/// selection's question.
 pub fn supported(p: &MlaTileParams, smem_limit: u64) -> bool {
-    p.dtype == DType::BF16
+    matches!(p.cluster, 1 | 2 | 4 | 8)
+        && p.splits.is_multiple_of(p.cluster)
+        && fold_bytes(p) <= 2 * tile_bytes(p)
+        && p.dtype == DType::BF16
         && p.latent.is_multiple_of(128)
         && (128..=512).contains(&p.latent)
         && p.rope.is_multiple_of(64)
@@ -140,6 +171,29 @@ __device__ __forceinline__ unsigned long long wgmma_desc_mn128(const void* tile,
   return addr | ((unsigned long long)(lbo >> 4) << 16) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
 }"#;
 
+/// Cluster-wide barrier (every thread of every block of the cluster, release / acquire), and
+/// loads from a cluster peer's shared memory at this block's address `local` of the same
+/// array.
+const CLUSTER_HELPERS: &str = r#"__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ unsigned dsmem_addr(unsigned local, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  return remote;
+}
+__device__ __forceinline__ float dsmem_f32(unsigned local, unsigned rank) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(dsmem_addr(local, rank)) : "memory");
+  return v;
+}
+__device__ __forceinline__ float4 dsmem_f32x4(unsigned local, unsigned rank) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(dsmem_addr(local, rank)) : "memory");
+  return v;
+}"#;
+
 /// The `mla_wgmma` kernel of `p` (`p.wgmma`; `mla_combine` comes from [`crate::mla_tile`]).
 pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
     if !supported(p, u64::MAX) {
@@ -147,8 +201,8 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
             FAMILY,
             "dims",
             format!(
-                "{} latent {} + rope {}: needs bf16, a latent of 128..=512 in steps of 128 and rope dims a positive multiple of 64",
-                p.dtype, p.latent, p.rope
+                "{} latent {} + rope {}, {} splits in clusters of {}: needs bf16, a latent of 128..=512 in steps of 128, rope dims a positive multiple of 64 and a cluster of 1, 2, 4 or 8 dividing the splits",
+                p.dtype, p.latent, p.rope, p.splits, p.cluster
             ),
         ));
     }
@@ -170,6 +224,10 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
         HELPERS,
     ] {
         items.line(h.trim_end());
+    }
+    let clustered = p.cluster > 1;
+    if clustered {
+        items.line(CLUSTER_HELPERS);
     }
     emit_score_mma(&mut items);
     emit_pv_mma(&mut items, half);
@@ -227,7 +285,23 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
     w.line("for (int r = 0; r < 64; ++r) len = end_r[r] > len ? end_r[r] : len;");
     w.comment("(32-bit slot arithmetic: `supported` keeps B · ctx below 2³¹.)");
     w.line("const int s_begin = (int)(split * CHUNK);");
-    if p.splits > 1 {
+    if clustered {
+        emit!(
+            w,
+            "constexpr int C = {}, P = S / C;  // splits a cluster folds, partials a row",
+            p.cluster
+        );
+        w.line("const long long part = split / C;");
+        w.line("const unsigned rank = (unsigned)(split % C);  // %cluster_ctarank: clusters are 1 × C × 1");
+        w.comment(
+            "No row of the block reaches this cluster (the same for all its blocks): neither",
+        );
+        w.comment(
+            "its fold nor `mla_combine` reads any of it. A block of a live cluster whose own",
+        );
+        w.comment("split no row reaches runs no tile and joins the fold with zeros.");
+        w.line("if (part * C * CHUNK >= len) return;");
+    } else if p.splits > 1 {
         w.comment("No row of the block reaches this split: `mla_combine` reads none of it.");
         w.line("if (s_begin >= len) return;");
     }
@@ -246,7 +320,12 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
             w.line("tma_load_2d(dst + (LB + kb) * BOX, pemap, kb * 64, row, &full[st]);");
         });
     });
-    w.if_block("tid == 0", |w| {
+    let q_cond = if clustered {
+        "tid == 0 && ntiles > 0"
+    } else {
+        "tid == 0"
+    };
+    w.if_block(q_cond, |w| {
         w.line("const int qrow = (int)(bi * ROWS + row0);");
         w.line("mbar_arrive_expect_tx(&qbar, TILE);");
         w.for_unrolled("kb", 0, "LB", |w| {
@@ -277,7 +356,11 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
     w.line(
         "float m0 = neg_inf(), m1 = neg_inf(), l0 = 0.0f, l1 = 0.0f;  // l: this thread's columns",
     );
-    w.line("mbar_wait(&qbar, 0);");
+    w.line(if clustered {
+        "if (ntiles > 0) mbar_wait(&qbar, 0);"
+    } else {
+        "mbar_wait(&qbar, 0);"
+    });
     w.line("#pragma unroll 1");
     w.for_block("int it = 0", "it < ntiles", "++it", |w| {
         w.line("const int st = it & 1;");
@@ -399,7 +482,9 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
     w.line("l0 += __shfl_xor_sync(0xffffffffu, l0, 2);");
     w.line("l1 += __shfl_xor_sync(0xffffffffu, l1, 1);");
     w.line("l1 += __shfl_xor_sync(0xffffffffu, l1, 2);");
-    if p.splits == 1 {
+    if clustered {
+        cluster_fold(&mut w, p);
+    } else if p.splits == 1 {
         w.for_unrolled("hf", 0, "2", |w| {
             w.line("const long long gr = row0 + r0 + 8 * hf;");
             w.if_block("gr < ROWS", |w| {
@@ -444,13 +529,135 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
         block: [THREADS, 1, 1],
         smem_bytes: smem_bytes(p) as u32,
     };
-    Ok(assemble(
-        FAMILY,
-        p.dtype.to_string().as_str(),
-        &items.finish(),
-        "",
-        &w.finish(),
-        launch,
-        &prelude(),
-    ))
+    let dtype = p.dtype.to_string();
+    Ok(if clustered {
+        assemble_clustered(
+            FAMILY,
+            &dtype,
+            &items.finish(),
+            "",
+            &w.finish(),
+            launch,
+            &prelude(),
+            [1, p.cluster as u32, 1],
+        )
+    } else {
+        assemble(
+            FAMILY,
+            &dtype,
+            &items.finish(),
+            "",
+            &w.finish(),
+            launch,
+            &prelude(),
+        )
+    })
+}
+
+/// The epilogue of a cluster of `C` splits (`p.cluster > 1`): the blocks fold their
+/// `(m, l, o)` in shared memory into one partial (or, where one cluster spans the context,
+/// the output), so `mla_combine` reads `C` times fewer partials.
+///
+/// 1. Each block puts its rows' `m` (base 2) and `l` in shared memory; cluster barrier.
+/// 2. Every thread reads its rows' `m` of all `C` blocks: `M = max_j m_j`, its own factor
+///    `f = 2^(m − M)` (0 for a block that saw no allowed slot of the row), and one thread a
+///    row `L = Σ_j 2^(m_j − M)·l_j` in rank order.
+/// 3. After both warpgroups are done with the stages, each writes `f · o` over them as
+///    `[64][L + 8]` f32; cluster barrier.
+/// 4. Block `rank` folds columns `rank·L/C ..` of the 64 rows over the `C` blocks in rank
+///    order (`ld.shared::cluster`, 16 bytes a load) and writes the partial (`M` in natural
+///    units, `L`) or, with one partial, `R(o / L)`; a last cluster barrier keeps every
+///    block's shared memory until its peers have read it.
+///
+/// The blocks, their order and the rows' sums depend on the capacity's splits alone, so the
+/// result is the same in every bucket.
+fn cluster_fold(w: &mut Writer, p: &MlaTileParams) {
+    let ct = c_type(p.dtype);
+    let one_part = p.parts() == 1;
+    emit!(
+        w,
+        "constexpr int RS = L + {FOLD_PAD}, CW = L / C;  // fold row stride, columns a block folds"
+    );
+    w.line("__shared__ float fm[64], fl[64], fmx[64], fsum[64];  // per row: m, l; M, L");
+    w.if_block("wg == 0 && tq == 0", |w| {
+        w.line("fm[r0] = m0; fm[r0 + 8] = m1; fl[r0] = l0; fl[r0 + 8] = l1;");
+    });
+    w.line("cluster_sync_all();");
+    w.comment("Each array's loads all issued before their uses (one round trip, not C).");
+    w.line("float mj0[C], mj1[C], M0 = neg_inf(), M1 = neg_inf();");
+    w.for_unrolled("j", 0, "C", |w| {
+        w.line("mj0[j] = dsmem_f32(smem_addr(&fm[r0]), j);");
+        w.line("mj1[j] = dsmem_f32(smem_addr(&fm[r0 + 8]), j);");
+    });
+    w.for_unrolled("j", 0, "C", |w| {
+        w.line("M0 = fmaxf(M0, mj0[j]);");
+        w.line("M1 = fmaxf(M1, mj1[j]);");
+    });
+    w.line("const float f0 = m0 == neg_inf() ? 0.0f : ex2_approx(m0 - M0);");
+    w.line("const float f1 = m1 == neg_inf() ? 0.0f : ex2_approx(m1 - M1);");
+    w.if_block("wg == 0 && tq == 0", |w| {
+        w.line("float lj0[C], lj1[C], L0 = 0.0f, L1 = 0.0f;");
+        w.for_unrolled("j", 0, "C", |w| {
+            w.line("lj0[j] = dsmem_f32(smem_addr(&fl[r0]), j);");
+            w.line("lj1[j] = dsmem_f32(smem_addr(&fl[r0 + 8]), j);");
+        });
+        w.for_unrolled("j", 0, "C", |w| {
+            w.line("if (mj0[j] != neg_inf()) L0 = __fmaf_rn(ex2_approx(mj0[j] - M0), lj0[j], L0);");
+            w.line("if (mj1[j] != neg_inf()) L1 = __fmaf_rn(ex2_approx(mj1[j] - M1), lj1[j], L1);");
+        });
+        w.line("fmx[r0] = M0; fmx[r0 + 8] = M1; fsum[r0] = L0; fsum[r0 + 8] = L1;");
+    });
+    w.comment("Both warpgroups are done reading the stages (the fold buffer reuses them).");
+    w.line("__syncthreads();");
+    w.line("float* fold = reinterpret_cast<float*>(smem + TILE);");
+    w.for_unrolled("hf", 0, "2", |w| {
+        w.line("const float f = hf ? f1 : f0;");
+        w.line("float* fr = fold + (r0 + 8 * hf) * RS + wg * HALF + 2 * tq;");
+        w.for_unrolled("j", 0, "NO / 4", |w| {
+            w.line("*reinterpret_cast<float2*>(fr + 8 * j) = make_float2(f * o[4 * j + 2 * hf], f * o[4 * j + 2 * hf + 1]);");
+        });
+    });
+    w.line("cluster_sync_all();");
+    if !one_part {
+        emit!(w, "float* po = {};", p.partial_acc.ptr_as("float", true));
+        emit!(w, "float* pml = {};", p.partial_ml.ptr_as("float", true));
+    }
+    w.line("const unsigned fold0 = smem_addr(fold);");
+    w.comment(
+        "16 · CW float4 a block, a whole number of 256 (CW = L / C is 16 · 2^k or 48 · 2^k).",
+    );
+    w.for_unrolled("k", 0, "16 * CW / 256", |w| {
+        w.line("const int i = tid + 256 * k;");
+        w.line("const int r = i / (CW / 4), c = (int)rank * CW + 4 * (i % (CW / 4));");
+        w.line("const unsigned at = fold0 + (unsigned)(r * RS + c) * 4u;");
+        w.line("float4 v[C];");
+        w.for_unrolled("j", 0, "C", |w| w.line("v[j] = dsmem_f32x4(at, j);"));
+        w.line("float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);");
+        w.for_unrolled("j", 0, "C", |w| {
+            w.line("a.x += v[j].x; a.y += v[j].y; a.z += v[j].z; a.w += v[j].w;");
+        });
+        w.line("const long long gr = row0 + r;");
+        w.if_block("gr < ROWS", |w| {
+            if one_part {
+                w.line("const float l = fsum[r];");
+                emit!(w, "{ct}* yr = y + (bi * ROWS + gr) * L + c;");
+                w.line("const __nv_bfloat162 lo = __floats2bfloat162_rn(l > 0.0f ? a.x / l : 0.0f, l > 0.0f ? a.y / l : 0.0f);");
+                w.line("const __nv_bfloat162 hi = __floats2bfloat162_rn(l > 0.0f ? a.z / l : 0.0f, l > 0.0f ? a.w / l : 0.0f);");
+                w.line("reinterpret_cast<__nv_bfloat162*>(yr)[0] = lo;");
+                w.line("reinterpret_cast<__nv_bfloat162*>(yr)[1] = hi;");
+            } else {
+                w.line("*reinterpret_cast<float4*>(po + ((bi * ROWS + gr) * P + part) * L + c) = a;");
+            }
+        });
+    });
+    if !one_part {
+        w.if_block("rank == 0 && tid < 64 && row0 + tid < ROWS", |w| {
+            w.line("float* q = pml + ((bi * ROWS + row0 + tid) * P + part) * 2;");
+            w.comment("M in natural units, as mla_combine folds it (scores times scale).");
+            w.line("q[0] = fmx[tid] * 0.69314718f;");
+            w.line("q[1] = fsum[tid];");
+        });
+    }
+    w.comment("Every block's shared memory stays until its peers have read it.");
+    w.line("cluster_sync_all();");
 }

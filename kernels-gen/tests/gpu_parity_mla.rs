@@ -134,14 +134,26 @@ fn reference(pl: &Planned, x: &Inputs, tree: bool) -> Vec<f64> {
     g.run(&[("y", y)]).remove("y").unwrap()
 }
 
-/// The plans of a case: the plan's choice, and `mla_tile`'s beside it where the plan chose
-/// `mla_wgmma` (so both kernels run on an sm_90a device).
+/// The plans of a case: the plan's choice, and where the plan chose `mla_wgmma`, the same
+/// without its cluster fold (every split a partial) and `mla_tile`'s beside it (so every
+/// kernel runs on an sm_90a device).
 fn plans(gpu: &Gpu, d: Dims, b: u64, t: u64, ctx: u64, tree: bool) -> Vec<Planned> {
     let label = format!("{d:?} B={b} T={t} ctx={ctx} tree={tree}");
     let chosen = plan(d, b, t, ctx, tree, gpu.target())
         .unwrap_or_else(|| panic!("{label}: the tiles do not take it"));
     let mut out = vec![];
     if chosen.p.wgmma {
+        let c = chosen.p;
+        if c.cluster > 1 {
+            let unfolded = MlaChoice {
+                splits: c.splits,
+                block_row_tiles: c.block_row_tiles,
+                stages: c.stages,
+                wgmma: true,
+                cluster: 1,
+            };
+            out.push(plan_with(d, b, t, ctx, tree, gpu.target(), Some(unfolded)).unwrap());
+        }
         let tile = tile_tiling(&chosen.p, gpu.target()).expect("mla_tile takes it");
         out.push(plan_with(d, b, t, ctx, tree, gpu.target(), Some(tile)).unwrap());
     }
@@ -162,7 +174,7 @@ fn check(gpu: &Gpu, name: &str, d: Dims, b: u64, t: u64, ctx: u64, tree: bool) -
 /// What a plan's kernel is, for the summary lines.
 fn kernel_label(p: &specc_kernels_gen::mla_tile::MlaTileParams) -> String {
     if p.wgmma {
-        "mla_wgmma".into()
+        format!("mla_wgmma cluster {}", p.cluster)
     } else {
         format!(
             "mla_tile rows/block {:>2} stages {}",
@@ -231,6 +243,18 @@ fn mla_tiles_match_interpreter_kimi_dims() {
         println!("{}", check(&gpu, "kimi", KIMI, b, t, ctx, false));
     }
     println!("{}", check(&gpu, "kimi", KIMI, 2, 4, 1024, true));
+}
+
+/// A few small Kimi-K2 cases for the sanitizers (racecheck replays every shared-memory
+/// access, too slow for the whole suite): one cluster spanning a 1024-slot context under the
+/// tree mask, and two clusters of 8 splits at 2048 slots with lanes ending in either.
+/// `compute-sanitizer --tool racecheck … gpu_parity_mla mla_small_cases --ignored`
+#[test]
+#[ignore = "for the sanitizers: a subset of mla_tiles_match_interpreter_kimi_dims"]
+fn mla_small_cases() {
+    let Some(gpu) = Gpu::new() else { return };
+    println!("{}", check(&gpu, "kimi", KIMI, 2, 4, 1024, true));
+    println!("{}", check(&gpu, "kimi", KIMI, 3, 1, 2048, false));
 }
 
 /// Lane 0 of a B = 8 launch equals the same lane run alone (another block shape, other
@@ -335,16 +359,7 @@ fn invariant(gpu: &Gpu, name: &str, d: Dims, big: &Planned, one: &Planned, verif
 fn mla_tile_timings() {
     let Some(gpu) = Gpu::new() else { return };
     let ctx = 8192u64;
-    for (b, t) in [
-        (1, 1),
-        (1, 2),
-        (1, 4),
-        (1, 8),
-        (8, 1),
-        (8, 2),
-        (8, 4),
-        (8, 8),
-    ] {
+    for (b, t) in timing_cases() {
         for pl in plans(&gpu, KIMI, b, t, ctx, false) {
             let kv_bytes = kimi_cache_bytes(b, ctx);
             let us = time_launches(&gpu, &pl, b, t, ctx, pl.kernels.len());
@@ -357,6 +372,24 @@ fn mla_tile_timings() {
                 kernel_label(&pl.p)
             );
         }
+    }
+}
+
+/// The (B, T) cases [`mla_tile_timings`] times: `SPECC_MLA_CASES` (`"8x1,1x4"`, e.g. to
+/// profile one case), else B = 1 and 8 × T = 1, 2, 4, 8.
+fn timing_cases() -> Vec<(u64, u64)> {
+    match std::env::var("SPECC_MLA_CASES") {
+        Ok(v) => v
+            .split(',')
+            .map(|c| {
+                let (b, t) = c.trim().split_once('x').expect("SPECC_MLA_CASES: BxT,BxT…");
+                (b.parse().expect("batch"), t.parse().expect("tokens"))
+            })
+            .collect(),
+        Err(_) => [1, 8]
+            .into_iter()
+            .flat_map(|b| [1, 2, 4, 8].map(|t| (b, t)))
+            .collect(),
     }
 }
 
@@ -397,12 +430,15 @@ fn mla_tile_split_sweep() {
         let chosen = plan(KIMI, b, t, ctx, false, gpu.target()).unwrap().p;
         let mut variants = vec![];
         for splits in [16u64, 32, 64, 128] {
-            variants.push(MlaChoice {
-                splits,
-                block_row_tiles: 4,
-                stages: 2,
-                wgmma: true,
-            });
+            for cluster in [1, specc_kernels_gen::mla_wgmma::cluster_for(splits)] {
+                variants.push(MlaChoice {
+                    splits,
+                    block_row_tiles: 4,
+                    stages: 2,
+                    wgmma: true,
+                    cluster,
+                });
+            }
             for rt in [1u64, 2, 4] {
                 for stages in [3u64, 2] {
                     variants.push(MlaChoice {
@@ -410,6 +446,7 @@ fn mla_tile_split_sweep() {
                         block_row_tiles: rt,
                         stages,
                         wgmma: false,
+                        cluster: 1,
                     });
                 }
             }
@@ -432,8 +469,9 @@ fn mla_tile_split_sweep() {
             }
             let kv_bytes = kimi_cache_bytes(b, ctx);
             let us = time_launches(&gpu, &pl, b, t, ctx, pl.kernels.len());
-            // `mla_wgmma`'s block shape is fixed: its splits alone name it.
-            let is_plan = (chosen.splits, chosen.wgmma) == (split.splits, split.wgmma)
+            // `mla_wgmma`'s block shape is fixed: its splits and cluster name it.
+            let is_plan = (chosen.splits, chosen.wgmma, chosen.cluster)
+                == (split.splits, split.wgmma, split.cluster)
                 && (split.wgmma
                     || (chosen.block_row_tiles, chosen.stages)
                         == (split.block_row_tiles, split.stages));

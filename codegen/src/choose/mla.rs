@@ -32,12 +32,27 @@ pub fn wgmma_enabled() -> bool {
     !std::env::var("SPECC_MLA_WGMMA").is_ok_and(|v| v == "0")
 }
 
+/// Whether `mla_wgmma` folds its splits in thread-block clusters: on unless
+/// `SPECC_MLA_CLUSTER=0` is in the environment of the build (then every split leaves a
+/// partial for `mla_combine`, the A/B of the fold).
+pub fn cluster_enabled() -> bool {
+    !std::env::var("SPECC_MLA_CLUSTER").is_ok_and(|v| v == "0")
+}
+
 /// The `mla_wgmma` choice for `p` on `target`: sm_90a only, the dims it takes (which do not
 /// depend on the bucket, so every graph of an engine picks the same kernel and a row's
-/// result stays the same in every bucket), the capacity's splits.
+/// result stays the same in every bucket), the capacity's splits, folded in clusters of up
+/// to 8 ([`mla_wgmma::cluster_for`], from the splits alone: the same fold in every bucket).
 pub fn wgmma_tiling(p: &MlaTileParams, target: &Target) -> Option<MlaChoice> {
+    let splits = tile_splits(p.ctx);
+    let cluster = if cluster_enabled() {
+        mla_wgmma::cluster_for(splits)
+    } else {
+        1
+    };
     let q = MlaTileParams {
-        splits: tile_splits(p.ctx),
+        splits,
+        cluster,
         ..*p
     };
     (target.archs == [Arch::Sm90a] && mla_wgmma::supported(&q, target.smem_per_block as u64))
@@ -46,6 +61,7 @@ pub fn wgmma_tiling(p: &MlaTileParams, target: &Target) -> Option<MlaChoice> {
             block_row_tiles: mla_wgmma::BLOCK_ROWS / mla_tile::TILE_ROWS,
             stages: 2,
             wgmma: true,
+            cluster,
         })
 }
 
@@ -77,6 +93,7 @@ pub fn tile_tiling(p: &MlaTileParams, target: &Target) -> Option<MlaChoice> {
                 splits,
                 block_row_tiles: rt,
                 stages,
+                cluster: 1,
                 ..*p
             };
             mla_tile::supported(&q, smem).then_some((
@@ -86,6 +103,7 @@ pub fn tile_tiling(p: &MlaTileParams, target: &Target) -> Option<MlaChoice> {
                     block_row_tiles: rt,
                     stages,
                     wgmma: false,
+                    cluster: 1,
                 },
             ))
         })
@@ -133,6 +151,7 @@ mod tests {
             block_row_tiles: 1,
             stages: 2,
             wgmma: false,
+            cluster: 1,
             partial_acc: Loc::arena(0),
             partial_ml: Loc::arena(0),
         }
@@ -148,6 +167,8 @@ mod tests {
             let c = wgmma_tiling(&params(b, t, 64, 512, 64), &h).unwrap();
             assert!(c.wgmma);
             assert_eq!(c.splits, tile_splits(8192));
+            assert_eq!(c.cluster, 8, "32 splits fold in clusters of 8");
+            assert_eq!(c.parts(), 4);
         }
         let tile_only = [
             params(1, 1, 64, 512, 64),

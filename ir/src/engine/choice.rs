@@ -360,7 +360,10 @@ impl Int4MmaTiling {
 /// `mla_combine` when above one), `block_row_tiles` row tiles of 16 (token, head) rows per
 /// block sharing each cache tile, `stages` cache tiles in shared memory. With `wgmma` the
 /// kernel is `mla_wgmma` (sm_90a: blocks of 64 rows on two warpgroups, TMA-fed, two
-/// stages), whose shape is fixed: `block_row_tiles` 4 and `stages` 2 record it.
+/// stages), whose shape is fixed: `block_row_tiles` 4 and `stages` 2 record it; its
+/// `cluster` consecutive splits of a row block run as one thread-block cluster that folds
+/// their partials in shared memory, so `mla_combine` (launched when `splits / cluster`
+/// exceeds one) folds `splits / cluster` partials a row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MlaChoice {
     pub splits: u64,
@@ -368,6 +371,19 @@ pub struct MlaChoice {
     pub stages: u64,
     #[serde(default)]
     pub wgmma: bool,
+    #[serde(default = "one_u64")]
+    pub cluster: u64,
+}
+
+fn one_u64() -> u64 {
+    1
+}
+
+impl MlaChoice {
+    /// Partials a row leaves for `mla_combine`: one per cluster of splits.
+    pub fn parts(&self) -> u64 {
+        self.splits / self.cluster.max(1)
+    }
 }
 
 impl fmt::Display for ExpertMatmul {
@@ -477,6 +493,9 @@ impl fmt::Display for KernelChoice {
             KernelChoice::Mla(m) => {
                 if m.wgmma {
                     write!(f, "mla_wgmma splits {}", m.splits)?;
+                    if m.cluster > 1 {
+                        write!(f, " cluster {}", m.cluster)?;
+                    }
                 } else {
                     write!(
                         f,
@@ -484,7 +503,7 @@ impl fmt::Display for KernelChoice {
                         m.block_row_tiles, m.stages, m.splits
                     )?;
                 }
-                if m.splits > 1 {
+                if m.parts() > 1 {
                     write!(f, " + mla_combine")?;
                 }
                 Ok(())
@@ -532,7 +551,7 @@ impl KernelChoice {
             KernelChoice::Moe(_) => vec!["moe_dispatch", "moe_gate_up", "moe_down", "moe_combine"],
             KernelChoice::Mla(m) => {
                 let mut v = vec![if m.wgmma { "mla_wgmma" } else { "mla_tile" }];
-                if m.splits > 1 {
+                if m.parts() > 1 {
                     v.push("mla_combine");
                 }
                 v
@@ -621,6 +640,7 @@ mod tests {
             block_row_tiles: 2,
             stages: 3,
             wgmma: false,
+            cluster: 1,
         });
         assert_eq!(mla.to_string(), "mla_tile r2 s3 splits 64 + mla_combine");
         assert_eq!(mla.families(), ["mla_tile", "mla_combine"]);
@@ -629,17 +649,35 @@ mod tests {
             block_row_tiles: 1,
             stages: 2,
             wgmma: false,
+            cluster: 1,
         });
         assert_eq!(one.families(), ["mla_tile"]);
-        let wg = KernelChoice::Mla(MlaChoice {
+        let wgc = MlaChoice {
             splits: 32,
             block_row_tiles: 4,
             stages: 2,
             wgmma: true,
-        });
+            cluster: 1,
+        };
+        let wg = KernelChoice::Mla(wgc);
         assert_eq!(wg.to_string(), "mla_wgmma splits 32 + mla_combine");
         assert_eq!(wg.families(), ["mla_wgmma", "mla_combine"]);
-        for c in [moe, mla, one, wg] {
+        let clustered = KernelChoice::Mla(MlaChoice { cluster: 8, ..wgc });
+        assert_eq!(
+            clustered.to_string(),
+            "mla_wgmma splits 32 cluster 8 + mla_combine"
+        );
+        let whole = KernelChoice::Mla(MlaChoice {
+            splits: 8,
+            cluster: 8,
+            ..wgc
+        });
+        assert_eq!(whole.to_string(), "mla_wgmma splits 8 cluster 8");
+        assert_eq!(whole.families(), ["mla_wgmma"]);
+        // Engines written before clusters read as cluster 1.
+        let old = r#"{"Mla":{"splits":32,"block_row_tiles":4,"stages":2,"wgmma":true}}"#;
+        assert_eq!(serde_json::from_str::<KernelChoice>(old).unwrap(), wg);
+        for c in [moe, mla, one, wg, clustered, whole] {
             let json = serde_json::to_string(&c).unwrap();
             assert_eq!(serde_json::from_str::<KernelChoice>(&json).unwrap(), c);
         }

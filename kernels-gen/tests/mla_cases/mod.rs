@@ -104,6 +104,7 @@ pub fn plan_with(
         block_row_tiles: 1,
         stages: 2,
         wgmma: false,
+        cluster: 1,
         partial_acc: Loc::arena(0),
         partial_ml: Loc::arena(0),
     };
@@ -115,7 +116,8 @@ pub fn plan_with(
     p.block_row_tiles = t.block_row_tiles;
     p.stages = t.stages;
     p.wgmma = t.wgmma;
-    let (acc, ml) = p.partial_bytes(p.splits);
+    p.cluster = t.cluster;
+    let (acc, ml) = p.partial_bytes(p.parts());
     p.partial_acc = Loc::arena(out_bytes);
     p.partial_ml = Loc::arena(out_bytes + acc.next_multiple_of(256));
     let arena_bytes = out_bytes + acc.next_multiple_of(256) + ml.next_multiple_of(256);
