@@ -661,3 +661,87 @@ fn cluster_fold(w: &mut Writer, p: &MlaTileParams) {
     w.comment("Every block's shared memory stays until its peers have read it.");
     w.line("cluster_sync_all();");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kimi(splits: u64, cluster: u64) -> MlaTileParams {
+        MlaTileParams {
+            batch: 8,
+            tokens: 1,
+            heads: 64,
+            latent: 512,
+            rope: 64,
+            ctx: 8192,
+            scale: 0.1,
+            dtype: DType::BF16,
+            q_lat: Loc::table(0),
+            q_pe: Loc::table(1),
+            c_cache: Loc::table(2),
+            pe_cache: Loc::table(3),
+            pos: Loc::table(4),
+            pos_dtype: DType::I32,
+            mask: crate::mla_tile::MlaMask::Causal,
+            out: Loc::arena(0),
+            splits,
+            block_row_tiles: 4,
+            stages: 2,
+            wgmma: true,
+            cluster,
+            partial_acc: Loc::arena(1 << 20),
+            partial_ml: Loc::arena(1 << 24),
+        }
+    }
+
+    /// Clusters of 8 where the splits allow, else the largest power of two dividing them.
+    #[test]
+    fn clusters_follow_the_splits() {
+        let got: Vec<u64> = [1, 2, 3, 4, 6, 8, 12, 16, 32, 128].map(cluster_for).into();
+        assert_eq!(got, [1, 2, 1, 4, 2, 8, 4, 8, 8, 8]);
+    }
+
+    /// A cluster must divide the splits and be a portable size; the kernel of a cluster is
+    /// launched with `__cluster_dims__` along the splits, folds `C` splits into one partial
+    /// (none where one cluster spans the context), and its fold buffer fits the stages.
+    #[test]
+    fn a_cluster_divides_the_splits_and_names_itself() {
+        let limit = 232_448;
+        assert!(supported(&kimi(32, 8), limit));
+        assert!(supported(&kimi(32, 1), limit));
+        assert!(!supported(&kimi(32, 16), limit), "non-portable size");
+        assert!(!supported(&kimi(12, 8), limit), "8 does not divide 12");
+        assert!(!supported(&kimi(32, 3), limit));
+        assert!(fold_bytes(&kimi(32, 8)) <= 2 * tile_bytes(&kimi(32, 8)));
+        assert!(tile(&kimi(32, 16)).is_err());
+
+        let k = tile(&kimi(32, 8)).unwrap();
+        assert!(
+            k.kernel.contains("__cluster_dims__(1, 8, 1)"),
+            "{}",
+            k.kernel
+        );
+        assert!(k.kernel.contains("constexpr int C = 8, P = S / C;"));
+        assert_eq!(kimi(32, 8).parts(), 4);
+        let kernels = crate::mla_tile::mla_tile(&kimi(32, 8)).unwrap();
+        assert_eq!(
+            kernels.len(),
+            2,
+            "four partials a row: mla_combine folds them"
+        );
+        let whole = crate::mla_tile::mla_tile(&kimi(8, 8)).unwrap();
+        assert_eq!(
+            whole.len(),
+            1,
+            "one cluster spans the context: no mla_combine"
+        );
+        assert!(
+            !whole[0].kernel.contains("* P + part"),
+            "no partials written"
+        );
+
+        let unfolded = tile(&kimi(32, 1)).unwrap();
+        assert!(!unfolded.kernel.contains("__cluster_dims__"));
+        assert!(!unfolded.kernel.contains("cluster_sync_all"));
+    }
+}
