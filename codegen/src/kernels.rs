@@ -559,6 +559,7 @@ fn mla_kernels(
         stages: 2,
         wgmma: false,
         cluster: 1,
+        p_single: false,
         partial_acc: out.loc,
         partial_ml: out.loc,
     };

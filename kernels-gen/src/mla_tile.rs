@@ -104,6 +104,10 @@ pub struct MlaTileParams {
     /// Consecutive splits of a row block that `mla_wgmma` runs as one thread-block cluster
     /// and folds in shared memory (1: none; `mla_tile` takes only 1).
     pub cluster: u64,
+    /// `mla_wgmma` only: p enters `P · c` as one bf16 value instead of `p_hi + p_lo` (half
+    /// the output product's tensor work, p to 8 bits as in FlashAttention). A measurement
+    /// variant the split sweep times; plans keep both halves.
+    pub p_single: bool,
     /// f32 `[B, T·H, parts, latent]` and `[B, T·H, parts, 2]` ([`Self::parts`] > 1).
     pub partial_acc: Loc,
     pub partial_ml: Loc,

@@ -466,7 +466,9 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
         w.for_unrolled("kk", 0, "4", |w| {
             w.line("const unsigned long long vb = wgmma_desc_mn128(kt + wg * (HALF / 64) * BOX + kk * 2048, BOX);");
             w.line("mla_pv(o, ph[kk][0], ph[kk][1], ph[kk][2], ph[kk][3], vb, 1);");
-            w.line("mla_pv(o, pl[kk][0], pl[kk][1], pl[kk][2], pl[kk][3], vb, 1);");
+            if !p.p_single {
+                w.line("mla_pv(o, pl[kk][0], pl[kk][1], pl[kk][2], pl[kk][3], vb, 1);");
+            }
         });
         w.line("wgmma_commit();");
         w.line("wgmma_wait<0>();");
@@ -689,6 +691,7 @@ mod tests {
             stages: 2,
             wgmma: true,
             cluster,
+            p_single: false,
             partial_acc: Loc::arena(1 << 20),
             partial_ml: Loc::arena(1 << 24),
         }

@@ -22,6 +22,7 @@ use specc_ir::engine::choice::MlaChoice;
 use specc_ir::op::AttnMask;
 use specc_ir::Op;
 use specc_kernels_gen::abi::{Bucket, Dtype, Loc};
+use specc_kernels_gen::mla_tile::{mla_tile, MlaTileParams};
 
 const BF: Dtype = Dtype::BF16;
 
@@ -469,6 +470,26 @@ fn mla_tile_split_sweep() {
             }
             let kv_bytes = kimi_cache_bytes(b, ctx);
             let us = time_launches(&gpu, &pl, b, t, ctx, pl.kernels.len());
+            if split.wgmma && split.cluster > 1 {
+                // The same with p as one bf16 value (not planned: what `p_lo` costs).
+                let mut single = Planned {
+                    p: MlaTileParams {
+                        p_single: true,
+                        ..pl.p
+                    },
+                    kernels: vec![],
+                    buf_bytes: pl.buf_bytes.clone(),
+                    arena_bytes: pl.arena_bytes,
+                };
+                single.kernels = mla_tile(&single.p).unwrap();
+                let us1 = time_launches(&gpu, &single, b, t, ctx, single.kernels.len());
+                println!(
+                    "SWEEP kimi B={b} T={t} splits {:>3} {:<32}: {us1:>7.2} us, {:>6.0} GB/s",
+                    split.splits,
+                    format!("{} p-single", kernel_label(&single.p)),
+                    kv_bytes / us1 / 1e3
+                );
+            }
             // `mla_wgmma`'s block shape is fixed: its splits and cluster name it.
             let is_plan = (chosen.splits, chosen.wgmma, chosen.cluster)
                 == (split.splits, split.wgmma, split.cluster)

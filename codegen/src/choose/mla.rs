@@ -152,6 +152,7 @@ mod tests {
             stages: 2,
             wgmma: false,
             cluster: 1,
+            p_single: false,
             partial_acc: Loc::arena(0),
             partial_ml: Loc::arena(0),
         }
