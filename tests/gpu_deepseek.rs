@@ -315,8 +315,7 @@ fn mla_wgmma_dims_methods_are_exact() {
     for (what, draft) in [("self", dir.path()), ("other weights", draft_dir.path())] {
         let body = format!("method = \"draft_model\"\ndraft = {draft:?}\nnum_steps = 3\n");
         let spec = SpecConfig::from_toml(&dir.path().join("spec.toml"), &body).unwrap();
-        // Capacity 256: one cluster of 2 splits spans the context (no `mla_combine`); 2048:
-        // 16 splits in two clusters of 8, most of them past the live rows.
+        // Capacity 256: 2 context splits; 2048: 16, most of them past the live rows.
         for (lanes, capacity) in [(1usize, 256), (4, 2048)] {
             let ps = prompts(lanes);
             let random = Some(RandomWeights::seeded(7));

@@ -136,8 +136,9 @@ fn reference(pl: &Planned, x: &Inputs, tree: bool) -> Vec<f64> {
 }
 
 /// The plans of a case: the plan's choice, and where the plan chose `mla_wgmma`, the same
-/// without its cluster fold (every split a partial) and `mla_tile`'s beside it (so every
-/// kernel runs on an sm_90a device).
+/// with the other cluster setting (the opt-in fold of `SPECC_MLA_CLUSTER=1`, where the
+/// splits make clusters) and `mla_tile`'s beside it (so every kernel runs on an sm_90a
+/// device).
 fn plans(gpu: &Gpu, d: Dims, b: u64, t: u64, ctx: u64, tree: bool) -> Vec<Planned> {
     let label = format!("{d:?} B={b} T={t} ctx={ctx} tree={tree}");
     let chosen = plan(d, b, t, ctx, tree, gpu.target())
@@ -145,15 +146,20 @@ fn plans(gpu: &Gpu, d: Dims, b: u64, t: u64, ctx: u64, tree: bool) -> Vec<Planne
     let mut out = vec![];
     if chosen.p.wgmma {
         let c = chosen.p;
-        if c.cluster > 1 {
-            let unfolded = MlaChoice {
+        let other = if c.cluster > 1 {
+            1
+        } else {
+            specc_kernels_gen::mla_wgmma::cluster_for(c.splits)
+        };
+        if other != c.cluster {
+            let flipped = MlaChoice {
                 splits: c.splits,
                 block_row_tiles: c.block_row_tiles,
                 stages: c.stages,
                 wgmma: true,
-                cluster: 1,
+                cluster: other,
             };
-            out.push(plan_with(d, b, t, ctx, tree, gpu.target(), Some(unfolded)).unwrap());
+            out.push(plan_with(d, b, t, ctx, tree, gpu.target(), Some(flipped)).unwrap());
         }
         let tile = tile_tiling(&chosen.p, gpu.target()).expect("mla_tile takes it");
         out.push(plan_with(d, b, t, ctx, tree, gpu.target(), Some(tile)).unwrap());
@@ -247,8 +253,9 @@ fn mla_tiles_match_interpreter_kimi_dims() {
 }
 
 /// A few small Kimi-K2 cases for the sanitizers (racecheck replays every shared-memory
-/// access, too slow for the whole suite): one cluster spanning a 1024-slot context under the
-/// tree mask, and two clusters of 8 splits at 2048 slots with lanes ending in either.
+/// access, too slow for the whole suite): 8 splits of a 1024-slot context under the tree
+/// mask (with the opt-in cluster fold: one cluster spans it), and 16 splits at 2048 slots
+/// (two clusters of 8) with lanes ending in either half.
 /// `compute-sanitizer --tool racecheck … gpu_parity_mla mla_small_cases --ignored`
 #[test]
 #[ignore = "for the sanitizers: a subset of mla_tiles_match_interpreter_kimi_dims"]

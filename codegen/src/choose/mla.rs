@@ -32,17 +32,21 @@ pub fn wgmma_enabled() -> bool {
     !std::env::var("SPECC_MLA_WGMMA").is_ok_and(|v| v == "0")
 }
 
-/// Whether `mla_wgmma` folds its splits in thread-block clusters: on unless
-/// `SPECC_MLA_CLUSTER=0` is in the environment of the build (then every split leaves a
-/// partial for `mla_combine`, the A/B of the fold).
+/// Whether `mla_wgmma` folds its splits in thread-block clusters: off unless
+/// `SPECC_MLA_CLUSTER=1` is in the environment of the build. Measured on the H100 (session
+/// 42, bench/NOTES.md) the fold loses everywhere: at Kimi-K2 dims, ctx 8192, it costs ≈ 4.6
+/// µs a wave (each block reads 112 KB of its peers' shared memory, ≈ 25 GB/s an SM) and
+/// clusters of 8 one-SM blocks fit only 15 at once (120 of 132 SMs: three rounds instead of
+/// two at B = 8), more than the `mla_combine` traffic it saves (B = 8: 72.9 → 79.9 µs).
 pub fn cluster_enabled() -> bool {
-    !std::env::var("SPECC_MLA_CLUSTER").is_ok_and(|v| v == "0")
+    std::env::var("SPECC_MLA_CLUSTER").is_ok_and(|v| v == "1")
 }
 
 /// The `mla_wgmma` choice for `p` on `target`: sm_90a only, the dims it takes (which do not
 /// depend on the bucket, so every graph of an engine picks the same kernel and a row's
-/// result stays the same in every bucket), the capacity's splits, folded in clusters of up
-/// to 8 ([`mla_wgmma::cluster_for`], from the splits alone: the same fold in every bucket).
+/// result stays the same in every bucket), the capacity's splits; with
+/// [`cluster_enabled`], folded in clusters of up to 8 ([`mla_wgmma::cluster_for`], from the
+/// splits alone: the same fold in every bucket).
 pub fn wgmma_tiling(p: &MlaTileParams, target: &Target) -> Option<MlaChoice> {
     let splits = tile_splits(p.ctx);
     let cluster = if cluster_enabled() {
@@ -168,8 +172,8 @@ mod tests {
             let c = wgmma_tiling(&params(b, t, 64, 512, 64), &h).unwrap();
             assert!(c.wgmma);
             assert_eq!(c.splits, tile_splits(8192));
-            assert_eq!(c.cluster, 8, "32 splits fold in clusters of 8");
-            assert_eq!(c.parts(), 4);
+            assert_eq!(c.cluster, 1, "the cluster fold is opt-in");
+            assert_eq!(c.parts(), 32);
         }
         let tile_only = [
             params(1, 1, 64, 512, 64),
