@@ -560,6 +560,7 @@ fn mla_kernels(
         wgmma: false,
         cluster: 1,
         p_single: false,
+        ping_pong: false,
         partial_acc: out.loc,
         partial_ml: out.loc,
     };

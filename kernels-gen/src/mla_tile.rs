@@ -108,6 +108,11 @@ pub struct MlaTileParams {
     /// the output product's tensor work, p to 8 bits as in FlashAttention). A measurement
     /// variant the split sweep times; plans keep both halves.
     pub p_single: bool,
+    /// `mla_wgmma` only: the two warpgroups take turns issuing their products (named
+    /// barriers, FlashAttention-3's ping-pong), so one's softmax runs under the other's
+    /// mma; the same arithmetic in the same order. A measurement variant the split sweep
+    /// times and the parity test checks; plans keep it off.
+    pub ping_pong: bool,
     /// f32 `[B, T·H, parts, latent]` and `[B, T·H, parts, 2]` ([`Self::parts`] > 1).
     pub partial_acc: Loc,
     pub partial_ml: Loc,

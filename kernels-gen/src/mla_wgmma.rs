@@ -361,6 +361,24 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
     } else {
         "mbar_wait(&qbar, 0);"
     });
+    let pp = p.ping_pong;
+    if pp {
+        w.comment(
+            "Ping-pong: warpgroup wg issues its products after bar.sync(1 + wg), then lets the",
+        );
+        w.comment("other go (bar.arrive on its barrier); warpgroup 0 goes first.");
+        w.line("if (wg == 1) asm volatile(\"bar.arrive 1, 256;\" ::: \"memory\");");
+    }
+    let turn = |w: &mut Writer| {
+        if pp {
+            w.line("if (wg == 0) asm volatile(\"bar.sync 1, 256;\" ::: \"memory\"); else asm volatile(\"bar.sync 2, 256;\" ::: \"memory\");");
+        }
+    };
+    let pass = |w: &mut Writer| {
+        if pp {
+            w.line("if (wg == 0) asm volatile(\"bar.arrive 2, 256;\" ::: \"memory\"); else asm volatile(\"bar.arrive 1, 256;\" ::: \"memory\");");
+        }
+    };
     w.line("#pragma unroll 1");
     w.for_block("int it = 0", "it < ntiles", "++it", |w| {
         w.line("const int st = it & 1;");
@@ -380,6 +398,7 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
         });
         w.comment("Scores of the 64 rows × 64 slots, k16 steps in feature order.");
         w.line("float sc[32];");
+        turn(w);
         w.line("wgmma_fence();");
         w.for_unrolled("kb", 0, "KB", |w| {
             w.for_unrolled("kk", 0, "4", |w| {
@@ -387,6 +406,7 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
             });
         });
         w.line("wgmma_commit();");
+        pass(w);
         w.line("wgmma_wait<0>();");
         w.for_unrolled("i", 0, "32", |w| w.line("wgmma_fence_operand(sc[i]);"));
         w.comment("Online softmax in base 2 (scores times scale · log2 e): element 4j + d is row");
@@ -462,6 +482,7 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
             });
         });
         w.comment("o += P · c[:, wg · HALF ..]: the latent boxes read as the MN-major B operand.");
+        turn(w);
         w.line("wgmma_fence();");
         w.for_unrolled("kk", 0, "4", |w| {
             w.line("const unsigned long long vb = wgmma_desc_mn128(kt + wg * (HALF / 64) * BOX + kk * 2048, BOX);");
@@ -471,6 +492,7 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
             }
         });
         w.line("wgmma_commit();");
+        pass(w);
         w.line("wgmma_wait<0>();");
         w.for_unrolled("i", 0, "NO", |w| w.line("wgmma_fence_operand(o[i]);"));
         w.comment("This warpgroup is done with the stage; the second to be (an odd count before its");
@@ -480,6 +502,10 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
             w.line("if ((before & 1) && it + 2 < ntiles) load_tile(it + 2);");
         });
     });
+    if pp {
+        w.comment("Warpgroup 1's last pass (or its first, with no tile) is waited for here.");
+        w.line("if (wg == 0) asm volatile(\"bar.sync 1, 256;\" ::: \"memory\");");
+    }
     w.line("l0 += __shfl_xor_sync(0xffffffffu, l0, 1);");
     w.line("l0 += __shfl_xor_sync(0xffffffffu, l0, 2);");
     w.line("l1 += __shfl_xor_sync(0xffffffffu, l1, 1);");
@@ -692,6 +718,7 @@ mod tests {
             wgmma: true,
             cluster,
             p_single: false,
+            ping_pong: false,
             partial_acc: Loc::arena(1 << 20),
             partial_ml: Loc::arena(1 << 24),
         }

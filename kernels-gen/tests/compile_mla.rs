@@ -8,6 +8,8 @@
 mod mla_cases;
 
 use mla_cases::{plan, Dims, FIXTURE, KIMI};
+use specc_kernels_gen::mla_tile::MlaTileParams;
+use specc_kernels_gen::mla_wgmma;
 use specc_kernels_gen::{Arch, Nvrtc, Target};
 
 const ARCHS: [Arch; 3] = [Arch::Sm90a, Arch::Sm100a, Arch::Sm120];
@@ -50,7 +52,24 @@ fn mla_tiles_compile_for_every_arch_without_spills() {
                 failures.push(format!("{label} [{arch}]: the tiles do not take it"));
                 continue;
             };
-            for k in &pl.kernels {
+            // On sm_90a also the variants no plan chooses by default: the cluster fold
+            // (`SPECC_MLA_CLUSTER=1`) and the warpgroups' ping-pong.
+            let mut kernels = pl.kernels.clone();
+            if pl.p.wgmma {
+                for (cluster, ping_pong) in
+                    [(mla_wgmma::cluster_for(pl.p.splits), false), (1, true)]
+                {
+                    let p = MlaTileParams {
+                        cluster,
+                        ping_pong,
+                        ..pl.p
+                    };
+                    if (cluster, ping_pong) != (1, false) {
+                        kernels.push(mla_wgmma::tile(&p).unwrap());
+                    }
+                }
+            }
+            for k in &kernels {
                 match nvrtc.compile(k, arch) {
                     Ok(c) => {
                         let s = c.stats;

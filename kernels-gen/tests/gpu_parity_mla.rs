@@ -161,11 +161,25 @@ fn plans(gpu: &Gpu, d: Dims, b: u64, t: u64, ctx: u64, tree: bool) -> Vec<Planne
             };
             out.push(plan_with(d, b, t, ctx, tree, gpu.target(), Some(flipped)).unwrap());
         }
+        out.push(variant(&chosen, |p| p.ping_pong = true));
         let tile = tile_tiling(&chosen.p, gpu.target()).expect("mla_tile takes it");
         out.push(plan_with(d, b, t, ctx, tree, gpu.target(), Some(tile)).unwrap());
     }
     out.insert(0, chosen);
     out
+}
+
+/// `pl` with its params changed by `f` (a measurement variant no plan chooses) and its
+/// kernels generated again.
+fn variant(pl: &Planned, f: impl FnOnce(&mut MlaTileParams)) -> Planned {
+    let mut p = pl.p;
+    f(&mut p);
+    Planned {
+        p,
+        kernels: mla_tile(&p).unwrap(),
+        buf_bytes: pl.buf_bytes.clone(),
+        arena_bytes: pl.arena_bytes,
+    }
 }
 
 /// One case against the interpreter, through every kernel [`plans`] gives; returns their
@@ -179,9 +193,10 @@ fn check(gpu: &Gpu, name: &str, d: Dims, b: u64, t: u64, ctx: u64, tree: bool) -
 }
 
 /// What a plan's kernel is, for the summary lines.
-fn kernel_label(p: &specc_kernels_gen::mla_tile::MlaTileParams) -> String {
+fn kernel_label(p: &MlaTileParams) -> String {
     if p.wgmma {
-        format!("mla_wgmma cluster {}", p.cluster)
+        let pp = if p.ping_pong { " ping-pong" } else { "" };
+        format!("mla_wgmma cluster {}{pp}", p.cluster)
     } else {
         format!(
             "mla_tile rows/block {:>2} stages {}",
@@ -477,25 +492,25 @@ fn mla_tile_split_sweep() {
             }
             let kv_bytes = kimi_cache_bytes(b, ctx);
             let us = time_launches(&gpu, &pl, b, t, ctx, pl.kernels.len());
-            if split.wgmma && split.cluster > 1 {
-                // The same with p as one bf16 value (not planned: what `p_lo` costs).
-                let mut single = Planned {
-                    p: MlaTileParams {
-                        p_single: true,
-                        ..pl.p
-                    },
-                    kernels: vec![],
-                    buf_bytes: pl.buf_bytes.clone(),
-                    arena_bytes: pl.arena_bytes,
-                };
-                single.kernels = mla_tile(&single.p).unwrap();
-                let us1 = time_launches(&gpu, &single, b, t, ctx, single.kernels.len());
-                println!(
-                    "SWEEP kimi B={b} T={t} splits {:>3} {:<32}: {us1:>7.2} us, {:>6.0} GB/s",
-                    split.splits,
-                    format!("{} p-single", kernel_label(&single.p)),
-                    kv_bytes / us1 / 1e3
-                );
+            if split.wgmma && split.cluster == 1 {
+                // Measurement variants no plan chooses: the warpgroups' ping-pong, and with
+                // it p as one bf16 value (what `p_lo`'s product costs).
+                let pp = variant(&pl, |p| p.ping_pong = true);
+                let both = variant(&pl, |p| {
+                    p.ping_pong = true;
+                    p.p_single = true;
+                });
+                for (what, v) in [("", pp), ("p-single", both)] {
+                    let us1 = time_launches(&gpu, &v, b, t, ctx, v.kernels.len());
+                    println!(
+                        "SWEEP kimi B={b} T={t} splits {:>3} {:<32}: {us1:>7.2} us, {:>6.0} GB/s",
+                        split.splits,
+                        format!("{} {what}", kernel_label(&v.p))
+                            .trim_end()
+                            .to_string(),
+                        kv_bytes / us1 / 1e3
+                    );
+                }
             }
             // `mla_wgmma`'s block shape is fixed: its splits and cluster name it.
             let is_plan = (chosen.splits, chosen.wgmma, chosen.cluster)

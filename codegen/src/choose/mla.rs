@@ -157,6 +157,7 @@ mod tests {
             wgmma: false,
             cluster: 1,
             p_single: false,
+            ping_pong: false,
             partial_acc: Loc::arena(0),
             partial_ml: Loc::arena(0),
         }

@@ -106,6 +106,7 @@ pub fn plan_with(
         wgmma: false,
         cluster: 1,
         p_single: false,
+        ping_pong: false,
         partial_acc: Loc::arena(0),
         partial_ml: Loc::arena(0),
     };
