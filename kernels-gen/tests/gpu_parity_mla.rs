@@ -161,7 +161,6 @@ fn plans(gpu: &Gpu, d: Dims, b: u64, t: u64, ctx: u64, tree: bool) -> Vec<Planne
             };
             out.push(plan_with(d, b, t, ctx, tree, gpu.target(), Some(flipped)).unwrap());
         }
-        out.push(variant(&chosen, |p| p.ping_pong = true));
         let tile = tile_tiling(&chosen.p, gpu.target()).expect("mla_tile takes it");
         out.push(plan_with(d, b, t, ctx, tree, gpu.target(), Some(tile)).unwrap());
     }
@@ -268,16 +267,44 @@ fn mla_tiles_match_interpreter_kimi_dims() {
 }
 
 /// A few small Kimi-K2 cases for the sanitizers (racecheck replays every shared-memory
-/// access, too slow for the whole suite): 8 splits of a 1024-slot context under the tree
-/// mask (with the opt-in cluster fold: one cluster spans it), and 16 splits at 2048 slots
-/// (two clusters of 8) with lanes ending in either half.
+/// access, too slow for the whole suite) and the measurement variants: 8 splits of a
+/// 1024-slot context under the tree mask (with the opt-in cluster fold: one cluster spans
+/// it), and 16 splits at 2048 slots (two clusters of 8) with lanes ending in either half;
+/// each also with the warpgroups' ping-pong.
 /// `compute-sanitizer --tool racecheck … gpu_parity_mla mla_small_cases --ignored`
 #[test]
 #[ignore = "for the sanitizers: a subset of mla_tiles_match_interpreter_kimi_dims"]
 fn mla_small_cases() {
     let Some(gpu) = Gpu::new() else { return };
-    println!("{}", check(&gpu, "kimi", KIMI, 2, 4, 1024, true));
-    println!("{}", check(&gpu, "kimi", KIMI, 3, 1, 2048, false));
+    for (b, t, ctx, tree) in [(2, 4, 1024, true), (3, 1, 2048, false)] {
+        println!("{}", check(&gpu, "kimi", KIMI, b, t, ctx, tree));
+        ping_pong_matches_the_plan(&gpu, b, t, ctx, tree);
+    }
+}
+
+/// The warpgroups' ping-pong (`MlaTileParams::ping_pong`, a measurement variant no plan
+/// chooses) against the interpreter, and bitwise equal to the planned `mla_wgmma`: it only
+/// orders the two warpgroups' products, never the arithmetic.
+fn ping_pong_matches_the_plan(gpu: &Gpu, b: u64, t: u64, ctx: u64, tree: bool) {
+    let chosen = plan(KIMI, b, t, ctx, tree, gpu.target()).unwrap();
+    if !chosen.p.wgmma {
+        return;
+    }
+    let pp = variant(&chosen, |p| p.ping_pong = true);
+    println!("{}", check_plan(gpu, &pp, "kimi", KIMI, tree));
+    let x = inputs(KIMI, b as usize, t as usize, ctx as usize, 5);
+    let (want, got) = (run_gpu(gpu, &chosen, &x), run_gpu(gpu, &pp, &x));
+    let same = want
+        .iter()
+        .zip(&got)
+        .filter(|(a, b)| a.to_bits() == b.to_bits())
+        .count();
+    println!(
+        "{} kimi B={b} T={t} ctx={ctx}: ping-pong vs plan {same} of {} bitwise equal",
+        if same == want.len() { "PASS" } else { "FAIL" },
+        want.len()
+    );
+    assert_eq!(same, want.len(), "ping-pong changed the arithmetic");
 }
 
 /// Lane 0 of a B = 8 launch equals the same lane run alone (another block shape, other
@@ -399,7 +426,7 @@ fn mla_tile_timings() {
 }
 
 /// The (B, T) cases [`mla_tile_timings`] times: `SPECC_MLA_CASES` (`"8x1,1x4"`, e.g. to
-/// profile one case), else B = 1 and 8 × T = 1, 2, 4, 8.
+/// profile one case; the split sweep takes them too), else B = 1 and 8 × T = 1, 2, 4, 8.
 fn timing_cases() -> Vec<(u64, u64)> {
     match std::env::var("SPECC_MLA_CASES") {
         Ok(v) => v
@@ -449,7 +476,11 @@ fn time_launches(gpu: &Gpu, pl: &Planned, b: u64, t: u64, ctx: u64, launches: us
 fn mla_tile_split_sweep() {
     let Some(gpu) = Gpu::new() else { return };
     let ctx = 8192u64;
-    for (b, t) in [(1, 1), (1, 4), (8, 1)] {
+    let cases = match std::env::var("SPECC_MLA_CASES") {
+        Ok(_) => timing_cases(),
+        Err(_) => vec![(1, 1), (1, 4), (8, 1)],
+    };
+    for (b, t) in cases {
         let chosen = plan(KIMI, b, t, ctx, false, gpu.target()).unwrap().p;
         let mut variants = vec![];
         for splits in [16u64, 32, 64, 128] {

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Session 42, call C (after the fold went opt-in): the MLA pair timings at Kimi-K2 dims with
-# the warpgroups' ping-pong beside the plan; memcheck of the MLA kernels on small Kimi-K2
-# cases (planned `mla_wgmma`, the opt-in cluster fold, ping-pong, `mla_tile`, each against the
-# interpreter); an Nsight Compute profile with stall reasons of the planned B = 8 decode
-# launch at ctx 8192; the Kimi-K2.5 int4 verify of 8 tokens at ctx 1024 (issue 20) and decode.
+# Session 42, call C (prepared, not run: no machine came): the MLA pair timings at Kimi-K2
+# dims; memcheck of the MLA kernels on small Kimi-K2 cases (planned `mla_wgmma`, the opt-in
+# cluster fold, the ping-pong, `mla_tile`, each against the interpreter); an Nsight Compute
+# profile with stall reasons of the planned B = 8 decode launch at ctx 8192; the Kimi-K2.5
+# int4 verify of 8 tokens at ctx 1024 (issue 20) and decode.
 set -uo pipefail
 source scripts/device/unpack.sh
 start=$SECONDS; BUDGET=${BUDGET:-230}
