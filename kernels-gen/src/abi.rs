@@ -323,37 +323,18 @@ pub(crate) fn assemble_bounded(
     assemble_with(family, dtype, items, prologue, body, launch, prelude, attrs)
 }
 
-/// [`assemble`] with `__cluster_dims__(cluster)`: every launch (a plain `cuLaunchKernel`
-/// included) runs its blocks as thread-block clusters of that shape, which must divide the
-/// grid.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn assemble_clustered(
-    family: &str,
-    dtype: &str,
-    items: &str,
-    prologue: &str,
-    body: &str,
-    launch: LaunchSpec,
-    prelude: &str,
-    cluster: [u32; 3],
-) -> KernelSource {
-    let attrs = KernelAttrs {
-        min_blocks: None,
-        cluster: Some(cluster),
-    };
-    assemble_with(family, dtype, items, prologue, body, launch, prelude, attrs)
-}
-
 /// The kernel attributes beside its body: `__launch_bounds__`'s minimum blocks per SM and
-/// `__cluster_dims__`.
-#[derive(Clone, Copy)]
-struct KernelAttrs {
-    min_blocks: Option<u32>,
-    cluster: Option<[u32; 3]>,
+/// `__cluster_dims__` (every launch, a plain `cuLaunchKernel` included, then runs its blocks
+/// as thread-block clusters of that shape, which must divide the grid).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct KernelAttrs {
+    pub min_blocks: Option<u32>,
+    pub cluster: Option<[u32; 3]>,
 }
 
+/// [`assemble`] with the attributes `attrs`, which also enter the kernel's hash.
 #[allow(clippy::too_many_arguments)]
-fn assemble_with(
+pub(crate) fn assemble_with(
     family: &str,
     dtype: &str,
     items: &str,

@@ -35,7 +35,7 @@
 //! are stored in natural units, as `mla_combine` folds them.
 
 use crate::abi::{
-    assemble, assemble_clustered, Dtype, Extent, KernelSource, LaunchSpec, Loc, Rows, TensorMap,
+    assemble_with, Dtype, Extent, KernelAttrs, KernelSource, LaunchSpec, Loc, Rows, TensorMap,
 };
 use crate::gemm_wgmma::{emit_wgmma_function, WgmmaOperands};
 use crate::mla_tile::{c_type, emit_dims, mask_setup, prelude, row_end, MlaMask, MlaTileParams};
@@ -557,29 +557,20 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
         block: [THREADS, 1, 1],
         smem_bytes: smem_bytes(p) as u32,
     };
-    let dtype = p.dtype.to_string();
-    Ok(if clustered {
-        assemble_clustered(
-            FAMILY,
-            &dtype,
-            &items.finish(),
-            "",
-            &w.finish(),
-            launch,
-            &prelude(),
-            [1, p.cluster as u32, 1],
-        )
-    } else {
-        assemble(
-            FAMILY,
-            &dtype,
-            &items.finish(),
-            "",
-            &w.finish(),
-            launch,
-            &prelude(),
-        )
-    })
+    let attrs = KernelAttrs {
+        min_blocks: None,
+        cluster: clustered.then_some([1, p.cluster as u32, 1]),
+    };
+    Ok(assemble_with(
+        FAMILY,
+        p.dtype.to_string().as_str(),
+        &items.finish(),
+        "",
+        &w.finish(),
+        launch,
+        &prelude(),
+        attrs,
+    ))
 }
 
 /// The epilogue of a cluster of `C` splits (`p.cluster > 1`): the blocks fold their

@@ -33,11 +33,9 @@ pub fn wgmma_enabled() -> bool {
 }
 
 /// Whether `mla_wgmma` folds its splits in thread-block clusters: off unless
-/// `SPECC_MLA_CLUSTER=1` is in the environment of the build. Measured on the H100 (session
-/// 42, bench/NOTES.md) the fold loses everywhere: at Kimi-K2 dims, ctx 8192, it costs ≈ 4.6
-/// µs a wave (each block reads 112 KB of its peers' shared memory, ≈ 25 GB/s an SM) and
-/// clusters of 8 one-SM blocks fit only 15 at once (120 of 132 SMs: three rounds instead of
-/// two at B = 8), more than the `mla_combine` traffic it saves (B = 8: 72.9 → 79.9 µs).
+/// `SPECC_MLA_CLUSTER=1` is in the environment of the build. Off because on sm_90a the fold
+/// costs more than the `mla_combine` traffic it saves: peers' shared memory reads slowly,
+/// and clusters of eight one-SM blocks leave SMs idle (bench/NOTES.md, session 42).
 pub fn cluster_enabled() -> bool {
     std::env::var("SPECC_MLA_CLUSTER").is_ok_and(|v| v == "1")
 }
