@@ -561,6 +561,7 @@ fn mla_kernels(
         cluster: 1,
         p_single: false,
         ping_pong: false,
+        split_scores: false,
         partial_acc: out.loc,
         partial_ml: out.loc,
     };

@@ -113,6 +113,13 @@ pub struct MlaTileParams {
     /// mma; the same arithmetic in the same order. A measurement variant the split sweep
     /// times and the parity test checks; plans keep it off.
     pub ping_pong: bool,
+    /// `mla_wgmma` only: each warpgroup computes the scores of its own 32 slots of a tile
+    /// (not all 64), the two exchange their rows' maxima and their bf16 `p` through shared
+    /// memory, and each adds `P · c` over all 64 slots for its half of the latent — the
+    /// scores' tensor work once instead of twice, p as one bf16 value (FlashMLA's split).
+    /// A measurement variant the split sweep times and the parity test checks; not with
+    /// `ping_pong`.
+    pub split_scores: bool,
     /// f32 `[B, T·H, parts, latent]` and `[B, T·H, parts, 2]` ([`Self::parts`] > 1).
     pub partial_acc: Loc,
     pub partial_ml: Loc,

@@ -53,18 +53,21 @@ fn mla_tiles_compile_for_every_arch_without_spills() {
                 continue;
             };
             // On sm_90a also the variants no plan chooses by default: the cluster fold
-            // (`SPECC_MLA_CLUSTER=1`) and the warpgroups' ping-pong.
+            // (`SPECC_MLA_CLUSTER=1`), the warpgroups' ping-pong and the split scores.
             let mut kernels = pl.kernels.clone();
             if pl.p.wgmma {
-                for (cluster, ping_pong) in
-                    [(mla_wgmma::cluster_for(pl.p.splits), false), (1, true)]
-                {
+                for (cluster, ping_pong, split_scores) in [
+                    (mla_wgmma::cluster_for(pl.p.splits), false, false),
+                    (1, true, false),
+                    (1, false, true),
+                ] {
                     let p = MlaTileParams {
                         cluster,
                         ping_pong,
+                        split_scores,
                         ..pl.p
                     };
-                    if (cluster, ping_pong) != (1, false) {
+                    if (cluster, ping_pong, split_scores) != (1, false, false) {
                         kernels.push(mla_wgmma::tile(&p).unwrap());
                     }
                 }

@@ -107,6 +107,7 @@ pub fn plan_with(
         cluster: 1,
         p_single: false,
         ping_pong: false,
+        split_scores: false,
         partial_acc: Loc::arena(0),
         partial_ml: Loc::arena(0),
     };

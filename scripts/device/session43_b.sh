@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Session 43, call B: `mla_wgmma`'s two measurement variants on the device — the split
+# scores (`MlaTileParams.split_scores`: each warpgroup scores its 32 slots, p exchanged in
+# shared memory) and the warpgroups' ping-pong — against the interpreter at every Kimi-K2
+# case, bitwise bucket invariance, racecheck on small cases, their pair timings beside the
+# plan's; then (H200 only: issue 20) the Kimi-K2.5 int4 steps at ctx 1024.
+# Pack: scripts/gpu-pack --specc kernels-gen/gpu_parity_mla gpu_deepseek (specc as xz).
+set -uo pipefail
+source scripts/device/unpack.sh
+start=$SECONDS; BUDGET=${BUDGET:-360}
+left() { echo $((BUDGET - (SECONDS - start))); }
+S="$OUT/summary.txt"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$gpu" >> "$S"
+T=.gpu2/tests/gpu_parity_mla
+timeout 90 $T mla_small_cases mla_tiles_are_bucket_invariant mla_tiles_match_interpreter_kimi_dims \
+  --include-ignored --nocapture --test-threads=1 > /tmp/pp.log 2>&1
+echo "kimi dims + small cases + invariance rc=$? ($((SECONDS - start))s)" >> "$S"
+grep -E "test result|panicked|FAIL" /tmp/pp.log | head -6 | cut -c1-250 >> "$S"
+echo "PASS lines: $(grep -cE "PASS" /tmp/pp.log), split-scores PASS: $(grep -E "PASS" /tmp/pp.log | grep -c split-scores)" >> "$S"
+cp /tmp/pp.log "$OUT/"
+SPECC_MLA_CASES=1x1,1x4,8x1,8x8 timeout 60 $T mla_tile_timings --ignored --nocapture --test-threads=1 \
+  2>&1 | grep -E "kimi B|panicked" | grep -v "mla_tile rows" >> "$S"
+SPECC_MLA_CASES=1x1,8x1,1x4 timeout 60 $T mla_tile_split_sweep --ignored \
+  --nocapture --test-threads=1 2>&1 | grep -E "SWEEP.*splits  (16|32) mla_wgmma cluster 1|panicked" >> "$S"
+timeout 90 compute-sanitizer --tool racecheck --print-limit 5 $T mla_small_cases --ignored \
+  --test-threads=1 --nocapture > /tmp/san_racecheck.log 2>&1
+echo "racecheck mla_small_cases rc=$? ($((SECONDS - start))s)" >> "$S"
+grep -E "RACECHECK SUMMARY|Hazard|test result" /tmp/san_racecheck.log | head -4 | cut -c1-200 >> "$S"
+cp /tmp/san_racecheck.log "$OUT/"
+if [[ $gpu == *H200* ]]; then
+  KI=(bench bench/configs/kimi-k2-int4/config.json --random-weights --layers 2 --iters 30 --context 1024)
+  for spec in "" "--tokens 8" "--tokens 2" "--tokens 4" "--tokens 16" "--batch 8" "--batch 8 --tokens 8"; do
+    (( $(left) > 30 )) || break
+    echo "== Kimi-K2.5 int4 2 layers ctx 1024 $spec ($(left)s left)" >> "$S"
+    timeout 45 .gpu2/specc "${KI[@]}" $spec > /tmp/k.txt 2>&1
+    grep -E "^\| (decode|verify)|experts|rror" /tmp/k.txt | head -3 | cut -c1-200 >> "$S"
+    cp /tmp/k.txt "$OUT/kimi_int4_${spec// /_}.txt"
+  done
+fi
+echo "total $((SECONDS - start))s" >> "$S"
