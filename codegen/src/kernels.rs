@@ -562,6 +562,7 @@ fn mla_kernels(
         p_single: false,
         ping_pong: false,
         split_scores: false,
+        half_partials: false,
         partial_acc: out.loc,
         partial_ml: out.loc,
     };

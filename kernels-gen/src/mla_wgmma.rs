@@ -114,12 +114,14 @@ pub fn row_blocks(p: &MlaTileParams) -> u64 {
 /// caches, a latent of 128–512 in multiples of 128 (each warpgroup's half of the output
 /// one `m64nN` of at most 256 columns, whole boxes), rope dims a positive multiple of 64
 /// (whole boxes), row indices of q and the caches in 32-bit tensor-map coordinates, and a
-/// cluster of 1, 2, 4 or 8 splits that divides them; `split_scores` not with `ping_pong`.
+/// cluster of 1, 2, 4 or 8 splits that divides them; `split_scores` not with `ping_pong`,
+/// `half_partials` not with a cluster.
 /// That the target is sm_90a is the
 /// selection's question.
 pub fn supported(p: &MlaTileParams, smem_limit: u64) -> bool {
     matches!(p.cluster, 1 | 2 | 4 | 8)
         && !(p.split_scores && p.ping_pong)
+        && !(p.half_partials && p.cluster > 1)
         && p.splits.is_multiple_of(p.cluster)
         && fold_bytes(p) <= 2 * tile_bytes(p)
         && p.dtype == DType::BF16
@@ -570,15 +572,33 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
             });
         });
     } else {
-        emit!(w, "float* po = {};", p.partial_acc.ptr_as("float", true));
+        let acc_type = if p.half_partials { "__half" } else { "float" };
+        emit!(
+            w,
+            "{acc_type}* po = {};",
+            p.partial_acc.ptr_as(acc_type, true)
+        );
         emit!(w, "float* pml = {};", p.partial_ml.ptr_as("float", true));
         w.for_unrolled("hf", 0, "2", |w| {
             w.line("const long long gr = row0 + r0 + 8 * hf;");
             w.if_block("gr < ROWS", |w| {
-                w.line("float* pr = po + ((bi * ROWS + gr) * S + split) * L + wg * HALF + 2 * tq;");
-                w.for_unrolled("j", 0, "NO / 4", |w| {
-                    w.line("*reinterpret_cast<float2*>(pr + 8 * j) = make_float2(o[4 * j + 2 * hf], o[4 * j + 2 * hf + 1]);");
-                });
+                emit!(
+                    w,
+                    "{acc_type}* pr = po + ((bi * ROWS + gr) * S + split) * L + wg * HALF + 2 * tq;"
+                );
+                if p.half_partials {
+                    w.comment("o / l as f16 (0 where the split saw no allowed slot of the row).");
+                    w.line("const float l = hf ? l1 : l0;");
+                    w.for_unrolled("j", 0, "NO / 4", |w| {
+                        w.line("const float v0 = l > 0.0f ? o[4 * j + 2 * hf] / l : 0.0f;");
+                        w.line("const float v1 = l > 0.0f ? o[4 * j + 2 * hf + 1] / l : 0.0f;");
+                        w.line("*reinterpret_cast<__half2*>(pr + 8 * j) = __floats2half2_rn(v0, v1);");
+                    });
+                } else {
+                    w.for_unrolled("j", 0, "NO / 4", |w| {
+                        w.line("*reinterpret_cast<float2*>(pr + 8 * j) = make_float2(o[4 * j + 2 * hf], o[4 * j + 2 * hf + 1]);");
+                    });
+                }
                 w.if_block("wg == 0 && tq == 0", |w| {
                     w.line("float* q = pml + ((bi * ROWS + gr) * S + split) * 2;");
                     w.comment("m in natural units, as mla_combine folds it (scores times scale).");
@@ -877,6 +897,7 @@ mod tests {
             p_single: false,
             ping_pong: false,
             split_scores: false,
+            half_partials: false,
             partial_acc: Loc::arena(1 << 20),
             partial_ml: Loc::arena(1 << 24),
         }
@@ -963,5 +984,25 @@ mod tests {
             !supported(&folded, limit),
             "the fold's per-row arrays do not fit beside the p exchange"
         );
+    }
+
+    /// f16 partials: the tile kernel writes `o / l` as f16 and the combine weights it by
+    /// the split's `l`; half the bytes; refused with the cluster fold (its own partials).
+    #[test]
+    fn half_partials_halve_the_partial_bytes() {
+        let p = MlaTileParams {
+            half_partials: true,
+            ..kimi(32, 1)
+        };
+        let (acc, ml) = p.partial_bytes(p.parts());
+        assert_eq!((acc, ml), (8 * 64 * 32 * 512 * 2, 8 * 64 * 32 * 8));
+        assert_eq!(2 * acc, kimi(32, 1).partial_bytes(32).0);
+        let ks = crate::mla_tile::mla_tile(&p).unwrap();
+        assert!(ks[0].kernel.contains("__floats2half2_rn(v0, v1)"));
+        assert!(ks[1].kernel.contains("__half2float(pa[(s0 + j) * L])"));
+        assert!(ks[1].kernel.contains("__fmaf_rn(f * lv[j], av[j], num)"));
+        let plain = crate::mla_tile::mla_tile(&kimi(32, 1)).unwrap();
+        assert!(!plain[1].kernel.contains("__half"));
+        assert!(!supported(&MlaTileParams { cluster: 8, ..p }, u64::MAX));
     }
 }

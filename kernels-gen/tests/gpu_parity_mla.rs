@@ -137,9 +137,9 @@ fn reference(pl: &Planned, x: &Inputs, tree: bool) -> Vec<f64> {
 
 /// The plans of a case: the plan's choice, and where the plan chose `mla_wgmma`, the same
 /// with the other cluster setting (the opt-in fold of `SPECC_MLA_CLUSTER=1`, where the
-/// splits make clusters), with the split scores (`MlaTileParams::split_scores`, a variant
-/// no plan chooses yet) and `mla_tile`'s beside it (so every kernel runs on an sm_90a
-/// device).
+/// splits make clusters), with the split scores and with f16 partials
+/// (`MlaTileParams::split_scores`, `half_partials`: variants no plan chooses yet), alone and
+/// together, and `mla_tile`'s beside it (so every kernel runs on an sm_90a device).
 fn plans(gpu: &Gpu, d: Dims, b: u64, t: u64, ctx: u64, tree: bool) -> Vec<Planned> {
     let label = format!("{d:?} B={b} T={t} ctx={ctx} tree={tree}");
     let chosen = plan(d, b, t, ctx, tree, gpu.target())
@@ -163,6 +163,13 @@ fn plans(gpu: &Gpu, d: Dims, b: u64, t: u64, ctx: u64, tree: bool) -> Vec<Planne
             out.push(plan_with(d, b, t, ctx, tree, gpu.target(), Some(flipped)).unwrap());
         }
         out.push(variant(&chosen, |p| p.split_scores = true));
+        if chosen.p.parts() > 1 && chosen.p.cluster == 1 {
+            out.push(variant(&chosen, |p| p.half_partials = true));
+            out.push(variant(&chosen, |p| {
+                p.split_scores = true;
+                p.half_partials = true;
+            }));
+        }
         let tile = tile_tiling(&chosen.p, gpu.target()).expect("mla_tile takes it");
         out.push(plan_with(d, b, t, ctx, tree, gpu.target(), Some(tile)).unwrap());
     }
@@ -198,7 +205,12 @@ fn kernel_label(p: &MlaTileParams) -> String {
     if p.wgmma {
         let pp = if p.ping_pong { " ping-pong" } else { "" };
         let ss = if p.split_scores { " split-scores" } else { "" };
-        format!("mla_wgmma cluster {}{pp}{ss}", p.cluster)
+        let hp = if p.half_partials {
+            " half-partials"
+        } else {
+            ""
+        };
+        format!("mla_wgmma cluster {}{pp}{ss}{hp}", p.cluster)
     } else {
         format!(
             "mla_tile rows/block {:>2} stages {}",

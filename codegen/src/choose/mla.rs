@@ -157,6 +157,7 @@ mod tests {
             p_single: false,
             ping_pong: false,
             split_scores: false,
+            half_partials: false,
             partial_acc: Loc::arena(0),
             partial_ml: Loc::arena(0),
         }
