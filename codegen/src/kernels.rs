@@ -584,6 +584,8 @@ fn mla_kernels(
     p.stages = tiling.stages;
     p.wgmma = tiling.wgmma;
     p.cluster = tiling.cluster;
+    p.split_scores = tiling.split_scores;
+    p.half_partials = tiling.half_partials;
     if p.parts() > 1 {
         let (acc, ml) = p.partial_bytes(p.parts());
         p.partial_acc = cx.scratch(acc);

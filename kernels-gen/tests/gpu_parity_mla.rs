@@ -159,6 +159,8 @@ fn plans(gpu: &Gpu, d: Dims, b: u64, t: u64, ctx: u64, tree: bool) -> Vec<Planne
                 stages: c.stages,
                 wgmma: true,
                 cluster: other,
+                split_scores: false,
+                half_partials: false,
             };
             out.push(plan_with(d, b, t, ctx, tree, gpu.target(), Some(flipped)).unwrap());
         }
@@ -506,6 +508,8 @@ fn mla_tile_split_sweep() {
                     stages: 2,
                     wgmma: true,
                     cluster,
+                    split_scores: false,
+                    half_partials: false,
                 });
             }
             for rt in [1u64, 2, 4] {
@@ -516,6 +520,8 @@ fn mla_tile_split_sweep() {
                         stages,
                         wgmma: false,
                         cluster: 1,
+                        split_scores: false,
+                        half_partials: false,
                     });
                 }
             }

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Session 43, call B: `mla_wgmma`'s two measurement variants on the device — the split
-# scores (`MlaTileParams.split_scores`: each warpgroup scores its 32 slots, p exchanged in
-# shared memory) and the warpgroups' ping-pong — against the interpreter at every Kimi-K2
-# case, bitwise bucket invariance, racecheck on small cases, their pair timings beside the
-# plan's; then (H200 only: issue 20) the Kimi-K2.5 int4 steps at ctx 1024.
+# Session 43, call B: `mla_wgmma`'s measurement variants on the device — the split scores
+# (`MlaTileParams.split_scores`: each warpgroup scores its 32 slots, p exchanged in shared
+# memory), f16 partials (`half_partials`), both, and the warpgroups' ping-pong — against
+# the interpreter at every Kimi-K2 case, bitwise bucket invariance, racecheck on small
+# cases, their pair timings beside the plan's; then (H200 only: issue 20) the Kimi-K2.5 int4 steps at ctx 1024.
 # Pack: scripts/gpu-pack --specc kernels-gen/gpu_parity_mla gpu_deepseek (specc as xz).
 set -uo pipefail
 source scripts/device/unpack.sh
@@ -16,7 +16,7 @@ timeout 90 $T mla_small_cases mla_tiles_are_bucket_invariant mla_tiles_match_int
   --include-ignored --nocapture --test-threads=1 > /tmp/pp.log 2>&1
 echo "kimi dims + small cases + invariance rc=$? ($((SECONDS - start))s)" >> "$S"
 grep -E "test result|panicked|FAIL" /tmp/pp.log | head -6 | cut -c1-250 >> "$S"
-echo "PASS lines: $(grep -cE "PASS" /tmp/pp.log), split-scores PASS: $(grep -E "PASS" /tmp/pp.log | grep -c split-scores)" >> "$S"
+echo "PASS lines: $(grep -cE "PASS" /tmp/pp.log), split-scores: $(grep -E "PASS" /tmp/pp.log | grep -c split-scores), half-partials: $(grep -E "PASS" /tmp/pp.log | grep -c half-partials)" >> "$S"
 cp /tmp/pp.log "$OUT/"
 SPECC_MLA_CASES=1x1,1x4,8x1,8x8 timeout 60 $T mla_tile_timings --ignored --nocapture --test-threads=1 \
   2>&1 | grep -E "kimi B|panicked" | grep -v "mla_tile rows" >> "$S"
