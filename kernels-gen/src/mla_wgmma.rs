@@ -743,16 +743,18 @@ fn split_scores_tile(w: &mut Writer, p: &MlaTileParams) {
     });
     w.comment("o += P · c[:, wg · HALF ..] over the tile's 64 slots: k16 steps 2·wg, 2·wg + 1 are");
     w.comment("this warpgroup's p, the others the other's.");
-    w.line("unsigned fr[4];");
+    w.comment("Every A fragment is in its own registers before the fence: an issued product may");
+    w.comment("still be reading its own while the next is issued.");
+    w.line("unsigned fa[4][4];");
+    w.for_unrolled("kk", 0, "4", |w| {
+        w.for_unrolled("q", 0, "4", |w| {
+            w.line("fa[kk][q] = (kk >> 1) == wg ? ph[kk & 1][q] : px[kk & 1][q];");
+        });
+    });
     w.line("wgmma_fence();");
     w.for_unrolled("kk", 0, "4", |w| {
         w.line("const unsigned long long vb = wgmma_desc_mn128(kt + wg * (HALF / 64) * BOX + kk * 2048, BOX);");
-        w.line("const bool mine = (kk >> 1) == wg;");
-        w.for_unrolled("q", 0, "4", |w| {
-            w.line("const unsigned fa = mine ? ph[kk & 1][q] : px[kk & 1][q];");
-            w.line("fr[q] = fa;");
-        });
-        w.line("mla_pv(o, fr[0], fr[1], fr[2], fr[3], vb, 1);");
+        w.line("mla_pv(o, fa[kk][0], fa[kk][1], fa[kk][2], fa[kk][3], vb, 1);");
     });
     w.line("wgmma_commit();");
     w.line("wgmma_wait<0>();");
