@@ -10,9 +10,10 @@
 //!   of `k` (positions `1..=a` accepted, `a + 1` rejected when `a < k`, later ones untried):
 //!   what the host reads from the token ring anyway (a lane's tokens of one step are
 //!   `a + 1`). The session counts hits and trials of each position over every lane, each
-//!   observation of the position first weighing its counts down by 63/64 (they weigh about
-//!   its last 64 observations), and estimates `π_j = (hits_j + 2·0.7) / (trials_j + 2)`: a
-//!   prior of 0.7 worth two observations. Each lane counts its own the same way, weighed
+//!   step first weighing a position's counts down by 63/64 whether it tried the position
+//!   or not (they weigh about its last 64 lane-steps), and estimates `π_j = (hits_j +
+//!   2·π_{j−1}) / (trials_j + 2)`: the previous position's estimate worth two observations
+//!   as the prior (0.7 for position 1). Each lane counts its own the same way, weighed
 //!   down by 0.8 (about its last 5), and estimates `α_j = (a_j + 2·π_j) / (n_j + 2)` at the
 //!   session's current `π_j`; [`AdaptivePolicy::admit`] clears a lane's counts. So a lane
 //!   just admitted follows the session, which one step of many rejecting lanes moves at
@@ -491,11 +492,11 @@ mod tests {
         let mut p = policy(SpecPolicy::Adaptive);
         feed(&mut p, 3, 5, 50);
         // Every position hit 50 times: the session's counts weigh 64·(1 - (63/64)^50) =
-        // 34.88 hits, so π = (34.88 + 2·0.7) / (34.88 + 2) = 0.9837; the lane's weigh
-        // 5.00, so α = (5.00 + 2·0.9837) / 7.00 = 0.9954 at every position, and a step of
-        // k = 5 is expected to emit 1 + Σ_{i ≤ 5} 0.9954^i = 5.931 tokens (the priors keep
-        // it short of 6).
-        assert!((p.expected_tokens(0, 5) - 5.931).abs() < 1e-3);
+        // 34.88 hits, so π_1 = (34.88 + 2·0.7) / (34.88 + 2) = 0.9837 and along the chain
+        // π_2 = (34.88 + 2·0.9837) / 36.88 = 0.9991, π_3..5 ≈ 1; the lane's weigh 5.00, so
+        // α_1 = (5.00 + 2·0.9837) / 7.00 = 0.9954, α_2 = 0.9997, α_3..5 ≈ 1, and a step of
+        // k = 5 is expected to emit 5.976 tokens (the first prior keeps it short of 6).
+        assert!((p.expected_tokens(0, 5) - 5.976).abs() < 1e-3);
         // k=5: 6 tokens / 2.5 ms beats k=3: 4 / 2 ms, k=1: 2 / 1.5 ms and plain.
         assert_eq!(p.choose(1, &[true]), 3);
     }
