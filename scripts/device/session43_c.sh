@@ -5,7 +5,7 @@
 # case and bitwise bucket invariance; their pair timings beside the plan's; the engines with
 # both (`SPECC_MLA_VARIANT=split,half`) exact through draft_model (gpu_deepseek
 # mla_wgmma_dims); the Kimi-K2.5 int4 steps at ctx 8192 with and without them in the same
-# call; racecheck of the small cases; on an H200 also issue 20's steps at ctx 1024.
+# call; racecheck of the small cases; on an H200 first issue 20's steps at ctx 1024.
 # Pack: scripts/gpu-pack --specc kernels-gen/gpu_parity_mla gpu_deepseek (specc as xz).
 set -uo pipefail
 source scripts/device/unpack.sh
@@ -22,6 +22,16 @@ echo "PASS lines: $(grep -cE "PASS" /tmp/pp.log), split-scores: $(grep -E "PASS"
 cp /tmp/pp.log "$OUT/"
 SPECC_MLA_CASES=1x1,1x4,8x1,8x8 timeout 60 $T mla_tile_timings --ignored --nocapture --test-threads=1 \
   2>&1 | grep -E "kimi B|panicked" | grep -v "mla_tile rows" >> "$S"
+if [[ $gpu == *H200* ]]; then
+  KI=(bench bench/configs/kimi-k2-int4/config.json --random-weights --layers 2 --iters 30 --context 1024)
+  for spec in "--tokens 8" "" "--tokens 16"; do
+    (( $(left) > 200 )) || break
+    echo "== Kimi-K2.5 int4 2 layers ctx 1024 $spec ($(left)s left)" >> "$S"
+    timeout 45 .gpu2/specc "${KI[@]}" $spec > /tmp/k.txt 2>&1
+    grep -E "^\| (decode|verify)|experts|rror" /tmp/k.txt | head -3 | cut -c1-200 >> "$S"
+    cp /tmp/k.txt "$OUT/kimi_int4_${spec// /_}.txt"
+  done
+fi
 KI=(bench bench/configs/kimi-k2-int4/config.json --random-weights --layers 2 --iters 30)
 for spec in "--context 8192 --batch 8" "--context 8192" "--context 8192 --tokens 4"; do
   for v in "" "split,half"; do
@@ -43,15 +53,5 @@ if (( $(left) > 100 )); then
   echo "racecheck mla_small_cases rc=$? ($((SECONDS - start))s)" >> "$S"
   grep -E "RACECHECK SUMMARY|Hazard|test result" /tmp/san_racecheck.log | head -4 | cut -c1-200 >> "$S"
   cp /tmp/san_racecheck.log "$OUT/"
-fi
-if [[ $gpu == *H200* ]]; then
-  KI=(bench bench/configs/kimi-k2-int4/config.json --random-weights --layers 2 --iters 30 --context 1024)
-  for spec in "" "--tokens 8" "--tokens 2" "--tokens 4" "--tokens 16" "--batch 8" "--batch 8 --tokens 8"; do
-    (( $(left) > 25 )) || break
-    echo "== Kimi-K2.5 int4 2 layers ctx 1024 $spec ($(left)s left)" >> "$S"
-    timeout 45 .gpu2/specc "${KI[@]}" $spec > /tmp/k.txt 2>&1
-    grep -E "^\| (decode|verify)|experts|rror" /tmp/k.txt | head -3 | cut -c1-200 >> "$S"
-    cp /tmp/k.txt "$OUT/kimi_int4_${spec// /_}.txt"
-  done
 fi
 echo "total $((SECONDS - start))s" >> "$S"
