@@ -561,8 +561,6 @@ fn mla_kernels(
         cluster: 1,
         p_single: false,
         ping_pong: false,
-        split_scores: false,
-        half_partials: false,
         partial_acc: out.loc,
         partial_ml: out.loc,
     };
@@ -584,8 +582,6 @@ fn mla_kernels(
     p.stages = tiling.stages;
     p.wgmma = tiling.wgmma;
     p.cluster = tiling.cluster;
-    p.split_scores = tiling.split_scores;
-    p.half_partials = tiling.half_partials;
     if p.parts() > 1 {
         let (acc, ml) = p.partial_bytes(p.parts());
         p.partial_acc = cx.scratch(acc);

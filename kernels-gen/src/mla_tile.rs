@@ -113,21 +113,7 @@ pub struct MlaTileParams {
     /// mma; the same arithmetic in the same order. A measurement variant the split sweep
     /// times and the parity test checks; plans keep it off.
     pub ping_pong: bool,
-    /// `mla_wgmma` only: each warpgroup computes the scores of its own 32 slots of a tile
-    /// (not all 64), the two exchange their rows' maxima and their bf16 `p` through shared
-    /// memory, and each adds `P · c` over all 64 slots for its half of the latent — the
-    /// scores' tensor work once instead of twice, p as one bf16 value (FlashMLA's split).
-    /// A measurement variant the split sweep times and the parity test checks; not with
-    /// `ping_pong`.
-    pub split_scores: bool,
-    /// `mla_wgmma` only, without the cluster fold: each split leaves its rows' output
-    /// normalised by its own `l` (`o / l`, at most the largest latent value) as f16 —
-    /// half the bytes of the f32 partials that the tile kernel writes and `mla_combine`
-    /// reads, 11 significant bits where the output keeps 8. A measurement variant the
-    /// parity test checks and the timings measure.
-    pub half_partials: bool,
-    /// `[B, T·H, parts, latent]` (f32, or f16 with [`Self::half_partials`]) and f32
-    /// `[B, T·H, parts, 2]` ([`Self::parts`] > 1).
+    /// f32 `[B, T·H, parts, latent]` and `[B, T·H, parts, 2]` ([`Self::parts`] > 1).
     pub partial_acc: Loc,
     pub partial_ml: Loc,
 }
@@ -174,8 +160,7 @@ impl MlaTileParams {
     /// Bytes of the partials (`partial_acc`, `partial_ml`) at `parts` partials a row.
     pub fn partial_bytes(&self, parts: u64) -> (u64, u64) {
         let rows = self.batch * self.tokens * self.heads * parts;
-        let acc = if self.half_partials { 2 } else { 4 };
-        (acc * rows * self.latent, 8 * rows)
+        (4 * rows * self.latent, 8 * rows)
     }
 
     /// Bytes of the block's q rows `[BR][ST]` (16-bit), which the partial-score arrays
@@ -211,7 +196,6 @@ pub fn supported(p: &MlaTileParams, smem_limit: u64) -> bool {
         && (1..=MAX_BLOCK_ROW_TILES).contains(&p.block_row_tiles)
         && (2..=STAGES).contains(&p.stages)
         && p.cluster == 1
-        && !p.half_partials
         && p.smem_bytes() <= smem_limit
         && p.tokens * p.heads > 0
         && p.ctx * (p.latent + p.rope) < 1 << 31
@@ -676,8 +660,7 @@ const COMBINE_BATCH: u64 = 32;
 /// One block per query row and 128 latent columns: over the partials (a split's, or a
 /// cluster of splits' for `mla_wgmma`) that start before the row's end (the only ones the
 /// tile kernel wrote for it), in order,
-/// `y = R(Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s)`, 0 where no split saw an allowed slot
-/// (with half partials `acc_s` is `l_s` times the stored `o_s / l_s`).
+/// `y = R(Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s)`, 0 where no split saw an allowed slot.
 /// The order and the set of partials depend on the row alone, never on the bucket.
 fn combine(p: &MlaTileParams) -> KernelSource {
     let ct = c_type(p.dtype);
@@ -692,11 +675,10 @@ fn combine(p: &MlaTileParams) -> KernelSource {
         p.parts(),
         p.part_chunk()
     );
-    let acc_type = if p.half_partials { "__half" } else { "float" };
     emit!(
         w,
-        "const {acc_type}* po = {};",
-        p.partial_acc.ptr_as(acc_type, false)
+        "const float* po = {};",
+        p.partial_acc.ptr_as("float", false)
     );
     emit!(
         w,
@@ -714,10 +696,7 @@ fn combine(p: &MlaTileParams) -> KernelSource {
         w,
         "const long long i = (long long)blockIdx.y * {COMBINE_COLS} + threadIdx.x;"
     );
-    emit!(
-        w,
-        "const {acc_type}* pa = po + row * S * L + (i < L ? i : 0);"
-    );
+    w.line("const float* pa = po + row * S * L + (i < L ? i : 0);");
     w.comment("Splits in batches of CB: a batch's loads are all issued before its folds (each");
     w.comment("fold would otherwise wait out an L2 round trip); the folds keep split order.");
     emit!(
@@ -740,22 +719,13 @@ fn combine(p: &MlaTileParams) -> KernelSource {
             w.line("const bool in = s0 + j < live;");
             w.line("mv[j] = in ? ml[2 * (s0 + j)] : neg_inf();");
             w.line("lv[j] = in ? ml[2 * (s0 + j) + 1] : 0.0f;");
-            if p.half_partials {
-                w.line("av[j] = in ? __half2float(pa[(s0 + j) * L]) : 0.0f;");
-            } else {
-                w.line("av[j] = in ? pa[(s0 + j) * L] : 0.0f;");
-            }
+            w.line("av[j] = in ? pa[(s0 + j) * L] : 0.0f;");
         });
         w.for_unrolled("j", 0, "CB", |w| {
             w.if_block("mv[j] != neg_inf()", |w| {
                 w.line("const float f = expf(mv[j] - mx);");
                 w.line("den = __fmaf_rn(f, lv[j], den);");
-                if p.half_partials {
-                    w.comment("The split's o / l, weighted by its share of the sum.");
-                    w.line("num = __fmaf_rn(f * lv[j], av[j], num);");
-                } else {
-                    w.line("num = __fmaf_rn(f, av[j], num);");
-                }
+                w.line("num = __fmaf_rn(f, av[j], num);");
             });
         });
     });

@@ -79,15 +79,9 @@ fn tile_bytes(p: &MlaTileParams) -> u64 {
     boxes(p) * BOX_BYTES
 }
 
-/// Bytes of `split_scores`' p exchange: two warpgroups × two k16 steps × four fragment
-/// registers × 128 threads, u32 each.
-const PBUF_BYTES: u64 = 2 * 2 * 4 * 128 * 4;
-
-/// Dynamic shared memory: q, two stages (then `split_scores`' p exchange), and the slack
-/// that aligns them to 1024 bytes.
+/// Dynamic shared memory: q, two stages, and the slack that aligns them to 1024 bytes.
 pub fn smem_bytes(p: &MlaTileParams) -> u64 {
-    let pbuf = if p.split_scores { PBUF_BYTES } else { 0 };
-    3 * tile_bytes(p) + pbuf + 1024
+    3 * tile_bytes(p) + 1024
 }
 
 /// Shared memory one block uses: the dynamic part, its three mbarriers, two release counts
@@ -114,14 +108,10 @@ pub fn row_blocks(p: &MlaTileParams) -> u64 {
 /// caches, a latent of 128–512 in multiples of 128 (each warpgroup's half of the output
 /// one `m64nN` of at most 256 columns, whole boxes), rope dims a positive multiple of 64
 /// (whole boxes), row indices of q and the caches in 32-bit tensor-map coordinates, and a
-/// cluster of 1, 2, 4 or 8 splits that divides them; `split_scores` not with `ping_pong`,
-/// `half_partials` not with a cluster.
-/// That the target is sm_90a is the
+/// cluster of 1, 2, 4 or 8 splits that divides them. That the target is sm_90a is the
 /// selection's question.
 pub fn supported(p: &MlaTileParams, smem_limit: u64) -> bool {
     matches!(p.cluster, 1 | 2 | 4 | 8)
-        && !(p.split_scores && p.ping_pong)
-        && !(p.half_partials && p.cluster > 1)
         && p.splits.is_multiple_of(p.cluster)
         && fold_bytes(p) <= 2 * tile_bytes(p)
         && p.dtype == DType::BF16
@@ -240,15 +230,6 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
         items.line(CLUSTER_HELPERS);
     }
     emit_score_mma(&mut items);
-    if p.split_scores {
-        emit_wgmma_function(
-            &mut items,
-            "mla_s32",
-            Dtype::BF16,
-            32,
-            WgmmaOperands::SharedKMajor,
-        );
-    }
     emit_pv_mma(&mut items, half);
     let mut w = Writer::at_depth(1);
     emit_dims(&mut w, p);
@@ -370,12 +351,6 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
         w.line("const long long* aw0 = anc + (bi * T + gc0 / H) * W;");
         w.line("const long long* aw1 = anc + (bi * T + gc1 / H) * W;");
     }
-    if p.split_scores {
-        w.comment("Every thread is done with end_r: the maxima exchange reuses it (64 × 8 bytes).");
-        w.line("__syncthreads();");
-        w.line("float (*red)[64] = reinterpret_cast<float (*)[64]>(end_r);");
-        w.line("unsigned* pbuf = reinterpret_cast<unsigned*>(smem + 3 * TILE);");
-    }
     w.line("float o[NO];");
     w.for_unrolled("i", 0, "NO", |w| w.line("o[i] = 0.0f;"));
     w.line(
@@ -421,109 +396,105 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
             w.line("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");");
             w.line("__syncthreads();");
         });
-        if p.split_scores {
-            split_scores_tile(w, p);
-        } else {
-            w.comment("Scores of the 64 rows × 64 slots, k16 steps in feature order.");
-            w.line("float sc[32];");
-            turn(w);
-            w.line("wgmma_fence();");
-            w.for_unrolled("kb", 0, "KB", |w| {
-                w.for_unrolled("kk", 0, "4", |w| {
-                    w.line("mla_s(sc, wgmma_desc_k128(qs + kb * BOX + 32 * kk), wgmma_desc_k128(kt + kb * BOX + 32 * kk), kb > 0 || kk > 0);");
-                });
+        w.comment("Scores of the 64 rows × 64 slots, k16 steps in feature order.");
+        w.line("float sc[32];");
+        turn(w);
+        w.line("wgmma_fence();");
+        w.for_unrolled("kb", 0, "KB", |w| {
+            w.for_unrolled("kk", 0, "4", |w| {
+                w.line("mla_s(sc, wgmma_desc_k128(qs + kb * BOX + 32 * kk), wgmma_desc_k128(kt + kb * BOX + 32 * kk), kb > 0 || kk > 0);");
             });
-            w.line("wgmma_commit();");
-            pass(w);
-            w.line("wgmma_wait<0>();");
-            w.for_unrolled("i", 0, "32", |w| w.line("wgmma_fence_operand(sc[i]);"));
-            w.comment("Online softmax in base 2 (scores times scale · log2 e): element 4j + d is row");
-            w.comment("r0 + 8 (d >> 1), slot s0 + 8j + 2 tq + (d & 1). A tile wholly inside both rows'");
-            w.comment("allowed slots skips the mask.");
-            let full = match p.mask {
-                MlaMask::Causal => "s0 + 64 <= lim0 && s0 + 64 <= lim1",
-                MlaMask::Tree { .. } => "s0 + 64 <= lim0 && s0 + 64 <= lim1 && s0 + 64 <= prefix",
-            };
-            w.if_else(
-                full,
-                |w| {
-                    w.for_unrolled("i", 0, "32", |w| w.line("sc[i] = __fmul_rn(sc[i], scale2);"));
-                },
-                |w| {
-                    w.for_unrolled("j", 0, "8", |w| {
-                        w.for_unrolled("d", 0, "4", |w| {
-                            w.line("const int s = s0 + 8 * j + 2 * tq + (d & 1);");
-                            w.line("bool ok = s < (d < 2 ? lim0 : lim1);");
-                            if let MlaMask::Tree { .. } = p.mask {
-                                w.line("const long long u = s - prefix;");
-                                w.if_block("ok && u >= 0", |w| {
-                                    w.line("const long long* aw = d < 2 ? aw0 : aw1;");
-                                    w.line(
-                                        "ok = u < nodes && (((unsigned long long)aw[u >> 6] >> (u & 63)) & 1ull);",
-                                    );
-                                });
-                            }
-                            w.line("sc[4 * j + d] = ok ? __fmul_rn(sc[4 * j + d], scale2) : neg_inf();");
-                        });
+        });
+        w.line("wgmma_commit();");
+        pass(w);
+        w.line("wgmma_wait<0>();");
+        w.for_unrolled("i", 0, "32", |w| w.line("wgmma_fence_operand(sc[i]);"));
+        w.comment("Online softmax in base 2 (scores times scale · log2 e): element 4j + d is row");
+        w.comment("r0 + 8 (d >> 1), slot s0 + 8j + 2 tq + (d & 1). A tile wholly inside both rows'");
+        w.comment("allowed slots skips the mask.");
+        let full = match p.mask {
+            MlaMask::Causal => "s0 + 64 <= lim0 && s0 + 64 <= lim1",
+            MlaMask::Tree { .. } => "s0 + 64 <= lim0 && s0 + 64 <= lim1 && s0 + 64 <= prefix",
+        };
+        w.if_else(
+            full,
+            |w| {
+                w.for_unrolled("i", 0, "32", |w| w.line("sc[i] = __fmul_rn(sc[i], scale2);"));
+            },
+            |w| {
+                w.for_unrolled("j", 0, "8", |w| {
+                    w.for_unrolled("d", 0, "4", |w| {
+                        w.line("const int s = s0 + 8 * j + 2 * tq + (d & 1);");
+                        w.line("bool ok = s < (d < 2 ? lim0 : lim1);");
+                        if let MlaMask::Tree { .. } = p.mask {
+                            w.line("const long long u = s - prefix;");
+                            w.if_block("ok && u >= 0", |w| {
+                                w.line("const long long* aw = d < 2 ? aw0 : aw1;");
+                                w.line(
+                                    "ok = u < nodes && (((unsigned long long)aw[u >> 6] >> (u & 63)) & 1ull);",
+                                );
+                            });
+                        }
+                        w.line("sc[4 * j + d] = ok ? __fmul_rn(sc[4 * j + d], scale2) : neg_inf();");
                     });
-                },
-            );
-            w.line("float mx0 = neg_inf(), mx1 = neg_inf();");
-            w.for_unrolled("j", 0, "8", |w| {
-                w.line("mx0 = fmaxf(mx0, fmaxf(sc[4 * j], sc[4 * j + 1]));");
-                w.line("mx1 = fmaxf(mx1, fmaxf(sc[4 * j + 2], sc[4 * j + 3]));");
-            });
-            w.line("mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));");
-            w.line("mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));");
-            w.line("mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));");
-            w.line("mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));");
-            w.line("const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);");
-            w.comment("Exponents against a finite base (0 while a row has no allowed slot yet), so -inf");
-            w.comment("scores give exact zeros; a row whose maximum did not move rescales by exactly 1.");
-            w.line("const float b0 = n0 == neg_inf() ? 0.0f : n0, b1 = n1 == neg_inf() ? 0.0f : n1;");
-            w.line("const float a0 = m0 == n0 ? 1.0f : ex2_approx(m0 - b0);");
-            w.line("const float a1 = m1 == n1 ? 1.0f : ex2_approx(m1 - b1);");
-            w.line("m0 = n0;");
-            w.line("m1 = n1;");
-            w.line("float sum0 = 0.0f, sum1 = 0.0f;");
-            w.comment("P as the A fragments of the four k16 steps (the m16n8k16 A layout per warp), split");
-            w.comment("into bf16 p_hi + p_lo so the output product keeps p to ~16 more bits.");
-            w.line("unsigned ph[4][4], pl[4][4];");
-            w.for_unrolled("kk", 0, "4", |w| {
-                w.for_unrolled("q", 0, "4", |w| {
-                    w.line("const float p0 = ex2_approx(sc[8 * kk + 2 * q] - (q & 1 ? b1 : b0));");
-                    w.line("const float p1 = ex2_approx(sc[8 * kk + 2 * q + 1] - (q & 1 ? b1 : b0));");
-                    w.line("if (q & 1) sum1 += p0 + p1; else sum0 += p0 + p1;");
-                    w.line("const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);");
-                    w.line("const float2 hf = __bfloat1622float2(hi);");
-                    w.line("const __nv_bfloat162 lo = __floats2bfloat162_rn(p0 - hf.x, p1 - hf.y);");
-                    w.line("ph[kk][q] = *reinterpret_cast<const unsigned*>(&hi);");
-                    w.line("pl[kk][q] = *reinterpret_cast<const unsigned*>(&lo);");
                 });
+            },
+        );
+        w.line("float mx0 = neg_inf(), mx1 = neg_inf();");
+        w.for_unrolled("j", 0, "8", |w| {
+            w.line("mx0 = fmaxf(mx0, fmaxf(sc[4 * j], sc[4 * j + 1]));");
+            w.line("mx1 = fmaxf(mx1, fmaxf(sc[4 * j + 2], sc[4 * j + 3]));");
+        });
+        w.line("mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));");
+        w.line("mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));");
+        w.line("mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));");
+        w.line("mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));");
+        w.line("const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);");
+        w.comment("Exponents against a finite base (0 while a row has no allowed slot yet), so -inf");
+        w.comment("scores give exact zeros; a row whose maximum did not move rescales by exactly 1.");
+        w.line("const float b0 = n0 == neg_inf() ? 0.0f : n0, b1 = n1 == neg_inf() ? 0.0f : n1;");
+        w.line("const float a0 = m0 == n0 ? 1.0f : ex2_approx(m0 - b0);");
+        w.line("const float a1 = m1 == n1 ? 1.0f : ex2_approx(m1 - b1);");
+        w.line("m0 = n0;");
+        w.line("m1 = n1;");
+        w.line("float sum0 = 0.0f, sum1 = 0.0f;");
+        w.comment("P as the A fragments of the four k16 steps (the m16n8k16 A layout per warp), split");
+        w.comment("into bf16 p_hi + p_lo so the output product keeps p to ~16 more bits.");
+        w.line("unsigned ph[4][4], pl[4][4];");
+        w.for_unrolled("kk", 0, "4", |w| {
+            w.for_unrolled("q", 0, "4", |w| {
+                w.line("const float p0 = ex2_approx(sc[8 * kk + 2 * q] - (q & 1 ? b1 : b0));");
+                w.line("const float p1 = ex2_approx(sc[8 * kk + 2 * q + 1] - (q & 1 ? b1 : b0));");
+                w.line("if (q & 1) sum1 += p0 + p1; else sum0 += p0 + p1;");
+                w.line("const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);");
+                w.line("const float2 hf = __bfloat1622float2(hi);");
+                w.line("const __nv_bfloat162 lo = __floats2bfloat162_rn(p0 - hf.x, p1 - hf.y);");
+                w.line("ph[kk][q] = *reinterpret_cast<const unsigned*>(&hi);");
+                w.line("pl[kk][q] = *reinterpret_cast<const unsigned*>(&lo);");
             });
-            w.line("l0 = __fmaf_rn(l0, a0, sum0);");
-            w.line("l1 = __fmaf_rn(l1, a1, sum1);");
-            w.comment("Rescale (multiplying by exactly 1 is skipped: the same bits).");
-            w.if_block("__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)", |w| {
-                w.for_unrolled("j", 0, "NO / 4", |w| {
-                    w.line("o[4 * j] *= a0; o[4 * j + 1] *= a0; o[4 * j + 2] *= a1; o[4 * j + 3] *= a1;");
-                });
+        });
+        w.line("l0 = __fmaf_rn(l0, a0, sum0);");
+        w.line("l1 = __fmaf_rn(l1, a1, sum1);");
+        w.comment("Rescale (multiplying by exactly 1 is skipped: the same bits).");
+        w.if_block("__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)", |w| {
+            w.for_unrolled("j", 0, "NO / 4", |w| {
+                w.line("o[4 * j] *= a0; o[4 * j + 1] *= a0; o[4 * j + 2] *= a1; o[4 * j + 3] *= a1;");
             });
-            w.comment("o += P · c[:, wg · HALF ..]: the latent boxes read as the MN-major B operand.");
-            turn(w);
-            w.line("wgmma_fence();");
-            w.for_unrolled("kk", 0, "4", |w| {
-                w.line("const unsigned long long vb = wgmma_desc_mn128(kt + wg * (HALF / 64) * BOX + kk * 2048, BOX);");
-                w.line("mla_pv(o, ph[kk][0], ph[kk][1], ph[kk][2], ph[kk][3], vb, 1);");
-                if !p.p_single {
-                    w.line("mla_pv(o, pl[kk][0], pl[kk][1], pl[kk][2], pl[kk][3], vb, 1);");
-                }
-            });
-            w.line("wgmma_commit();");
-            pass(w);
-            w.line("wgmma_wait<0>();");
-            w.for_unrolled("i", 0, "NO", |w| w.line("wgmma_fence_operand(o[i]);"));
-        }
+        });
+        w.comment("o += P · c[:, wg · HALF ..]: the latent boxes read as the MN-major B operand.");
+        turn(w);
+        w.line("wgmma_fence();");
+        w.for_unrolled("kk", 0, "4", |w| {
+            w.line("const unsigned long long vb = wgmma_desc_mn128(kt + wg * (HALF / 64) * BOX + kk * 2048, BOX);");
+            w.line("mla_pv(o, ph[kk][0], ph[kk][1], ph[kk][2], ph[kk][3], vb, 1);");
+            if !p.p_single {
+                w.line("mla_pv(o, pl[kk][0], pl[kk][1], pl[kk][2], pl[kk][3], vb, 1);");
+            }
+        });
+        w.line("wgmma_commit();");
+        pass(w);
+        w.line("wgmma_wait<0>();");
+        w.for_unrolled("i", 0, "NO", |w| w.line("wgmma_fence_operand(o[i]);"));
         w.comment("This warpgroup is done with the stage; the second to be (an odd count before its");
         w.comment("arrival) refills it with tile it + 2, so neither waits for the other.");
         w.if_block("(tid & 127) == 0", |w| {
@@ -539,19 +510,6 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
     w.line("l0 += __shfl_xor_sync(0xffffffffu, l0, 2);");
     w.line("l1 += __shfl_xor_sync(0xffffffffu, l1, 1);");
     w.line("l1 += __shfl_xor_sync(0xffffffffu, l1, 2);");
-    if p.split_scores {
-        w.comment(
-            "Each warpgroup summed its own slots: the rows' l in warpgroup order. The loop's",
-        );
-        w.comment("last reads of red came before its last barrier, so it is free.");
-        w.if_block("tq == 0", |w| {
-            w.line("red[wg][r0] = l0;");
-            w.line("red[wg][r0 + 8] = l1;");
-        });
-        w.line("__syncthreads();");
-        w.line("l0 = red[0][r0] + red[1][r0];");
-        w.line("l1 = red[0][r0 + 8] + red[1][r0 + 8];");
-    }
     if clustered {
         cluster_fold(&mut w, p);
     } else if p.splits == 1 {
@@ -572,33 +530,15 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
             });
         });
     } else {
-        let acc_type = if p.half_partials { "__half" } else { "float" };
-        emit!(
-            w,
-            "{acc_type}* po = {};",
-            p.partial_acc.ptr_as(acc_type, true)
-        );
+        emit!(w, "float* po = {};", p.partial_acc.ptr_as("float", true));
         emit!(w, "float* pml = {};", p.partial_ml.ptr_as("float", true));
         w.for_unrolled("hf", 0, "2", |w| {
             w.line("const long long gr = row0 + r0 + 8 * hf;");
             w.if_block("gr < ROWS", |w| {
-                emit!(
-                    w,
-                    "{acc_type}* pr = po + ((bi * ROWS + gr) * S + split) * L + wg * HALF + 2 * tq;"
-                );
-                if p.half_partials {
-                    w.comment("o / l as f16 (0 where the split saw no allowed slot of the row).");
-                    w.line("const float l = hf ? l1 : l0;");
-                    w.for_unrolled("j", 0, "NO / 4", |w| {
-                        w.line("const float v0 = l > 0.0f ? o[4 * j + 2 * hf] / l : 0.0f;");
-                        w.line("const float v1 = l > 0.0f ? o[4 * j + 2 * hf + 1] / l : 0.0f;");
-                        w.line("*reinterpret_cast<__half2*>(pr + 8 * j) = __floats2half2_rn(v0, v1);");
-                    });
-                } else {
-                    w.for_unrolled("j", 0, "NO / 4", |w| {
-                        w.line("*reinterpret_cast<float2*>(pr + 8 * j) = make_float2(o[4 * j + 2 * hf], o[4 * j + 2 * hf + 1]);");
-                    });
-                }
+                w.line("float* pr = po + ((bi * ROWS + gr) * S + split) * L + wg * HALF + 2 * tq;");
+                w.for_unrolled("j", 0, "NO / 4", |w| {
+                    w.line("*reinterpret_cast<float2*>(pr + 8 * j) = make_float2(o[4 * j + 2 * hf], o[4 * j + 2 * hf + 1]);");
+                });
                 w.if_block("wg == 0 && tq == 0", |w| {
                     w.line("float* q = pml + ((bi * ROWS + gr) * S + split) * 2;");
                     w.comment("m in natural units, as mla_combine folds it (scores times scale).");
@@ -631,134 +571,6 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
         &prelude(),
         attrs,
     ))
-}
-
-/// One tile of the `split_scores` variant: warpgroup `wg` scores slots `32·wg ..` of the
-/// tile (`m64n32k16`), the two exchange their rows' maxima (`red`) and their bf16 `p`
-/// fragments (`pbuf`, one u32 a thread and fragment register: thread `t` of either
-/// warpgroup holds the same rows and slot columns, so the other's fragment is read at the
-/// same index) between two named barriers, and each adds `P · c` over all 64 slots for its
-/// half of the latent.
-///
-/// Buffer reuse needs no third barrier: a warpgroup reads the other's maxima before the
-/// second barrier and its `p` before the first barrier of the next tile, and the other
-/// overwrites them only after those.
-///
-/// Invariance as in the plan: the maxima are exact (`fmaxf`), so both warpgroups hold the
-/// same `m`; each keeps its own slots' `l`, added in warpgroup order after the loop.
-fn split_scores_tile(w: &mut Writer, p: &MlaTileParams) {
-    w.comment("Scores of the 64 rows × this warpgroup's 32 slots, k16 steps in feature order.");
-    w.line("float sc[16];");
-    w.line("wgmma_fence();");
-    w.for_unrolled("kb", 0, "KB", |w| {
-        w.for_unrolled("kk", 0, "4", |w| {
-            w.line("mla_s32(sc, wgmma_desc_k128(qs + kb * BOX + 32 * kk), wgmma_desc_k128(kt + kb * BOX + wg * 4096 + 32 * kk), kb > 0 || kk > 0);");
-        });
-    });
-    w.line("wgmma_commit();");
-    w.line("wgmma_wait<0>();");
-    w.for_unrolled("i", 0, "16", |w| w.line("wgmma_fence_operand(sc[i]);"));
-    w.comment("Element 4j + d is row r0 + 8 (d >> 1), slot sw + 8j + 2 tq + (d & 1).");
-    w.line("const int sw = s0 + 32 * wg;");
-    let full = match p.mask {
-        MlaMask::Causal => "s0 + 64 <= lim0 && s0 + 64 <= lim1",
-        MlaMask::Tree { .. } => "s0 + 64 <= lim0 && s0 + 64 <= lim1 && s0 + 64 <= prefix",
-    };
-    w.if_else(
-        full,
-        |w| {
-            w.for_unrolled("i", 0, "16", |w| w.line("sc[i] = __fmul_rn(sc[i], scale2);"));
-        },
-        |w| {
-            w.for_unrolled("j", 0, "4", |w| {
-                w.for_unrolled("d", 0, "4", |w| {
-                    w.line("const int s = sw + 8 * j + 2 * tq + (d & 1);");
-                    w.line("bool ok = s < (d < 2 ? lim0 : lim1);");
-                    if let MlaMask::Tree { .. } = p.mask {
-                        w.line("const long long u = s - prefix;");
-                        w.if_block("ok && u >= 0", |w| {
-                            w.line("const long long* aw = d < 2 ? aw0 : aw1;");
-                            w.line(
-                                "ok = u < nodes && (((unsigned long long)aw[u >> 6] >> (u & 63)) & 1ull);",
-                            );
-                        });
-                    }
-                    w.line("sc[4 * j + d] = ok ? __fmul_rn(sc[4 * j + d], scale2) : neg_inf();");
-                });
-            });
-        },
-    );
-    w.line("float mx0 = neg_inf(), mx1 = neg_inf();");
-    w.for_unrolled("j", 0, "4", |w| {
-        w.line("mx0 = fmaxf(mx0, fmaxf(sc[4 * j], sc[4 * j + 1]));");
-        w.line("mx1 = fmaxf(mx1, fmaxf(sc[4 * j + 2], sc[4 * j + 3]));");
-    });
-    w.line("mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));");
-    w.line("mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));");
-    w.line("mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));");
-    w.line("mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));");
-    w.if_block("tq == 0", |w| {
-        w.line("red[wg][r0] = mx0;");
-        w.line("red[wg][r0 + 8] = mx1;");
-    });
-    w.line("asm volatile(\"bar.sync 1, 256;\" ::: \"memory\");");
-    w.line("mx0 = fmaxf(mx0, red[wg ^ 1][r0]);");
-    w.line("mx1 = fmaxf(mx1, red[wg ^ 1][r0 + 8]);");
-    w.line("const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);");
-    w.comment("Exponents against a finite base (0 while a row has no allowed slot yet), so -inf");
-    w.comment("scores give exact zeros; a row whose maximum did not move rescales by exactly 1.");
-    w.line("const float b0 = n0 == neg_inf() ? 0.0f : n0, b1 = n1 == neg_inf() ? 0.0f : n1;");
-    w.line("const float a0 = m0 == n0 ? 1.0f : ex2_approx(m0 - b0);");
-    w.line("const float a1 = m1 == n1 ? 1.0f : ex2_approx(m1 - b1);");
-    w.line("m0 = n0;");
-    w.line("m1 = n1;");
-    w.line("float sum0 = 0.0f, sum1 = 0.0f;");
-    w.comment("This warpgroup's two k16 steps of P as A fragments (one bf16 value a p), also");
-    w.comment("in pbuf for the other warpgroup.");
-    w.line("unsigned ph[2][4];");
-    w.for_unrolled("kk", 0, "2", |w| {
-        w.for_unrolled("q", 0, "4", |w| {
-            w.line("const float p0 = ex2_approx(sc[8 * kk + 2 * q] - (q & 1 ? b1 : b0));");
-            w.line("const float p1 = ex2_approx(sc[8 * kk + 2 * q + 1] - (q & 1 ? b1 : b0));");
-            w.line("if (q & 1) sum1 += p0 + p1; else sum0 += p0 + p1;");
-            w.line("const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);");
-            w.line("ph[kk][q] = *reinterpret_cast<const unsigned*>(&hi);");
-            w.line("pbuf[((wg * 2 + kk) * 4 + q) * 128 + (tid & 127)] = ph[kk][q];");
-        });
-    });
-    w.line("l0 = __fmaf_rn(l0, a0, sum0);");
-    w.line("l1 = __fmaf_rn(l1, a1, sum1);");
-    w.comment("Rescale (multiplying by exactly 1 is skipped: the same bits).");
-    w.if_block("__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)", |w| {
-        w.for_unrolled("j", 0, "NO / 4", |w| {
-            w.line("o[4 * j] *= a0; o[4 * j + 1] *= a0; o[4 * j + 2] *= a1; o[4 * j + 3] *= a1;");
-        });
-    });
-    w.line("asm volatile(\"bar.sync 1, 256;\" ::: \"memory\");");
-    w.line("unsigned px[2][4];");
-    w.for_unrolled("kk", 0, "2", |w| {
-        w.for_unrolled("q", 0, "4", |w| {
-            w.line("px[kk][q] = pbuf[(((wg ^ 1) * 2 + kk) * 4 + q) * 128 + (tid & 127)];");
-        });
-    });
-    w.comment("o += P · c[:, wg · HALF ..] over the tile's 64 slots: k16 steps 2·wg, 2·wg + 1 are");
-    w.comment("this warpgroup's p, the others the other's.");
-    w.comment("Every A fragment is in its own registers before the fence: an issued product may");
-    w.comment("still be reading its own while the next is issued.");
-    w.line("unsigned fa[4][4];");
-    w.for_unrolled("kk", 0, "4", |w| {
-        w.for_unrolled("q", 0, "4", |w| {
-            w.line("fa[kk][q] = (kk >> 1) == wg ? ph[kk & 1][q] : px[kk & 1][q];");
-        });
-    });
-    w.line("wgmma_fence();");
-    w.for_unrolled("kk", 0, "4", |w| {
-        w.line("const unsigned long long vb = wgmma_desc_mn128(kt + wg * (HALF / 64) * BOX + kk * 2048, BOX);");
-        w.line("mla_pv(o, fa[kk][0], fa[kk][1], fa[kk][2], fa[kk][3], vb, 1);");
-    });
-    w.line("wgmma_commit();");
-    w.line("wgmma_wait<0>();");
-    w.for_unrolled("i", 0, "NO", |w| w.line("wgmma_fence_operand(o[i]);"));
 }
 
 /// The epilogue of a cluster of `C` splits (`p.cluster > 1`): the blocks fold their
@@ -898,8 +710,6 @@ mod tests {
             cluster,
             p_single: false,
             ping_pong: false,
-            split_scores: false,
-            half_partials: false,
             partial_acc: Loc::arena(1 << 20),
             partial_ml: Loc::arena(1 << 24),
         }
@@ -952,59 +762,7 @@ mod tests {
         );
 
         let unfolded = tile(&kimi(32, 1)).unwrap();
-        assert!(!unfolded.kernel.contains("mla_s32"));
         assert!(!unfolded.kernel.contains("__cluster_dims__"));
         assert!(!unfolded.kernel.contains("cluster_sync_all"));
-    }
-
-    /// The split scores fit Kimi-K2's shared memory (q, two stages and the 8 KiB p
-    /// exchange), score 32 slots a warpgroup, sync the warpgroups twice a tile, and are
-    /// refused beside the ping-pong, whose barriers they would share, and the cluster fold,
-    /// whose arrays leave no room.
-    #[test]
-    fn split_scores_fit_and_exclude_the_ping_pong() {
-        let limit = 232_448;
-        let p = MlaTileParams {
-            split_scores: true,
-            ..kimi(32, 1)
-        };
-        assert!(supported(&p, limit), "{} bytes", block_smem_bytes(&p));
-        assert_eq!(smem_bytes(&p), smem_bytes(&kimi(32, 1)) + 8192);
-        let k = tile(&p).unwrap();
-        assert!(k.kernel.contains("mla_s32(sc,"), "{}", k.kernel);
-        assert_eq!(k.kernel.matches("bar.sync 1, 256").count(), 2);
-        assert!(!k.kernel.contains("p_lo") && !k.kernel.contains("pl["));
-        assert_eq!(k.launch.smem_bytes as u64, smem_bytes(&p));
-        let both = MlaTileParams {
-            ping_pong: true,
-            ..p
-        };
-        assert!(!supported(&both, limit));
-        assert!(tile(&both).is_err());
-        let folded = MlaTileParams { cluster: 8, ..p };
-        assert!(
-            !supported(&folded, limit),
-            "the fold's per-row arrays do not fit beside the p exchange"
-        );
-    }
-
-    /// f16 partials: the tile kernel writes `o / l` as f16 and the combine weights it by
-    /// the split's `l`; half the bytes; refused with the cluster fold (its own partials).
-    #[test]
-    fn half_partials_halve_the_partial_bytes() {
-        let p = MlaTileParams {
-            half_partials: true,
-            ..kimi(32, 1)
-        };
-        let (acc, ml) = p.partial_bytes(p.parts());
-        assert_eq!((acc, ml), (8 * 64 * 32 * 512 * 2, 8 * 64 * 32 * 8));
-        assert_eq!(2 * acc, kimi(32, 1).partial_bytes(32).0);
-        let ks = crate::mla_tile::mla_tile(&p).unwrap();
-        assert!(ks[0].kernel.contains("__floats2half2_rn(v0, v1)"));
-        assert!(ks[1].kernel.contains("__half2float(pa[(s0 + j) * L])"));
-        assert!(ks[1].kernel.contains("__fmaf_rn(f * lv[j], av[j], num)"));
-        let plain = crate::mla_tile::mla_tile(&kimi(32, 1)).unwrap();
-        assert!(!plain[1].kernel.contains("__half"));
-        assert!(!supported(&MlaTileParams { cluster: 8, ..p }, u64::MAX));
     }
 }

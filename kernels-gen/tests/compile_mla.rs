@@ -53,27 +53,19 @@ fn mla_tiles_compile_for_every_arch_without_spills() {
                 continue;
             };
             // On sm_90a also the variants no plan chooses by default: the cluster fold
-            // (`SPECC_MLA_CLUSTER=1`), the warpgroups' ping-pong, the split scores and the
-            // f16 partials (with their combine).
+            // (`SPECC_MLA_CLUSTER=1`) and the warpgroups' ping-pong.
             let mut kernels = pl.kernels.clone();
             if pl.p.wgmma {
-                for (cluster, ping_pong, split_scores, half_partials) in [
-                    (mla_wgmma::cluster_for(pl.p.splits), false, false, false),
-                    (1, true, false, false),
-                    (1, false, true, false),
-                    (1, false, false, true),
-                    (1, false, true, true),
-                ] {
+                for (cluster, ping_pong) in
+                    [(mla_wgmma::cluster_for(pl.p.splits), false), (1, true)]
+                {
                     let p = MlaTileParams {
                         cluster,
                         ping_pong,
-                        split_scores,
-                        half_partials,
                         ..pl.p
                     };
-                    if (cluster, ping_pong, split_scores, half_partials) != (1, false, false, false)
-                    {
-                        kernels.extend(specc_kernels_gen::mla_tile::mla_tile(&p).unwrap());
+                    if (cluster, ping_pong) != (1, false) {
+                        kernels.push(mla_wgmma::tile(&p).unwrap());
                     }
                 }
             }

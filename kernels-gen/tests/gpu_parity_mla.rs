@@ -137,9 +137,8 @@ fn reference(pl: &Planned, x: &Inputs, tree: bool) -> Vec<f64> {
 
 /// The plans of a case: the plan's choice, and where the plan chose `mla_wgmma`, the same
 /// with the other cluster setting (the opt-in fold of `SPECC_MLA_CLUSTER=1`, where the
-/// splits make clusters), with the split scores and with f16 partials
-/// (`MlaTileParams::split_scores`, `half_partials`: variants no plan chooses yet), alone and
-/// together, and `mla_tile`'s beside it (so every kernel runs on an sm_90a device).
+/// splits make clusters) and `mla_tile`'s beside it (so every kernel runs on an sm_90a
+/// device).
 fn plans(gpu: &Gpu, d: Dims, b: u64, t: u64, ctx: u64, tree: bool) -> Vec<Planned> {
     let label = format!("{d:?} B={b} T={t} ctx={ctx} tree={tree}");
     let chosen = plan(d, b, t, ctx, tree, gpu.target())
@@ -159,18 +158,8 @@ fn plans(gpu: &Gpu, d: Dims, b: u64, t: u64, ctx: u64, tree: bool) -> Vec<Planne
                 stages: c.stages,
                 wgmma: true,
                 cluster: other,
-                split_scores: false,
-                half_partials: false,
             };
             out.push(plan_with(d, b, t, ctx, tree, gpu.target(), Some(flipped)).unwrap());
-        }
-        out.push(variant(&chosen, |p| p.split_scores = true));
-        if chosen.p.parts() > 1 && chosen.p.cluster == 1 {
-            out.push(variant(&chosen, |p| p.half_partials = true));
-            out.push(variant(&chosen, |p| {
-                p.split_scores = true;
-                p.half_partials = true;
-            }));
         }
         let tile = tile_tiling(&chosen.p, gpu.target()).expect("mla_tile takes it");
         out.push(plan_with(d, b, t, ctx, tree, gpu.target(), Some(tile)).unwrap());
@@ -206,13 +195,7 @@ fn check(gpu: &Gpu, name: &str, d: Dims, b: u64, t: u64, ctx: u64, tree: bool) -
 fn kernel_label(p: &MlaTileParams) -> String {
     if p.wgmma {
         let pp = if p.ping_pong { " ping-pong" } else { "" };
-        let ss = if p.split_scores { " split-scores" } else { "" };
-        let hp = if p.half_partials {
-            " half-partials"
-        } else {
-            ""
-        };
-        format!("mla_wgmma cluster {}{pp}{ss}{hp}", p.cluster)
+        format!("mla_wgmma cluster {}{pp}", p.cluster)
     } else {
         format!(
             "mla_tile rows/block {:>2} stages {}",
@@ -508,8 +491,6 @@ fn mla_tile_split_sweep() {
                     stages: 2,
                     wgmma: true,
                     cluster,
-                    split_scores: false,
-                    half_partials: false,
                 });
             }
             for rt in [1u64, 2, 4] {
@@ -520,8 +501,6 @@ fn mla_tile_split_sweep() {
                         stages,
                         wgmma: false,
                         cluster: 1,
-                        split_scores: false,
-                        half_partials: false,
                     });
                 }
             }
@@ -545,15 +524,14 @@ fn mla_tile_split_sweep() {
             let kv_bytes = kimi_cache_bytes(b, ctx);
             let us = time_launches(&gpu, &pl, b, t, ctx, pl.kernels.len());
             if split.wgmma && split.cluster == 1 {
-                // Measurement variants no plan chooses: the warpgroups' ping-pong, with it
-                // p as one bf16 value (what `p_lo`'s product costs), and the split scores.
+                // Measurement variants no plan chooses: the warpgroups' ping-pong, and with
+                // it p as one bf16 value (what `p_lo`'s product costs).
                 let pp = variant(&pl, |p| p.ping_pong = true);
                 let both = variant(&pl, |p| {
                     p.ping_pong = true;
                     p.p_single = true;
                 });
-                let ss = variant(&pl, |p| p.split_scores = true);
-                for (what, v) in [("", pp), ("p-single", both), ("", ss)] {
+                for (what, v) in [("", pp), ("p-single", both)] {
                     let us1 = time_launches(&gpu, &v, b, t, ctx, v.kernels.len());
                     println!(
                         "SWEEP kimi B={b} T={t} splits {:>3} {:<32}: {us1:>7.2} us, {:>6.0} GB/s",

@@ -40,16 +40,6 @@ pub fn cluster_enabled() -> bool {
     std::env::var("SPECC_MLA_CLUSTER").is_ok_and(|v| v == "1")
 }
 
-/// `mla_wgmma`'s variants a build chooses: `SPECC_MLA_VARIANT` in the environment of the
-/// build, a comma-separated subset of `split` (split scores) and `half` (f16 partials);
-/// none by default. Each is taken only where the kernel takes it (the f16 partials not with
-/// the cluster fold) — the same in every bucket, as the dims decide it.
-pub fn wgmma_variants() -> (bool, bool) {
-    let v = std::env::var("SPECC_MLA_VARIANT").unwrap_or_default();
-    let has = |name: &str| v.split(',').any(|s| s.trim() == name);
-    (has("split"), has("half"))
-}
-
 /// The `mla_wgmma` choice for `p` on `target`: sm_90a only, the dims it takes (which do not
 /// depend on the bucket, so every graph of an engine picks the same kernel and a row's
 /// result stays the same in every bucket), the capacity's splits; with
@@ -62,36 +52,19 @@ pub fn wgmma_tiling(p: &MlaTileParams, target: &Target) -> Option<MlaChoice> {
     } else {
         1
     };
-    let smem = target.smem_per_block as u64;
     let q = MlaTileParams {
         splits,
         cluster,
-        split_scores: false,
-        half_partials: false,
         ..*p
     };
-    if target.archs != [Arch::Sm90a] || !mla_wgmma::supported(&q, smem) {
-        return None;
-    }
-    let (split, half) = wgmma_variants();
-    let split_scores = split
-        && mla_wgmma::supported(
-            &MlaTileParams {
-                split_scores: true,
-                ..q
-            },
-            smem,
-        );
-    let half_partials = half && cluster == 1 && q.parts() > 1;
-    Some(MlaChoice {
-        splits: q.splits,
-        block_row_tiles: mla_wgmma::BLOCK_ROWS / mla_tile::TILE_ROWS,
-        stages: 2,
-        wgmma: true,
-        cluster,
-        split_scores,
-        half_partials,
-    })
+    (target.archs == [Arch::Sm90a] && mla_wgmma::supported(&q, target.smem_per_block as u64))
+        .then_some(MlaChoice {
+            splits: q.splits,
+            block_row_tiles: mla_wgmma::BLOCK_ROWS / mla_tile::TILE_ROWS,
+            stages: 2,
+            wgmma: true,
+            cluster,
+        })
 }
 
 /// The tiling of `p` on `target`, or `None` where the tiles do not take it: `mla_wgmma`
@@ -133,8 +106,6 @@ pub fn tile_tiling(p: &MlaTileParams, target: &Target) -> Option<MlaChoice> {
                     stages,
                     wgmma: false,
                     cluster: 1,
-                    split_scores: false,
-                    half_partials: false,
                 },
             ))
         })
@@ -185,8 +156,6 @@ mod tests {
             cluster: 1,
             p_single: false,
             ping_pong: false,
-            split_scores: false,
-            half_partials: false,
             partial_acc: Loc::arena(0),
             partial_ml: Loc::arena(0),
         }

@@ -373,14 +373,6 @@ pub struct MlaChoice {
     pub wgmma: bool,
     #[serde(default = "one_u64")]
     pub cluster: u64,
-    /// `mla_wgmma`: each warpgroup scores half of a tile's slots and the two exchange
-    /// their rows' maxima and bf16 p in shared memory (the scores' tensor work once).
-    #[serde(default)]
-    pub split_scores: bool,
-    /// `mla_wgmma` without a cluster: partials stored as f16 `o / l` (half the bytes
-    /// `mla_combine` reads).
-    #[serde(default)]
-    pub half_partials: bool,
 }
 
 fn one_u64() -> u64 {
@@ -503,12 +495,6 @@ impl fmt::Display for KernelChoice {
                     write!(f, "mla_wgmma splits {}", m.splits)?;
                     if m.cluster > 1 {
                         write!(f, " cluster {}", m.cluster)?;
-                    }
-                    if m.split_scores {
-                        write!(f, " split-scores")?;
-                    }
-                    if m.half_partials {
-                        write!(f, " f16-partials")?;
                     }
                 } else {
                     write!(
@@ -655,8 +641,6 @@ mod tests {
             stages: 3,
             wgmma: false,
             cluster: 1,
-            split_scores: false,
-            half_partials: false,
         });
         assert_eq!(mla.to_string(), "mla_tile r2 s3 splits 64 + mla_combine");
         assert_eq!(mla.families(), ["mla_tile", "mla_combine"]);
@@ -666,8 +650,6 @@ mod tests {
             stages: 2,
             wgmma: false,
             cluster: 1,
-            split_scores: false,
-            half_partials: false,
         });
         assert_eq!(one.families(), ["mla_tile"]);
         let wgc = MlaChoice {
@@ -676,8 +658,6 @@ mod tests {
             stages: 2,
             wgmma: true,
             cluster: 1,
-            split_scores: false,
-            half_partials: false,
         };
         let wg = KernelChoice::Mla(wgc);
         assert_eq!(wg.to_string(), "mla_wgmma splits 32 + mla_combine");
@@ -694,19 +674,10 @@ mod tests {
         });
         assert_eq!(whole.to_string(), "mla_wgmma splits 8 cluster 8");
         assert_eq!(whole.families(), ["mla_wgmma"]);
-        // Engines written before clusters read as cluster 1, without the variants.
+        // Engines written before clusters read as cluster 1.
         let old = r#"{"Mla":{"splits":32,"block_row_tiles":4,"stages":2,"wgmma":true}}"#;
         assert_eq!(serde_json::from_str::<KernelChoice>(old).unwrap(), wg);
-        let variants = KernelChoice::Mla(MlaChoice {
-            split_scores: true,
-            half_partials: true,
-            ..wgc
-        });
-        assert_eq!(
-            variants.to_string(),
-            "mla_wgmma splits 32 split-scores f16-partials + mla_combine"
-        );
-        for c in [moe, mla, one, wg, clustered, whole, variants] {
+        for c in [moe, mla, one, wg, clustered, whole] {
             let json = serde_json::to_string(&c).unwrap();
             assert_eq!(serde_json::from_str::<KernelChoice>(&json).unwrap(), c);
         }

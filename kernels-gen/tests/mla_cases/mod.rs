@@ -107,8 +107,6 @@ pub fn plan_with(
         cluster: 1,
         p_single: false,
         ping_pong: false,
-        split_scores: false,
-        half_partials: false,
         partial_acc: Loc::arena(0),
         partial_ml: Loc::arena(0),
     };
@@ -121,8 +119,6 @@ pub fn plan_with(
     p.stages = t.stages;
     p.wgmma = t.wgmma;
     p.cluster = t.cluster;
-    p.split_scores = t.split_scores;
-    p.half_partials = t.half_partials;
     let (acc, ml) = p.partial_bytes(p.parts());
     p.partial_acc = Loc::arena(out_bytes);
     p.partial_ml = Loc::arena(out_bytes + acc.next_multiple_of(256));
