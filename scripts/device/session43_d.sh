@@ -11,12 +11,12 @@ start=$SECONDS; BUDGET=${BUDGET:-230}
 left() { echo $((BUDGET - (SECONDS - start))); }
 S="$OUT/summary.txt"
 nvidia-smi --query-gpu=name --format=csv,noheader >> "$S"
-timeout 45 .gpu2/tests/gpu_parity_mla mla_small_cases mla_tiles_are_bucket_invariant --include-ignored \
+timeout 40 .gpu2/tests/gpu_parity_mla mla_small_cases mla_tiles_are_bucket_invariant --include-ignored \
   --nocapture --test-threads=1 > /tmp/pp.log 2>&1
 echo "small cases + invariance rc=$? ($((SECONDS - start))s)" >> "$S"
 grep -E "test result|panicked|FAIL|ping-pong" /tmp/pp.log | head -8 | cut -c1-200 >> "$S"
 echo "PASS lines: $(grep -cE "PASS" /tmp/pp.log)" >> "$S"; cp /tmp/pp.log "$OUT/"
-SPECC_MLA_CASES=1x1,8x1,1x4 timeout 60 .gpu2/tests/gpu_parity_mla mla_tile_split_sweep --ignored \
+SPECC_MLA_CASES=${CASES:-1x1,8x1,1x4} timeout $(( $(left) > 60 ? 60 : $(left) - 5 )) .gpu2/tests/gpu_parity_mla mla_tile_split_sweep --ignored \
   --nocapture --test-threads=1 2>&1 | grep -E "SWEEP.*splits  32 mla_wgmma|panicked" >> "$S"
 KI=(bench bench/configs/kimi-k2-int4/config.json --random-weights --layers 2 --iters 30 --context 1024)
 for spec in "--tokens 8" ""; do
