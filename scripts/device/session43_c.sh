@@ -7,6 +7,7 @@
 # mla_wgmma_dims); the Kimi-K2.5 int4 steps at ctx 8192 with and without them in the same
 # call; racecheck of the small cases; on an H200 first issue 20's steps at ctx 1024.
 # Pack: scripts/gpu-pack --specc kernels-gen/gpu_parity_mla gpu_deepseek (specc as xz).
+# Ran once, at 87bb28a (bench/NOTES.md, session 43); the variants were dropped after it.
 set -uo pipefail
 source scripts/device/unpack.sh
 start=$SECONDS; BUDGET=${BUDGET:-420}
