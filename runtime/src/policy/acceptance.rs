@@ -5,7 +5,8 @@
 //! whole session (every lane) and per lane. A speculative step that accepted `a` of `k`
 //! draft tokens is a hit at positions `1..=a` and, when `a < k`, a miss at `a + 1`; later
 //! positions were not tried, and their counts are weighed down all the same (old evidence of
-//! a position only shorter drafts have run since fades). Every estimate is a ratio of counts with pseudo-counts on top:
+//! a position only shorter drafts have run since fades). Every estimate is a ratio of counts
+//! with pseudo-counts on top:
 //!
 //! - the session's `π_j = (hits_j + m0·π_{j−1}) / (trials_j + m0)`, the previous position's
 //!   estimate worth `m0` = [`SESSION_PRIOR_WEIGHT`] observations (`π_0` = [`PRIOR_ALPHA`]):
@@ -46,17 +47,18 @@ struct Evidence {
 }
 
 impl Evidence {
-    /// Folds one observation in, the older ones weighed down by `keep`.
-    fn add(&mut self, hit: bool, keep: f64) {
-        self.hits = keep * self.hits + if hit { 1.0 } else { 0.0 };
-        self.trials = keep * self.trials + 1.0;
-    }
-
     /// Weighs the observations down by `keep`, adding none (a step that did not try the
     /// position).
     fn fade(&mut self, keep: f64) {
         self.hits *= keep;
         self.trials *= keep;
+    }
+
+    /// Folds one observation in, the older ones weighed down by `keep`.
+    fn add(&mut self, hit: bool, keep: f64) {
+        self.fade(keep);
+        self.hits += if hit { 1.0 } else { 0.0 };
+        self.trials += 1.0;
     }
 
     /// The rate the counts give on top of `weight` observations at `prior`.
