@@ -2,12 +2,15 @@
 # Adaptive speculation vs plain decoding under load on the CPU backend, embedded default:
 # `specc serve --lanes 16` with `--spec-policy adaptive` (the draft_model k = 5 engine and its
 # variants k = 0, 1, 3) and with `--no-spec`, each measured by `specc bench-serve` at
-# concurrency 1 and 16 (greedy, --ignore-eos), then the output tok/s ratios.
-# Usage: bench/cpu_adaptive_serve.sh [REQUESTS] [SPECC] [MAX_TOKENS]
+# concurrency 1 and 16 (greedy, --ignore-eos), then the output tok/s ratios. The prompts are
+# Python source openings (bench/prompts/python.jsonl): the default is trained on Python code,
+# and bench-serve's built-in English instructions are outside its domain.
+# Usage: bench/cpu_adaptive_serve.sh [REQUESTS] [SPECC] [MAX_TOKENS] [PROMPTS]
 set -euo pipefail
 requests=${1:-16}
 bin=${2:-target/release/specc}
 max_tokens=${3:-128}
+prompts=${4:-$(dirname "$0")/prompts/python.jsonl}
 tmp=$(mktemp -d)
 trap 'kill "${server:-}" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 
@@ -23,7 +26,7 @@ measure() {
   done
   [[ -n $url ]] || { cat "$tmp/serve.log" >&2; exit 1; }
   "$bin" bench-serve --url "$url" --concurrency 1,16 --requests "$requests" \
-    --max-tokens "$max_tokens" --ignore-eos --json "$tmp/out.json" >/dev/null
+    --max-tokens "$max_tokens" --prompts "$prompts" --ignore-eos --json "$tmp/out.json" >/dev/null
   curl -s "$url/metrics" | grep '^specc:spec_variant_steps_total' | sed 's/^/  /' >&2 || true
   kill "$server"
   wait "$server" 2>/dev/null || true
