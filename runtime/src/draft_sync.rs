@@ -112,6 +112,21 @@ impl DraftSync {
                 .any(|(&l, b)| l && b.is_some())
     }
 
+    /// The prefill row-tokens [`DraftSync::reprime`] would run now over `live` with
+    /// `lanes` rows: `lanes` × the longest gap (from the tokens read so far), 0 when no
+    /// lane is behind.
+    pub fn backlog(&self, live: &[bool], lanes: usize) -> usize {
+        let longest = (0..lanes.min(live.len()))
+            .filter(|&b| live[b])
+            .filter_map(|b| {
+                let from = self.behind[b]?;
+                Some(self.tokens[b].len().saturating_sub(2).saturating_sub(from))
+            })
+            .max()
+            .unwrap_or(0);
+        lanes * longest
+    }
+
     /// The draft prefill that re-primes every lane of `live` that is behind (every ring
     /// read), `lanes` rows of `t` = the longest gap; other rows are padding (position −1).
     /// Marks those lanes whole. `None` when no lane is behind.
@@ -164,11 +179,17 @@ mod tests {
         s.emitted(0, &[15]); // len 5: the cache must hold slots 0..=3
         assert!(!s.needs_tokens_before_plain(&[true, false]));
         assert!(s.behind(&[true, true]));
+        assert_eq!(
+            s.backlog(&[true, true], 2),
+            2 * 2,
+            "2 rows of the 2-token gap"
+        );
         let r = s.reprime(&[true, true], 2).expect("lane 0 is behind");
         assert_eq!(r.t, 2);
         assert_eq!(r.tokens, vec![12, 13, 0, 0]);
         assert_eq!(r.positions, vec![2, 3, -1, -1]);
         assert!(!s.behind(&[true, true]));
+        assert_eq!(s.backlog(&[true, true], 2), 0);
         assert!(s.reprime(&[true, true], 2).is_none());
     }
 
@@ -179,6 +200,7 @@ mod tests {
         assert!(s.behind(&[true]));
         s.emitted(0, &[14]); // len 4: slots 0..=2
         assert_eq!(s.unprimed_admissions(), 1);
+        assert_eq!(s.backlog(&[true], 1), 3, "the whole sequence");
         let r = s.reprime(&[true], 1).expect("the lane is behind");
         assert_eq!(r.tokens, vec![10, 11, 12]);
         assert_eq!(r.positions, vec![0, 1, 2]);

@@ -129,6 +129,10 @@ pub struct AdaptivePolicy {
     /// Seconds of draft re-priming per prefill row-token (rows × tokens of the gap), once
     /// measured.
     reprime: Option<f64>,
+    /// Prefill row-tokens the next speculative step would re-prime, where the backend
+    /// knows them ([`AdaptivePolicy::set_reprime_backlog`]); otherwise every live lane is
+    /// taken to be behind by the plain stretch alone.
+    backlog: Option<usize>,
     current: Option<usize>,
     /// The variant of the last step (the current one, or a probe).
     last: Option<usize>,
@@ -163,6 +167,7 @@ impl AdaptivePolicy {
             acceptance: Acceptance::new(kmax, lanes),
             times: HashMap::new(),
             reprime: None,
+            backlog: None,
             current: None,
             last: None,
             plain_run: 0,
@@ -314,6 +319,13 @@ impl AdaptivePolicy {
         *r += TIME_EMA * (per - *r);
     }
 
+    /// The prefill row-tokens a speculative step would re-prime now (rows × the longest
+    /// gap, padding included: what the re-priming runs). A lane admitted during plain
+    /// decoding is behind by its whole sequence, far more than the plain stretch.
+    pub fn set_reprime_backlog(&mut self, row_tokens: usize) {
+        self.backlog = Some(row_tokens);
+    }
+
     /// Lane `lane` starts a new sequence: its acceptance is the session's estimate until
     /// it has evidence of its own.
     pub fn admit(&mut self, lane: usize) {
@@ -442,13 +454,14 @@ impl AdaptivePolicy {
             return (keep, false);
         }
         // A probe of `v` costs the tokens plain decoding would have emitted in its time
-        // (its step and the re-priming of every lane's draft over the plain stretch behind
-        // it) less its own; it is worth it when `v`, were every draft token accepted, would
+        // (its step and the re-priming of every lane's draft: the backlog, or the plain
+        // stretch behind it) less its own; it is worth it when `v`, were every draft token accepted, would
         // gain more than that over a stretch as long again.
         let live_n = live.iter().filter(|&&l| l).count() as f64;
         let run = self.plain_run as f64;
         let plain_t = self.time(bucket, keep).unwrap_or(1.0);
-        let reprime = self.reprime.unwrap_or(0.0) * live_n * run;
+        let backlog = self.backlog.map_or(live_n * run, |b| b as f64);
+        let reprime = self.reprime.unwrap_or(0.0) * backlog;
         let worth = |v: usize| {
             let t = self.time(bucket, v).unwrap_or(1.0);
             let best_case = live_n * (self.ks[v] + 1) as f64 / t;
@@ -712,6 +725,27 @@ mod tests {
         let (mut p, _) = sixteen_lanes([5.8, 14.4, 23.5, 30.1]);
         p.observe_reprime(16 * 40, 16.0 * 40.0 * 112e-6);
         assert_eq!(probes(&mut p, 2 * PROBE_LAST), 0);
+    }
+
+    /// The re-priming a probe pays is the backlog the backend reports when it knows it:
+    /// lanes admitted during plain decoding are behind by their whole sequences.
+    #[test]
+    fn a_probe_pays_for_the_whole_backlog_of_unprimed_lanes() {
+        let probes = |p: &mut AdaptivePolicy, steps: u64| {
+            (0..steps)
+                .filter(|_| p.choose(16, &[true; 16]) != 0)
+                .count()
+        };
+        // At 20 µs per row-token, 64 plain steps behind every lane cost 20.5 ms of
+        // re-priming: the probe (110 tokens) is worth k = 5's best case (160).
+        let (mut p, _) = sixteen_lanes([5.8, 14.4, 23.5, 30.1]);
+        p.observe_reprime(16 * 40, 16.0 * 40.0 * 20e-6);
+        assert_eq!(probes(&mut p, PROBE_FIRST), 1);
+        // Lanes 150 tokens behind (admitted unprimed): 48 ms, 186 tokens, not worth it.
+        let (mut p, _) = sixteen_lanes([5.8, 14.4, 23.5, 30.1]);
+        p.observe_reprime(16 * 40, 16.0 * 40.0 * 20e-6);
+        p.set_reprime_backlog(16 * 150);
+        assert_eq!(probes(&mut p, PROBE_FIRST), 0);
     }
 
     /// Plain decoding timed too slow at load (a build running beside the calibration) is

@@ -840,6 +840,10 @@ impl<'a> SpecCpuSession<'a> {
         if self.policy.needs_times() {
             self.calibrate(bucket)?;
         }
+        if self.sync.can_reprime() {
+            let backlog = self.sync.backlog(&live, self.rows);
+            self.policy.set_reprime_backlog(backlog);
+        }
         let v = self.policy.choose(bucket, &live);
         let k = self.policy.ks()[v];
         let single = self.policy.ks().len() == 1;
