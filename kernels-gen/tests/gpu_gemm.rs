@@ -660,7 +660,8 @@ fn time_wgmma_vs_gemm_vs_gemv_mma() {
     }
 }
 
-/// The wgmma GEMM's tile rule against its alternatives: per 8B shape and M = 64 .. 1024,
+/// The wgmma GEMM's tile rule against its alternatives: per 8B shape and M = 64 .. 1024
+/// (`SPECC_TILE_ROWS=256,512` for some),
 /// µs of the chosen tile and of every other `bm × bn` (bm 64 or 128, bn 32 .. 256, the
 /// most stages that fit), the fastest marked: the data for `choose::gemm::wgmma_tile`.
 #[test]
@@ -670,7 +671,14 @@ fn time_wgmma_tiles() {
         return;
     };
     let names = ["o", "qkv", "gate_up", "down", "lm_head", "lm_head+argmax"];
+    // `SPECC_TILE_SHAPES=o,down` times those shapes only (the lm-head's thousand column
+    // tiles fill the GPU at any tile; its sweep is the slowest).
+    let only = std::env::var("SPECC_TILE_SHAPES").ok();
+    let wanted = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|s| s == name));
     for ((k, n, epi), name) in LLAMA_8B.into_iter().zip(names) {
+        if !wanted(name) {
+            continue;
+        }
         let d = data(Case {
             m: 1024,
             k,
@@ -678,7 +686,11 @@ fn time_wgmma_tiles() {
             epi,
             dt: BF,
         });
-        for m in [64u32, 256, 1024] {
+        let rows: Vec<u32> = std::env::var("SPECC_TILE_ROWS")
+            .ok()
+            .map(|r| r.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+            .unwrap_or_else(|| vec![64, 128, 256, 512, 1024]);
+        for &m in &rows {
             let c = Case {
                 m,
                 k,

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Session 44, call B: the wgmma GEMM's tiles against the chosen one at the 8B shapes for
+# 128, 256 and 512 rows (verify(8) at B = 16, 32, 64: where call A found specc behind
+# compiled PyTorch), then, on an H200 only, the Kimi-K2.5 int4 verify of 8 and decode at
+# ctx 1024 (issue 20's H200 figure). Pack: scripts/gpu-pack --specc kernels-gen/gpu_gemm
+# (specc as xz).
+set -uo pipefail
+source scripts/device/unpack.sh
+start=$SECONDS; BUDGET=${BUDGET:-330}
+left() { echo $((BUDGET - (SECONDS - start))); }
+S="$OUT/summary.txt"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$gpu" >> "$S"
+SPECC_TILE_SHAPES=${SHAPES:-o,qkv,down,gate_up} SPECC_TILE_ROWS=${ROWS:-128,256,512} \
+  timeout $(( $(left) - 100 )) .gpu2/tests/gpu_gemm --test-threads=1 --nocapture --ignored \
+  --exact time_wgmma_tiles > "$OUT/wgmma_tiles.log" 2>&1
+echo "tile sweep rc=$? ($((SECONDS - start))s)" >> "$S"
+grep -E "^tiles|panicked" "$OUT/wgmma_tiles.log" | cut -c1-400 >> "$S"
+if [[ $gpu == *H200* ]]; then
+  KI=(bench bench/configs/kimi-k2-int4/config.json --random-weights --layers 2 --iters 30 --context 1024)
+  for spec in "--tokens 8" ""; do
+    (( $(left) > 30 )) || break
+    echo "== Kimi-K2.5 int4 2 layers ctx 1024 $spec ($(left)s left)" >> "$S"
+    timeout 45 .gpu2/specc "${KI[@]}" $spec > /tmp/k.txt 2>&1
+    grep -E "^\| (decode|verify)|experts|rror" /tmp/k.txt | head -3 | cut -c1-200 >> "$S"
+  done
+fi
+echo "total $((SECONDS - start))s" >> "$S"
