@@ -674,7 +674,10 @@ fn time_wgmma_tiles() {
     // `SPECC_TILE_SHAPES=o,down` times those shapes only (the lm-head's thousand column
     // tiles fill the GPU at any tile; its sweep is the slowest).
     let only = std::env::var("SPECC_TILE_SHAPES").ok();
-    let wanted = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|s| s == name));
+    let wanted = |name: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|s| s == name))
+    };
     for ((k, n, epi), name) in LLAMA_8B.into_iter().zip(names) {
         if !wanted(name) {
             continue;

@@ -192,47 +192,75 @@ fn matmul_split(
     let (n, k) = (w.shape[0], w.shape[1]);
     let rows = WeightRows::new(w, scale)?;
     let m = out.numel().checked_div(n).unwrap_or(0);
-    let mut res = vec![0.0f32; m * n];
+    #[cfg(target_arch = "x86_64")]
+    let (one_row_tile, timed) = match m {
+        1 => one_row::pick(k, n),
+        _ => (4, false),
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let one_row_tile = 4;
     let a = Operands {
         x: xv,
         rows: &rows,
         m,
         k,
         dtype: out.dtype,
+        one_row_tile,
     };
-    let blocks = n.div_ceil(COLS);
-    let parts = threads
-        .min(blocks)
-        .min((m * n * k / min_part_work.max(1)).max(1))
-        .max(1);
-    if parts == 1 {
-        a.columns(0..n, &mut res, n);
-        return Ok(out.f32(res));
-    }
-    // Part `p` computes the columns of blocks `p·blocks/parts ..`, into its own [m, width]
-    // buffer, copied into place afterwards.
-    let range =
-        |p: usize| (p * blocks / parts * COLS).min(n)..((p + 1) * blocks / parts * COLS).min(n);
-    let bufs: Vec<Mutex<Vec<f32>>> = (0..parts)
-        .map(|p| Mutex::new(vec![0.0; m * range(p).len()]))
-        .collect();
-    pool::parts(parts, &|p| {
-        let cols = range(p);
-        let width = cols.len();
-        let mut buf = bufs[p].lock().unwrap_or_else(|e| e.into_inner());
-        a.columns(cols, &mut buf, width);
-    });
-    for (p, buf) in bufs.into_iter().enumerate() {
-        let cols = range(p);
-        let buf = buf.into_inner().unwrap_or_else(|e| e.into_inner());
-        if cols.is_empty() {
-            continue;
-        }
-        for (dst, src) in res.chunks_mut(n).zip(buf.chunks(cols.len())) {
-            dst[cols.clone()].copy_from_slice(src);
+    let t0 = std::time::Instant::now();
+    let res = a.all_columns(n, threads, min_part_work);
+    #[cfg(target_arch = "x86_64")]
+    if m == 1 {
+        match timed {
+            true => one_row::record(k, n, one_row_tile, t0.elapsed()),
+            false => one_row::warmed(k, n),
         }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = t0;
     Ok(out.f32(res))
+}
+
+impl Operands<'_> {
+    /// Every output column (`n` of them) for every row, on at most `threads` threads, each
+    /// part at least `min_part_work` multiply-adds.
+    fn all_columns(&self, n: usize, threads: usize, min_part_work: usize) -> Vec<f32> {
+        let (m, k) = (self.m, self.k);
+        let mut res = vec![0.0f32; m * n];
+        let blocks = n.div_ceil(COLS);
+        let parts = threads
+            .min(blocks)
+            .min((m * n * k / min_part_work.max(1)).max(1))
+            .max(1);
+        if parts == 1 {
+            self.columns(0..n, &mut res, n);
+            return res;
+        }
+        // Part `p` computes the columns of blocks `p·blocks/parts ..`, into its own
+        // [m, width] buffer, copied into place afterwards.
+        let range =
+            |p: usize| (p * blocks / parts * COLS).min(n)..((p + 1) * blocks / parts * COLS).min(n);
+        let bufs: Vec<Mutex<Vec<f32>>> = (0..parts)
+            .map(|p| Mutex::new(vec![0.0; m * range(p).len()]))
+            .collect();
+        pool::parts(parts, &|p| {
+            let cols = range(p);
+            let width = cols.len();
+            let mut buf = bufs[p].lock().unwrap_or_else(|e| e.into_inner());
+            self.columns(cols, &mut buf, width);
+        });
+        for (p, buf) in bufs.into_iter().enumerate() {
+            let cols = range(p);
+            let buf = buf.into_inner().unwrap_or_else(|e| e.into_inner());
+            if cols.is_empty() {
+                continue;
+            }
+            for (dst, src) in res.chunks_mut(n).zip(buf.chunks(cols.len())) {
+                dst[cols.clone()].copy_from_slice(src);
+            }
+        }
+        res
+    }
 }
 
 /// `out[i] = dot(x, rows[i])` for every row (each [`dot`] bit for bit, several rows at a
@@ -264,6 +292,9 @@ struct Operands<'a> {
     m: usize,
     k: usize,
     dtype: DType,
+    /// Weight rows per AVX tile when `m` is 1 (see [`one_row`]).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    one_row_tile: usize,
 }
 
 impl Operands<'_> {
@@ -298,9 +329,13 @@ impl Operands<'_> {
             // One weight row per tile from 2 rows of x: measured on an AMD EPYC (Zen 4)
             // with weights streamed from memory, tiles over 2+ weight rows ran 2-3x slower
             // (704 × 256, 4 rows of x: 54 µs against 1 weight row at a time, 150 µs
-            // against 2). One row of x takes four weight rows: one sum alone waits on its
-            // add's latency (Xeon, the embedded default's layers: 13 µs instead of 26 µs
-            // in L2, no slower from L3).
+            // against 2). One row of x takes four weight rows where that is faster (one
+            // sum alone waits on its add's latency: Xeon, the embedded default's layers,
+            // 13 µs instead of 26 µs in L2) and one where it is not (the AMD EPYC again:
+            // plain decoding 1.7x faster with one): [`one_row`] times both.
+            1 if self.one_row_tile == 1 => unsafe {
+                avx::row_block::<1, 1>([x[0]], w, sums, COLS, pf)
+            },
             1 => unsafe { avx::row_block::<1, 4>([x[0]], w, sums, COLS, pf) },
             2 => unsafe { avx::row_block::<2, 1>([x[0], x[1]], w, sums, COLS, pf) },
             3 => unsafe { avx::row_block::<3, 1>([x[0], x[1], x[2]], w, sums, COLS, pf) },
@@ -375,6 +410,99 @@ impl Operands<'_> {
                 i += rows;
             }
             c0 += width;
+        }
+    }
+}
+
+/// The weight rows a single row of `x` is tiled against, per matmul shape: both tiles give
+/// the same bits, and which is faster depends on the CPU and the shape (see
+/// [`Operands::columns_avx`]; a microbenchmark did not predict the whole model), so the
+/// first calls of each shape alternate the two inside the running model and the faster on
+/// average is kept.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod one_row {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    use std::time::Duration;
+
+    /// Forces a tile (`1` or `4`) instead of timing.
+    pub const TILE_VAR: &str = "SPECC_CPU_ONE_ROW_TILE";
+    /// The tiles: weight rows per tile.
+    const TILES: [usize; 2] = [1, 4];
+    /// First calls of a shape not timed (cold caches, page faults).
+    const WARMUP: u32 = 2;
+    /// Timed calls of each tile before the choice.
+    const TRIALS: u32 = 12;
+
+    #[derive(Clone, Copy)]
+    enum Shape {
+        Trial { calls: u32, secs: [f64; 2] },
+        Chosen(usize),
+    }
+
+    fn shapes() -> &'static Mutex<HashMap<(usize, usize), Shape>> {
+        static SHAPES: OnceLock<Mutex<HashMap<(usize, usize), Shape>>> = OnceLock::new();
+        SHAPES.get_or_init(Default::default)
+    }
+
+    fn forced() -> Option<usize> {
+        static FORCED: OnceLock<Option<usize>> = OnceLock::new();
+        *FORCED.get_or_init(|| {
+            let v = std::env::var(TILE_VAR).ok()?;
+            v.trim().parse().ok().filter(|c| TILES.contains(c))
+        })
+    }
+
+    /// The tile for a one-row matmul over `k` × `n` weights, and whether its time is to be
+    /// [`record`]ed.
+    pub fn pick(k: usize, n: usize) -> (usize, bool) {
+        if let Some(c) = forced() {
+            return (c, false);
+        }
+        let mut map = shapes().lock().unwrap_or_else(|e| e.into_inner());
+        match *map.entry((k, n)).or_insert(Shape::Trial {
+            calls: 0,
+            secs: [0.0; 2],
+        }) {
+            Shape::Chosen(c) => (c, false),
+            Shape::Trial { calls, .. } => (TILES[calls as usize % 2], calls >= WARMUP),
+        }
+    }
+
+    /// A call of `tile` over `k` × `n` took `took`: counted, and after [`TRIALS`] of each
+    /// tile the faster on average is chosen for good.
+    pub fn record(k: usize, n: usize, tile: usize, took: Duration) {
+        let mut map = shapes().lock().unwrap_or_else(|e| e.into_inner());
+        let Some(Shape::Trial { calls, secs }) = map.get_mut(&(k, n)) else {
+            return;
+        };
+        secs[usize::from(tile != TILES[0])] += took.as_secs_f64();
+        *calls += 1;
+        if *calls >= WARMUP + 2 * TRIALS {
+            let c = if secs[0] <= secs[1] {
+                TILES[0]
+            } else {
+                TILES[1]
+            };
+            map.insert((k, n), Shape::Chosen(c));
+        }
+    }
+
+    /// Counts a warm-up call (untimed).
+    pub fn warmed(k: usize, n: usize) {
+        let mut map = shapes().lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(Shape::Trial { calls, .. }) = map.get_mut(&(k, n)) {
+            *calls += 1;
+        }
+    }
+
+    /// The tile chosen for `k` × `n`, once chosen (tests).
+    #[cfg(test)]
+    pub fn chosen(k: usize, n: usize) -> Option<usize> {
+        let map = shapes().lock().unwrap_or_else(|e| e.into_inner());
+        match map.get(&(k, n)) {
+            Some(Shape::Chosen(c)) => Some(*c),
+            _ => None,
         }
     }
 }
@@ -560,6 +688,38 @@ mod tests {
         }
     }
 
+    /// A row alone gives the same bits on either tile, and the calls of a shape settle on
+    /// one tile after the trial calls; the calls during the trial are exact too.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn one_row_tiles_agree_and_the_first_calls_choose_one() {
+        let (n, k) = (29, 37 * 8 + 5);
+        let xv = values(3, k);
+        let wv = values(4, n * k);
+        let rows = WeightRows::Plain(&wv);
+        let run = |one_row_tile| {
+            let a = Operands {
+                x: &xv,
+                rows: &rows,
+                m: 1,
+                k,
+                dtype: DType::F32,
+                one_row_tile,
+            };
+            a.all_columns(n, 1, 1)
+        };
+        let want: Vec<f32> = (0..n).map(|j| dot(&xv, &wv[j * k..][..k])).collect();
+        assert_eq!(run(1), want);
+        assert_eq!(run(4), want);
+        let (x, w) = (tf(DType::F32, &[1, k], &xv), tf(DType::F32, &[n, k], &wv));
+        for _ in 0..64 {
+            let r = matmul_split(&x, &w, None, &out(DType::F32, 1, n), 1, 1).unwrap();
+            assert_eq!(r.as_f32().unwrap(), want);
+        }
+        let forced = std::env::var(one_row::TILE_VAR).is_ok();
+        assert!(forced || matches!(one_row::chosen(k, n), Some(1 | 4)));
+    }
+
     /// The AVX tiles and the portable path (one `dot` per element) agree bit for bit.
     #[test]
     fn portable_path_agrees() {
@@ -568,23 +728,26 @@ mod tests {
                 let x = tf(DType::F32, &[m, k], &values(6, m * k));
                 let w = tf(DType::F32, &[n, k], &values(7, n * k));
                 let rows = WeightRows::new(&w, None).unwrap();
-                let a = Operands {
-                    x: x.as_f32().unwrap(),
-                    rows: &rows,
-                    m,
-                    k,
-                    dtype: DType::BF16,
-                };
-                let (mut fast, mut portable) = (vec![0.0; m * n], vec![1.0; m * n]);
-                a.columns(0..n, &mut fast, n);
-                a.columns_portable(0..n, &mut portable, n);
-                assert_eq!(fast, portable, "{m}x{n}x{k}");
-                #[cfg(target_arch = "x86_64")]
-                if std::arch::is_x86_feature_detected!("avx") {
-                    let mut avx = vec![2.0; m * n];
-                    // SAFETY: the CPU supports AVX (checked just above).
-                    unsafe { a.columns_avx(0..n, &mut avx, n) };
-                    assert_eq!(avx, portable, "{m}x{n}x{k}, AVX tiles");
+                for one_row_tile in [1, 4] {
+                    let a = Operands {
+                        x: x.as_f32().unwrap(),
+                        rows: &rows,
+                        m,
+                        k,
+                        dtype: DType::BF16,
+                        one_row_tile,
+                    };
+                    let (mut fast, mut portable) = (vec![0.0; m * n], vec![1.0; m * n]);
+                    a.columns(0..n, &mut fast, n);
+                    a.columns_portable(0..n, &mut portable, n);
+                    assert_eq!(fast, portable, "{m}x{n}x{k}");
+                    #[cfg(target_arch = "x86_64")]
+                    if std::arch::is_x86_feature_detected!("avx") {
+                        let mut avx = vec![2.0; m * n];
+                        // SAFETY: the CPU supports AVX (checked just above).
+                        unsafe { a.columns_avx(0..n, &mut avx, n) };
+                        assert_eq!(avx, portable, "{m}x{n}x{k}, AVX tiles");
+                    }
                 }
             }
         }
