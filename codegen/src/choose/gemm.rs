@@ -103,6 +103,16 @@ pub fn wgmma_enabled() -> bool {
     !std::env::var("SPECC_WGMMA").is_ok_and(|v| v == "0")
 }
 
+/// Blocks a wgmma launch aims at: [`min_blocks`], or `SPECC_WGMMA_MIN_BLOCKS` from the
+/// build's environment (the A/B of wider column tiles on fewer SMs against narrower ones
+/// re-reading the rows through L2).
+fn wgmma_min_blocks(target: &Target) -> u64 {
+    std::env::var("SPECC_WGMMA_MIN_BLOCKS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| min_blocks(target))
+}
+
 /// The wgmma GEMM's tile for `p` over at most `rows` rows where the thresholds
 /// ([`WGMMA_MIN_ROWS`], [`WGMMA_MIN_COLUMNS`]) hold, else `None`.
 pub fn wgmma_tiling(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaTiling> {
@@ -121,7 +131,7 @@ pub fn wgmma_tiling(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaT
 /// - `bn`: the widest of 256, 128, 64, 32, 16 columns (`G · bn ≤ 256`: one wgmma per
 ///   matrix; at most 128 with a residual epilogue, whose loads do not fit beside 128
 ///   accumulators in the 168 registers ptxas gives the threads of a 288-thread block)
-///   whose grid reaches [`min_blocks`] (every SM streams weights: o and down at 64–128
+///   whose grid reaches [`wgmma_min_blocks`] (every SM streams weights: o and down at 64–128
 ///   rows need 32); 16 where none does; at most N rounded up to 8.
 /// - bf16 only: with f16 operands ptxas serialises the mma batches of this loop (its
 ///   C7514 "wgmma serialized" note, checked by `kernels-gen/tests/compile_gemm.rs`), so f16
@@ -142,7 +152,7 @@ pub fn wgmma_tile(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaTil
     let bn = [256u32, 128, 64, 32, 16]
         .into_iter()
         .filter(|&bn| g * bn <= widest)
-        .find(|&bn| row_tiles * p.n.div_ceil(bn) as u64 >= min_blocks(target))
+        .find(|&bn| row_tiles * p.n.div_ceil(bn) as u64 >= wgmma_min_blocks(target))
         .unwrap_or(16)
         .min(p.n.next_multiple_of(8));
     wgmma_ring(p, bm, bn, target)
