@@ -701,15 +701,17 @@ mod tests {
         assert_eq!(p.time(16, 0), Some(5e-3), "other buckets keep theirs");
     }
 
+    /// Speculative steps (probes, from plain decoding) among `steps` choices at 16 lanes.
+    fn probes(p: &mut AdaptivePolicy, steps: u64) -> usize {
+        (0..steps)
+            .filter(|_| p.choose(16, &[true; 16]) != 0)
+            .count()
+    }
+
     /// A probe must be worth its re-priming: a plain step leaves every lane's draft one more
     /// token behind, and a probe re-primes the whole stretch.
     #[test]
     fn speculation_that_cannot_pay_for_re_priming_is_not_probed() {
-        let probes = |p: &mut AdaptivePolicy, steps: u64| {
-            (0..steps)
-                .filter(|_| p.choose(16, &[true; 16]) != 0)
-                .count()
-        };
         // Re-priming unknown: k = 5 fully accepted (96 tokens / 30.1 ms against plain's
         // 16 / 5.8 ms) would gain 160 tokens over 64 plain steps; its step costs 53.
         let (mut p, _) = sixteen_lanes([5.8, 14.4, 23.5, 30.1]);
@@ -731,11 +733,6 @@ mod tests {
     /// lanes admitted during plain decoding are behind by their whole sequences.
     #[test]
     fn a_probe_pays_for_the_whole_backlog_of_unprimed_lanes() {
-        let probes = |p: &mut AdaptivePolicy, steps: u64| {
-            (0..steps)
-                .filter(|_| p.choose(16, &[true; 16]) != 0)
-                .count()
-        };
         // At 20 µs per row-token, 64 plain steps behind every lane cost 20.5 ms of
         // re-priming: the probe (110 tokens) is worth k = 5's best case (160).
         let (mut p, _) = sixteen_lanes([5.8, 14.4, 23.5, 30.1]);
