@@ -23,7 +23,7 @@ for b in 16 32; do
   done
 done
 SPECC_TILE_SHAPES=${SHAPES:-o,qkv,down,gate_up} SPECC_TILE_ROWS=${ROWS:-128,256,512} \
-  timeout $(( $(left) - 100 )) .gpu2/tests/gpu_gemm --test-threads=1 --nocapture --ignored \
+  timeout $(( $(left) - $([[ $gpu == *H200* ]] && echo 100 || echo 10) )) .gpu2/tests/gpu_gemm --test-threads=1 --nocapture --ignored \
   --exact time_wgmma_tiles > "$OUT/wgmma_tiles.log" 2>&1
 echo "tile sweep rc=$? ($((SECONDS - start))s)" >> "$S"
 grep -E "^tiles|panicked" "$OUT/wgmma_tiles.log" | cut -c1-400 >> "$S"
