@@ -111,6 +111,10 @@ pub const RETIME_PLAIN: u64 = 64;
 /// Weight of a step's time in its variant's when the step before ran another variant (or
 /// another bucket): the estimate may be stale, the measurement is fresh.
 const RETIME_EMA: f64 = 0.5;
+/// Steps within which a variant that runs again counts as switched back to: its first step
+/// is not folded into its time ([`AdaptivePolicy::observe_time`]). Fewer than
+/// [`RETIME_PLAIN`], whose single plain steps are there to be timed.
+const SWITCH_BACK: u64 = RETIME_PLAIN / 2;
 /// A step's time counts as at most this factor off its variant's estimate.
 const OUTLIER: f64 = 2.0;
 pub const PROBE_LAST: u64 = 4096;
@@ -142,6 +146,9 @@ pub struct AdaptivePolicy {
     spec_run: u64,
     /// The variant and bucket of the last step whose time was observed.
     timed: Option<(usize, usize)>,
+    /// Steps whose time was observed, and the count at each (bucket, variant)'s last one.
+    observed: u64,
+    last_observed: HashMap<(usize, usize), u64>,
     /// Whether the backend observes every step's time ([`AdaptivePolicy::observe_time`]):
     /// only then does a plain step re-time plain decoding while speculation runs.
     steps_timed: bool,
@@ -174,6 +181,8 @@ impl AdaptivePolicy {
             probe_after: PROBE_FIRST,
             spec_run: 0,
             timed: None,
+            observed: 0,
+            last_observed: HashMap::new(),
             steps_timed: false,
             forced: VecDeque::new(),
             pinned: vec![false; lanes],
@@ -277,15 +286,28 @@ impl AdaptivePolicy {
     /// Folds the measured time of a step that ran into its variant's average at `bucket`.
     /// A step that continues a run of its variant moves every other variant's time there by
     /// [`DRIFT_SHARE`] of its change; the first after others corrects its own time only,
-    /// with more weight ([`RETIME_EMA`]).
+    /// with more weight ([`RETIME_EMA`]) — unless the variant ran within [`SWITCH_BACK`]
+    /// steps, when it is not folded in at all: its estimate is fresh, and the step carries
+    /// the switch (caches the other variant's graph took), which, folded in and then decayed
+    /// by the steps after it, would move every other variant's time down at each switch.
     pub fn observe_time(&mut self, bucket: usize, variant: usize, seconds: f64) {
+        let key = (bucket, variant);
+        let continuing = self.timed == Some(key);
+        let recent = self
+            .last_observed
+            .insert(key, self.observed)
+            .is_some_and(|at| self.observed - at <= SWITCH_BACK);
+        self.observed += 1;
+        if !continuing && recent {
+            self.timed = Some(key);
+            return;
+        }
         for v in 0..self.ks.len() {
             if let Some(t) = self.time(bucket, v) {
                 self.times.entry((bucket, v)).or_insert(t);
             }
         }
-        let continuing = self.timed == Some((bucket, variant));
-        self.timed = Some((bucket, variant));
+        self.timed = Some(key);
         let t = self
             .times
             .entry((bucket, variant))
@@ -743,6 +765,28 @@ mod tests {
         p.observe_reprime(16 * 40, 16.0 * 40.0 * 20e-6);
         p.set_reprime_backlog(16 * 150);
         assert_eq!(probes(&mut p, PROBE_FIRST), 0);
+    }
+
+    /// Switching back and forth between two variants whose first step after a switch is
+    /// slower (caches the other variant's graph took) leaves a third variant's time alone:
+    /// the switch steps are not folded in, so their decay does not drag the others down.
+    #[test]
+    fn switch_steps_do_not_drift_the_variants_that_do_not_run() {
+        let mut p = policy(SpecPolicy::Adaptive);
+        p.set_steps_timed(true);
+        let before = p.time(1, 2).unwrap();
+        for cycle in 0..50 {
+            for (v, steady) in [(0, 1.0e-3), (1, 1.5e-3)] {
+                let first = if cycle == 0 { 1.0 } else { 1.3 };
+                p.observe_time(1, v, steady * first);
+                for _ in 0..20 {
+                    p.observe_time(1, v, steady);
+                }
+            }
+        }
+        let after = p.time(1, 2).unwrap();
+        assert!((after / before - 1.0).abs() < 0.02, "{before} -> {after}");
+        assert!((p.time(1, 0).unwrap() / 1.0e-3 - 1.0).abs() < 0.02);
     }
 
     /// Plain decoding timed too slow at load (a build running beside the calibration) is
