@@ -14,7 +14,7 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$gpu" >> "$S"
 # Whole verify(8) steps with wider wgmma column tiles on fewer blocks (o and down at 128 and
 # 256 rows: 32 / 64 columns by default) against the default.
 T=bench/configs/llama-3.1-8b/config.json
-for b in 16 32; do
+for b in ${BATCHES:-16 32}; do
   for mb in "" 48 24; do
     echo "== 8B verify(8) B=$b SPECC_WGMMA_MIN_BLOCKS=${mb:-default} ($(left)s left)" >> "$S"
     SPECC_WGMMA_MIN_BLOCKS=$mb timeout 40 .gpu2/specc bench $T --random-weights --iters 40 \
