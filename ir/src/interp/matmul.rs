@@ -207,6 +207,7 @@ fn matmul_split(
         dtype: out.dtype,
         one_row_tile,
     };
+    #[cfg(target_arch = "x86_64")]
     let t0 = std::time::Instant::now();
     let res = a.all_columns(n, threads, min_part_work);
     #[cfg(target_arch = "x86_64")]
@@ -216,8 +217,6 @@ fn matmul_split(
             false => one_row::warmed(k, n),
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = t0;
     Ok(out.f32(res))
 }
 
