@@ -112,34 +112,33 @@ impl DraftSync {
                 .any(|(&l, b)| l && b.is_some())
     }
 
+    /// Each lane of `live` (below `lanes`) that is behind: `(lane, from, upto)`, its draft
+    /// cache missing slots `from..upto` (`upto` = len − 1, len = tokens − 1).
+    fn gaps(&self, live: &[bool], lanes: usize) -> Vec<(usize, usize, usize)> {
+        (0..lanes.min(live.len()))
+            .filter(|&b| live[b])
+            .filter_map(|b| Some((b, self.behind[b]?, self.tokens[b].len().saturating_sub(2))))
+            .collect()
+    }
+
     /// The prefill row-tokens [`DraftSync::reprime`] would run now over `live` with
     /// `lanes` rows: `lanes` × the longest gap (from the tokens read so far), 0 when no
     /// lane is behind.
     pub fn backlog(&self, live: &[bool], lanes: usize) -> usize {
-        let longest = (0..lanes.min(live.len()))
-            .filter(|&b| live[b])
-            .filter_map(|b| {
-                let from = self.behind[b]?;
-                Some(self.tokens[b].len().saturating_sub(2).saturating_sub(from))
-            })
-            .max()
-            .unwrap_or(0);
-        lanes * longest
+        let gaps = self.gaps(live, lanes);
+        lanes
+            * gaps
+                .iter()
+                .map(|&(_, f, u)| u.saturating_sub(f))
+                .max()
+                .unwrap_or(0)
     }
 
     /// The draft prefill that re-primes every lane of `live` that is behind (every ring
     /// read), `lanes` rows of `t` = the longest gap; other rows are padding (position −1).
     /// Marks those lanes whole. `None` when no lane is behind.
     pub fn reprime(&mut self, live: &[bool], lanes: usize) -> Option<PrefillInputs> {
-        let gaps: Vec<(usize, usize, usize)> = (0..lanes.min(live.len()))
-            .filter(|&b| live[b])
-            .filter_map(|b| {
-                let from = self.behind[b]?;
-                // Slots from..len-1 where len = tokens − 1.
-                let upto = self.tokens[b].len().saturating_sub(2);
-                Some((b, from, upto))
-            })
-            .collect();
+        let gaps = self.gaps(live, lanes);
         let t = gaps.iter().map(|&(_, f, u)| u.saturating_sub(f)).max()?;
         for &(b, _, _) in &gaps {
             self.behind[b] = None;
