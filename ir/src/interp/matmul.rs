@@ -212,10 +212,7 @@ fn matmul_split(
     let res = a.all_columns(n, threads, min_part_work);
     #[cfg(target_arch = "x86_64")]
     if m == 1 {
-        match timed {
-            true => one_row::record(k, n, one_row_tile, t0.elapsed()),
-            false => one_row::warmed(k, n),
-        }
+        one_row::record(k, n, one_row_tile, timed.then(|| t0.elapsed()));
     }
     Ok(out.f32(res))
 }
@@ -452,8 +449,8 @@ pub(crate) mod one_row {
         })
     }
 
-    /// The tile for a one-row matmul over `k` × `n` weights, and whether its time is to be
-    /// [`record`]ed.
+    /// The tile for a one-row matmul over `k` × `n` weights, and whether its time counts
+    /// (what [`record`] is told).
     pub fn pick(k: usize, n: usize) -> (usize, bool) {
         if let Some(c) = forced() {
             return (c, false);
@@ -468,14 +465,17 @@ pub(crate) mod one_row {
         }
     }
 
-    /// A call of `tile` over `k` × `n` took `took`: counted, and after [`TRIALS`] of each
-    /// tile the faster on average is chosen for good.
-    pub fn record(k: usize, n: usize, tile: usize, took: Duration) {
+    /// A call of `tile` over `k` × `n` took `took` (`None`: a warm-up, untimed): counted,
+    /// and after [`TRIALS`] timed calls of each tile the faster on average is chosen for
+    /// good.
+    pub fn record(k: usize, n: usize, tile: usize, took: Option<Duration>) {
         let mut map = shapes().lock().unwrap_or_else(|e| e.into_inner());
         let Some(Shape::Trial { calls, secs }) = map.get_mut(&(k, n)) else {
             return;
         };
-        secs[usize::from(tile != TILES[0])] += took.as_secs_f64();
+        if let Some(took) = took {
+            secs[usize::from(tile != TILES[0])] += took.as_secs_f64();
+        }
         *calls += 1;
         if *calls >= WARMUP + 2 * TRIALS {
             let c = if secs[0] <= secs[1] {
@@ -484,14 +484,6 @@ pub(crate) mod one_row {
                 TILES[1]
             };
             map.insert((k, n), Shape::Chosen(c));
-        }
-    }
-
-    /// Counts a warm-up call (untimed).
-    pub fn warmed(k: usize, n: usize) {
-        let mut map = shapes().lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(Shape::Trial { calls, .. }) = map.get_mut(&(k, n)) {
-            *calls += 1;
         }
     }
 
