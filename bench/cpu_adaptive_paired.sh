@@ -14,20 +14,9 @@ prompts=${5:-$(dirname "$0")/prompts/python.jsonl}
 tmp=$(mktemp -d)
 trap 'kill ${servers[@]:-} 2>/dev/null || true; rm -rf "$tmp"' EXIT
 
+source "$(dirname "$0")/serve_start.sh"
 servers=()
-# Starts a server with the given flags; prints its URL.
-serve() {
-  local log="$tmp/serve.$#.${1//-/}.log"
-  "$bin" serve --port 0 --lanes 16 "$@" 2>"$log" &
-  servers+=($!)
-  for _ in $(seq 600); do
-    url=$(sed -n 's/.* on \(http:\/\/[0-9.:]*\).*/\1/p' "$log" | head -1)
-    [[ -n $url ]] && return
-    sleep 0.1
-  done
-  cat "$log" >&2
-  exit 1
-}
+
 # Output tok/s of one bench-serve level against $1.
 rate() {
   "$bin" bench-serve --url "$1" --concurrency "$concurrency" --requests "$requests" \
@@ -35,8 +24,8 @@ rate() {
   python3 -c 'import json,sys; print("%.1f" % json.load(open(sys.argv[1]))[0]["output_tok_s"])' "$tmp/out.json"
 }
 
-serve --spec-policy adaptive; adaptive=$url
-serve --no-spec; plain=$url
+serve_start "$tmp/adaptive.log" --spec-policy adaptive; servers+=("$server"); adaptive=$url
+serve_start "$tmp/plain.log" --no-spec; servers+=("$server"); plain=$url
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores; concurrency $concurrency, $requests requests a sample"
 ratios=()
 for ((i = 0; i < pairs; i++)); do

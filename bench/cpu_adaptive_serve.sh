@@ -13,18 +13,11 @@ max_tokens=${3:-128}
 prompts=${4:-$(dirname "$0")/prompts/python.jsonl}
 tmp=$(mktemp -d)
 trap 'kill "${server:-}" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+source "$(dirname "$0")/serve_start.sh"
 
 # Serves with the given flags, benches concurrency 1 and 16; prints "c1 c16" output tok/s.
 measure() {
-  "$bin" serve --port 0 --lanes 16 "$@" 2>"$tmp/serve.log" &
-  server=$!
-  local url=""
-  for _ in $(seq 600); do
-    url=$(sed -n 's/.* on \(http:\/\/[0-9.:]*\).*/\1/p' "$tmp/serve.log" | head -1)
-    [[ -n $url ]] && break
-    sleep 0.1
-  done
-  [[ -n $url ]] || { cat "$tmp/serve.log" >&2; exit 1; }
+  serve_start "$tmp/serve.log" "$@"
   "$bin" bench-serve --url "$url" --concurrency 1,16 --requests "$requests" \
     --max-tokens "$max_tokens" --prompts "$prompts" --ignore-eos --json "$tmp/out.json" >/dev/null
   curl -s "$url/metrics" | grep '^specc:spec_variant_steps_total' | sed 's/^/  /' >&2 || true
