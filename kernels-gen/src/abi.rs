@@ -272,6 +272,20 @@ impl KernelBuilder {
         self.finish_as(dtype, launch)
     }
 
+    /// [`Self::finish`] with kernel attributes (launch bounds, cluster shape).
+    pub fn finish_with(self, launch: LaunchSpec, attrs: KernelAttrs) -> KernelSource {
+        assemble_with(
+            self.family,
+            self.dtype.name(),
+            &self.items.finish(),
+            &self.prologue.finish(),
+            &self.body.finish(),
+            launch,
+            PRELUDE,
+            attrs,
+        )
+    }
+
     /// [`Self::finish`] with `dtype` as the name's dtype part (a storage format such as
     /// `int4g32`, which is no [`Dtype`]).
     pub fn finish_as(self, dtype: &str, launch: LaunchSpec) -> KernelSource {
@@ -412,6 +426,10 @@ mod tests {
         assert_eq!(Rows::Tokens.extent(1, 4).eval(&bk), 4);
         assert_eq!(Rows::Seqs.extent(2, 1).eval(&bk), 6);
         assert_eq!(Rows::Fixed(10).extent(1, 3).eval(&bk), 4);
+        assert_eq!(Rows::Tokens.extent_rounded(4, 2).eval(&bk), 4);
+        assert_eq!(Rows::Tokens.extent_rounded(8, 2).eval(&bk), 2);
+        assert_eq!(Rows::Seqs.extent_rounded(1, 4).eval(&bk), 4);
+        assert_eq!(Rows::Fixed(10).extent_rounded(3, 2).eval(&bk), 4);
         assert_eq!(StepConsts::of(&bk).m, 15);
     }
 

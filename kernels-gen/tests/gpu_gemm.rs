@@ -23,7 +23,7 @@ use specc_codegen::choose::matmul::{tiling as gemv_tiling, SPLIT_COUNTERS};
 use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
 use specc_kernels_gen::gemm_mma::{gemm_mma, partials_per_row};
-use specc_kernels_gen::gemm_wgmma::{self as wgmma, gemm_wgmma};
+use specc_kernels_gen::gemm_wgmma::{self as wgmma, gemm_wgmma, WgmmaTiling};
 use specc_kernels_gen::gemv::{GemvParams, GemvWeights};
 use specc_kernels_gen::gemv_mma::{gemv_mma_split, split_needs, SplitScratch};
 use specc_kernels_gen::Arch;
@@ -177,10 +177,21 @@ fn gemm_kernels(gpu: &Gpu, s: &Setup, c: Case, gemm: Gemm) -> Vec<KernelSource> 
         }
         Gemm::Wgmma => {
             let t = wgmma_tile(&s.p, c.m, gpu.target()).expect("the wgmma GEMM applies");
-            (gemm_wgmma(&s.p, &t), wgmma::partials_per_row(&s.p, &t))
+            return wgmma_kernels(s, c, &t);
         }
     };
-    let mut kernels = vec![kernel.unwrap()];
+    with_argmax(s, c, kernel.unwrap(), count)
+}
+
+/// The wgmma GEMM of case `c` over `s` with tile `t`, `argmax` after it.
+fn wgmma_kernels(s: &Setup, c: Case, t: &WgmmaTiling) -> Vec<KernelSource> {
+    let kernel = gemm_wgmma(&s.p, t).unwrap();
+    with_argmax(s, c, kernel, wgmma::partials_per_row(&s.p, t))
+}
+
+/// `kernel`, then for the argmax epilogue the `argmax` over its `count` partials a row.
+fn with_argmax(s: &Setup, c: Case, kernel: KernelSource, count: u32) -> Vec<KernelSource> {
+    let mut kernels = vec![kernel];
     if c.epi == Epi::Argmax {
         kernels.push(
             argmax(&ArgmaxParams {
@@ -475,6 +486,90 @@ fn gemm_wgmma_rows_do_not_depend_on_the_batch() {
     rows_do_not_depend_on_the_batch(Gemm::Wgmma);
 }
 
+/// The cluster shapes a wgmma tile `t` may take for `p` (multicast of the weight or the x
+/// box among 2 or 4 blocks), unclustered first.
+fn cluster_variants(p: &GemvParams, t: WgmmaTiling, shapes: &[(u32, u32)]) -> Vec<WgmmaTiling> {
+    let base = WgmmaTiling {
+        cluster_m: 1,
+        cluster_n: 1,
+        ..t
+    };
+    let mut out = vec![base];
+    for &(cluster_m, cluster_n) in shapes {
+        let c = WgmmaTiling {
+            cluster_m,
+            cluster_n,
+            ..base
+        };
+        if wgmma::validate(p, &c).is_ok() && !out.contains(&c) {
+            out.push(c);
+        }
+    }
+    out
+}
+
+const CLUSTERS: [(u32, u32); 4] = [(2, 1), (4, 1), (1, 2), (1, 4)];
+
+/// Every cluster shape of the chosen tile gives the unclustered tile's output bit for bit
+/// (the same K order per element; the multicast only changes who loads a box), at the 8B
+/// shapes and odd ones, with row counts that leave a padded block in the last cluster.
+#[test]
+fn gemm_wgmma_clusters_equal_the_unclustered_tile() {
+    let Some(gpu) = gpu_for(Gemm::Wgmma) else {
+        return;
+    };
+    let shapes = LLAMA_8B.into_iter().chain([
+        (1000, 520, Epi::SiluMul),
+        (360, 200, Epi::Residual),
+        (1064, 1000, Epi::Argmax),
+    ]);
+    for (k, n, epi) in shapes {
+        let d = data(Case {
+            m: 384,
+            k,
+            n,
+            epi,
+            dt: BF,
+        });
+        for m in [100, 256, 384] {
+            let c = Case {
+                m,
+                k,
+                n,
+                epi,
+                dt: BF,
+            };
+            let mut s = setup(c);
+            let chosen = wgmma_tile(&s.p, m, gpu.target()).unwrap();
+            let tiles = cluster_variants(&s.p, chosen, &CLUSTERS);
+            let mem0 = memory(&mut s, c, &d);
+            let mut outs = Vec::new();
+            for t in &tiles {
+                let kernels = wgmma_kernels(&s, c, t);
+                let mut mem = mem0.clone();
+                gpu.run(&mut mem, &kernels.iter().collect::<Vec<_>>(), bucket(m));
+                outs.push(output(c, &s, &mem));
+            }
+            for (t, out) in tiles.iter().zip(&outs).skip(1) {
+                let differ = out
+                    .iter()
+                    .zip(&outs[0])
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                println!(
+                    "clusters K={k} N={n} {epi:?} M={m} {t:?}: {differ} of {} values differ",
+                    out.len()
+                );
+                assert_eq!(differ, 0, "K={k} N={n} {epi:?} M={m} {t:?}");
+            }
+            println!(
+                "PASS clusters K={k} N={n} {epi:?} M={m}: {} tiles",
+                tiles.len()
+            );
+        }
+    }
+}
+
 /// Bytes a launch must move: weights once, x once, the output (and residual) once.
 fn bytes(c: Case) -> f64 {
     let g = if c.epi == Epi::SiluMul { 2 } else { 1 };
@@ -703,11 +798,25 @@ fn time_wgmma_tiles() {
             };
             let mut s = setup(c);
             let chosen = wgmma_tile(&s.p, m, gpu.target()).unwrap();
+            // The chosen tile, its other cluster shapes, then the other tiles, each also
+            // as clusters of 2 where it has 128 rows.
             let mut tiles = vec![chosen];
+            for t in cluster_variants(&s.p, chosen, &CLUSTERS) {
+                if !tiles.contains(&t) {
+                    tiles.push(t);
+                }
+            }
             for bm in [64, 128] {
                 for bn in [32, 64, 128, 256] {
-                    if let Some(t) = wgmma_ring(&s.p, bm, bn, gpu.target()) {
-                        if !tiles.contains(&t) && (bm == 128 || m <= 256) {
+                    let Some(t) = wgmma_ring(&s.p, bm, bn, gpu.target()) else {
+                        continue;
+                    };
+                    if bm == 64 && m > 256 {
+                        continue;
+                    }
+                    let pairs: &[(u32, u32)] = if bm == 128 { &CLUSTERS[..] } else { &[] };
+                    for t in cluster_variants(&s.p, t, pairs) {
+                        if !tiles.contains(&t) && (t.cluster() == 1 || t.cluster() == 2) {
                             tiles.push(t);
                         }
                     }
@@ -738,7 +847,11 @@ fn time_wgmma_tiles() {
                         (false, true) => "*",
                         _ => "",
                     };
-                    format!("{}x{}s{} {us:.1}{mark}", t.bm, t.bn, t.stages)
+                    let cluster = match (t.cluster_m, t.cluster_n) {
+                        (1, 1) => String::new(),
+                        (cm, cn) => format!("c{cm}x{cn}"),
+                    };
+                    format!("{}x{}s{}{cluster} {us:.1}{mark}", t.bm, t.bn, t.stages)
                 })
                 .collect();
             println!(

@@ -127,7 +127,9 @@ pub fn wgmma_tiling(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaT
 /// a target that is not sm_90a only (wgmma exists on sm_90a alone; the other archs keep
 /// `gemm_mma`), operands it does not take, or no ring of 2 stages in shared memory.
 ///
-/// - `bm`: 64 rows (one consumer warpgroup) up to 64 rows, else 128 (two).
+/// - `bm`: 64 rows (one consumer warpgroup) up to 64 rows, else 128 (two). At 128 and 256
+///   rows the 8B `down` and `q|k|v` tiles of 64 rows timed 2–10 % faster alone, but the
+///   verify(8) step at batch 32 with them took 14.15 ms against 11.96 (H100, session 45).
 /// - `bn`: the widest of 256, 128, 64, 32, 16 columns (`G · bn ≤ 256`: one wgmma per
 ///   matrix; at most 128 with a residual epilogue, whose loads do not fit beside 128
 ///   accumulators in the 168 registers ptxas gives the threads of a 288-thread block)
@@ -137,13 +139,14 @@ pub fn wgmma_tiling(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaT
 ///   C7514 "wgmma serialized" note, checked by `kernels-gen/tests/compile_gemm.rs`), so f16
 ///   keeps `gemm_mma`.
 /// - stages: the most, up to [`WGMMA_MAX_STAGES`], that fit `target.smem_per_block`.
+/// - cluster: [`wgmma_cluster`].
 pub fn wgmma_tile(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaTiling> {
     if target.archs != [Arch::Sm90a] || p.w_dtype != Dtype::BF16 {
         return None;
     }
+    let g = wgmma::mats(p);
     let bm = if rows <= 64 { 64 } else { 128 };
     let row_tiles = rows.div_ceil(bm) as u64;
-    let g = wgmma::mats(p);
     let widest = if p.residual.is_some() {
         wgmma::MAX_MMA_N / 2
     } else {
@@ -155,7 +158,50 @@ pub fn wgmma_tile(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaTil
         .find(|&bn| row_tiles * p.n.div_ceil(bn) as u64 >= wgmma_min_blocks(target))
         .unwrap_or(16)
         .min(p.n.next_multiple_of(8));
-    wgmma_ring(p, bm, bn, target)
+    let t = wgmma_ring(p, bm, bn, target)?;
+    Some(if wgmma_clusters_enabled() {
+        wgmma_cluster(p, rows, t)
+    } else {
+        t
+    })
+}
+
+/// Whether builds may run wgmma tiles as clusters: on unless `SPECC_WGMMA_CLUSTER=0` is in
+/// the environment of the build (the A/B of the multicast boxes is that one flag).
+pub fn wgmma_clusters_enabled() -> bool {
+    !std::env::var("SPECC_WGMMA_CLUSTER").is_ok_and(|v| v == "0")
+}
+
+/// Row tiles from which a tile whose weight boxes are at least twice its x box runs as a
+/// cluster sharing the weights (see [`wgmma_cluster`]).
+pub const CLUSTER_MIN_ROW_TILES: u32 = 4;
+
+/// `t` as a cluster of row tiles sharing its weight boxes by TMA multicast (each block loads
+/// `1 / cluster_m` of them for all): where the weight boxes are at least twice the x box
+/// (`G · bn ≥ 2 bm`) and there are at least [`CLUSTER_MIN_ROW_TILES`] row tiles, 4 blocks
+/// (2 where the row tiles are even but not a multiple of 4). Measured on the H100 (8B
+/// shapes, bench/NOTES.md session 45): gate/up at 512 rows 213.1 → 200.6 µs with 4, q|k|v
+/// 59.9 → 58.2, the verify(8) step at batch 64 19.92 → 19.61–19.72 ms; sharing x among
+/// column tiles, or weights at fewer rows or narrower tiles, timed equal or slower (the L2
+/// bytes it saves were not what bounds them).
+pub fn wgmma_cluster(p: &GemvParams, rows: u32, t: WgmmaTiling) -> WgmmaTiling {
+    let row_tiles = rows.div_ceil(t.bm);
+    if wgmma::mats(p) * t.bn < 2 * t.bm || row_tiles < CLUSTER_MIN_ROW_TILES {
+        return t;
+    }
+    let cluster_m = if row_tiles.is_multiple_of(4) {
+        4
+    } else if row_tiles.is_multiple_of(2) {
+        2
+    } else {
+        return t;
+    };
+    let c = WgmmaTiling { cluster_m, ..t };
+    if wgmma::validate(p, &c).is_ok() {
+        c
+    } else {
+        t
+    }
 }
 
 /// The `bm × bn` wgmma tile with the most ring stages, up to [`WGMMA_MAX_STAGES`], that fit
@@ -164,7 +210,7 @@ pub fn wgmma_tile(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaTil
 pub fn wgmma_ring(p: &GemvParams, bm: u32, bn: u32, target: &Target) -> Option<WgmmaTiling> {
     (2..=WGMMA_MAX_STAGES)
         .rev()
-        .map(|stages| WgmmaTiling { bm, bn, stages })
+        .map(|stages| WgmmaTiling::new(bm, bn, stages))
         .find(|t| {
             wgmma::validate(p, t).is_ok()
                 && wgmma::block_smem_bytes(p, t) <= target.smem_per_block as u64
@@ -288,9 +334,28 @@ mod tests {
         assert_eq!(pick(4096, 6144, false, 64), (64, 64));
         assert_eq!(pick(4096, 14336, true, 64), (64, 128));
         assert_eq!(pick(4096, 4096, false, 256), (128, 64));
+        assert_eq!(pick(4096, 4096, false, 512), (128, 128));
+        assert_eq!(pick(4096, 14336, true, 128), (128, 128));
         assert_eq!(pick(4096, 14336, true, 256), (128, 128));
         assert_eq!(pick(4096, 128256, false, 1024), (128, 256));
         assert_eq!(pick(4096, 4096, false, 1024), (128, 256));
+        let cluster = |k, n, gu, rows| {
+            let t = wgmma_tile(&params(k, n, gu), rows, &h).unwrap();
+            (t.cluster_m, t.cluster_n)
+        };
+        if wgmma_clusters_enabled() {
+            assert_eq!(
+                cluster(4096, 14336, true, 512),
+                (4, 1),
+                "gate/up shares weights"
+            );
+            assert_eq!(cluster(4096, 14336, true, 768), (2, 1), "6 row tiles");
+            assert_eq!(cluster(4096, 14336, true, 640), (1, 1), "5 row tiles");
+            assert_eq!(cluster(4096, 14336, true, 256), (1, 1), "2 row tiles");
+            assert_eq!(cluster(4096, 6144, false, 512), (4, 1), "128 x 256");
+            assert_eq!(cluster(4096, 128256, false, 1024), (4, 1));
+            assert_eq!(cluster(4096, 4096, false, 512), (1, 1), "x box as large");
+        }
         let mut residual = params(4096, 4096, false);
         residual.residual = residual.out;
         assert_eq!(wgmma_tile(&residual, 1024, &h).unwrap().bn, 128);

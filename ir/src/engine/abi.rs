@@ -183,6 +183,22 @@ impl Rows {
         };
         Extent::Scaled { unit, mul, div }
     }
+
+    /// `ceil(rows / div)` rounded up to a multiple of `multiple`, as a grid extent.
+    pub fn extent_rounded(self, div: u32, multiple: u32) -> Extent {
+        let unit = match self {
+            Rows::Tokens => Unit::BT,
+            Rows::Seqs => Unit::B,
+            Rows::Fixed(n) => {
+                return Extent::Fixed(n.div_ceil(div).next_multiple_of(multiple));
+            }
+        };
+        Extent::RoundedUp {
+            unit,
+            div,
+            multiple,
+        }
+    }
 }
 
 /// The bucket sizes of one captured graph.
@@ -214,6 +230,16 @@ pub enum Unit {
     BT,
 }
 
+impl Unit {
+    pub fn eval(self, bucket: &Bucket) -> u32 {
+        match self {
+            Unit::B => bucket.b,
+            Unit::T => bucket.t,
+            Unit::BT => bucket.b * bucket.t,
+        }
+    }
+}
+
 /// One grid dimension as a formula of the bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Extent {
@@ -224,6 +250,13 @@ pub enum Extent {
         mul: u32,
         div: u32,
     },
+    /// `ceil(unit / div)` rounded up to a multiple of `multiple` (the grid of blocks that
+    /// run as clusters of `multiple` along this dimension).
+    RoundedUp {
+        unit: Unit,
+        div: u32,
+        multiple: u32,
+    },
 }
 
 impl Extent {
@@ -231,12 +264,16 @@ impl Extent {
         match self {
             Extent::Fixed(n) => n,
             Extent::Scaled { unit, mul, div } => {
-                let u = match unit {
-                    Unit::B => bucket.b,
-                    Unit::T => bucket.t,
-                    Unit::BT => bucket.b * bucket.t,
-                } as u64;
+                let u = unit.eval(bucket) as u64;
                 (u * mul as u64).div_ceil(div as u64) as u32
+            }
+            Extent::RoundedUp {
+                unit,
+                div,
+                multiple,
+            } => {
+                let tiles = (unit.eval(bucket) as u64).div_ceil(div as u64);
+                tiles.next_multiple_of(multiple as u64) as u32
             }
         }
     }

@@ -157,9 +157,33 @@ pub struct WgmmaTiling {
     pub bn: u32,
     /// Ring stages (at least 2).
     pub stages: u32,
+    /// Blocks of one thread-block cluster along the rows (`cluster_m`, consecutive row
+    /// tiles of one column tile: each loads `1 / cluster_m` of the weight box and multicasts
+    /// it to the others) or along the columns (`cluster_n`: the x box likewise); at least
+    /// one of the two is 1.
+    #[serde(default = "one")]
+    pub cluster_m: u32,
+    #[serde(default = "one")]
+    pub cluster_n: u32,
 }
 
 impl WgmmaTiling {
+    /// The unclustered `bm × bn` tile with `stages` ring stages.
+    pub const fn new(bm: u32, bn: u32, stages: u32) -> WgmmaTiling {
+        WgmmaTiling {
+            bm,
+            bn,
+            stages,
+            cluster_m: 1,
+            cluster_n: 1,
+        }
+    }
+
+    /// Blocks per cluster.
+    pub fn cluster(&self) -> u32 {
+        self.cluster_m * self.cluster_n
+    }
+
     /// Consumer warpgroups.
     pub fn consumers(&self) -> u32 {
         self.bm / 64
@@ -435,7 +459,13 @@ impl fmt::Display for MatmulCore {
                 "gemm_mma {}x{}x{} w{}x{} s{}",
                 t.bm, t.bn, t.bk, t.wm, t.wn, t.stages
             ),
-            MatmulCore::Wgmma(t) => write!(f, "gemm_wgmma {}x{} s{}", t.bm, t.bn, t.stages),
+            MatmulCore::Wgmma(t) => {
+                write!(f, "gemm_wgmma {}x{} s{}", t.bm, t.bn, t.stages)?;
+                match (t.cluster_m, t.cluster_n) {
+                    (1, 1) => Ok(()),
+                    (m, n) => write!(f, " cluster {m}x{n}"),
+                }
+            }
         }
     }
 }
@@ -599,11 +629,7 @@ mod tests {
         let c = KernelChoice::Matmul(MatmulChoice {
             rows: 256,
             row_tile: 64,
-            cores: vec![MatmulCore::Wgmma(WgmmaTiling {
-                bm: 128,
-                bn: 256,
-                stages: 4,
-            })],
+            cores: vec![MatmulCore::Wgmma(WgmmaTiling::new(128, 256, 4))],
             norm: NormPlacement::None,
             epilogue: EpilogueChoice::LogitsArgmax {
                 partials_per_row: 502,
@@ -616,6 +642,19 @@ mod tests {
         assert_eq!(c.families(), ["gemm_wgmma", "argmax"]);
         let json = serde_json::to_string(&c).unwrap();
         assert_eq!(serde_json::from_str::<KernelChoice>(&json).unwrap(), c);
+        let legacy = json.replace(",\"cluster_m\":1,\"cluster_n\":1", "");
+        assert_ne!(legacy, json);
+        assert_eq!(serde_json::from_str::<KernelChoice>(&legacy).unwrap(), c);
+        let mut clustered = c.clone();
+        if let KernelChoice::Matmul(m) = &mut clustered {
+            m.cores[0] = MatmulCore::Wgmma(WgmmaTiling {
+                cluster_m: 2,
+                ..WgmmaTiling::new(128, 128, 4)
+            });
+        }
+        assert!(clustered
+            .to_string()
+            .starts_with("gemm_wgmma 128x128 s4 cluster 2x1 "));
     }
 
     /// The grouped MoE and MLA choices print what was chosen, name their families and

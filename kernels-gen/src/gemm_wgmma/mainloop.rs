@@ -91,20 +91,26 @@ pub(crate) fn emit_wgmma_function(
 
 /// The L2 prefetch of the weight boxes of the first `NS` chunks, by the producer's lane 0
 /// before the PDL wait (weights are only written by the host, so this may overlap the
-/// previous kernel; the descriptors in the operand table are the host's too).
+/// previous kernel; the descriptors in the operand table are the host's too). In a row
+/// cluster each block prefetches the slice it loads.
 pub(super) fn emit_weight_prefetch(w: &mut Writer, p: &GemvParams, t: &WgmmaTiling) {
     let (_, w0, w1) = maps(p, t);
+    let row = if t.cluster_m > 1 {
+        "n0 + (blockIdx.x % CM) * (BN / CM)"
+    } else {
+        "n0"
+    };
     w.if_block("threadIdx.x == 4 * NC * 32", |w| {
         w.for_block("int n = 0", "n < NS && n < KT", "++n", |w| {
             emit!(
                 w,
-                "tma_prefetch_l2_2d({}, n * 64, n0);",
+                "tma_prefetch_l2_2d({}, n * 64, {row});",
                 w0.ptr_as("void", false)
             );
             if let Some(up) = w1 {
                 emit!(
                     w,
-                    "tma_prefetch_l2_2d({}, n * 64, n0);",
+                    "tma_prefetch_l2_2d({}, n * 64, {row});",
                     up.ptr_as("void", false)
                 );
             }
@@ -112,27 +118,55 @@ pub(super) fn emit_weight_prefetch(w: &mut Writer, p: &GemvParams, t: &WgmmaTili
     });
 }
 
-/// The main loop: ring setup, then the producer warp's copies (it returns) and the consumer
-/// warpgroups' mma batches.
-pub(super) fn emit(w: &mut Writer, p: &GemvParams, t: &WgmmaTiling) {
+/// The main loop: ring setup, then the producer warp's copies and the consumer warpgroups'
+/// mma batches followed by `epilogue` (consumers only).
+///
+/// Unclustered, the producer warp returns after its copies. In a cluster of `C` blocks
+/// (`CM` along the rows or `CN` along the columns) block `r` (its rank: `blockIdx.x % CM`
+/// or `blockIdx.y % CN`) loads slice `r` of the shared box (the weights' `BN / CM` rows, or
+/// x's `BM / CN` rows) into the same stage of every block of the cluster, so a stage's
+/// `empty` barrier counts the releases of all `C · NC` consumer warpgroups of the cluster:
+/// a producer overwrites stage `s` in its peers only once all of them are done with it.
+/// Releases of the last `NS` chunks are not sent (no copy waits for them), and every thread
+/// of the cluster meets at a cluster barrier before exiting, so no block leaves while a
+/// peer's copies or arrivals may still target its shared memory.
+pub(super) fn emit(
+    w: &mut Writer,
+    p: &GemvParams,
+    t: &WgmmaTiling,
+    epilogue: impl FnOnce(&mut Writer),
+) {
     let (x, w0, w1) = maps(p, t);
+    let clustered = t.cluster() > 1;
     w.line("extern __shared__ unsigned char smem_raw[];");
     w.line("unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // swizzled boxes: 1024-aligned");
     w.line("__shared__ __align__(8) unsigned long long full[NS], empty[NS];");
+    if clustered {
+        w.line("constexpr int C = CM * CN;  // blocks per cluster (one of CM, CN is 1)");
+        w.line("const unsigned rank = CM > 1 ? blockIdx.x % CM : blockIdx.y % CN;  // %cluster_ctarank");
+    }
+    let empty_count = if clustered { "NC * C" } else { "NC" };
     w.if_block("threadIdx.x == 0", |w| {
         w.for_unrolled("s", 0, "NS", |w| {
             w.line("mbar_init(&full[s], 1);");
-            w.line("mbar_init(&empty[s], NC);");
+            emit!(w, "mbar_init(&empty[s], {empty_count});");
         });
     });
-    w.line("__syncthreads();");
-    w.if_block("warp == 4 * NC", |w| {
+    w.line(if clustered {
+        "cluster_sync();  // every block's barriers exist before a peer's copy or arrival"
+    } else {
+        "__syncthreads();"
+    });
+    let producer = |w: &mut Writer| {
         w.comment("producer: chunk n into stage n % NS once its previous chunk was released");
         w.if_block("lane == 0", |w| {
             emit!(w, "const void* xmap = {};", x.ptr_as("void", false));
             emit!(w, "const void* wmap0 = {};", w0.ptr_as("void", false));
             if let Some(up) = w1 {
                 emit!(w, "const void* wmap1 = {};", up.ptr_as("void", false));
+            }
+            if clustered {
+                w.line("const unsigned short peers = (1u << C) - 1;");
             }
             w.line("#pragma unroll 1");
             w.for_block("int n = 0", "n < KT", "++n", |w| {
@@ -141,43 +175,75 @@ pub(super) fn emit(w: &mut Writer, p: &GemvParams, t: &WgmmaTiling) {
                 w.line("mbar_arrive_expect_tx(&full[s], STAGE);");
                 w.line("unsigned char* st = smem + s * STAGE;");
                 w.line("const int kx = n * 64;");
-                w.line("tma_load_2d(st, xmap, kx, m0, &full[s]);");
-                w.line("tma_load_2d(st + XBOX, wmap0, kx, n0, &full[s]);");
-                if w1.is_some() {
-                    w.line("tma_load_2d(st + XBOX + WBOX, wmap1, kx, n0, &full[s]);");
+                let mats: Vec<(&str, &str)> = std::iter::once(("wmap0", "XBOX"))
+                    .chain(w1.map(|_| ("wmap1", "XBOX + WBOX")))
+                    .collect();
+                if t.cluster_n > 1 {
+                    w.line("tma_load_2d_multicast(st + rank * (XBOX / CN), xmap, kx, m0 + rank * (BM / CN), &full[s], peers);");
+                } else {
+                    w.line("tma_load_2d(st, xmap, kx, m0, &full[s]);");
+                }
+                for (map, at) in mats {
+                    if t.cluster_m > 1 {
+                        emit!(w, "tma_load_2d_multicast(st + {at} + rank * (WBOX / CM), {map}, kx, n0 + rank * (BN / CM), &full[s], peers);");
+                    } else {
+                        emit!(w, "tma_load_2d(st + {at}, {map}, kx, n0, &full[s]);");
+                    }
                 }
             });
         });
-        w.line("return;");
-    });
-    w.comment("consumers: warpgroup wg multiplies tile rows 64 wg .. 64 wg + 63");
-    w.line("const int wg = warp >> 2;");
-    w.comment("no initial zeros: the first k16 step writes the accumulators (scale-d = 0), so no other instruction touches them before the last wait");
-    w.line("float acc[G][NA];");
-    let mma = mma_name(t.bn);
-    w.line("#pragma unroll 1");
-    w.for_block("int n = 0", "n < KT", "++n", |w| {
-        w.line("const int s = n % NS;");
-        w.line("mbar_wait(&full[s], (n / NS) & 1);");
-        w.line("const unsigned char* st = smem + s * STAGE;");
-        w.line("wgmma_fence();");
-        w.for_unrolled("kk", 0, 4, |w| {
-            w.comment("k16 step kk: 32 bytes into each 128-byte row");
-            w.line("const unsigned long long da = wgmma_desc_k128(st + wg * 64 * 128 + 32 * kk);");
-            w.for_unrolled("gm", 0, "G", |w| {
-                emit!(
-                    w,
-                    "{mma}(acc[gm], da, wgmma_desc_k128(st + XBOX + gm * WBOX + 32 * kk), n > 0 || kk > 0);"
-                );
+    };
+    let consumers = |w: &mut Writer| {
+        w.comment("consumers: warpgroup wg multiplies tile rows 64 wg .. 64 wg + 63");
+        w.line("const int wg = warp >> 2;");
+        w.comment("no initial zeros: the first k16 step writes the accumulators (scale-d = 0), so no other instruction touches them before the last wait");
+        w.line("float acc[G][NA];");
+        let mma = mma_name(t.bn);
+        w.line("#pragma unroll 1");
+        w.for_block("int n = 0", "n < KT", "++n", |w| {
+            w.line("const int s = n % NS;");
+            w.line("mbar_wait(&full[s], (n / NS) & 1);");
+            w.line("const unsigned char* st = smem + s * STAGE;");
+            w.line("wgmma_fence();");
+            w.for_unrolled("kk", 0, 4, |w| {
+                w.comment("k16 step kk: 32 bytes into each 128-byte row");
+                w.line("const unsigned long long da = wgmma_desc_k128(st + wg * 64 * 128 + 32 * kk);");
+                w.for_unrolled("gm", 0, "G", |w| {
+                    emit!(
+                        w,
+                        "{mma}(acc[gm], da, wgmma_desc_k128(st + XBOX + gm * WBOX + 32 * kk), n > 0 || kk > 0);"
+                    );
+                });
             });
+            w.line("wgmma_commit();");
+            w.comment("chunk n - 1's batch has completed: its stage goes back to the producer");
+            w.line("wgmma_wait<1>();");
+            if clustered {
+                w.if_block("n > 0 && n - 1 + NS < KT && (threadIdx.x & 127) == 0", |w| {
+                    w.for_unrolled("r", 0, "C", |w| {
+                        w.line("mbar_arrive_cluster(&empty[(n - 1) % NS], r);");
+                    });
+                });
+            } else {
+                w.line("if (n > 0 && (threadIdx.x & 127) == 0) mbar_arrive(&empty[(n - 1) % NS]);");
+            }
         });
-        w.line("wgmma_commit();");
-        w.comment("chunk n - 1's batch has completed: its stage goes back to the producer");
-        w.line("wgmma_wait<1>();");
-        w.line("if (n > 0 && (threadIdx.x & 127) == 0) mbar_arrive(&empty[(n - 1) % NS]);");
-    });
-    w.line("wgmma_wait<0>();");
-    w.for_unrolled("gm", 0, "G", |w| {
-        w.for_unrolled("i", 0, "NA", |w| w.line("wgmma_fence_operand(acc[gm][i]);"));
-    });
+        w.line("wgmma_wait<0>();");
+        w.for_unrolled("gm", 0, "G", |w| {
+            w.for_unrolled("i", 0, "NA", |w| w.line("wgmma_fence_operand(acc[gm][i]);"));
+        });
+        epilogue(w);
+    };
+    if clustered {
+        w.if_else("warp == 4 * NC", producer, consumers);
+        w.line(
+            "cluster_sync();  // no block exits while its peers' copies or arrivals may target it",
+        );
+    } else {
+        w.if_block("warp == 4 * NC", |w| {
+            producer(w);
+            w.line("return;");
+        });
+        consumers(w);
+    }
 }

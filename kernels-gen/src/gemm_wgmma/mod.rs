@@ -38,7 +38,9 @@
 //!
 //! Kernel family `gemm_wgmma`; name dtype: the weight dtype.
 
-use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc, Rows, TensorMap};
+use crate::abi::{
+    Dtype, Extent, KernelAttrs, KernelBuilder, KernelSource, LaunchSpec, Loc, Rows, TensorMap,
+};
 use crate::gemv::{GemvParams, GemvWeights};
 use crate::writer::emit;
 use crate::Error;
@@ -64,6 +66,8 @@ const TMA_HELPERS: &str = include_str!("../../cuda/tma.cuh");
 const WGMMA_HELPERS: &str = include_str!("../../cuda/wgmma.cuh");
 /// Module items: the quad argmax of the m16n8 C layout (shared with `gemm_mma`).
 const GEMM_HELPERS: &str = include_str!("../../cuda/gemm_mma.cuh");
+/// Module items of clustered tiles: multicast box copies, remote arrivals, cluster barrier.
+const CLUSTER_HELPERS: &str = include_str!("../../cuda/tma_cluster.cuh");
 
 /// Weight matrices one x tile feeds (2 for the gate/up pair).
 pub fn mats(p: &GemvParams) -> u32 {
@@ -95,11 +99,28 @@ pub fn partials_per_row(p: &GemvParams, t: &WgmmaTiling) -> u32 {
     p.n.div_ceil(t.bn)
 }
 
-/// The tensor maps the kernel reads: x (boxes of `BM` rows), then the weight(s) (boxes of
-/// `BN` rows), each 64 k wide.
+/// The tensor maps the kernel reads: x (boxes of the rows a block loads: `BM`, or its
+/// `BM / cluster_n` slice), then the weight(s) (`BN` rows, or the `BN / cluster_m` slice),
+/// each 64 k wide.
 pub fn maps(p: &GemvParams, t: &WgmmaTiling) -> (Loc, Loc, Option<Loc>) {
-    let x = TensorMap::of(p.x.loc, p.x.dtype, p.k, p.rows, p.x.row_stride, t.bm);
-    let w = |loc| TensorMap::of(loc, p.w_dtype, p.k, Rows::Fixed(p.n), p.k as u64, t.bn);
+    let x = TensorMap::of(
+        p.x.loc,
+        p.x.dtype,
+        p.k,
+        p.rows,
+        p.x.row_stride,
+        t.bm / t.cluster_n,
+    );
+    let w = |loc| {
+        TensorMap::of(
+            loc,
+            p.w_dtype,
+            p.k,
+            Rows::Fixed(p.n),
+            p.k as u64,
+            t.bn / t.cluster_m,
+        )
+    };
     match p.weights {
         GemvWeights::Single(l) => (x, w(l), None),
         GemvWeights::GateUp { gate, up } => (x, w(gate), Some(w(up))),
@@ -139,6 +160,23 @@ pub fn validate(p: &GemvParams, t: &WgmmaTiling) -> Result<(), Error> {
     if t.stages < 2 {
         return err("tiling", "the ring needs at least 2 stages");
     }
+    let (cm, cn) = (t.cluster_m, t.cluster_n);
+    if !matches!(cm, 1 | 2 | 4) || !matches!(cn, 1 | 2 | 4) || cm > 1 && cn > 1 {
+        return err(
+            "tiling",
+            "a cluster of 1, 2 or 4 blocks along the rows or the columns, not both",
+        );
+    }
+    // A slice of a box lands at a multiple of 8 rows (1024 bytes: the swizzle's period).
+    if !(t.bm / cn).is_multiple_of(8) || !(t.bn / cm).is_multiple_of(8) {
+        return err("tiling", "box slices of a multiple of 8 rows");
+    }
+    if !partials_per_row(p, t).is_multiple_of(cn) {
+        return err(
+            "tiling",
+            "the column tiles must fill the column clusters (the argmax partials are one per tile)",
+        );
+    }
     let (x, w, up) = maps(p, t);
     for m in [Some(x), Some(w), up].into_iter().flatten() {
         if let Loc::TensorMap(m) = m {
@@ -169,6 +207,10 @@ pub fn gemm_wgmma(p: &GemvParams, t: &WgmmaTiling) -> Result<KernelSource, Error
     ] {
         kb.items.line(items.trim_end());
     }
+    let clustered = t.cluster() > 1;
+    if clustered {
+        kb.items.line(CLUSTER_HELPERS.trim_end());
+    }
     mainloop::emit_mma_function(&mut kb.items, p.w_dtype, t.bn);
     let w = &mut kb.prologue;
     emit!(w, "constexpr int K = {};", p.k);
@@ -185,6 +227,14 @@ pub fn gemm_wgmma(p: &GemvParams, t: &WgmmaTiling) -> Result<KernelSource, Error
         mats(p)
     );
     emit!(w, "constexpr int NS = {};  // ring stages", t.stages);
+    if clustered {
+        emit!(
+            w,
+            "constexpr int CM = {}, CN = {};  // cluster blocks along the rows, the columns",
+            t.cluster_m,
+            t.cluster_n
+        );
+    }
     w.line("constexpr int NC = BM / 64;  // consumer warpgroups");
     w.line("constexpr int NA = BN / 2;  // accumulators per thread and matrix");
     w.line("constexpr int KT = (K + 63) / 64;  // k chunks");
@@ -197,18 +247,21 @@ pub fn gemm_wgmma(p: &GemvParams, t: &WgmmaTiling) -> Result<KernelSource, Error
     emit!(w, "const int M = {};", p.rows.expr());
     w.line("const int lane = threadIdx.x & 31;");
     w.line("const int warp = threadIdx.x >> 5;");
-    mainloop::emit(w, p, t);
-    epilogue::emit(w, p);
+    mainloop::emit(w, p, t, |w| epilogue::emit(w, p));
     let launch = LaunchSpec {
         grid: [
-            p.rows.extent(1, t.bm),
+            p.rows.extent_rounded(t.bm, t.cluster_m),
             Extent::Fixed(partials_per_row(p, t)),
             Extent::Fixed(1),
         ],
         block: [t.threads(), 1, 1],
         smem_bytes: ring_bytes(p, t) as u32,
     };
-    Ok(kb.finish(launch))
+    let attrs = KernelAttrs {
+        min_blocks: None,
+        cluster: clustered.then_some([t.cluster_m, t.cluster_n, 1]),
+    };
+    Ok(kb.finish_with(launch, attrs))
 }
 
 #[cfg(test)]
@@ -221,11 +274,7 @@ mod tests {
         crate::gemv::test_projection(Rows::Fixed(256), 64, k, n, gate_up, Dtype::BF16)
     }
 
-    const T: WgmmaTiling = WgmmaTiling {
-        bm: 128,
-        bn: 128,
-        stages: 4,
-    };
+    const T: WgmmaTiling = WgmmaTiling::new(128, 128, 4);
 
     #[test]
     fn tilings_and_operands_are_validated() {

@@ -300,6 +300,7 @@ fn operand_table(
 }
 
 /// Host images of the arena and of the table's buffers.
+#[derive(Clone)]
 pub struct Mem {
     pub arena: Vec<u8>,
     pub bufs: Vec<Vec<u8>>,
