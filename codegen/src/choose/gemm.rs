@@ -127,9 +127,8 @@ pub fn wgmma_tiling(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaT
 /// a target that is not sm_90a only (wgmma exists on sm_90a alone; the other archs keep
 /// `gemm_mma`), operands it does not take, or no ring of 2 stages in shared memory.
 ///
-/// - `bm`: 64 rows (one consumer warpgroup) up to 64 rows, else 128 (two). At 128 and 256
-///   rows the 8B `down` and `q|k|v` tiles of 64 rows timed 2–10 % faster alone, but the
-///   verify(8) step at batch 32 with them took 14.15 ms against 11.96 (H100, session 45).
+/// - `bm`: 64 rows (one consumer warpgroup) up to 64 rows, else 128 (two): 64-row tiles
+///   above 64 rows, faster alone, made whole verify steps slower (bench/NOTES.md, session 45).
 /// - `bn`: the widest of 256, 128, 64, 32, 16 columns (`G · bn ≤ 256`: one wgmma per
 ///   matrix; at most 128 with a residual epilogue, whose loads do not fit beside 128
 ///   accumulators in the 168 registers ptxas gives the threads of a 288-thread block)
@@ -144,9 +143,9 @@ pub fn wgmma_tile(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaTil
     if target.archs != [Arch::Sm90a] || p.w_dtype != Dtype::BF16 {
         return None;
     }
-    let g = wgmma::mats(p);
     let bm = if rows <= 64 { 64 } else { 128 };
     let row_tiles = rows.div_ceil(bm) as u64;
+    let g = wgmma::mats(p);
     let widest = if p.residual.is_some() {
         wgmma::MAX_MMA_N / 2
     } else {
@@ -179,11 +178,9 @@ pub const CLUSTER_MIN_ROW_TILES: u32 = 4;
 /// `t` as a cluster of row tiles sharing its weight boxes by TMA multicast (each block loads
 /// `1 / cluster_m` of them for all): where the weight boxes are at least twice the x box
 /// (`G · bn ≥ 2 bm`) and there are at least [`CLUSTER_MIN_ROW_TILES`] row tiles, 4 blocks
-/// (2 where the row tiles are even but not a multiple of 4). Measured on the H100 (8B
-/// shapes, bench/NOTES.md session 45): gate/up at 512 rows 213.1 → 200.6 µs with 4, q|k|v
-/// 59.9 → 58.2, the verify(8) step at batch 64 19.92 → 19.61–19.72 ms; sharing x among
-/// column tiles, or weights at fewer rows or narrower tiles, timed equal or slower (the L2
-/// bytes it saves were not what bounds them).
+/// (2 where the row tiles are even but not a multiple of 4). Only there did sharing time
+/// faster; sharing x among column tiles, or weights at fewer rows or on narrower tiles,
+/// timed equal or slower (bench/NOTES.md, session 45).
 pub fn wgmma_cluster(p: &GemvParams, rows: u32, t: WgmmaTiling) -> WgmmaTiling {
     let row_tiles = rows.div_ceil(t.bm);
     if wgmma::mats(p) * t.bn < 2 * t.bm || row_tiles < CLUSTER_MIN_ROW_TILES {
