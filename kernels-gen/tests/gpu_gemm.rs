@@ -512,7 +512,8 @@ const CLUSTERS: [(u32, u32); 4] = [(2, 1), (4, 1), (1, 2), (1, 4)];
 
 /// Every cluster shape of the chosen tile gives the unclustered tile's output bit for bit
 /// (the same K order per element; the multicast only changes who loads a box), at the 8B
-/// shapes and odd ones, with row counts that leave a padded block in the last cluster.
+/// shapes and odd ones, with row counts that leave a padded block in the last cluster; so
+/// does the gate/up pair as one wgmma per matrix instead of one over both.
 #[test]
 fn gemm_wgmma_clusters_equal_the_unclustered_tile() {
     let Some(gpu) = gpu_for(Gemm::Wgmma) else {
@@ -541,7 +542,13 @@ fn gemm_wgmma_clusters_equal_the_unclustered_tile() {
             };
             let mut s = setup(c);
             let chosen = wgmma_tile(&s.p, m, gpu.target()).unwrap();
-            let tiles = cluster_variants(&s.p, chosen, &CLUSTERS);
+            let mut tiles = cluster_variants(&s.p, chosen, &CLUSTERS);
+            if wgmma::mats(&s.p) > 1 {
+                tiles.push(WgmmaTiling {
+                    split_mats: !chosen.split_mats,
+                    ..chosen
+                });
+            }
             let mem0 = memory(&mut s, c, &d);
             let mut outs = Vec::new();
             for t in &tiles {
@@ -801,13 +808,24 @@ fn time_wgmma_tiles() {
             // The chosen tile, its other cluster shapes, then the other tiles, each also
             // as clusters of 2 where it has 128 rows.
             let mut tiles = vec![chosen];
+            if wgmma::mats(&s.p) > 1 {
+                tiles.push(WgmmaTiling {
+                    split_mats: !chosen.split_mats,
+                    ..chosen
+                });
+            }
             for t in cluster_variants(&s.p, chosen, &CLUSTERS) {
                 if !tiles.contains(&t) {
                     tiles.push(t);
                 }
             }
+            // `SPECC_TILE_BN=96,112,128` sweeps those column tiles instead.
+            let bns: Vec<u32> = std::env::var("SPECC_TILE_BN")
+                .ok()
+                .map(|r| r.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+                .unwrap_or_else(|| vec![32, 64, 128, 256]);
             for bm in [64, 128] {
-                for bn in [32, 64, 128, 256] {
+                for &bn in &bns {
                     let Some(t) = wgmma_ring(&s.p, bm, bn, gpu.target()) else {
                         continue;
                     };
@@ -851,7 +869,11 @@ fn time_wgmma_tiles() {
                         (1, 1) => String::new(),
                         (cm, cn) => format!("c{cm}x{cn}"),
                     };
-                    format!("{}x{}s{}{cluster} {us:.1}{mark}", t.bm, t.bn, t.stages)
+                    let split = if t.split_mats { "split" } else { "" };
+                    format!(
+                        "{}x{}s{}{cluster}{split} {us:.1}{mark}",
+                        t.bm, t.bn, t.stages
+                    )
                 })
                 .collect();
             println!(

@@ -129,11 +129,12 @@ pub fn wgmma_tiling(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaT
 ///
 /// - `bm`: 64 rows (one consumer warpgroup) up to 64 rows, else 128 (two): 64-row tiles
 ///   above 64 rows, faster alone, made whole verify steps slower (bench/NOTES.md, session 45).
-/// - `bn`: the widest of 256, 128, 64, 32, 16 columns (`G · bn ≤ 256`: one wgmma per
-///   matrix; at most 128 with a residual epilogue, whose loads do not fit beside 128
-///   accumulators in the 168 registers ptxas gives the threads of a 288-thread block)
-///   whose grid reaches [`wgmma_min_blocks`] (every SM streams weights: o and down at 64–128
-///   rows need 32); 16 where none does; at most N rounded up to 8.
+/// - `bn`: [`wave_columns`] (by default) or, with `SPECC_WGMMA_WAVES=0` in the build's
+///   environment, the widest of 256, 128, 64, 32, 16 columns whose grid reaches
+///   [`wgmma_min_blocks`] (16 where none does); either way `G · bn ≤ 256` (one wgmma per
+///   matrix), at most 128 with a residual epilogue (whose loads do not fit beside 128
+///   accumulators in the 168 registers ptxas gives the threads of a 288-thread block), and
+///   at most N rounded up to 8.
 /// - bf16 only: with f16 operands ptxas serialises the mma batches of this loop (its
 ///   C7514 "wgmma serialized" note, checked by `kernels-gen/tests/compile_gemm.rs`), so f16
 ///   keeps `gemm_mma`.
@@ -151,18 +152,51 @@ pub fn wgmma_tile(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaTil
     } else {
         wgmma::MAX_MMA_N
     };
-    let bn = [256u32, 128, 64, 32, 16]
-        .into_iter()
-        .filter(|&bn| g * bn <= widest)
-        .find(|&bn| row_tiles * p.n.div_ceil(bn) as u64 >= wgmma_min_blocks(target))
-        .unwrap_or(16)
-        .min(p.n.next_multiple_of(8));
-    let t = wgmma_ring(p, bm, bn, target)?;
+    let bn = if wgmma_waves_enabled() {
+        wave_columns(p, bm, row_tiles, widest / g, target)
+    } else {
+        [256u32, 128, 64, 32, 16]
+            .into_iter()
+            .filter(|&bn| g * bn <= widest)
+            .find(|&bn| row_tiles * p.n.div_ceil(bn) as u64 >= wgmma_min_blocks(target))
+            .unwrap_or(16)
+    }
+    .min(p.n.next_multiple_of(8));
+    let mut t = wgmma_ring(p, bm, bn, target)?;
+    t.split_mats = std::env::var("SPECC_WGMMA_SPLIT_MATS").is_ok_and(|v| v == "1");
     Some(if wgmma_clusters_enabled() {
         wgmma_cluster(p, rows, t)
     } else {
         t
     })
+}
+
+/// Whether builds choose the wgmma column tile by waves ([`wave_columns`]): on unless
+/// `SPECC_WGMMA_WAVES=0` is in the environment of the build (the A/B against the widest
+/// tile reaching [`wgmma_min_blocks`]).
+pub fn wgmma_waves_enabled() -> bool {
+    !std::env::var("SPECC_WGMMA_WAVES").is_ok_and(|v| v == "0")
+}
+
+/// The column tile, a multiple of 16 from 32 to `widest`, that moves the fewest bytes into
+/// the busiest SM: `⌈blocks / SMs⌉` waves × the `bm + G · bn` box rows each block loads per
+/// K chunk (the wider of equals). A grid of 1.7 waves pays for two, and one short of the
+/// SMs leaves their share of the streaming unused: so q|k|v takes 96 columns at 256 rows
+/// (128 blocks) rather than 128 (96 blocks), and gate/up 112 (128 column tiles, whole
+/// waves) rather than 128 (112 tiles, 3.4 waves at 512 rows). Measured on the H100
+/// (bench/NOTES.md, session 46): q|k|v 37.6 → 35.7 µs at 256 rows and 59.3 → 52.2 at 512,
+/// gate/up within 2 % alone and 5 % faster as a cluster of 2.
+pub fn wave_columns(p: &GemvParams, bm: u32, row_tiles: u64, widest: u32, target: &Target) -> u32 {
+    let g = wgmma::mats(p) as u64;
+    let sms = (target.sms as u64).max(1);
+    let busiest = |bn: u32| {
+        let blocks = row_tiles * p.n.div_ceil(bn) as u64;
+        blocks.div_ceil(sms) * (bm as u64 + g * bn as u64)
+    };
+    (2..=widest / 16)
+        .map(|i| 16 * i)
+        .min_by_key(|&bn| (busiest(bn), std::cmp::Reverse(bn)))
+        .unwrap_or(16)
 }
 
 /// Whether builds may run wgmma tiles as clusters: on unless `SPECC_WGMMA_CLUSTER=0` is in
@@ -172,33 +206,36 @@ pub fn wgmma_clusters_enabled() -> bool {
 }
 
 /// Row tiles from which a tile whose weight boxes are at least twice its x box runs as a
-/// cluster sharing the weights (see [`wgmma_cluster`]).
+/// cluster of 4 (see [`wgmma_cluster`]).
 pub const CLUSTER_MIN_ROW_TILES: u32 = 4;
 
 /// `t` as a cluster of row tiles sharing its weight boxes by TMA multicast (each block loads
-/// `1 / cluster_m` of them for all): where the weight boxes are at least twice the x box
-/// (`G · bn ≥ 2 bm`) and there are at least [`CLUSTER_MIN_ROW_TILES`] row tiles, 4 blocks
-/// (2 where the row tiles are even but not a multiple of 4). Only there did sharing time
-/// faster; sharing x among column tiles, or weights at fewer rows or on narrower tiles,
-/// timed equal or slower (bench/NOTES.md, session 45).
+/// `1 / cluster_m` of them for all), where the weight boxes are larger than the x box
+/// (`G · bn > bm`): 4 blocks where they are at least twice it and the row tiles are a
+/// multiple of 4 (at least [`CLUSTER_MIN_ROW_TILES`]), else 2 where the row tiles are even
+/// and the slices whole 8-row groups. Only there did sharing time faster (gate/up on 112 or
+/// 128 columns at 256 and 512 rows, 4–5 %; q|k|v on 192 at 512 rows, 2 %); sharing x among
+/// column tiles, or boxes no larger than x, timed equal or slower (bench/NOTES.md, sessions
+/// 45 and 46).
 pub fn wgmma_cluster(p: &GemvParams, rows: u32, t: WgmmaTiling) -> WgmmaTiling {
     let row_tiles = rows.div_ceil(t.bm);
-    if wgmma::mats(p) * t.bn < 2 * t.bm || row_tiles < CLUSTER_MIN_ROW_TILES {
+    let weight_rows = wgmma::mats(p) * t.bn;
+    if weight_rows <= t.bm || row_tiles < 2 {
         return t;
     }
-    let cluster_m = if row_tiles.is_multiple_of(4) {
-        4
-    } else if row_tiles.is_multiple_of(2) {
-        2
-    } else {
-        return t;
-    };
-    let c = WgmmaTiling { cluster_m, ..t };
-    if wgmma::validate(p, &c).is_ok() {
-        c
-    } else {
-        t
+    let mut sizes = Vec::new();
+    if weight_rows >= 2 * t.bm && row_tiles >= CLUSTER_MIN_ROW_TILES && row_tiles.is_multiple_of(4)
+    {
+        sizes.push(4);
     }
+    if row_tiles.is_multiple_of(2) {
+        sizes.push(2);
+    }
+    sizes
+        .into_iter()
+        .map(|cluster_m| WgmmaTiling { cluster_m, ..t })
+        .find(|c| wgmma::validate(p, c).is_ok())
+        .unwrap_or(t)
 }
 
 /// The `bm × bn` wgmma tile with the most ring stages, up to [`WGMMA_MAX_STAGES`], that fit
@@ -317,8 +354,9 @@ mod tests {
         }
     }
 
-    /// wgmma tiles: sm_90a only; one warpgroup up to 64 rows; the widest column tile that
-    /// keeps 96 blocks; every tile fits and generates, odd shapes included.
+    /// wgmma tiles: sm_90a only; one warpgroup up to 64 rows; the column tile that loads
+    /// the fewest bytes into the busiest SM; every tile fits and generates, odd shapes
+    /// included.
     #[test]
     fn wgmma_tiles_are_sm90a_only_and_fit() {
         let h = hopper();
@@ -326,30 +364,53 @@ mod tests {
             let t = wgmma_tile(&params(k, n, gu), rows, &h).unwrap();
             (t.bm, t.bn)
         };
-        assert_eq!(pick(4096, 4096, false, 64), (64, 32));
-        assert_eq!(pick(4096, 4096, false, 128), (128, 32));
-        assert_eq!(pick(4096, 6144, false, 64), (64, 64));
-        assert_eq!(pick(4096, 14336, true, 64), (64, 128));
-        assert_eq!(pick(4096, 4096, false, 256), (128, 64));
-        assert_eq!(pick(4096, 4096, false, 512), (128, 128));
-        assert_eq!(pick(4096, 14336, true, 128), (128, 128));
-        assert_eq!(pick(4096, 14336, true, 256), (128, 128));
-        assert_eq!(pick(4096, 128256, false, 1024), (128, 256));
-        assert_eq!(pick(4096, 4096, false, 1024), (128, 256));
+        if wgmma_waves_enabled() {
+            // o: 128 blocks of 32 / 64 / 128 columns, one wave.
+            assert_eq!(pick(4096, 4096, false, 64), (64, 32));
+            assert_eq!(pick(4096, 4096, false, 128), (128, 32));
+            assert_eq!(pick(4096, 4096, false, 256), (128, 64));
+            assert_eq!(pick(4096, 4096, false, 512), (128, 128));
+            // q|k|v: 128 blocks (48 / 96 / 192 columns) rather than 96.
+            assert_eq!(pick(4096, 6144, false, 64), (64, 48));
+            assert_eq!(pick(4096, 6144, false, 256), (128, 96));
+            assert_eq!(pick(4096, 6144, false, 512), (128, 192));
+            // gate/up: 128 column tiles of 112 (whole waves) rather than 112 of 128.
+            assert_eq!(pick(4096, 14336, true, 64), (64, 112));
+            assert_eq!(pick(4096, 14336, true, 128), (128, 112));
+            assert_eq!(pick(4096, 14336, true, 512), (128, 112));
+            assert_eq!(pick(4096, 14336, true, 1024), (128, 128));
+            assert_eq!(pick(4096, 128256, false, 1024), (128, 256));
+        } else {
+            assert_eq!(pick(4096, 4096, false, 64), (64, 32));
+            assert_eq!(pick(4096, 6144, false, 64), (64, 64));
+            assert_eq!(pick(4096, 14336, true, 64), (64, 128));
+            assert_eq!(pick(4096, 14336, true, 256), (128, 128));
+            assert_eq!(pick(4096, 128256, false, 1024), (128, 256));
+        }
         let cluster = |k, n, gu, rows| {
             let t = wgmma_tile(&params(k, n, gu), rows, &h).unwrap();
             (t.cluster_m, t.cluster_n)
         };
         if wgmma_clusters_enabled() {
             assert_eq!(
-                cluster(4096, 14336, true, 512),
+                cluster(4096, 14336, true, 1024),
                 (4, 1),
                 "gate/up shares weights"
             );
-            assert_eq!(cluster(4096, 14336, true, 768), (2, 1), "6 row tiles");
+            assert_eq!(cluster(4096, 14336, true, 128), (1, 1), "1 row tile");
+            assert_eq!(cluster(4096, 14336, true, 256), (2, 1), "2 row tiles");
             assert_eq!(cluster(4096, 14336, true, 640), (1, 1), "5 row tiles");
-            assert_eq!(cluster(4096, 14336, true, 256), (1, 1), "2 row tiles");
-            assert_eq!(cluster(4096, 6144, false, 512), (4, 1), "128 x 256");
+            if wgmma_waves_enabled() {
+                assert_eq!(
+                    cluster(4096, 14336, true, 512),
+                    (2, 1),
+                    "224 weight rows: slices of 28 rows are not whole 8-row groups"
+                );
+                assert_eq!(cluster(4096, 6144, false, 256), (1, 1), "96 columns");
+                assert_eq!(cluster(4096, 6144, false, 512), (2, 1), "192 columns");
+            }
+            assert_eq!(cluster(4096, 128256, false, 768), (2, 1), "6 row tiles");
+            assert_eq!(cluster(4096, 128256, false, 640), (1, 1), "5 row tiles");
             assert_eq!(cluster(4096, 128256, false, 1024), (4, 1));
             assert_eq!(cluster(4096, 4096, false, 512), (1, 1), "x box as large");
         }

@@ -152,8 +152,8 @@ impl GemmTiling {
 pub struct WgmmaTiling {
     /// Rows per block: 64 (one consumer warpgroup) or 128 (two).
     pub bm: u32,
-    /// Columns per block and matrix: a multiple of 8, `G · bn ≤ 256` (one wgmma per matrix
-    /// and k16 step, `G · bn / 2` accumulator registers per thread).
+    /// Columns per block and matrix: a multiple of 8, `G · bn ≤ 256` (the widest wgmma
+    /// covers all `G` weight boxes; `G · bn / 2` accumulator registers per thread).
     pub bn: u32,
     /// Ring stages (at least 2).
     pub stages: u32,
@@ -165,6 +165,11 @@ pub struct WgmmaTiling {
     pub cluster_m: u32,
     #[serde(default = "one")]
     pub cluster_n: u32,
+    /// The gate/up pair as one wgmma per matrix and k16 step (`bn` columns each) instead of
+    /// one `m64n(2·bn)` wgmma over both weight boxes, which lie one after the other in a
+    /// stage (the A/B of the fused form; no effect on a single matrix).
+    #[serde(default)]
+    pub split_mats: bool,
 }
 
 impl WgmmaTiling {
@@ -176,6 +181,7 @@ impl WgmmaTiling {
             stages,
             cluster_m: 1,
             cluster_n: 1,
+            split_mats: false,
         }
     }
 
@@ -462,9 +468,13 @@ impl fmt::Display for MatmulCore {
             MatmulCore::Wgmma(t) => {
                 write!(f, "gemm_wgmma {}x{} s{}", t.bm, t.bn, t.stages)?;
                 match (t.cluster_m, t.cluster_n) {
-                    (1, 1) => Ok(()),
-                    (m, n) => write!(f, " cluster {m}x{n}"),
+                    (1, 1) => {}
+                    (m, n) => write!(f, " cluster {m}x{n}")?,
                 }
+                if t.split_mats {
+                    write!(f, " split")?;
+                }
+                Ok(())
             }
         }
     }

@@ -7,6 +7,22 @@ use crate::writer::{emit, Writer};
 
 use super::{maps, GemvParams, WgmmaTiling};
 
+/// Whether the consumers issue one wgmma over all `G` weight boxes per k16 step (they are
+/// contiguous in a stage: `G · BN` rows at the same 128-byte row pitch and 1024-byte group
+/// stride) rather than one per matrix: the gate/up pair unless `t.split_mats`.
+pub(crate) fn one_mma(p: &GemvParams, t: &WgmmaTiling) -> bool {
+    super::mats(p) > 1 && !t.split_mats
+}
+
+/// The wgmma n of a consumer's mma: `G · BN` over all weight boxes, or `BN` per matrix.
+pub(super) fn mma_n(p: &GemvParams, t: &WgmmaTiling) -> u32 {
+    if one_mma(p, t) {
+        super::mats(p) * t.bn
+    } else {
+        t.bn
+    }
+}
+
 /// The name of the generated `m64n{n}k16` mma function.
 fn mma_name(n: u32) -> String {
     format!("wgmma_m64n{n}k16")
@@ -198,7 +214,12 @@ pub(super) fn emit(
         w.line("const int wg = warp >> 2;");
         w.comment("no initial zeros: the first k16 step writes the accumulators (scale-d = 0), so no other instruction touches them before the last wait");
         w.line("float acc[G][NA];");
-        let mma = mma_name(t.bn);
+        let one_mma = one_mma(p, t);
+        if one_mma {
+            w.comment("the weight boxes lie one after the other, so one m64n(G·BN) wgmma covers them; its accumulators are acc[G][NA] in order");
+            w.line("float (&acc_all)[G * NA] = reinterpret_cast<float (&)[G * NA]>(acc);");
+        }
+        let mma = mma_name(mma_n(p, t));
         w.line("#pragma unroll 1");
         w.for_block("int n = 0", "n < KT", "++n", |w| {
             w.line("const int s = n % NS;");
@@ -208,12 +229,19 @@ pub(super) fn emit(
             w.for_unrolled("kk", 0, 4, |w| {
                 w.comment("k16 step kk: 32 bytes into each 128-byte row");
                 w.line("const unsigned long long da = wgmma_desc_k128(st + wg * 64 * 128 + 32 * kk);");
-                w.for_unrolled("gm", 0, "G", |w| {
+                if one_mma {
                     emit!(
                         w,
-                        "{mma}(acc[gm], da, wgmma_desc_k128(st + XBOX + gm * WBOX + 32 * kk), n > 0 || kk > 0);"
+                        "{mma}(acc_all, da, wgmma_desc_k128(st + XBOX + 32 * kk), n > 0 || kk > 0);"
                     );
-                });
+                } else {
+                    w.for_unrolled("gm", 0, "G", |w| {
+                        emit!(
+                            w,
+                            "{mma}(acc[gm], da, wgmma_desc_k128(st + XBOX + gm * WBOX + 32 * kk), n > 0 || kk > 0);"
+                        );
+                    });
+                }
             });
             w.line("wgmma_commit();");
             w.comment("chunk n - 1's batch has completed: its stage goes back to the producer");

@@ -29,7 +29,10 @@
 //! Accumulators: `acc[G][BN / 2]` per consumer thread, the m64nN f32 layout: thread
 //! `(warp w of the warpgroup, lane 4g + t)` holds in `acc[gm][4 · j + d]` the row
 //! `16w + g + 8 · (d >> 1)` of the warpgroup's 64 and the column `8j + 2t + (d & 1)` of
-//! the block's `BN` — per 8-column group `j` the m16n8 C fragment of `gemm_mma`.
+//! the block's `BN` — per 8-column group `j` the m16n8 C fragment of `gemm_mma`. The
+//! gate/up pair's single `m64n(2·BN)` wgmma (whose B is both weight boxes, contiguous in
+//! the stage) leaves the same: its column `8j' + ..` with `j' = BN/8 · gm + j` is
+//! accumulator `4j' + d`, i.e. `acc[gm][4j + d]` of the array read flat.
 //!
 //! Batch invariance: each output element is one f32 accumulator receiving the k16 steps
 //! of k = 0, 16, .. K in that order and nothing else (no split-K, no cross-warp
@@ -211,7 +214,7 @@ pub fn gemm_wgmma(p: &GemvParams, t: &WgmmaTiling) -> Result<KernelSource, Error
     if clustered {
         kb.items.line(CLUSTER_HELPERS.trim_end());
     }
-    mainloop::emit_mma_function(&mut kb.items, p.w_dtype, t.bn);
+    mainloop::emit_mma_function(&mut kb.items, p.w_dtype, mainloop::mma_n(p, t));
     let w = &mut kb.prologue;
     emit!(w, "constexpr int K = {};", p.k);
     emit!(w, "constexpr int N = {};", p.n);
@@ -308,9 +311,20 @@ mod tests {
         assert_eq!(k.launch.smem_bytes, 4 * (128 + 2 * 128) * 128 + 1024);
         assert!(k.name.starts_with("gemm_wgmma_bf16_"));
         assert_eq!(k.family(), "gemm_wgmma");
+        assert!(
+            k.kernel
+                .contains("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16"),
+            "one wgmma over the gate and up boxes"
+        );
+        let split = WgmmaTiling {
+            split_mats: true,
+            ..T
+        };
+        let k = gemm_wgmma(&p, &split).unwrap();
         assert!(k
             .kernel
             .contains("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"));
+        assert!(!k.kernel.contains("m64n256k16"));
         assert_eq!(
             k.operands
                 .iter()
