@@ -486,6 +486,19 @@ fn gemm_wgmma_rows_do_not_depend_on_the_batch() {
     rows_do_not_depend_on_the_batch(Gemm::Wgmma);
 }
 
+/// `t` one block per tile and persistent on one block (cluster) per SM and on 3 clusters,
+/// each where valid for `p` and unlike `t`.
+fn persistent_variants(p: &GemvParams, t: WgmmaTiling) -> Vec<WgmmaTiling> {
+    [0, 132 / t.cluster_m * t.cluster_m, 3 * t.cluster_m]
+        .into_iter()
+        .map(|persistent_blocks| WgmmaTiling {
+            persistent_blocks,
+            ..t
+        })
+        .filter(|v| *v != t && wgmma::validate(p, v).is_ok())
+        .collect()
+}
+
 /// The cluster shapes a wgmma tile `t` may take for `p` (multicast of the weight or the x
 /// box among 2 or 4 blocks), unclustered first.
 fn cluster_variants(p: &GemvParams, t: WgmmaTiling, shapes: &[(u32, u32)]) -> Vec<WgmmaTiling> {
@@ -513,13 +526,18 @@ const CLUSTERS: [(u32, u32); 4] = [(2, 1), (4, 1), (1, 2), (1, 4)];
 /// Every cluster shape of the chosen tile gives the unclustered tile's output bit for bit
 /// (the same K order per element; the multicast only changes who loads a box), at the 8B
 /// shapes and odd ones, with row counts that leave a padded block in the last cluster; so
-/// does the gate/up pair as one wgmma per matrix instead of one over both.
+/// do the gate/up pair as one wgmma per matrix instead of one over both, and the tile one
+/// block per tile, persistent on one block (cluster) per SM, and persistent on 3 clusters
+/// (many tiles a block: the ring runs on across them).
 #[test]
 fn gemm_wgmma_clusters_equal_the_unclustered_tile() {
     let Some(gpu) = gpu_for(Gemm::Wgmma) else {
         return;
     };
-    let shapes = LLAMA_8B.into_iter().chain([
+    // `SPECC_GEMM_SMALL=1`: the odd shapes alone (for the sanitizers).
+    let small = std::env::var("SPECC_GEMM_SMALL").is_ok_and(|v| v == "1");
+    let big = if small { &[][..] } else { &LLAMA_8B[..] };
+    let shapes = big.iter().copied().chain([
         (1000, 520, Epi::SiluMul),
         (360, 200, Epi::Residual),
         (1064, 1000, Epi::Argmax),
@@ -549,6 +567,7 @@ fn gemm_wgmma_clusters_equal_the_unclustered_tile() {
                     ..chosen
                 });
             }
+            tiles.extend(persistent_variants(&s.p, chosen));
             let mem0 = memory(&mut s, c, &d);
             let mut outs = Vec::new();
             for t in &tiles {
@@ -808,6 +827,12 @@ fn time_wgmma_tiles() {
             // The chosen tile, its other cluster shapes, then the other tiles, each also
             // as clusters of 2 where it has 128 rows.
             let mut tiles = vec![chosen];
+            if chosen.persistent_blocks > 0 {
+                tiles.push(WgmmaTiling {
+                    persistent_blocks: 0,
+                    ..chosen
+                });
+            }
             if wgmma::mats(&s.p) > 1 {
                 tiles.push(WgmmaTiling {
                     split_mats: !chosen.split_mats,
@@ -870,8 +895,12 @@ fn time_wgmma_tiles() {
                         (cm, cn) => format!("c{cm}x{cn}"),
                     };
                     let split = if t.split_mats { "split" } else { "" };
+                    let persistent = match t.persistent_blocks {
+                        0 => String::new(),
+                        b => format!("p{b}"),
+                    };
                     format!(
-                        "{}x{}s{}{cluster}{split} {us:.1}{mark}",
+                        "{}x{}s{}{cluster}{split}{persistent} {us:.1}{mark}",
                         t.bm, t.bn, t.stages
                     )
                 })

@@ -164,11 +164,42 @@ pub fn wgmma_tile(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaTil
     .min(p.n.next_multiple_of(8));
     let mut t = wgmma_ring(p, bm, bn, target)?;
     t.split_mats = std::env::var("SPECC_WGMMA_SPLIT_MATS").is_ok_and(|v| v == "1");
-    Some(if wgmma_clusters_enabled() {
-        wgmma_cluster(p, rows, t)
-    } else {
-        t
-    })
+    if wgmma_clusters_enabled() {
+        t = wgmma_cluster(p, rows, t);
+    }
+    if wgmma_persistent_enabled() {
+        t.persistent_blocks = persistent_blocks(p, rows, &t, target);
+    }
+    Some(t)
+}
+
+/// Whether builds make wgmma launches persistent ([`persistent_blocks`]): on unless
+/// `SPECC_WGMMA_PERSISTENT=0` is in the environment of the build (the A/B).
+pub fn wgmma_persistent_enabled() -> bool {
+    !std::env::var("SPECC_WGMMA_PERSISTENT").is_ok_and(|v| v == "0")
+}
+
+/// Blocks of a persistent launch of tile `t` over at most `rows` rows: one per SM (whole
+/// clusters of 2) where the one-block grid would take between one and two waves, else 0
+/// (one block per tile). Persistent blocks overlap a tile's epilogue and the next tile's
+/// first copies, which a block per tile cannot (one block fills an SM's shared memory).
+/// Measured on the H100 (bench/NOTES.md, session 46): gate/up at 256 rows (1.9 tiles a
+/// cluster) made verify(8) B = 32 2.3 % faster; at 512 rows (3.9 tiles a cluster) B = 64 ran
+/// 1.7 % slower, so more than two tiles a block stay one block per tile, as do single waves
+/// (nothing to overlap; the one-block grid also prefetches its first weight boxes into L2),
+/// clusters of 4 (whose co-resident count depends on how the GPCs' SMs divide by 4) and
+/// column clusters.
+pub fn persistent_blocks(p: &GemvParams, rows: u32, t: &WgmmaTiling, target: &Target) -> u32 {
+    if t.cluster_n != 1 || t.cluster_m > 2 {
+        return 0;
+    }
+    let cm = t.cluster_m;
+    let units = rows.div_ceil(t.bm).div_ceil(cm) * wgmma::partials_per_row(p, t);
+    let slots = target.sms / cm;
+    if units <= slots || units > 2 * slots {
+        return 0;
+    }
+    slots * cm
 }
 
 /// Whether builds choose the wgmma column tile by waves ([`wave_columns`]): on unless
@@ -413,6 +444,20 @@ mod tests {
             assert_eq!(cluster(4096, 128256, false, 640), (1, 1), "5 row tiles");
             assert_eq!(cluster(4096, 128256, false, 1024), (4, 1));
             assert_eq!(cluster(4096, 4096, false, 512), (1, 1), "x box as large");
+        }
+        let blocks = |k, n, gu, rows| {
+            let t = wgmma_tile(&params(k, n, gu), rows, &h).unwrap();
+            t.persistent_blocks
+        };
+        if wgmma_persistent_enabled() && wgmma_clusters_enabled() {
+            assert_eq!(
+                blocks(4096, 14336, true, 256),
+                132,
+                "66 clusters of 2, 1.9 waves"
+            );
+            assert_eq!(blocks(4096, 14336, true, 512), 0, "3.9 waves");
+            assert_eq!(blocks(4096, 4096, false, 256), 0, "128 tiles: one wave");
+            assert_eq!(blocks(4096, 14336, true, 1024), 0, "clusters of 4");
         }
         let mut residual = params(4096, 4096, false);
         residual.residual = residual.out;

@@ -170,6 +170,12 @@ pub struct WgmmaTiling {
     /// stage (the A/B of the fused form; no effect on a single matrix).
     #[serde(default)]
     pub split_mats: bool,
+    /// Blocks of a persistent launch (a multiple of `cluster_m`; `cluster_n` is 1): block
+    /// (cluster) `b` computes tiles (cluster tiles) `b, b + blocks, ..` in turn, its producer
+    /// loading the next tile's chunks while the consumers store the last one. 0: one block
+    /// per tile.
+    #[serde(default)]
+    pub persistent_blocks: u32,
 }
 
 impl WgmmaTiling {
@@ -182,6 +188,7 @@ impl WgmmaTiling {
             cluster_m: 1,
             cluster_n: 1,
             split_mats: false,
+            persistent_blocks: 0,
         }
     }
 
@@ -473,6 +480,9 @@ impl fmt::Display for MatmulCore {
                 }
                 if t.split_mats {
                     write!(f, " split")?;
+                }
+                if t.persistent_blocks > 0 {
+                    write!(f, " persistent/{}", t.persistent_blocks)?;
                 }
                 Ok(())
             }

@@ -88,7 +88,7 @@ pub(super) fn emit(w: &mut Writer, p: &GemvParams) {
         w.line("const long long row = m0 + 64 * wg + 16 * wq + g + 8 * h;");
         emit!(
             w,
-            "if (t == 0 && row < M) ({})[row * gridDim.y + blockIdx.y] = b;",
+            "if (t == 0 && row < M) ({})[row * CT + ct] = b;",
             part.ptr_as("ArgmaxPair", true)
         );
     });

@@ -135,7 +135,7 @@ pub(super) fn emit_weight_prefetch(w: &mut Writer, p: &GemvParams, t: &WgmmaTili
 }
 
 /// The main loop: ring setup, then the producer warp's copies and the consumer warpgroups'
-/// mma batches followed by `epilogue` (consumers only).
+/// mma batches followed by `epilogue` (consumers only), once per tile of the block.
 ///
 /// Unclustered, the producer warp returns after its copies. In a cluster of `C` blocks
 /// (`CM` along the rows or `CN` along the columns) block `r` (its rank: `blockIdx.x % CM`
@@ -143,9 +143,18 @@ pub(super) fn emit_weight_prefetch(w: &mut Writer, p: &GemvParams, t: &WgmmaTili
 /// x's `BM / CN` rows) into the same stage of every block of the cluster, so a stage's
 /// `empty` barrier counts the releases of all `C · NC` consumer warpgroups of the cluster:
 /// a producer overwrites stage `s` in its peers only once all of them are done with it.
-/// Releases of the last `NS` chunks are not sent (no copy waits for them), and every thread
-/// of the cluster meets at a cluster barrier before exiting, so no block leaves while a
-/// peer's copies or arrivals may still target its shared memory.
+/// Every thread of the cluster meets at a cluster barrier before exiting, so no block leaves
+/// while a peer's copies or arrivals may still target its shared memory.
+///
+/// One block per tile, `m0`, `n0` and `ct` come from the prologue and the releases of the
+/// last `NS` chunks are not sent (no copy waits for them). Persistent
+/// (`t.persistent_blocks > 0`), cluster `b = blockIdx.x / CM` takes cluster tiles `b, b +
+/// gridDim.x / CM, ..` (`CM` consecutive row tiles of one column tile, row tiles fastest as
+/// in the one-block grid), block rank `r` row tile `CM · u + r` of them; the ring's chunk
+/// counter `it` runs on across tiles (chunk `it` in stage `it % NS`, phase `(it / NS) & 1`),
+/// every chunk but the block's last `NS` is released, and the producer fills the next
+/// tile's stages while the consumers run the epilogue. Every block of a cluster runs the
+/// same tiles.
 pub(super) fn emit(
     w: &mut Writer,
     p: &GemvParams,
@@ -173,8 +182,20 @@ pub(super) fn emit(
     } else {
         "__syncthreads();"
     });
+    let persistent = t.persistent_blocks > 0;
+    // The ring's chunk counter: the tile's chunk `n` itself, or `it` across a block's tiles.
+    let it = if persistent { "it" } else { "n" };
+    if persistent {
+        w.comment("cluster tiles: PCM consecutive row tiles (of RTC, whole clusters) of one column tile of CT");
+        w.line("const int RTC = (M + BM * PCM - 1) / (BM * PCM) * PCM;");
+        w.line("const int UNITS = RTC / PCM * CT;");
+        w.comment("chunks this block (and every block of its cluster) runs: releases of the last NS are not sent");
+        w.line("const int TOTAL = (int(blockIdx.x) / PCM < UNITS ? (UNITS - 1 - int(blockIdx.x) / PCM) / (int(gridDim.x) / PCM) + 1 : 0) * KT;");
+    }
     let producer = |w: &mut Writer| {
-        w.comment("producer: chunk n into stage n % NS once its previous chunk was released");
+        w.comment(format_args!(
+            "producer: chunk {it} into stage {it} % NS once its previous chunk was released"
+        ));
         w.if_block("lane == 0", |w| {
             emit!(w, "const void* xmap = {};", x.ptr_as("void", false));
             emit!(w, "const void* wmap0 = {};", w0.ptr_as("void", false));
@@ -184,30 +205,50 @@ pub(super) fn emit(
             if clustered {
                 w.line("const unsigned short peers = (1u << C) - 1;");
             }
-            w.line("#pragma unroll 1");
-            w.for_block("int n = 0", "n < KT", "++n", |w| {
-                w.line("const int s = n % NS;");
-                w.line("if (n >= NS) mbar_wait(&empty[s], (n / NS - 1) & 1);");
-                w.line("mbar_arrive_expect_tx(&full[s], STAGE);");
-                w.line("unsigned char* st = smem + s * STAGE;");
-                w.line("const int kx = n * 64;");
-                let mats: Vec<(&str, &str)> = std::iter::once(("wmap0", "XBOX"))
-                    .chain(w1.map(|_| ("wmap1", "XBOX + WBOX")))
-                    .collect();
-                if t.cluster_n > 1 {
-                    w.line("tma_load_2d_multicast(st + rank * (XBOX / CN), xmap, kx, m0 + rank * (BM / CN), &full[s], peers);");
-                } else {
-                    w.line("tma_load_2d(st, xmap, kx, m0, &full[s]);");
-                }
-                for (map, at) in mats {
-                    if t.cluster_m > 1 {
-                        emit!(w, "tma_load_2d_multicast(st + {at} + rank * (WBOX / CM), {map}, kx, n0 + rank * (BN / CM), &full[s], peers);");
+            tile_loop(w, persistent, |w| {
+                w.line("#pragma unroll 1");
+                w.for_block("int n = 0", "n < KT", "++n", |w| {
+                    emit!(w, "const int s = {it} % NS;");
+                    emit!(w, "if ({it} >= NS) mbar_wait(&empty[s], ({it} / NS - 1) & 1);");
+                    w.line("mbar_arrive_expect_tx(&full[s], STAGE);");
+                    w.line("unsigned char* st = smem + s * STAGE;");
+                    w.line("const int kx = n * 64;");
+                    let mats: Vec<(&str, &str)> = std::iter::once(("wmap0", "XBOX"))
+                        .chain(w1.map(|_| ("wmap1", "XBOX + WBOX")))
+                        .collect();
+                    if t.cluster_n > 1 {
+                        w.line("tma_load_2d_multicast(st + rank * (XBOX / CN), xmap, kx, m0 + rank * (BM / CN), &full[s], peers);");
                     } else {
-                        emit!(w, "tma_load_2d(st + {at}, {map}, kx, n0, &full[s]);");
+                        w.line("tma_load_2d(st, xmap, kx, m0, &full[s]);");
                     }
-                }
+                    for (map, at) in mats {
+                        if t.cluster_m > 1 {
+                            emit!(w, "tma_load_2d_multicast(st + {at} + rank * (WBOX / CM), {map}, kx, n0 + rank * (BN / CM), &full[s], peers);");
+                        } else {
+                            emit!(w, "tma_load_2d(st + {at}, {map}, kx, n0, &full[s]);");
+                        }
+                    }
+                    if persistent {
+                        w.line("++it;");
+                    }
+                });
             });
         });
+    };
+    // Releases chunk `chunk`'s stage: to every block of the cluster, or this one.
+    let release = |w: &mut Writer, cond: &str, chunk: &str| {
+        if clustered {
+            w.if_block(format_args!("{cond}(threadIdx.x & 127) == 0"), |w| {
+                w.for_unrolled("r", 0, "C", |w| {
+                    emit!(w, "mbar_arrive_cluster(&empty[({chunk}) % NS], r);");
+                });
+            });
+        } else {
+            emit!(
+                w,
+                "if ({cond}(threadIdx.x & 127) == 0) mbar_arrive(&empty[({chunk}) % NS]);"
+            );
+        }
     };
     let consumers = |w: &mut Writer| {
         w.comment("consumers: warpgroup wg multiplies tile rows 64 wg .. 64 wg + 63");
@@ -220,47 +261,52 @@ pub(super) fn emit(
             w.line("float (&acc_all)[G * NA] = reinterpret_cast<float (&)[G * NA]>(acc);");
         }
         let mma = mma_name(mma_n(p, t));
-        w.line("#pragma unroll 1");
-        w.for_block("int n = 0", "n < KT", "++n", |w| {
-            w.line("const int s = n % NS;");
-            w.line("mbar_wait(&full[s], (n / NS) & 1);");
-            w.line("const unsigned char* st = smem + s * STAGE;");
-            w.line("wgmma_fence();");
-            w.for_unrolled("kk", 0, 4, |w| {
-                w.comment("k16 step kk: 32 bytes into each 128-byte row");
-                w.line("const unsigned long long da = wgmma_desc_k128(st + wg * 64 * 128 + 32 * kk);");
-                if one_mma {
-                    emit!(
-                        w,
-                        "{mma}(acc_all, da, wgmma_desc_k128(st + XBOX + 32 * kk), n > 0 || kk > 0);"
-                    );
-                } else {
-                    w.for_unrolled("gm", 0, "G", |w| {
+        tile_loop(w, persistent, |w| {
+            w.line("#pragma unroll 1");
+            w.for_block("int n = 0", "n < KT", "++n", |w| {
+                emit!(w, "const int s = {it} % NS;");
+                emit!(w, "mbar_wait(&full[s], ({it} / NS) & 1);");
+                w.line("const unsigned char* st = smem + s * STAGE;");
+                w.line("wgmma_fence();");
+                w.for_unrolled("kk", 0, 4, |w| {
+                    w.comment("k16 step kk: 32 bytes into each 128-byte row");
+                    w.line("const unsigned long long da = wgmma_desc_k128(st + wg * 64 * 128 + 32 * kk);");
+                    if one_mma {
                         emit!(
                             w,
-                            "{mma}(acc[gm], da, wgmma_desc_k128(st + XBOX + gm * WBOX + 32 * kk), n > 0 || kk > 0);"
+                            "{mma}(acc_all, da, wgmma_desc_k128(st + XBOX + 32 * kk), n > 0 || kk > 0);"
                         );
-                    });
+                    } else {
+                        w.for_unrolled("gm", 0, "G", |w| {
+                            emit!(
+                                w,
+                                "{mma}(acc[gm], da, wgmma_desc_k128(st + XBOX + gm * WBOX + 32 * kk), n > 0 || kk > 0);"
+                            );
+                        });
+                    }
+                });
+                w.line("wgmma_commit();");
+                w.comment("chunk n - 1's batch has completed: its stage goes back to the producer");
+                w.line("wgmma_wait<1>();");
+                if persistent {
+                    release(w, "n > 0 && it - 1 + NS < TOTAL && ", "it - 1");
+                    w.line("++it;");
+                } else if clustered {
+                    release(w, "n > 0 && n - 1 + NS < KT && ", "n - 1");
+                } else {
+                    release(w, "n > 0 && ", "n - 1");
                 }
             });
-            w.line("wgmma_commit();");
-            w.comment("chunk n - 1's batch has completed: its stage goes back to the producer");
-            w.line("wgmma_wait<1>();");
-            if clustered {
-                w.if_block("n > 0 && n - 1 + NS < KT && (threadIdx.x & 127) == 0", |w| {
-                    w.for_unrolled("r", 0, "C", |w| {
-                        w.line("mbar_arrive_cluster(&empty[(n - 1) % NS], r);");
-                    });
-                });
-            } else {
-                w.line("if (n > 0 && (threadIdx.x & 127) == 0) mbar_arrive(&empty[(n - 1) % NS]);");
+            w.line("wgmma_wait<0>();");
+            if persistent {
+                w.comment("the tile's last chunk is done: the producer may refill its stage for the next tile");
+                release(w, "it - 1 + NS < TOTAL && ", "it - 1");
             }
+            w.for_unrolled("gm", 0, "G", |w| {
+                w.for_unrolled("i", 0, "NA", |w| w.line("wgmma_fence_operand(acc[gm][i]);"));
+            });
+            epilogue(w);
         });
-        w.line("wgmma_wait<0>();");
-        w.for_unrolled("gm", 0, "G", |w| {
-            w.for_unrolled("i", 0, "NA", |w| w.line("wgmma_fence_operand(acc[gm][i]);"));
-        });
-        epilogue(w);
     };
     if clustered {
         w.if_else("warp == 4 * NC", producer, consumers);
@@ -274,4 +320,28 @@ pub(super) fn emit(
         });
         consumers(w);
     }
+}
+
+/// `body` once per tile of the block: as is (one block per tile: `m0`, `n0` and `ct` from the
+/// prologue), or in the persistent loop over cluster tiles, which declares them and keeps
+/// the ring counter `it`.
+fn tile_loop(w: &mut Writer, persistent: bool, body: impl FnOnce(&mut Writer)) {
+    if !persistent {
+        body(w);
+        return;
+    }
+    w.line("int it = 0;");
+    w.line("#pragma unroll 1");
+    w.for_block(
+        "int u = blockIdx.x / PCM",
+        "u < UNITS",
+        "u += gridDim.x / PCM",
+        |w| {
+            w.line("const int tt = u * PCM + blockIdx.x % PCM;");
+            w.line("const int m0 = tt % RTC * BM;");
+            w.line("const int ct = tt / RTC;");
+            w.line("const int n0 = ct * BN;");
+            body(w);
+        },
+    );
 }

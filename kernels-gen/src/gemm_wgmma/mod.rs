@@ -188,6 +188,14 @@ pub fn validate(p: &GemvParams, t: &WgmmaTiling) -> Result<(), Error> {
             }
         }
     }
+    if t.persistent_blocks > 0
+        && (t.cluster_n != 1 || !t.persistent_blocks.is_multiple_of(t.cluster_m))
+    {
+        return err(
+            "tiling",
+            "a persistent launch takes whole row clusters (cluster_n 1, blocks a multiple of cluster_m)",
+        );
+    }
     if block_smem_bytes(p, t) > u32::MAX as u64 {
         return err(
             "tiling",
@@ -243,20 +251,42 @@ pub fn gemm_wgmma(p: &GemvParams, t: &WgmmaTiling) -> Result<KernelSource, Error
     w.line("constexpr int KT = (K + 63) / 64;  // k chunks");
     w.line("constexpr unsigned XBOX = BM * 128, WBOX = BN * 128;  // box bytes");
     w.line("constexpr unsigned STAGE = XBOX + G * WBOX;");
-    w.line("const int m0 = blockIdx.x * BM;");
-    w.line("const int n0 = blockIdx.y * BN;");
-    mainloop::emit_weight_prefetch(w, p, t);
+    emit!(
+        w,
+        "constexpr int CT = {};  // column tiles (argmax partials per row)",
+        partials_per_row(p, t)
+    );
+    if t.persistent_blocks > 0 {
+        emit!(
+            w,
+            "constexpr int PCM = {};  // row tiles per cluster tile",
+            t.cluster_m
+        );
+    } else {
+        w.line("const int m0 = blockIdx.x * BM;");
+        w.line("const int ct = blockIdx.y;");
+        w.line("const int n0 = ct * BN;");
+        mainloop::emit_weight_prefetch(w, p, t);
+    }
     let w = &mut kb.body;
     emit!(w, "const int M = {};", p.rows.expr());
     w.line("const int lane = threadIdx.x & 31;");
     w.line("const int warp = threadIdx.x >> 5;");
     mainloop::emit(w, p, t, |w| epilogue::emit(w, p));
     let launch = LaunchSpec {
-        grid: [
-            p.rows.extent_rounded(t.bm, t.cluster_m),
-            Extent::Fixed(partials_per_row(p, t)),
-            Extent::Fixed(1),
-        ],
+        grid: if t.persistent_blocks > 0 {
+            [
+                Extent::Fixed(t.persistent_blocks),
+                Extent::Fixed(1),
+                Extent::Fixed(1),
+            ]
+        } else {
+            [
+                p.rows.extent_rounded(t.bm, t.cluster_m),
+                Extent::Fixed(partials_per_row(p, t)),
+                Extent::Fixed(1),
+            ]
+        },
         block: [t.threads(), 1, 1],
         smem_bytes: ring_bytes(p, t) as u32,
     };
@@ -299,6 +329,49 @@ mod tests {
         });
         assert!(gemm_wgmma(&normed, &T).is_err());
         assert!(gemm_wgmma(&params(4100, 4096, false), &T).is_err(), "K % 8");
+    }
+
+    #[test]
+    fn persistent_launches_walk_whole_row_clusters() {
+        let p = params(4096, 14336, true);
+        let t = WgmmaTiling {
+            cluster_m: 2,
+            persistent_blocks: 132,
+            ..WgmmaTiling::new(128, 112, 5)
+        };
+        let k = gemm_wgmma(&p, &t).unwrap();
+        assert_eq!(k.launch.grid[0], Extent::Fixed(132));
+        assert_eq!(k.launch.grid[1], Extent::Fixed(1));
+        assert!(k
+            .kernel
+            .contains("for (int u = blockIdx.x / PCM; u < UNITS; u += gridDim.x / PCM)"));
+        assert!(k.kernel.contains("constexpr int PCM = 2;"));
+        assert!(
+            k.kernel.contains("it - 1 + NS < TOTAL"),
+            "the block's last NS chunks are not released"
+        );
+        for bad in [
+            WgmmaTiling {
+                persistent_blocks: 131,
+                ..t
+            },
+            WgmmaTiling {
+                cluster_m: 1,
+                cluster_n: 2,
+                ..t
+            },
+        ] {
+            assert!(gemm_wgmma(&p, &bad).is_err(), "{bad:?}");
+        }
+        let one_per_tile = gemm_wgmma(
+            &p,
+            &WgmmaTiling {
+                persistent_blocks: 0,
+                ..t
+            },
+        )
+        .unwrap();
+        assert!(!one_per_tile.kernel.contains("UNITS"));
     }
 
     #[test]
