@@ -43,9 +43,12 @@
 //!   [`PROBE_FIRST`] plain steps, then after twice as many each time plain stays ahead (up
 //!   to [`PROBE_LAST`]), when it is worth its cost: the probe's step and the re-priming of
 //!   the plain stretch behind it (measured, per row-token) must cost fewer tokens than the
-//!   variant, with every draft token accepted, would gain over plain decoding in a stretch
-//!   as long again. At many lanes, where a fully accepted draft barely beats plain
-//!   decoding, nothing is probed.
+//!   variant would gain over plain decoding in a stretch as long again at the most its
+//!   drafts plausibly accept: two standard errors above the session's estimate, whose
+//!   evidence plain steps weigh down towards the prior (a fully accepted draft before any
+//!   evidence). So a draft seen to accept little is not probed again until its evidence
+//!   has faded (a few thousand plain steps), and at many lanes, where only a nearly fully
+//!   accepted draft would beat plain decoding, nothing is probed.
 //!
 //! Switching keeps every lane exact: verify accepts only the target's own tokens whatever
 //! the draft proposed. It does move the draft: a plain step leaves a standalone draft's
@@ -477,16 +480,18 @@ impl AdaptivePolicy {
         }
         // A probe of `v` costs the tokens plain decoding would have emitted in its time
         // (its step and the re-priming of every lane's draft: the backlog, or the plain
-        // stretch behind it) less its own; it is worth it when `v`, were every draft token accepted, would
-        // gain more than that over a stretch as long again.
+        // stretch behind it) less its own; it is worth it when `v`, at the most its drafts
+        // plausibly accept (all of them, before any evidence), would gain more than that
+        // over a stretch as long again.
         let live_n = live.iter().filter(|&&l| l).count() as f64;
         let run = self.plain_run as f64;
         let plain_t = self.time(bucket, keep).unwrap_or(1.0);
         let backlog = self.backlog.map_or(live_n * run, |b| b as f64);
         let reprime = self.reprime.unwrap_or(0.0) * backlog;
+        let fade = acceptance::PLAIN_KEEP.powf(run);
         let worth = |v: usize| {
             let t = self.time(bucket, v).unwrap_or(1.0);
-            let best_case = live_n * (self.ks[v] + 1) as f64 / t;
+            let best_case = live_n * self.acceptance.plausible_tokens(self.ks[v], fade) / t;
             let gain = (best_case - good[keep]) * run * plain_t;
             let cost = (t + reprime) * good[keep] - good[v] * t;
             gain > cost
@@ -577,16 +582,32 @@ mod tests {
         assert_eq!(p.steps(), &[1, 1, 0, 2]);
     }
 
+    /// Probes back off, and weigh what the session has seen: before any evidence a probe
+    /// assumes full acceptance; after 50 rejections the plausible rate is ≈ 0.1 and nothing
+    /// is probed until plain steps have faded that evidence (a few thousand); speculation
+    /// that cannot win even fully accepted is never probed.
     #[test]
     fn plain_probes_speculation_with_backoff_only_while_it_could_win() {
-        let mut p = policy(SpecPolicy::Adaptive);
-        feed(&mut p, 3, 0, 50);
+        // Plain 1 ms; k = 1, 3, 5 at 2.5, 3.5, 4 ms: at the prior's 0.7 plain decoding wins
+        // (0.68, 0.72, 0.74 tokens a ms), fully accepted k = 5 would not (1.5).
+        let mut p = AdaptivePolicy::new(vec![0, 1, 3, 5], 1, SpecPolicy::Adaptive);
+        for (v, t) in [1.0, 2.5, 3.5, 4.0].into_iter().enumerate() {
+            p.set_time(1, v, t * 1e-3);
+        }
         let probes =
             |p: &mut AdaptivePolicy, n: u64| (0..n).filter(|_| p.choose(1, &[true]) != 0).count();
         assert_eq!(probes(&mut p, PROBE_FIRST), 1);
         assert_eq!(probes(&mut p, PROBE_FIRST), 0, "the interval doubled");
         assert_eq!(probes(&mut p, PROBE_FIRST), 1);
-        // Speculation that cannot win even fully accepted is never probed.
+        feed(&mut p, 3, 0, 50);
+        assert_eq!(probes(&mut p, 1024), 0, "the evidence says ≈ 0.04");
+        // Then one each time it has faded (the probes here observe nothing): ≈ 3,000 steps.
+        let faded = probes(&mut p, 4 * PROBE_LAST);
+        assert!(
+            (3..=6).contains(&faded),
+            "{faded} probes in {} steps",
+            4 * PROBE_LAST
+        );
         for v in 1..4 {
             p.set_time(1, v, 1.0);
         }
@@ -728,6 +749,22 @@ mod tests {
         (0..steps)
             .filter(|_| p.choose(16, &[true; 16]) != 0)
             .count()
+    }
+
+    /// c = 16 on the idle EPYC (session 44): after k = 1 accepted about half its drafts at
+    /// one lane, a probe of k = 5 at 16 lanes could only pay nearly fully accepted; the
+    /// session's evidence bounds it well below that, so a phase of 512 plain steps (64
+    /// requests of 128 tokens) runs no probe and re-primes nothing.
+    #[test]
+    fn sixteen_lanes_after_half_accepted_drafts_probe_nothing() {
+        let (mut p, _) = sixteen_lanes([5.8, 14.4, 23.5, 30.1]);
+        for step in 0..200 {
+            p.observe(0, 1, step % 2);
+        }
+        assert_eq!(probes(&mut p, 512), 0);
+        // With no evidence the same phase probes (a fully accepted k = 5 would pay).
+        let (mut p, _) = sixteen_lanes([5.8, 14.4, 23.5, 30.1]);
+        assert!(probes(&mut p, 512) > 0);
     }
 
     /// A probe must be worth its re-priming: a plain step leaves every lane's draft one more
