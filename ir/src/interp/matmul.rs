@@ -487,6 +487,14 @@ pub(crate) mod one_row {
         }
     }
 
+    /// One-row matmul shapes seen whose tile is still being timed.
+    pub fn pending() -> usize {
+        let map = shapes().lock().unwrap_or_else(|e| e.into_inner());
+        map.values()
+            .filter(|s| matches!(s, Shape::Trial { .. }))
+            .count()
+    }
+
     /// The tile chosen for `k` × `n`, once chosen (tests).
     #[cfg(test)]
     pub fn chosen(k: usize, n: usize) -> Option<usize> {
@@ -768,5 +776,19 @@ mod tests {
             let r = matmul_split(&xi, &w, Some(&s), &out(DType::F32, 1, n), 1, 1).unwrap();
             assert_eq!(r.as_f32().unwrap(), &all.as_f32().unwrap()[i * n..][..n]);
         }
+    }
+}
+
+/// One-row matmul shapes this process has run whose tile is still being chosen (their first
+/// calls alternate the two tiles, one of them slower): what a step timed now would carry and
+/// later steps will not. 0 off x86-64, where there is one tile.
+pub fn one_row_tiles_pending() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        one_row::pending()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        0
     }
 }

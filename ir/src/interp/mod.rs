@@ -79,6 +79,7 @@ mod testutil;
 
 use std::collections::HashMap;
 
+pub use matmul::one_row_tiles_pending;
 pub use pool::{threads, THREADS_VAR};
 pub use rope::rope_inv_freq;
 pub use spec_ops::splitmix64;
