@@ -629,6 +629,20 @@ mod avx {
     }
 }
 
+/// One-row matmul shapes this process has run whose tile is still being chosen (their first
+/// calls alternate the two tiles, one of them slower): what a step timed now would carry and
+/// later steps will not. 0 off x86-64, where there is one tile.
+pub fn one_row_tiles_pending() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        one_row::pending()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::tensor::round_to;
@@ -776,19 +790,5 @@ mod tests {
             let r = matmul_split(&xi, &w, Some(&s), &out(DType::F32, 1, n), 1, 1).unwrap();
             assert_eq!(r.as_f32().unwrap(), &all.as_f32().unwrap()[i * n..][..n]);
         }
-    }
-}
-
-/// One-row matmul shapes this process has run whose tile is still being chosen (their first
-/// calls alternate the two tiles, one of them slower): what a step timed now would carry and
-/// later steps will not. 0 off x86-64, where there is one tile.
-pub fn one_row_tiles_pending() -> usize {
-    #[cfg(target_arch = "x86_64")]
-    {
-        one_row::pending()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        0
     }
 }
