@@ -486,10 +486,10 @@ fn gemm_wgmma_rows_do_not_depend_on_the_batch() {
     rows_do_not_depend_on_the_batch(Gemm::Wgmma);
 }
 
-/// `t` one block per tile and persistent on one block (cluster) per SM and on 3 clusters,
-/// each where valid for `p` and unlike `t`.
-fn persistent_variants(p: &GemvParams, t: WgmmaTiling) -> Vec<WgmmaTiling> {
-    [0, 132 / t.cluster_m * t.cluster_m, 3 * t.cluster_m]
+/// `t` one block per tile and persistent on one block (cluster) per SM of `sms` and on 3
+/// clusters, each where valid for `p` and unlike `t`.
+fn persistent_variants(p: &GemvParams, t: WgmmaTiling, sms: u32) -> Vec<WgmmaTiling> {
+    [0, sms / t.cluster_m * t.cluster_m, 3 * t.cluster_m]
         .into_iter()
         .map(|persistent_blocks| WgmmaTiling {
             persistent_blocks,
@@ -567,7 +567,7 @@ fn gemm_wgmma_clusters_equal_the_unclustered_tile() {
                     ..chosen
                 });
             }
-            tiles.extend(persistent_variants(&s.p, chosen));
+            tiles.extend(persistent_variants(&s.p, chosen, gpu.target().sms));
             let mem0 = memory(&mut s, c, &d);
             let mut outs = Vec::new();
             for t in &tiles {

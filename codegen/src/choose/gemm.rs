@@ -163,7 +163,7 @@ pub fn wgmma_tile(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaTil
     }
     .min(p.n.next_multiple_of(8));
     let mut t = wgmma_ring(p, bm, bn, target)?;
-    t.split_mats = std::env::var("SPECC_WGMMA_SPLIT_MATS").is_ok_and(|v| v == "1");
+    t.split_mats = wgmma_split_mats();
     if wgmma_clusters_enabled() {
         t = wgmma_cluster(p, rows, t);
     }
@@ -171,6 +171,13 @@ pub fn wgmma_tile(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaTil
         t.persistent_blocks = persistent_blocks(p, rows, &t, target);
     }
     Some(t)
+}
+
+/// Whether builds issue the gate/up pair as one wgmma per matrix: only with
+/// `SPECC_WGMMA_SPLIT_MATS=1` in the environment of the build (the A/B of the one wgmma over
+/// both weight boxes).
+pub fn wgmma_split_mats() -> bool {
+    std::env::var("SPECC_WGMMA_SPLIT_MATS").is_ok_and(|v| v == "1")
 }
 
 /// Whether builds make wgmma launches persistent ([`persistent_blocks`]): on unless
@@ -183,12 +190,11 @@ pub fn wgmma_persistent_enabled() -> bool {
 /// clusters of 2) where the one-block grid would take between one and two waves, else 0
 /// (one block per tile). Persistent blocks overlap a tile's epilogue and the next tile's
 /// first copies, which a block per tile cannot (one block fills an SM's shared memory).
-/// Measured on the H100 (bench/NOTES.md, session 46): gate/up at 256 rows (1.9 tiles a
-/// cluster) made verify(8) B = 32 2.3 % faster; at 512 rows (3.9 tiles a cluster) B = 64 ran
-/// 1.7 % slower, so more than two tiles a block stay one block per tile, as do single waves
-/// (nothing to overlap; the one-block grid also prefetches its first weight boxes into L2),
-/// clusters of 4 (whose co-resident count depends on how the GPCs' SMs divide by 4) and
-/// column clusters.
+/// Persistent launches timed faster at about two tiles a block and slower at about four
+/// (bench/NOTES.md, session 46), so more than two tiles a block stay one block per tile, as
+/// do single waves (nothing to overlap; the one-block grid also prefetches its first weight
+/// boxes into L2), clusters of 4 (whose co-resident count depends on how the GPCs' SMs divide
+/// by 4) and column clusters.
 pub fn persistent_blocks(p: &GemvParams, rows: u32, t: &WgmmaTiling, target: &Target) -> u32 {
     if t.cluster_n != 1 || t.cluster_m > 2 {
         return 0;
@@ -214,9 +220,8 @@ pub fn wgmma_waves_enabled() -> bool {
 /// K chunk (the wider of equals). A grid of 1.7 waves pays for two, and one short of the
 /// SMs leaves their share of the streaming unused: so q|k|v takes 96 columns at 256 rows
 /// (128 blocks) rather than 128 (96 blocks), and gate/up 112 (128 column tiles, whole
-/// waves) rather than 128 (112 tiles, 3.4 waves at 512 rows). Measured on the H100
-/// (bench/NOTES.md, session 46): q|k|v 37.6 → 35.7 µs at 256 rows and 59.3 → 52.2 at 512,
-/// gate/up within 2 % alone and 5 % faster as a cluster of 2.
+/// waves) rather than 128 (112 tiles, 3.4 waves at 512 rows). The timings behind it:
+/// bench/NOTES.md, session 46.
 pub fn wave_columns(p: &GemvParams, bm: u32, row_tiles: u64, widest: u32, target: &Target) -> u32 {
     let g = wgmma::mats(p) as u64;
     let sms = (target.sms as u64).max(1);
@@ -244,8 +249,7 @@ pub const CLUSTER_MIN_ROW_TILES: u32 = 4;
 /// `1 / cluster_m` of them for all), where the weight boxes are larger than the x box
 /// (`G · bn > bm`): 4 blocks where they are at least twice it and the row tiles are a
 /// multiple of 4 (at least [`CLUSTER_MIN_ROW_TILES`]), else 2 where the row tiles are even
-/// and the slices whole 8-row groups. Only there did sharing time faster (gate/up on 112 or
-/// 128 columns at 256 and 512 rows, 4–5 %; q|k|v on 192 at 512 rows, 2 %); sharing x among
+/// and the slices whole 8-row groups. Only there did sharing time faster; sharing x among
 /// column tiles, or boxes no larger than x, timed equal or slower (bench/NOTES.md, sessions
 /// 45 and 46).
 pub fn wgmma_cluster(p: &GemvParams, rows: u32, t: WgmmaTiling) -> WgmmaTiling {

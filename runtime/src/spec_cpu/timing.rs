@@ -63,7 +63,7 @@ impl SpecCpuSession<'_> {
             }
             // The first calls of each one-row matmul shape alternate two tiles (one up to
             // twice as slow) before keeping the faster: steps timed then would carry what
-            // no later step does (plain decoding timed 1.57 ms against 1.09 ms running).
+            // no later step does (bench/NOTES.md, session 46).
             // Only one-row steps (batch 1) run them; a shape is known once called.
             let mut warmups = 0;
             while rows == 1
