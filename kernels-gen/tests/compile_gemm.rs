@@ -12,7 +12,7 @@ use specc_codegen::choose::gemm::{tile as tiling, wgmma_tile};
 use specc_ir::engine::Target;
 use specc_kernels_gen::abi::{Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::gemm_mma::gemm_mma;
-use specc_kernels_gen::gemm_wgmma::gemm_wgmma;
+use specc_kernels_gen::gemm_wgmma::{gemm_wgmma, WgmmaTiling};
 use specc_kernels_gen::gemv::{GemvParams, GemvWeights};
 use specc_kernels_gen::{Arch, Nvrtc};
 
@@ -151,10 +151,22 @@ fn gemm_wgmma_compiles_for_sm90a_without_spills() {
     for (label, k, n, epi) in SHAPES {
         for rows in [32, 64, 100, 256, 1024] {
             let p = params(rows, k, n, epi, Dtype::BF16);
-            let t = wgmma_tile(&p, rows, &hopper).expect("the wgmma GEMM applies");
-            let kernel = gemm_wgmma(&p, &t).unwrap();
-            if jobs.iter().all(|(_, k)| k.name != kernel.name) {
-                jobs.push((format!("{label} M={rows} {t:?}"), kernel));
+            let chosen = wgmma_tile(&p, rows, &hopper).expect("the wgmma GEMM applies");
+            // The chosen tile and its K split over 2 and 4 blocks (where valid).
+            let splits = [2, 4].map(|split_k| WgmmaTiling {
+                split_k,
+                cluster_m: 1,
+                cluster_n: 1,
+                persistent_blocks: 0,
+                ..chosen
+            });
+            for t in std::iter::once(chosen).chain(splits) {
+                let Ok(kernel) = gemm_wgmma(&p, &t) else {
+                    continue;
+                };
+                if jobs.iter().all(|(_, k)| k.name != kernel.name) {
+                    jobs.push((format!("{label} M={rows} {t:?}"), kernel));
+                }
             }
         }
     }

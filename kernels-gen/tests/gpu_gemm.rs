@@ -300,9 +300,22 @@ fn checked_rows(c: Case) -> Vec<usize> {
 
 /// Checks case `c` of `gemm` with `d` (generated for at least `c.m` rows).
 fn check(gpu: &Gpu, c: Case, d: &Data, gemm: Gemm) {
-    let (s, kernels, mut mem) = prepare(gpu, c, d, gemm);
+    let (s, kernels, mem) = prepare(gpu, c, d, gemm);
+    check_kernels(gpu, c, d, &s, &kernels, mem);
+}
+
+/// Checks case `c` of the wgmma GEMM with tile `t` against the f64 reference.
+fn check_wgmma_tile(gpu: &Gpu, c: Case, d: &Data, t: &WgmmaTiling) {
+    let mut s = setup(c);
+    let kernels = wgmma_kernels(&s, c, t);
+    let mem = memory(&mut s, c, d);
+    check_kernels(gpu, c, d, &s, &kernels, mem);
+}
+
+/// Runs `kernels` of case `c` on `mem` and checks their output against the f64 reference.
+fn check_kernels(gpu: &Gpu, c: Case, d: &Data, s: &Setup, kernels: &[KernelSource], mut mem: Mem) {
     gpu.run(&mut mem, &kernels.iter().collect::<Vec<_>>(), bucket(c.m));
-    let got = output(c, &s, &mem);
+    let got = output(c, s, &mem);
     let rows = checked_rows(c);
     let want: Vec<Vec<f64>> = std::thread::scope(|sc| {
         let hs: Vec<_> = rows
@@ -443,9 +456,14 @@ fn gemm_wgmma_odd_shapes() {
 }
 
 /// Rows 0..64 of an M = 1024 launch equal those of the M = 64 launch bit for bit (other
-/// tiles, other blocks, other rows around them), for every epilogue at the 8B shapes.
+/// tiles, other blocks, other rows around them), for every epilogue at the 8B shapes. The
+/// wgmma GEMM's split of K is part of its sum's order: both launches take the M = 1024
+/// tile's split (`SPECC_GEMM_SPLIT_K` = 2 or 4: that split in both, where it is valid).
 fn rows_do_not_depend_on_the_batch(gemm: Gemm) {
     let Some(gpu) = gpu_for(gemm) else { return };
+    let forced_split: Option<u32> = std::env::var("SPECC_GEMM_SPLIT_K")
+        .ok()
+        .and_then(|v| v.parse().ok());
     for (k, n, epi) in LLAMA_8B {
         let case = |m| Case {
             m,
@@ -455,9 +473,42 @@ fn rows_do_not_depend_on_the_batch(gemm: Gemm) {
             dt: BF,
         };
         let d = data(case(1024));
+        let split = match gemm {
+            Gemm::Wgmma => {
+                let s = setup(case(1024));
+                let big = wgmma_tile(&s.p, 1024, gpu.target()).unwrap();
+                let split_k = forced_split.unwrap_or(big.split_k);
+                let valid = |m| {
+                    let s = setup(case(m));
+                    let t = WgmmaTiling {
+                        split_k,
+                        ..unsplit(wgmma_tile(&s.p, m, gpu.target()).unwrap())
+                    };
+                    wgmma::validate(&s.p, &t).is_ok()
+                };
+                if !(valid(64) && valid(1024)) {
+                    println!("row invariance K={k} N={n} {epi:?}: split {split_k} not valid: skipped");
+                    continue;
+                }
+                Some(split_k)
+            }
+            Gemm::Mma => None,
+        };
         let run = |m: u32| {
             let c = case(m);
-            let (s, kernels, mut mem) = prepare(&gpu, c, &d, gemm);
+            let (s, kernels, mut mem) = match split {
+                Some(split_k) => {
+                    let mut s = setup(c);
+                    let t = WgmmaTiling {
+                        split_k,
+                        ..unsplit(wgmma_tile(&s.p, m, gpu.target()).unwrap())
+                    };
+                    let kernels = wgmma_kernels(&s, c, &t);
+                    let mem = memory(&mut s, c, &d);
+                    (s, kernels, mem)
+                }
+                None => prepare(&gpu, c, &d, gemm),
+            };
             gpu.run(&mut mem, &kernels.iter().collect::<Vec<_>>(), bucket(m));
             (output(c, &s, &mem), kernels[0].name.clone())
         };
@@ -484,6 +535,93 @@ fn gemm_mma_rows_do_not_depend_on_the_batch() {
 #[test]
 fn gemm_wgmma_rows_do_not_depend_on_the_batch() {
     rows_do_not_depend_on_the_batch(Gemm::Wgmma);
+}
+
+/// `t` with its K unsplit.
+fn unsplit(t: WgmmaTiling) -> WgmmaTiling {
+    WgmmaTiling { split_k: 1, ..t }
+}
+
+/// Every split of K (1, 2, 4 blocks, where valid) of the chosen tile against the f64
+/// reference, at the 8B shapes and odd ones whose K tails leave a chunk short, at row
+/// counts that leave the last row tile padded; and each split twice, bitwise the same
+/// (the partial sums are added in rank order, nothing races).
+#[test]
+fn gemm_wgmma_split_k_every_split() {
+    let Some(gpu) = gpu_for(Gemm::Wgmma) else {
+        return;
+    };
+    let shapes = LLAMA_8B
+        .iter()
+        .copied()
+        .filter(|s| s.1 != 128256)
+        .chain([
+            (1000, 520, Epi::SiluMul),
+            (360, 200, Epi::Residual),
+            (1064, 1000, Epi::Argmax),
+            (200, 136, Epi::Store),
+        ]);
+    for (k, n, epi) in shapes {
+        let d = data(Case {
+            m: 256,
+            k,
+            n,
+            epi,
+            dt: BF,
+        });
+        for m in [100, 256] {
+            let c = Case {
+                m,
+                k,
+                n,
+                epi,
+                dt: BF,
+            };
+            let s = setup(c);
+            let chosen = wgmma_tile(&s.p, m, gpu.target()).unwrap();
+            let mut ran = 0;
+            for split_k in [1, 2, 4] {
+                let base = WgmmaTiling {
+                    cluster_m: 1,
+                    cluster_n: 1,
+                    persistent_blocks: 0,
+                    ..chosen
+                };
+                // The ring of the split's tile: the most stages, as the selection builds it.
+                let Some(ring) = wgmma_ring(&s.p, base.bm, base.bn, gpu.target()) else {
+                    continue;
+                };
+                let t = WgmmaTiling {
+                    split_k,
+                    stages: ring.stages,
+                    ..base
+                };
+                if wgmma::validate(&s.p, &t).is_err() {
+                    continue;
+                }
+                check_wgmma_tile(&gpu, c, &d, &t);
+                let mut s2 = setup(c);
+                let kernels = wgmma_kernels(&s2, c, &t);
+                let mem0 = memory(&mut s2, c, &d);
+                let outs: Vec<Vec<f64>> = (0..2)
+                    .map(|_| {
+                        let mut mem = mem0.clone();
+                        gpu.run(&mut mem, &kernels.iter().collect::<Vec<_>>(), bucket(m));
+                        output(c, &s2, &mem)
+                    })
+                    .collect();
+                let differ = outs[0]
+                    .iter()
+                    .zip(&outs[1])
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                assert_eq!(differ, 0, "K={k} N={n} {epi:?} M={m} {t:?}: runs differ");
+                ran += 1;
+            }
+            assert!(ran >= 2, "K={k} N={n} M={m}: {ran} splits ran");
+            println!("PASS split-k K={k} N={n} {epi:?} M={m}: {ran} splits, chosen {chosen:?}");
+        }
+    }
 }
 
 /// `t` one block per tile and persistent on one block (cluster) per SM of `sms` and on 3

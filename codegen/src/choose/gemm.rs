@@ -152,6 +152,11 @@ pub fn wgmma_tile(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaTil
     } else {
         wgmma::MAX_MMA_N
     };
+    if wgmma_waves_enabled() && wgmma_split_k_enabled() {
+        if let Some(t) = split_k_tile(p, bm, row_tiles, widest / g, target) {
+            return Some(t);
+        }
+    }
     let bn = if wgmma_waves_enabled() {
         wave_columns(p, bm, row_tiles, widest / g, target)
     } else {
@@ -206,6 +211,62 @@ pub fn persistent_blocks(p: &GemvParams, rows: u32, t: &WgmmaTiling, target: &Ta
         return 0;
     }
     slots * cm
+}
+
+/// Whether builds may split K over a cluster ([`split_k_tile`]): on unless
+/// `SPECC_WGMMA_SPLIT_K=0` is in the environment of the build (the A/B).
+pub fn wgmma_split_k_enabled() -> bool {
+    !std::env::var("SPECC_WGMMA_SPLIT_K").is_ok_and(|v| v == "0")
+}
+
+/// A split K must cost at most this fraction (numerator, denominator) of the best unsplit
+/// tile: the model leaves out the split's cluster barriers and its blocks' extra ring fills.
+pub const SPLIT_K_GAIN: (u64, u64) = (9, 10);
+
+/// The tile with K split over a cluster of 2 or 4 blocks where that loads fewer box bytes
+/// into the busiest SM than every unsplit column tile (by [`SPLIT_K_GAIN`]), else `None`. The cost of `(bn, s)`
+/// extends [`wave_columns`]'s to the chunks a block runs: `⌈blocks · s / SMs⌉` waves ×
+/// (`(bm + G · bn)` box rows × `⌈KT / s⌉` chunks + the `(s − 1)` slots of `bm × G·bn` f32
+/// partial sums block 0 receives, in 128-byte rows). Where few row tiles leave few column
+/// tiles of a wide `bn` per SM (`down` and `o` at 128–256 rows: 128 columns split 4 or 2
+/// ways instead of 64- or 32-column tiles re-reading x across the whole K), the split loads
+/// a third fewer bytes; from about one wave of wide unsplit tiles (512 rows) it never wins.
+pub fn split_k_tile(
+    p: &GemvParams,
+    bm: u32,
+    row_tiles: u64,
+    widest: u32,
+    target: &Target,
+) -> Option<WgmmaTiling> {
+    let g = wgmma::mats(p) as u64;
+    let sms = (target.sms as u64).max(1);
+    let kt = p.k.div_ceil(wgmma::BK) as u64;
+    let cost = |bn: u32, s: u32| {
+        let blocks = row_tiles * p.n.div_ceil(bn) as u64 * s as u64;
+        let box_rows = bm as u64 + g * bn as u64;
+        let slot_rows = (s as u64 - 1) * bm as u64 * g * bn as u64 * 4 / 128;
+        blocks.div_ceil(sms) * (box_rows * kt.div_ceil(s as u64) + slot_rows)
+    };
+    let unsplit = (2..=widest / 16)
+        .map(|i| cost(16 * i, 1))
+        .min()
+        .unwrap_or(u64::MAX);
+    let mut splits: Vec<(u32, u32)> = [2u32, 4]
+        .into_iter()
+        .flat_map(|s| (2..=widest / 16).map(move |i| (16 * i, s)))
+        .filter(|&(bn, s)| {
+            cost(bn, s) * SPLIT_K_GAIN.1 < unsplit * SPLIT_K_GAIN.0 && bn <= p.n.next_multiple_of(8)
+        })
+        .collect();
+    splits.sort_by_key(|&(bn, s)| (cost(bn, s), std::cmp::Reverse(bn), s));
+    splits.into_iter().find_map(|(bn, split_k)| {
+        let t = WgmmaTiling {
+            split_k,
+            split_mats: wgmma_split_mats(),
+            ..wgmma_ring(p, bm, bn, target)?
+        };
+        wgmma::validate(p, &t).is_ok().then_some(t)
+    })
 }
 
 /// Whether builds choose the wgmma column tile by waves ([`wave_columns`]): on unless
@@ -399,7 +460,32 @@ mod tests {
             let t = wgmma_tile(&params(k, n, gu), rows, &h).unwrap();
             (t.bm, t.bn)
         };
-        if wgmma_waves_enabled() {
+        let split = |k, n, gu, rows| wgmma_tile(&params(k, n, gu), rows, &h).unwrap().split_k;
+        if wgmma_waves_enabled() && wgmma_split_k_enabled() {
+            // o and down: 128 columns, K split 4 / 2 ways up to 256 rows (128 blocks), then
+            // unsplit (one wave at 512 rows), instead of 32- or 64-column tiles re-reading x.
+            for k in [4096, 14336] {
+                assert_eq!(pick(k, 4096, false, 128), (128, 128));
+                assert_eq!(split(k, 4096, false, 128), 4);
+                assert_eq!(pick(k, 4096, false, 256), (128, 128));
+                assert_eq!(split(k, 4096, false, 256), 2);
+                let mut down = params(k, 4096, false);
+                down.residual = down.out;
+                let t = wgmma_tile(&down, 512, &h).unwrap();
+                assert_eq!((t.bn, t.split_k), (128, 1), "512 rows: one wave unsplit");
+            }
+            // q|k|v: 192 columns split 2 ways at 256 rows; 512 rows unsplit.
+            assert_eq!(pick(4096, 6144, false, 256), (128, 192));
+            assert_eq!(split(4096, 6144, false, 256), 2);
+            assert_eq!(pick(4096, 6144, false, 512), (128, 192));
+            assert_eq!(split(4096, 6144, false, 512), 1);
+            // gate/up and the lm-head: enough column tiles, never split.
+            for rows in [128, 256, 512, 1024] {
+                assert_eq!(split(4096, 14336, true, rows), 1);
+                assert_eq!(split(4096, 128256, false, rows), 1);
+            }
+        }
+        if wgmma_waves_enabled() && !wgmma_split_k_enabled() {
             // o: 128 blocks of 32 / 64 / 128 columns, one wave.
             assert_eq!(pick(4096, 4096, false, 64), (64, 32));
             assert_eq!(pick(4096, 4096, false, 128), (128, 32));
@@ -409,6 +495,8 @@ mod tests {
             assert_eq!(pick(4096, 6144, false, 64), (64, 48));
             assert_eq!(pick(4096, 6144, false, 256), (128, 96));
             assert_eq!(pick(4096, 6144, false, 512), (128, 192));
+        }
+        if wgmma_waves_enabled() {
             // gate/up: 128 column tiles of 112 (whole waves) rather than 112 of 128.
             assert_eq!(pick(4096, 14336, true, 64), (64, 112));
             assert_eq!(pick(4096, 14336, true, 128), (128, 112));
@@ -441,7 +529,7 @@ mod tests {
                     (2, 1),
                     "224 weight rows: slices of 28 rows are not whole 8-row groups"
                 );
-                assert_eq!(cluster(4096, 6144, false, 256), (1, 1), "96 columns");
+                assert_eq!(cluster(4096, 6144, false, 256), (1, 1), "96 columns or split");
                 assert_eq!(cluster(4096, 6144, false, 512), (2, 1), "192 columns");
             }
             assert_eq!(cluster(4096, 128256, false, 768), (2, 1), "6 row tiles");

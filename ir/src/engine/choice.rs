@@ -176,6 +176,12 @@ pub struct WgmmaTiling {
     /// per tile.
     #[serde(default)]
     pub persistent_blocks: u32,
+    /// Blocks of one thread-block cluster that split K (1: none): block `r` of the cluster
+    /// sums chunks `r · KT / split_k ..` of the tile into its own accumulators, the others
+    /// send theirs to block 0, which adds them in rank order and alone runs the epilogue.
+    /// Neither multicast clusters nor persistent launches go with it.
+    #[serde(default = "one")]
+    pub split_k: u32,
 }
 
 impl WgmmaTiling {
@@ -189,6 +195,7 @@ impl WgmmaTiling {
             cluster_n: 1,
             split_mats: false,
             persistent_blocks: 0,
+            split_k: 1,
         }
     }
 
@@ -483,6 +490,9 @@ impl fmt::Display for MatmulCore {
                 }
                 if t.persistent_blocks > 0 {
                     write!(f, " persistent/{}", t.persistent_blocks)?;
+                }
+                if t.split_k > 1 {
+                    write!(f, " split-k {}", t.split_k)?;
                 }
                 Ok(())
             }

@@ -117,16 +117,16 @@ pub(super) fn emit_weight_prefetch(w: &mut Writer, p: &GemvParams, t: &WgmmaTili
         "n0"
     };
     w.if_block("threadIdx.x == 4 * NC * 32", |w| {
-        w.for_block("int n = 0", "n < NS && n < KT", "++n", |w| {
+        w.for_block("int n = 0", "n < NS && n < KN", "++n", |w| {
             emit!(
                 w,
-                "tma_prefetch_l2_2d({}, n * 64, {row});",
+                "tma_prefetch_l2_2d({}, (KB + n) * 64, {row});",
                 w0.ptr_as("void", false)
             );
             if let Some(up) = w1 {
                 emit!(
                     w,
-                    "tma_prefetch_l2_2d({}, n * 64, {row});",
+                    "tma_prefetch_l2_2d({}, (KB + n) * 64, {row});",
                     up.ptr_as("void", false)
                 );
             }
@@ -162,22 +162,23 @@ pub(super) fn emit(
     epilogue: impl FnOnce(&mut Writer),
 ) {
     let (x, w0, w1) = maps(p, t);
-    let clustered = t.cluster() > 1;
+    let multicast = t.cluster() > 1;
+    let split = t.split_k > 1;
     w.line("extern __shared__ unsigned char smem_raw[];");
     w.line("unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // swizzled boxes: 1024-aligned");
     w.line("__shared__ __align__(8) unsigned long long full[NS], empty[NS];");
-    if clustered {
+    if multicast {
         w.line("constexpr int C = CM * CN;  // blocks per cluster (one of CM, CN is 1)");
         w.line("const unsigned rank = CM > 1 ? blockIdx.x % CM : blockIdx.y % CN;  // %cluster_ctarank");
     }
-    let empty_count = if clustered { "NC * C" } else { "NC" };
+    let empty_count = if multicast { "NC * C" } else { "NC" };
     w.if_block("threadIdx.x == 0", |w| {
         w.for_unrolled("s", 0, "NS", |w| {
             w.line("mbar_init(&full[s], 1);");
             emit!(w, "mbar_init(&empty[s], {empty_count});");
         });
     });
-    w.line(if clustered {
+    w.line(if multicast {
         "cluster_sync();  // every block's barriers exist before a peer's copy or arrival"
     } else {
         "__syncthreads();"
@@ -202,17 +203,17 @@ pub(super) fn emit(
             if let Some(up) = w1 {
                 emit!(w, "const void* wmap1 = {};", up.ptr_as("void", false));
             }
-            if clustered {
+            if multicast {
                 w.line("const unsigned short peers = (1u << C) - 1;");
             }
             tile_loop(w, persistent, |w| {
                 w.line("#pragma unroll 1");
-                w.for_block("int n = 0", "n < KT", "++n", |w| {
+                w.for_block("int n = 0", "n < KN", "++n", |w| {
                     emit!(w, "const int s = {it} % NS;");
                     emit!(w, "if ({it} >= NS) mbar_wait(&empty[s], ({it} / NS - 1) & 1);");
                     w.line("mbar_arrive_expect_tx(&full[s], STAGE);");
                     w.line("unsigned char* st = smem + s * STAGE;");
-                    w.line("const int kx = n * 64;");
+                    w.line("const int kx = (KB + n) * 64;");
                     let mats: Vec<(&str, &str)> = std::iter::once(("wmap0", "XBOX"))
                         .chain(w1.map(|_| ("wmap1", "XBOX + WBOX")))
                         .collect();
@@ -234,10 +235,15 @@ pub(super) fn emit(
                 });
             });
         });
+        if split {
+            w.comment("the two barriers of the consumers' partial sums");
+            w.line("cluster_sync_publish();");
+            w.line("cluster_sync_publish();");
+        }
     };
     // Releases chunk `chunk`'s stage: to every block of the cluster, or this one.
     let release = |w: &mut Writer, cond: &str, chunk: &str| {
-        if clustered {
+        if multicast {
             w.if_block(format_args!("{cond}(threadIdx.x & 127) == 0"), |w| {
                 w.for_unrolled("r", 0, "C", |w| {
                     emit!(w, "mbar_arrive_cluster(&empty[({chunk}) % NS], r);");
@@ -263,7 +269,7 @@ pub(super) fn emit(
         let mma = mma_name(mma_n(p, t));
         tile_loop(w, persistent, |w| {
             w.line("#pragma unroll 1");
-            w.for_block("int n = 0", "n < KT", "++n", |w| {
+            w.for_block("int n = 0", "n < KN", "++n", |w| {
                 emit!(w, "const int s = {it} % NS;");
                 emit!(w, "mbar_wait(&full[s], ({it} / NS) & 1);");
                 w.line("const unsigned char* st = smem + s * STAGE;");
@@ -291,8 +297,8 @@ pub(super) fn emit(
                 if persistent {
                     release(w, "n > 0 && it - 1 + NS < TOTAL && ", "it - 1");
                     w.line("++it;");
-                } else if clustered {
-                    release(w, "n > 0 && n - 1 + NS < KT && ", "n - 1");
+                } else if multicast {
+                    release(w, "n > 0 && n - 1 + NS < KN && ", "n - 1");
                 } else {
                     release(w, "n > 0 && ", "n - 1");
                 }
@@ -305,14 +311,21 @@ pub(super) fn emit(
             w.for_unrolled("gm", 0, "G", |w| {
                 w.for_unrolled("i", 0, "NA", |w| w.line("wgmma_fence_operand(acc[gm][i]);"));
             });
-            epilogue(w);
+            if split {
+                emit_split_sum(w);
+                w.if_block("rank == 0", epilogue);
+            } else {
+                epilogue(w);
+            }
         });
     };
-    if clustered {
+    if multicast {
         w.if_else("warp == 4 * NC", producer, consumers);
         w.line(
             "cluster_sync();  // no block exits while its peers' copies or arrivals may target it",
         );
+    } else if split {
+        w.if_else("warp == 4 * NC", producer, consumers);
     } else {
         w.if_block("warp == 4 * NC", |w| {
             producer(w);
@@ -320,6 +333,39 @@ pub(super) fn emit(
         });
         consumers(w);
     }
+}
+
+/// The split of K over a cluster's blocks (consumers, after their last mma completed): block
+/// `rank > 0` stores its accumulators into slot `rank - 1` of block 0's ring, and block 0
+/// adds slots 0, 1, .. in that order to its own, so each output element is the same sum in
+/// the same order whatever the rows. Slot layout: float4 `i` of consumer thread `tid` at
+/// `(slot · G·NA/4 + i) · 128·NC + tid` (a warp's stores are 512 contiguous bytes). The first
+/// barrier (the producer warps meet it too) frees block 0's ring: every copy into it landed
+/// and every mma that read it completed; the second publishes the slots.
+fn emit_split_sum(w: &mut Writer) {
+    w.line("float (&af)[G * NA] = reinterpret_cast<float (&)[G * NA]>(acc);");
+    w.line("float4* slots = reinterpret_cast<float4*>(smem);");
+    w.line("const int tid = threadIdx.x;");
+    w.line("cluster_sync_publish();  // block 0's ring is idle");
+    w.if_block("rank > 0", |w| {
+        w.for_unrolled("i", 0, "G * NA / 4", |w| {
+            w.line("const float4 v = make_float4(af[4 * i], af[4 * i + 1], af[4 * i + 2], af[4 * i + 3]);");
+            w.line("st_cluster_f32x4(slots + ((int(rank) - 1) * (G * NA / 4) + i) * (128 * NC) + tid, 0, v);");
+        });
+    });
+    w.line("cluster_sync_publish();  // every peer's partial sums are in block 0's slots");
+    w.if_block("rank == 0", |w| {
+        w.line("#pragma unroll 1");
+        w.for_block("int q = 0", "q < SK - 1", "++q", |w| {
+            w.for_unrolled("i", 0, "G * NA / 4", |w| {
+                w.line("const float4 v = slots[(q * (G * NA / 4) + i) * (128 * NC) + tid];");
+                w.line("af[4 * i] += v.x;");
+                w.line("af[4 * i + 1] += v.y;");
+                w.line("af[4 * i + 2] += v.z;");
+                w.line("af[4 * i + 3] += v.w;");
+            });
+        });
+    });
 }
 
 /// `body` once per tile of the block: as is (one block per tile: `m0`, `n0` and `ct` from the

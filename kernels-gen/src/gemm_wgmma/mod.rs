@@ -71,6 +71,8 @@ const WGMMA_HELPERS: &str = include_str!("../../cuda/wgmma.cuh");
 const GEMM_HELPERS: &str = include_str!("../../cuda/gemm_mma.cuh");
 /// Module items of clustered tiles: multicast box copies, remote arrivals, cluster barrier.
 const CLUSTER_HELPERS: &str = include_str!("../../cuda/tma_cluster.cuh");
+/// Module items of a split K: the publishing cluster barrier and remote stores.
+const SPLIT_K_HELPERS: &str = include_str!("../../cuda/split_k.cuh");
 
 /// Weight matrices one x tile feeds (2 for the gate/up pair).
 pub fn mats(p: &GemvParams) -> u32 {
@@ -95,6 +97,11 @@ pub fn ring_bytes(p: &GemvParams, t: &WgmmaTiling) -> u64 {
 /// compiler's own.
 pub fn block_smem_bytes(p: &GemvParams, t: &WgmmaTiling) -> u64 {
     ring_bytes(p, t) + 16 * t.stages as u64 + 1024
+}
+
+/// Bytes of one block's partial sums in a split K: its `BM × G·BN` f32 accumulators.
+pub fn split_slot_bytes(p: &GemvParams, t: &WgmmaTiling) -> u64 {
+    t.bm as u64 * (mats(p) * t.bn) as u64 * 4
 }
 
 /// Argmax partials each row gets: one per column block (the grid's y extent).
@@ -188,6 +195,32 @@ pub fn validate(p: &GemvParams, t: &WgmmaTiling) -> Result<(), Error> {
             }
         }
     }
+    if !matches!(t.split_k, 1 | 2 | 4) {
+        return err("split_k", "K splits over a cluster of 1, 2 or 4 blocks");
+    }
+    if t.split_k > 1 {
+        if t.cluster() > 1 || t.persistent_blocks > 0 {
+            return err(
+                "split_k",
+                "a split K takes a cluster of its own: no multicast cluster, not persistent",
+            );
+        }
+        if t.bm == 128 && mats(p) * t.bn > 192 {
+            return err(
+                "split_k",
+                "two consumer warpgroups keep at most 192 columns of partial sums beside the adds without spilling",
+            );
+        }
+        if (p.k.div_ceil(BK)) < t.split_k {
+            return err("split_k", "every block of the split needs a chunk of 64 k");
+        }
+        if split_slot_bytes(p, t) * (t.split_k as u64 - 1) > t.stages as u64 * stage_bytes(p, t) {
+            return err(
+                "split_k",
+                "the peers' partial sums must fit block 0's ring (more stages or a smaller split)",
+            );
+        }
+    }
     if t.persistent_blocks > 0
         && (t.cluster_n != 1 || !t.persistent_blocks.is_multiple_of(t.cluster_m))
     {
@@ -222,6 +255,10 @@ pub fn gemm_wgmma(p: &GemvParams, t: &WgmmaTiling) -> Result<KernelSource, Error
     if clustered {
         kb.items.line(CLUSTER_HELPERS.trim_end());
     }
+    let split = t.split_k > 1;
+    if split {
+        kb.items.line(SPLIT_K_HELPERS.trim_end());
+    }
     mainloop::emit_mma_function(&mut kb.items, p.w_dtype, mainloop::mma_n(p, t));
     let w = &mut kb.prologue;
     emit!(w, "constexpr int K = {};", p.k);
@@ -249,6 +286,14 @@ pub fn gemm_wgmma(p: &GemvParams, t: &WgmmaTiling) -> Result<KernelSource, Error
     w.line("constexpr int NC = BM / 64;  // consumer warpgroups");
     w.line("constexpr int NA = BN / 2;  // accumulators per thread and matrix");
     w.line("constexpr int KT = (K + 63) / 64;  // k chunks");
+    if split {
+        emit!(w, "constexpr int SK = {};  // blocks splitting K (the cluster along z)", t.split_k);
+        w.line("const unsigned rank = blockIdx.z;  // %cluster_ctarank");
+        w.line("const int KB = int(rank) * KT / SK;  // this block's first chunk");
+        w.line("const int KN = (int(rank) + 1) * KT / SK - KB;  // and its chunks");
+    } else {
+        w.line("constexpr int KB = 0, KN = KT;  // the block's first chunk and its chunks");
+    }
     w.line("constexpr unsigned XBOX = BM * 128, WBOX = BN * 128;  // box bytes");
     w.line("constexpr unsigned STAGE = XBOX + G * WBOX;");
     emit!(
@@ -284,7 +329,7 @@ pub fn gemm_wgmma(p: &GemvParams, t: &WgmmaTiling) -> Result<KernelSource, Error
             [
                 p.rows.extent_rounded(t.bm, t.cluster_m),
                 Extent::Fixed(partials_per_row(p, t)),
-                Extent::Fixed(1),
+                Extent::Fixed(t.split_k),
             ]
         },
         block: [t.threads(), 1, 1],
@@ -292,7 +337,11 @@ pub fn gemm_wgmma(p: &GemvParams, t: &WgmmaTiling) -> Result<KernelSource, Error
     };
     let attrs = KernelAttrs {
         min_blocks: None,
-        cluster: clustered.then_some([t.cluster_m, t.cluster_n, 1]),
+        cluster: if split {
+            Some([1, 1, t.split_k])
+        } else {
+            clustered.then_some([t.cluster_m, t.cluster_n, 1])
+        },
     };
     Ok(kb.finish_with(launch, attrs))
 }
