@@ -34,10 +34,16 @@
 //! the stage) leaves the same: its column `8j' + ..` with `j' = BN/8 · gm + j` is
 //! accumulator `4j' + d`, i.e. `acc[gm][4j + d]` of the array read flat.
 //!
-//! Batch invariance: each output element is one f32 accumulator receiving the k16 steps
-//! of k = 0, 16, .. K in that order and nothing else (no split-K, no cross-warp
-//! reduction), whatever M, the tile or the element's place in it; a row's result does not
-//! depend on the other rows of the launch.
+//! Split K (`split_k = S > 1`): a cluster of `S` blocks along the grid's z computes one
+//! tile, block `r` chunks `r · KT / S .. (r + 1) · KT / S` into its own accumulators; blocks
+//! `r > 0` store theirs into block 0's idle ring and block 0 adds them in rank order
+//! (`((a₀ + a₁) + a₂) + a₃`) before the epilogue, which it alone runs.
+//!
+//! Batch invariance: each output element is the sum of `S` f32 accumulators, each receiving
+//! the k16 steps of its K range in order, added in rank order; nothing else (no cross-warp
+//! reduction) whatever M, the tile or the element's place in it. For a given split a row's
+//! result does not depend on the other rows of the launch; the split itself is chosen per
+//! row count (`specc_codegen::choose::gemm`), like the K splits of `gemv_mma` below it.
 //!
 //! Kernel family `gemm_wgmma`; name dtype: the weight dtype.
 

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Session 47, call C (H200): gemm_wgmma's K split over a cluster.
+# 1. correctness: every split (1, 2, 4) against the f64 reference and run twice bitwise equal;
+#    the 8B epilogues with the chosen tiles; rows invariant for a given split; clusters equal;
+# 2. whole 8B verify(8) at B = 16 / 32 / 64 (ctx 1024): default (split) against
+#    SPECC_WGMMA_SPLIT_K=0, alternating;
+# 3. verify(8) B = 32 against compiled PyTorch layers in the same call, and its per-kernel table.
+# Pack: scripts/gpu-pack --specc kernels-gen/gpu_gemm (specc as xz).
+set -uo pipefail
+source scripts/device/unpack.sh
+start=$SECONDS; BUDGET=${BUDGET:-480}
+left() { echo $((BUDGET - (SECONDS - start))); }
+S="$OUT/summary.txt"
+nvidia-smi --query-gpu=name --format=csv,noheader >> "$S"
+G=.gpu2/tests/gpu_gemm
+for t in gemm_wgmma_split_k_every_split gemm_wgmma_8b_shapes_every_epilogue \
+  gemm_wgmma_rows_do_not_depend_on_the_batch gemm_wgmma_clusters_equal_the_unclustered_tile; do
+  timeout 120 $G --test-threads=1 --nocapture --exact $t > "$OUT/$t.log" 2>&1
+  echo "$t rc=$? passes=$(grep -c ^PASS "$OUT/$t.log") ($((SECONDS - start))s)" >> "$S"
+  grep -E "panicked" -A3 "$OUT/$t.log" | head -6 >> "$S"
+done
+SPECC_GEMM_SPLIT_K=2 timeout 60 $G --test-threads=1 --nocapture --exact gemm_wgmma_rows_do_not_depend_on_the_batch > "$OUT/rows_split2.log" 2>&1
+echo "rows invariance, split 2: rc=$? passes=$(grep -c ^PASS "$OUT/rows_split2.log")" >> "$S"
+T=bench/configs/llama-3.1-8b/config.json
+for b in 32 16 64; do
+  for sk in "" 0 "" 0; do
+    (( $(left) > 130 )) || break
+    SPECC_WGMMA_SPLIT_K=$sk timeout 40 .gpu2/specc bench $T --random-weights --iters 40 \
+      --context 1024 --batch $b --tokens 8 > /tmp/v.txt 2>&1
+    line=$(grep -E "^\| verify" /tmp/v.txt | cut -c1-120)
+    echo "B=$b SPLIT_K=${sk:-default}: $line" >> "$S"
+    grep -E "rror" /tmp/v.txt | head -3 >> "$S"
+  done
+done
+(( $(left) > 75 )) && {
+  timeout 70 .gpu2/specc bench $T --random-weights --iters 40 --context 1024 --batch 32 --tokens 8 \
+    --compare --torch-modes compile-layers > "$OUT/cmp32.txt" 2>&1
+  grep -E "^\| verify|rror" "$OUT/cmp32.txt" | tail -2 >> "$S"; }
+(( $(left) > 40 )) && {
+  timeout 60 .gpu2/specc bench $T --random-weights --iters 30 --context 1024 --batch 32 --tokens 8 \
+    --per-kernel > "$OUT/pk32.txt" 2>&1; echo "per-kernel rc=$?" >> "$S"; }
+echo "total $((SECONDS - start))s" >> "$S"
