@@ -487,7 +487,9 @@ fn rows_do_not_depend_on_the_batch(gemm: Gemm) {
                     wgmma::validate(&s.p, &t).is_ok()
                 };
                 if !(valid(64) && valid(1024)) {
-                    println!("row invariance K={k} N={n} {epi:?}: split {split_k} not valid: skipped");
+                    println!(
+                        "row invariance K={k} N={n} {epi:?}: split {split_k} not valid: skipped"
+                    );
                     continue;
                 }
                 Some(split_k)
@@ -551,16 +553,12 @@ fn gemm_wgmma_split_k_every_split() {
     let Some(gpu) = gpu_for(Gemm::Wgmma) else {
         return;
     };
-    let shapes = LLAMA_8B
-        .iter()
-        .copied()
-        .filter(|s| s.1 != 128256)
-        .chain([
-            (1000, 520, Epi::SiluMul),
-            (360, 200, Epi::Residual),
-            (1064, 1000, Epi::Argmax),
-            (200, 136, Epi::Store),
-        ]);
+    let shapes = LLAMA_8B.iter().copied().filter(|s| s.1 != 128256).chain([
+        (1000, 520, Epi::SiluMul),
+        (360, 200, Epi::Residual),
+        (1064, 1000, Epi::Argmax),
+        (200, 136, Epi::Store),
+    ]);
     for (k, n, epi) in shapes {
         let d = data(Case {
             m: 256,

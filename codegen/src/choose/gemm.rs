@@ -529,7 +529,11 @@ mod tests {
                     (2, 1),
                     "224 weight rows: slices of 28 rows are not whole 8-row groups"
                 );
-                assert_eq!(cluster(4096, 6144, false, 256), (1, 1), "96 columns or split");
+                assert_eq!(
+                    cluster(4096, 6144, false, 256),
+                    (1, 1),
+                    "96 columns or split"
+                );
                 assert_eq!(cluster(4096, 6144, false, 512), (2, 1), "192 columns");
             }
             assert_eq!(cluster(4096, 128256, false, 768), (2, 1), "6 row tiles");

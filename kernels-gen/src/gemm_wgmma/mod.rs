@@ -293,7 +293,11 @@ pub fn gemm_wgmma(p: &GemvParams, t: &WgmmaTiling) -> Result<KernelSource, Error
     w.line("constexpr int NA = BN / 2;  // accumulators per thread and matrix");
     w.line("constexpr int KT = (K + 63) / 64;  // k chunks");
     if split {
-        emit!(w, "constexpr int SK = {};  // blocks splitting K (the cluster along z)", t.split_k);
+        emit!(
+            w,
+            "constexpr int SK = {};  // blocks splitting K (the cluster along z)",
+            t.split_k
+        );
         w.line("const unsigned rank = blockIdx.z;  // %cluster_ctarank");
         w.line("const int KB = int(rank) * KT / SK;  // this block's first chunk");
         w.line("const int KN = (int(rank) + 1) * KT / SK - KB;  // and its chunks");
