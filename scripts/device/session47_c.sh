@@ -4,7 +4,9 @@
 #    the 8B epilogues with the chosen tiles; rows invariant for a given split; clusters equal;
 # 2. whole 8B verify(8) at B = 16 / 32 / 64 (ctx 1024): default (split) against
 #    SPECC_WGMMA_SPLIT_K=0, alternating;
-# 3. verify(8) B = 32 against compiled PyTorch layers in the same call, and its per-kernel table.
+# 3. decode B = 32 / 64 with the wgmma GEMM from 32 rows (SPECC_WGMMA_MIN_ROWS=32) against
+#    the default (gemv_mma below 128 rows), alternating;
+# 4. verify(8) B = 32 against compiled PyTorch layers in the same call, and its per-kernel table.
 # Pack: scripts/gpu-pack --specc kernels-gen/gpu_gemm (specc as xz).
 set -uo pipefail
 source scripts/device/unpack.sh
@@ -29,6 +31,16 @@ for b in 32 16 64; do
       --context 1024 --batch $b --tokens 8 > /tmp/v.txt 2>&1
     line=$(grep -E "^\| verify" /tmp/v.txt | cut -c1-120)
     echo "B=$b SPLIT_K=${sk:-default}: $line" >> "$S"
+    grep -E "rror" /tmp/v.txt | head -3 >> "$S"
+  done
+done
+for b in 32 64; do
+  for mr in "" 32 "" 32; do
+    (( $(left) > 110 )) || break
+    SPECC_WGMMA_MIN_ROWS=$mr timeout 40 .gpu2/specc bench $T --random-weights --iters 40 \
+      --context 1024 --batch $b > /tmp/v.txt 2>&1
+    line=$(grep -E "^\| decode" /tmp/v.txt | cut -c1-120)
+    echo "decode B=$b WGMMA_MIN_ROWS=${mr:-default}: $line" >> "$S"
     grep -E "rror" /tmp/v.txt | head -3 >> "$S"
   done
 done

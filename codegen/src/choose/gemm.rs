@@ -97,6 +97,15 @@ pub const WGMMA_MIN_ROWS: u32 = 128;
 /// See [`WGMMA_MIN_ROWS`].
 pub const WGMMA_MIN_COLUMNS: u32 = 4096;
 
+/// [`WGMMA_MIN_ROWS`], or `SPECC_WGMMA_MIN_ROWS` from the build's environment (the A/B of the
+/// wgmma GEMM, its K split included, against `gemv_mma` at decode's 32–64 rows).
+pub fn wgmma_min_rows() -> u32 {
+    std::env::var("SPECC_WGMMA_MIN_ROWS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(WGMMA_MIN_ROWS)
+}
+
 /// Whether builds may choose the wgmma GEMM: on unless `SPECC_WGMMA=0` is in the
 /// environment of the build (the A/B against `gemm_mma` is that one flag).
 pub fn wgmma_enabled() -> bool {
@@ -116,7 +125,7 @@ fn wgmma_min_blocks(target: &Target) -> u64 {
 /// The wgmma GEMM's tile for `p` over at most `rows` rows where the thresholds
 /// ([`WGMMA_MIN_ROWS`], [`WGMMA_MIN_COLUMNS`]) hold, else `None`.
 pub fn wgmma_tiling(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaTiling> {
-    if rows < WGMMA_MIN_ROWS || p.n < WGMMA_MIN_COLUMNS {
+    if rows < wgmma_min_rows() || p.n < WGMMA_MIN_COLUMNS {
         return None;
     }
     wgmma_tile(p, rows, target)
