@@ -51,4 +51,9 @@ done
 (( $(left) > 40 )) && {
   timeout 60 .gpu2/specc bench $T --random-weights --iters 30 --context 1024 --batch 32 --tokens 8 \
     --per-kernel > "$OUT/pk32.txt" 2>&1; echo "per-kernel rc=$?" >> "$S"; }
+(( $(left) > 35 )) && {
+  timeout $(( $(left) - 5 )) .gpu2/specc bench bench/configs/kimi-k2-int4/config.json --random-weights \
+    --layers 2 --iters 30 --context 1024 --tokens 8 --per-kernel > "$OUT/kimi_pk8.txt" 2>&1
+  echo "kimi verify(8) per-kernel rc=$?" >> "$S"
+  grep -E "^\| verify" "$OUT/kimi_pk8.txt" | head -1 >> "$S"; }
 echo "total $((SECONDS - start))s" >> "$S"
