@@ -15,18 +15,16 @@ left() { echo $((BUDGET - (SECONDS - start))); }
 S="$OUT/summary.txt"
 nvidia-smi --query-gpu=name --format=csv,noheader >> "$S"
 G=.gpu2/tests/gpu_gemm
-for t in gemm_wgmma_split_k_every_split gemm_wgmma_8b_shapes_every_epilogue \
-  gemm_wgmma_rows_do_not_depend_on_the_batch gemm_wgmma_clusters_equal_the_unclustered_tile; do
-  timeout 120 $G --test-threads=1 --nocapture --exact $t > "$OUT/$t.log" 2>&1
-  echo "$t rc=$? passes=$(grep -c ^PASS "$OUT/$t.log") ($((SECONDS - start))s)" >> "$S"
-  grep -E "panicked" -A3 "$OUT/$t.log" | head -6 >> "$S"
-done
-SPECC_GEMM_SPLIT_K=2 timeout 60 $G --test-threads=1 --nocapture --exact gemm_wgmma_rows_do_not_depend_on_the_batch > "$OUT/rows_split2.log" 2>&1
-echo "rows invariance, split 2: rc=$? passes=$(grep -c ^PASS "$OUT/rows_split2.log")" >> "$S"
+gtest() {
+  timeout $1 $G --test-threads=1 --nocapture --exact $2 > "$OUT/$2.log" 2>&1
+  echo "$2 rc=$? passes=$(grep -c ^PASS "$OUT/$2.log") ($((SECONDS - start))s)" >> "$S"
+  grep -E "panicked" -A3 "$OUT/$2.log" | head -6 >> "$S"
+}
+gtest 100 gemm_wgmma_split_k_every_split
 T=bench/configs/llama-3.1-8b/config.json
 for b in 32 16 64; do
   for sk in "" 0 "" 0; do
-    (( $(left) > 130 )) || break
+    (( $(left) > 300 )) || break
     SPECC_WGMMA_SPLIT_K=$sk timeout 40 .gpu2/specc bench $T --random-weights --iters 40 \
       --context 1024 --batch $b --tokens 8 > /tmp/v.txt 2>&1
     line=$(grep -E "^\| verify" /tmp/v.txt | cut -c1-120)
@@ -36,7 +34,7 @@ for b in 32 16 64; do
 done
 for b in 32 64; do
   for mr in "" 32 "" 32; do
-    (( $(left) > 110 )) || break
+    (( $(left) > 230 )) || break
     SPECC_WGMMA_MIN_ROWS=$mr timeout 40 .gpu2/specc bench $T --random-weights --iters 40 \
       --context 1024 --batch $b > /tmp/v.txt 2>&1
     line=$(grep -E "^\| decode" /tmp/v.txt | cut -c1-120)
@@ -44,6 +42,11 @@ for b in 32 64; do
     grep -E "rror" /tmp/v.txt | head -3 >> "$S"
   done
 done
+(( $(left) > 200 )) && gtest 90 gemm_wgmma_8b_shapes_every_epilogue
+(( $(left) > 150 )) && gtest 60 gemm_wgmma_rows_do_not_depend_on_the_batch
+(( $(left) > 120 )) && {
+  SPECC_GEMM_SPLIT_K=2 timeout 60 $G --test-threads=1 --nocapture --exact gemm_wgmma_rows_do_not_depend_on_the_batch > "$OUT/rows_split2.log" 2>&1
+  echo "rows invariance, split 2: rc=$? passes=$(grep -c ^PASS "$OUT/rows_split2.log")" >> "$S"; }
 (( $(left) > 75 )) && {
   timeout 70 .gpu2/specc bench $T --random-weights --iters 40 --context 1024 --batch 32 --tokens 8 \
     --compare --torch-modes compile-layers > "$OUT/cmp32.txt" 2>&1
