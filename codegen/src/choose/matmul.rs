@@ -164,11 +164,11 @@ pub fn tiling(p: &GemvParams, target: &Target) -> MmaTiling {
         tn,
         wn,
         wk: (8 / wn).min(units).max(1),
-        unroll: if p.row_tile == 1 && target.archs == [Arch::Sm90a] {
+        unroll: narrow_unroll().unwrap_or(if p.row_tile == 1 && target.archs == [Arch::Sm90a] {
             2
         } else {
             4
-        },
+        }),
         feed: Feed::Prefetch,
         ks: 1,
     };
@@ -176,6 +176,16 @@ pub fn tiling(p: &GemvParams, target: &Target) -> MmaTiling {
         t.wk /= 2;
     }
     t
+}
+
+/// `SPECC_GEMV_UNROLL` from the build's environment: the weight units a warp keeps in flight
+/// in the splits of up to [`NORM_FUSED_MAX_ROWS`] rows instead of [`tiling`]'s (the A/B of
+/// deeper streams on GPUs of more bandwidth than the H100 the choice was measured on).
+fn narrow_unroll() -> Option<u32> {
+    std::env::var("SPECC_GEMV_UNROLL")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&u| (1..=8).contains(&u))
 }
 
 /// Row tiles of a launch over a fixed row count (1 where rows vary with the bucket).
