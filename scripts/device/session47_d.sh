@@ -23,9 +23,9 @@ run() {  # label, unroll, bench args...
   echo "unroll=${u:-default} $*: $r" >> "$S"
 }
 for round in 1 2; do
-  for u in "" 3 4 6; do run "$u" $T --random-weights --iters 40 --context 1024 --batch 1; done
-  for u in "" 6 8; do run "$u" $T --random-weights --iters 40 --context 1024 --batch 1 --tokens 8; done
-  for u in "" 6; do run "$u" $T --random-weights --iters 40 --context 1024 --batch 8; done
-  for u in "" 6; do run "$u" bench/configs/kimi-k2-int4/config.json --random-weights --layers 2 --iters 30 --context 1024 --tokens 8; done
+  for u in "" 4 6; do run "$u" $T --random-weights --iters 40 --context 1024 --batch 1; done
+  for u in "" 8; do run "$u" $T --random-weights --iters 40 --context 1024 --batch 1 --tokens 8; done
 done
+for u in "" 8; do run "$u" $T --random-weights --iters 40 --context 1024 --batch 8; done
+for u in "" 8; do run "$u" bench/configs/kimi-k2-int4/config.json --random-weights --layers 2 --iters 30 --context 1024 --tokens 8; done
 echo "total $((SECONDS - start))s" >> "$S"
