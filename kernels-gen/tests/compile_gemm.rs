@@ -160,7 +160,11 @@ fn gemm_wgmma_compiles_for_sm90a_without_spills() {
                 persistent_blocks: 0,
                 ..chosen
             });
-            for t in std::iter::once(chosen).chain(splits) {
+            let hoisted = WgmmaTiling {
+                hoisted_descriptors: !chosen.hoisted_descriptors,
+                ..chosen
+            };
+            for t in std::iter::once(chosen).chain(splits).chain([hoisted]) {
                 let Ok(kernel) = gemm_wgmma(&p, &t) else {
                     continue;
                 };

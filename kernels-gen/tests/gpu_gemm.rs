@@ -673,7 +673,8 @@ const CLUSTERS: [(u32, u32); 4] = [(2, 1), (4, 1), (1, 2), (1, 4)];
 /// shapes and odd ones, with row counts that leave a padded block in the last cluster; so
 /// do the gate/up pair as one wgmma per matrix instead of one over both, and the tile one
 /// block per tile, persistent on one block (cluster) per SM, and persistent on 3 clusters
-/// (many tiles a block: the ring runs on across them).
+/// (many tiles a block: the ring runs on across them); and each of those with the main loop's
+/// descriptors hoisted (`hoisted_descriptors`), or not where the chosen tile hoists them.
 #[test]
 fn gemm_wgmma_clusters_equal_the_unclustered_tile() {
     let Some(gpu) = gpu_for(Gemm::Wgmma) else {
@@ -712,7 +713,17 @@ fn gemm_wgmma_clusters_equal_the_unclustered_tile() {
                     ..chosen
                 });
             }
+            // The main loop with hoisted descriptors, on the chosen tile and its variants.
+            let hoisted: Vec<WgmmaTiling> = tiles
+                .iter()
+                .chain(&persistent_variants(&s.p, chosen, gpu.target().sms))
+                .map(|t| WgmmaTiling {
+                    hoisted_descriptors: !t.hoisted_descriptors,
+                    ..*t
+                })
+                .collect();
             tiles.extend(persistent_variants(&s.p, chosen, gpu.target().sms));
+            tiles.extend(hoisted);
             let mem0 = memory(&mut s, c, &d);
             let mut outs = Vec::new();
             for t in &tiles {

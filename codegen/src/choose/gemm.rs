@@ -178,6 +178,7 @@ pub fn wgmma_tile(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaTil
     .min(p.n.next_multiple_of(8));
     let mut t = wgmma_ring(p, bm, bn, target)?;
     t.split_mats = wgmma_split_mats();
+    t.hoisted_descriptors = wgmma_hoisted_descriptors();
     if wgmma_clusters_enabled() {
         t = wgmma_cluster(p, rows, t);
     }
@@ -192,6 +193,13 @@ pub fn wgmma_tile(p: &GemvParams, rows: u32, target: &Target) -> Option<WgmmaTil
 /// both weight boxes).
 pub fn wgmma_split_mats() -> bool {
     std::env::var("SPECC_WGMMA_SPLIT_MATS").is_ok_and(|v| v == "1")
+}
+
+/// Whether builds generate the wgmma main loop with descriptors made once per block and the
+/// ring's stage and phase stepped (`WgmmaTiling::hoisted_descriptors`): only with
+/// `SPECC_WGMMA_HOIST=1` in the environment of the build (not yet timed on a device).
+pub fn wgmma_hoisted_descriptors() -> bool {
+    std::env::var("SPECC_WGMMA_HOIST").is_ok_and(|v| v == "1")
 }
 
 /// Whether builds make wgmma launches persistent ([`persistent_blocks`]): on unless
@@ -274,6 +282,7 @@ pub fn split_k_tile(
         let t = WgmmaTiling {
             split_k,
             split_mats: wgmma_split_mats(),
+            hoisted_descriptors: wgmma_hoisted_descriptors(),
             ..wgmma_ring(p, bm, bn, target)?
         };
         wgmma::validate(p, &t).is_ok().then_some(t)

@@ -182,6 +182,12 @@ pub struct WgmmaTiling {
     /// Neither multicast clusters nor persistent launches go with it.
     #[serde(default = "one")]
     pub split_k: u32,
+    /// The consumers build each stage's descriptors from two made once per block (the ring's
+    /// base, the warpgroup index made warp-uniform), stepping the stage and phase instead of
+    /// dividing the chunk counter: the same wgmma sequence with fewer instructions before each
+    /// batch (the A/B of the main loop's per-chunk arithmetic).
+    #[serde(default)]
+    pub hoisted_descriptors: bool,
 }
 
 impl WgmmaTiling {
@@ -196,6 +202,7 @@ impl WgmmaTiling {
             split_mats: false,
             persistent_blocks: 0,
             split_k: 1,
+            hoisted_descriptors: false,
         }
     }
 
@@ -493,6 +500,9 @@ impl fmt::Display for MatmulCore {
                 }
                 if t.split_k > 1 {
                     write!(f, " split-k {}", t.split_k)?;
+                }
+                if t.hoisted_descriptors {
+                    write!(f, " hoisted")?;
                 }
                 Ok(())
             }

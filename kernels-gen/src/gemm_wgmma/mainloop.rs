@@ -241,24 +241,42 @@ pub(super) fn emit(
             w.line("cluster_sync_publish();");
         }
     };
-    // Releases chunk `chunk`'s stage: to every block of the cluster, or this one.
+    let hoisted = t.hoisted_descriptors;
+    // Releases chunk `chunk`'s stage (`prev`, the stage of the chunk before the current one,
+    // in the hoisted loop): to every block of the cluster, or this one.
     let release = |w: &mut Writer, cond: &str, chunk: &str| {
+        let stage = if hoisted {
+            "prev".to_string()
+        } else {
+            format!("({chunk}) % NS")
+        };
         if multicast {
             w.if_block(format_args!("{cond}(threadIdx.x & 127) == 0"), |w| {
                 w.for_unrolled("r", 0, "C", |w| {
-                    emit!(w, "mbar_arrive_cluster(&empty[({chunk}) % NS], r);");
+                    emit!(w, "mbar_arrive_cluster(&empty[{stage}], r);");
                 });
             });
         } else {
             emit!(
                 w,
-                "if ({cond}(threadIdx.x & 127) == 0) mbar_arrive(&empty[({chunk}) % NS]);"
+                "if ({cond}(threadIdx.x & 127) == 0) mbar_arrive(&empty[{stage}]);"
             );
         }
     };
     let consumers = |w: &mut Writer| {
         w.comment("consumers: warpgroup wg multiplies tile rows 64 wg .. 64 wg + 63");
-        w.line("const int wg = warp >> 2;");
+        if hoisted {
+            w.comment("wg from lane 0: the compiler then knows it is warp-uniform, so what derives from it can live in uniform registers");
+            w.line("const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0);");
+            w.comment("stage 0's descriptors; stage s and k16 step kk add s · STAGE / 16 + 2 kk to the address field (in 16-byte units, below 2^14: no carry out of it)");
+            w.line("const unsigned long long da0 = wgmma_desc_k128(smem + wg * 64 * 128);");
+            w.line("const unsigned long long db0 = wgmma_desc_k128(smem + XBOX);");
+            w.comment("the ring's stage and phase of the chunk this warpgroup waits for next, and the stage before it");
+            w.line("int cs = 0, prev = NS - 1;");
+            w.line("unsigned cph = 0;");
+        } else {
+            w.line("const int wg = warp >> 2;");
+        }
         w.comment("no initial zeros: the first k16 step writes the accumulators (scale-d = 0), so no other instruction touches them before the last wait");
         w.line("float acc[G][NA];");
         let one_mma = one_mma(p, t);
@@ -270,27 +288,46 @@ pub(super) fn emit(
         tile_loop(w, persistent, |w| {
             w.line("#pragma unroll 1");
             w.for_block("int n = 0", "n < KN", "++n", |w| {
-                emit!(w, "const int s = {it} % NS;");
-                emit!(w, "mbar_wait(&full[s], ({it} / NS) & 1);");
-                w.line("const unsigned char* st = smem + s * STAGE;");
-                w.line("wgmma_fence();");
-                w.for_unrolled("kk", 0, 4, |w| {
-                    w.comment("k16 step kk: 32 bytes into each 128-byte row");
-                    w.line("const unsigned long long da = wgmma_desc_k128(st + wg * 64 * 128 + 32 * kk);");
-                    if one_mma {
-                        emit!(
-                            w,
-                            "{mma}(acc_all, da, wgmma_desc_k128(st + XBOX + 32 * kk), n > 0 || kk > 0);"
-                        );
-                    } else {
-                        w.for_unrolled("gm", 0, "G", |w| {
+                if hoisted {
+                    w.line("mbar_wait(&full[cs], cph);");
+                    w.line("const unsigned long long so = unsigned(cs) * (STAGE / 16);");
+                    w.line("wgmma_fence();");
+                    w.for_unrolled("kk", 0, 4, |w| {
+                        w.line("const unsigned long long da = da0 + so + 2 * kk;");
+                        if one_mma {
+                            emit!(w, "{mma}(acc_all, da, db0 + so + 2 * kk, n > 0 || kk > 0);");
+                        } else {
+                            w.for_unrolled("gm", 0, "G", |w| {
+                                emit!(
+                                    w,
+                                    "{mma}(acc[gm], da, db0 + gm * (WBOX / 16) + so + 2 * kk, n > 0 || kk > 0);"
+                                );
+                            });
+                        }
+                    });
+                } else {
+                    emit!(w, "const int s = {it} % NS;");
+                    emit!(w, "mbar_wait(&full[s], ({it} / NS) & 1);");
+                    w.line("const unsigned char* st = smem + s * STAGE;");
+                    w.line("wgmma_fence();");
+                    w.for_unrolled("kk", 0, 4, |w| {
+                        w.comment("k16 step kk: 32 bytes into each 128-byte row");
+                        w.line("const unsigned long long da = wgmma_desc_k128(st + wg * 64 * 128 + 32 * kk);");
+                        if one_mma {
                             emit!(
                                 w,
-                                "{mma}(acc[gm], da, wgmma_desc_k128(st + XBOX + gm * WBOX + 32 * kk), n > 0 || kk > 0);"
+                                "{mma}(acc_all, da, wgmma_desc_k128(st + XBOX + 32 * kk), n > 0 || kk > 0);"
                             );
-                        });
-                    }
-                });
+                        } else {
+                            w.for_unrolled("gm", 0, "G", |w| {
+                                emit!(
+                                    w,
+                                    "{mma}(acc[gm], da, wgmma_desc_k128(st + XBOX + gm * WBOX + 32 * kk), n > 0 || kk > 0);"
+                                );
+                            });
+                        }
+                    });
+                }
                 w.line("wgmma_commit();");
                 w.comment("chunk n - 1's batch has completed: its stage goes back to the producer");
                 w.line("wgmma_wait<1>();");
@@ -301,6 +338,13 @@ pub(super) fn emit(
                     release(w, "n > 0 && n - 1 + NS < KN && ", "n - 1");
                 } else {
                     release(w, "n > 0 && ", "n - 1");
+                }
+                if hoisted {
+                    w.line("prev = cs;");
+                    w.line("if (++cs == NS) {");
+                    w.line("  cs = 0;");
+                    w.line("  cph ^= 1;");
+                    w.line("}");
                 }
             });
             w.line("wgmma_wait<0>();");
