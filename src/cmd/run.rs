@@ -310,6 +310,9 @@ fn generate(s: &mut dyn Speculator, o: &Out) -> Result<()> {
         generated as f64 / decode_s.max(1e-9),
         stats.steps,
     );
+    if let Some(table) = specc_ir::interp::profile::report() {
+        eprint!("[{label}] {table}");
+    }
     if let Some(p) = o.ids_out {
         let j = serde_json::json!({ "prompt_ids": ids, "generated_ids": all });
         std::fs::write(p, j.to_string())?;

@@ -64,6 +64,7 @@ mod mla;
 mod moe;
 mod nn;
 mod pool;
+pub mod profile;
 mod rope;
 mod shape_ops;
 mod spec_ops;
@@ -234,7 +235,12 @@ impl<'v> Machine<'v> {
                 }
                 op => {
                     let args: Vec<&Tensor> = node.args.iter().map(|&a| self.value(a)).collect();
+                    let start = profile::enabled().then(std::time::Instant::now);
                     let t = eval(op, &args, &out).map_err(|msg| node_err(id, op, msg))?;
+                    if let Some(start) = start {
+                        let rows = out.shape.iter().rev().skip(1).product::<usize>();
+                        profile::record(op.info().name, rows, start.elapsed());
+                    }
                     check_result(id, op, &t, &out)?;
                     Val::Own(t)
                 }
