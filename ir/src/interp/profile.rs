@@ -44,7 +44,7 @@ pub fn report() -> Option<String> {
     }
     let total: Duration = tab.values().map(|v| v.1).sum();
     let mut rows: Vec<_> = tab.iter().collect();
-    rows.sort_by(|a, b| b.1 .1.cmp(&a.1 .1));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.1 .1));
     let mut out = format!(
         "interpreter profile ({PROFILE_VAR}=1): {:.1} ms in {} ops\n{:<22} {:>6} {:>8} {:>10} {:>9} {:>6}\n",
         total.as_secs_f64() * 1e3,
