@@ -245,8 +245,8 @@ pub const SPLIT_K_GAIN: (u64, u64) = (9, 10);
 /// The tile with K split over a cluster of 2 or 4 blocks where that loads fewer box bytes
 /// into the busiest SM than every unsplit column tile (by [`SPLIT_K_GAIN`]), else `None`. The cost of `(bn, s)`
 /// extends [`wave_columns`]'s to the chunks a block runs: `⌈blocks · s / SMs⌉` waves ×
-/// (`(bm + G · bn)` box rows × `⌈KT / s⌉` chunks + the `(s − 1)` slots of `bm × G·bn` f32
-/// partial sums block 0 receives, in 128-byte rows). Where few row tiles leave few column
+/// (`(bm + G · bn)` box rows × `⌈KT / s⌉` chunks + the `(s − 1)` slots of `bm / s × G·bn` f32
+/// partial sums each block receives, in 128-byte rows). Where few row tiles leave few column
 /// tiles of a wide `bn` per SM (`down` and `o` at 128–256 rows: 128 columns split 4 or 2
 /// ways instead of 64- or 32-column tiles re-reading x across the whole K), the split loads
 /// a third fewer bytes; from about one wave of wide unsplit tiles (512 rows) it never wins.
@@ -263,7 +263,7 @@ pub fn split_k_tile(
     let cost = |bn: u32, s: u32| {
         let blocks = row_tiles * p.n.div_ceil(bn) as u64 * s as u64;
         let box_rows = bm as u64 + g * bn as u64;
-        let slot_rows = (s as u64 - 1) * bm as u64 * g * bn as u64 * 4 / 128;
+        let slot_rows = (s as u64 - 1) * (bm / s) as u64 * g * bn as u64 * 4 / 128;
         blocks.div_ceil(sms) * (box_rows * kt.div_ceil(s as u64) + slot_rows)
     };
     let unsplit = (2..=widest / 16)

@@ -177,9 +177,10 @@ pub struct WgmmaTiling {
     #[serde(default)]
     pub persistent_blocks: u32,
     /// Blocks of one thread-block cluster that split K (1: none): block `r` of the cluster
-    /// sums chunks `r · KT / split_k ..` of the tile into its own accumulators, the others
-    /// send theirs to block 0, which adds them in rank order and alone runs the epilogue.
-    /// Neither multicast clusters nor persistent launches go with it.
+    /// sums chunks `r · KT / split_k ..` of the tile into its own accumulators; each block
+    /// then owns `1 / split_k` of the tile's rows, receives the others' sums for them, adds
+    /// all in rank order and runs their epilogue. Neither multicast clusters nor persistent
+    /// launches go with it.
     #[serde(default = "one")]
     pub split_k: u32,
     /// The consumers build each stage's descriptors from two made once per block (the ring's

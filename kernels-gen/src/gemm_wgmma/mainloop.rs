@@ -357,7 +357,7 @@ pub(super) fn emit(
             });
             if split {
                 emit_split_sum(w);
-                w.if_block("rank == 0", epilogue);
+                w.if_block("owner == me", epilogue);
             } else {
                 epilogue(w);
             }
@@ -379,35 +379,50 @@ pub(super) fn emit(
     }
 }
 
-/// The split of K over a cluster's blocks (consumers, after their last mma completed): block
-/// `rank > 0` stores its accumulators into slot `rank - 1` of block 0's ring, and block 0
-/// adds slots 0, 1, .. in that order to its own, so each output element is the same sum in
-/// the same order whatever the rows. Slot layout: float4 `i` of consumer thread `tid` at
-/// `(slot · G·NA/4 + i) · 128·NC + tid` (a warp's stores are 512 contiguous bytes). The first
-/// barrier (the producer warps meet it too) frees block 0's ring: every copy into it landed
-/// and every mma that read it completed; the second publishes the slots.
+/// The split of K over a cluster's blocks (consumers, after their last mma completed), as a
+/// reduce-scatter: block `o` owns the rows of the consumer warps `cw ≡ o (mod SK)` (16 rows
+/// each), every block stores the accumulators of the warps it does not own into their
+/// owner's ring, and each owner adds the `SK` partial sums in rank order, its own in its
+/// place (`((a₀ + a₁) + a₂) + a₃`), so each output element is the same sum in the same
+/// order whatever the rows, and each SM receives `(SK − 1) / SK²` of a tile. Slot layout in
+/// the owner: float4 `i` of lane `l` of local warp `cw / SK` from source `q` at
+/// `((j · WPB + cw / SK) · G·NA/4 + i) · 32 + l`, `j` = `q` without the owner (`q − (q > o)`),
+/// `WPB` = the warps a block owns (a warp's stores are 512 contiguous bytes). The first
+/// barrier (the producer warps meet it too) frees every ring: every copy into it landed and
+/// every mma that read it completed; the second publishes the slots. Only owned warps then
+/// run the epilogue.
 fn emit_split_sum(w: &mut Writer) {
     w.line("float (&af)[G * NA] = reinterpret_cast<float (&)[G * NA]>(acc);");
     w.line("float4* slots = reinterpret_cast<float4*>(smem);");
-    w.line("const int tid = threadIdx.x;");
-    w.line("cluster_sync_publish();  // block 0's ring is idle");
-    w.if_block("rank > 0", |w| {
+    w.line("constexpr int WPB = 4 * NC / SK;  // consumer warps each block owns");
+    w.line("const int cw = threadIdx.x >> 5;  // consumer warp");
+    w.line("const int owner = cw % SK;");
+    w.line("const int me = int(rank);");
+    w.line("cluster_sync_publish();  // every block's ring is idle");
+    w.if_block("owner != me", |w| {
+        w.line("const int j = me - (me > owner);  // this block's slot in the owner");
         w.for_unrolled("i", 0, "G * NA / 4", |w| {
             w.line("const float4 v = make_float4(af[4 * i], af[4 * i + 1], af[4 * i + 2], af[4 * i + 3]);");
-            w.line("st_cluster_f32x4(slots + ((int(rank) - 1) * (G * NA / 4) + i) * (128 * NC) + tid, 0, v);");
+            w.line("st_cluster_f32x4(slots + ((j * WPB + cw / SK) * (G * NA / 4) + i) * 32 + lane, owner, v);");
         });
     });
-    w.line("cluster_sync_publish();  // every peer's partial sums are in block 0's slots");
-    w.if_block("rank == 0", |w| {
-        w.line("#pragma unroll 1");
-        w.for_block("int q = 0", "q < SK - 1", "++q", |w| {
-            w.for_unrolled("i", 0, "G * NA / 4", |w| {
-                w.line("const float4 v = slots[(q * (G * NA / 4) + i) * (128 * NC) + tid];");
-                w.line("af[4 * i] += v.x;");
-                w.line("af[4 * i + 1] += v.y;");
-                w.line("af[4 * i + 2] += v.z;");
-                w.line("af[4 * i + 3] += v.w;");
+    w.line("cluster_sync_publish();  // every owner's partial sums are in its slots");
+    w.if_block("owner == me", |w| {
+        w.comment("per float4: rank 0's partial, then ranks 1 .. SK - 1 added in order (this block's own in its place)");
+        w.for_unrolled("i", 0, "G * NA / 4", |w| {
+            w.line("const float4 mine = make_float4(af[4 * i], af[4 * i + 1], af[4 * i + 2], af[4 * i + 3]);");
+            w.line("float4 v = me == 0 ? mine : slots[((cw / SK) * (G * NA / 4) + i) * 32 + lane];");
+            w.for_unrolled("q", 1, "SK", |w| {
+                w.line("const float4 u = q == me ? mine : slots[(((q - (q > me)) * WPB + cw / SK) * (G * NA / 4) + i) * 32 + lane];");
+                w.line("v.x += u.x;");
+                w.line("v.y += u.y;");
+                w.line("v.z += u.z;");
+                w.line("v.w += u.w;");
             });
+            w.line("af[4 * i] = v.x;");
+            w.line("af[4 * i + 1] = v.y;");
+            w.line("af[4 * i + 2] = v.z;");
+            w.line("af[4 * i + 3] = v.w;");
         });
     });
 }

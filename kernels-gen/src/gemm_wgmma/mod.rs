@@ -35,9 +35,10 @@
 //! accumulator `4j' + d`, i.e. `acc[gm][4j + d]` of the array read flat.
 //!
 //! Split K (`split_k = S > 1`): a cluster of `S` blocks along the grid's z computes one
-//! tile, block `r` chunks `r · KT / S .. (r + 1) · KT / S` into its own accumulators; blocks
-//! `r > 0` store theirs into block 0's idle ring and block 0 adds them in rank order
-//! (`((a₀ + a₁) + a₂) + a₃`) before the epilogue, which it alone runs.
+//! tile, block `r` chunks `r · KT / S .. (r + 1) · KT / S` into its own accumulators; then a
+//! reduce-scatter: block `o` owns the rows of consumer warps `w ≡ o (mod S)`, receives the
+//! other blocks' sums for them into its idle ring, adds the `S` partial sums in rank order
+//! (`((a₀ + a₁) + a₂) + a₃`) and runs the epilogue of those rows.
 //!
 //! Batch invariance: each output element is the sum of `S` f32 accumulators, each receiving
 //! the k16 steps of its K range in order, added in rank order; nothing else (no cross-warp
@@ -105,9 +106,10 @@ pub fn block_smem_bytes(p: &GemvParams, t: &WgmmaTiling) -> u64 {
     ring_bytes(p, t) + 16 * t.stages as u64 + 1024
 }
 
-/// Bytes of one block's partial sums in a split K: its `BM × G·BN` f32 accumulators.
+/// Bytes one block receives from each peer in a split K: the f32 accumulators of the
+/// `BM / split_k` rows it owns, `G · BN` columns.
 pub fn split_slot_bytes(p: &GemvParams, t: &WgmmaTiling) -> u64 {
-    t.bm as u64 * (mats(p) * t.bn) as u64 * 4
+    (t.bm / t.split_k.max(1)) as u64 * (mats(p) * t.bn) as u64 * 4
 }
 
 /// Argmax partials each row gets: one per column block (the grid's y extent).
@@ -223,7 +225,7 @@ pub fn validate(p: &GemvParams, t: &WgmmaTiling) -> Result<(), Error> {
         if split_slot_bytes(p, t) * (t.split_k as u64 - 1) > t.stages as u64 * stage_bytes(p, t) {
             return err(
                 "split_k",
-                "the peers' partial sums must fit block 0's ring (more stages or a smaller split)",
+                "the peers' partial sums must fit the owner's ring (more stages or a smaller split)",
             );
         }
     }
