@@ -470,6 +470,37 @@ mod tests {
         }
     }
 
+    /// The split rule's picks (whether builds use them is `SPECC_WGMMA_SPLIT_K`): `o` and
+    /// `down` (a residual epilogue: at most 128 columns) split 4 ways at 128 rows and 2 at
+    /// 256, unsplit from 512 (one wave of wide tiles); gate/up never (enough column tiles);
+    /// every pick valid, its partial sums within the ring.
+    #[test]
+    fn split_k_tiles_where_few_column_tiles_cover_the_sms() {
+        let h = hopper();
+        for k in [4096, 14336] {
+            let mut p = params(k, 4096, false);
+            p.residual = p.out;
+            let pick = |rows: u32| {
+                split_k_tile(&p, 128, rows.div_ceil(128) as u64, 128, &h).map(|t| (t.bn, t.split_k))
+            };
+            assert_eq!(pick(128), Some((128, 4)), "K={k}");
+            assert_eq!(pick(256), Some((128, 2)), "K={k}");
+            assert_eq!(pick(512), None, "K={k}");
+            for rows in [128, 256] {
+                let t = split_k_tile(&p, 128, rows / 128, 128, &h).unwrap();
+                wgmma::validate(&p, &t).unwrap();
+                assert!(
+                    wgmma::split_slot_bytes(&p, &t) * (t.split_k as u64 - 1)
+                        <= t.stages as u64 * wgmma::stage_bytes(&p, &t)
+                );
+            }
+        }
+        let gate_up = params(4096, 14336, true);
+        for row_tiles in [1, 2, 4] {
+            assert_eq!(split_k_tile(&gate_up, 128, row_tiles, 128, &h), None);
+        }
+    }
+
     /// wgmma tiles: sm_90a only; one warpgroup up to 64 rows; the column tile that loads
     /// the fewest bytes into the busiest SM; every tile fits and generates, odd shapes
     /// included.
