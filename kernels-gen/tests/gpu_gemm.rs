@@ -457,8 +457,9 @@ fn gemm_wgmma_odd_shapes() {
 
 /// Rows 0..64 of an M = 1024 launch equal those of the M = 64 launch bit for bit (other
 /// tiles, other blocks, other rows around them), for every epilogue at the 8B shapes. The
-/// wgmma GEMM's split of K is part of its sum's order: both launches take the M = 1024
-/// tile's split (`SPECC_GEMM_SPLIT_K` = 2 or 4: that split in both, where it is valid).
+/// wgmma GEMM's split of K is part of its sum's order: both launches take the chosen tiles
+/// where they split alike, else the M = 1024 tile's split (`SPECC_GEMM_SPLIT_K` = 2 or 4: that
+/// split in both; a forced split runs unclustered, where it is valid).
 fn rows_do_not_depend_on_the_batch(gemm: Gemm) {
     let Some(gpu) = gpu_for(gemm) else { return };
     let forced_split: Option<u32> = std::env::var("SPECC_GEMM_SPLIT_K")
@@ -473,20 +474,27 @@ fn rows_do_not_depend_on_the_batch(gemm: Gemm) {
             dt: BF,
         };
         let d = data(case(1024));
-        let split = match gemm {
-            Gemm::Wgmma => {
-                let s = setup(case(1024));
-                let big = wgmma_tile(&s.p, 1024, gpu.target()).unwrap();
-                let split_k = forced_split.unwrap_or(big.split_k);
-                let valid = |m| {
-                    let s = setup(case(m));
-                    let t = WgmmaTiling {
-                        split_k,
-                        ..unsplit(wgmma_tile(&s.p, m, gpu.target()).unwrap())
-                    };
-                    wgmma::validate(&s.p, &t).is_ok()
-                };
-                if !(valid(64) && valid(1024)) {
+        // The tile at `m` rows with K split `split_k` ways (unclustered, one block a tile).
+        let split_tile = |m: u32, split_k: u32| {
+            let s = setup(case(m));
+            let t = WgmmaTiling {
+                split_k,
+                ..unsplit(wgmma_tile(&s.p, m, gpu.target()).unwrap())
+            };
+            wgmma::validate(&s.p, &t).is_ok().then_some(t)
+        };
+        // Where the chosen tiles split K differently (a build with `SPECC_WGMMA_SPLIT_K=1`),
+        // both take the M = 1024 tile's split.
+        let chosen_split = |m: u32| {
+            wgmma_tile(&setup(case(m)).p, m, gpu.target())
+                .unwrap()
+                .split_k
+        };
+        let differing = (gemm == Gemm::Wgmma && chosen_split(64) != chosen_split(1024))
+            .then(|| chosen_split(1024));
+        let split = match (gemm, forced_split.or(differing)) {
+            (Gemm::Wgmma, Some(split_k)) => {
+                if split_tile(64, split_k).is_none() || split_tile(1024, split_k).is_none() {
                     println!(
                         "row invariance K={k} N={n} {epi:?}: split {split_k} not valid: skipped"
                     );
@@ -494,17 +502,14 @@ fn rows_do_not_depend_on_the_batch(gemm: Gemm) {
                 }
                 Some(split_k)
             }
-            Gemm::Mma => None,
+            _ => None,
         };
         let run = |m: u32| {
             let c = case(m);
             let (s, kernels, mut mem) = match split {
                 Some(split_k) => {
                     let mut s = setup(c);
-                    let t = WgmmaTiling {
-                        split_k,
-                        ..unsplit(wgmma_tile(&s.p, m, gpu.target()).unwrap())
-                    };
+                    let t = split_tile(m, split_k).expect("checked above");
                     let kernels = wgmma_kernels(&s, c, &t);
                     let mem = memory(&mut s, c, &d);
                     (s, kernels, mem)
