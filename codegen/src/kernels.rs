@@ -29,6 +29,7 @@ use specc_ir::{
 use specc_kernels_gen::abi::{Bucket, Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
 use specc_kernels_gen::attention::{self, AttentionParams, AttnMask};
+use specc_kernels_gen::attention_mma::FusedCombine;
 use specc_kernels_gen::chain::{chain, chainable};
 use specc_kernels_gen::elementwise::{embedding, EmbeddingParams};
 use specc_kernels_gen::gemv::{gemv_tiled, GemvParams, GemvWeights, RmsNormPrologue};
@@ -651,19 +652,28 @@ fn attention_kernels(
     p.splits = choice.splits;
     let m = cx.bucket.b * t;
     p.scratch = cx.scratch(p.scratch_bytes(m));
-    let k = match choice.kernel {
-        AttentionKernel::CudaCores(_) => attention::attention(&p)?,
-        AttentionKernel::TensorCores(tl) => attention::attention_tiles_tiled(&p, tl)?,
-    };
     let b = Bucket {
         b: cx.bucket.b,
         t,
         ctx: cx.bucket.ctx,
     };
-    Ok((
-        vec![(k.split, b), (k.combine, b)],
-        KernelChoice::Attention(choice),
-    ))
+    let launches = match choice.kernel {
+        AttentionKernel::TensorCores(tl) if choice.fused_combine => {
+            let fc = FusedCombine {
+                counters: cx.counters,
+                tiles: SPLIT_COUNTERS,
+            };
+            vec![(attention::attention_tiles_fused(&p, tl, fc)?, b)]
+        }
+        kernel => {
+            let k = match kernel {
+                AttentionKernel::CudaCores(_) => attention::attention(&p)?,
+                AttentionKernel::TensorCores(tl) => attention::attention_tiles_tiled(&p, tl)?,
+            };
+            vec![(k.split, b), (k.combine, b)]
+        }
+    };
+    Ok((launches, KernelChoice::Attention(choice)))
 }
 
 fn inv_freq(op: &Op, rotary: u32) -> (Vec<f32>, f32, RopeStyle) {

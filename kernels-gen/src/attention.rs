@@ -210,6 +210,16 @@ pub fn attention_tiles_tiled(
     })
 }
 
+/// The tensor-core split kernel with the combine folded in ([`crate::attention_mma::FusedCombine`]):
+/// one launch, the bits of [`attention_tiles_tiled`]'s two.
+pub fn attention_tiles_fused(
+    p: &AttentionParams,
+    t: crate::attention_mma::TileTiling,
+    fc: crate::attention_mma::FusedCombine,
+) -> Result<KernelSource, Error> {
+    crate::attention_mma::split_kernel_fused(p, t, fc)
+}
+
 pub(crate) fn scratch_ptrs(w: &mut Writer, p: &AttentionParams, mutable: bool) {
     let cv = if mutable { "" } else { "const " };
     emit!(w, "{cv}float* ml = {};", p.scratch.ptr(Dtype::F32, mutable));

@@ -31,7 +31,7 @@
 //! tree `slot < prefix_len`, or bit `slot − prefix_len` of the row's ancestor words (a tile
 //! wholly inside the prefix and the split skips the per-slot test: every row attends it).
 
-use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Unit};
+use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc, Unit};
 use crate::attention::{emit_block_operands, AttentionParams, AttnMask, PARTIAL_ROW};
 use crate::writer::{emit, f32_lit, Writer};
 use crate::Error;
@@ -125,10 +125,57 @@ fn validate(p: &AttentionParams) -> Result<(), Error> {
     Ok(())
 }
 
+/// The counters of [`FusedCombine`]: `tiles` `i32`s, zero before every launch and left
+/// zero by it (the last split of each row range resets its own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusedCombine {
+    pub counters: Loc,
+    pub tiles: u32,
+}
+
+/// Counters the fused combine of tiling `t` needs for `b` sequences: one per sequence, KV
+/// head and row block of `max_t` tokens.
+pub fn fused_combine_tiles(p: &AttentionParams, t: TileTiling, b: u32) -> u64 {
+    let row_blocks = (p.max_t.max(1) * group(p)).div_ceil(t.rows());
+    b.max(1) as u64 * p.kv_heads as u64 * row_blocks as u64
+}
+
+/// Whether the fused combine's split weights and reciprocal sums (`f32[RB][S + 1]`) fit the
+/// dynamic shared memory the tiles leave free once the last tile is done.
+pub fn fused_combine_fits(p: &AttentionParams, t: TileTiling) -> bool {
+    t.rows() as u64 * (p.splits as u64 + 1) * 4 <= smem_dynamic(p, t)
+}
+
 /// The split kernel with an explicit tiling (benchmarks compare them).
 pub(crate) fn split_kernel_tiled(
     p: &AttentionParams,
     t: TileTiling,
+) -> Result<KernelSource, Error> {
+    split_kernel_with(p, t, None)
+}
+
+/// The split kernel whose last block of each (sequence, KV head, row block) to finish
+/// folds every split of its rows: one launch where [`split_kernel_tiled`] needs
+/// `attn_combine` after it, the same bits.
+pub(crate) fn split_kernel_fused(
+    p: &AttentionParams,
+    t: TileTiling,
+    fc: FusedCombine,
+) -> Result<KernelSource, Error> {
+    if !fused_combine_fits(p, t) {
+        return Err(Error::param(
+            FAMILY,
+            "splits",
+            "the fused combine's split weights exceed the block's shared memory",
+        ));
+    }
+    split_kernel_with(p, t, Some(fc))
+}
+
+fn split_kernel_with(
+    p: &AttentionParams,
+    t: TileTiling,
+    fuse: Option<FusedCombine>,
 ) -> Result<KernelSource, Error> {
     validate(p)?;
     let ok_ts = t.tile_slots.is_multiple_of(16) && (16..=64).contains(&t.tile_slots);
@@ -249,6 +296,9 @@ pub(crate) fn split_kernel_tiled(
     );
     w.line("cp_async_wait<0>();  // an empty split still committed the q tile");
     emit_partials(w);
+    if let Some(fc) = fuse {
+        emit_fused_combine(w, p, fc);
+    }
 
     let launch = LaunchSpec {
         grid: [
@@ -479,5 +529,71 @@ fn emit_partials(w: &mut Writer) {
                 });
             });
         });
+    });
+}
+
+/// The combine of `attn_combine` in the last block of each (sequence, KV head, row block)
+/// to finish: its rows' partials of every split, read back from L2 in split order with the
+/// same operations, so the output has `attn_combine`'s bits whichever block is last.
+/// Invariant: every block reaches this point (no early return above), counts once, and the
+/// last one alone resets the counter, so the counters are zero again after the launch.
+fn emit_fused_combine(w: &mut Writer, p: &AttentionParams, fc: FusedCombine) {
+    let ot = p.out.dtype.c_type();
+    w.comment("fused combine: the last split of this row range to finish folds every split");
+    w.line("__shared__ int split_last;");
+    emit!(w, "int* cnt = {};", fc.counters.ptr_as("int", true));
+    w.line("const long long tile = ((long long)b * gridDim.x + blockIdx.x) * HKV + kvh;");
+    emit!(
+        w,
+        "if (tile >= {}) __trap();  // more row ranges than the counters hold",
+        fc.tiles
+    );
+    w.line("__threadfence();");
+    w.line("__syncthreads();");
+    w.if_block("tid == 0", |w| {
+        w.line("const int arrived = atomicAdd(cnt + tile, 1);");
+        w.line("split_last = arrived == S - 1;");
+        w.comment("every split has counted: back to zero for the next launch");
+        w.line("if (split_last) cnt[tile] = 0;");
+    });
+    w.line("__syncthreads();");
+    w.line("if (!split_last) return;");
+    w.line("__threadfence();");
+    w.comment("the stages are free: f32 split weights [RB][S], then 1/l per row");
+    w.line("float* wsp = reinterpret_cast<float*>(smem);");
+    w.line("float* winv = wsp + RB * S;");
+    w.for_block("int r = tid", "r < nrows", "r += NT", |w| {
+        w.line("const int gr = r0 + r;");
+        w.line(
+            "const long long base = ((long long)(b * c.t + gr / G) * HQ + kvh * G + gr % G) * S;",
+        );
+        w.line("float mx = neg_inf();");
+        w.line("for (int i = 0; i < S; ++i) mx = fmaxf(mx, __ldcg(ml + (base + i) * 2));");
+        w.line("float l = 0.0f;");
+        w.for_block("int i = 0", "i < S", "++i", |w| {
+            w.line("const float mi = __ldcg(ml + (base + i) * 2);");
+            w.line("const float wi = mi == neg_inf() ? 0.0f : exp2f(mi - mx);");
+            w.line("wsp[r * S + i] = wi;");
+            w.line("l = fmaf(wi, __ldcg(ml + (base + i) * 2 + 1), l);");
+        });
+        w.line("winv[r] = l > 0.0f ? 1.0f / l : 0.0f;");
+    });
+    w.line("__syncthreads();");
+    emit!(w, "{ot}* y = {};", p.out.loc.ptr(p.out.dtype, true));
+    w.for_block("int e = tid", "e < nrows * DV", "e += NT", |w| {
+        w.line("const int r = e / DV, d = e % DV, gr = r0 + r;");
+        w.line("const long long m = (long long)b * c.t + gr / G;");
+        w.line("const int hq = kvh * G + gr % G;");
+        w.line("const long long base = (m * HQ + hq) * S;");
+        w.line("float acc = 0.0f;");
+        w.for_block("int i = 0", "i < S", "++i", |w| {
+            w.line("const float wi = wsp[r * S + i];");
+            w.line("if (wi != 0.0f) acc = fmaf(wi, __ldcg(po + (base + i) * DV + d), acc);");
+        });
+        emit!(
+            w,
+            "y[m * {} + hq * DV + d] = from_f32<{ot}>(acc * winv[r]);",
+            p.out.row_stride
+        );
     });
 }

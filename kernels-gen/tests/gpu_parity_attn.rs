@@ -9,12 +9,16 @@ mod gpu;
 
 use common::Plan;
 use gpu::{assert_close, bf16_tol, tensor, Gpu, Mem, Reference, Rng};
-use specc_codegen::choose::attention_tiles;
+use specc_codegen::choose::attention as choose_attention;
 use specc_ir::op::{AttnMask as IrMask, RopeScaling, RopeStyle as IrStyle};
 use specc_ir::Op;
 use specc_kernels_gen::abi::{Bucket, Dtype, Loc};
-use specc_kernels_gen::attention::{attention, attention_tiles_tiled, AttentionParams, AttnMask};
-use specc_kernels_gen::attention_mma::TileTiling;
+use specc_kernels_gen::attention::{
+    attention, attention_tiles_fused, attention_tiles_tiled, AttentionParams, AttnMask,
+};
+use specc_kernels_gen::attention_mma::{
+    fused_combine_fits, fused_combine_tiles, FusedCombine, TileTiling,
+};
 use specc_kernels_gen::qkv_rope::QkvRope;
 use specc_kernels_gen::rope::{rope_kv, QkNorm, RopeKvParams, RopeStyle, RopeTable};
 
@@ -242,11 +246,23 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
     };
     let scratch = plan.alloc(params.scratch_bytes(m as u32));
     let params = AttentionParams { scratch, ..params };
-    let ks = match (tiles, tiling) {
-        (_, Some(tl)) => attention_tiles_tiled(&params, tl).unwrap(),
-        (true, None) => attention_tiles(&params, gpu.target()).unwrap(),
-        (false, None) => attention(&params).unwrap(),
+    let tl = match (tiles, tiling) {
+        (_, Some(tl)) => Some(tl),
+        (true, None) => Some(choose_attention::tiling(&params, gpu.target()).unwrap_or(
+            TileTiling {
+                warps: 1,
+                tile_slots: 16,
+                split_p: true,
+            },
+        )),
+        (false, None) => None,
     };
+    let ks = match tl {
+        Some(tl) => attention_tiles_tiled(&params, tl).unwrap(),
+        None => attention(&params).unwrap(),
+    };
+    let fused_tiles = tl.map(|tl| fused_combine_tiles(&params, tl, b as u32) as u32);
+    let counters = plan.alloc(u64::from(fused_tiles.unwrap_or(0)) * 4);
     // Sequence b's prefix is 300 + 137·b slots (clamped to the cache), its last lane padding.
     let prefixes: Vec<usize> = (0..b).map(|s| (300 + 137 * s).min(ctx - t)).collect();
     let mut pv = Vec::new();
@@ -321,13 +337,47 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
     };
     let want = r.run(&[("o", o)]);
     let (rtol, atol) = bf16_tol(&want["o"]);
+    let two_launches = mem.get(out.loc, BF, m * hq * dv);
     assert_close(
         &format!("attention {c:?}"),
-        &mem.get(out.loc, BF, m * hq * dv),
+        &two_launches,
         &want["o"],
         rtol,
         atol,
     );
+    // The combine folded into the tiles: the same bits, twice (its counters are zero again
+    // after each launch, whichever split finished last).
+    let (Some(tl), Some(tiles)) = (tl, fused_tiles) else {
+        return;
+    };
+    if !fused_combine_fits(&params, tl) {
+        return;
+    }
+    let fc = FusedCombine { counters, tiles };
+    let fused = attention_tiles_fused(&params, tl, fc).unwrap();
+    mem.put(counters, Dtype::I32, &vec![0.0; tiles as usize]);
+    for round in 0..2 {
+        mem.put(out.loc, BF, &vec![f64::NAN; m * hq * dv]);
+        mem.put(scratch, Dtype::F32, &vec![f64::NAN; scratch_floats]);
+        let bucket = Bucket {
+            b: b as u32,
+            t: t as u32,
+            ctx: ctx as u32,
+        };
+        gpu.run(&mut mem, &[&fused], bucket);
+        let got = mem.get(out.loc, BF, m * hq * dv);
+        let same = got
+            .iter()
+            .zip(&two_launches)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "fused combine, round {round}: bits differ, {c:?}");
+        let left = mem.get(counters, Dtype::I32, tiles as usize);
+        assert!(
+            left.iter().all(|&v| v == 0.0),
+            "counters left non-zero: {c:?}"
+        );
+    }
+    println!("PASS fused combine {c:?}");
 }
 
 #[test]

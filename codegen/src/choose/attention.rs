@@ -4,7 +4,11 @@
 use specc_ir::engine::choice::{AttentionChoice, AttentionKernel, TileTiling};
 use specc_ir::engine::Target;
 use specc_kernels_gen::attention::{AttentionParams, THREADS as SPLIT_THREADS};
-use specc_kernels_gen::attention_mma::{block_smem_bytes, shapes_supported};
+use specc_kernels_gen::attention_mma::{
+    block_smem_bytes, fused_combine_fits, fused_combine_tiles, shapes_supported,
+};
+
+use super::matmul::SPLIT_COUNTERS;
 
 /// Static + dynamic shared memory per block the tiles aim at: [`RESIDENT_PER_SM`] blocks of
 /// the 4- and 8-warp tilings share the 228 KiB of an sm_90a / sm_100a SM. A target with less
@@ -36,7 +40,38 @@ pub fn choose(
         AttentionKernel::TensorCores(tl) => tile_splits(p, tl, b, t, ctx, target),
         AttentionKernel::CudaCores(_) => simt_splits(ctx, b, p.kv_heads, simt_wave(p, target)),
     };
-    Some(AttentionChoice { kernel, splits })
+    let fused_combine = match kernel {
+        AttentionKernel::TensorCores(tl) => fused_combine(p, tl, splits, b),
+        AttentionKernel::CudaCores(_) => false,
+    };
+    Some(AttentionChoice {
+        kernel,
+        splits,
+        fused_combine,
+    })
+}
+
+/// Whether the tiles `tl` fold the combine into their last split
+/// (`AttentionChoice::fused_combine`): where builds ask for it ([`fused_combine_enabled`])
+/// and [`fused_combine_possible`].
+fn fused_combine(p: &AttentionParams, tl: TileTiling, splits: u32, b: u32) -> bool {
+    fused_combine_enabled() && fused_combine_possible(p, tl, splits, b)
+}
+
+/// Whether the counters of `b` sequences' row ranges fit the arena's [`SPLIT_COUNTERS`] and
+/// the split weights of `splits` fit the block's shared memory.
+pub fn fused_combine_possible(p: &AttentionParams, tl: TileTiling, splits: u32, b: u32) -> bool {
+    let p = AttentionParams {
+        splits,
+        ..p.clone()
+    };
+    fused_combine_tiles(&p, tl, b) <= SPLIT_COUNTERS as u64 && fused_combine_fits(&p, tl)
+}
+
+/// `SPECC_ATTN_FUSED_COMBINE=1` in the build's environment folds the combine into the
+/// tiles (the A/B of one launch fewer per attention against `attn_combine`).
+pub fn fused_combine_enabled() -> bool {
+    std::env::var("SPECC_ATTN_FUSED_COMBINE").is_ok_and(|v| v == "1")
 }
 
 /// The kernel of [`choose`], without the splits.
@@ -142,4 +177,56 @@ pub fn tile_splits(
     let per_split = b.max(1) * p.kv_heads * rows.div_ceil(tl.rows());
     let fill = (target.sms * RESIDENT_PER_SM / per_split.max(1)).max(1);
     fill.min(ctx.div_ceil(64)).clamp(1, 64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specc_ir::engine::Arch;
+    use specc_kernels_gen::abi::{Dtype, Loc, View};
+    use specc_kernels_gen::attention::AttnMask;
+
+    fn llama_8b(max_t: u32) -> AttentionParams {
+        AttentionParams {
+            q_heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+            head_dim_v: 128,
+            q: View::new(Loc::arena(0), Dtype::BF16, 32 * 128),
+            k_cache: Loc::table(0),
+            v_cache: Loc::table(1),
+            cache_dtype: Dtype::BF16,
+            pos: Loc::arena(1 << 20),
+            pos_dtype: Dtype::I32,
+            mask: AttnMask::Causal,
+            out: View::new(Loc::arena(2 << 20), Dtype::BF16, 32 * 128),
+            scale: 0.088,
+            max_t,
+            splits: 1,
+            scratch: Loc::arena(3 << 20),
+        }
+    }
+
+    /// The fused combine's counters (one per sequence, KV head and row block) cover the 8B
+    /// shape's decode and verify(8) up to 64 sequences, and no more; its split weights fit
+    /// every split count the choice makes at contexts 1024 and 8192.
+    #[test]
+    fn fused_combine_covers_the_buckets_its_counters_hold() {
+        let h = Target::for_archs(&[Arch::Sm90a]);
+        for t in [1, 8] {
+            let p = llama_8b(t);
+            let tl = tiling(&p, &h).unwrap();
+            for ctx in [1024, 8192] {
+                for b in [1, 8, 32, 64] {
+                    let c = choose(&p, b, t, ctx, &h).unwrap();
+                    assert!(
+                        fused_combine_possible(&p, tl, c.splits, b),
+                        "t={t} b={b} ctx={ctx} splits={}",
+                        c.splits
+                    );
+                }
+            }
+            assert!(!fused_combine_possible(&p, tl, 4, 65), "t={t}");
+        }
+    }
 }

@@ -110,8 +110,11 @@ pub fn supports(p: &GemvParams) -> bool {
 /// projections with a residual epilogue and for the normed gate/up pair, the CUDA-core
 /// kernel for a normed single projection (q|k|v) and for the lm-head with its argmax
 /// partials (measured fastest at the 8B shapes, bench/NOTES.md).
+/// `SPECC_GEMV_ONE_ROW=cuda` in the build's environment puts every one-row matmul on CUDA
+/// cores (the A/B of this rule on GPUs other than the H100 it was measured on).
 pub fn one_row_prefers_mma(p: &GemvParams) -> bool {
-    p.argmax_partials.is_none() && (p.gate_up() || p.norm.is_none())
+    let all_cuda = std::env::var("SPECC_GEMV_ONE_ROW").is_ok_and(|v| v == "cuda");
+    !all_cuda && p.argmax_partials.is_none() && (p.gate_up() || p.norm.is_none())
 }
 
 /// The largest row tile whose q/k/v projection carries RoPE + KV write in its epilogue: the
@@ -364,7 +367,8 @@ mod tests {
         assert!(mma(&params(2, 256, 512, true, Dtype::F16)));
         // One row: tensor cores for a plain (or residual) projection, CUDA cores for a normed
         // single projection and for argmax partials (measured; see `one_row_prefers_mma`).
-        assert!(mma(&params(1, 256, 512, false, Dtype::BF16)));
+        let all_cuda = std::env::var("SPECC_GEMV_ONE_ROW").is_ok_and(|v| v == "cuda");
+        assert_eq!(mma(&params(1, 256, 512, false, Dtype::BF16)), !all_cuda);
         let mut normed = params(1, 256, 512, false, Dtype::BF16);
         normed.norm = Some(specc_kernels_gen::gemv::RmsNormPrologue {
             weight: Loc::table(2),

@@ -266,12 +266,17 @@ impl MmaTiling {
     }
 }
 
-/// An attention group: a split kernel over context splits, then the combine kernel.
+/// An attention group: a split kernel over context splits, then the combine kernel (or
+/// the combine folded into the split kernel's last block of each row range).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttentionChoice {
     pub kernel: AttentionKernel,
     /// Context splits (blocks per (sequence, KV head) along the context).
     pub splits: u32,
+    /// The last split to finish of each (sequence, KV head, row block) folds the partials
+    /// itself (one launch instead of two; `attn_tile` only).
+    #[serde(default)]
+    pub fused_combine: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -549,11 +554,16 @@ impl fmt::Display for KernelChoice {
                 ),
                 AttentionKernel::TensorCores(t) => write!(
                     f,
-                    "attn_tile w{} s{}{} splits {} + attn_combine",
+                    "attn_tile w{} s{}{} splits {}{}",
                     t.warps,
                     t.tile_slots,
                     if t.split_p { " split-p" } else { "" },
-                    a.splits
+                    a.splits,
+                    if a.fused_combine {
+                        ", combine fused"
+                    } else {
+                        " + attn_combine"
+                    }
                 ),
             },
             KernelChoice::Moe(m) => write!(
@@ -612,13 +622,16 @@ impl KernelChoice {
                 }
                 v
             }
-            KernelChoice::Attention(a) => vec![
-                match a.kernel {
+            KernelChoice::Attention(a) => {
+                let mut v = vec![match a.kernel {
                     AttentionKernel::CudaCores(_) => "attn_split",
                     AttentionKernel::TensorCores(_) => "attn_tile",
-                },
-                "attn_combine",
-            ],
+                }];
+                if !a.fused_combine {
+                    v.push("attn_combine");
+                }
+                v
+            }
             KernelChoice::Moe(_) => vec!["moe_dispatch", "moe_gate_up", "moe_down", "moe_combine"],
             KernelChoice::Mla(m) => {
                 let mut v = vec![if m.wgmma { "mla_wgmma" } else { "mla_tile" }];

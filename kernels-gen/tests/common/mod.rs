@@ -7,7 +7,8 @@
 use specc_codegen::choose::{self, attention_tiles};
 use specc_kernels_gen::abi::{Dtype, KernelSource, Loc, Rows, View};
 use specc_kernels_gen::argmax::{argmax, ArgmaxInput, ArgmaxParams};
-use specc_kernels_gen::attention::{attention, AttentionParams, AttnMask};
+use specc_kernels_gen::attention::{attention, attention_tiles_fused, AttentionParams, AttnMask};
+use specc_kernels_gen::attention_mma::FusedCombine;
 use specc_kernels_gen::elementwise::{binary, embedding, BinaryFn, BinaryParams, EmbeddingParams};
 use specc_kernels_gen::gemv::{gemv, GemvParams, GemvWeights, RmsNormPrologue};
 use specc_kernels_gen::gemv_mma::{gemv_mma_alloc, Feed, MmaTiling};
@@ -417,6 +418,24 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
     add("attn_tile tree (T<=12)", tiles(tree_mask(1), 12));
     add("attn_tile tree (T<=64)", tiles(tree_mask(1), 64));
     add("attn_tile tree (T<=256, 4 words)", tiles(tree_mask(4), 256));
+    // The tensor-core kernel with the combine folded in, decode (one warp a block) and a
+    // causal verify block.
+    for max_t in [1, 16] {
+        let p = AttentionParams {
+            scratch,
+            max_t,
+            ..att.clone()
+        };
+        let tl = choose::attention::tiling(&p, &target()).unwrap();
+        let fc = FusedCombine {
+            counters: plan.alloc(4 * 512),
+            tiles: 512,
+        };
+        add(
+            &format!("attn_tile causal (T<={max_t}), combine fused"),
+            attention_tiles_fused(&p, tl, fc).unwrap(),
+        );
+    }
     add(
         "rmsnorm",
         rmsnorm(&RmsNormParams {
