@@ -534,11 +534,19 @@ fn emit_partials(w: &mut Writer) {
 
 /// The combine of `attn_combine` in the last block of each (sequence, KV head, row block)
 /// to finish: its rows' partials of every split, read back from L2 in split order with the
-/// same operations, so the output has `attn_combine`'s bits whichever block is last.
+/// same operations, so the output has `attn_combine`'s bits whichever block is last (a
+/// zero weight skips its split by a select rather than a branch, so every load of a row's
+/// splits can be in flight at once).
 /// Invariant: every block reaches this point (no early return above), counts once, and the
 /// last one alone resets the counter, so the counters are zero again after the launch.
 fn emit_fused_combine(w: &mut Writer, p: &AttentionParams, fc: FusedCombine) {
     let ot = p.out.dtype.c_type();
+    // Partial rows start 16-byte aligned where the (m, l) pairs of a token fill 16 bytes.
+    let vw = if (p.q_heads * p.splits).is_multiple_of(2) {
+        4
+    } else {
+        2
+    };
     w.comment("fused combine: the last split of this row range to finish folds every split");
     w.line("__shared__ int split_last;");
     emit!(w, "int* cnt = {};", fc.counters.ptr_as("int", true));
@@ -564,35 +572,48 @@ fn emit_fused_combine(w: &mut Writer, p: &AttentionParams, fc: FusedCombine) {
     w.line("float* winv = wsp + RB * S;");
     w.for_block("int r = tid", "r < nrows", "r += NT", |w| {
         w.line("const int gr = r0 + r;");
-        w.line(
-            "const long long base = ((long long)(b * c.t + gr / G) * HQ + kvh * G + gr % G) * S;",
-        );
+        w.line("const float2* mlr = reinterpret_cast<const float2*>(ml) + ((long long)(b * c.t + gr / G) * HQ + kvh * G + gr % G) * S;");
         w.line("float mx = neg_inf();");
-        w.line("for (int i = 0; i < S; ++i) mx = fmaxf(mx, __ldcg(ml + (base + i) * 2));");
+        w.line("#pragma unroll 8");
+        w.line("for (int i = 0; i < S; ++i) mx = fmaxf(mx, __ldcg(mlr + i).x);");
         w.line("float l = 0.0f;");
+        w.line("#pragma unroll 8");
         w.for_block("int i = 0", "i < S", "++i", |w| {
-            w.line("const float mi = __ldcg(ml + (base + i) * 2);");
-            w.line("const float wi = mi == neg_inf() ? 0.0f : exp2f(mi - mx);");
+            w.line("const float2 mli = __ldcg(mlr + i);");
+            w.line("const float wi = mli.x == neg_inf() ? 0.0f : exp2f(mli.x - mx);");
             w.line("wsp[r * S + i] = wi;");
-            w.line("l = fmaf(wi, __ldcg(ml + (base + i) * 2 + 1), l);");
+            w.line("l = fmaf(wi, mli.y, l);");
         });
         w.line("winv[r] = l > 0.0f ? 1.0f / l : 0.0f;");
     });
     w.line("__syncthreads();");
     emit!(w, "{ot}* y = {};", p.out.loc.ptr(p.out.dtype, true));
-    w.for_block("int e = tid", "e < nrows * DV", "e += NT", |w| {
-        w.line("const int r = e / DV, d = e % DV, gr = r0 + r;");
+    emit!(
+        w,
+        "constexpr int VW = {vw};  // outputs a thread folds at once"
+    );
+    let vt = if vw == 4 { "float4" } else { "float2" };
+    w.for_block("int e = tid", "e < nrows * (DV / VW)", "e += NT", |w| {
+        w.line("const int r = e / (DV / VW), d = (e % (DV / VW)) * VW, gr = r0 + r;");
         w.line("const long long m = (long long)b * c.t + gr / G;");
         w.line("const int hq = kvh * G + gr % G;");
-        w.line("const long long base = (m * HQ + hq) * S;");
-        w.line("float acc = 0.0f;");
+        w.line("const float* pr = po + (m * HQ + hq) * S * DV + d;");
+        w.line("float acc[VW] = {};");
+        w.line("#pragma unroll 16");
         w.for_block("int i = 0", "i < S", "++i", |w| {
             w.line("const float wi = wsp[r * S + i];");
-            w.line("if (wi != 0.0f) acc = fmaf(wi, __ldcg(po + (base + i) * DV + d), acc);");
+            emit!(
+                w,
+                "const {vt} v = __ldcg(reinterpret_cast<const {vt}*>(pr + (long long)i * DV));"
+            );
+            w.line("const float vv[VW] = {v.x, v.y" .to_string() + if vw == 4 { ", v.z, v.w};" } else { "};" });
+            w.line("#pragma unroll");
+            w.line("for (int j = 0; j < VW; ++j) acc[j] = wi != 0.0f ? fmaf(wi, vv[j], acc[j]) : acc[j];");
         });
+        w.line("#pragma unroll");
         emit!(
             w,
-            "y[m * {} + hq * DV + d] = from_f32<{ot}>(acc * winv[r]);",
+            "for (int j = 0; j < VW; ++j) y[m * {} + hq * DV + d + j] = from_f32<{ot}>(acc[j] * winv[r]);",
             p.out.row_stride
         );
     });

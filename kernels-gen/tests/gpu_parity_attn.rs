@@ -509,6 +509,21 @@ fn attention_tiles_match_interpreter() {
             ..llama
         },
     );
+    // Decode, G = 3 with 5 splits: an odd count of (m, l) pairs a token, so the fused
+    // combine reads the partials two floats at a time.
+    check_attention(
+        &gpu,
+        AttnCase {
+            b: 2,
+            t: 1,
+            hq: 3,
+            hkv: 1,
+            d: 64,
+            tree: false,
+            splits: 5,
+            ..llama
+        },
+    );
     // Decode, G = 1, head dim 64, one split.
     check_attention(
         &gpu,
