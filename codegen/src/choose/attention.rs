@@ -41,7 +41,7 @@ pub fn choose(
         AttentionKernel::CudaCores(_) => simt_splits(ctx, b, p.kv_heads, simt_wave(p, target)),
     };
     let fused_combine = match kernel {
-        AttentionKernel::TensorCores(tl) => fused_combine(p, tl, splits, b),
+        AttentionKernel::TensorCores(tl) => fused_combine(p, tl, splits, b, t),
         AttentionKernel::CudaCores(_) => false,
     };
     Some(AttentionChoice {
@@ -52,10 +52,23 @@ pub fn choose(
 }
 
 /// Whether the tiles `tl` fold the combine into their last split
-/// (`AttentionChoice::fused_combine`): where builds ask for it ([`fused_combine_enabled`])
-/// and [`fused_combine_possible`].
-fn fused_combine(p: &AttentionParams, tl: TileTiling, splits: u32, b: u32) -> bool {
-    fused_combine_enabled() && fused_combine_possible(p, tl, splits, b)
+/// (`AttentionChoice::fused_combine`) for `b` sequences of `t` tokens: where
+/// [`fused_combine_possible`] and [`fused_combine_wanted`].
+fn fused_combine(p: &AttentionParams, tl: TileTiling, splits: u32, b: u32, t: u32) -> bool {
+    fused_combine_wanted(t) && fused_combine_possible(p, tl, splits, b)
+}
+
+/// Whether builds fold the combine for sequences of `t` query tokens: from two tokens (one
+/// launch fewer a layer; verify(8) at B = 32 1.1 % faster), not at decode, where the last
+/// block is one warp folding every head of its group alone, slower than a combine launch of
+/// a block per head (decode B = 1 / 32 2.1 % / 2.5 % slower; H100, bench/NOTES.md session
+/// 48). `SPECC_ATTN_FUSED_COMBINE=0` / `=1` in the build's environment: never / always.
+pub fn fused_combine_wanted(t: u32) -> bool {
+    match std::env::var("SPECC_ATTN_FUSED_COMBINE").as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => t > 1,
+    }
 }
 
 /// Whether the counters of `b` sequences' row ranges fit the arena's [`SPLIT_COUNTERS`] and
@@ -66,12 +79,6 @@ pub fn fused_combine_possible(p: &AttentionParams, tl: TileTiling, splits: u32, 
         ..p.clone()
     };
     fused_combine_tiles(&p, tl, b) <= SPLIT_COUNTERS as u64 && fused_combine_fits(&p, tl)
-}
-
-/// `SPECC_ATTN_FUSED_COMBINE=1` in the build's environment folds the combine into the
-/// tiles (the A/B of one launch fewer per attention against `attn_combine`).
-pub fn fused_combine_enabled() -> bool {
-    std::env::var("SPECC_ATTN_FUSED_COMBINE").is_ok_and(|v| v == "1")
 }
 
 /// The kernel of [`choose`], without the splits.

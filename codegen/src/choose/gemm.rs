@@ -196,10 +196,12 @@ pub fn wgmma_split_mats() -> bool {
 }
 
 /// Whether builds generate the wgmma main loop with descriptors made once per block and the
-/// ring's stage and phase stepped (`WgmmaTiling::hoisted_descriptors`): only with
-/// `SPECC_WGMMA_HOIST=1` in the environment of the build (not yet timed on a device).
+/// ring's stage and phase stepped (`WgmmaTiling::hoisted_descriptors`): on unless
+/// `SPECC_WGMMA_HOIST=0` is in the environment of the build. Measured (bench/NOTES.md,
+/// session 48, H100, alternating): whole verify(8) steps 5.6 % faster at B = 32 (11.09
+/// against 11.75 ms) and 3.1 % at B = 64 (18.53 against 19.12).
 pub fn wgmma_hoisted_descriptors() -> bool {
-    std::env::var("SPECC_WGMMA_HOIST").is_ok_and(|v| v == "1")
+    !std::env::var("SPECC_WGMMA_HOIST").is_ok_and(|v| v == "0")
 }
 
 /// Whether builds make wgmma launches persistent ([`persistent_blocks`]): on unless
