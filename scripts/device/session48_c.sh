@@ -2,7 +2,7 @@
 # Session 48, call C: issue 22's 8B table again with the session's defaults (hoisted wgmma descriptors,
 # the combine folded into the attention tiles from two tokens): decode and verify(8) at B = 32,
 # 64, 8, 1, ctx 1024, each against compiled PyTorch layers under a graph in the same run.
-# Output in $OUT/summary.txt.
+# Then, on an H200, the one-row A/Bs. Output in $OUT/summary.txt.
 # Pack: scripts/gpu-pack --specc (specc as xz).
 set -uo pipefail
 source scripts/device/unpack.sh
@@ -20,4 +20,16 @@ for spec in "--batch 32 --tokens 8" "--batch 32" "--batch 64 --tokens 8" "--batc
   grep -E "^\||torch|rror" /tmp/b.txt | grep -v "^|---" | cut -c1-220 | tail -8 >> "$S"
   cp /tmp/b.txt "$OUT/8b_${spec// /_}.txt"
 done
+# On an H200 only (the H100 settled both in call A): one-row matmuls on CUDA cores, and 4 GEMV
+# units in flight, against the default at decode B = 1.
+if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+  for v in "SPECC_GEMV_ONE_ROW=cuda" "SPECC_GEMV_UNROLL=4"; do
+    for x in "SPECC_NONE=1" "$v" "SPECC_NONE=1" "$v"; do
+      (( $(left) > 20 )) || break
+      r=$(env "$x" timeout 30 .gpu2/specc bench $T --random-weights --iters 40 --context 1024 \
+        --batch 1 2>&1 | grep -E "^\| decode|rror" | head -2 | cut -c1-110 | tr '\n' ' ')
+      echo "decode B=1 $x: $r" >> "$S"
+    done
+  done
+fi
 echo "total $((SECONDS - start))s" >> "$S"
