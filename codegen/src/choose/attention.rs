@@ -158,14 +158,26 @@ pub fn tiling(p: &AttentionParams, target: &Target) -> Option<TileTiling> {
     let budget = smem_budget(target);
     let rows = p.max_t.saturating_mul(group(p).max(1));
     let warps = rows.div_ceil(16).clamp(1, 4);
+    let one_warp_slots = (warps == 1).then(one_warp_tile_slots).flatten();
     [64u32, 32, 16]
         .into_iter()
+        .filter(|&s| one_warp_slots.is_none_or(|w| s == w))
         .map(|tile_slots| TileTiling {
             warps,
             tile_slots,
             split_p: true,
         })
         .find(|&t| block_smem_bytes(p, t) <= budget)
+}
+
+/// `SPECC_ATTN_ONE_WARP_SLOTS=16|32|64` in the build's environment: the tile of one-warp
+/// blocks (decode) instead of the largest that fits (the A/B of more, smaller blocks a SM:
+/// a 64-slot block of the 8B shape holds 74 KB, three a SM).
+fn one_warp_tile_slots() -> Option<u32> {
+    std::env::var("SPECC_ATTN_ONE_WARP_SLOTS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|s| [16, 32, 64].contains(s))
 }
 
 /// Context splits of the tiles `tl` for `b` sequences of `t` rows each at context `ctx` on
