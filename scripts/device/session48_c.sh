@@ -2,7 +2,7 @@
 # Session 48, call C: issue 22's 8B table again with the session's defaults (hoisted wgmma descriptors,
 # the combine folded into the attention tiles from two tokens): decode and verify(8) at B = 32,
 # 64, 8, 1, ctx 1024, each against compiled PyTorch layers under a graph in the same run.
-# Then one-warp attention tiles of 32 slots, and on an H200 the one-row A/Bs. Output in $OUT/summary.txt.
+# Then the wgmma GEMM from 64 rows, one-warp attention tiles of 32 slots, and on an H200 the one-row A/Bs. Output in $OUT/summary.txt.
 # Pack: scripts/gpu-pack --specc (specc as xz).
 set -uo pipefail
 source scripts/device/unpack.sh
@@ -19,6 +19,13 @@ for spec in "--batch 32 --tokens 8" "--batch 32" "--batch 64 --tokens 8" "--batc
     --context 1024 $spec --compare --torch-modes graph,compile-layers > /tmp/b.txt 2>&1
   grep -E "^\||torch|rror" /tmp/b.txt | grep -v "^|---" | cut -c1-220 | tail -8 >> "$S"
   cp /tmp/b.txt "$OUT/8b_${spec// /_}.txt"
+done
+# The wgmma GEMM (now with hoisted descriptors) from 64 rows: verify(8) B = 8.
+for x in "SPECC_NONE=1" "SPECC_WGMMA_MIN_ROWS=64" "SPECC_NONE=1" "SPECC_WGMMA_MIN_ROWS=64"; do
+  (( $(left) > 20 )) || break
+  r=$(env "$x" timeout 30 .gpu2/specc bench $T --random-weights --iters 40 --context 1024 \
+    --batch 8 --tokens 8 2>&1 | grep -E "^\| verify|rror" | head -2 | cut -c1-110 | tr '\n' ' ')
+  echo "verify(8) B=8 $x: $r" >> "$S"
 done
 # One-warp attention tiles (decode) of 32 slots instead of 64 (SPECC_ATTN_ONE_WARP_SLOTS=32:
 # 39 KB a block instead of 74, five blocks a SM instead of three), decode B = 32 and 1.
