@@ -4,7 +4,7 @@
 # `--no-spec`) benched in alternation by `specc bench-serve` (the order flips every pair), so
 # a machine whose speed drifts over minutes moves both sides of a pair alike. Prints each
 # pair's output tok/s and ratio, then the median ratio.
-# Usage: bench/cpu_adaptive_paired.sh [PAIRS] [REQUESTS] [CONCURRENCY] [SPECC] [PROMPTS]
+# Usage: [SPEC_POLICY=fixed] bench/cpu_adaptive_paired.sh [PAIRS] [REQUESTS] [CONCURRENCY] [SPECC] [PROMPTS]
 set -euo pipefail
 pairs=${1:-8}
 requests=${2:-32}
@@ -24,7 +24,7 @@ rate() {
   python3 -c 'import json,sys; print("%.1f" % json.load(open(sys.argv[1]))[0]["output_tok_s"])' "$tmp/out.json"
 }
 
-serve_start "$tmp/adaptive.log" --spec-policy adaptive; servers+=("$server"); adaptive=$url
+serve_start "$tmp/adaptive.log" --spec-policy "${SPEC_POLICY:-adaptive}"; servers+=("$server"); adaptive=$url
 serve_start "$tmp/plain.log" --no-spec; servers+=("$server"); plain=$url
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores; concurrency $concurrency, $requests requests a sample"
 ratios=()
