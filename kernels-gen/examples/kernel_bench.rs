@@ -552,6 +552,7 @@ fn sweep_tree_tilings(gpu: &Gpu, t: u32, ctx: u32) {
                 warps,
                 tile_slots,
                 split_p: true,
+                slot_warps: 1,
             };
             for s in [1u32, 2, 4, 8, 16] {
                 rows.push(tree_attention_case(gpu, t, ctx, AttnVariant::Tiled(tl, s)));

@@ -186,6 +186,24 @@ fn split_kernel_with(
             "1..=16 warps, tiles of 16 to 64 slots in steps of 16",
         ));
     }
+    let sw = t.slot_groups();
+    if !t.warps.is_multiple_of(sw)
+        || !(t.tile_slots / sw).is_multiple_of(16)
+        || t.tile_slots < 16 * sw
+    {
+        return Err(Error::param(
+            FAMILY,
+            "slot_warps",
+            "must divide the warps and leave each warp a multiple of 16 slots of a tile",
+        ));
+    }
+    if sw > 1 && merge_bytes(p, t) > smem_dynamic(p, t) {
+        return Err(Error::param(
+            FAMILY,
+            "slot_warps",
+            "the warps' states to merge exceed the block's stages",
+        ));
+    }
     // Whether a block fits one device is the choice's; none of any arch holds more.
     let most = Arch::ALL.map(Arch::max_smem_per_block).into_iter().max();
     if block_smem_bytes(p, t) > most.unwrap_or(0) as u64 {
@@ -220,7 +238,16 @@ fn split_kernel_with(
         "constexpr int NW = {};  // warps; warp w owns block rows 16w..16w+15",
         t.warps
     );
-    w.line("constexpr int RB = 16 * NW;  // query rows (t, g) per block");
+    let sw = t.slot_groups();
+    if sw > 1 {
+        emit!(
+            w,
+            "constexpr int SW = {sw};  // warps a row group's slots are split over"
+        );
+        w.line("constexpr int RB = 16 * NW / SW;  // query rows (t, g) per block");
+    } else {
+        w.line("constexpr int RB = 16 * NW;  // query rows (t, g) per block");
+    }
     w.line("constexpr int NT = 32 * NW;");
     emit!(
         w,
@@ -255,7 +282,15 @@ fn split_kernel_with(
     emit_q_tile(w, p);
     emit_range(w, p);
     emit_tile_loader(w);
-    w.line("const int wr = warp * 16;  // first block row of this warp");
+    let ts = if sw > 1 {
+        w.line("constexpr int TSW = TS / SW;  // slots of each tile a warp takes");
+        w.line("const int wr = (warp / SW) * 16;  // first block row of this warp");
+        w.line("const int so = (warp % SW) * TSW;  // this warp's first slot of each tile");
+        Slots::Split
+    } else {
+        w.line("const int wr = warp * 16;  // first block row of this warp");
+        Slots::Whole
+    };
     w.line("const bool active = wr < nrows;  // warp-uniform");
     w.line("const int ra = wr + gq, rb = wr + gq + 8;  // rows of accumulators 0-1 and 2-3");
     if words == 0 {
@@ -286,16 +321,19 @@ fn split_kernel_with(
             w.if_block("active", |w| {
                 w.line(format!("const {ct}* kt = ks + st * TS * KST;"));
                 w.line(format!("const {ct}* vt = vs + st * TS * VST;"));
-                emit_scores(w, mma);
-                emit_mask(w, p);
-                emit_softmax(w, ct, t.split_p);
-                emit_pv(w, mma, t.split_p);
+                emit_scores(w, mma, ts);
+                emit_mask(w, p, ts);
+                emit_softmax(w, ct, t.split_p, ts);
+                emit_pv(w, mma, t.split_p, ts);
             });
             w.line("__syncthreads();  // stage st is refilled by the next iteration's prefetch");
         },
     );
     w.line("cp_async_wait<0>();  // an empty split still committed the q tile");
-    emit_partials(w);
+    if sw > 1 {
+        emit_slot_merge(w);
+    }
+    emit_partials(w, sw > 1);
     if let Some(fc) = fuse {
         emit_fused_combine(w, p, fc);
     }
@@ -398,36 +436,69 @@ fn emit_tile_loader(w: &mut Writer) {
 }
 
 /// `sc[j][e]`: raw scores of rows ra (e < 2) / rb (e ≥ 2) and slots s0 + 8j + 2tq + (e & 1).
-fn emit_scores(w: &mut Writer, mma: &str) {
+/// Which slots of each tile a warp computes: all `TS`, or its `TSW` from `so`.
+#[derive(Clone, Copy)]
+enum Slots {
+    Whole,
+    Split,
+}
+
+impl Slots {
+    /// The warp's slot count as a constant name.
+    fn n(self) -> &'static str {
+        match self {
+            Slots::Whole => "TS",
+            Slots::Split => "TSW",
+        }
+    }
+
+    /// The warp's first slot of a tile, as a term added to a slot index ("" for all).
+    fn at(self) -> &'static str {
+        match self {
+            Slots::Whole => "",
+            Slots::Split => "so + ",
+        }
+    }
+}
+
+/// Shared memory the slot warps' states need to merge: per warp its `o` fragments (`DV · 16`
+/// floats) and the lane's `m_a, m_b, l_a, l_b`.
+fn merge_bytes(p: &AttentionParams, t: TileTiling) -> u64 {
+    t.warps as u64 * (p.head_dim_v as u64 * 16 + 128) * 4
+}
+
+fn emit_scores(w: &mut Writer, mma: &str, ts: Slots) {
+    let (n, at) = (ts.n(), ts.at());
     w.comment(
-        "S = Q·Kᵀ: 16 rows × TS slots; ldmatrix x4 gives A of 16×16 q and B of two 8-slot tiles",
+        "S = Q·Kᵀ: 16 rows × the warp's slots; ldmatrix x4 gives A of 16×16 q and B of two 8-slot tiles",
     );
-    w.line("float sc[TS / 8][4];");
-    w.for_unrolled("j", 0, "TS / 8", |w| {
+    emit!(w, "float sc[{n} / 8][4];");
+    w.for_unrolled("j", 0, format!("{n} / 8"), |w| {
         w.for_unrolled("e", 0, 4, |w| w.line("sc[j][e] = 0.0f;"));
     });
     w.for_unrolled("kd", 0, "D / 16", |w| {
         w.line("unsigned a[4];");
         w.line("ldmatrix_x4(a, qs + (wr + (lane & 7) + 8 * ((lane >> 3) & 1)) * QST + kd * 16 + 8 * (lane >> 4));");
-        w.for_unrolled("n2", 0, "TS / 16", |w| {
+        w.for_unrolled("n2", 0, format!("{n} / 16"), |w| {
             w.line("unsigned kb[4];");
-            w.line("ldmatrix_x4(kb, kt + (n2 * 16 + (lane & 7) + 8 * (lane >> 4)) * KST + kd * 16 + 8 * ((lane >> 3) & 1));");
+            emit!(w, "ldmatrix_x4(kb, kt + ({at}n2 * 16 + (lane & 7) + 8 * (lane >> 4)) * KST + kd * 16 + 8 * ((lane >> 3) & 1));");
             emit!(w, "{mma}(sc[2 * n2], a, kb[0], kb[1]);");
             emit!(w, "{mma}(sc[2 * n2 + 1], a, kb[2], kb[3]);");
         });
     });
 }
 
-fn emit_mask(w: &mut Writer, p: &AttentionParams) {
+fn emit_mask(w: &mut Writer, p: &AttentionParams, ts: Slots) {
+    let (n, at) = (ts.n(), ts.at());
     w.comment("masks per (row, slot), then the log2-domain scale");
     if words(p) > 0 {
         w.comment("a tile wholly inside the prefix and the split is allowed for every row; rows");
         w.comment("past nrows need no mask (their q is zero-filled and their partials unwritten)");
         w.line("const bool all_prefix = s0 + TS <= min(prefix, s_end);  // block-uniform");
     }
-    w.for_unrolled("j", 0, "TS / 8", |w| {
+    w.for_unrolled("j", 0, format!("{n} / 8"), |w| {
         w.for_unrolled("e", 0, 4, |w| {
-            w.line("const int slot = s0 + 8 * j + 2 * tq + (e & 1);");
+            emit!(w, "const int slot = s0 + {at}8 * j + 2 * tq + (e & 1);");
             if words(p) > 0 {
                 w.line("const int r = e < 2 ? ra : rb;");
                 w.line("const int u = slot - prefix;");
@@ -444,10 +515,11 @@ fn emit_mask(w: &mut Writer, p: &AttentionParams) {
 }
 
 /// Online softmax per row (the 4 lanes of a quad share a row), `pa`: P as A fragments.
-fn emit_softmax(w: &mut Writer, ct: &str, split_p: bool) {
+fn emit_softmax(w: &mut Writer, ct: &str, split_p: bool, ts: Slots) {
+    let n = ts.n();
     w.comment("online softmax; a row with nothing allowed yet keeps m = -inf and p = 0");
     w.line("float mx_a = neg_inf(), mx_b = neg_inf();");
-    w.for_unrolled("j", 0, "TS / 8", |w| {
+    w.for_unrolled("j", 0, format!("{n} / 8"), |w| {
         w.line("mx_a = fmaxf(mx_a, fmaxf(sc[j][0], sc[j][1]));");
         w.line("mx_b = fmaxf(mx_b, fmaxf(sc[j][2], sc[j][3]));");
     });
@@ -466,11 +538,11 @@ fn emit_softmax(w: &mut Writer, ct: &str, split_p: bool) {
         w.line("o[n][3] *= al_b;");
     });
     w.comment("P in the mma type (hi, and lo = the rest when split); slots 16k..16k+15 of C tiles 2k, 2k+1 form A of k-step k");
-    w.line("unsigned pa[TS / 16][4];");
+    emit!(w, "unsigned pa[{n} / 16][4];");
     if split_p {
-        w.line("unsigned pl[TS / 16][4];");
+        emit!(w, "unsigned pl[{n} / 16][4];");
     }
-    w.for_unrolled("j", 0, "TS / 8", |w| {
+    w.for_unrolled("j", 0, format!("{n} / 8"), |w| {
         w.line("const float p0 = exp2f(sc[j][0] - base_a), p1 = exp2f(sc[j][1] - base_a);");
         w.line("const float p2 = exp2f(sc[j][2] - base_b), p3 = exp2f(sc[j][3] - base_b);");
         for (i, name) in ["p0", "p1", "p2", "p3"].iter().enumerate() {
@@ -494,12 +566,13 @@ fn emit_softmax(w: &mut Writer, ct: &str, split_p: bool) {
     });
 }
 
-fn emit_pv(w: &mut Writer, mma: &str, split_p: bool) {
+fn emit_pv(w: &mut Writer, mma: &str, split_p: bool, ts: Slots) {
+    let (n, at) = (ts.n(), ts.at());
     w.comment("O += P·V; ldmatrix x4.trans gives B of two 8-column tiles of V for 16 slots");
-    w.for_unrolled("k2", 0, "TS / 16", |w| {
+    w.for_unrolled("k2", 0, format!("{n} / 16"), |w| {
         w.for_unrolled("n2", 0, "DV / 16", |w| {
             w.line("unsigned vb[4];");
-            w.line("ldmatrix_x4_trans(vb, vt + (k2 * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * VST + n2 * 16 + 8 * (lane >> 4));");
+            emit!(w, "ldmatrix_x4_trans(vb, vt + ({at}k2 * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * VST + n2 * 16 + 8 * (lane >> 4));");
             emit!(w, "{mma}(o[2 * n2], pa[k2], vb[0], vb[1]);");
             emit!(w, "{mma}(o[2 * n2 + 1], pa[k2], vb[2], vb[3]);");
             if split_p {
@@ -510,10 +583,67 @@ fn emit_pv(w: &mut Writer, mma: &str, split_p: bool) {
     });
 }
 
-/// Partials of every row of the block: an empty split writes m = -inf, l = 0, o = 0.
-fn emit_partials(w: &mut Writer) {
+/// The `SW` warps of each row group merge their softmax states into the group's first warp
+/// (slot group 0), in slot-group order: the running maxima's maximum, each state rescaled to
+/// it. The stages are free (every warp is past the last tile's barrier).
+fn emit_slot_merge(w: &mut Writer) {
+    w.comment("merge the slot warps of each row group into its first, in slot-group order");
+    w.line("__syncthreads();  // every thread's q-tile copy has landed (an empty split's too)");
+    w.line("constexpr int MW = DV * 16 + 128;  // floats a warp's state takes");
+    w.line("float* mst = reinterpret_cast<float*>(smem) + warp * MW;");
+    w.for_unrolled("n", 0, "DV / 8", |w| {
+        w.for_unrolled("e", 0, 4, |w| {
+            w.line("mst[(n * 4 + e) * 32 + lane] = o[n][e];")
+        });
+    });
+    w.line("mst[DV * 16 + lane] = m_a;");
+    w.line("mst[DV * 16 + 32 + lane] = m_b;");
+    w.line("mst[DV * 16 + 64 + lane] = l_a;");
+    w.line("mst[DV * 16 + 96 + lane] = l_b;");
+    w.line("__syncthreads();");
+    w.if_block("warp % SW == 0", |w| {
+        w.line("float ma = m_a, mb = m_b;");
+        w.for_block("int g = 1", "g < SW", "++g", |w| {
+            w.line("ma = fmaxf(ma, mst[g * MW + DV * 16 + lane]);");
+            w.line("mb = fmaxf(mb, mst[g * MW + DV * 16 + 32 + lane]);");
+        });
+        w.line("const float ba = ma == neg_inf() ? 0.0f : ma, bb = mb == neg_inf() ? 0.0f : mb;");
+        w.line("const float fa = exp2f(m_a - ba), fb = exp2f(m_b - bb);");
+        w.line("l_a *= fa;");
+        w.line("l_b *= fb;");
+        w.for_unrolled("n", 0, "DV / 8", |w| {
+            w.line("o[n][0] *= fa;");
+            w.line("o[n][1] *= fa;");
+            w.line("o[n][2] *= fb;");
+            w.line("o[n][3] *= fb;");
+        });
+        w.for_block("int g = 1", "g < SW", "++g", |w| {
+            w.line("const float* gs = mst + g * MW;");
+            w.line("const float ga = exp2f(gs[DV * 16 + lane] - ba), gb = exp2f(gs[DV * 16 + 32 + lane] - bb);");
+            w.line("l_a += gs[DV * 16 + 64 + lane] * ga;");
+            w.line("l_b += gs[DV * 16 + 96 + lane] * gb;");
+            w.for_unrolled("n", 0, "DV / 8", |w| {
+                w.line("o[n][0] += gs[(n * 4) * 32 + lane] * ga;");
+                w.line("o[n][1] += gs[(n * 4 + 1) * 32 + lane] * ga;");
+                w.line("o[n][2] += gs[(n * 4 + 2) * 32 + lane] * gb;");
+                w.line("o[n][3] += gs[(n * 4 + 3) * 32 + lane] * gb;");
+            });
+        });
+        w.line("m_a = ma;");
+        w.line("m_b = mb;");
+    });
+}
+
+/// Partials of every row of the block: an empty split writes m = -inf, l = 0, o = 0. With
+/// slot warps (`merged`) only each row group's first warp writes, after [`emit_slot_merge`].
+fn emit_partials(w: &mut Writer, merged: bool) {
     w.comment("partials of this split: (m, l) per row and the unnormalised o");
-    w.if_block("active", |w| {
+    let writes = if merged {
+        "active && warp % SW == 0"
+    } else {
+        "active"
+    };
+    w.if_block(writes, |w| {
         w.line("const float lt_a = quad_sum(l_a), lt_b = quad_sum(l_b);");
         w.for_unrolled("h", 0, 2, |w| {
             w.line("const int r = h == 0 ? ra : rb;");

@@ -253,6 +253,7 @@ fn check_attention(gpu: &Gpu, c: AttnCase) {
                 warps: 1,
                 tile_slots: 16,
                 split_p: true,
+                slot_warps: 1,
             },
         )),
         (false, None) => None,
@@ -509,6 +510,26 @@ fn attention_tiles_match_interpreter() {
             ..llama
         },
     );
+    // Decode blocks whose warps split each tile's slots (merged softmax states): 4 slot warps
+    // of 16 slots, and 2 of 32 slots over 16 splits (short sequences leave splits empty).
+    for (sw, ts, splits) in [(4u32, 64u32, 3u32), (2, 64, 16), (4, 64, 16)] {
+        check_attention(
+            &gpu,
+            AttnCase {
+                b: 4,
+                t: 1,
+                tree: false,
+                splits,
+                tiling: Some(TileTiling {
+                    warps: sw,
+                    tile_slots: ts,
+                    split_p: true,
+                    slot_warps: sw,
+                }),
+                ..llama
+            },
+        );
+    }
     // Decode, G = 3 with 5 splits: an odd count of (m, l) pairs a token, so the fused
     // combine reads the partials two floats at a time.
     check_attention(
@@ -670,6 +691,7 @@ fn attention_tile_shapes_match_interpreter() {
             warps,
             tile_slots,
             split_p: true,
+            slot_warps: 1,
         });
         check_attention(
             &gpu,

@@ -159,15 +159,29 @@ pub fn tiling(p: &AttentionParams, target: &Target) -> Option<TileTiling> {
     let rows = p.max_t.saturating_mul(group(p).max(1));
     let warps = rows.div_ceil(16).clamp(1, 4);
     let one_warp_slots = (warps == 1).then(one_warp_tile_slots).flatten();
+    let slot_warps = if warps == 1 { slot_warps() } else { 1 };
     [64u32, 32, 16]
         .into_iter()
-        .filter(|&s| one_warp_slots.is_none_or(|w| s == w))
+        .filter(|&s| one_warp_slots.is_none_or(|w| s == w) && s >= 16 * slot_warps)
         .map(|tile_slots| TileTiling {
-            warps,
+            warps: warps * slot_warps,
             tile_slots,
             split_p: true,
+            slot_warps,
         })
         .find(|&t| block_smem_bytes(p, t) <= budget)
+}
+
+/// `SPECC_ATTN_SLOT_WARPS=4` in the build's environment: one-warp blocks (decode) become
+/// blocks of 4 warps splitting each tile's slots, their softmax states merged at the end
+/// (the A/B of a decode block's serial mma chain; `TileTiling::slot_warps`). Not yet timed
+/// on a device. (2 slot warps with the folded combine spill on sm_90a.)
+fn slot_warps() -> u32 {
+    std::env::var("SPECC_ATTN_SLOT_WARPS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|s| [1, 4].contains(s))
+        .unwrap_or(1)
 }
 
 /// `SPECC_ATTN_ONE_WARP_SLOTS=16|32|64` in the build's environment: the tile of one-warp

@@ -72,6 +72,7 @@ pub fn attention_tiles(p: &AttentionParams, target: &Target) -> Result<Attention
         warps: 1,
         tile_slots: 16,
         split_p: true,
+        slot_warps: 1,
     };
     attn::attention_tiles_tiled(p, attention::tiling(p, target).unwrap_or(smallest))
 }

@@ -306,11 +306,22 @@ pub struct TileTiling {
     /// it p is rounded once to the 16-bit type (FlashAttention's numerics, ≤ 2⁻⁹ relative
     /// per weight: a few bf16 ulps of the output at peaked softmaxes).
     pub split_p: bool,
+    /// Warps sharing each 16-row group, each taking `tile_slots / slot_warps` slots of every
+    /// tile with its own online softmax, merged in shared memory before the partials are
+    /// written (0 and 1: one warp a row group). For one-token decode, where a row group is
+    /// a whole block's work.
+    #[serde(default)]
+    pub slot_warps: u32,
 }
 
 impl TileTiling {
+    /// Warps a row group's slots are split over (at least 1).
+    pub fn slot_groups(&self) -> u32 {
+        self.slot_warps.max(1)
+    }
+
     pub fn rows(&self) -> u32 {
-        16 * self.warps
+        16 * self.warps / self.slot_groups()
     }
 
     pub fn threads(&self) -> u32 {

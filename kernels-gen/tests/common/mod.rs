@@ -418,6 +418,39 @@ pub fn all_kernels(s: &Shape) -> Vec<(String, KernelSource)> {
     add("attn_tile tree (T<=12)", tiles(tree_mask(1), 12));
     add("attn_tile tree (T<=64)", tiles(tree_mask(1), 64));
     add("attn_tile tree (T<=256, 4 words)", tiles(tree_mask(4), 256));
+    // Decode blocks whose warps split each tile's slots (2 and 4 slot warps), combine
+    // separate and folded.
+    for sw in [2u32, 4] {
+        let p = AttentionParams {
+            scratch,
+            max_t: 1,
+            ..att.clone()
+        };
+        let tl = specc_kernels_gen::attention_mma::TileTiling {
+            warps: sw,
+            tile_slots: 64,
+            split_p: true,
+            slot_warps: sw,
+        };
+        add(
+            &format!("attn_tile decode, {sw} slot warps"),
+            specc_kernels_gen::attention::attention_tiles_tiled(&p, tl)
+                .unwrap()
+                .split,
+        );
+        if sw == 2 {
+            // Folded into 2 slot warps the combine spills on sm_90a: the choice never asks.
+            continue;
+        }
+        let fc = FusedCombine {
+            counters: plan.alloc(4 * 512),
+            tiles: 512,
+        };
+        add(
+            &format!("attn_tile decode, {sw} slot warps, combine fused"),
+            attention_tiles_fused(&p, tl, fc).unwrap(),
+        );
+    }
     // The tensor-core kernel with the combine folded in, decode (one warp a block) and a
     // causal verify block.
     for max_t in [1, 16] {
