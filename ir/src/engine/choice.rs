@@ -565,8 +565,13 @@ impl fmt::Display for KernelChoice {
                 ),
                 AttentionKernel::TensorCores(t) => write!(
                     f,
-                    "attn_tile w{} s{}{} splits {}{}",
+                    "attn_tile w{}{} s{}{} splits {}{}",
                     t.warps,
+                    if t.slot_groups() > 1 {
+                        format!(" ({} slot warps)", t.slot_groups())
+                    } else {
+                        String::new()
+                    },
                     t.tile_slots,
                     if t.split_p { " split-p" } else { "" },
                     a.splits,
