@@ -33,6 +33,7 @@
 
 use crate::abi::{Dtype, Extent, KernelBuilder, KernelSource, LaunchSpec, Loc, Unit};
 use crate::attention::{emit_block_operands, AttentionParams, AttnMask, PARTIAL_ROW};
+use crate::last_arrival::emit_last_arrival;
 use crate::writer::{emit, f32_lit, Writer};
 use crate::Error;
 use specc_ir::engine::Arch;
@@ -238,7 +239,6 @@ fn split_kernel_with(
         "constexpr int NW = {};  // warps; warp w owns block rows 16w..16w+15",
         t.warps
     );
-    let sw = t.slot_groups();
     if sw > 1 {
         emit!(
             w,
@@ -667,8 +667,7 @@ fn emit_partials(w: &mut Writer, merged: bool) {
 /// same operations, so the output has `attn_combine`'s bits whichever block is last (a
 /// zero weight skips its split by a select rather than a branch, so every load of a row's
 /// splits can be in flight at once).
-/// Invariant: every block reaches this point (no early return above), counts once, and the
-/// last one alone resets the counter, so the counters are zero again after the launch.
+/// Every block reaches it (no early return above): [`emit_last_arrival`]'s invariant.
 fn emit_fused_combine(w: &mut Writer, p: &AttentionParams, fc: FusedCombine) {
     let ot = p.out.dtype.c_type();
     // Partial rows start 16-byte aligned where the (m, l) pairs of a token fill 16 bytes.
@@ -686,17 +685,7 @@ fn emit_fused_combine(w: &mut Writer, p: &AttentionParams, fc: FusedCombine) {
         "if (tile >= {}) __trap();  // more row ranges than the counters hold",
         fc.tiles
     );
-    w.line("__threadfence();");
-    w.line("__syncthreads();");
-    w.if_block("tid == 0", |w| {
-        w.line("const int arrived = atomicAdd(cnt + tile, 1);");
-        w.line("split_last = arrived == S - 1;");
-        w.comment("every split has counted: back to zero for the next launch");
-        w.line("if (split_last) cnt[tile] = 0;");
-    });
-    w.line("__syncthreads();");
-    w.line("if (!split_last) return;");
-    w.line("__threadfence();");
+    emit_last_arrival(w, "S");
     w.comment("the stages are free: f32 split weights [RB][S], then 1/l per row");
     w.line("float* wsp = reinterpret_cast<float*>(smem);");
     w.line("float* winv = wsp + RB * S;");

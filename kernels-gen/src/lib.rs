@@ -34,6 +34,7 @@ pub mod gemv;
 pub mod gemv_mma;
 pub mod gemv_quant;
 pub mod generic;
+mod last_arrival;
 pub mod mla_tile;
 pub mod mla_wgmma;
 pub mod module;

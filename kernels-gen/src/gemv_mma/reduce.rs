@@ -2,6 +2,7 @@
 //! blocks (partials in scratch, the last split of a tile sums them in split order).
 
 use super::{for_each_acc, SplitScratch};
+use crate::last_arrival::emit_last_arrival;
 use crate::writer::{emit, Writer};
 
 /// Split-K inside the block: warps `wk > 0` hand their sums to warp `wk = 0` of their
@@ -53,17 +54,7 @@ pub(super) fn emit_split_k_fixup(w: &mut Writer, sc: SplitScratch) {
             w.line("__stcg(mine + ((a * MT8 + mt) * 4 + d) * 32 + lane, acc[a][mt][d]);");
         });
     });
-    w.line("__threadfence();");
-    w.line("__syncthreads();");
-    w.if_block("threadIdx.x == 0", |w| {
-        w.line("const int arrived = atomicAdd(cnt + tile, 1);");
-        w.line("split_last = arrived == KS - 1;");
-        w.comment("every split has counted: back to zero for the next launch");
-        w.line("if (split_last) cnt[tile] = 0;");
-    });
-    w.line("__syncthreads();");
-    w.line("if (!split_last) return;");
-    w.line("__threadfence();");
+    emit_last_arrival(w, "KS");
     w.if_block("wk == 0", |w| {
         w.line("const float* all = part + (tile * KS * WN + wn) * FRAG;");
         for_each_acc(w, |w| {
