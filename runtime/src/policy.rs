@@ -15,7 +15,8 @@
 //!   2·π_{j−1}) / (trials_j + 2)`: the previous position's estimate worth two observations
 //!   as the prior (0.7 for position 1). Each lane counts its own the same way, weighed
 //!   down by 0.8 (about its last 5), and estimates `α_j = (a_j + 2·π_j) / (n_j + 2)` at the
-//!   session's current `π_j`; [`AdaptivePolicy::admit`] clears a lane's counts. So a lane
+//!   session's current `π_j`; [`AdaptivePolicy::admit`] clears a lane's counts, and a plain
+//!   step weighs them down as a step that tried nothing would. So a lane
 //!   just admitted follows the session, which one step of many rejecting lanes moves at
 //!   once, and a lane's own evidence soon outweighs it (`policy/acceptance.rs` gives the
 //!   reasons for the constants).
@@ -64,6 +65,8 @@ use std::fmt;
 use std::sync::OnceLock;
 
 mod acceptance;
+#[cfg(test)]
+mod replay;
 
 use acceptance::Acceptance;
 
@@ -387,6 +390,11 @@ impl AdaptivePolicy {
         }
         self.steps[v] += 1;
         self.last = Some(v);
+        if self.ks[v] == 0 {
+            for lane in (0..live.len()).filter(|&l| live[l]) {
+                self.acceptance.fade_lane(lane);
+            }
+        }
         // A probe is not the policy's choice: the next step starts from the current one.
         if !probe {
             self.current = Some(v);
@@ -657,13 +665,15 @@ mod tests {
     /// The embedded default at 16 lanes on the 2-core EPYC (bench/NOTES.md): variants k = 0,
     /// 1, 3, 5 timed at load (`calibrated`, ms), the lanes accepting what forced runs
     /// measured (22.7 / 28.2 tokens a step over 16 lanes at k = 1 / 3).
+    const SIXTEEN_LANES_ALPHAS: [f64; 5] = [0.42, 0.55, 0.47, 0.35, 0.3];
+
     fn sixteen_lanes(calibrated: [f64; 4]) -> (AdaptivePolicy, Vec<bool>) {
         let mut p = AdaptivePolicy::new(vec![0, 1, 3, 5], 16, SpecPolicy::Adaptive);
         for (v, t) in calibrated.into_iter().enumerate() {
             p.set_time(16, v, t * 1e-3);
         }
         for lane in 0..16 {
-            p.acceptance.set_lane(lane, &[0.42, 0.55, 0.47, 0.35, 0.3]);
+            p.acceptance.set_lane(lane, &SIXTEEN_LANES_ALPHAS);
         }
         (p, vec![true; 16])
     }
@@ -680,10 +690,12 @@ mod tests {
     /// The failure at c = 16: variants timed at context 0 at load, then plain steps ran
     /// while the contexts grew (5.8 → 9 ms a step). Only the running variant's time used
     /// to follow, so k = 1's context-0 time soon looked cheaper than it was and the policy
-    /// switched to it.
+    /// switched to it. (The session's evidence is the lanes': plain steps fade the lanes'
+    /// own towards it.)
     #[test]
     fn a_growing_context_does_not_make_an_idle_variant_look_cheaper() {
         let (mut p, live) = sixteen_lanes([4.56, 9.92, 22.71, 29.13]);
+        p.acceptance.set_session(&SIXTEEN_LANES_ALPHAS);
         assert_eq!(p.choose(16, &live), 0);
         for step in 0..130 {
             let ms = 5.8 + 3.2 * step as f64 / 130.0;

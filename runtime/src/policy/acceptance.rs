@@ -130,6 +130,19 @@ impl Acceptance {
         self.session[j].rate(prior, SESSION_PRIOR_WEIGHT)
     }
 
+    /// A plain step ran in lane `lane`: it tried no draft position, so the lane's own
+    /// evidence ages as if by an observation of none of them and the lane drifts back
+    /// towards the session's estimate. A few misses in a row then keep a lane in plain
+    /// decoding for a few steps, not until a probe: on the default's python prompts a miss
+    /// is followed by a match about as often as a match is (0.52 against 0.58,
+    /// `testdata/default_python_matches.txt`), so what a short run of misses says about the
+    /// next tokens is soon out of date.
+    pub(super) fn fade_lane(&mut self, lane: usize) {
+        for e in self.lane_mut(lane) {
+            e.fade(LANE_KEEP);
+        }
+    }
+
     /// Lane `lane`'s estimate `α` of 0-based position `j`.
     fn alpha(&self, lane: usize, j: usize) -> f64 {
         let own = self.lanes.get(lane).map_or(Evidence::default(), |l| l[j]);
@@ -174,6 +187,19 @@ impl Acceptance {
     pub(super) fn set_lane(&mut self, lane: usize, alphas: &[f64]) {
         const OVERWHELMING: f64 = 1e12;
         for (e, &a) in self.lane_mut(lane).iter_mut().zip(alphas) {
+            *e = Evidence {
+                hits: a * OVERWHELMING,
+                trials: OVERWHELMING,
+            };
+        }
+    }
+
+    /// Test hook: the session's estimates become `alphas` (by 0-based position), as if
+    /// every lane had seen so many steps that the priors no longer count.
+    #[cfg(test)]
+    pub(super) fn set_session(&mut self, alphas: &[f64]) {
+        const OVERWHELMING: f64 = 1e12;
+        for (e, &a) in self.session.iter_mut().zip(alphas) {
             *e = Evidence {
                 hits: a * OVERWHELMING,
                 trials: OVERWHELMING,
