@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Session 49, call C: issue 20's Kimi-K2.5 int4 figures beyond 2 layers (the issue names "the
+# layer count that fits, e.g. 12 of 61"): decode and verify(8) at B = 1, ctx 1024, with 2 and
+# with the most layers this card holds (12 on an H200, 6 on an H100), each against its
+# union-of-experts roofline, and the per-kernel table of verify(8) at both; then
+# session48_b.sh (the 8B per-kernel tables) with what is left.
+# Pack: scripts/gpu-pack --specc (specc as xz).
+set -uo pipefail
+source scripts/device/unpack.sh
+start=$SECONDS; BUDGET=${BUDGET:-560}
+left() { echo $((BUDGET - (SECONDS - start))); }
+S="$OUT/summary.txt"
+name=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$name" >> "$S"
+many=6; [[ $name == *H200* ]] && many=12
+K=bench/configs/kimi-k2-int4/config.json
+for layers in 2 $many; do
+  for spec in "" "--tokens 8"; do
+    (( $(left) > 90 )) || break
+    n="kimi_l${layers}${spec// /_}"
+    pk=""; [[ -n $spec ]] && pk="--per-kernel"
+    timeout 240 .gpu2/specc bench $K --random-weights --layers $layers --iters 30 --context 1024 \
+      $spec $pk > "$OUT/$n.txt" 2>&1
+    echo "== $n rc=$? ($(left)s left)" >> "$S"
+    grep -E "^\| (decode|verify)|experts|rror" "$OUT/$n.txt" | head -4 | cut -c1-200 >> "$S"
+    [[ -n $pk ]] && sed -n '/^| family/,/^| group/p' "$OUT/$n.txt" >> "$S"
+  done
+done
+echo "kimi $((SECONDS - start))s" >> "$S"
+BUDGET=$(left) bash scripts/device/session48_b.sh
