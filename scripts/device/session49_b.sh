@@ -6,6 +6,9 @@
 # Pack: scripts/gpu-pack --specc kernels-gen/gpu_parity_attn (specc as xz).
 set -uo pipefail
 source scripts/device/unpack.sh
+# A call brings back at most 8 files: the details go to /tmp/o and come back as one archive.
+REAL_OUT=$OUT; OUT=/tmp/o; mkdir -p $OUT; export OUT
+trap 'cp "$OUT/summary.txt" "$REAL_OUT/"; tar czf "$REAL_OUT/details.tgz" -C "$OUT" .' EXIT
 start=$SECONDS; BUDGET=${BUDGET:-560}
 left() { echo $((BUDGET - (SECONDS - start))); }
 S="$OUT/summary.txt"
