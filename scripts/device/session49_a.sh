@@ -10,21 +10,9 @@
 # 4. the wgmma GEMM from 64 rows (SPECC_WGMMA_MIN_ROWS=64) at verify(8) B = 8.
 # Pack: scripts/gpu-pack --specc kernels-gen/gpu_parity_attn (specc as xz).
 set -uo pipefail
-source scripts/device/unpack.sh
-start=$SECONDS; BUDGET=${BUDGET:-420}
-left() { echo $((BUDGET - (SECONDS - start))); }
-S="$OUT/summary.txt"
+BUDGET=${BUDGET:-420}
+source scripts/device/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader >> "$S"
-T=bench/configs/llama-3.1-8b/config.json
-ab() {  # ab "VAR=VALUE" "bench args": default, variant, default, variant
-  local x=$1 args=$2 v r
-  for v in "SPECC_NONE=1" "$x" "SPECC_NONE=1" "$x"; do
-    (( $(left) > 25 )) || return
-    r=$(env "$v" timeout 40 .gpu2/specc bench $T --random-weights --iters 40 --context 1024 \
-      $args 2>&1 | grep -E "^\| (decode|verify)|rror" | head -2 | cut -c1-110 | tr '\n' ' ')
-    echo "$args $v: $r" >> "$S"
-  done
-}
 timeout 150 .gpu2/tests/gpu_parity_attn --test-threads=1 --nocapture attention_tile > "$OUT/attn.log" 2>&1
 echo "gpu_parity_attn attention_tile* rc=$? fused passes=$(grep -c '^PASS fused' "$OUT/attn.log") ($((SECONDS - start))s)" >> "$S"
 grep -E "panicked|test result" -A2 "$OUT/attn.log" | head -6 >> "$S"

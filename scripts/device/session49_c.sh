@@ -1,34 +1,14 @@
 #!/usr/bin/env bash
 # Session 49, call C: issue 20's Kimi-K2.5 int4 figures beyond 2 layers (the issue names "the
 # layer count that fits, e.g. 12 of 61"): decode and verify(8) at B = 1, ctx 1024, with 2 and
-# with the most layers this card holds (12 on an H200, 6 on an H100), each against its
-# union-of-experts roofline, and the per-kernel table of verify(8) at both; the planted
-# P = 0.6 sweep at c = 1 (issue 22 item 5); then
-# the 8B per-kernel tables at B = 8 / 64 and verify(8) B = 1 with what is left.
+# with the most layers this card holds (12 on an H200, 6 on an H100), the per-kernel table of
+# verify(8) at both; the planted P = 0.6 sweep at c = 1 (issue 22 item 5); then the 8B
+# per-kernel tables at B = 8 / 64 and verify(8) B = 1 with what is left.
 # Pack: scripts/gpu-pack --specc (specc as xz).
 set -uo pipefail
-source scripts/device/unpack.sh
-# A call brings back at most 8 files: the details go to /tmp/o and come back as one archive.
-REAL_OUT=$OUT; OUT=/tmp/o; mkdir -p $OUT; export OUT
-trap 'cp "$OUT/summary.txt" "$REAL_OUT/"; tar czf "$REAL_OUT/details.tgz" -C "$OUT" .' EXIT
-start=$SECONDS; BUDGET=${BUDGET:-560}
-left() { echo $((BUDGET - (SECONDS - start))); }
-S="$OUT/summary.txt"
-name=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$name" >> "$S"
-many=6; [[ $name == *H200* ]] && many=12
-K=bench/configs/kimi-k2-int4/config.json
-for layers in 2 $many; do
-  for spec in "" "--tokens 8"; do
-    (( $(left) > 90 )) || break
-    n="kimi_l${layers}${spec// /_}"
-    pk=""; [[ -n $spec ]] && pk="--per-kernel"
-    timeout 240 .gpu2/specc bench $K --random-weights --layers $layers --iters 30 --context 1024 \
-      $spec $pk > "$OUT/$n.txt" 2>&1
-    echo "== $n rc=$? ($(left)s left)" >> "$S"
-    grep -E "^\| (decode|verify)|experts|rror" "$OUT/$n.txt" | head -4 | cut -c1-200 >> "$S"
-    [[ -n $pk ]] && sed -n '/^| family/,/^| group/p' "$OUT/$n.txt" >> "$S"
-  done
-done
+source scripts/device/lib.sh
+nvidia-smi --query-gpu=name --format=csv,noheader >> "$S"
+kimi_layers
 echo "kimi $((SECONDS - start))s" >> "$S"
 # Issue 22 item 5 on this card: the planted P = 0.6 at c = 1 against plain (2.05x on an H100 in
 # session 37 with 128-token requests; 1.87-1.90x on the H200 in session 34).
@@ -39,14 +19,6 @@ if (( $(left) > 200 )); then
   grep -vE "^\s*$" /tmp/sweep.txt | grep -E "sweep|tok/s|^ *1 |plain|0.6|x\)" | head -16 >> "$S"
 fi
 # Issue 22's limiter analysis: per-kernel tables of the 8B steps not yet tabled on the H200.
-T=bench/configs/llama-3.1-8b/config.json
-for spec in "--batch 8" "--batch 8 --tokens 8" "--batch 64" "--batch 64 --tokens 8" "--batch 1 --tokens 8"; do
-  (( $(left) > 60 )) || break
-  n="8b${spec// /_}"
-  timeout 90 .gpu2/specc bench $T --random-weights --iters 30 --context 1024 $spec \
-    --per-kernel > "$OUT/$n.txt" 2>&1
-  echo "== $n rc=$? ($(left)s left)" >> "$S"
-  grep -E "^\| (decode|verify)" "$OUT/$n.txt" | head -1 >> "$S"
-  sed -n '/^| family/,/^| group/p' "$OUT/$n.txt" >> "$S"
-done
+per_kernel_8b "--batch 8" "--batch 8 --tokens 8" "--batch 64" "--batch 64 --tokens 8" \
+  "--batch 1 --tokens 8"
 echo "total $((SECONDS - start))s" >> "$S"
