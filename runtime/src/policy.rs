@@ -662,11 +662,12 @@ mod tests {
         assert_eq!(p.choose(1, &[true, true]), 0);
     }
 
-    /// The embedded default at 16 lanes on the 2-core EPYC (bench/NOTES.md): variants k = 0,
-    /// 1, 3, 5 timed at load (`calibrated`, ms), the lanes accepting what forced runs
+    /// Per-position acceptance of the embedded default's lanes at 16 lanes: what forced runs
     /// measured (22.7 / 28.2 tokens a step over 16 lanes at k = 1 / 3).
     const SIXTEEN_LANES_ALPHAS: [f64; 5] = [0.42, 0.55, 0.47, 0.35, 0.3];
 
+    /// The embedded default at 16 lanes on the 2-core EPYC (bench/NOTES.md): variants k = 0,
+    /// 1, 3, 5 timed at load (`calibrated`, ms), every lane at [`SIXTEEN_LANES_ALPHAS`].
     fn sixteen_lanes(calibrated: [f64; 4]) -> (AdaptivePolicy, Vec<bool>) {
         let mut p = AdaptivePolicy::new(vec![0, 1, 3, 5], 16, SpecPolicy::Adaptive);
         for (v, t) in calibrated.into_iter().enumerate() {

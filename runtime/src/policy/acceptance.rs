@@ -354,6 +354,38 @@ mod tests {
         assert_eq!(hits, 44);
     }
 
+    /// Two misses in a row pull a lane's α₁ well under the session's; plain steps, which
+    /// observe nothing, age that evidence (×0.8 each) until the lane follows the session
+    /// again: the lane's 1.8 trials weigh 1.8 · 0.8ⁿ after n plain steps against the
+    /// session's prior weight of 2, so α₁ trails π₁ by π₁ · 1.8 · 0.8ⁿ / (2 + 1.8 · 0.8ⁿ):
+    /// 0.14 after 5, under 0.01 after 18.
+    #[test]
+    fn plain_steps_age_a_lanes_evidence_towards_the_session() {
+        let mut a = Acceptance::new(3, 2);
+        (0..40).for_each(|i| a.observe(1, 3, i % 3));
+        a.observe(0, 1, 0);
+        a.observe(0, 1, 0);
+        let session = a.session_alpha(0);
+        assert!(
+            a.alpha(0, 0) < session - 0.15,
+            "{} against {session}",
+            a.alpha(0, 0)
+        );
+        (0..5).for_each(|_| a.fade_lane(0));
+        assert!(
+            (session - a.alpha(0, 0) - 0.140).abs() < 1e-3,
+            "{}",
+            a.alpha(0, 0)
+        );
+        (5..18).for_each(|_| a.fade_lane(0));
+        assert!(session - a.alpha(0, 0) < 0.01);
+        assert_eq!(
+            a.session_alpha(0),
+            session,
+            "plain steps leave the session's evidence"
+        );
+    }
+
     /// A lane's estimate shrinks towards the session's current estimate, not one taken at
     /// admission: lanes admitted before other lanes' evidence arrives still follow it.
     #[test]
