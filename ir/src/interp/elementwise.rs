@@ -1,6 +1,6 @@
 //! Leaves and elementwise ops: fill, iota, binary, unary, silu_mul, cast, select.
 
-use super::tensor::{round_to, stored_as_f32, wrap_int, Data, Tensor};
+use super::tensor::{round_bf16, round_to, stored_as_f32, wrap_int, Data, Tensor};
 use super::util::{f32s, i64s, OpResult, Out};
 use crate::op::{BinaryOp, UnaryOp};
 use crate::DType;
@@ -44,20 +44,7 @@ pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, out: &Out) -> OpResul
                 };
                 return Ok(out.i64(bcast(x, y, m, f)));
             }
-            let f = |p: f32, q: f32| {
-                let r = match op {
-                    BinaryOp::Add => p + q,
-                    BinaryOp::Sub => p - q,
-                    BinaryOp::Mul => p * q,
-                    BinaryOp::Div => p / q,
-                    BinaryOp::Max => p.max(q),
-                    BinaryOp::Min => p.min(q),
-                    BinaryOp::Rem => p % q,
-                    BinaryOp::Eq | BinaryOp::Lt => unreachable!("handled above"),
-                };
-                round_to(out.dtype, r)
-            };
-            Ok(out.f32(bcast(x, y, m, f)))
+            Ok(out.f32(float_binary(op, x, y, m, out.dtype)))
         }
         (Data::I64(x), Data::I64(y)) => {
             let f = |p: i64, q: i64| {
@@ -83,13 +70,40 @@ pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, out: &Out) -> OpResul
     }
 }
 
+/// `round(x op y)` for a float `op` (not a comparison), `y` repeating every `m` elements of
+/// `x`: the operation and the rounding are chosen once, so each pair's loop is a plain
+/// (vectorisable) pass; the bits are those of [`round_to`] of the f32 result.
+fn float_binary(op: BinaryOp, x: &[f32], y: &[f32], m: usize, dtype: DType) -> Vec<f32> {
+    macro_rules! rounded {
+        ($f:expr) => {
+            match dtype {
+                DType::BF16 => bcast(x, y, m, |p, q| round_bf16($f(p, q))),
+                DType::F32 => bcast(x, y, m, $f),
+                _ => bcast(x, y, m, |p, q| round_to(dtype, $f(p, q))),
+            }
+        };
+    }
+    match op {
+        BinaryOp::Add => rounded!(|p: f32, q: f32| p + q),
+        BinaryOp::Sub => rounded!(|p: f32, q: f32| p - q),
+        BinaryOp::Mul => rounded!(|p: f32, q: f32| p * q),
+        BinaryOp::Div => rounded!(|p: f32, q: f32| p / q),
+        BinaryOp::Max => rounded!(|p: f32, q: f32| p.max(q)),
+        BinaryOp::Min => rounded!(|p: f32, q: f32| p.min(q)),
+        BinaryOp::Rem => rounded!(|p: f32, q: f32| p % q),
+        BinaryOp::Eq | BinaryOp::Lt => unreachable!("comparisons are not float results"),
+    }
+}
+
 fn bcast<T: Copy, R>(x: &[T], y: &[T], m: usize, f: impl Fn(T, T) -> R) -> Vec<R> {
     if m == 0 {
         return Vec::new();
     }
-    x.chunks(m)
-        .flat_map(|c| c.iter().zip(y).map(|(&p, &q)| f(p, q)))
-        .collect()
+    let mut v = Vec::with_capacity(x.len());
+    for c in x.chunks(m) {
+        v.extend(c.iter().zip(y).map(|(&p, &q)| f(p, q)));
+    }
+    v
 }
 
 pub(crate) fn silu(x: f32) -> f32 {
@@ -147,9 +161,9 @@ pub(crate) fn silu_mul(gate: &Tensor, up: &Tensor, out: &Out) -> OpResult {
                     let a = if b & 0xffff == 0 {
                         table[(b >> 16) as usize]
                     } else {
-                        round_to(d, silu(g))
+                        round_bf16(silu(g))
                     };
-                    round_to(d, a * u)
+                    round_bf16(a * u)
                 })
                 .collect(),
         ));

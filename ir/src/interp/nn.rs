@@ -1,9 +1,10 @@
 //! Reductions and normalisation: reduce, argmax, topk, softmax, rmsnorm (matmul is in
 //! `matmul.rs`).
 
-use super::tensor::{round_to, wrap_int, Data, Tensor};
+use super::tensor::{round_bf16, round_to, wrap_int, Data, Tensor};
 use super::util::{argmax_row, dot, f32s, last_dim, sum, topk_row, OpResult, Out};
 use crate::op::ReduceOp;
+use crate::DType;
 
 pub(crate) fn reduce(op: ReduceOp, x: &Tensor, out: &Out) -> OpResult {
     let n = last_dim(x);
@@ -125,11 +126,19 @@ pub(crate) fn rmsnorm(x: &Tensor, w: &Tensor, eps: f64, out: &Out) -> OpResult {
         for r in xv.chunks(n) {
             let ms = dot(r, r) / n as f32;
             let inv = 1.0 / (ms + eps).sqrt();
-            res.extend(
-                r.iter()
-                    .zip(wv)
-                    .map(|(&x, &w)| round_to(d, round_to(d, x * inv) * w)),
-            );
+            // The dtype chosen once per row, so the bf16 pass is a plain loop.
+            match d {
+                DType::BF16 => res.extend(
+                    r.iter()
+                        .zip(wv)
+                        .map(|(&x, &w)| round_bf16(round_bf16(x * inv) * w)),
+                ),
+                _ => res.extend(
+                    r.iter()
+                        .zip(wv)
+                        .map(|(&x, &w)| round_to(d, round_to(d, x * inv) * w)),
+                ),
+            }
         }
     }
     Ok(out.f32(res))

@@ -1,9 +1,10 @@
 //! Rotary position embedding, mirroring HF transformers' f32 arithmetic step by step
 //! (`modeling_rope_utils.py`, `LlamaRotaryEmbedding`, `apply_rotary_pos_emb`).
 
-use super::tensor::{round_to, Tensor};
+use super::tensor::{round_bf16, round_to, Tensor};
 use super::util::{f32s, i64s, OpResult, Out};
 use crate::op::{RopeScaling, RopeStyle};
+use crate::DType;
 
 /// The `dim / 2` inverse frequencies of a rotation over `dim` features, in f32 as HF
 /// computes them. Each torch step is one f32 rounding here; torch's `a / t` for a Python
@@ -115,7 +116,6 @@ pub(crate) fn rope(
     }
     let half = rotary_dim / 2;
     let dt = out.dtype;
-    let r = |v: f32| round_to(dt, v);
     let (mut cos, mut sin) = (vec![0.0f32; half], vec![0.0f32; half]);
     let mut res = xv.to_vec();
     let key = TableKey {
@@ -126,21 +126,53 @@ pub(crate) fn rope(
     };
     for (tok, &p) in pv.iter().enumerate() {
         TABLES.with_borrow_mut(|tables| cos_sin(tables, &key, p, &mut cos, &mut sin));
-        for head in 0..h {
-            let base = (tok * h + head) * d;
-            let v = &mut res[base..base + d];
-            for i in 0..half {
-                let (ia, ib) = match style {
-                    RopeStyle::Half => (i, i + half),
-                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                };
-                let (a, b) = (v[ia], v[ib]);
-                v[ia] = r(r(a * cos[i]) + r(-b * sin[i]));
-                v[ib] = r(r(b * cos[i]) + r(a * sin[i]));
+        let heads = &mut res[tok * h * d..(tok + 1) * h * d];
+        // The rounding and the pairing chosen once per token, so each head's pass is a
+        // plain loop.
+        match (dt, style) {
+            (DType::BF16, RopeStyle::Half) => rotate(heads, d, &cos, &sin, half_pairs, round_bf16),
+            (DType::BF16, RopeStyle::Interleaved) => {
+                rotate(heads, d, &cos, &sin, interleaved_pairs, round_bf16)
+            }
+            (_, RopeStyle::Half) => rotate(heads, d, &cos, &sin, half_pairs, |v| round_to(dt, v)),
+            (_, RopeStyle::Interleaved) => {
+                rotate(heads, d, &cos, &sin, interleaved_pairs, |v| round_to(dt, v))
             }
         }
     }
     Ok(out.f32(res))
+}
+
+/// The features rotated together as pair `i` of `half`: `(i, i + half)`.
+fn half_pairs(i: usize, half: usize) -> (usize, usize) {
+    (i, i + half)
+}
+
+/// The features rotated together as pair `i`: `(2i, 2i + 1)`.
+fn interleaved_pairs(i: usize, _half: usize) -> (usize, usize) {
+    (2 * i, 2 * i + 1)
+}
+
+/// Rotates pairs `0..cos.len()` of every head (`d` features each) of `heads`:
+/// `a' = r(r(a·c) + r(−b·s))`, `b' = r(r(b·c) + r(a·s))`.
+#[inline(always)]
+fn rotate(
+    heads: &mut [f32],
+    d: usize,
+    cos: &[f32],
+    sin: &[f32],
+    pair: impl Fn(usize, usize) -> (usize, usize),
+    r: impl Fn(f32) -> f32,
+) {
+    let half = cos.len();
+    for v in heads.chunks_exact_mut(d) {
+        for i in 0..half {
+            let (ia, ib) = pair(i, half);
+            let (a, b) = (v[ia], v[ib]);
+            v[ia] = r(r(a * cos[i]) + r(-b * sin[i]));
+            v[ib] = r(r(b * cos[i]) + r(a * sin[i]));
+        }
+    }
 }
 
 /// What the rounded `cos` / `sin` of a position depend on besides the position.
@@ -149,7 +181,7 @@ struct TableKey {
     theta: f64,
     scaling: RopeScaling,
     rotary_dim: usize,
-    dtype: crate::DType,
+    dtype: DType,
 }
 
 /// The rounded `(cos, sin)` of positions `0..len`, `half` of each per position, filled on
