@@ -184,6 +184,10 @@ pub(crate) fn attention(args: &[&Tensor], scale: f64, mask: AttnMask, out: &Out)
     let mut krows: Vec<&[f32]> = Vec::with_capacity(ctx);
     let mut scores = vec![0.0f32; ctx];
     let mut acc = vec![0.0f32; dv];
+    #[cfg(target_arch = "x86_64")]
+    let avx = std::arch::is_x86_feature_detected!("avx");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx = false;
     for bi in 0..b {
         for ti in 0..t {
             let allowed = match tree {
@@ -211,25 +215,8 @@ pub(crate) fn attention(args: &[&Tensor], scale: f64, mask: AttnMask, out: &Out)
                         .map(|&s| &kv[((bi * ctx + s) * hkv + kh) * d..][..d]),
                 );
                 dots(qrow, &krows, scores);
-                let mut m = f32::NEG_INFINITY;
-                for score in scores.iter_mut() {
-                    *score *= scale;
-                    m = m.max(*score);
-                }
-                acc.fill(0.0);
-                let mut l = 0.0f32;
-                for (&score, &s) in scores.iter().zip(&slots) {
-                    let p = if m == f32::NEG_INFINITY {
-                        0.0
-                    } else {
-                        (score - m).exp()
-                    };
-                    l += p;
-                    let vrow = &vv[((bi * ctx + s) * hkv + kh) * dv..][..dv];
-                    for (a, &x) in acc.iter_mut().zip(vrow) {
-                        *a += p * x;
-                    }
-                }
+                let vrow = |s: usize| &vv[((bi * ctx + s) * hkv + kh) * dv..][..dv];
+                let l = softmax_weighted_sum(scores, scale, &slots, vrow, &mut acc, avx);
                 let o = &mut res[((bi * t + ti) * hq + h) * dv..][..dv];
                 if l > 0.0 {
                     for (o, &a) in o.iter_mut().zip(&acc) {
@@ -240,6 +227,70 @@ pub(crate) fn attention(args: &[&Tensor], scale: f64, mask: AttnMask, out: &Out)
         }
     }
     Ok(out.f32(res))
+}
+
+/// One query row and head: scales `scores` (of `slots`, in increasing order), takes
+/// `p = exp(score − max)` over them, sums `l = Σ p` and `acc = Σ p · v(slot)` in slot
+/// order (`acc` overwritten), and returns `l`. With `avx` the same operations run in
+/// 8-wide registers: every element is its own `mul` then `add`, so the bits do not depend
+/// on the width.
+fn softmax_weighted_sum<'v>(
+    scores: &mut [f32],
+    scale: f32,
+    slots: &[usize],
+    v: impl Fn(usize) -> &'v [f32],
+    acc: &mut [f32],
+    avx: bool,
+) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if avx {
+        // SAFETY: the caller checked that the CPU supports AVX.
+        return unsafe { softmax_weighted_sum_avx(scores, scale, slots, v, acc) };
+    }
+    let _ = avx;
+    softmax_weighted_sum_body(scores, scale, slots, v, acc)
+}
+
+/// [`softmax_weighted_sum`] compiled for AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn softmax_weighted_sum_avx<'v>(
+    scores: &mut [f32],
+    scale: f32,
+    slots: &[usize],
+    v: impl Fn(usize) -> &'v [f32],
+    acc: &mut [f32],
+) -> f32 {
+    softmax_weighted_sum_body(scores, scale, slots, v, acc)
+}
+
+#[inline(always)]
+fn softmax_weighted_sum_body<'v>(
+    scores: &mut [f32],
+    scale: f32,
+    slots: &[usize],
+    v: impl Fn(usize) -> &'v [f32],
+    acc: &mut [f32],
+) -> f32 {
+    let mut m = f32::NEG_INFINITY;
+    for score in scores.iter_mut() {
+        *score *= scale;
+        m = m.max(*score);
+    }
+    acc.fill(0.0);
+    let mut l = 0.0f32;
+    for (&score, &s) in scores.iter().zip(slots) {
+        let p = if m == f32::NEG_INFINITY {
+            0.0
+        } else {
+            (score - m).exp()
+        };
+        l += p;
+        for (a, &x) in acc.iter_mut().zip(v(s)) {
+            *a += p * x;
+        }
+    }
+    l
 }
 
 #[cfg(test)]
