@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use specc_ir::interp::{Data, Tensor};
 use specc_ir::DType;
-use specc_models::methods::LEN;
+use specc_models::methods::{BUDGET, LEN};
 
 use super::SpecCpuSession;
 use crate::policy::SpecPolicy;
@@ -42,10 +42,9 @@ impl SpecCpuSession<'_> {
     /// Times every variant's step at batch `rows`: the best of [`CALIBRATION_ROUNDS`]
     /// interpreter runs, after one untimed, the variants taking turns in each round (so a
     /// burst of load on the machine slows all of them, not one), on scratch states whose
-    /// lanes are all finished but sit at [`CALIBRATION_CONTEXT`] (the interpreter computes
-    /// every row of a masked lane too, and attention reads the slots below a lane's
-    /// length, so the time is a step's at that context). The session's states are not
-    /// touched.
+    /// lanes are live from [`CALIBRATION_CONTEXT`] on (attention reads the slots below a
+    /// lane's position, so the time is a step's at that context; each run moves the lanes
+    /// on by the tokens it accepts). The session's states are not touched.
     pub(super) fn calibrate(&mut self, rows: usize) -> Result<(), RuntimeError> {
         let k = self.graphs.contract.max_accept() as u64;
         let context = CALIBRATION_CONTEXT.min(self.max_context.saturating_sub(k + 2));
@@ -58,6 +57,13 @@ impl SpecCpuSession<'_> {
                 self.zero_states(self.step_graph_of(v, true), &mut states)?;
                 if let Some(Data::I64(len)) = states.get_mut(LEN).map(|t| &mut t.data) {
                     len.fill(context as i64);
+                }
+                // Live lanes: a finished lane's positions are −1, so its attention reads no
+                // slot and the variants with more attention rows would time too cheap. The
+                // budget keeps every lane inside the context through all timed runs.
+                if let Some(Data::I64(budget)) = states.get_mut(BUDGET).map(|t| &mut t.data) {
+                    let room = self.max_context.saturating_sub(context + k + 2);
+                    budget.fill(room.max(1) as i64);
                 }
                 scratch.push(states);
             }
