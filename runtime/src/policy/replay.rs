@@ -84,9 +84,9 @@ mod tests {
 
     /// At the EPYC's step times a k = 1 draft pays on every request (it breaks even at a
     /// match rate of 0.32; the lowest request's is 0.40): the adaptive policy must come
-    /// close to the best fixed variant. Before plain steps faded a lane's evidence, two
-    /// misses in a row (a quarter of all pairs) left a lane in plain decoding until a probe
-    /// 64 steps later: 1.099× plain against fixed k = 1's 1.163×; now 1.142×.
+    /// close to the best fixed variant. Two misses in a row (a quarter of all pairs) put a
+    /// lane in plain decoding; unless plain steps age its evidence it stays there until a
+    /// probe 64 steps later, most of a 128-token request (bench/NOTES.md, session 49).
     #[test]
     fn adaptive_comes_close_to_the_best_fixed_k_on_the_defaults_python_prompts() {
         let reqs = requests(MATCHES);
