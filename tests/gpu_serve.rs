@@ -433,7 +433,10 @@ fn check_forced(spec_file: &str, schedule: &[usize], n: usize) -> u64 {
     // near-tie flipped by the GPU's rounding, a schedule of mostly plain steps follows them.
     let mut s = session(&engine, &target, Some(&bundle), 4);
     let (plain, _) = forced(&mut s, &prompts, n, &[0]);
+    // Adaptive speculation times every variant on synthetic live lanes first: what those
+    // replays wrote must not reach the lanes admitted after them.
     let mut s = session(&engine, &target, Some(&bundle), 4);
+    s.set_policy(SpecPolicy::Adaptive).unwrap();
     let (got, steps) = forced(&mut s, &prompts, n, schedule);
     assert!(
         steps.iter().all(|&c| c > 0),
@@ -552,7 +555,7 @@ fn draft_model_lane_joining_during_plain_decoding_is_primed_lazily() {
     let mut s = session(&engine, &target, Some(&bundle), 2);
     let (want, _) = forced(&mut s, &ps, n, &[3]);
     let mut s = session(&engine, &target, Some(&bundle), 2);
-    s.policy_mut().set_mode(SpecPolicy::Adaptive);
+    s.set_policy(SpecPolicy::Adaptive).unwrap();
     let greedy = |lane| LaneSampling::greedy(lane);
     let mut out = [
         vec![s.admit_lane(0, &ps[0], n, greedy(0)).unwrap()],

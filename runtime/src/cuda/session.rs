@@ -28,6 +28,12 @@ use admit::PendingGroup;
 pub use crate::admission::prefill_bucket;
 pub use specc_models::spec_bundle::MIN_PREFILL_T;
 
+/// Context every lane sits at while the step variants are timed at start-up: requests are
+/// not known yet, and a serving request's context (prompt and reply) is typically a few
+/// hundred tokens. Steps at much longer contexts take longer for every variant alike (the
+/// KV each lane reads), which these times do not see.
+const CALIBRATION_CONTEXT: usize = 256;
+
 pub struct CudaSpecSession<'a> {
     contract: StepContract,
     pub engine: CudaEngine<'a>,
@@ -291,7 +297,8 @@ impl<'a> CudaSpecSession<'a> {
 
     /// Sets how each step's variant is chosen. Adaptive speculation needs every variant's
     /// step time at every captured bucket: timed here, once, before any lane is admitted
-    /// (the replays then write only states no lane reads). A fixed policy replays nothing.
+    /// (on synthetic lanes whose states are zeroed afterwards). A fixed policy replays
+    /// nothing.
     pub fn set_policy(&mut self, mode: SpecPolicy) -> Result<(), RuntimeError> {
         self.policy.set_mode(mode);
         if mode == SpecPolicy::Adaptive && !self.calibrated {
@@ -306,34 +313,54 @@ impl<'a> CudaSpecSession<'a> {
         Ok(())
     }
 
-    /// Times every step variant at every captured bucket (before any lane is admitted:
-    /// every lane's budget is 0, so the replays write nothing a lane reads; a masked lane
-    /// costs what a live one does, the shapes being static). Nothing to time for a
-    /// contract without variants.
+    /// Times every step variant at every captured bucket, before any lane is admitted, with
+    /// every lane live at [`CALIBRATION_CONTEXT`] (or what the engine's context leaves room
+    /// for): a step's attention reads each lane's context, and with lanes masked (budget 0,
+    /// as before admission) it reads none, so every variant would be timed at context 0,
+    /// where speculation's extra query rows cost the most against a plain step. Each
+    /// variant's replays start from freshly armed lanes ([`CudaSpecSession::arm_synthetic`]);
+    /// afterwards every state goes back to the zeros it was allocated with (nothing was
+    /// admitted, and the step graphs keep nothing else). Nothing to time for a contract
+    /// without variants.
     fn calibrate(&mut self) -> Result<(), RuntimeError> {
         if self.contract.variants.is_empty() {
             return Ok(());
         }
+        const REPLAYS: u32 = 5;
+        // Each replay moves a lane on by at most k + 1 tokens; arming needs k + 3 beyond.
+        let k = self.contract.num_steps;
+        let room = (self.max_context as usize).saturating_sub((REPLAYS as usize + 2) * (k + 1) + 3);
+        let context = CALIBRATION_CONTEXT.min(room);
         let mut buckets = vec![self.lanes];
         buckets.extend(self.smaller.iter().map(|s| s.0));
         for b in buckets {
             for v in 0..self.policy.ks().len() {
+                if context > 0 {
+                    self.arm_synthetic(context)?;
+                }
                 // The policy chooses only while no live lane samples (a sampled lane pins
                 // the configured k): the twins' times where there are twins.
                 let g = self.replayed(b, v, true);
                 g.replay()?;
                 self.engine.synchronize()?;
                 let t0 = Instant::now();
-                const REPLAYS: u32 = 5;
                 for _ in 0..REPLAYS {
                     self.replayed(b, v, true).replay()?;
                 }
                 self.engine.synchronize()?;
                 let t = t0.elapsed().as_secs_f64() / f64::from(REPLAYS);
                 self.policy.set_time(b, v, t);
+                if crate::policy::trace_on() {
+                    crate::policy::trace(format_args!(
+                        "calibrate bucket={b} k={} {:.3}ms (lanes live at context {context})",
+                        self.policy.ks()[v],
+                        t * 1e3
+                    ));
+                }
             }
         }
-        Ok(())
+        self.engine.states.zero_all()?;
+        self.engine.synchronize()
     }
 
     /// The captured step of variant `v` (indexed like [`AdaptivePolicy::ks`]) at bucket
