@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Session 50, call B (any card): the CUDA calibration with live lanes (variants timed with
+# every lane at context 256, states zeroed afterwards). 1. gpu_serve's forced-variant
+# exactness for EAGLE-3 chain / tree and DFlash and draft_model's lazy priming, each session
+# calibrated first; 2. the calibrated times of the planted 8B engine (SPECC_POLICY_TRACE) and
+# issue 22 item 5's sweep at P = 0.3, c = 16, adaptive against plain.
+# Pack: .gpu2/specc.xz and .gpu2/tests/gpu_serve.gz.
+set -uo pipefail
+BUDGET=${BUDGET:-400}
+source scripts/device/lib.sh
+nvidia-smi --query-gpu=name --format=csv,noheader >> "$S"
+OUT=$OUT bash scripts/device/suite.sh gpu_serve:forced_variants_are_exact gpu_serve:lazily > /tmp/suite.txt 2>&1
+grep -E "^==|rc=|PASS|FAIL|panicked|test result" /tmp/suite.txt | head -24 >> "$S"
+echo "suite $((SECONDS - start))s" >> "$S"
+if (( $(left) > 150 )); then
+  CONC=16 REQUESTS=32 TOKENS=128 LANES=16 MAX_CONTEXT=2048 ACCEPT=0.3 SPECC_POLICY_TRACE=1 \
+    timeout $(( $(left) - 30 )) bash scripts/device/serve_sweep_accept.sh 8b > /tmp/sweep.txt 2>&1
+  echo "== sweep P=0.3 c=16 rc=$? ($(left)s left)" >> "$S"
+  grep -vE "^\s*$" /tmp/sweep.txt | grep -E "sweep|tok/s|^ *16 |plain|0.3|x\)" | head -16 >> "$S"
+  grep -h "calibrate" /tmp/specc-serve-logs/* 2>/dev/null | head -24 >> "$S"
+  cp /tmp/sweep.txt "$OUT/"
+fi
+echo "total $((SECONDS - start))s" >> "$S"
