@@ -71,6 +71,14 @@ const QUANT_PASSES: [u64; 3] = [1, 2, 4];
 const DISPATCH_TOKENS: u64 = 8;
 /// Groups of 32 experts whose gates the combine gather loads at once.
 const COMBINE_CHUNKS: u64 = 16;
+/// Threads of a combine block, and outputs of the token each thread sums: a token's hidden
+/// row is split over `H / (threads · outputs)` blocks (7 at Kimi's 7168), each gathering the
+/// token's pairs itself, so one token's combine is not one block's serial chain of loads.
+const COMBINE_THREADS: u64 = 256;
+const COMBINE_OUTPUTS: u64 = 4;
+/// Pairs a token may have (the router's top-k) up to which the combine loads every pair's
+/// value of an output before adding any.
+const COMBINE_HOISTED_PAIRS: u64 = 16;
 
 /// Scratch buffers of the grouped MoE (arena locations, each 256-byte aligned).
 #[derive(Clone, Copy, Debug)]
@@ -730,25 +738,54 @@ fn combine(
         w.line("if (lane == 0) nk = m < KM ? m : KM;");
     });
     w.line("__syncthreads();");
+    emit!(
+        w,
+        "const long long i_end = (blockIdx.y + 1) * {} < H ? (blockIdx.y + 1) * {} : H;",
+        COMBINE_THREADS * COMBINE_OUTPUTS,
+        COMBINE_THREADS * COMBINE_OUTPUTS
+    );
     w.for_block(
-        "long long i = threadIdx.x",
-        "i < H",
+        &format!(
+            "long long i = blockIdx.y * {} + threadIdx.x",
+            COMBINE_THREADS * COMBINE_OUTPUTS
+        ),
+        "i < i_end",
         "i += blockDim.x",
         |w| {
             w.line("float acc = 0.0f;");
-            w.for_block("int j = 0", "j < nk", "++j", |w| {
-                emit!(
-                    w,
-                    "acc = __fadd_rn(acc, __fmul_rn(g_of[j], {}));",
-                    load(out.dtype, "yp[(long long)q_of[j] * H + i]")
-                );
-            });
+            if kmax <= COMBINE_HOISTED_PAIRS {
+                w.comment("Every pair's value loaded before the first add (they overlap), then");
+                w.comment("added in pair order: one multiply and add a pair, as a loop over them.");
+                w.line("float yv[KM];");
+                w.for_unrolled("j", 0, "KM", |w| {
+                    emit!(
+                        w,
+                        "yv[j] = j < nk ? {} : 0.0f;",
+                        load(out.dtype, "yp[(long long)q_of[j] * H + i]")
+                    );
+                });
+                w.for_unrolled("j", 0, "KM", |w| {
+                    w.line("if (j < nk) acc = __fadd_rn(acc, __fmul_rn(g_of[j], yv[j]));");
+                });
+            } else {
+                w.for_block("int j = 0", "j < nk", "++j", |w| {
+                    emit!(
+                        w,
+                        "acc = __fadd_rn(acc, __fmul_rn(g_of[j], {}));",
+                        load(out.dtype, "yp[(long long)q_of[j] * H + i]")
+                    );
+                });
+            }
             emit!(w, "out[tk * H + i] = {};", store(out.dtype, "acc"));
         },
     );
     k.finish(LaunchSpec {
-        grid: [Extent::Fixed(t as u32), Extent::Fixed(1), Extent::Fixed(1)],
-        block: [256, 1, 1],
+        grid: [
+            Extent::Fixed(t as u32),
+            Extent::Fixed(h.div_ceil(COMBINE_THREADS * COMBINE_OUTPUTS) as u32),
+            Extent::Fixed(1),
+        ],
+        block: [COMBINE_THREADS as u32, 1, 1],
         smem_bytes: 0,
     })
 }
