@@ -414,16 +414,6 @@ fn meta_ptrs(k: &mut Kernel, s: &MoeScratch, e: u64, mutable: bool) {
     emit!(w, "{cv}int* count = meta + 1 + 2 * {e};");
 }
 
-/// The prologue every grouped matmul block shares: its expert `ex` and pairs `p0 .. p0 + n`,
-/// or an exit where its slot is past the used count (uniform across the block). The used
-/// count and the slot's expert are loaded together (the slot is below `E`, and the dispatch
-/// writes every slot), so the weights wait on two dependent loads, not three.
-pub(super) fn used_expert(w: &mut Writer) {
-    w.line("const int n_used = meta[0], ex = used[blockIdx.y];");
-    w.line("if ((int)blockIdx.y >= n_used) return;");
-    w.line("const int p0 = first[ex], n = count[ex];");
-}
-
 /// Threads of the dispatch block: one per expert, up to 1024 (more experts take rounds).
 fn dispatch_threads(e: u64) -> u32 {
     e.next_multiple_of(32).clamp(32, 1024) as u32
@@ -511,9 +501,6 @@ fn dispatch(sh: MoeGroupedShape, gates: &TensorArg, s: &MoeScratch) -> KernelSou
         w.line("meta[0] = ucarry;");
         w.line("stat[0] = ucarry;");
     });
-    w.comment("Slots past the used count hold expert 0: every entry of used is written each step,");
-    w.comment("so the matmul blocks may read theirs before they know whether it is used.");
-    w.line("for (int i = ucarry + threadIdx.x; i < E; i += NT) used[i] = 0;");
     w.for_block("int ex = threadIdx.x", "ex < E", "ex += NT", |w| {
         w.line("int q = at[ex];");
         w.line("first[ex] = q;");
@@ -568,7 +555,10 @@ fn grouped_prologue(k: &mut Kernel, s: &MoeScratch, e: u64, rows: u64, rw: u64, 
         stream::UNROLL
     );
     w.line("const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
-    used_expert(w);
+    w.comment("Uniform across the block: the used count is one value.");
+    w.line("if ((int)blockIdx.y >= meta[0]) return;");
+    w.line("const int ex = used[blockIdx.y];");
+    w.line("const int p0 = first[ex], n = count[ex];");
     w.line("const int j0 = (blockIdx.x * (blockDim.x >> 5) + warp) * RW;");
     !rows.is_multiple_of(WARPS * rw)
 }

@@ -128,7 +128,10 @@ fn prologue(
     w.line("extern __shared__ __align__(128) unsigned char ring_all[];");
     w.line("const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
     w.line("const int g = lane >> 2, t = lane & 3;");
-    super::used_expert(w);
+    w.comment("Uniform across the block: the used count is one value.");
+    w.line("if ((int)blockIdx.y >= meta[0]) return;");
+    w.line("const int ex = used[blockIdx.y];");
+    w.line("const int p0 = first[ex], n = count[ex];");
     if tl.interleave {
         w.comment("The block's warps share one row tile and take every KW-th stage of it.");
         emit!(w, "const int j0 = blockIdx.x * {out_rows};");
