@@ -17,12 +17,6 @@ trap 'kill ${servers[@]:-} 2>/dev/null || true; rm -rf "$tmp"' EXIT
 source "$(dirname "$0")/serve_start.sh"
 servers=()
 
-# Output tok/s of one bench-serve level against $1.
-rate() {
-  "$bin" bench-serve --url "$1" --concurrency "$concurrency" --requests "$requests" \
-    --max-tokens 128 --prompts "$prompts" --ignore-eos --json "$tmp/out.json" >/dev/null
-  python3 -c 'import json,sys; print("%.1f" % json.load(open(sys.argv[1]))[0]["output_tok_s"])' "$tmp/out.json"
-}
 
 serve_start "$tmp/adaptive.log" --spec-policy "${SPEC_POLICY:-adaptive}"; servers+=("$server"); adaptive=$url
 serve_start "$tmp/plain.log" --no-spec; servers+=("$server"); plain=$url

@@ -22,11 +22,6 @@ printf 'method = "draft_model"\ntarget = "%s"\ndraft = "%s/draft"\nnum_steps = 1
 
 source "$(dirname "$0")/serve_start.sh"
 servers=()
-rate() {
-  "$bin" bench-serve --url "$1" --concurrency "$concurrency" --requests "$requests" \
-    --max-tokens 128 --prompts "$prompts" --ignore-eos --json "$tmp/out.json" >/dev/null
-  python3 -c 'import json,sys; print("%.1f" % json.load(open(sys.argv[1]))[0]["output_tok_s"])' "$tmp/out.json"
-}
 serve_start "$tmp/plain.log" --no-spec; servers+=("$server"); urls[0]=$url
 serve_start "$tmp/k1.log" "$default" --spec "$tmp/k1.toml" --spec-policy fixed; servers+=("$server"); urls[1]=$url
 serve_start "$tmp/adaptive.log" --spec-policy adaptive; servers+=("$server"); urls[2]=$url

@@ -745,7 +745,7 @@ fn combine(
         COMBINE_THREADS * COMBINE_OUTPUTS
     );
     w.for_block(
-        &format!(
+        format!(
             "long long i = blockIdx.y * {} + threadIdx.x",
             COMBINE_THREADS * COMBINE_OUTPUTS
         ),
