@@ -25,11 +25,16 @@
 //!   each variant on scratch states: replays of every captured bucket on CUDA; interpreter
 //!   runs at batch 1 and at the session's lanes on the CPU, whose buckets in between are
 //!   interpolated per variant, the interpreter's step being a fixed part plus a part per
-//!   row). Where a step's time is known without a sync (the CPU), the steps that run refine
+//!   row). The CPU also times each variant at a second context and keeps its growth per
+//!   token of the lanes' mean context: attention reads every lane's context once per query
+//!   row, so a speculative variant grows faster than plain decoding, and the variants are
+//!   compared at the context the lanes are at (times are kept at the calibration's context
+//!   and moved along these slopes; a measured step is moved back before it is folded in).
+//!   Where a step's time is known without a sync (the CPU), the steps that run refine
 //!   it, and every other variant of that bucket moves by [`DRIFT_SHARE`] of the same
-//!   (logarithmic) change: what changes a running step's time (the context growing, the
-//!   machine's load) changes the others too, so a variant that has not run for a while is
-//!   not compared at a stale, shorter context; only a share, so that a variant whose time
+//!   (logarithmic) change: what else changes a running step's time (the machine's load,
+//!   the context where no slope is known) changes the others too, so a variant that has
+//!   not run for a while is not compared at a stale time; only a share, so that a variant whose time
 //!   was misjudged relative to the others is corrected by running it. A variant's first
 //!   step after others corrects its own time alone. While speculation runs, one plain step
 //!   in [`RETIME_PLAIN`] re-times plain decoding where the backend times steps (a
@@ -139,8 +144,17 @@ pub struct AdaptivePolicy {
     configured: usize,
     mode: SpecPolicy,
     acceptance: Acceptance,
-    /// Seconds per step, by (bucket, variant).
+    /// Seconds per step, by (bucket, variant), at the context [`AdaptivePolicy::reference`].
     times: HashMap<(usize, usize), f64>,
+    /// Seconds a step's time grows per token of the bucket's mean context, by (bucket,
+    /// variant), where the backend measured it ([`AdaptivePolicy::set_slope`]).
+    slopes: HashMap<(usize, usize), f64>,
+    /// The mean context per lane of the bucket (dead lanes counting 0) at which `times`
+    /// hold: the calibration's.
+    reference: f64,
+    /// The bucket's mean context now, where the backend says ([`AdaptivePolicy::set_context`]):
+    /// times are moved from the reference to it along their slopes.
+    context: Option<f64>,
     /// Seconds of draft re-priming per prefill row-token (rows × tokens of the gap), once
     /// measured.
     reprime: Option<f64>,
@@ -184,6 +198,9 @@ impl AdaptivePolicy {
             mode,
             acceptance: Acceptance::new(kmax, lanes),
             times: HashMap::new(),
+            slopes: HashMap::new(),
+            reference: 0.0,
+            context: None,
             reprime: None,
             backlog: None,
             current: None,
@@ -269,29 +286,45 @@ impl AdaptivePolicy {
         self.times.insert((bucket, variant), seconds.max(1e-9));
     }
 
-    /// A variant's step time at `bucket`: measured or refined there, else interpolated
-    /// linearly in the bucket between the nearest buckets with a time below and above it
-    /// (the nearest one's time where only one side has one).
-    pub fn time(&self, bucket: usize, variant: usize) -> Option<f64> {
-        if let Some(&t) = self.times.get(&(bucket, variant)) {
-            return Some(t);
-        }
-        let known = self.times.iter().filter(|((_, v), _)| *v == variant);
-        let below = known
-            .clone()
-            .filter(|((b, _), _)| *b < bucket)
-            .max_by_key(|((b, _), _)| *b);
-        let above = known
-            .filter(|((b, _), _)| *b > bucket)
-            .min_by_key(|((b, _), _)| *b);
-        match (below, above) {
-            (Some((&(b0, _), &t0)), Some((&(b1, _), &t1))) => {
-                let f = (bucket - b0) as f64 / (b1 - b0) as f64;
-                Some(t0 + f * (t1 - t0))
+    /// Sets a variant's growth of step time per token of the bucket's mean context (a
+    /// measurement at load, at two contexts).
+    pub fn set_slope(&mut self, bucket: usize, variant: usize, seconds_per_token: f64) {
+        self.slopes
+            .insert((bucket, variant), seconds_per_token.max(0.0));
+    }
+
+    /// The context the times set by [`AdaptivePolicy::set_time`] were measured at.
+    pub fn set_reference_context(&mut self, context: f64) {
+        self.reference = context;
+    }
+
+    /// The mean context per lane of the bucket the next step runs (the lanes' lengths over
+    /// the bucket, dead lanes counting 0): each variant's time is its time at the reference
+    /// moved along its slope, and the step's measured time is folded in moved back. So a
+    /// variant with more attention rows is compared at the context the lanes are at, not the
+    /// one its time was last refined at.
+    pub fn set_context(&mut self, context: f64) {
+        self.context = Some(context);
+    }
+
+    /// Seconds a step of `variant` at `bucket` gains from the reference context to now.
+    fn context_shift(&self, bucket: usize, variant: usize) -> f64 {
+        match self.context {
+            Some(c) => {
+                interpolate(&self.slopes, bucket, variant).unwrap_or(0.0) * (c - self.reference)
             }
-            (Some((_, &t)), None) | (None, Some((_, &t))) => Some(t),
-            (None, None) => None,
+            None => 0.0,
         }
+    }
+
+    /// A variant's step time at `bucket` and the current context: measured or refined at
+    /// `bucket`, else interpolated linearly in the bucket between the nearest buckets with a
+    /// time below and above it (the nearest one's time where only one side has one), then
+    /// moved to the context along the variant's slope (never below a tenth of its time at
+    /// the reference).
+    pub fn time(&self, bucket: usize, variant: usize) -> Option<f64> {
+        let base = interpolate(&self.times, bucket, variant)?;
+        Some((base + self.context_shift(bucket, variant)).max(0.1 * base))
     }
 
     /// Folds the measured time of a step that ran into its variant's average at `bucket`.
@@ -303,6 +336,8 @@ impl AdaptivePolicy {
     /// by the steps after it, would move every other variant's time down at each switch.
     pub fn observe_time(&mut self, bucket: usize, variant: usize, seconds: f64) {
         let key = (bucket, variant);
+        // The times are kept at the reference context.
+        let seconds = (seconds - self.context_shift(bucket, variant)).max(0.1 * seconds);
         let continuing = self.timed == Some(key);
         let recent = self
             .last_observed
@@ -315,8 +350,11 @@ impl AdaptivePolicy {
         }
         let measured_here = self.times.contains_key(&key);
         for v in 0..self.ks.len() {
-            if let Some(t) = self.time(bucket, v) {
+            if let Some(t) = interpolate(&self.times, bucket, v) {
                 self.times.entry((bucket, v)).or_insert(t);
+            }
+            if let Some(s) = interpolate(&self.slopes, bucket, v) {
+                self.slopes.entry((bucket, v)).or_insert(s);
             }
         }
         self.timed = Some(key);
@@ -428,8 +466,11 @@ impl AdaptivePolicy {
                 )
             })
             .collect();
+        let context = self
+            .context
+            .map_or(String::new(), |c| format!(" context={c:.0}"));
         trace(format_args!(
-            "policy bucket={bucket} live={n} | {} | pick k={}{}",
+            "policy bucket={bucket} live={n}{context} | {} | pick k={}{}",
             est.join(" | "),
             self.ks[v],
             if probe { " (probe)" } else { "" }
@@ -523,6 +564,31 @@ impl AdaptivePolicy {
             return (probe, true);
         }
         (keep, false)
+    }
+}
+
+/// `map`'s value at `(bucket, variant)`, else interpolated linearly in the bucket between
+/// the nearest buckets of the variant with a value below and above it (the nearest one's
+/// where only one side has one).
+fn interpolate(map: &HashMap<(usize, usize), f64>, bucket: usize, variant: usize) -> Option<f64> {
+    if let Some(&t) = map.get(&(bucket, variant)) {
+        return Some(t);
+    }
+    let known = map.iter().filter(|((_, v), _)| *v == variant);
+    let below = known
+        .clone()
+        .filter(|((b, _), _)| *b < bucket)
+        .max_by_key(|((b, _), _)| *b);
+    let above = known
+        .filter(|((b, _), _)| *b > bucket)
+        .min_by_key(|((b, _), _)| *b);
+    match (below, above) {
+        (Some((&(b0, _), &t0)), Some((&(b1, _), &t1))) => {
+            let f = (bucket - b0) as f64 / (b1 - b0) as f64;
+            Some(t0 + f * (t1 - t0))
+        }
+        (Some((_, &t)), None) | (None, Some((_, &t))) => Some(t),
+        (None, None) => None,
     }
 }
 
@@ -874,6 +940,57 @@ mod tests {
         let mut p = policy(SpecPolicy::Adaptive);
         p.observe_time(1, 1, 15e-3);
         assert!((p.time(1, 1).unwrap() - 1.65e-3).abs() < 1e-12);
+    }
+
+    /// Step times move with the context along each variant's slope, and a step measured at
+    /// one context is folded in at the reference: a k = 1 step of the embedded default on
+    /// the Xeon VM grows 2.25 µs a token of context, a plain one 1.32 (twice the attention
+    /// rows), so they are compared at the context the lanes are at.
+    #[test]
+    fn times_follow_the_context_along_each_variants_slope() {
+        let mut p = AdaptivePolicy::new(vec![0, 1], 1, SpecPolicy::Adaptive);
+        p.set_reference_context(128.0);
+        p.set_time(1, 0, 0.90e-3);
+        p.set_time(1, 1, 1.22e-3);
+        p.set_slope(1, 0, 1.32e-6);
+        p.set_slope(1, 1, 2.25e-6);
+        p.set_context(328.0);
+        assert!((p.time(1, 0).unwrap() - 1.164e-3).abs() < 1e-9);
+        assert!((p.time(1, 1).unwrap() - 1.670e-3).abs() < 1e-9);
+        // A step that took what the slope predicts leaves the time at the reference alone.
+        p.observe_time(1, 1, 1.670e-3);
+        p.observe_time(1, 1, 1.670e-3);
+        p.set_context(28.0);
+        assert!((p.time(1, 1).unwrap() - 0.995e-3).abs() < 1e-9);
+        assert!((p.time(1, 0).unwrap() - 0.768e-3).abs() < 1e-9);
+    }
+
+    /// A request that ends at a long context in plain decoding, then one at a short context
+    /// (the served trace of session 50: k = 1 priced 1.45× plain at an admission, ≈ 1.28× at
+    /// short context, so the new request opened with plain decoding until a probe 64 steps
+    /// later): with the times moved to the new context the new lane speculates from its
+    /// first step.
+    #[test]
+    fn a_short_request_after_a_long_one_is_compared_at_its_own_context() {
+        let mut p = AdaptivePolicy::new(vec![0, 1], 1, SpecPolicy::Adaptive);
+        p.set_steps_timed(true);
+        p.set_reference_context(128.0);
+        for (v, t, slope) in [(0, 0.90e-3, 1.32e-6), (1, 1.22e-3, 2.25e-6)] {
+            p.set_time(1, v, t);
+            p.set_slope(1, v, slope);
+        }
+        p.acceptance.set_session(&[0.42]);
+        p.admit(0);
+        // Plain decoding at context 400: 1.26 against 1.83 ms for 1.42 tokens.
+        p.set_context(400.0);
+        assert_eq!(p.choose(1, &[true]), 0);
+        for _ in 0..20 {
+            p.observe_time(1, 0, 1.26e-3);
+            p.choose(1, &[true]);
+        }
+        p.admit(0);
+        p.set_context(30.0);
+        assert_eq!(p.choose(1, &[true]), 1, "k = 1 at its own context");
     }
 
     /// The first step of a server (embedded default, the Xeon VM, session 50): k = 1 timed

@@ -9,7 +9,7 @@ use specc_ir::engine::{Acceptance, CatchUp, Engine, GraphRole, Priming, StepCont
 use specc_ir::interp::{self, Data, Env, Tensor, WeightSource};
 use specc_ir::{Bindings, DType, Graph};
 use specc_models::methods::{
-    BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, RING, SAMPLING, STREAM,
+    BUDGET, DFLASH_HIDDEN, EAGLE_HIDDEN, EMITTED, FIRST_TOKEN, HIDDEN, LEN, RING, SAMPLING, STREAM,
 };
 use specc_models::SpecBundle;
 
@@ -772,6 +772,22 @@ impl<'a> SpecCpuSession<'a> {
         .collect()
     }
 
+    /// The live lanes' lengths summed over the session's rows (a dead lane counts 0): the
+    /// mean context a step's attention reads per lane, as the calibration's lanes all sit at
+    /// one.
+    fn mean_context(&self, live: &[bool]) -> f64 {
+        let Some(Data::I64(len)) = self.states.get(LEN).map(|t| &t.data) else {
+            return 0.0;
+        };
+        let total: i64 = len
+            .iter()
+            .zip(live)
+            .filter(|(_, &l)| l)
+            .map(|(&n, _)| n.max(0))
+            .sum();
+        total as f64 / self.rows.max(1) as f64
+    }
+
     /// The step graph of variant `v` (indexed like [`AdaptivePolicy::ks`]).
     fn variant_graph(&self, v: usize) -> &'a Graph {
         match self.graphs.variants.get(v) {
@@ -843,6 +859,10 @@ impl<'a> SpecCpuSession<'a> {
         if self.sync.can_reprime() {
             let backlog = self.sync.backlog(&live, self.rows);
             self.policy.set_reprime_backlog(backlog);
+        }
+        if self.policy.switches() {
+            let context = self.mean_context(&live);
+            self.policy.set_context(context);
         }
         let v = self.policy.choose(bucket, &live);
         let k = self.policy.ks()[v];
