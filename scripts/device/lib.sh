@@ -76,3 +76,33 @@ per_kernel_8b() {
     sed -n '/^| family/,/^| group/p' "$OUT/$n.txt" >> "$S"
   done
 }
+
+# kimi_ab LAYERS SECS BIN...: the Kimi-K2.5 int4 decode and verify(8) at B = 1, ctx 1024 with
+# each binary of .gpu2 in turn, two rounds, each run under SECS s and while more are left.
+kimi_ab() {
+  local layers=$1 secs=$2 round bin spec r; shift 2
+  for round in 1 2; do
+    for bin in "$@"; do
+      (( $(left) > secs )) || return
+      for spec in "" "--tokens 8"; do
+        r=$(timeout "$secs" .gpu2/$bin bench $KIMI --random-weights --layers "$layers" --iters 30 \
+          --context 1024 $spec 2>&1 | grep -E "^\| (decode|verify)|rror" | head -1 | cut -c1-110)
+        echo "kimi l$layers $bin $spec: $r" >> "$S"
+      done
+    done
+  done
+}
+
+# sweep_8b P CONC REQUESTS [NEED [MARGIN]]: issue 22's planted 8B serving sweep (16 lanes,
+# 128-token requests, max context 2048) at acceptance P and concurrency CONC, plain against
+# draft_model k = 7 adaptive, when more than NEED s (200) are left, stopping MARGIN s (40)
+# before the budget; its table into the summary, its output into $OUT.
+sweep_8b() {
+  local p=$1 c=$2 n=$3 need=${4:-200} margin=${5:-40}
+  (( $(left) > need )) || return
+  CONC=$c REQUESTS=$n TOKENS=128 LANES=16 MAX_CONTEXT=2048 ACCEPT=$p \
+    timeout $(( $(left) - margin )) bash scripts/device/serve_sweep_accept.sh 8b > /tmp/sweep.txt 2>&1
+  echo "== sweep P=$p c=$c rc=$? ($(left)s left)" >> "$S"
+  grep -vE "^\s*$" /tmp/sweep.txt | grep -E "sweep|tok/s|^ *$c |plain|$p|x\)" | head -16 >> "$S"
+  cp /tmp/sweep.txt "$OUT/"
+}

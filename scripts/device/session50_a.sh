@@ -16,11 +16,5 @@ if [[ $card == *H200* ]]; then
 fi
 kimi_layers
 echo "kimi $((SECONDS - start))s" >> "$S"
-if (( $(left) > 200 )); then
-  CONC=1 REQUESTS=16 TOKENS=128 LANES=16 MAX_CONTEXT=2048 ACCEPT=0.6 timeout $(( $(left) - 40 )) \
-    bash scripts/device/serve_sweep_accept.sh 8b > /tmp/sweep.txt 2>&1
-  echo "== sweep P=0.6 c=1 rc=$? ($(left)s left)" >> "$S"
-  grep -vE "^\s*$" /tmp/sweep.txt | grep -E "sweep|tok/s|^ *1 |plain|0.6|x\)" | head -16 >> "$S"
-  cp /tmp/sweep.txt "$OUT/"
-fi
+sweep_8b 0.6 1 16
 echo "total $((SECONDS - start))s" >> "$S"

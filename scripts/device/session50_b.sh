@@ -21,12 +21,6 @@ if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   ab SPECC_GEMV_ONE_ROW=cuda "--batch 1"
   ab SPECC_GEMV_UNROLL=4 "--batch 1"
 fi
-if (( $(left) > 150 )); then
-  CONC=16 REQUESTS=32 TOKENS=128 LANES=16 MAX_CONTEXT=2048 ACCEPT=0.3 SPECC_POLICY_TRACE=1 \
-    timeout $(( $(left) - 30 )) bash scripts/device/serve_sweep_accept.sh 8b > /tmp/sweep.txt 2>&1
-  echo "== sweep P=0.3 c=16 rc=$? ($(left)s left)" >> "$S"
-  grep -vE "^\s*$" /tmp/sweep.txt | grep -E "sweep|tok/s|^ *16 |plain|0.3|x\)" | head -16 >> "$S"
-  grep -h "calibrate" /tmp/specc-serve-logs/* 2>/dev/null | head -24 >> "$S"
-  cp /tmp/sweep.txt "$OUT/"
-fi
+SPECC_POLICY_TRACE=1 sweep_8b 0.3 16 32 150 30
+grep -h "calibrate" /tmp/specc-serve-logs/* 2>/dev/null | head -24 >> "$S"
 echo "total $((SECONDS - start))s" >> "$S"

@@ -18,16 +18,7 @@ SPECC_KIMI_TOKENS=16,8,1 SPECC_KIMI_VARIANTS=int4g32,g4s4w4-i timeout 150 \
   .gpu2/tests/gpu_quant_moe --nocapture --test-threads=1 kimi_bandwidth > "$OUT/kimi_bw.log" 2>&1
 echo "kimi_bandwidth rc=$? ($(left)s left)" >> "$S"
 grep -E "BANDWIDTH|bit-identical|panicked" "$OUT/kimi_bw.log" | cut -c1-200 | head -24 >> "$S"
-for round in 1 2; do
-  for bin in specc_base specc; do
-    (( $(left) > 60 )) || break
-    for spec in "" "--tokens 8"; do
-      r=$(timeout 60 .gpu2/$bin bench $KIMI --random-weights --layers 6 --iters 30 --context 1024 \
-        $spec 2>&1 | grep -E "^\| (decode|verify)|rror" | head -1 | cut -c1-110)
-      echo "kimi l6 $bin $spec: $r" >> "$S"
-    done
-  done
-done
+kimi_ab 6 60 specc_base specc
 if (( $(left) > 120 )); then
   OUT=$OUT timeout $(( $(left) - 30 )) bash scripts/device/suite.sh \
     gpu_deepseek:methods_are_exact_at_full_and_partial_acceptance gpu_deepseek:decode_matches_cpu > /tmp/suite2.txt 2>&1

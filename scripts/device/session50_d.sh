@@ -10,16 +10,7 @@ source scripts/device/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader >> "$S"
 OUT=$OUT bash scripts/device/suite.sh gpu_quant_moe:experts_match_interpreter > /tmp/suite.txt 2>&1
 grep -E "^==|rc=|panicked|test result" /tmp/suite.txt | head -8 >> "$S"
-for round in 1 2; do
-  for bin in specc_base specc; do
-    (( $(left) > 40 )) || break
-    for spec in "" "--tokens 8"; do
-      r=$(timeout 40 .gpu2/$bin bench $KIMI --random-weights --layers 6 --iters 30 --context 1024 \
-        $spec 2>&1 | grep -E "^\| (decode|verify)|rror" | head -1 | cut -c1-110)
-      echo "kimi l6 $bin $spec: $r" >> "$S"
-    done
-  done
-done
+kimi_ab 6 40 specc_base specc
 if (( $(left) > 60 )); then
   SPECC_KIMI_TOKENS=8,1 SPECC_KIMI_VARIANTS=int4g32,g4s4w4-i timeout $(( $(left) - 10 )) \
     .gpu2/tests/gpu_quant_moe --nocapture --test-threads=1 kimi_bandwidth > "$OUT/kimi_bw.log" 2>&1
