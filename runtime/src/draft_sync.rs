@@ -79,6 +79,12 @@ impl DraftSync {
         }
     }
 
+    /// Per lane, its sequence length (the step's `len`: committed tokens − 1) as of the
+    /// tokens read so far; 0 for a lane never admitted. A finished lane keeps its last.
+    pub fn lengths(&self) -> impl Iterator<Item = i64> + '_ {
+        self.tokens.iter().map(|t| t.len().saturating_sub(1) as i64)
+    }
+
     /// Whether a plain step over `live` would leave a lane's draft behind at an unknown
     /// length: the backend must read every ring first.
     pub fn needs_tokens_before_plain(&self, live: &[bool]) -> bool {
@@ -176,6 +182,7 @@ mod tests {
         s.emitted(0, &[14]); // len 4
         s.plain_step(&[true, false]);
         s.emitted(0, &[15]); // len 5: the cache must hold slots 0..=3
+        assert_eq!(s.lengths().collect::<Vec<_>>(), vec![5, 2]);
         assert!(!s.needs_tokens_before_plain(&[true, false]));
         assert!(s.behind(&[true, true]));
         assert_eq!(

@@ -25,11 +25,12 @@
 //!   each variant on scratch states: replays of every captured bucket on CUDA; interpreter
 //!   runs at batch 1 and at the session's lanes on the CPU, whose buckets in between are
 //!   interpolated per variant, the interpreter's step being a fixed part plus a part per
-//!   row). The CPU also times each variant at a second context and keeps its growth per
-//!   token of the lanes' mean context: attention reads every lane's context once per query
-//!   row, so a speculative variant grows faster than plain decoding, and the variants are
-//!   compared at the context the lanes are at (times are kept at the calibration's context
-//!   and moved along these slopes; a measured step is moved back before it is folded in).
+//!   row). Each variant is timed at two contexts, and the policy keeps its growth per
+//!   token of the lanes' mean context ([`mean_context`]): attention reads every lane's
+//!   context once per query row, so a speculative variant grows faster than plain decoding,
+//!   and the variants are compared at the context the lanes are at (times are kept at the
+//!   calibration's context and moved along these slopes; a measured step is moved back
+//!   before it is folded in).
 //!   Where a step's time is known without a sync (the CPU), the steps that run refine
 //!   it, and every other variant of that bucket moves by [`DRIFT_SHARE`] of the same
 //!   (logarithmic) change: what else changes a running step's time (the machine's load,
@@ -567,6 +568,19 @@ impl AdaptivePolicy {
     }
 }
 
+/// The mean context per lane of a bucket of `rows` lanes, what
+/// [`AdaptivePolicy::set_context`] takes: the lengths of the lanes live in `live` summed over
+/// `rows` (dead lanes and negative lengths count 0).
+pub fn mean_context(lengths: impl IntoIterator<Item = i64>, live: &[bool], rows: usize) -> f64 {
+    let total: i64 = lengths
+        .into_iter()
+        .zip(live)
+        .filter(|&(_, &l)| l)
+        .map(|(n, _)| n.max(0))
+        .sum();
+    total as f64 / rows.max(1) as f64
+}
+
 /// `map`'s value at `(bucket, variant)`, else interpolated linearly in the bucket between
 /// the nearest buckets of the variant with a value below and above it (the nearest one's
 /// where only one side has one).
@@ -1017,5 +1031,19 @@ mod tests {
         }
         assert_eq!(p.current(), Some(1));
         assert!(p.time(1, 1).unwrap() < 1.36e-3, "{:?}", p.time(1, 1));
+    }
+
+    /// The mean context counts a dead lane as 0 and divides by the bucket's rows, not the
+    /// live lanes: a step's attention reads the live lanes' contexts only, over every row.
+    #[test]
+    fn the_mean_context_is_over_the_buckets_rows() {
+        let live = [true, false, true, true];
+        assert_eq!(mean_context([300, 900, 100, -1], &live, 4), 100.0);
+        assert_eq!(
+            mean_context([300, 900], &live, 2),
+            150.0,
+            "lanes past the bucket"
+        );
+        assert_eq!(mean_context([], &live, 0), 0.0);
     }
 }

@@ -779,13 +779,7 @@ impl<'a> SpecCpuSession<'a> {
         let Some(Data::I64(len)) = self.states.get(LEN).map(|t| &t.data) else {
             return 0.0;
         };
-        let total: i64 = len
-            .iter()
-            .zip(live)
-            .filter(|(_, &l)| l)
-            .map(|(&n, _)| n.max(0))
-            .sum();
-        total as f64 / self.rows.max(1) as f64
+        crate::policy::mean_context(len.iter().copied(), live, self.rows)
     }
 
     /// The step graph of variant `v` (indexed like [`AdaptivePolicy::ks`]).

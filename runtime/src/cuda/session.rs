@@ -28,11 +28,16 @@ use admit::PendingGroup;
 pub use crate::admission::prefill_bucket;
 pub use specc_models::spec_bundle::MIN_PREFILL_T;
 
-/// Context every lane sits at while the step variants are timed at start-up: requests are
-/// not known yet, and a serving request's context (prompt and reply) is typically a few
-/// hundred tokens. Steps at much longer contexts take longer for every variant alike (the
-/// KV each lane reads), which these times do not see.
+/// Context every lane sits at while the step variants are timed at start-up (the policy's
+/// reference context): requests are not known yet, and a serving request's context (prompt
+/// and reply) is typically a few hundred tokens.
 const CALIBRATION_CONTEXT: usize = 256;
+/// The second context the variants are timed at, for each one's growth per token of
+/// context: attention reads each lane's KV once per query row, so a speculative variant's
+/// step grows faster with the context than a plain one.
+const CALIBRATION_CONTEXT_FAR: usize = 1024;
+/// Timed replays of each variant at each context (after one untimed).
+const CALIBRATION_REPLAYS: u32 = 5;
 
 pub struct CudaSpecSession<'a> {
     contract: StepContract,
@@ -296,9 +301,9 @@ impl<'a> CudaSpecSession<'a> {
     }
 
     /// Sets how each step's variant is chosen. Adaptive speculation needs every variant's
-    /// step time at every captured bucket: timed here, once, before any lane is admitted
-    /// (on synthetic lanes whose states are zeroed afterwards). A fixed policy replays
-    /// nothing.
+    /// step time and growth per token of context at every captured bucket: timed here,
+    /// once, before any lane is admitted (on synthetic lanes whose states are zeroed
+    /// afterwards). A fixed policy replays nothing.
     pub fn set_policy(&mut self, mode: SpecPolicy) -> Result<(), RuntimeError> {
         self.policy.set_mode(mode);
         if mode == SpecPolicy::Adaptive && !self.calibrated {
@@ -314,53 +319,69 @@ impl<'a> CudaSpecSession<'a> {
     }
 
     /// Times every step variant at every captured bucket, before any lane is admitted, with
-    /// every lane live at [`CALIBRATION_CONTEXT`] (or what the engine's context leaves room
-    /// for): a step's attention reads each lane's context, and with lanes masked (budget 0,
-    /// as before admission) it reads none, so every variant would be timed at context 0,
-    /// where speculation's extra query rows cost the most against a plain step. Each
-    /// variant's replays start from freshly armed lanes ([`CudaSpecSession::arm_synthetic`]);
-    /// afterwards every state goes back to the zeros it was allocated with (nothing was
+    /// every lane live at [`CALIBRATION_CONTEXT`] and at [`CALIBRATION_CONTEXT_FAR`] (each
+    /// within what the engine's context leaves room for): the policy's time at the first
+    /// (its reference context) and its growth per token of context from the pair, so steps
+    /// are compared at the lanes' own mean context ([`CudaSpecSession::step_at`]). Lanes
+    /// are live because a step's attention reads each lane's context, and with lanes masked
+    /// (budget 0, as before admission) it reads none: every variant would be timed at
+    /// context 0, where speculation's extra query rows cost the most against a plain step.
+    /// Afterwards every state goes back to the zeros it was allocated with (nothing was
     /// admitted, and the step graphs keep nothing else). Nothing to time for a contract
     /// without variants.
     fn calibrate(&mut self) -> Result<(), RuntimeError> {
         if self.contract.variants.is_empty() {
             return Ok(());
         }
-        const REPLAYS: u32 = 5;
         // Each replay moves a lane on by at most k + 1 tokens; arming needs k + 3 beyond.
         let k = self.contract.num_steps;
-        let room = (self.max_context as usize).saturating_sub((REPLAYS as usize + 2) * (k + 1) + 3);
-        let context = CALIBRATION_CONTEXT.min(room);
+        let room = (self.max_context as usize)
+            .saturating_sub((CALIBRATION_REPLAYS as usize + 2) * (k + 1) + 3);
+        let near = CALIBRATION_CONTEXT.min(room);
+        let far = CALIBRATION_CONTEXT_FAR.min(room);
+        self.policy.set_reference_context(near as f64);
         let mut buckets = vec![self.lanes];
         buckets.extend(self.smaller.iter().map(|s| s.0));
         for b in buckets {
             for v in 0..self.policy.ks().len() {
-                if context > 0 {
-                    self.arm_synthetic(context)?;
-                }
-                // The policy chooses only while no live lane samples (a sampled lane pins
-                // the configured k): the twins' times where there are twins.
-                let g = self.replayed(b, v, true);
-                g.replay()?;
-                self.engine.synchronize()?;
-                let t0 = Instant::now();
-                for _ in 0..REPLAYS {
-                    self.replayed(b, v, true).replay()?;
-                }
-                self.engine.synchronize()?;
-                let t = t0.elapsed().as_secs_f64() / f64::from(REPLAYS);
+                let t = self.time_step(b, v, near)?;
+                let slope = match far > near {
+                    true => (self.time_step(b, v, far)? - t) / (far - near) as f64,
+                    false => 0.0,
+                };
                 self.policy.set_time(b, v, t);
+                self.policy.set_slope(b, v, slope);
                 if crate::policy::trace_on() {
                     crate::policy::trace(format_args!(
-                        "calibrate bucket={b} k={} {:.3}ms (lanes live at context {context})",
+                        "calibrate bucket={b} k={} {:.3}ms at context {near}, {:+.3} µs a token of context (from contexts {near} and {far})",
                         self.policy.ks()[v],
-                        t * 1e3
+                        t * 1e3,
+                        slope.max(0.0) * 1e6
                     ));
                 }
             }
         }
         self.engine.states.zero_all()?;
         self.engine.synchronize()
+    }
+
+    /// Seconds a step of variant `v` at bucket `b` takes with every lane live at `context`
+    /// (freshly armed, [`CudaSpecSession::arm_synthetic`]; masked at 0): the mean of
+    /// [`CALIBRATION_REPLAYS`] replays after one untimed. The policy chooses only while no
+    /// live lane samples (a sampled lane pins the configured k): the greedy twins' times
+    /// where there are twins.
+    fn time_step(&mut self, b: usize, v: usize, context: usize) -> Result<f64, RuntimeError> {
+        if context > 0 {
+            self.arm_synthetic(context)?;
+        }
+        self.replayed(b, v, true).replay()?;
+        self.engine.synchronize()?;
+        let t0 = Instant::now();
+        for _ in 0..CALIBRATION_REPLAYS {
+            self.replayed(b, v, true).replay()?;
+        }
+        self.engine.synchronize()?;
+        Ok(t0.elapsed().as_secs_f64() / f64::from(CALIBRATION_REPLAYS))
     }
 
     /// The captured step of variant `v` (indexed like [`AdaptivePolicy::ks`]) at bucket
@@ -673,6 +694,12 @@ impl<'a> CudaSpecSession<'a> {
     /// draft gap is known, and re-priming runs the draft prefill.
     fn step_at(&mut self, b: usize) -> Result<(), RuntimeError> {
         let live: Vec<bool> = (0..self.lanes).map(|l| l < b && self.admitted[l]).collect();
+        if self.policy.switches() {
+            // The lengths as of the last ring read (no device read inside a step): the steps
+            // queued since are not counted, at most k + 1 tokens a lane each.
+            let context = crate::policy::mean_context(self.sync.lengths(), &live, b);
+            self.policy.set_context(context);
+        }
         let v = self.policy.choose(b, &live);
         let k = self.policy.ks()[v];
         if self.policy.ks().len() > 1 {
