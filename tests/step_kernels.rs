@@ -1092,7 +1092,7 @@ fn deepseek_v3_bf16_takes_the_tensor_core_mla_and_grouped_moe() {
         let moe: Vec<_> = plan.groups.iter().filter_map(|g| g.choice.moe()).collect();
         assert!(!moe.is_empty(), "{name}: no grouped MoE choice recorded");
         for m in &moe {
-            assert_eq!(m.matmul, ExpertMatmul::CudaCores, "{name}");
+            assert_eq!(m.matmul, ExpertMatmul::CUDA_CORES, "{name}");
             let rows = plan.bucket.b as u64 * plan.bucket.t as u64;
             // A tree step verifies every node of each sequence's tree, more than T a row.
             if name.contains("tree") {

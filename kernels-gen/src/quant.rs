@@ -150,10 +150,20 @@ impl QuantFormat {
     /// C++ expression: the scale (as f32) of element `(row, col)` from the scale pointer
     /// `sc` (typed as the scale dtype), for rows of `k` columns.
     pub fn scale_expr(self, sc: &str, row: &str, col: &str, k: u64) -> String {
+        let at = self.scale_at(sc, row, col, k);
+        match self {
+            QuantFormat::Int4 { .. } => format!("to_f32({at})"),
+            QuantFormat::Fp8Block => at,
+        }
+    }
+
+    /// C++ expression: the stored scale of element `(row, col)` (in the scale dtype), as
+    /// [`QuantFormat::scale_expr`] reads it.
+    pub fn scale_at(self, sc: &str, row: &str, col: &str, k: u64) -> String {
         let cols = self.scale_cols(k);
         match self {
             QuantFormat::Int4 { group } => {
-                format!("to_f32({sc}[(long long)({row}) * {cols} + ({col}) / {group}])")
+                format!("{sc}[(long long)({row}) * {cols} + ({col}) / {group}]")
             }
             QuantFormat::Fp8Block => {
                 format!("{sc}[(long long)(({row}) / {FP8_BLOCK}) * {cols} + ({col}) / {FP8_BLOCK}]")

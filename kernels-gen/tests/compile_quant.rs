@@ -89,6 +89,10 @@ fn snapshots_of_the_quantised_kernels() {
         "moe_down_int4_kimi",
     );
     snap(
+        "moe_grouped kimi g2d4u2-p T=1 moe_down_int4g32",
+        "moe_down_int4_kimi_pipelined",
+    );
+    snap(
         "moe_grouped fixture fp8 T=16 moe_gate_up_fp8e4m3",
         "moe_gate_up_fp8_fixture",
     );

@@ -21,7 +21,7 @@ use quant_cases::grouped::case_with;
 use specc_ir::{DType, Op};
 use specc_kernels_gen::abi::{Bucket, Dtype, Loc};
 use specc_kernels_gen::generic::moe_grouped::{
-    ExpertMatmul, Int4MmaGeometry, Int4MmaTiling, MoeGroupedShape,
+    CoreTiling, ExpertMatmul, Int4MmaGeometry, Int4MmaTiling, MoeGroupedShape,
 };
 use specc_kernels_gen::quant::QuantFormat;
 
@@ -213,7 +213,7 @@ fn bf16_weight(dims: &[usize], rng: &mut Rng) -> (Vec<u8>, specc_ir::interp::Ten
 fn bf16_grouped_experts_match_interpreter() {
     let Some(gpu) = Gpu::new() else { return };
     // Kimi-K2's layout (bf16 stacks and activations) at a small width, and f32 activations.
-    let cuda = ExpertMatmul::CudaCores;
+    let cuda = ExpertMatmul::CUDA_CORES;
     check(&gpu, cuda, DType::BF16, Dtype::BF16, 8, 512, 256, 2);
     check(&gpu, cuda, DType::BF16, Dtype::F32, 8, 64, 32, 2);
 }
@@ -222,10 +222,13 @@ fn bf16_grouped_experts_match_interpreter() {
 fn int4_grouped_experts_match_interpreter() {
     let Some(gpu) = Gpu::new() else { return };
     let i4 = DType::Int4Group { group: 32 };
-    let cuda = ExpertMatmul::CudaCores;
-    // Kimi's layout (bf16 activations, group 32) at a small width; the fixture's shape.
-    check(&gpu, cuda, i4, Dtype::BF16, 8, 512, 256, 2);
-    check(&gpu, cuda, i4, Dtype::F32, 8, 64, 32, 2);
+    // Kimi's layout (bf16 activations, group 32) at a small width; the fixture's shape; in
+    // every CUDA-core tiling the benchmark times.
+    for tl in CoreTiling::VARIANTS {
+        let cuda = ExpertMatmul::CudaCores(tl);
+        check(&gpu, cuda, i4, Dtype::BF16, 8, 512, 256, 2);
+        check(&gpu, cuda, i4, Dtype::F32, 8, 64, 32, 2);
+    }
 }
 
 #[test]
@@ -252,7 +255,9 @@ fn fp8_grouped_experts_match_interpreter() {
     let Some(gpu) = Gpu::new() else { return };
     // The fixture's shape (partial edge blocks both ways), and 136 in-features (8-element
     // loads) with bf16 activations.
-    let cuda = ExpertMatmul::CudaCores;
-    check(&gpu, cuda, DType::Fp8E4M3, Dtype::F32, 8, 160, 48, 2);
-    check(&gpu, cuda, DType::Fp8E4M3, Dtype::BF16, 8, 136, 200, 2);
+    for tl in [CoreTiling::DEFAULT, CoreTiling::VARIANTS[1]] {
+        let cuda = ExpertMatmul::CudaCores(tl);
+        check(&gpu, cuda, DType::Fp8E4M3, Dtype::F32, 8, 160, 48, 2);
+        check(&gpu, cuda, DType::Fp8E4M3, Dtype::BF16, 8, 136, 200, 2);
+    }
 }

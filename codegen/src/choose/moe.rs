@@ -5,7 +5,7 @@
 
 use specc_ir::engine::Target;
 use specc_kernels_gen::generic::moe_grouped::{
-    self, ExpertMatmul, Int4MmaGeometry, Int4MmaTiling, MoeGroupedShape, Unsupported,
+    self, CoreTiling, ExpertMatmul, Int4MmaGeometry, Int4MmaTiling, MoeGroupedShape, Unsupported,
 };
 use specc_kernels_gen::generic::TensorArg;
 
@@ -52,8 +52,9 @@ pub const INT4_TILINGS: [Int4MmaTiling; 2] = [Int4MmaTiling::G4_S4_W4_I, Int4Mma
 pub fn expert_matmul(ops: &[TensorArg], out: &TensorArg, target: &Target) -> ExpertMatmul {
     let hidden = ops[0].dims.last().copied().unwrap_or(1).max(1);
     let tokens = ops[0].numel() / hidden;
+    let cuda = ExpertMatmul::CudaCores(core_tiling());
     if tokens < INT4_TENSOR_CORE_MIN_TOKENS {
-        return ExpertMatmul::CudaCores;
+        return cuda;
     }
     INT4_TILINGS
         .into_iter()
@@ -61,7 +62,23 @@ pub fn expert_matmul(ops: &[TensorArg], out: &TensorArg, target: &Target) -> Exp
             tl.smem_bytes() <= target.smem_per_block as u64
                 && moe_grouped::int4_tensor_cores(&ops[0], &ops[2..], out, tl).is_ok()
         })
-        .map_or(ExpertMatmul::CudaCores, ExpertMatmul::Int4TensorCores)
+        .map_or(cuda, ExpertMatmul::Int4TensorCores)
+}
+
+/// The CUDA-core expert kernels' tiling: [`CoreTiling::DEFAULT`], or the one of
+/// [`CoreTiling::VARIANTS`] named by `SPECC_MOE_TILING` in the build's environment (for
+/// device A/B runs of whole engines; an unknown name is ignored with a note).
+pub fn core_tiling() -> CoreTiling {
+    let Ok(name) = std::env::var("SPECC_MOE_TILING") else {
+        return CoreTiling::DEFAULT;
+    };
+    match CoreTiling::VARIANTS.into_iter().find(|t| t.name() == name) {
+        Some(t) => t,
+        None => {
+            eprintln!("note: SPECC_MOE_TILING={name} is not a tiling of CoreTiling::VARIANTS; using the default");
+            CoreTiling::DEFAULT
+        }
+    }
 }
 
 #[cfg(test)]
@@ -139,7 +156,7 @@ mod tests {
         let i4 = DType::Int4Group { group: 32 };
         let (bf, f32) = (DType::BF16, DType::F32);
         let tc = ExpertMatmul::Int4TensorCores(Int4MmaTiling::G4_S4_W4_I);
-        let cuda = ExpertMatmul::CudaCores;
+        let cuda = ExpertMatmul::CUDA_CORES;
         for t in [1, 2, 4] {
             assert_eq!(pick_at(i4, bf, bf, 7168, 2048, t), cuda, "T={t}");
         }

@@ -342,11 +342,77 @@ pub struct MoeChoice {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ExpertMatmul {
     /// One f32 FMA per weight and token on the CUDA cores (every stack the grouped kernels
-    /// take).
-    CudaCores,
+    /// take), streamed as the value says.
+    CudaCores(CoreTiling),
     /// int4 group-32 stacks with bf16 scales and bf16 activations on tensor cores
     /// (`mma.m16n8k16` bf16, f32 accumulation), tiled as the value says.
     Int4TensorCores(Int4MmaTiling),
+}
+
+/// How the CUDA-core expert kernels stream the weights: each gate/up warp owns `gate_up_rows`
+/// rows of `Wg` and as many of `Wu`, each down warp `down_rows` rows of `Wd`; a lane issues
+/// the 16-byte loads of `unroll` steps of 32 loads a row (a trip) before consuming any.
+/// `pipelined`: a warp issues its next trip's loads before it consumes the current trip's
+/// (two register buffers), so its loads stay in flight while it unpacks and multiplies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CoreTiling {
+    pub gate_up_rows: u32,
+    pub down_rows: u32,
+    pub unroll: u32,
+    pub pipelined: bool,
+}
+
+impl CoreTiling {
+    /// What the grouped kernels use unless told otherwise.
+    pub const DEFAULT: CoreTiling = CoreTiling::new(2, 4, 2, false);
+    /// Every tiling the device benchmark times (`kimi_bandwidth`).
+    pub const VARIANTS: [CoreTiling; 8] = [
+        Self::DEFAULT,
+        CoreTiling::new(2, 4, 2, true),
+        CoreTiling::new(2, 4, 1, true),
+        CoreTiling::new(1, 2, 2, true),
+        CoreTiling::new(2, 8, 1, true),
+        CoreTiling::new(4, 8, 1, true),
+        CoreTiling::new(1, 4, 4, true),
+        CoreTiling::new(4, 8, 1, false),
+    ];
+
+    pub const fn new(gate_up_rows: u32, down_rows: u32, unroll: u32, pipelined: bool) -> Self {
+        CoreTiling {
+            gate_up_rows,
+            down_rows,
+            unroll,
+            pipelined,
+        }
+    }
+
+    /// `g2d4u2` for 2 gate/up rows, 4 down rows, 2 steps a trip; `-p` pipelined.
+    pub fn name(&self) -> String {
+        let n = format!("g{}d{}u{}", self.gate_up_rows, self.down_rows, self.unroll);
+        if self.pipelined {
+            n + "-p"
+        } else {
+            n
+        }
+    }
+
+    /// Whether the emitters take it: 1 to 8 rows a warp, 1 to 4 steps a trip.
+    pub fn valid(&self) -> bool {
+        (1..=8).contains(&self.gate_up_rows)
+            && (1..=8).contains(&self.down_rows)
+            && (1..=4).contains(&self.unroll)
+    }
+}
+
+impl ExpertMatmul {
+    /// The CUDA cores with the default tiling.
+    pub const CUDA_CORES: ExpertMatmul = ExpertMatmul::CudaCores(CoreTiling::DEFAULT);
+}
+
+impl Default for CoreTiling {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
 }
 
 /// How the tensor-core int4 expert kernels stream the weights: a ring of `stages` stages
@@ -457,7 +523,8 @@ impl MlaChoice {
 impl fmt::Display for ExpertMatmul {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ExpertMatmul::CudaCores => write!(f, "cuda-cores"),
+            ExpertMatmul::CudaCores(t) if *t == CoreTiling::DEFAULT => write!(f, "cuda-cores"),
+            ExpertMatmul::CudaCores(t) => write!(f, "cuda-cores {}", t.name()),
             ExpertMatmul::Int4TensorCores(t) => write!(f, "int4 mma {}", t.name()),
         }
     }

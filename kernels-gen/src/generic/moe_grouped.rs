@@ -47,7 +47,7 @@ mod stream;
 
 pub use int4_mma::{Int4MmaGeometry, Int4MmaTiling};
 
-pub use specc_ir::engine::choice::ExpertMatmul;
+pub use specc_ir::engine::choice::{CoreTiling, ExpertMatmul};
 
 /// Warps of a CUDA-core gate/up or down block: small blocks, many of them, so the last wave
 /// is short.
@@ -58,10 +58,6 @@ const WARPS: u64 = 4;
 /// 128 on sm_100a / sm_120 at Kimi's shapes).
 const FLOAT_MIN_BLOCKS: u32 = 4;
 const QUANT_MIN_BLOCKS: u32 = 3;
-/// Rows of `Wg` and of `Wu` each gate/up warp owns (it streams twice as many rows).
-const GATE_UP_ROWS_PER_WARP: u64 = 2;
-/// Rows of `Wd` each down warp owns.
-const DOWN_ROWS_PER_WARP: u64 = 4;
 /// Tokens of one expert whose activations a warp holds while it streams its rows, by the
 /// expert's token count (the smallest size that holds them, else passes of the largest):
 /// up to 4 (8 spills at Kimi's shapes within the registers of [`FLOAT_MIN_BLOCKS`]).
@@ -287,6 +283,13 @@ impl<'a> Stacks<'a> {
         c_type(self.w[m].dtype)
     }
 
+    /// The C element type of a quantised stack's scales.
+    fn scale_c_type(&self, m: usize) -> &'static str {
+        self.quant
+            .as_ref()
+            .map_or("float", |(s, _)| c_type(s[m].dtype))
+    }
+
     /// The resident blocks per SM the launch bounds ask for.
     fn min_blocks(&self) -> u32 {
         if self.quant.is_some() {
@@ -382,7 +385,22 @@ pub fn moe_grouped(
         .map_err(|e| Error::param("moe_grouped", "weights", e.to_string()))?;
     let st = Stacks::of(weights).expect("checked by supported");
     let (gu, dn) = match matmul {
-        ExpertMatmul::CudaCores => (gate_up(shape, x, &st, out, s), down(shape, &st, out, s)),
+        ExpertMatmul::CudaCores(tl) => {
+            if !tl.valid() {
+                return Err(Error::param(
+                    "moe_grouped",
+                    "matmul",
+                    format!(
+                        "CUDA-core tiling {} is not one the emitters take",
+                        tl.name()
+                    ),
+                ));
+            }
+            (
+                gate_up(shape, tl, x, &st, out, s),
+                down(shape, tl, &st, out, s),
+            )
+        }
         ExpertMatmul::Int4TensorCores(tl) => {
             int4_tensor_cores(x, weights, out, tl)
                 .map_err(|e| Error::param("moe_grouped", "weights", e.to_string()))?;
@@ -544,15 +562,22 @@ fn grouped_launch(rows: u64, rw: u64, warps: u64, sh: MoeGroupedShape) -> Launch
 }
 
 /// The prologue of a grouped matmul block: its expert `ex`, its pairs `p0 .. p0 + n` and
-/// its warp's first row `j0` (rows `j0 .. j0 + RW`); blocks past the used count exit.
-/// Whether the last row tile overruns `rows` is returned (the loads must then check rows).
-fn grouped_prologue(k: &mut Kernel, s: &MoeScratch, e: u64, rows: u64, rw: u64, vec: u64) -> bool {
+/// its warp's first row `j0` (rows `j0 .. j0 + RW`, `U` steps a trip); blocks past the used
+/// count exit. Whether the last row tile overruns `rows` is returned (the loads must then
+/// check rows).
+fn grouped_prologue(
+    k: &mut Kernel,
+    s: &MoeScratch,
+    e: u64,
+    rows: u64,
+    [rw, unroll]: [u64; 2],
+    vec: u64,
+) -> bool {
     meta_ptrs(k, s, e, false);
     let w = &mut k.body;
     emit!(
         w,
-        "constexpr int RW = {rw}, V = {vec}, U = {}, ROWS = {rows};",
-        stream::UNROLL
+        "constexpr int RW = {rw}, V = {vec}, U = {unroll}, ROWS = {rows};"
     );
     w.line("const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
     w.comment("Uniform across the block: the used count is one value.");
@@ -587,6 +612,7 @@ fn per_pass(w: &mut Writer, sizes: &[u64], body: &dyn Fn(&mut Writer)) {
 
 fn gate_up(
     sh: MoeGroupedShape,
+    tl: CoreTiling,
     x: &TensorArg,
     st: &Stacks,
     out: &TensorArg,
@@ -601,8 +627,8 @@ fn gate_up(
     st.ptrs(&mut k, &[0, 1]);
     k.ptr("pair_token", &scratch_arg(s.pair_token, I32, p), false);
     k.ptr("act", &TensorArg::new(s.act, out.dtype, &[p, f]), true);
-    let rw = GATE_UP_ROWS_PER_WARP;
-    let guard_rows = grouped_prologue(&mut k, s, e, f, rw, st.vec(0));
+    let (rw, unroll) = (tl.gate_up_rows as u64, tl.unroll as u64);
+    let guard_rows = grouped_prologue(&mut k, s, e, f, [rw, unroll], st.vec(0));
     let w = &mut k.body;
     st.expert_ptrs(w, 0);
     st.expert_ptrs(w, 1);
@@ -617,7 +643,7 @@ fn gate_up(
                 );
             });
             w.line("float acc0[RW][TB] = {}, acc1[RW][TB] = {};");
-            stream::stream_rows(w, st, &[0, 1], h, xt, guard_rows);
+            stream::stream_rows(w, st, &[0, 1], h, xt, guard_rows, (unroll, tl.pipelined));
             w.for_unrolled("r", 0, "RW", |w| {
                 w.for_unrolled("b", 0, "TB", |w| {
                     w.line("const float sg = warp_sum(acc0[r][b]), su = warp_sum(acc1[r][b]);");
@@ -638,15 +664,21 @@ fn gate_up(
     k.finish_bounded(grouped_launch(f, rw, WARPS, sh), Some(st.min_blocks()))
 }
 
-fn down(sh: MoeGroupedShape, st: &Stacks, out: &TensorArg, s: &MoeScratch) -> KernelSource {
+fn down(
+    sh: MoeGroupedShape,
+    tl: CoreTiling,
+    st: &Stacks,
+    out: &TensorArg,
+    s: &MoeScratch,
+) -> KernelSource {
     let (e, f, h, p) = (sh.experts, sh.ffn, sh.hidden, sh.pairs());
     let ot = c_type(out.dtype);
     let mut k = Kernel::new("moe_down", st.dtype());
     st.ptrs(&mut k, &[2]);
     k.ptr("act", &TensorArg::new(s.act, out.dtype, &[p, f]), false);
     k.ptr("y", &TensorArg::new(s.y, out.dtype, &[p, h]), true);
-    let rw = DOWN_ROWS_PER_WARP;
-    let guard_rows = grouped_prologue(&mut k, s, e, h, rw, st.vec(2));
+    let (rw, unroll) = (tl.down_rows as u64, tl.unroll as u64);
+    let guard_rows = grouped_prologue(&mut k, s, e, h, [rw, unroll], st.vec(2));
     let w = &mut k.body;
     st.expert_ptrs(w, 2);
     per_pass(w, st.passes(), &|w| {
@@ -660,7 +692,7 @@ fn down(sh: MoeGroupedShape, st: &Stacks, out: &TensorArg, s: &MoeScratch) -> Ke
                 );
             });
             w.line("float acc0[RW][TB] = {};");
-            stream::stream_rows(w, st, &[2], f, ot, guard_rows);
+            stream::stream_rows(w, st, &[2], f, ot, guard_rows, (unroll, tl.pipelined));
             w.for_unrolled("r", 0, "RW", |w| {
                 w.for_unrolled("b", 0, "TB", |w| {
                     w.line("const float sd = warp_sum(acc0[r][b]);");

@@ -1,7 +1,8 @@
 //! The grouped experts at Kimi-K2's shapes (H 7168, F 2048, top-8; 64 experts so the stacks
 //! fit beside each other: 5.6 GB bf16, 1.6 GB int4): bf16 stacks (Kimi-K2) and int4 group 32
 //! with bf16 scales (Kimi-K2.5), bf16 activations, at 16, 8, 4, 2 and 1 tokens of uniform
-//! random routing; int4 on the CUDA cores and on tensor cores in every tiling of
+//! random routing; int4 on the CUDA cores in every tiling of `CoreTiling::VARIANTS` (their
+//! outputs bit-identical to each other) and on tensor cores in every tiling of
 //! `Int4MmaTiling::VARIANTS`. Checks: every token's output bit-identical to the 16-token
 //! run's at 8, 4, 2 and 1 tokens (batch invariance); token 0 against a host reference in f64
 //! with the interpreter's roundings (computed once per stack dtype).
@@ -14,7 +15,7 @@ use super::quant_cases::grouped::case_with;
 use specc_ir::DType;
 use specc_kernels_gen::abi::{Bucket, Dtype};
 use specc_kernels_gen::generic::moe_grouped::{
-    ExpertMatmul, Int4MmaGeometry, Int4MmaTiling, MoeGroupedShape,
+    CoreTiling, ExpertMatmul, Int4MmaGeometry, Int4MmaTiling, MoeGroupedShape,
 };
 use specc_kernels_gen::quant::QuantFormat;
 
@@ -195,10 +196,12 @@ fn w_dtype(int4: bool) -> DType {
 }
 
 /// One variant's timings: per count of [`TOKENS`], % of the copy bandwidth of the four
-/// kernels, of `moe_gate_up` and of `moe_down`, and the four kernels' milliseconds.
+/// kernels, of `moe_gate_up` and of `moe_down`, and the four kernels' milliseconds; and its
+/// output at the first count.
 struct Timings {
     name: String,
     pct: Vec<[f64; 4]>,
+    first: Vec<f64>,
 }
 
 /// Checks and times the grouped kernels over `st` with the expert matmuls as `mm`; `want0`
@@ -212,7 +215,8 @@ fn run(
 ) -> Timings {
     let name = match (st.int4, mm) {
         (false, _) => "bf16".to_string(),
-        (true, ExpertMatmul::CudaCores) => "int4g32".to_string(),
+        (true, ExpertMatmul::CUDA_CORES) => "int4g32".to_string(),
+        (true, ExpertMatmul::CudaCores(tl)) => format!("int4g32 {}", tl.name()),
         (true, ExpertMatmul::Int4TensorCores(tl)) => format!("int4g32 mma {}", tl.name()),
     };
     let w_dt = w_dtype(st.int4);
@@ -294,7 +298,11 @@ fn run(
     println!(
         "PASS kimi {name}: token 0 within tolerance, T = {counts:?} bit-identical to the first"
     );
-    Timings { name, pct }
+    Timings {
+        name,
+        pct,
+        first: full.unwrap_or_default(),
+    }
 }
 
 /// The table of every variant: per T, `all% (gate_up% / down%)` of the copy bandwidth.
@@ -329,12 +337,42 @@ fn kimi_bandwidth() {
     let mut rows = Vec::new();
     if wanted("bf16") {
         let bf16 = Stacks::new(false);
-        rows.push(run(&gpu, &bf16, ExpertMatmul::CudaCores, copy, &mut None));
+        rows.push(run(&gpu, &bf16, ExpertMatmul::CUDA_CORES, copy, &mut None));
     }
     let int4 = Stacks::new(true);
     let mut want0 = None;
-    if wanted("int4g32") {
-        rows.push(run(&gpu, &int4, ExpertMatmul::CudaCores, copy, &mut want0));
+    let mut default_out: Option<Vec<f64>> = None;
+    for tl in CoreTiling::VARIANTS {
+        let name = if tl == CoreTiling::DEFAULT {
+            "int4g32".to_string()
+        } else {
+            tl.name()
+        };
+        if !wanted(&name) {
+            continue;
+        }
+        let r = run(&gpu, &int4, ExpertMatmul::CudaCores(tl), copy, &mut want0);
+        // Every CUDA-core tiling sums each lane's columns in the same order.
+        match &default_out {
+            None => default_out = Some(r.first.clone()),
+            Some(d) => {
+                let same = r
+                    .first
+                    .iter()
+                    .zip(d)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "int4g32 {}: outputs differ from the first tiling's",
+                    tl.name()
+                );
+                println!(
+                    "int4g32 {}: bit-identical to the first CUDA-core tiling",
+                    tl.name()
+                );
+            }
+        }
+        rows.push(r);
     }
     for tl in Int4MmaTiling::VARIANTS {
         if !wanted(&tl.name()) {

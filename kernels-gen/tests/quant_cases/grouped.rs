@@ -6,7 +6,7 @@
 use specc_ir::DType;
 use specc_kernels_gen::abi::{KernelSource, Loc};
 use specc_kernels_gen::generic::moe_grouped::{
-    moe_grouped, ExpertMatmul, Int4MmaTiling, MoeGroupedShape, MoeScratch,
+    moe_grouped, CoreTiling, ExpertMatmul, Int4MmaTiling, MoeGroupedShape, MoeScratch,
 };
 use specc_kernels_gen::generic::TensorArg;
 use specc_kernels_gen::quant::QuantFormat;
@@ -136,7 +136,7 @@ pub fn shapes() -> Vec<Compiled> {
         ffn,
         top_k,
     };
-    let cuda = ExpertMatmul::CudaCores;
+    let cuda = ExpertMatmul::CUDA_CORES;
     let mma = ExpertMatmul::Int4TensorCores(MMA_DEFAULT);
     let mut out = Vec::new();
     let mut push = |label: String, w, s, act, shape, matmul| {
@@ -218,6 +218,39 @@ pub fn shapes() -> Vec<Compiled> {
             );
         }
     }
+    for tl in CoreTiling::VARIANTS
+        .into_iter()
+        .filter(|&tl| tl != CoreTiling::DEFAULT)
+    {
+        for t in [1, 16] {
+            push(
+                format!("kimi {} T={t}", tl.name()),
+                i4,
+                DType::BF16,
+                DType::BF16,
+                sh(t, 384, 7168, 2048, 8),
+                ExpertMatmul::CudaCores(tl),
+            );
+        }
+    }
+    // Odd shapes (the last trip and row tile overrun) through a pipelined tiling.
+    let piped = ExpertMatmul::CudaCores(CoreTiling::VARIANTS[1]);
+    push(
+        "fixture int4 pipelined T=16".into(),
+        i4,
+        DType::BF16,
+        DType::F32,
+        sh(16, 8, 64, 32, 2),
+        piped,
+    );
+    push(
+        "fixture fp8 pipelined T=16".into(),
+        DType::Fp8E4M3,
+        DType::F32,
+        DType::F32,
+        sh(16, 8, 160, 48, 2),
+        piped,
+    );
     push(
         "small mma T=16".into(),
         i4,

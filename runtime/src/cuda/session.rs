@@ -345,9 +345,10 @@ impl<'a> CudaSpecSession<'a> {
         for b in buckets {
             for v in 0..self.policy.ks().len() {
                 let t = self.time_step(b, v, near)?;
-                let slope = match far > near {
-                    true => (self.time_step(b, v, far)? - t) / (far - near) as f64,
-                    false => 0.0,
+                let slope = if far > near {
+                    (self.time_step(b, v, far)? - t) / (far - near) as f64
+                } else {
+                    0.0
                 };
                 self.policy.set_time(b, v, t);
                 self.policy.set_slope(b, v, slope);

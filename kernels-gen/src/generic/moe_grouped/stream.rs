@@ -1,8 +1,9 @@
 //! How a warp of the grouped expert kernels streams its weight rows: per step of `32 · V`
 //! columns each lane reads one 16-byte load (int4: 32 nibbles; fp8: 16 bytes; float: 16
 //! bytes; narrower only where the rows or int4 groups ask for it) of each of its rows, and
-//! issues the loads of [`UNROLL`] steps before it consumes any of them, so that
-//! `UNROLL · rows` independent loads are in flight per lane.
+//! issues the loads of `U` steps (a trip, [`super::CoreTiling`]'s `unroll`) before it consumes any of
+//! them, so that `U · rows` independent loads are in flight per lane; pipelined, the next
+//! trip's are issued before the current trip's are consumed.
 //!
 //! The weights are consumed in chunks of [`X_CHUNK`] columns: the chunk's activations of
 //! every token of the pass (16 bytes of bf16 each) are loaded once and multiplied with every
@@ -19,8 +20,6 @@ use super::{Stacks, NAMES};
 use crate::quant::QuantFormat;
 use crate::writer::{emit, Writer};
 
-/// Steps whose loads a lane issues before consuming the first.
-pub(super) const UNROLL: u64 = 2;
 /// Columns of activations a lane converts at once (16 bytes of bf16; one int4 word).
 const X_CHUNK: u64 = 8;
 
@@ -41,7 +40,9 @@ pub(super) fn quant_vec(format: QuantFormat, k: u64) -> Option<u64> {
 /// `mats`): `acc<j>[r][b] += Σ_i x_b[i] · w_r[i]` for the pass's `TB` tokens (`xrow[b]` the
 /// activation row of `b`, valid where `b < nb`). Reads the constants `RW`, `V`, `U`,
 /// `ROWS`, `TB` and `lane`, `j0`, the expert pointers `w?e` / `s?e`. `guard_rows`: the row
-/// tiles overrun `ROWS`.
+/// tiles overrun `ROWS`. A trip is `unroll` (`U`) steps: their loads are issued before any
+/// is consumed; `pipelined`, the next trip's loads are issued (into a second set of
+/// registers) before the current trip's are consumed.
 pub(super) fn stream_rows(
     w: &mut Writer,
     st: &Stacks,
@@ -49,120 +50,199 @@ pub(super) fn stream_rows(
     k_dim: u64,
     xt: &str,
     guard_rows: bool,
+    (unroll, pipelined): (u64, bool),
 ) {
     let v = st.vec(mats[0]);
-    let guard_k = !k_dim.is_multiple_of(32 * v * UNROLL);
+    let trips = Trips {
+        st,
+        mats,
+        guard_k: !k_dim.is_multiple_of(32 * v * unroll),
+        guard_rows,
+    };
     emit!(w, "constexpr long long K = {k_dim};");
     emit!(w, "constexpr int XC = {};", v.min(X_CHUNK));
-    w.comment("One trip: the loads of U steps of every row, then their products.");
+    if !pipelined {
+        w.comment("One trip: the loads of U steps of every row, then their products.");
+        w.line("#pragma unroll 1");
+        w.for_block(
+            "long long i0 = lane * V",
+            "i0 < K",
+            "i0 += 32 * V * U",
+            |w| {
+                trips.declare(w, "");
+                trips.issue(w, "i0", "");
+                trips.consume(w, xt);
+            },
+        );
+        return;
+    }
+    w.comment("Loads of the next trip are in flight while this trip's are consumed.");
+    trips.declare(w, "n");
+    trips.issue(w, "(long long)lane * V", "n");
     w.line("#pragma unroll 1");
     w.for_block(
         "long long i0 = lane * V",
         "i0 < K",
         "i0 += 32 * V * U",
         |w| {
-            for (j, &m) in mats.iter().enumerate() {
-                declare(w, st, m, j);
-            }
-            w.for_unrolled("u", 0, "U", |w| {
-                w.line("const long long i = i0 + u * 32 * V;");
-                w.for_unrolled("r", 0, "RW", |w| {
-                    let mut conds = Vec::new();
-                    if guard_k {
-                        conds.push("i < K");
-                    }
-                    if guard_rows {
-                        conds.push("j0 + r < ROWS");
-                    }
-                    let load_all = |w: &mut Writer| {
-                        for (j, &m) in mats.iter().enumerate() {
-                            load(w, st, m, j);
-                        }
-                    };
-                    if conds.is_empty() {
-                        load_all(w);
-                    } else {
-                        w.if_else(conds.join(" && "), load_all, |w| {
-                            for (j, &m) in mats.iter().enumerate() {
-                                zero(w, st, m, j);
-                            }
-                        });
-                    }
-                });
+            trips.declare(w, "");
+            trips.take(w);
+            w.if_block("i0 + 32 * V * U < K", |w| {
+                trips.issue(w, "i0 + 32 * V * U", "n")
             });
-            w.for_unrolled("u", 0, "U", |w| {
-                w.line("const long long i = i0 + u * 32 * V;");
-                if guard_k {
-                    w.if_block("i < K", |w| consume(w, st, mats, xt));
-                } else {
-                    consume(w, st, mats, xt);
-                }
-            });
+            trips.consume(w, xt);
         },
     );
 }
 
-/// This trip's registers of stack `m` (position `j`): `w<j>[U][RW][V]` as f32 (float and
-/// fp8 stacks, fp8 unscaled) or `[U][RW][V / 8]` int4 words, and `sc<j>[U][RW]` scales.
-fn declare(w: &mut Writer, st: &Stacks, m: usize, j: usize) {
+/// The loads of one warp's trips over stacks `mats`.
+struct Trips<'a> {
+    st: &'a Stacks<'a>,
+    mats: &'a [usize],
+    /// The last trip overruns K (its steps past K load nothing).
+    guard_k: bool,
+    /// The row tiles overrun `ROWS` (rows past it load zeros).
+    guard_rows: bool,
+}
+
+impl Trips<'_> {
+    /// A trip's registers, their names suffixed by `sfx`.
+    fn declare(&self, w: &mut Writer, sfx: &str) {
+        for (j, &m) in self.mats.iter().enumerate() {
+            declare(w, self.st, m, &format!("{j}{sfx}"));
+        }
+    }
+
+    /// Issues the loads of the trip starting at column `base` into the registers suffixed
+    /// `sfx`.
+    fn issue(&self, w: &mut Writer, base: &str, sfx: &str) {
+        let (st, mats) = (self.st, self.mats);
+        w.for_unrolled("u", 0, "U", |w| {
+            emit!(w, "const long long i = {base} + u * 32 * V;");
+            w.for_unrolled("r", 0, "RW", |w| {
+                let mut conds = Vec::new();
+                if self.guard_k {
+                    conds.push("i < K");
+                }
+                if self.guard_rows {
+                    conds.push("j0 + r < ROWS");
+                }
+                let load_all = |w: &mut Writer| {
+                    for (j, &m) in mats.iter().enumerate() {
+                        load(w, st, m, &format!("{j}{sfx}"));
+                    }
+                };
+                if conds.is_empty() {
+                    load_all(w);
+                } else {
+                    w.if_else(conds.join(" && "), load_all, |w| {
+                        for (j, &m) in mats.iter().enumerate() {
+                            zero(w, st, m, &format!("{j}{sfx}"));
+                        }
+                    });
+                }
+            });
+        });
+    }
+
+    /// Moves the next trip's registers into the current trip's.
+    fn take(&self, w: &mut Writer) {
+        for (j, &m) in self.mats.iter().enumerate() {
+            let words = match self.st.format(m) {
+                Some(QuantFormat::Int4 { .. }) => "V / 8",
+                _ => "V",
+            };
+            w.for_unrolled("u", 0, "U", |w| {
+                w.for_unrolled("r", 0, "RW", |w| {
+                    emit!(
+                        w,
+                        "for (int v = 0; v < {words}; ++v) w{j}[u][r][v] = w{j}n[u][r][v];"
+                    );
+                    if self.st.format(m).is_some() {
+                        emit!(w, "sc{j}[u][r] = sc{j}n[u][r];");
+                    }
+                });
+            });
+        }
+    }
+
+    /// The products of every step of the trip at `i0`.
+    fn consume(&self, w: &mut Writer, xt: &str) {
+        w.for_unrolled("u", 0, "U", |w| {
+            w.line("const long long i = i0 + u * 32 * V;");
+            if self.guard_k {
+                w.if_block("i < K", |w| consume(w, self.st, self.mats, xt));
+            } else {
+                consume(w, self.st, self.mats, xt);
+            }
+        });
+    }
+}
+
+/// This trip's registers of stack `m` (named `w<n>`, `sc<n>`): `[U][RW][V]` as f32 (float
+/// and fp8 stacks, fp8 unscaled) or `[U][RW][V / 8]` int4 words, and `[U][RW]` scales as
+/// stored (converted where consumed, so no instruction waits on a load before the trip's
+/// products).
+fn declare(w: &mut Writer, st: &Stacks, m: usize, n: &str) {
     match st.format(m) {
-        None => emit!(w, "float w{j}[U][RW][V];"),
+        None => emit!(w, "float w{n}[U][RW][V];"),
         Some(QuantFormat::Int4 { .. }) => {
-            emit!(w, "unsigned int w{j}[U][RW][V / 8];");
-            emit!(w, "float sc{j}[U][RW];");
+            emit!(w, "unsigned int w{n}[U][RW][V / 8];");
+            emit!(w, "{} sc{n}[U][RW];", st.scale_c_type(m));
         }
         Some(QuantFormat::Fp8Block) => {
-            emit!(w, "float w{j}[U][RW][V];");
-            emit!(w, "float sc{j}[U][RW];");
+            emit!(w, "float w{n}[U][RW][V];");
+            emit!(w, "{} sc{n}[U][RW];", st.scale_c_type(m));
         }
     }
 }
 
-/// Loads row `j0 + r`, columns `i .. i + V` of stack `m` (and its scale; int4's times 16).
-fn load(w: &mut Writer, st: &Stacks, m: usize, j: usize) {
+/// Loads row `j0 + r`, columns `i .. i + V` of stack `m` (and its scale) into `w<n>[u][r]`,
+/// `sc<n>[u][r]`.
+fn load(w: &mut Writer, st: &Stacks, m: usize, n: &str) {
     let nm = NAMES[m];
     let Some(fmt) = st.format(m) else {
         emit!(
             w,
-            "ld_stream_vec<V, {}>(w{nm}e + (long long)(j0 + r) * K + i, w{j}[u][r]);",
+            "ld_stream_vec<V, {}>(w{nm}e + (long long)(j0 + r) * K + i, w{n}[u][r]);",
             st.c_type(m)
         );
         return;
     };
     let k = st.k(m);
     let rb = fmt.row_bytes(k);
-    let scale = fmt.scale_expr(&format!("s{nm}e"), "j0 + r", "i", k);
+    let scale = fmt.scale_at(&format!("s{nm}e"), "j0 + r", "i", k);
     match fmt {
         QuantFormat::Int4 { .. } => {
             emit!(
                 w,
-                "ld_stream_words<V / 2>(w{nm}e + (long long)(j0 + r) * {rb} + i / 2, w{j}[u][r]);"
+                "ld_stream_words<V / 2>(w{nm}e + (long long)(j0 + r) * {rb} + i / 2, w{n}[u][r]);"
             );
-            emit!(w, "sc{j}[u][r] = 16.0f * {scale};");
+            emit!(w, "sc{n}[u][r] = {scale};");
         }
         QuantFormat::Fp8Block => {
             emit!(
                 w,
-                "ld_stream_fp8<V>(w{nm}e + (long long)(j0 + r) * {rb} + i, w{j}[u][r]);"
+                "ld_stream_fp8<V>(w{nm}e + (long long)(j0 + r) * {rb} + i, w{n}[u][r]);"
             );
-            emit!(w, "sc{j}[u][r] = {scale};");
+            emit!(w, "sc{n}[u][r] = {scale};");
         }
     }
 }
 
 /// Zeros where a row or step is past the matrix (never stored, but never undefined).
-fn zero(w: &mut Writer, st: &Stacks, m: usize, j: usize) {
+fn zero(w: &mut Writer, st: &Stacks, m: usize, n: &str) {
     match st.format(m) {
         None => w.line(format_args!(
-            "for (int v = 0; v < V; ++v) w{j}[u][r][v] = 0.0f;"
+            "for (int v = 0; v < V; ++v) w{n}[u][r][v] = 0.0f;"
         )),
         Some(f) => {
-            let (n, z) = match f {
+            let (len, z) = match f {
                 QuantFormat::Int4 { .. } => ("V / 8", "0u"),
                 QuantFormat::Fp8Block => ("V", "0.0f"),
             };
-            emit!(w, "for (int v = 0; v < {n}; ++v) w{j}[u][r][v] = {z};");
-            emit!(w, "sc{j}[u][r] = 0.0f;");
+            emit!(w, "for (int v = 0; v < {len}; ++v) w{n}[u][r][v] = {z};");
+            emit!(w, "sc{n}[u][r] = from_f32<{}>(0.0f);", st.scale_c_type(m));
         }
     }
 }
@@ -218,16 +298,21 @@ fn consume(w: &mut Writer, st: &Stacks, mats: &[usize], xt: &str) {
         });
     });
     if fmt.is_some() {
-        w.comment("One scale per load and row.");
+        w.comment("One scale per load and row (int4's times 16).");
         w.for_unrolled("r", 0, "RW", |w| {
             for j in 0..mats.len() {
                 w.for_unrolled("b", 0, "TB", |w| {
+                    let scale = if int4 {
+                        format!("16.0f * to_f32(sc{j}[u][r])")
+                    } else {
+                        format!("to_f32(sc{j}[u][r])")
+                    };
                     let sum = if int4 {
                         format!("fmaf(-1.5f, xs[b], s{j}[r][b])")
                     } else {
                         format!("s{j}[r][b]")
                     };
-                    emit!(w, "acc{j}[r][b] = fmaf(sc{j}[u][r], {sum}, acc{j}[r][b]);");
+                    emit!(w, "acc{j}[r][b] = fmaf({scale}, {sum}, acc{j}[r][b]);");
                 });
             }
         });
