@@ -4,6 +4,7 @@
 //! matmuls multiply.
 
 use specc_ir::engine::Target;
+use specc_ir::DType;
 use specc_kernels_gen::generic::moe_grouped::{
     self, CoreTiling, ExpertMatmul, Int4MmaGeometry, Int4MmaTiling, MoeGroupedShape, Unsupported,
 };
@@ -48,11 +49,13 @@ pub const INT4_TILINGS: [Int4MmaTiling; 2] = [Int4MmaTiling::G4_S4_W4_I, Int4Mma
 /// arch we emit) from [`INT4_TENSOR_CORE_MIN_TOKENS`] tokens a step, tiled as the first of
 /// [`INT4_TILINGS`] that fits: two integer-free unpack operations per two weights instead of
 /// the CUDA-core path's ~3 issued instructions per weight and token. Everything else (fewer
-/// tokens, f32 activations, fp8 and float stacks, widths off the stages) on the CUDA cores.
+/// tokens, f32 activations, fp8 and float stacks, widths off the stages) on the CUDA cores,
+/// tiled as [`core_tiling`] says.
 pub fn expert_matmul(ops: &[TensorArg], out: &TensorArg, target: &Target) -> ExpertMatmul {
     let hidden = ops[0].dims.last().copied().unwrap_or(1).max(1);
     let tokens = ops[0].numel() / hidden;
-    let cuda = ExpertMatmul::CudaCores(core_tiling());
+    let int4 = matches!(ops.get(2).map(|w| w.dtype), Some(DType::Int4Group { .. }));
+    let cuda = ExpertMatmul::CudaCores(core_tiling(int4));
     if tokens < INT4_TENSOR_CORE_MIN_TOKENS {
         return cuda;
     }
@@ -65,18 +68,27 @@ pub fn expert_matmul(ops: &[TensorArg], out: &TensorArg, target: &Target) -> Exp
         .map_or(cuda, ExpertMatmul::Int4TensorCores)
 }
 
-/// The CUDA-core expert kernels' tiling: [`CoreTiling::DEFAULT`], or the one of
-/// [`CoreTiling::VARIANTS`] named by `SPECC_MOE_TILING` in the build's environment (for
-/// device A/B runs of whole engines; an unknown name is ignored with a note).
-pub fn core_tiling() -> CoreTiling {
+/// The CUDA-core expert kernels' tiling: for int4 stacks [`CoreTiling::PIPELINED`] (their
+/// packed words leave the registers for a second trip in flight: the Kimi-K2.5 6-layer
+/// decode 2.610 → 2.593 ms on an H100, `kimi_bandwidth` 55 → 57 % of copy at one token,
+/// bench/NOTES.md session 51), else [`CoreTiling::DEFAULT`] (float and fp8 loads are held
+/// as f32, which a second trip would spill); or the one of [`CoreTiling::VARIANTS`] named by
+/// `SPECC_MOE_TILING` in the build's environment (device A/B runs of whole engines; an
+/// unknown name is ignored with a note).
+pub fn core_tiling(int4: bool) -> CoreTiling {
+    let default = if int4 {
+        CoreTiling::PIPELINED
+    } else {
+        CoreTiling::DEFAULT
+    };
     let Ok(name) = std::env::var("SPECC_MOE_TILING") else {
-        return CoreTiling::DEFAULT;
+        return default;
     };
     match CoreTiling::VARIANTS.into_iter().find(|t| t.name() == name) {
         Some(t) => t,
         None => {
             eprintln!("note: SPECC_MOE_TILING={name} is not a tiling of CoreTiling::VARIANTS; using the default");
-            CoreTiling::DEFAULT
+            default
         }
     }
 }
@@ -156,7 +168,8 @@ mod tests {
         let i4 = DType::Int4Group { group: 32 };
         let (bf, f32) = (DType::BF16, DType::F32);
         let tc = ExpertMatmul::Int4TensorCores(Int4MmaTiling::G4_S4_W4_I);
-        let cuda = ExpertMatmul::CUDA_CORES;
+        // int4 on CUDA cores pipelined, fp8 and float stacks not.
+        let cuda = ExpertMatmul::CudaCores(CoreTiling::PIPELINED);
         for t in [1, 2, 4] {
             assert_eq!(pick_at(i4, bf, bf, 7168, 2048, t), cuda, "T={t}");
         }
@@ -181,7 +194,8 @@ mod tests {
         );
         assert_eq!(pick(i4, bf, bf, 7168 + 32, 2048), cuda);
         assert_eq!(pick(i4, bf, bf, 64, 32), cuda);
-        assert_eq!(pick(DType::Fp8E4M3, f32, bf, 7168, 2048), cuda);
-        assert_eq!(pick(bf, bf, bf, 7168, 2048), cuda);
+        let plain = ExpertMatmul::CUDA_CORES;
+        assert_eq!(pick(DType::Fp8E4M3, f32, bf, 7168, 2048), plain);
+        assert_eq!(pick(bf, bf, bf, 7168, 2048), plain);
     }
 }

@@ -365,10 +365,12 @@ pub struct CoreTiling {
 impl CoreTiling {
     /// What the grouped kernels use unless told otherwise.
     pub const DEFAULT: CoreTiling = CoreTiling::new(2, 4, 2, false);
+    /// [`CoreTiling::DEFAULT`] with its trips pipelined (int4 stacks' choice).
+    pub const PIPELINED: CoreTiling = CoreTiling::new(2, 4, 2, true);
     /// Every tiling the device benchmark times (`kimi_bandwidth`).
     pub const VARIANTS: [CoreTiling; 8] = [
         Self::DEFAULT,
-        CoreTiling::new(2, 4, 2, true),
+        Self::PIPELINED,
         CoreTiling::new(2, 4, 1, true),
         CoreTiling::new(1, 2, 2, true),
         CoreTiling::new(2, 8, 1, true),

@@ -1,6 +1,6 @@
 //! KV-cache writes and masked attention.
 
-use super::matmul::dots;
+use super::matmul::dots_rows;
 use super::tensor::{round_to, Data, Tensor};
 use super::util::{f32s, i64s, OpResult, Out};
 use crate::op::AttnMask;
@@ -182,7 +182,8 @@ pub(crate) fn attention(args: &[&Tensor], scale: f64, mask: AttnMask, out: &Out)
     let mut res = vec![0.0f32; b * t * hq * dv];
     let mut slots = Vec::with_capacity(ctx);
     let mut krows: Vec<&[f32]> = Vec::with_capacity(ctx);
-    let mut scores = vec![0.0f32; ctx];
+    let mut qrows: Vec<&[f32]> = Vec::with_capacity(group);
+    let mut scores = vec![0.0f32; group * ctx];
     let mut acc = vec![0.0f32; dv];
     #[cfg(target_arch = "x86_64")]
     let avx = std::arch::is_x86_feature_detected!("avx");
@@ -204,23 +205,32 @@ pub(crate) fn attention(args: &[&Tensor], scale: f64, mask: AttnMask, out: &Out)
             if slots.is_empty() {
                 continue;
             }
-            let scores = &mut scores[..slots.len()];
-            for h in 0..hq {
-                let kh = h / group;
-                let qrow = &qv[((bi * t + ti) * hq + h) * d..][..d];
+            let n = slots.len();
+            for kh in 0..hkv {
+                // The kv head's rows once, their scores for every query head reading it.
                 krows.clear();
                 krows.extend(
                     slots
                         .iter()
                         .map(|&s| &kv[((bi * ctx + s) * hkv + kh) * d..][..d]),
                 );
-                dots(qrow, &krows, scores);
+                let heads = kh * group..(kh + 1) * group;
+                qrows.clear();
+                qrows.extend(
+                    heads
+                        .clone()
+                        .map(|h| &qv[((bi * t + ti) * hq + h) * d..][..d]),
+                );
+                dots_rows(&qrows, &krows, &mut scores, n);
                 let vrow = |s: usize| &vv[((bi * ctx + s) * hkv + kh) * dv..][..dv];
-                let l = softmax_weighted_sum(scores, scale, &slots, vrow, &mut acc, avx);
-                let o = &mut res[((bi * t + ti) * hq + h) * dv..][..dv];
-                if l > 0.0 {
-                    for (o, &a) in o.iter_mut().zip(&acc) {
-                        *o = round_to(out.dtype, a / l);
+                for (g, h) in heads.enumerate() {
+                    let sc = &mut scores[g * n..][..n];
+                    let l = softmax_weighted_sum(sc, scale, &slots, vrow, &mut acc, avx);
+                    let o = &mut res[((bi * t + ti) * hq + h) * dv..][..dv];
+                    if l > 0.0 {
+                        for (o, &a) in o.iter_mut().zip(&acc) {
+                            *o = round_to(out.dtype, a / l);
+                        }
                     }
                 }
             }
@@ -229,11 +239,14 @@ pub(crate) fn attention(args: &[&Tensor], scale: f64, mask: AttnMask, out: &Out)
     Ok(out.f32(res))
 }
 
+/// Values of `acc` summed in registers at once (four AVX registers).
+const ACC_CHUNK: usize = 32;
+
 /// One query row and head: scales `scores` (of `slots`, in increasing order), takes
 /// `p = exp(score − max)` over them, sums `l = Σ p` and `acc = Σ p · v(slot)` in slot
-/// order (`acc` overwritten), and returns `l`. With `avx` the same operations run in
-/// 8-wide registers: every element is its own `mul` then `add`, so the bits do not depend
-/// on the width.
+/// order (`acc` overwritten), and returns `l` (0 when every score is −∞). With `avx` the
+/// same operations run in 8-wide registers: every element is its own `mul` then `add`, so
+/// the bits do not depend on the width.
 fn softmax_weighted_sum<'v>(
     scores: &mut [f32],
     scale: f32,
@@ -272,23 +285,61 @@ fn softmax_weighted_sum_body<'v>(
     v: impl Fn(usize) -> &'v [f32],
     acc: &mut [f32],
 ) -> f32 {
-    let mut m = f32::NEG_INFINITY;
-    for score in scores.iter_mut() {
-        *score *= scale;
-        m = m.max(*score);
-    }
     acc.fill(0.0);
-    let mut l = 0.0f32;
-    for (&score, &s) in scores.iter().zip(slots) {
-        let p = if m == f32::NEG_INFINITY {
-            0.0
-        } else {
-            (score - m).exp()
-        };
-        l += p;
-        for (a, &x) in acc.iter_mut().zip(v(s)) {
-            *a += p * x;
+    let l = exps(scores, scale);
+    if l == 0.0 {
+        return 0.0;
+    }
+    // `ACC_CHUNK` values of `acc` held in registers over all slots: each value is still
+    // `Σ p·v` in slot order, one multiply and one add a slot, as in one pass.
+    let mut start = 0;
+    while start + ACC_CHUNK <= acc.len() {
+        let mut r = [0.0f32; ACC_CHUNK];
+        for (&p, &s) in scores.iter().zip(slots) {
+            let x: &[f32; ACC_CHUNK] = v(s)[start..start + ACC_CHUNK]
+                .try_into()
+                .expect("a chunk of the row");
+            for (a, &x) in r.iter_mut().zip(x) {
+                *a += p * x;
+            }
         }
+        acc[start..start + ACC_CHUNK].copy_from_slice(&r);
+        start += ACC_CHUNK;
+    }
+    if start < acc.len() {
+        let tail = &mut acc[start..];
+        for (&p, &s) in scores.iter().zip(slots) {
+            for (a, &x) in tail.iter_mut().zip(&v(s)[start..]) {
+                *a += p * x;
+            }
+        }
+    }
+    l
+}
+
+/// One row's scores scaled and replaced by `exp(score − max)` (the exps in a pass of their
+/// own: no sum is live across the libm call); returns their sum in slot order, or 0 with
+/// every `p` 0 when every score is −∞.
+#[inline(always)]
+fn exps(row: &mut [f32], scale: f32) -> f32 {
+    // The max in 8 lanes, then across them: the same value as one pass (`max` ignores a
+    // NaN either way, and a zero's sign does not change `score − m`).
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    for chunk in row.chunks_mut(8) {
+        for (l, score) in lanes.iter_mut().zip(chunk) {
+            *score *= scale;
+            *l = l.max(*score);
+        }
+    }
+    let m = lanes.into_iter().fold(f32::NEG_INFINITY, f32::max);
+    if m == f32::NEG_INFINITY {
+        row.fill(0.0);
+        return 0.0;
+    }
+    let mut l = 0.0f32;
+    for score in row.iter_mut() {
+        *score = (*score - m).exp();
+        l += *score;
     }
     l
 }

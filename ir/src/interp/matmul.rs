@@ -281,6 +281,41 @@ unsafe fn dots_avx(x: &[f32], rows: &[&[f32]], out: &mut [f32]) {
     unsafe { avx::row_block::<1, 4>([x], rows, out, 0, false) }
 }
 
+/// `out[r · stride + i] = dot(xs[r], rows[i])` for every query `r` and row `i`: [`dots`] for
+/// several queries against the same rows (the attention scores of the query heads that
+/// share a kv head), each row's loads shared by the queries; bit for bit [`dots`] per query.
+pub(crate) fn dots_rows(xs: &[&[f32]], rows: &[&[f32]], out: &mut [f32], stride: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: the CPU supports AVX (checked just above).
+        unsafe { dots_rows_avx(xs, rows, out, stride) };
+        return;
+    }
+    for (r, x) in xs.iter().enumerate() {
+        dots(x, rows, &mut out[r * stride..][..rows.len()]);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn dots_rows_avx(xs: &[&[f32]], rows: &[&[f32]], out: &mut [f32], stride: usize) {
+    let mut r = 0;
+    // SAFETY (all calls): AVX is enabled in this function. Eight accumulators a tile.
+    while r + 4 <= xs.len() {
+        let x = [xs[r], xs[r + 1], xs[r + 2], xs[r + 3]];
+        unsafe { avx::row_block::<4, 2>(x, rows, &mut out[r * stride..], stride, false) };
+        r += 4;
+    }
+    while r + 2 <= xs.len() {
+        let x = [xs[r], xs[r + 1]];
+        unsafe { avx::row_block::<2, 4>(x, rows, &mut out[r * stride..], stride, false) };
+        r += 2;
+    }
+    if r < xs.len() {
+        unsafe { avx::row_block::<1, 4>([xs[r]], rows, &mut out[r * stride..], stride, false) };
+    }
+}
+
 /// What every part of one matmul reads.
 struct Operands<'a> {
     x: &'a [f32],
@@ -669,6 +704,42 @@ mod tests {
     /// Every element equals `R(dot(x_i, w_j))` exactly, whatever the number of rows in the
     /// batch and the number of threads: rows of a batch computed alone, the whole batch on
     /// 1, 2 and 3 threads, for widths that leave partial tiles and a tail after the lanes.
+    /// Several queries against the same rows give each query's [`dots`] bit for bit, at
+    /// query counts that take every tile (4, 2 and a lone row) and row lengths with a tail.
+    #[test]
+    fn dots_of_several_queries_equal_each_alone() {
+        for (queries, len, n) in [(1, 32, 5), (2, 37, 9), (3, 32, 7), (4, 40, 13), (7, 8, 3)] {
+            let xs: Vec<Vec<f32>> = (0..queries)
+                .map(|q| {
+                    (0..len)
+                        .map(|i| ((q * 31 + i * 7) % 23) as f32 * 0.173 - 1.9)
+                        .collect()
+                })
+                .collect();
+            let rows: Vec<Vec<f32>> = (0..n)
+                .map(|r| {
+                    (0..len)
+                        .map(|i| ((r * 13 + i * 5) % 19) as f32 * 0.311 - 2.7)
+                        .collect()
+                })
+                .collect();
+            let xr: Vec<&[f32]> = xs.iter().map(Vec::as_slice).collect();
+            let rr: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
+            let mut all = vec![0.0f32; queries * n];
+            dots_rows(&xr, &rr, &mut all, n);
+            for (q, x) in xr.iter().enumerate() {
+                let mut one = vec![0.0f32; n];
+                dots(x, &rr, &mut one);
+                let same = one
+                    .iter()
+                    .zip(&all[q * n..])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{queries} queries of {len}, query {q}");
+                assert_eq!(one[0].to_bits(), dot(x, rr[0]).to_bits());
+            }
+        }
+    }
+
     #[test]
     fn rows_and_threads_do_not_change_any_bit() {
         for &(m, n, k) in &[(1, 3, 5), (7, 37, 21), (6, 530, 259), (9, 64, 8)] {
