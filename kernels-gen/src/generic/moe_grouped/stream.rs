@@ -61,24 +61,13 @@ pub(super) fn stream_rows(
     };
     emit!(w, "constexpr long long K = {k_dim};");
     emit!(w, "constexpr int XC = {};", v.min(X_CHUNK));
-    if !pipelined {
+    if pipelined {
+        w.comment("Loads of the next trip are in flight while this trip's are consumed.");
+        trips.declare(w, "n");
+        trips.issue(w, "(long long)lane * V", "n");
+    } else {
         w.comment("One trip: the loads of U steps of every row, then their products.");
-        w.line("#pragma unroll 1");
-        w.for_block(
-            "long long i0 = lane * V",
-            "i0 < K",
-            "i0 += 32 * V * U",
-            |w| {
-                trips.declare(w, "");
-                trips.issue(w, "i0", "");
-                trips.consume(w, xt);
-            },
-        );
-        return;
     }
-    w.comment("Loads of the next trip are in flight while this trip's are consumed.");
-    trips.declare(w, "n");
-    trips.issue(w, "(long long)lane * V", "n");
     w.line("#pragma unroll 1");
     w.for_block(
         "long long i0 = lane * V",
@@ -86,10 +75,14 @@ pub(super) fn stream_rows(
         "i0 += 32 * V * U",
         |w| {
             trips.declare(w, "");
-            trips.take(w);
-            w.if_block("i0 + 32 * V * U < K", |w| {
-                trips.issue(w, "i0 + 32 * V * U", "n")
-            });
+            if pipelined {
+                trips.take(w);
+                w.if_block("i0 + 32 * V * U < K", |w| {
+                    trips.issue(w, "i0 + 32 * V * U", "n")
+                });
+            } else {
+                trips.issue(w, "i0", "");
+            }
             trips.consume(w, xt);
         },
     );
