@@ -6,7 +6,7 @@
 # pipelined) and the previous tiling, alternating.
 # Pack: scripts/gpu-pack --specc kernels-gen/compile_quant kernels-gen/gpu_quant_moe.
 set -uo pipefail
-BUDGET=${BUDGET:-300}
+BUDGET=${BUDGET:-150}; (( BUDGET > 150 )) && BUDGET=150  # the session's last device seconds
 source scripts/device/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader >> "$S"
 SPECC_QUANT_CASES="T=1 " OUT=$OUT bash scripts/device/suite.sh \
@@ -18,8 +18,8 @@ grep -E "SPILL|spill bytes" "$OUT/compile_quant.log" | head -10 >> "$S"
 echo "($(left)s left)" >> "$S"
 OUT=$OUT bash scripts/device/suite.sh gpu_quant_moe:int4_grouped_experts_match_interpreter > /tmp/suite.txt 2>&1
 grep -E "^==|rc=|panicked|test result" /tmp/suite.txt | head -4 >> "$S"
-for t in default g2d4u2 default; do
-  (( $(left) > 40 )) || break
+for t in default g2d4u2; do
+  (( $(left) > 35 )) || break
   v=$t; [[ $t == default ]] && v=""
   r=$(SPECC_MOE_TILING=$v timeout 40 .gpu2/specc bench $KIMI --random-weights --layers 6 \
     --iters 30 --context 1024 2>&1 | grep -E "^\| decode|rror" | head -1 | cut -c1-110)
