@@ -9,14 +9,15 @@ set -uo pipefail
 BUDGET=${BUDGET:-150}; (( BUDGET > 150 )) && BUDGET=150  # the session's last device seconds
 source scripts/device/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader >> "$S"
-SPECC_QUANT_CASES="T=1 " OUT=$OUT bash scripts/device/suite.sh \
+SPECC_QUANT_CASES="T=1 " OUT=$OUT timeout 90 bash scripts/device/suite.sh \
   compile_quant:quantised_kernels_compile > /tmp/suite_c.txt 2>&1
 grep -E "rc=|panicked|test result" /tmp/suite_c.txt | head -4 >> "$S"
 grep -E "moe_grouped kimi (g2d4u2-p )?T=1 moe_(gate_up|down)" "$OUT/compile_quant.log" \
   | sed -E 's/ +/ /g' | cut -c1-100 | head -12 >> "$S"
 grep -E "SPILL|spill bytes" "$OUT/compile_quant.log" | head -10 >> "$S"
 echo "($(left)s left)" >> "$S"
-OUT=$OUT bash scripts/device/suite.sh gpu_quant_moe:int4_grouped_experts_match_interpreter > /tmp/suite.txt 2>&1
+(( $(left) > 50 )) && OUT=$OUT timeout $(( $(left) - 45 )) bash scripts/device/suite.sh \
+  gpu_quant_moe:int4_grouped_experts_match_interpreter > /tmp/suite.txt 2>&1
 grep -E "^==|rc=|panicked|test result" /tmp/suite.txt | head -4 >> "$S"
 for t in default g2d4u2; do
   (( $(left) > 35 )) || break
