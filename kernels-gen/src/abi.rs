@@ -332,20 +332,17 @@ pub(crate) fn assemble_bounded(
 ) -> KernelSource {
     let attrs = KernelAttrs {
         min_blocks,
-        ..KernelAttrs::default()
+        cluster: None,
     };
     assemble_with(family, dtype, items, prologue, body, launch, prelude, attrs)
 }
 
-/// The kernel attributes beside its body: `__launch_bounds__`'s minimum blocks per SM (on
-/// sm_100a and sm_120 `blackwell_min_blocks` where set: their ptxas may need more registers
-/// a thread for the same code) and `__cluster_dims__` (every launch, a plain
-/// `cuLaunchKernel` included, then runs its blocks as thread-block clusters of that shape,
-/// which must divide the grid).
+/// The kernel attributes beside its body: `__launch_bounds__`'s minimum blocks per SM and
+/// `__cluster_dims__` (every launch, a plain `cuLaunchKernel` included, then runs its blocks
+/// as thread-block clusters of that shape, which must divide the grid).
 #[derive(Clone, Copy, Default)]
 pub(crate) struct KernelAttrs {
     pub min_blocks: Option<u32>,
-    pub blackwell_min_blocks: Option<u32>,
     pub cluster: Option<[u32; 3]>,
 }
 
@@ -376,10 +373,6 @@ pub(crate) fn assemble_with(
     if let Some(m) = attrs.min_blocks {
         h.update(m.to_le_bytes());
     }
-    if let Some(m) = attrs.blackwell_min_blocks {
-        h.update(b"blackwell");
-        h.update(m.to_le_bytes());
-    }
     if let Some(c) = attrs.cluster {
         h.update(b"cluster");
         for d in c {
@@ -394,10 +387,9 @@ pub(crate) fn assemble_with(
     if !kernel.is_empty() {
         kernel.push('\n');
     }
-    let bounds = match (attrs.min_blocks, attrs.blackwell_min_blocks) {
-        (Some(m), Some(b)) if b != m => format!("{bound}, (__CUDA_ARCH__ >= 1000 ? {b} : {m})"),
-        (Some(m), _) => format!("{bound}, {m}"),
-        (None, _) => bound.to_string(),
+    let bounds = match attrs.min_blocks {
+        Some(m) => format!("{bound}, {m}"),
+        None => bound.to_string(),
     };
     let cluster = match attrs.cluster {
         Some([x, y, z]) => format!("__cluster_dims__({x}, {y}, {z}) "),

@@ -558,8 +558,8 @@ pub fn tile(p: &MlaTileParams) -> Result<KernelSource, Error> {
         smem_bytes: smem_bytes(p) as u32,
     };
     let attrs = KernelAttrs {
+        min_blocks: None,
         cluster: clustered.then_some([1, p.cluster as u32, 1]),
-        ..KernelAttrs::default()
     };
     Ok(assemble_with(
         FAMILY,

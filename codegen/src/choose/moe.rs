@@ -3,7 +3,7 @@
 //! wherever they take the operands, else the per-token generic kernel; and how their expert
 //! matmuls multiply.
 
-use specc_ir::engine::Target;
+use specc_ir::engine::{Arch, Target};
 use specc_ir::DType;
 use specc_kernels_gen::generic::moe_grouped::{
     self, CoreTiling, ExpertMatmul, Int4MmaGeometry, Int4MmaTiling, MoeGroupedShape, Unsupported,
@@ -55,7 +55,8 @@ pub fn expert_matmul(ops: &[TensorArg], out: &TensorArg, target: &Target) -> Exp
     let hidden = ops[0].dims.last().copied().unwrap_or(1).max(1);
     let tokens = ops[0].numel() / hidden;
     let int4 = matches!(ops.get(2).map(|w| w.dtype), Some(DType::Int4Group { .. }));
-    let cuda = ExpertMatmul::CudaCores(core_tiling(int4));
+    let hopper_only = !target.archs.is_empty() && target.archs.iter().all(|&a| a == Arch::Sm90a);
+    let cuda = ExpertMatmul::CudaCores(core_tiling(int4 && hopper_only));
     if tokens < INT4_TENSOR_CORE_MIN_TOKENS {
         return cuda;
     }
@@ -68,15 +69,16 @@ pub fn expert_matmul(ops: &[TensorArg], out: &TensorArg, target: &Target) -> Exp
         .map_or(cuda, ExpertMatmul::Int4TensorCores)
 }
 
-/// The CUDA-core expert kernels' tiling: for int4 stacks [`CoreTiling::PIPELINED`] (their
-/// packed words leave the registers for a second trip in flight: the Kimi-K2.5 6-layer
-/// decode 2.610 → 2.593 ms on an H100, `kimi_bandwidth` 55 → 57 % of copy at one token,
-/// bench/NOTES.md session 51), else [`CoreTiling::DEFAULT`] (float and fp8 loads are held
-/// as f32, which a second trip would spill); or the one of [`CoreTiling::VARIANTS`] named by
+/// The CUDA-core expert kernels' tiling: [`CoreTiling::PIPELINED`] where `pipelined` (int4
+/// stacks on sm_90a only: its packed words leave the registers for a second trip in flight,
+/// the Kimi-K2.5 6-layer decode 2.610 → 2.593 ms on an H100 and `kimi_bandwidth` 55 → 57 %
+/// of copy at one token; ptxas for sm_100a / sm_120 spills it, and float and fp8 loads are
+/// held as f32, which a second trip would spill; bench/NOTES.md session 51), else
+/// [`CoreTiling::DEFAULT`]; or the one of [`CoreTiling::VARIANTS`] named by
 /// `SPECC_MOE_TILING` in the build's environment (device A/B runs of whole engines; an
 /// unknown name is ignored with a note).
-pub fn core_tiling(int4: bool) -> CoreTiling {
-    let default = if int4 {
+pub fn core_tiling(pipelined: bool) -> CoreTiling {
+    let default = if pipelined {
         CoreTiling::PIPELINED
     } else {
         CoreTiling::DEFAULT
@@ -168,7 +170,7 @@ mod tests {
         let i4 = DType::Int4Group { group: 32 };
         let (bf, f32) = (DType::BF16, DType::F32);
         let tc = ExpertMatmul::Int4TensorCores(Int4MmaTiling::G4_S4_W4_I);
-        // int4 on CUDA cores pipelined, fp8 and float stacks not.
+        // int4 on CUDA cores pipelined on sm_90a, fp8 and float stacks not.
         let cuda = ExpertMatmul::CudaCores(CoreTiling::PIPELINED);
         for t in [1, 2, 4] {
             assert_eq!(pick_at(i4, bf, bf, 7168, 2048, t), cuda, "T={t}");
@@ -181,6 +183,9 @@ mod tests {
         // Every arch we emit holds the 36 KiB ring, also within 48 KiB a block.
         let all = Target::for_archs(&[Arch::Sm90a, Arch::Sm100a, Arch::Sm120]);
         assert_eq!(pick_on(i4, bf, bf, 7168, 2048, 8, &all), tc);
+        // Pipelined only where every arch is sm_90a.
+        let plain = ExpertMatmul::CUDA_CORES;
+        assert_eq!(pick_on(i4, bf, bf, 7168, 2048, 1, &all), plain);
         let small = Target {
             smem_per_block: 48 * 1024,
             ..all
@@ -194,7 +199,6 @@ mod tests {
         );
         assert_eq!(pick(i4, bf, bf, 7168 + 32, 2048), cuda);
         assert_eq!(pick(i4, bf, bf, 64, 32), cuda);
-        let plain = ExpertMatmul::CUDA_CORES;
         assert_eq!(pick(DType::Fp8E4M3, f32, bf, 7168, 2048), plain);
         assert_eq!(pick(bf, bf, bf, 7168, 2048), plain);
     }

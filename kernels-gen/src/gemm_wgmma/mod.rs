@@ -348,12 +348,12 @@ pub fn gemm_wgmma(p: &GemvParams, t: &WgmmaTiling) -> Result<KernelSource, Error
         smem_bytes: ring_bytes(p, t) as u32,
     };
     let attrs = KernelAttrs {
+        min_blocks: None,
         cluster: if split {
             Some([1, 1, t.split_k])
         } else {
             clustered.then_some([t.cluster_m, t.cluster_n, 1])
         },
-        ..KernelAttrs::default()
     };
     Ok(kb.finish_with(launch, attrs))
 }

@@ -51,7 +51,7 @@ mod quant;
 mod rows;
 mod tree;
 
-use crate::abi::{assemble_with, Extent, KernelAttrs, KernelSource, LaunchSpec, Loc, PRELUDE};
+use crate::abi::{assemble_bounded, Extent, KernelSource, LaunchSpec, Loc, PRELUDE};
 use crate::writer::{emit, f32_lit, Writer};
 use crate::Error;
 use specc_ir::{DType, Dim, Op, TensorType};
@@ -482,32 +482,8 @@ impl Kernel {
 
     /// [`Kernel::finish`] with a minimum of resident blocks per SM in the launch bounds.
     pub fn finish_bounded(self, launch: LaunchSpec, min_blocks: Option<u32>) -> KernelSource {
-        let attrs = KernelAttrs {
-            min_blocks,
-            ..KernelAttrs::default()
-        };
-        self.finish_with(launch, attrs)
-    }
-
-    /// [`Kernel::finish_bounded`] with `min_blocks` on sm_90a and `blackwell` on sm_100a and
-    /// sm_120.
-    pub(crate) fn finish_bounded_by_arch(
-        self,
-        launch: LaunchSpec,
-        min_blocks: u32,
-        blackwell: u32,
-    ) -> KernelSource {
-        let attrs = KernelAttrs {
-            min_blocks: Some(min_blocks),
-            blackwell_min_blocks: Some(blackwell),
-            ..KernelAttrs::default()
-        };
-        self.finish_with(launch, attrs)
-    }
-
-    fn finish_with(self, launch: LaunchSpec, attrs: KernelAttrs) -> KernelSource {
         let prelude = format!("{PRELUDE}\n{GENERIC_PRELUDE}");
-        assemble_with(
+        assemble_bounded(
             self.family,
             &self.dtype.to_string(),
             &self.items.finish(),
@@ -515,7 +491,7 @@ impl Kernel {
             &self.body.finish(),
             launch,
             &prelude,
-            attrs,
+            min_blocks,
         )
     }
 }

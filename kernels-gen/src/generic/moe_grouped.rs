@@ -54,12 +54,10 @@ pub use specc_ir::engine::choice::{CoreTiling, ExpertMatmul};
 const WARPS: u64 = 4;
 /// Blocks of a gate/up or down kernel an SM keeps resident (ptxas holds registers to what
 /// they allow): float stacks 4 (128 registers; 16 warps of `U · rows` 16-byte loads in
-/// flight, 64 KiB an SM), quantised 3 (168 registers) on sm_90a and 2 on sm_100a / sm_120,
-/// whose ptxas spilled the quantised kernels' 4-token passes at 168 (up to 2.9 KB a thread
-/// at Kimi's shapes, session 51's `compile_quant`).
+/// flight, 64 KiB an SM), quantised 3 (168 registers: their per-load partial sums spill at
+/// 128 on sm_100a / sm_120 at Kimi's shapes).
 const FLOAT_MIN_BLOCKS: u32 = 4;
 const QUANT_MIN_BLOCKS: u32 = 3;
-const QUANT_MIN_BLOCKS_BLACKWELL: u32 = 2;
 /// Tokens of one expert whose activations a warp holds while it streams its rows, by the
 /// expert's token count (the smallest size that holds them, else passes of the largest):
 /// up to 4 (8 spills at Kimi's shapes within the registers of [`FLOAT_MIN_BLOCKS`]).
@@ -292,13 +290,12 @@ impl<'a> Stacks<'a> {
             .map_or("float", |(s, _)| c_type(s[m].dtype))
     }
 
-    /// A grouped matmul kernel over these stacks with the resident blocks per SM its launch
-    /// bounds ask for (by arch where quantised).
-    fn finish(&self, k: Kernel, launch: LaunchSpec) -> KernelSource {
+    /// The resident blocks per SM the launch bounds ask for.
+    fn min_blocks(&self) -> u32 {
         if self.quant.is_some() {
-            k.finish_bounded_by_arch(launch, QUANT_MIN_BLOCKS, QUANT_MIN_BLOCKS_BLACKWELL)
+            QUANT_MIN_BLOCKS
         } else {
-            k.finish_bounded(launch, Some(FLOAT_MIN_BLOCKS))
+            FLOAT_MIN_BLOCKS
         }
     }
 
@@ -664,7 +661,7 @@ fn gate_up(
             });
         });
     });
-    st.finish(k, grouped_launch(f, rw, WARPS, sh))
+    k.finish_bounded(grouped_launch(f, rw, WARPS, sh), Some(st.min_blocks()))
 }
 
 fn down(
@@ -710,7 +707,7 @@ fn down(
             });
         });
     });
-    st.finish(k, grouped_launch(h, rw, WARPS, sh))
+    k.finish_bounded(grouped_launch(h, rw, WARPS, sh), Some(st.min_blocks()))
 }
 
 fn combine(

@@ -234,7 +234,7 @@ pub fn shapes() -> Vec<Compiled> {
         }
     }
     // Odd shapes (the last trip and row tile overrun) through a pipelined tiling.
-    let piped = ExpertMatmul::CudaCores(CoreTiling::VARIANTS[1]);
+    let piped = ExpertMatmul::CudaCores(CoreTiling::PIPELINED);
     push(
         "fixture int4 pipelined T=16".into(),
         i4,

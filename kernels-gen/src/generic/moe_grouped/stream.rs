@@ -58,6 +58,7 @@ pub(super) fn stream_rows(
         mats,
         guard_k: !k_dim.is_multiple_of(32 * v * unroll),
         guard_rows,
+        raw: pipelined,
     };
     emit!(w, "constexpr long long K = {k_dim};");
     emit!(w, "constexpr int XC = {};", v.min(X_CHUNK));
@@ -96,13 +97,15 @@ struct Trips<'a> {
     guard_k: bool,
     /// The row tiles overrun `ROWS` (rows past it load zeros).
     guard_rows: bool,
+    /// Scales are held as stored until consumed (pipelined trips).
+    raw: bool,
 }
 
 impl Trips<'_> {
     /// A trip's registers, their names suffixed by `sfx`.
     fn declare(&self, w: &mut Writer, sfx: &str) {
         for (j, &m) in self.mats.iter().enumerate() {
-            declare(w, self.st, m, &format!("{j}{sfx}"));
+            declare(w, self.st, m, &format!("{j}{sfx}"), self.raw);
         }
     }
 
@@ -122,7 +125,7 @@ impl Trips<'_> {
                 }
                 let load_all = |w: &mut Writer| {
                     for (j, &m) in mats.iter().enumerate() {
-                        load(w, st, m, &format!("{j}{sfx}"));
+                        load(w, st, m, &format!("{j}{sfx}"), self.raw);
                     }
                 };
                 if conds.is_empty() {
@@ -130,7 +133,7 @@ impl Trips<'_> {
                 } else {
                     w.if_else(conds.join(" && "), load_all, |w| {
                         for (j, &m) in mats.iter().enumerate() {
-                            zero(w, st, m, &format!("{j}{sfx}"));
+                            zero(w, st, m, &format!("{j}{sfx}"), self.raw);
                         }
                     });
                 }
@@ -164,35 +167,37 @@ impl Trips<'_> {
         w.for_unrolled("u", 0, "U", |w| {
             w.line("const long long i = i0 + u * 32 * V;");
             if self.guard_k {
-                w.if_block("i < K", |w| consume(w, self.st, self.mats, xt));
+                w.if_block("i < K", |w| consume(w, self.st, self.mats, xt, self.raw));
             } else {
-                consume(w, self.st, self.mats, xt);
+                consume(w, self.st, self.mats, xt, self.raw);
             }
         });
     }
 }
 
 /// This trip's registers of stack `m` (named `w<n>`, `sc<n>`): `[U][RW][V]` as f32 (float
-/// and fp8 stacks, fp8 unscaled) or `[U][RW][V / 8]` int4 words, and `[U][RW]` scales as
-/// stored (converted where consumed, so no instruction waits on a load before the trip's
-/// products).
-fn declare(w: &mut Writer, st: &Stacks, m: usize, n: &str) {
+/// and fp8 stacks, fp8 unscaled) or `[U][RW][V / 8]` int4 words, and `[U][RW]` scales: f32
+/// (int4's times 16), or as stored where `raw` (converted where consumed, so no instruction
+/// waits on a load the pipelined trip just issued; ptxas for sm_100a / sm_120 spills that
+/// form, ≈ 1 KB a thread in `moe_down`, so it is chosen for sm_90a only).
+fn declare(w: &mut Writer, st: &Stacks, m: usize, n: &str, raw: bool) {
+    let sc = if raw { st.scale_c_type(m) } else { "float" };
     match st.format(m) {
         None => emit!(w, "float w{n}[U][RW][V];"),
         Some(QuantFormat::Int4 { .. }) => {
             emit!(w, "unsigned int w{n}[U][RW][V / 8];");
-            emit!(w, "{} sc{n}[U][RW];", st.scale_c_type(m));
+            emit!(w, "{sc} sc{n}[U][RW];");
         }
         Some(QuantFormat::Fp8Block) => {
             emit!(w, "float w{n}[U][RW][V];");
-            emit!(w, "{} sc{n}[U][RW];", st.scale_c_type(m));
+            emit!(w, "{sc} sc{n}[U][RW];");
         }
     }
 }
 
-/// Loads row `j0 + r`, columns `i .. i + V` of stack `m` (and its scale) into `w<n>[u][r]`,
-/// `sc<n>[u][r]`.
-fn load(w: &mut Writer, st: &Stacks, m: usize, n: &str) {
+/// Loads row `j0 + r`, columns `i .. i + V` of stack `m` (and its scale: int4's times 16,
+/// or as stored where `raw`) into `w<n>[u][r]`, `sc<n>[u][r]`.
+fn load(w: &mut Writer, st: &Stacks, m: usize, n: &str, raw: bool) {
     let nm = NAMES[m];
     let Some(fmt) = st.format(m) else {
         emit!(
@@ -204,14 +209,23 @@ fn load(w: &mut Writer, st: &Stacks, m: usize, n: &str) {
     };
     let k = st.k(m);
     let rb = fmt.row_bytes(k);
-    let scale = fmt.scale_at(&format!("s{nm}e"), "j0 + r", "i", k);
+    let scale = if raw {
+        fmt.scale_at(&format!("s{nm}e"), "j0 + r", "i", k)
+    } else {
+        fmt.scale_expr(&format!("s{nm}e"), "j0 + r", "i", k)
+    };
+    let int4_scale = if raw {
+        scale.clone()
+    } else {
+        format!("16.0f * {scale}")
+    };
     match fmt {
         QuantFormat::Int4 { .. } => {
             emit!(
                 w,
                 "ld_stream_words<V / 2>(w{nm}e + (long long)(j0 + r) * {rb} + i / 2, w{n}[u][r]);"
             );
-            emit!(w, "sc{n}[u][r] = {scale};");
+            emit!(w, "sc{n}[u][r] = {int4_scale};");
         }
         QuantFormat::Fp8Block => {
             emit!(
@@ -224,7 +238,7 @@ fn load(w: &mut Writer, st: &Stacks, m: usize, n: &str) {
 }
 
 /// Zeros where a row or step is past the matrix (never stored, but never undefined).
-fn zero(w: &mut Writer, st: &Stacks, m: usize, n: &str) {
+fn zero(w: &mut Writer, st: &Stacks, m: usize, n: &str, raw: bool) {
     match st.format(m) {
         None => w.line(format_args!(
             "for (int v = 0; v < V; ++v) w{n}[u][r][v] = 0.0f;"
@@ -235,13 +249,17 @@ fn zero(w: &mut Writer, st: &Stacks, m: usize, n: &str) {
                 QuantFormat::Fp8Block => ("V", "0.0f"),
             };
             emit!(w, "for (int v = 0; v < {len}; ++v) w{n}[u][r][v] = {z};");
-            emit!(w, "sc{n}[u][r] = from_f32<{}>(0.0f);", st.scale_c_type(m));
+            if raw {
+                emit!(w, "sc{n}[u][r] = from_f32<{}>(0.0f);", st.scale_c_type(m));
+            } else {
+                emit!(w, "sc{n}[u][r] = 0.0f;");
+            }
         }
     }
 }
 
 /// The products of step `u` (columns `i .. i + V`) with the pass's activations.
-fn consume(w: &mut Writer, st: &Stacks, mats: &[usize], xt: &str) {
+fn consume(w: &mut Writer, st: &Stacks, mats: &[usize], xt: &str, raw: bool) {
     let fmt = st.format(mats[0]);
     let int4 = matches!(fmt, Some(QuantFormat::Int4 { .. }));
     let target = |j: usize| {
@@ -291,19 +309,19 @@ fn consume(w: &mut Writer, st: &Stacks, mats: &[usize], xt: &str) {
         });
     });
     if fmt.is_some() {
-        w.comment("One scale per load and row (int4's times 16).");
+        w.comment("One scale per load and row.");
         w.for_unrolled("r", 0, "RW", |w| {
             for j in 0..mats.len() {
                 w.for_unrolled("b", 0, "TB", |w| {
-                    let scale = if int4 {
-                        format!("16.0f * to_f32(sc{j}[u][r])")
-                    } else {
-                        format!("to_f32(sc{j}[u][r])")
-                    };
                     let sum = if int4 {
                         format!("fmaf(-1.5f, xs[b], s{j}[r][b])")
                     } else {
                         format!("s{j}[r][b]")
+                    };
+                    let scale = match (raw, int4) {
+                        (false, _) => format!("sc{j}[u][r]"),
+                        (true, true) => format!("16.0f * to_f32(sc{j}[u][r])"),
+                        (true, false) => format!("to_f32(sc{j}[u][r])"),
                     };
                     emit!(w, "acc{j}[r][b] = fmaf({scale}, {sum}, acc{j}[r][b]);");
                 });
