@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Session 51, call C (any card): 1. compile_quant over the one-token grouped MoE cases for sm_90a,
-# sm_100a and sm_120 (the quantised kernels now ask 2 blocks an SM on sm_100a / sm_120:
-# no spills expected); 2. the int4 grouped kernels against the interpreter (launch bounds
-# changed); 3. the Kimi-K2.5 int4 6-layer decode with the new default (int4 experts
-# pipelined) and the previous tiling, alternating.
+# Session 51, call C (any card; prepared, not run: the session's device time was spent):
+# 1. compile_quant over the one-token grouped MoE cases with the device's NVRTC (sm_90a,
+# sm_100a, sm_120: the default tilings spill nowhere, the pipelined one is a known spill off
+# sm_90a); 2. the int4 grouped kernels against the interpreter in both CoreTiling::VARIANTS;
+# 3. the Kimi-K2.5 int4 6-layer decode as landed (int4 experts pipelined on sm_90a) and with
+# the default tiling.
 # Pack: scripts/gpu-pack --specc kernels-gen/compile_quant kernels-gen/gpu_quant_moe.
 set -uo pipefail
 BUDGET=${BUDGET:-150}; (( BUDGET > 150 )) && BUDGET=150  # the session's last device seconds
