@@ -231,6 +231,28 @@ fn quantised_kernels_refuse_what_they_do_not_cover() {
     q.scales = specc_kernels_gen::gemv::GemvWeights::Single(specc_kernels_gen::Loc::table(2));
     let e = gemv_quant(&p, &q).unwrap_err().to_string();
     assert!(e.contains("shape of the weights"), "{e}");
+    // A CUDA-core expert tiling outside what the emitters take is refused by name.
+    use specc_kernels_gen::generic::moe_grouped::{moe_grouped, CoreTiling, ExpertMatmul};
+    let bad = CoreTiling::new(2, 16, 2, true);
+    let shape = specc_kernels_gen::generic::moe_grouped::MoeGroupedShape {
+        tokens: 1,
+        experts: 8,
+        hidden: 64,
+        ffn: 32,
+        top_k: 2,
+    };
+    let c = quant_cases::grouped::case_with(
+        ExpertMatmul::CudaCores(bad),
+        specc_ir::DType::Int4Group { group: 32 },
+        specc_ir::DType::BF16,
+        specc_ir::DType::F32,
+        shape,
+    );
+    let o = &c.ops;
+    let e = moe_grouped(shape, c.matmul, &o[0], &o[1], &o[2..], &c.out, &c.scratch)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("g2d16u2-p") && e.contains("matmul"), "{e}");
 }
 
 /// The tensor-core int4 expert kernels at Kimi-K2.5's shapes (T = 1..16, every tiling) and a
