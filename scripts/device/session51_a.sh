@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 51, call A (any card): the CUDA-core int4 expert kernels pipelined (the next trip's
+# Session 51, call A (any card; ran at d947b18 — CoreTiling::VARIANTS has since kept only g2d4u2 and
+# g2d4u2-p): the CUDA-core int4 expert kernels pipelined (the next trip's
 # loads issued before the current trip's products; scales kept as stored until used), issue
 # 20: at one token they ran at 64 % of copy, about what streaming and unpacking one after
 # the other gives. 1. the grouped kernels against the interpreter (every CoreTiling at Kimi's
