@@ -70,11 +70,10 @@ pub fn expert_matmul(ops: &[TensorArg], out: &TensorArg, target: &Target) -> Exp
 }
 
 /// The CUDA-core expert kernels' tiling: [`CoreTiling::PIPELINED`] where `pipelined` (int4
-/// stacks on sm_90a only: its packed words leave the registers for a second trip in flight,
-/// the Kimi-K2.5 6-layer decode 2.610 → 2.593 ms on an H100 and `kimi_bandwidth` 55 → 57 %
-/// of copy at one token; ptxas for sm_100a / sm_120 spills it, and float and fp8 loads are
-/// held as f32, which a second trip would spill; bench/NOTES.md session 51), else
-/// [`CoreTiling::DEFAULT`]; or the one of [`CoreTiling::VARIANTS`] named by
+/// stacks on sm_90a only: their packed words leave the registers for a second trip in
+/// flight, measured faster there; ptxas for sm_100a / sm_120 spills it, and float and fp8
+/// loads are held as f32, which a second trip would spill; bench/NOTES.md, session 51),
+/// else [`CoreTiling::DEFAULT`]; or the one of [`CoreTiling::VARIANTS`] named by
 /// `SPECC_MOE_TILING` in the build's environment (device A/B runs of whole engines; an
 /// unknown name is ignored with a note).
 pub fn core_tiling(pipelined: bool) -> CoreTiling {

@@ -404,12 +404,6 @@ impl ExpertMatmul {
     pub const CUDA_CORES: ExpertMatmul = ExpertMatmul::CudaCores(CoreTiling::DEFAULT);
 }
 
-impl Default for CoreTiling {
-    fn default() -> Self {
-        Self::DEFAULT
-    }
-}
-
 /// How the tensor-core int4 expert kernels stream the weights: a ring of `stages` stages
 /// per warp, each `groups` groups of 32 columns of the warp's 32 rows, `warps` warps a
 /// block. Its geometry (stage bytes, shared memory, residency) is the kernel generator's

@@ -34,7 +34,7 @@ pub use input::{BuildInput, RoleGraph};
 pub use target::{Arch, Target, UnknownArch};
 
 /// Bumped whenever a field changes meaning; an engine of another version is refused.
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 
 /// The specc version that writes engines (an engine from another one is refused: kernel
 /// text, ABI and graph lowering may differ between versions).

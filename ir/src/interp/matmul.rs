@@ -701,9 +701,6 @@ mod tests {
         }
     }
 
-    /// Every element equals `R(dot(x_i, w_j))` exactly, whatever the number of rows in the
-    /// batch and the number of threads: rows of a batch computed alone, the whole batch on
-    /// 1, 2 and 3 threads, for widths that leave partial tiles and a tail after the lanes.
     /// Several queries against the same rows give each query's [`dots`] bit for bit, at
     /// query counts that take every tile (4, 2 and a lone row) and row lengths with a tail.
     #[test]
@@ -740,6 +737,9 @@ mod tests {
         }
     }
 
+    /// Every element equals `R(dot(x_i, w_j))` exactly, whatever the number of rows in the
+    /// batch and the number of threads: rows of a batch computed alone, the whole batch on
+    /// 1, 2 and 3 threads, for widths that leave partial tiles and a tail after the lanes.
     #[test]
     fn rows_and_threads_do_not_change_any_bit() {
         for &(m, n, k) in &[(1, 3, 5), (7, 37, 21), (6, 530, 259), (9, 64, 8)] {

@@ -1,9 +1,9 @@
 //! How a warp of the grouped expert kernels streams its weight rows: per step of `32 · V`
 //! columns each lane reads one 16-byte load (int4: 32 nibbles; fp8: 16 bytes; float: 16
 //! bytes; narrower only where the rows or int4 groups ask for it) of each of its rows, and
-//! issues the loads of `U` steps (a trip, [`super::CoreTiling`]'s `unroll`) before it consumes any of
-//! them, so that `U · rows` independent loads are in flight per lane; pipelined, the next
-//! trip's are issued before the current trip's are consumed.
+//! issues the loads of `U` steps (a trip, [`super::CoreTiling`]'s `unroll`) before it
+//! consumes any of them, so that `U · rows` independent loads are in flight per lane;
+//! pipelined, the next trip's are issued before the current trip's are consumed.
 //!
 //! The weights are consumed in chunks of [`X_CHUNK`] columns: the chunk's activations of
 //! every token of the pass (16 bytes of bf16 each) are loaded once and multiplied with every
